@@ -7,20 +7,30 @@ Public API (DESIGN.md §6)::
 
 from __future__ import annotations
 
+from reliable.decision import Decision, GuardHooks, Reason
+from reliable.decorator import GuardedHandler, idempotent_consumer
 from reliable.errors import ReliableError
 from reliable.facade import Reliability
+from reliable.producer import StagedMessage, StubProducer
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.types import ConsumeResult, Envelope, LogOutcome, StubStatus
 
 __all__ = [
     "ConsumeResult",
+    "Decision",
     "Envelope",
+    "GuardHooks",
+    "GuardedHandler",
     "LogOutcome",
     "OutgoingMessage",
+    "Reason",
     "Reliability",
     "ReliableError",
     "SendReceipt",
     "Sender",
+    "StagedMessage",
+    "StubProducer",
     "StubStatus",
+    "idempotent_consumer",
 ]
 __version__ = "0.1.0"

@@ -40,3 +40,31 @@ MESSAGE_ID_MAX: Final = 64
 TOPIC_MAX: Final = 127  # RocketMQ: topic length is a signed byte
 GROUP_MAX: Final = 255
 TAGS_MAX: Final = 255
+
+# --- resend sweeper (reliable.sweeper) ------------------------------------------------------------------
+#: the backlog estimate never pushes a resend further out than this.
+DEFAULT_BACKLOG_CAP_S: Final = 24 * 3600.0
+#: RocketMQ 4.x ``messageDelayLevel`` (1s … 2h): the default fixed backoff list.
+ROCKETMQ_DELAY_LEVELS: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+DEFAULT_BACKOFF: Final = "fixed:" + ",".join(ROCKETMQ_DELAY_LEVELS.split())
+DEFAULT_NOTIFY_TIMEOUT_S: Final = 10.0
+NOTIFY_CHANNEL_LOG: Final = "log"
+NOTIFY_CHANNEL_EMAIL: Final = "email"
+NOTIFY_CHANNEL_WEBHOOK: Final = "webhook"
+ENV_SWEEP_SENDER: Final = "RELIABLE_SWEEP_SENDER"  # MODULE:FACTORY, factory(rel) -> Sender
+ENV_SWEEP_BACKOFF: Final = "RELIABLE_SWEEP_BACKOFF"
+ENV_SMTP_HOST: Final = "RELIABLE_SMTP_HOST"
+ENV_SMTP_PORT: Final = "RELIABLE_SMTP_PORT"
+ENV_SMTP_STARTTLS: Final = "RELIABLE_SMTP_STARTTLS"
+ENV_SMTP_SSL: Final = "RELIABLE_SMTP_SSL"
+ENV_SMTP_USER: Final = "RELIABLE_SMTP_USER"
+ENV_SMTP_PASSWORD: Final = "RELIABLE_SMTP_PASSWORD"
+ENV_SMTP_FROM: Final = "RELIABLE_SMTP_FROM"
+ENV_SMTP_TO: Final = "RELIABLE_SMTP_TO"  # comma-separated
+ENV_WEBHOOK_URL: Final = "RELIABLE_WEBHOOK_URL"
+
+# --- consumer guard (reliable.guard) ----------------------------------------------------------------------
+#: after a Redis failure the guard stays on the database alone this long before trying Redis again.
+DEFAULT_REDIS_RETRY_AFTER_S: Final = 1.0
+#: logger of the per-decision structured line (message id, group, outcome, reason).
+GUARD_LOGGER: Final = "reliable.guard"

@@ -42,3 +42,11 @@ class StubNotFoundError(ReliableError):
 
 class InvalidStubStateError(ReliableError):
     """An operation is not allowed in the stub's current status (e.g. reviving a CONFIRMED stub)."""
+
+
+class InvalidMessageError(ReliableError):
+    """A producer was asked to stage a message it must not (empty or oversized id, malformed topic or group)."""
+
+
+class DuplicateMessageIdError(ReliableError):
+    """A stub with this message id already exists: ids are business-unique, a second intent is a caller bug."""

@@ -172,3 +172,27 @@ class ConsumeProgress(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     received_count: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class StubNotification(Base):
+    """Give-up notices owed to people: one row per (DEAD stub, channel), added by migration 0002.
+
+    Written in the transaction that marks the stub ``DEAD``; ``notified_at`` stays NULL until the channel
+    accepted the notice, so a channel that fails (SMTP down, webhook 500) is retried on the next sweep round
+    and a notice is delivered once rather than once per round. Owned by :mod:`reliable.sweeper`.
+    """
+
+    __tablename__ = "stub_notification"
+
+    message_id: Mapped[str] = mapped_column(String(C.MESSAGE_ID_MAX), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(32), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    notified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        # "what is still owed?": the sweeper's notify step
+        Index(None, "notified_at"),
+    )

@@ -68,7 +68,7 @@ _schema_ready: set[str] = set()
 def _ensure_clean_schema(url: str) -> None:
     from reliable.facade import make_engine
     from reliable.migrate import upgrade
-    from reliable.models import ConsumeProgress, MessageLog, MessageStub
+    from reliable.models import metadata
 
     engine = make_engine(url)
     try:
@@ -76,8 +76,8 @@ def _ensure_clean_schema(url: str) -> None:
             upgrade(engine)
             _schema_ready.add(url)
         with engine.begin() as conn:
-            for model in (MessageLog, ConsumeProgress, MessageStub):
-                conn.execute(delete(model))
+            for table in reversed(metadata.sorted_tables):  # every contract table, children first
+                conn.execute(delete(table))
     finally:
         engine.dispose()
 

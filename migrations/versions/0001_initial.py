@@ -31,6 +31,9 @@ def _in(column: str, values: tuple[str, ...]) -> str:
 
 
 def upgrade() -> None:
+    # op.f() marks a CHECK name as final: without it Alembic applies the models' naming convention to it a
+    # second time ("ck_message_stub_ck_message_stub_stub_status") and the migrated schema would differ from
+    # the models (tests/test_migrations.py compares the two).
     op.create_table(
         "message_stub",
         sa.Column("message_id", sa.String(64), nullable=False),
@@ -50,7 +53,7 @@ def upgrade() -> None:
         sa.Column("confirmed_at", UTCDateTime),
         sa.Column("last_error", sa.Text),
         sa.PrimaryKeyConstraint("message_id", name="pk_message_stub"),
-        sa.CheckConstraint(_in("status", STUB_STATUSES), name="ck_message_stub_stub_status"),
+        sa.CheckConstraint(_in("status", STUB_STATUSES), name=op.f("ck_message_stub_stub_status")),
     )
     op.create_index("ix_message_stub_status_resend_at", "message_stub", ["status", "resend_at"])
     op.create_index("ix_message_stub_created_at", "message_stub", ["created_at"])
@@ -72,7 +75,7 @@ def upgrade() -> None:
         sa.Column("worker", sa.String(128)),
         sa.Column("reason", sa.Text),
         sa.PrimaryKeyConstraint("id", name="pk_message_log"),
-        sa.CheckConstraint(_in("outcome", LOG_OUTCOMES), name="ck_message_log_log_outcome"),
+        sa.CheckConstraint(_in("outcome", LOG_OUTCOMES), name=op.f("ck_message_log_log_outcome")),
     )
     op.create_index(
         "ix_message_log_message_id_consumer_group_received_at",

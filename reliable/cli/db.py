@@ -5,9 +5,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from alembic.util import CommandError
+from sqlalchemy import Engine
+from sqlalchemy.exc import ArgumentError
+
 from reliable import migrate
 from reliable.cli.common import add_db_options, require_db
-from reliable.facade import make_engine
+from reliable.errors import ConfigurationError
+from reliable.facade import make_engine as _make_engine
+
+
+def make_engine(url: str) -> Engine:
+    """An engine, with a malformed URL reported as bad input (exit 2) rather than a driver fault."""
+    try:
+        return _make_engine(url)
+    except ArgumentError as exc:
+        raise ConfigurationError(f"bad database URL: {exc}") from None
 
 
 def register(sub: Any) -> None:
@@ -29,7 +42,10 @@ def register(sub: Any) -> None:
 def _upgrade(args: argparse.Namespace) -> int:
     engine = make_engine(require_db(args))
     try:
-        migrate.upgrade(engine, args.revision)
+        try:
+            migrate.upgrade(engine, args.revision)
+        except CommandError as exc:  # unknown revision and the like: bad input, not a crash
+            raise ConfigurationError(str(exc)) from None
         print(f"database at revision {migrate.current(engine)}")
     finally:
         engine.dispose()
@@ -39,7 +55,10 @@ def _upgrade(args: argparse.Namespace) -> int:
 def _downgrade(args: argparse.Namespace) -> int:
     engine = make_engine(require_db(args))
     try:
-        migrate.downgrade(engine, args.revision)
+        try:
+            migrate.downgrade(engine, args.revision)
+        except CommandError as exc:  # unknown revision and the like: bad input, not a crash
+            raise ConfigurationError(str(exc)) from None
         print(f"database at revision {migrate.current(engine) or 'base'}")
     finally:
         engine.dispose()

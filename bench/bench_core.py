@@ -1,0 +1,342 @@
+"""b1–b3: the consumer guard against hand-written and off-the-shelf baselines, in the same run.
+
+* b1 — ``@idempotent_consumer`` msgs/s ÷ a bare loop issuing the same work by hand on the same engine and
+  Redis client: ``SET NX PX``, journal insert + watermark upsert (committed), then ``SELECT … FOR UPDATE``
+  of the stub, the business insert, the conditional confirm and the journal outcome (committed), then
+  ``SET done``.
+  Producer stubs exist (PENDING). Target ≥ 0.85 (the framework costs at most 15 %).
+* b2 — the guard ÷ AWS Powertools ``idempotent_function`` with ``RedisCachePersistenceLayer``, both running
+  the same business insert in a database transaction; first delivery of new ids, then the same ids again
+  (duplicates). No producer stubs (the guard uses its inbox row). Targets ≥ 1.3× new, ≥ 1.5× duplicates.
+* b3 — batch mode (32 per call) ÷ single-message mode, PostgreSQL with ``synchronous_commit=on``, stubs
+  present. Target ≥ 5×.
+
+Runs are interleaved in chunks (ours, baseline, ours, …) and each side's total time is used, so background
+load on a shared machine hits both sides alike. Every run uses fresh message ids; setup (stubs) is not timed.
+
+``python -m bench core [--n 300] [--chunks 6] [--only b1,b2,b3] [--backends postgres,sqlite]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import redis as redis_lib
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from reliable import Envelope, Reliability, idempotent_consumer
+from reliable.models import utcnow
+
+PG_URL = os.environ.get("RELIABLE_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("RELIABLE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+_md = MetaData()
+ledger = Table(
+    "bench_ledger",
+    _md,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("message_id", String(64), nullable=False),
+)
+
+
+# --- environment ------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def database(kind: str) -> Iterator[str]:
+    """A scratch database (PostgreSQL) or file (SQLite) of this run, removed afterwards."""
+    if kind == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="reliable-bench-") as d:
+            yield f"sqlite:///{d}/bench.db"
+        return
+    base = make_url(PG_URL)
+    name = f"reliable_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def make_rel(url: str, prefix: str) -> Reliability:
+    rel = Reliability(url, REDIS_URL, key_prefix=prefix)
+    rel.create_schema()
+    _md.create_all(rel.engine)
+    return rel
+
+
+def add_stubs(rel: Reliability, ids: Sequence[str], group: str) -> None:
+    import hashlib
+
+    h = hashlib.sha256(b"{}").hexdigest()
+    now = utcnow()
+    rows = [
+        {
+            "message_id": m,
+            "topic": "bench",
+            "consumer_group": group,
+            "content": b"{}",
+            "payload_hash": h,
+            "status": "PENDING",
+            "send_count": 1,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for m in ids
+    ]
+    from reliable.models import MessageStub
+
+    with rel.engine.begin() as conn:
+        conn.execute(MessageStub.__table__.insert(), rows)
+
+
+def envelopes(ids: Sequence[str]) -> list[Envelope]:
+    return [Envelope(m, "bench", n % 4, n, b"{}") for n, m in enumerate(ids)]
+
+
+def fresh(tag: str, n: int) -> list[str]:
+    run = uuid.uuid4().hex[:8]
+    return [f"{tag}-{run}-{i}" for i in range(n)]
+
+
+Runner = Callable[[Sequence[Envelope]], None]
+
+
+def interleaved(runs: Sequence[tuple[Runner, Sequence[Envelope]]], chunks: int) -> list[float]:
+    """msgs/s of each runner over its envelopes, timed in alternating chunks.
+
+    Alternating small chunks (A, B, A, B, …) instead of whole runs means a burst of background load on a
+    shared machine lands on both sides alike; the ratio is what the benchmark reports.
+    """
+    spent = [0.0] * len(runs)
+    done = [0] * len(runs)
+    for c in range(chunks):
+        for i, (run, envs) in enumerate(runs):
+            size = -(-len(envs) // chunks)
+            part = envs[c * size : (c + 1) * size]
+            t = time.perf_counter()
+            run(part)
+            spent[i] += time.perf_counter() - t
+            done[i] += len(part)
+    return [d / s for d, s in zip(done, spent, strict=True)]
+
+
+def report(name: str, ours: float, base: float, target: float, label: str) -> dict[str, Any]:
+    ratio = ours / base
+    verdict = "ok" if ratio >= target else f"MISSED by {100 * (1 - ratio / target):.0f}%"
+    print(
+        f"{name:<28} ours {ours:8.0f} msg/s   {label} {base:8.0f} msg/s   "
+        f"ratio {ratio:5.2f}  (target ≥ {target})  {verdict}"
+    )
+    return {"name": name, "ours": ours, "base": base, "ratio": ratio, "target": target}
+
+
+# --- handlers ---------------------------------------------------------------------------------------------
+def _ledger_sql(rel: Reliability) -> str:
+    return "INSERT INTO bench_ledger (message_id) VALUES (%s)".replace(
+        "%s", "?" if rel.engine.dialect.paramstyle == "qmark" else "%s"
+    )
+
+
+def guarded(rel: Reliability, group: str, durable_journal: bool = False) -> Any:
+    sql = _ledger_sql(rel)
+
+    def handler(env: Envelope, session: Session) -> None:
+        session.connection().exec_driver_sql(sql, (env.message_id,))
+
+    guard = idempotent_consumer(
+        rel, group=group, registry=CollectorRegistry(), durable_journal=durable_journal
+    )(handler)
+
+    def batch_each(envs: Sequence[Envelope]) -> None:
+        for e in envs:
+            guard(e)
+
+    guard.batch_each = batch_each
+    return guard
+
+
+def bare_loop(rel: Reliability, group: str) -> Callable[[Sequence[Envelope]], None]:
+    """The same statements as the guard's happy path, hand-written (what you would code without us)."""
+    assert rel.redis is not None
+    r = rel.redis
+    q = "?" if rel.engine.dialect.paramstyle == "qmark" else "%s"
+    pg = rel.engine.dialect.name == "postgresql"
+    lock = " FOR UPDATE" if pg else ""
+    ts: Callable[[Any], Any] = (lambda t: t) if pg else (lambda t: t.strftime("%Y-%m-%d %H:%M:%S.%f"))
+    journal = (
+        "INSERT INTO message_log (message_id, consumer_group, topic, queue_id, queue_offset, "
+        f"reconsume_times, received_at, worker) VALUES ({q}, {q}, {q}, {q}, {q}, 0, {q}, 'bare') RETURNING id"
+    )
+    upsert = (
+        "INSERT INTO consume_progress (consumer_group, topic, queue_id, max_offset, min_offset, created_at, "
+        f"updated_at, received_count) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, 1) "
+        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
+        "max_offset = GREATEST(consume_progress.max_offset, excluded.max_offset), "
+        "updated_at = excluded.updated_at, received_count = consume_progress.received_count + 1"
+    )
+    if not pg:
+        upsert = upsert.replace("GREATEST(", "max(")
+    select = f"SELECT status FROM message_stub WHERE message_id = {q}{lock}"
+    business = _ledger_sql(rel)
+    confirm = (
+        f"UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = {q}, updated_at = {q} "
+        f"WHERE message_id = {q} AND status IN ('PENDING', 'DEAD')"
+    )
+    outcome = f"UPDATE message_log SET outcome = 'SUCCESS' WHERE id = {q}"
+    engine = rel.engine
+
+    def run(envs: Sequence[Envelope]) -> None:
+        for e in envs:
+            key = f"bare:{group}:{e.message_id}"
+            if not r.set(key, "processing:bare", nx=True, px=60_000):
+                continue
+            now = ts(utcnow())
+            with engine.connect() as conn:
+                with conn.begin():
+                    log_id = conn.exec_driver_sql(
+                        journal, (e.message_id, group, e.topic, e.queue_id, e.queue_offset, now)
+                    ).scalar_one()
+                    conn.exec_driver_sql(
+                        upsert, (group, e.topic, e.queue_id, e.queue_offset, e.queue_offset, now, now)
+                    )
+                with conn.begin():
+                    conn.exec_driver_sql(select, (e.message_id,)).fetchone()
+                    conn.exec_driver_sql(business, (e.message_id,))
+                    if conn.exec_driver_sql(confirm, (now, now, e.message_id)).rowcount != 1:
+                        raise RuntimeError("stub not confirmed")
+                    conn.exec_driver_sql(outcome, (log_id,))
+            r.set(key, "done", ex=3600)
+
+    return run
+
+
+def powertools(rel: Reliability, prefix: str) -> Callable[[Sequence[Envelope]], None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+        from aws_lambda_powertools.utilities.idempotency.persistence.redis import RedisCachePersistenceLayer
+
+        layer = RedisCachePersistenceLayer(client=rel.redis)  # type: ignore[arg-type]
+    config = IdempotencyConfig(event_key_jmespath="message_id", expires_after_seconds=3600)
+    sql = _ledger_sql(rel)
+    engine = rel.engine
+
+    @idempotent_function(
+        data_keyword_argument="record", persistence_store=layer, config=config, key_prefix=prefix
+    )
+    def handle(record: dict[str, Any]) -> dict[str, Any]:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql, (record["message_id"],))
+        return {"ok": True}
+
+    def run(envs: Sequence[Envelope]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "couldn't determine the remaining time left" outside Lambda
+            for e in envs:
+                handle(record={"message_id": e.message_id, "queue_offset": e.queue_offset})
+
+    return run
+
+
+# --- the benchmarks ---------------------------------------------------------------------------------------
+def b1(rel: Reliability, backend: str, n: int, chunks: int, durable: bool) -> dict[str, Any]:
+    handle = guarded(rel, "b1", durable_journal=durable)
+    ours_ids, base_ids = fresh("b1", n), fresh("b1", n)
+    add_stubs(rel, ours_ids + base_ids, "b1")
+    ours, base = interleaved(
+        [(handle.batch_each, envelopes(ours_ids)), (bare_loop(rel, "b1"), envelopes(base_ids))], chunks
+    )
+    label = " (durable journal)" if durable and backend == "postgres" else ""
+    return report(f"b1 {backend} vs bare loop{label}", ours, base, 0.85, "bare")
+
+
+def b2(rel: Reliability, backend: str, n: int, chunks: int) -> list[dict[str, Any]]:
+    handle = guarded(rel, "b2")
+    pt = powertools(rel, f"benchpt{os.getpid()}")
+    ours_envs, pt_envs = envelopes(fresh("b2", n)), envelopes(fresh("b2", n))
+    new = interleaved([(handle.batch_each, ours_envs), (pt, pt_envs)], chunks)
+
+    def again(envs: Sequence[Envelope]) -> list[Envelope]:  # redelivered at later offsets
+        return [Envelope(e.message_id, e.topic, e.queue_id, e.queue_offset + n, e.body) for e in envs]
+
+    dup = interleaved([(handle.batch_each, again(ours_envs)), (pt, again(pt_envs))], chunks)
+    return [
+        report(f"b2 {backend} new ids", new[0], new[1], 1.3, "powertools"),
+        report(f"b2 {backend} duplicates", dup[0], dup[1], 1.5, "powertools"),
+    ]
+
+
+def b3(rel: Reliability, backend: str, n: int, chunks: int) -> dict[str, Any]:
+    with rel.engine.connect() as conn:
+        sync = conn.exec_driver_sql("SHOW synchronous_commit").scalar()
+    handle = guarded(rel, "b3")
+    size = 32
+    n = max(size * chunks, n - n % (size * chunks))
+    batch_ids, single_ids = fresh("b3", n), fresh("b3", n)
+    add_stubs(rel, batch_ids + single_ids, "b3")
+
+    def batched(envs: Sequence[Envelope]) -> None:
+        for i in range(0, len(envs), size):
+            handle.batch(envs[i : i + size])
+
+    ours, base = interleaved(
+        [(batched, envelopes(batch_ids)), (handle.batch_each, envelopes(single_ids))], chunks
+    )
+    return report(f"b3 {backend} batch {size} (synchronous_commit={sync})", ours, base, 5.0, "single")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench core", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=300, help="messages per timed run")
+    ap.add_argument("--chunks", type=int, default=6, help="alternating timed chunks per side")
+    ap.add_argument("--only", default="b1,b2,b3")
+    ap.add_argument("--backends", default="postgres,sqlite")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    prefix = f"bench{os.getpid()}"
+    results: list[dict[str, Any]] = []
+    for backend in args.backends.split(","):
+        with database(backend) as url:
+            rel = make_rel(url, prefix)
+            try:
+                if "b1" in only:
+                    results.append(b1(rel, backend, args.n, args.chunks, durable=True))
+                    if backend == "postgres":
+                        results.append(b1(rel, backend, args.n, args.chunks, durable=False))
+                if "b2" in only:
+                    results.extend(b2(rel, backend, args.n, args.chunks))
+                if "b3" in only and backend == "postgres":
+                    results.append(b3(rel, backend, args.n, args.chunks))
+            finally:
+                _clean_redis(rel.redis, prefix)
+                rel.close()
+    return 0
+
+
+def _clean_redis(client: redis_lib.Redis | None, prefix: str) -> None:
+    if client is None:
+        return
+    for pattern in (f"{prefix}:*", "bare:*", f"benchpt{os.getpid()}*"):
+        keys = list(client.scan_iter(pattern, count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,312 @@
+"""c1–c2: the resend sweeper on PostgreSQL.
+
+c1: stubs re-sent per second by ``Sweeper.run_once`` ÷ a hand-written baseline doing the same selection as a
+    raw ``SELECT … ORDER BY resend_at LIMIT k`` + the same sends + one batched ``UPDATE`` per batch (no
+    claim, no locking, no leases, no retention: the least work that re-sends the same rows). Target ≥ 0.8.
+c2: one sweep round with 1,000,000 stubs (1 % due) ÷ the same round with 10,000 stubs (1 % due). A round
+    re-sends every due stub, so the raw round times differ by the 100× more due work; the comparable figures
+    are (a) a round capped at one batch of 100 (``max_batches=1``: selection + claim + send + record cost
+    independent of table size) and (b) the full round's time per re-sent stub. Target ≤ 2× for both.
+
+    .venv/bin/python -m bench.bench_sweeper [--c1-due 20000] [--big 1000000] [--small 10000] [--explain]
+
+Data: 95 % CONFIRMED stubs with a log row each, 4 % PENDING not yet due, 1 % PENDING due (half with no
+offset, half below the consumer watermark); bulk-loaded with COPY into a scratch database that is dropped
+at the end. Needs PostgreSQL (``RELIABLE_TEST_POSTGRES_URL`` or postgresql+psycopg://postgres@127.0.0.1/test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from reliable import Reliability
+from reliable.migrate import upgrade
+from reliable.sender import OutgoingMessage, SendReceipt
+from reliable.sweeper import FixedBackoff, Sweeper
+
+NOW = dt.datetime(2026, 11, 21, 12, 0, tzinfo=dt.UTC)
+QUEUES = 8
+GROUP, TOPIC = "billing", "orders"
+
+
+class NullSender:
+    """A broker that accepts instantly (per-queue offsets), so the figures measure the database work."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._q = itertools.cycle(range(QUEUES))
+        self._next = [10**9] * QUEUES
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        self.count += 1
+        q = next(self._q)
+        self._next[q] += 1
+        return SendReceipt(queue_id=q, queue_offset=self._next[q])
+
+
+@contextmanager
+def scratch_db() -> Iterator[str]:
+    base = make_url(
+        os.environ.get("RELIABLE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    )
+    name = f"reliable_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def load(rel: Reliability, total: int) -> int:
+    """COPY ``total`` stubs (1 % due) and their logs; returns the number of due stubs."""
+    upgrade(rel.engine)
+    due = total // 100
+    not_due = total * 4 // 100
+    body = b"x" * 200
+    raw = rel.engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        stub_cols = (
+            "message_id, topic, consumer_group, content, status, send_count, queue_id, queue_offset, "
+            "resend_at, created_at, updated_at, last_sent_at"
+        )
+        with cur.copy(f"COPY message_stub ({stub_cols}) FROM STDIN") as cp:  # type: ignore[attr-defined]
+            for i in range(total):
+                q = i % QUEUES
+                created = NOW - dt.timedelta(hours=2, seconds=i % 3600)
+                if i < due:
+                    status, resend = "PENDING", NOW - dt.timedelta(seconds=1 + i % 600)
+                    offset = None if i % 2 else i // QUEUES  # below the watermark (set high below)
+                elif i < due + not_due:
+                    status, resend, offset = "PENDING", NOW + dt.timedelta(minutes=5), i // QUEUES
+                else:
+                    status, resend, offset = "CONFIRMED", None, i // QUEUES
+                cp.write_row(
+                    (f"m{i:09d}", TOPIC, GROUP, body, status, 1, q, offset, resend, created, created, created)
+                )
+        log_cols = (
+            "message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at, outcome"
+        )
+        with cur.copy(f"COPY message_log ({log_cols}) FROM STDIN") as cp:  # type: ignore[attr-defined]
+            for i in range(due + not_due, total):
+                cp.write_row(
+                    (
+                        f"m{i:09d}",
+                        GROUP,
+                        TOPIC,
+                        i % QUEUES,
+                        i // QUEUES,
+                        0,
+                        NOW - dt.timedelta(minutes=30),
+                        "SUCCESS",
+                    )
+                )
+        with cur.copy("COPY consume_progress FROM STDIN") as cp:  # type: ignore[attr-defined]
+            for q in range(QUEUES):
+                cp.write_row((GROUP, TOPIC, q, total, 0, NOW - dt.timedelta(hours=3), NOW, total // QUEUES))
+        raw.commit()
+    finally:
+        raw.close()
+    vacuum(rel)
+    return due
+
+
+def vacuum(rel: Reliability) -> None:
+    with rel.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text("VACUUM ANALYZE message_stub"))
+        c.execute(text("VACUUM ANALYZE message_log"))
+        c.execute(text("VACUUM ANALYZE consume_progress"))
+
+
+def reset(rel: Reliability, due: int) -> None:
+    """Put the due stubs back to their loaded state, so every run re-sends the same rows."""
+    with rel.engine.begin() as c:
+        c.execute(
+            text(
+                "UPDATE message_stub SET send_count = 1, resend_at = :t - make_interval(secs => 1 + (substr(message_id, 2)::int % 600)), "
+                "queue_id = substr(message_id, 2)::int % :q, "
+                "queue_offset = CASE WHEN substr(message_id, 2)::int % 2 = 1 THEN NULL ELSE substr(message_id, 2)::int / :q END, "
+                "last_error = NULL WHERE message_id < :hi"
+            ),
+            {"t": NOW, "q": QUEUES, "hi": f"m{due:09d}"},
+        )
+    vacuum(rel)
+
+
+BASELINE_SELECT = """
+SELECT s.message_id, s.topic, s.tags, s.consumer_group, s.content, s.send_count
+FROM message_stub s
+WHERE s.status = 'PENDING' AND s.send_count < %(max)s AND s.resend_at <= %(now)s
+  AND ((NOT EXISTS (SELECT 1 FROM message_log l
+                    WHERE l.message_id = s.message_id AND l.consumer_group = s.consumer_group)
+        AND (s.queue_offset IS NULL
+             OR s.queue_offset <= (SELECT p.max_offset FROM consume_progress p
+                                   WHERE p.consumer_group = s.consumer_group AND p.topic = s.topic
+                                     AND p.queue_id = s.queue_id)))
+       OR (SELECT max(l.received_at) FROM message_log l
+           WHERE l.message_id = s.message_id AND l.consumer_group = s.consumer_group) < %(stuck)s)
+ORDER BY s.resend_at
+LIMIT %(k)s
+"""
+BASELINE_UPDATE = (
+    "UPDATE message_stub SET send_count = %s, queue_id = %s, queue_offset = %s, last_sent_at = %s, "
+    "resend_at = %s, last_error = NULL WHERE message_id = %s"
+)
+
+
+def baseline(rel: Reliability, k: int) -> int:
+    """The hand-written loop: select k, send, one batched UPDATE, commit; until nothing is selected."""
+    sender = NullSender()
+    raw = rel.engine.raw_connection()
+    sent = 0
+    try:
+        cur = raw.cursor()
+        params = {"max": 8, "now": NOW, "stuck": NOW - dt.timedelta(minutes=15), "k": k}
+        while True:
+            cur.execute(BASELINE_SELECT, params)
+            rows = cur.fetchall()
+            if not rows:
+                break
+            updates: list[tuple[Any, ...]] = []
+            for message_id, topic, tags, group, content, count in rows:
+                r = sender.send(OutgoingMessage(message_id, topic, bytes(content), group, tags, count))
+                updates.append(
+                    (count + 1, r.queue_id, r.queue_offset, NOW, NOW + dt.timedelta(seconds=60), message_id)
+                )
+            cur.executemany(BASELINE_UPDATE, updates)
+            raw.commit()
+            sent += len(rows)
+    finally:
+        raw.close()
+    return sent
+
+
+def ours(rel: Reliability, k: int, max_batches: int | None = None) -> int:
+    sweeper = Sweeper(
+        rel,
+        NullSender(),
+        backoff=FixedBackoff((60.0,)),
+        batch=k,
+        max_sends=8,
+        stuck_after_s=900,
+        log_retention_s=7 * 86400,
+        max_batches=max_batches,
+        clock=lambda: NOW,
+    )
+    return sweeper.run_once().resent
+
+
+def timed(fn: Any, *args: Any) -> tuple[float, int]:
+    t = time.perf_counter()
+    n = fn(*args)
+    return time.perf_counter() - t, n
+
+
+def c1(due_rows: int, k: int, reps: int) -> dict[str, float]:
+    total = due_rows * 100
+    with scratch_db() as url:
+        rel = Reliability(url, redis_url="")
+        t = time.perf_counter()
+        due = load(rel, total)
+        print(f"c1: loaded {total} stubs ({due} due) in {time.perf_counter() - t:.1f}s", flush=True)
+        base_rates, our_rates = [], []
+        for _ in range(reps):
+            reset(rel, due)
+            secs, n = timed(baseline, rel, k)
+            assert n == due, (n, due)
+            base_rates.append(n / secs)
+            reset(rel, due)
+            secs, n = timed(ours, rel, k)
+            assert n == due, (n, due)
+            our_rates.append(n / secs)
+        rel.close()
+    b, o = statistics.median(base_rates), statistics.median(our_rates)
+    print(f"c1: baseline {b:,.0f} rows/s  ours {o:,.0f} rows/s  ratio {o / b:.2f} (target >= 0.8)  k={k}")
+    return {"baseline_rows_s": b, "ours_rows_s": o, "ratio": o / b}
+
+
+def round_times(total: int, reps: int, explain: bool) -> tuple[float, float, int]:
+    with scratch_db() as url:
+        rel = Reliability(url, redis_url="")
+        t = time.perf_counter()
+        due = load(rel, total)
+        print(f"c2: loaded {total} stubs ({due} due) in {time.perf_counter() - t:.1f}s", flush=True)
+        if explain:
+            print_explain(rel)
+        capped, full = [], []
+        for _ in range(reps):
+            reset(rel, due)
+            secs, n = timed(ours, rel, 100, 1)
+            assert n == min(100, due)
+            capped.append(secs)
+            reset(rel, due)
+            secs, n = timed(ours, rel, 500)
+            assert n == due
+            full.append(secs / n)
+        rel.close()
+    return statistics.median(capped), statistics.median(full), due
+
+
+def print_explain(rel: Reliability) -> None:
+    from sqlalchemy.dialects import postgresql
+
+    from reliable.sweeper.claim import LockMode, locking
+    from reliable.sweeper.selection import due_statement
+
+    stmt = locking(
+        due_statement(now=NOW, stuck_after=dt.timedelta(minutes=15), max_sends=8, limit=500),
+        LockMode.SKIP_LOCKED,
+    )
+    sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+    with rel.engine.begin() as c:
+        plan = c.execute(text("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + sql)).scalars().all()
+        c.rollback()
+    print("---- selection statement ----\n" + sql + "\n---- EXPLAIN (ANALYZE, BUFFERS) ----")
+    print("\n".join(plan))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_sweeper")
+    ap.add_argument("--c1-due", type=int, default=20_000, help="due stubs in c1 (table = 100×)")
+    ap.add_argument("--k", type=int, default=500, help="batch size (LIMIT k)")
+    ap.add_argument("--big", type=int, default=1_000_000)
+    ap.add_argument("--small", type=int, default=10_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--explain", action="store_true", help="print the EXPLAIN ANALYZE plan on the big table")
+    ap.add_argument("--only", choices=["c1", "c2"])
+    args = ap.parse_args(argv)
+    if args.only in (None, "c1"):
+        c1(args.c1_due, args.k, args.reps)
+    if args.only in (None, "c2"):
+        small_cap, small_row, _ = round_times(args.small, args.reps, False)
+        big_cap, big_row, _ = round_times(args.big, args.reps, args.explain)
+        print(
+            f"c2a: one round capped at 100 stubs: {args.big:,} stubs {big_cap * 1000:.1f} ms vs {args.small:,} "
+            f"stubs {small_cap * 1000:.1f} ms  ratio {big_cap / small_cap:.2f} (target <= 2)"
+        )
+        print(
+            f"c2b: full round per re-sent stub: {args.big:,} stubs {big_row * 1e6:.0f} µs vs {args.small:,} "
+            f"stubs {small_row * 1e6:.0f} µs  ratio {big_row / small_row:.2f} (target <= 2)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

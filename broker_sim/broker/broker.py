@@ -1,0 +1,520 @@
+"""The broker: request-level methods mirroring RocketMQ's processors, over one :class:`MessageStore`.
+
+``Broker(store_dir, **config)`` → ``start()`` → requests → ``shutdown()`` (or ``crash()``). Each public
+request
+method corresponds to one remoting request (code in brackets in its docstring), takes and returns the types in
+:mod:`broker_sim.broker.api`, and raises :class:`~broker_sim.broker.errors.BrokerResponseError` subclasses
+carrying the wire response code, so the network server maps wire requests 1:1 onto these calls and the
+in-process client transport calls them directly. Broker → client requests go through the
+:class:`~broker_sim.broker.api.ClientChannel` each client registers with its heartbeat.
+
+Timers (offset persistence, delayed delivery, long-poll timeouts, channel expiry, transaction check-back) all
+run on ``self.scheduler`` over ``self.clock``; pass ``clock=ManualClock()`` to drive them from a test.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from broker_sim.broker.admin import AdminMixin
+from broker_sim.broker.api import (
+    BatchEntry,
+    BrokerData,
+    ClientChannel,
+    ConsumerSendMsgBackRequest,
+    EndTransactionRequest,
+    HeartbeatData,
+    MessageModel,
+    Perm,
+    PullMessageRequest,
+    PullMessageResponse,
+    QueueData,
+    ResponseCode,
+    SendMessageRequest,
+    SendMessageResponse,
+    TopicRouteData,
+)
+from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
+from broker_sim.broker.config import BrokerConfig, split_config
+from broker_sim.broker.constants import (
+    SendBackTarget,
+    dlq_topic,
+    is_retry_topic,
+    retry_topic,
+    send_back_decision,
+)
+from broker_sim.broker.convert import parse_host
+from broker_sim.broker.errors import (
+    BrokerResponseError,
+    MessageIllegalError,
+    NoPermissionError,
+    ServiceNotAvailableError,
+    SystemBusyError,
+    TopicNotExistError,
+)
+from broker_sim.broker.locks import RebalanceLockManager
+from broker_sim.broker.offsets import ConsumerOffsetManager
+from broker_sim.broker.pull import PullCallback, PullMessageProcessor
+from broker_sim.broker.schedule import ScheduleMessageService
+from broker_sim.broker.topics import TopicConfig, TopicConfigManager
+from broker_sim.broker.transaction import TransactionService
+from broker_sim.client.errors import RequestTimeoutError
+from broker_sim.client.message import MessageQueue, Prop, SysFlag
+from broker_sim.client.scheduler import Scheduler
+from broker_sim.clock import Clock
+from broker_sim.faults import FaultInjector
+from broker_sim.store.message_record import MessageInner
+from broker_sim.store.message_store import MessageStore
+from broker_sim.store.results import DispatchRequest, PutMessageResult, PutMessageStatus
+
+log = logging.getLogger("broker_sim.broker")
+
+
+class Broker(AdminMixin):
+    def __init__(self, store_dir: str | Path, **config: Any) -> None:
+        self.store_dir = Path(store_dir)
+        self.config: BrokerConfig
+        self.config, store_config = split_config(config)
+        self.clock: Clock = self.config.clock
+        self.log = log
+        self.store = MessageStore(self.store_dir, store_config, self.clock)
+        cdir = self.store.config_dir
+        self.topics = TopicConfigManager(
+            cdir / "topics.json",
+            default_queue_nums=self.config.default_topic_queue_nums,
+            auto_create_topic_enable=self.config.auto_create_topic_enable,
+            schedule_levels=len(store_config.delay_levels_ms),
+        )
+        self.groups = SubscriptionGroupManager(
+            cdir / "subscriptionGroup.json",
+            auto_create=self.config.auto_create_subscription_group,
+            default_retry_max_times=self.config.max_reconsume_times,
+        )
+        self.offsets = ConsumerOffsetManager(cdir / "consumerOffset.json")
+        self.consumers = ConsumerManager(self.config.channel_expired_ms)
+        self.producers = ProducerManager(self.config.channel_expired_ms)
+        self.locks = RebalanceLockManager(self.clock.now_ms, self.config.rebalance_lock_max_live_ms)
+        self.faults = FaultInjector(self.config.fault_seed, self.clock)
+        self.scheduler = Scheduler(self.clock, f"broker-{self.config.broker_name}")
+        self.pull_processor = PullMessageProcessor(self)
+        self.schedule_service: ScheduleMessageService | None = None
+        self.transactions = TransactionService(self)
+        self._state = "CREATED"
+        self._state_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Broker({str(self.store_dir)!r}, {self.config.broker_name})"
+
+    def __enter__(self) -> Broker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ================================================================================ life cycle
+
+    def start(self) -> Broker:
+        """Recover the store, load config tables, start timers. Returns self."""
+        with self._state_lock:
+            if self._state == "RUNNING":
+                return self
+            if self._state != "CREATED":
+                raise ServiceNotAvailableError(
+                    f"broker is {self._state.lower()}; create a new Broker to restart"
+                )
+            self.store.start()
+            self.topics.load()
+            self.groups.load()
+            self.offsets.load()
+            for name, queues in self.config.topics.items():
+                if self.topics.select(name) is None:
+                    self.topics.update(TopicConfig(name, queues, queues))
+            self.topics.persist()
+            self.schedule_service = ScheduleMessageService(self)
+            self.schedule_service.load()
+            self.store.add_dispatch_listener(self._on_dispatch)
+            cfg = self.config
+            self.scheduler.schedule_periodic(
+                cfg.flush_consumer_offset_interval_ms, cfg.flush_consumer_offset_interval_ms,
+                self.offsets.persist, name="persist-consumer-offsets",
+            )  # fmt: skip
+            self.scheduler.schedule_periodic(
+                cfg.scan_not_active_channel_interval_ms, cfg.scan_not_active_channel_interval_ms,
+                self.scan_not_active_channels, name="scan-channels",
+            )  # fmt: skip
+            self.schedule_service.start()
+            self.transactions.start()
+            self._state = "RUNNING"
+        log.info("broker %s started on %s (store %s)", cfg.broker_name, cfg.broker_addr, self.store_dir)
+        return self
+
+    def shutdown(self) -> None:
+        """Clean stop: answer held pulls, persist offsets/delay progress/config, flush and close the store."""
+        with self._state_lock:
+            if self._state != "RUNNING":
+                self._state = "SHUTDOWN"
+                return
+            self._state = "SHUTDOWN"
+        assert self.schedule_service is not None
+        self.scheduler.shutdown()
+        self.pull_processor.shutdown()
+        self.offsets.persist()
+        self.schedule_service.persist()
+        self.topics.persist()
+        self.groups.persist()
+        self.store.shutdown()
+        log.info("broker %s shut down", self.config.broker_name)
+
+    def crash(self) -> None:
+        """Power-cut: nothing persisted, unflushed commit-log data lost (ASYNC_FLUSH). Use via the
+        injector."""
+        with self._state_lock:
+            if self._state != "RUNNING":
+                return
+            self._state = "CRASHED"
+        self.scheduler.shutdown(wait=False)
+        self.store.crash()
+        self.pull_processor.shutdown()
+
+    @property
+    def running(self) -> bool:
+        return self._state == "RUNNING"
+
+    def check_running(self) -> None:
+        if self._state != "RUNNING":
+            raise ServiceNotAvailableError(f"broker {self.config.broker_name} is {self._state.lower()}")
+
+    def _on_dispatch(self, req: DispatchRequest) -> None:
+        self.pull_processor.on_dispatch(req)
+        if self.schedule_service is not None:
+            self.schedule_service.on_dispatch(req)
+
+    # ================================================================================ routes
+
+    def get_route_info_by_topic(self, topic: str) -> TopicRouteData:
+        """GET_ROUTEINFO_BY_TOPIC (105, name server): TopicNotExistError (17) for an unknown topic."""
+        self.check_running()
+        tc = self.topics.select(topic)
+        if tc is None:
+            raise TopicNotExistError(f"No topic route info in name server for the topic: {topic}")
+        cfg = self.config
+        return TopicRouteData(
+            [QueueData(cfg.broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)],
+            [BrokerData(cfg.cluster_name, cfg.broker_name, {0: cfg.broker_addr})],
+        )
+
+    # ================================================================================ send
+
+    def _topic_for_send(self, req: SendMessageRequest) -> TopicConfig:
+        tc = self.topics.select(req.topic)
+        if tc is None and is_retry_topic(req.topic):
+            sg = self.groups.find(req.topic[len("%RETRY%") :])
+            tc = self.topics.create_in_send_back(req.topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
+        if tc is None and self.config.auto_create_topic_enable:
+            tc = self.topics.create_in_send(req.topic, req.default_topic, req.default_topic_queue_nums)
+        if tc is None:
+            raise TopicNotExistError(f"topic[{req.topic}] not exist, apply first please!")
+        if not tc.writable:
+            raise NoPermissionError(f"the topic[{req.topic}] sending message is forbidden")
+        return tc
+
+    def _inner(
+        self, req: SendMessageRequest, tc: TopicConfig, body: bytes, props: dict[str, str]
+    ) -> MessageInner:
+        queue_id = req.queue_id if req.queue_id >= 0 else random.randrange(tc.write_queue_nums)
+        if queue_id >= tc.write_queue_nums:
+            raise BrokerResponseError(
+                f"request queueId[{queue_id}] is illegal, topic:{tc.topic_name} "
+                f"writeQueueNums:{tc.write_queue_nums}"
+            )
+        topic = req.topic
+        if is_retry_topic(topic):  # a client that sends retries itself (2.0+): past the maximum → DLQ
+            group = topic[len("%RETRY%") :]
+            limit = (
+                req.max_reconsume_times
+                if req.max_reconsume_times is not None
+                else self.groups.find(group).retry_max_times
+            )
+            if req.reconsume_times >= limit:
+                topic = dlq_topic(group)
+                self.topics.create_in_send_back(topic, 1, int(Perm.WRITE))
+                queue_id = 0
+        return MessageInner(
+            topic=topic, body=body, queue_id=queue_id, flag=req.flag, properties=props, sys_flag=req.sys_flag,
+            born_timestamp=req.born_timestamp, born_host=parse_host(req.born_host),
+            reconsume_times=req.reconsume_times,
+        )  # fmt: skip
+
+    @staticmethod
+    def _raise_for_put(result: PutMessageResult) -> None:
+        status = result.status
+        if result.ok:
+            return
+        if status is PutMessageStatus.SERVICE_NOT_AVAILABLE:
+            raise ServiceNotAvailableError(f"service not available now: {result.remark}")
+        if status in (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
+            raise MessageIllegalError(f"the message is illegal: {result.remark or status.value}")
+        if status is PutMessageStatus.OS_PAGECACHE_BUSY:
+            raise SystemBusyError("[PC_SYNCHRONIZED]broker busy, start flow control for a while")
+        raise BrokerResponseError(f"put message failed: {status.value} {result.remark}")
+
+    def send_message(self, req: SendMessageRequest, body: bytes) -> SendMessageResponse:
+        """SEND_MESSAGE (10/310). A PREPARED message becomes a hidden half message; DELAY parks it on the
+        schedule topic (the store does that). May raise ``SendAckLost`` after storing (fault injection)."""
+        self.check_running()
+        tc = self._topic_for_send(req)
+        props = dict(req.properties)
+        inner = self._inner(req, tc, body, props)
+        prepared = req.sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_PREPARED
+        if prepared:
+            inner = self.transactions.half_message(inner)
+        result = self.store.put_message(inner)
+        self._raise_for_put(result)
+        app = result.append_result
+        assert app is not None
+        code = (
+            ResponseCode.SUCCESS
+            if result.status is PutMessageStatus.PUT_OK
+            else ResponseCode.FLUSH_DISK_TIMEOUT
+        )
+        self.faults.on_send_stored(req.topic, inner.queue_id, app.queue_offset)
+        return SendMessageResponse(
+            code,
+            app.msg_id,
+            req.queue_id if prepared or Prop.DELAY in props else inner.queue_id,
+            app.queue_offset,
+            props.get(Prop.UNIQ_KEY) if prepared else None,
+        )
+
+    def send_batch_message(
+        self, req: SendMessageRequest, entries: Sequence[BatchEntry]
+    ) -> SendMessageResponse:
+        """SEND_BATCH_MESSAGE (320): all entries on one queue, consecutive offsets; msg ids comma-joined."""
+        self.check_running()
+        if not entries:
+            raise MessageIllegalError("the batch is empty")
+        tc = self._topic_for_send(req)
+        inners = []
+        for e in entries:
+            if Prop.DELAY in e.properties or e.properties.get(Prop.TRAN_MSG):
+                raise MessageIllegalError("delayed or transactional messages cannot be batched")
+            inners.append(self._inner(req, tc, e.body, dict(e.properties)))
+            inners[-1].flag = e.flag
+        queue_id = inners[0].queue_id
+        for inner in inners:
+            inner.queue_id = queue_id
+        result = self.store.put_messages(inners)
+        self._raise_for_put(result)
+        app = result.append_result
+        assert app is not None
+        self.faults.on_send_stored(req.topic, queue_id, app.queue_offset)
+        code = (
+            ResponseCode.SUCCESS
+            if result.status is PutMessageStatus.PUT_OK
+            else ResponseCode.FLUSH_DISK_TIMEOUT
+        )
+        return SendMessageResponse(code, ",".join(app.msg_ids), queue_id, app.queue_offset)
+
+    def ensure_topic_for_delivery(self, topic: str, queue_id: int) -> None:
+        """Delayed/retry deliveries go to topics that may have been created implicitly; make sure they
+        exist."""
+        if self.topics.select(topic) is None and is_retry_topic(topic):
+            sg = self.groups.find(topic[len("%RETRY%") :])
+            self.topics.create_in_send_back(topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
+
+    # ================================================================================ pull
+
+    def pull_message_async(self, req: PullMessageRequest, callback: PullCallback) -> None:
+        """PULL_MESSAGE (11): ``callback`` gets exactly one reply, now or (held) later; request errors
+        raise."""
+        self.pull_processor.process(req, callback)
+
+    def pull_message(self, req: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
+        """PULL_MESSAGE (11), blocking the caller until the (possibly held) reply."""
+        done = threading.Event()
+        box: list[PullMessageResponse | BaseException] = []
+
+        def callback(r: PullMessageResponse | BaseException) -> None:
+            box.append(r)
+            done.set()
+
+        self.pull_message_async(req, callback)
+        if not self.clock.wait(done, timeout_ms / 1000):
+            raise RequestTimeoutError(f"pull {req.topic}:{req.queue_id} not answered within {timeout_ms} ms")
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    # ================================================================================ clients
+
+    def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
+        """HEART_BEAT (34): register producer/consumer groups; create ``%RETRY%`` topics of clustering groups;
+        a membership change notifies the group's clients (NOTIFY_CONSUMER_IDS_CHANGED)."""
+        self.check_running()
+        now = self.clock.now_ms()
+        for group in data.producer_groups:
+            self.producers.register(data.client_id, group, channel, now)
+        for cd in data.consumers:
+            sg = self.groups.find(cd.group_name)
+            if cd.message_model is MessageModel.CLUSTERING:
+                self.topics.create_in_send_back(
+                    retry_topic(cd.group_name), sg.retry_queue_nums, int(Perm.READ_WRITE)
+                )
+            if (
+                self.consumers.register(data.client_id, cd, channel, now)
+                and sg.notify_consumer_ids_changed_enable
+            ):
+                self._notify_ids_changed(cd.group_name)
+
+    def unregister_client(
+        self, client_id: str, producer_group: str | None, consumer_group: str | None
+    ) -> None:
+        """UNREGISTER_CLIENT (35)."""
+        if producer_group:
+            self.producers.unregister(client_id, producer_group)
+        if consumer_group and self.consumers.unregister(client_id, consumer_group):
+            self._notify_ids_changed(consumer_group)
+
+    def client_channel_closed(self, client_id: str) -> None:
+        """The client's connection closed (a killed process): forget it at once, as RocketMQ's channel
+        listener
+        does, so its queues are rebalanced without waiting for the 120 s expiry. Its offsets are *not*
+        committed: whatever it had not persisted is consumed again by the next owner."""
+        for group in self.consumers.groups():
+            if self.consumers.unregister(client_id, group):
+                log.info("consumer %s of %s disconnected", client_id, group)
+                self._notify_ids_changed(group)
+        self.producers.remove_client(client_id)
+
+    def scan_not_active_channels(self) -> None:
+        now = self.clock.now_ms()
+        for group in self.consumers.scan_expired(now):
+            self._notify_ids_changed(group)
+        self.producers.scan_expired(now)
+
+    def _notify_ids_changed(self, group: str) -> None:
+        for ch in self.consumers.channels(group):
+            try:
+                ch.notify_consumer_ids_changed(group)
+            except Exception:
+                log.exception("notify consumer ids changed to %s failed", ch.remote_address)
+
+    def get_consumer_list_by_group(self, group: str) -> list[str]:
+        """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat, sorted."""
+        self.check_running()
+        return self.consumers.client_ids(group)
+
+    # ================================================================================ offsets
+
+    def query_consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """QUERY_CONSUMER_OFFSET (14); None means QUERY_NOT_FOUND (22). See
+        ``query_offset_zero_for_new_group``."""
+        self.check_running()
+        off = self.offsets.query_offset(group, topic, queue_id)
+        if off >= 0:
+            return off
+        if (
+            self.config.query_offset_zero_for_new_group
+            and self.store.get_min_offset_in_queue(topic, queue_id) <= 0
+        ):
+            return 0
+        return None
+
+    def update_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """UPDATE_CONSUMER_OFFSET (15, oneway)."""
+        self.check_running()
+        self.commit_consumer_offset(group, topic, queue_id, offset)
+
+    def commit_consumer_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        if self.faults.drop_offset_commit(group, topic, queue_id, offset):
+            return
+        self.offsets.commit_offset(group, topic, queue_id, offset)
+
+    def get_max_offset(self, topic: str, queue_id: int) -> int:
+        """GET_MAX_OFFSET (30): the next offset to be written (0 for an unknown queue)."""
+        self.check_running()
+        return self.store.get_max_offset_in_queue(topic, queue_id)
+
+    def get_min_offset(self, topic: str, queue_id: int) -> int:
+        """GET_MIN_OFFSET (31)."""
+        self.check_running()
+        return self.store.get_min_offset_in_queue(topic, queue_id)
+
+    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP (29)."""
+        self.check_running()
+        return self.store.get_offset_in_queue_by_time(topic, queue_id, timestamp_ms)
+
+    def get_earliest_msg_store_time(self, topic: str, queue_id: int) -> int:
+        """GET_EARLIEST_MSG_STORETIME (32)."""
+        self.check_running()
+        return self.store.get_earliest_message_time(topic, queue_id)
+
+    # ================================================================================ retry / DLQ
+
+    def consumer_send_msg_back(self, req: ConsumerSendMsgBackRequest) -> None:
+        """CONSUMER_SEND_MSG_BACK (36): store a copy of the failed message on ``%RETRY%{group}`` at delay
+        level
+        ``3 + reconsumeTimes`` (or the client's level), or on ``%DLQ%{group}`` past the maximum / for
+        level < 0.
+        The copy keeps the UNIQ_KEY and records RETRY_TOPIC (original topic) and ORIGIN_MESSAGE_ID."""
+        self.check_running()
+        sg = self.groups.find(req.group)
+        msg = self.store.look_message_by_offset(req.offset)
+        if msg is None:
+            raise BrokerResponseError(f"look message by offset failed, {req.offset}")
+        props = dict(msg.properties)
+        props.setdefault(Prop.RETRY_TOPIC, msg.topic)
+        props.pop(Prop.DELAY, None)
+        limit = req.max_reconsume_times if req.max_reconsume_times is not None else sg.retry_max_times
+        decision = send_back_decision(msg.reconsume_times, req.delay_level, limit)
+        if decision.target is SendBackTarget.DLQ:
+            topic, queue_id = dlq_topic(req.group), 0
+            self.topics.create_in_send_back(topic, 1, int(Perm.WRITE))
+        else:
+            topic = retry_topic(req.group)
+            tc = self.topics.create_in_send_back(topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
+            queue_id = random.randrange(tc.write_queue_nums)
+            props[Prop.DELAY] = str(decision.delay_level)
+        origin = req.origin_msg_id or props.get(Prop.ORIGIN_MESSAGE_ID) or msg.msg_id
+        props[Prop.ORIGIN_MESSAGE_ID] = origin
+        inner = MessageInner(
+            topic=topic, body=msg.body, queue_id=queue_id, flag=msg.flag, properties=props,
+            sys_flag=msg.sys_flag,
+            born_timestamp=msg.born_timestamp, born_host=msg.born_host, store_host=msg.store_host,
+            reconsume_times=msg.reconsume_times + 1,
+        )  # fmt: skip
+        self._raise_for_put(self.store.put_message(inner))
+        if decision.target is SendBackTarget.DLQ:
+            log.warning(
+                "message %s of %s moved to %s after %d attempts",
+                origin,
+                req.group,
+                topic,
+                msg.reconsume_times,
+            )
+
+    # ================================================================================ transactions
+
+    def end_transaction(self, req: EndTransactionRequest) -> None:
+        """END_TRANSACTION (37, oneway): commit makes the half message visible; rollback drops it."""
+        self.check_running()
+        self.transactions.end(req)
+
+    # ================================================================================ orderly locks
+
+    def lock_batch_mq(self, group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ (41): the subset of ``mqs`` now held by ``client_id`` (expires after 60 s idle)."""
+        self.check_running()
+        return self.locks.try_lock_batch(group, mqs, client_id)
+
+    def unlock_batch_mq(self, group: str, client_id: str, mqs: set[MessageQueue]) -> None:
+        """UNLOCK_BATCH_MQ (42)."""
+        self.check_running()
+        self.locks.unlock_batch(group, mqs, client_id)

@@ -1,0 +1,82 @@
+"""Broker settings (RocketMQ's ``BrokerConfig`` subset that matters here) and the split of
+``Broker(**config)``
+keyword arguments between the broker and the storage engine (:class:`broker_sim.store.config.StoreConfig`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker_sim.broker.errors import BrokerConfigError
+from broker_sim.clock import Clock, SystemClock
+from broker_sim.store.config import FlushDiskType, StoreConfig
+
+
+@dataclass
+class BrokerConfig:
+    broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
+    #: the address clients reach the broker at; also the store host written into every record (G7)
+    broker_addr: str = "127.0.0.1:10911"
+    default_topic_queue_nums: int = 8
+    auto_create_topic_enable: bool = False
+    auto_create_subscription_group: bool = True
+    #: topics created when the broker starts: name -> queue count (convenience for tests and demos)
+    topics: dict[str, int] = field(default_factory=dict)
+    flush_consumer_offset_interval_ms: int = 5000
+    flush_delay_offset_interval_ms: int = 10_000
+    long_polling_enable: bool = True
+    short_polling_time_ms: int = 1000
+    channel_expired_ms: int = 120_000
+    scan_not_active_channel_interval_ms: int = 10_000
+    rebalance_lock_max_live_ms: int = 60_000
+    max_reconsume_times: int = 16
+    transaction_check_interval_ms: int = 60_000
+    transaction_timeout_ms: int = 6000
+    transaction_check_max: int = 15
+    #: Java parity (G13): a new group's QUERY_CONSUMER_OFFSET answers 0 while the queue's min offset is 0, so
+    #: CONSUME_FROM_LAST_OFFSET still reads a young topic from the start. False: answer QUERY_NOT_FOUND, so
+    #: the client applies its CONSUME_FROM_* policy.
+    query_offset_zero_for_new_group: bool = True
+    fault_seed: int = 0
+    clock: Clock = field(default_factory=SystemClock)
+
+    def __post_init__(self) -> None:
+        _, sep, port = self.broker_addr.rpartition(":")
+        if not sep or not port.isdigit():
+            raise BrokerConfigError(f"broker_addr must be 'ip:port', got {self.broker_addr!r}")
+        if self.default_topic_queue_nums < 1 or self.max_reconsume_times < 0:
+            raise BrokerConfigError("default_topic_queue_nums must be >= 1 and max_reconsume_times >= 0")
+
+    @property
+    def store_host(self) -> tuple[str, int]:
+        host, _, port = self.broker_addr.rpartition(":")
+        return host, int(port)
+
+
+_BROKER_FIELDS = {f.name for f in dataclasses.fields(BrokerConfig)}
+_STORE_FIELDS = {f.name for f in dataclasses.fields(StoreConfig) if f.init}
+
+
+def split_config(config: dict[str, Any]) -> tuple[BrokerConfig, StoreConfig]:
+    """Route each keyword to BrokerConfig or StoreConfig; an unknown name is a BrokerConfigError."""
+    broker_kw = {k: v for k, v in config.items() if k in _BROKER_FIELDS}
+    store_kw = {k: v for k, v in config.items() if k in _STORE_FIELDS and k not in _BROKER_FIELDS}
+    unknown = set(config) - set(broker_kw) - set(store_kw)
+    if unknown:
+        raise BrokerConfigError(f"unknown broker/store option(s): {', '.join(sorted(unknown))}")
+    if isinstance(store_kw.get("flush_disk_type"), str):
+        try:
+            store_kw["flush_disk_type"] = FlushDiskType(store_kw["flush_disk_type"])
+        except ValueError:
+            raise BrokerConfigError(
+                f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, got {store_kw['flush_disk_type']!r}"
+            ) from None
+    try:
+        bc = BrokerConfig(**broker_kw)
+        store_kw.setdefault("store_host", bc.store_host)
+        sc = StoreConfig(**store_kw)
+    except (TypeError, ValueError) as exc:
+        raise BrokerConfigError(str(exc)) from exc
+    return bc, sc

@@ -1,0 +1,77 @@
+"""Broker errors. Each carries the RocketMQ response code the network server puts on the wire, so a request
+handler can ``raise TopicNotExistError(...)`` and the server replies code 17 with the message as remark."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from broker_sim.errors import BrokerSimError
+
+
+class BrokerError(BrokerSimError):
+    """Root of every error raised by :mod:`broker_sim.broker`."""
+
+
+class BrokerResponseError(BrokerError):
+    """A request the broker answers with a non-success response code (``code``) and a remark."""
+
+    default_code: ClassVar[int] = 1  # SYSTEM_ERROR
+
+    def __init__(self, remark: str, code: int | None = None) -> None:
+        super().__init__(remark)
+        self.code: int = self.default_code if code is None else code
+        self.remark = remark
+
+
+class SystemBusyError(BrokerResponseError):
+    default_code = 2
+
+
+class MessageIllegalError(BrokerResponseError):
+    default_code = 13
+
+
+class ServiceNotAvailableError(BrokerResponseError):
+    """Broker not started, shutting down, or (fault injection) crashed."""
+
+    default_code = 14
+
+
+class NoPermissionError(BrokerResponseError):
+    default_code = 16
+
+
+class TopicNotExistError(BrokerResponseError):
+    default_code = 17
+
+
+class SubscriptionGroupNotExistError(BrokerResponseError):
+    default_code = 26
+
+
+class FlushDiskTimeoutError(BrokerResponseError):
+    default_code = 10
+
+
+class BrokerConfigError(BrokerError):
+    """Bad broker configuration (unknown option, out-of-range value)."""
+
+
+_BY_CODE: dict[int, type[BrokerResponseError]] = {
+    c.default_code: c
+    for c in (
+        SystemBusyError,
+        MessageIllegalError,
+        ServiceNotAvailableError,
+        NoPermissionError,
+        TopicNotExistError,
+        SubscriptionGroupNotExistError,
+        FlushDiskTimeoutError,
+    )
+}
+
+
+def error_for_code(code: int, remark: str) -> BrokerResponseError:
+    """The typed error for a reply code (used by the TCP client to raise what the in-process broker
+    raises)."""
+    return _BY_CODE.get(code, BrokerResponseError)(remark, code)

@@ -1,0 +1,210 @@
+"""PULL_MESSAGE handling and long polling (RocketMQ's PullMessageProcessor + PullRequestHoldService).
+
+A pull that finds nothing new and carries the SUSPEND bit is *held*: it is answered as soon as a message for
+its queue is dispatched, or when its suspend timeout passes on the broker clock, whichever comes first. The
+re-run of a held pull never suspends again, so every request gets exactly one answer.
+
+Outcome table (reference §C): found → SUCCESS, next = offset + units scanned; queue empty/unknown at offset 0
+→ PULL_NOT_FOUND next 0 (elsewhere PULL_OFFSET_MOVED); offset == max → PULL_NOT_FOUND (held if SUSPEND);
+offset < min or > max → PULL_OFFSET_MOVED; everything scanned filtered out → PULL_RETRY_IMMEDIATELY.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from broker_sim.broker.api import PullMessageRequest, PullMessageResponse, ResponseCode
+from broker_sim.broker.constants import parse_tag_expression
+from broker_sim.broker.errors import BrokerResponseError, NoPermissionError, TopicNotExistError
+from broker_sim.client.message import SysFlag
+from broker_sim.client.scheduler import Handle
+from broker_sim.store.message_record import tags_hash
+from broker_sim.store.results import DispatchRequest, GetMessageStatus
+
+if TYPE_CHECKING:
+    from broker_sim.broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+PullCallback = Callable[[PullMessageResponse | BaseException], None]
+
+_CODES = {
+    GetMessageStatus.FOUND: ResponseCode.SUCCESS,
+    GetMessageStatus.MESSAGE_WAS_REMOVING: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.NO_MATCHED_MESSAGE: ResponseCode.PULL_RETRY_IMMEDIATELY,
+    GetMessageStatus.OFFSET_FOUND_NULL: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_OVERFLOW_BADLY: ResponseCode.PULL_OFFSET_MOVED,
+    GetMessageStatus.OFFSET_OVERFLOW_ONE: ResponseCode.PULL_NOT_FOUND,
+    GetMessageStatus.OFFSET_TOO_SMALL: ResponseCode.PULL_OFFSET_MOVED,
+}
+
+
+@dataclass
+class _Held:
+    request: PullMessageRequest
+    callback: PullCallback
+    handle: Handle | None = None
+    done: bool = False
+
+
+class PullMessageProcessor:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, int], list[_Held]] = {}
+        self._wakeups = ThreadPoolExecutor(4, thread_name_prefix="pull-wakeup")
+        self.held_count = 0  # pulls that were suspended at least once (stats, tests)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            held = [h for hs in self._held.values() for h in hs]
+            self._held.clear()
+        for h in held:
+            self._finish(h, None)
+        self._wakeups.shutdown(wait=False, cancel_futures=True)
+
+    # -- request --------------------------------------------------------------------------------------------
+
+    def process(self, req: PullMessageRequest, callback: PullCallback) -> None:
+        """Answer now through ``callback``, or hold the request and answer later (same callback, once)."""
+        b = self.broker
+        b.check_running()
+        sg = b.groups.find(req.consumer_group)
+        if not sg.consume_enable:
+            raise NoPermissionError(f"subscription group [{req.consumer_group}] does not allow consumption")
+        tc = b.topics.select(req.topic)
+        if tc is None:
+            raise TopicNotExistError(f"topic[{req.topic}] not exist, apply first please!")
+        if not tc.readable:
+            raise NoPermissionError(f"the topic[{req.topic}] pulling message is forbidden")
+        if not 0 <= req.queue_id < tc.read_queue_nums:
+            raise BrokerResponseError(
+                f"queueId[{req.queue_id}] is illegal, topic:[{req.topic}] topicConfig.readQueueNums:"
+                f"[{tc.read_queue_nums}]"
+            )
+        if req.sys_flag & SysFlag.PULL_COMMIT_OFFSET and req.commit_offset >= 0:
+            b.commit_consumer_offset(req.consumer_group, req.topic, req.queue_id, req.commit_offset)
+        resp = self.execute(req)
+        if (
+            resp.code == ResponseCode.PULL_NOT_FOUND
+            and req.sys_flag & SysFlag.PULL_SUSPEND
+            and req.suspend_timeout_ms > 0
+        ):
+            self._hold(req, callback)
+            return
+        callback(resp)
+
+    def _filter(self, req: PullMessageRequest) -> set[int] | None:
+        expression = req.subscription
+        if not req.sys_flag & SysFlag.PULL_SUBSCRIPTION or expression is None:
+            sub = self.broker.consumers.subscription(req.consumer_group, req.topic)
+            expression = sub.sub_string if sub is not None else "*"
+        try:
+            tags = parse_tag_expression(expression)
+        except ValueError as exc:
+            raise BrokerResponseError(str(exc), int(ResponseCode.SUBSCRIPTION_PARSE_FAILED)) from exc
+        return None if tags is None else {tags_hash(t) for t in tags}
+
+    def execute(self, req: PullMessageRequest) -> PullMessageResponse:
+        """One read of the store, mapped to a pull reply (no holding)."""
+        b = self.broker
+        store = b.store
+        delayed_until = b.faults.queue_delayed_until(req.topic, req.queue_id)
+        if delayed_until:
+            lo = store.get_min_offset_in_queue(req.topic, req.queue_id)
+            hi = store.get_max_offset_in_queue(req.topic, req.queue_id)
+            return PullMessageResponse(
+                ResponseCode.PULL_NOT_FOUND, req.queue_offset, lo, hi, broker_name=b.config.broker_name
+            )
+        result = store.get_message(
+            req.consumer_group, req.topic, req.queue_id, req.queue_offset, req.max_msg_nums, self._filter(req)
+        )
+        status = result.status
+        if status in (GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.NO_MATCHED_LOGIC_QUEUE):
+            code = ResponseCode.PULL_NOT_FOUND if req.queue_offset == 0 else ResponseCode.PULL_OFFSET_MOVED
+        else:
+            code = _CODES[status]
+        return PullMessageResponse(
+            code,
+            result.next_begin_offset,
+            result.min_offset,
+            result.max_offset,
+            records=[m.raw for m in result.messages],
+            broker_name=b.config.broker_name,
+        )
+
+    # -- holding --------------------------------------------------------------------------------------------
+
+    def _hold(self, req: PullMessageRequest, callback: PullCallback) -> None:
+        b = self.broker
+        held = _Held(req, callback)
+        key = (req.topic, req.queue_id)
+        timeout = req.suspend_timeout_ms if b.config.long_polling_enable else b.config.short_polling_time_ms
+        delayed_until = b.faults.queue_delayed_until(req.topic, req.queue_id)
+        if delayed_until:
+            timeout = min(timeout, max(0, delayed_until - b.clock.now_ms()))
+        with self._lock:
+            self._held.setdefault(key, []).append(held)
+            self.held_count += 1
+        held.handle = b.scheduler.schedule(timeout, lambda: self._expire(key, held), name="pull-hold-timeout")
+        # A message may have been dispatched between the read and the registration: look again.
+        if b.store.get_max_offset_in_queue(req.topic, req.queue_id) > req.queue_offset and not delayed_until:
+            self._wake(key, held)
+
+    def _expire(self, key: tuple[str, int], held: _Held) -> None:
+        self._wake(key, held)
+
+    def _wake(self, key: tuple[str, int], held: _Held) -> None:
+        with self._lock:
+            if held.done:
+                return
+            held.done = True
+            lst = self._held.get(key, [])
+            if held in lst:
+                lst.remove(held)
+            if not lst:
+                self._held.pop(key, None)
+        if held.handle is not None:
+            held.handle.cancel()
+        try:
+            self._wakeups.submit(self._answer, held)
+        except RuntimeError:
+            self._finish(held, None)
+
+    def _answer(self, held: _Held) -> None:
+        try:
+            resp = self.execute(held.request)
+        except Exception as exc:
+            self._finish(held, exc)
+            return
+        self._finish(held, resp)
+
+    def _finish(self, held: _Held, result: PullMessageResponse | BaseException | None) -> None:
+        if result is None:
+            from broker_sim.broker.errors import ServiceNotAvailableError
+
+            result = ServiceNotAvailableError("broker is shutting down")
+        try:
+            held.callback(result)
+        except Exception:
+            log.exception("pull callback failed for %s:%d", held.request.topic, held.request.queue_id)
+
+    def on_dispatch(self, req: DispatchRequest) -> None:
+        """Dispatch listener: a message reached topic/queue at ``consume_queue_offset``; wake its held
+        pulls."""
+        if not req.in_consume_queue:
+            return
+        key = (req.topic, req.queue_id)
+        with self._lock:
+            lst = self._held.get(key)
+            if not lst:
+                return
+            ready = [h for h in lst if h.request.queue_offset <= req.consume_queue_offset]
+        for h in ready:
+            if not self.broker.faults.queue_delayed_until(req.topic, req.queue_id):
+                self._wake(key, h)

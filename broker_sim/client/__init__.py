@@ -1,0 +1,26 @@
+"""Clients: producer, push and pull consumers, over a
+:class:`~broker_sim.client.transport.BrokerTransport`."""
+
+from __future__ import annotations
+
+from broker_sim.client.message import (
+    ConsumeOrderlyStatus,
+    ConsumeStatus,
+    LocalTransactionState,
+    Message,
+    MessageExt,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+)
+
+__all__ = [
+    "ConsumeOrderlyStatus",
+    "ConsumeStatus",
+    "LocalTransactionState",
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "SendResult",
+    "SendStatus",
+]

@@ -1,0 +1,543 @@
+"""The push consumer: rebalance, long-polling pull loop, process queues, consume service, offset commits.
+
+Life of a queue: a rebalance assigns it (start offset = the group's committed offset, or the
+CONSUME_FROM_* policy for a new group) → the pull loop long-polls the broker, 32 messages at a time, and hands
+them to the consume service → the listener's answers move the queue's commit offset (smallest unfinished) →
+offsets reach the broker piggy-backed on pulls and every 5 s → a rebalance that takes the queue away drops
+its process queue (results of listeners still running are ignored) and commits its offset once more.
+Each step is a place where messages get delivered twice, and each is reproduced here on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker_sim.broker.api import (
+    ConsumeFromWhere,
+    ConsumerData,
+    ConsumeType,
+    HeartbeatData,
+    MessageModel,
+    Perm,
+    PullMessageRequest,
+    PullMessageResponse,
+    PullStatus,
+    SubscriptionData,
+)
+from broker_sim.broker.constants import is_retry_topic, parse_tag_expression, retry_topic
+from broker_sim.broker.errors import BrokerResponseError
+from broker_sim.client.allocate import Allocator, average
+from broker_sim.client.client_base import ClientBase, check_group
+from broker_sim.client.consume_service import (
+    ConcurrentConsumeService,
+    MessageListener,
+    OrderlyConsumeService,
+    OrderlyListener,
+    try_send_back,
+)
+from broker_sim.client.errors import ClientStateError, TransportError
+from broker_sim.client.message import MessageExt, MessageQueue, SysFlag
+from broker_sim.client.offset_store import (
+    LocalFileOffsetStore,
+    OffsetStore,
+    ReadOffsetType,
+    RemoteBrokerOffsetStore,
+)
+from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.client.scheduler import Scheduler
+from broker_sim.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PullRequest:
+    mq: MessageQueue
+    pq: ProcessQueue
+    next_offset: int
+    locked_first: bool = False
+
+
+class PushConsumer(ClientBase):
+    """``PushConsumer(broker_or_address, group).subscribe(topic, "*", listener); consumer.start()``."""
+
+    def __init__(
+        self,
+        broker_or_address: object,
+        group: str,
+        *,
+        message_model: MessageModel = MessageModel.CLUSTERING,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+        consume_timestamp_ms: int | None = None,
+        allocate: Allocator = average,
+        consume_threads: int = 20,
+        consume_message_batch_max_size: int = 1,
+        pull_batch_size: int = 32,
+        pull_threshold_for_queue: int = 1000,
+        pull_threshold_size_for_queue_mib: int = 100,
+        consume_concurrently_max_span: int = 2000,
+        max_reconsume_times: int = 16,
+        consume_timeout_ms: int = 15 * 60_000,
+        suspend_current_queue_time_ms: int = 1000,
+        persist_consumer_offset_interval_ms: int = 5000,
+        rebalance_interval_ms: int = 20_000,
+        heartbeat_interval_ms: int = 30_000,
+        pull_time_delay_ms_when_exception: int = 3000,
+        broker_suspend_max_time_ms: int = 15_000,
+        local_offset_dir: str | Path | None = None,
+        instance_name: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        check_group(group)
+        super().__init__(broker_or_address, clock=clock, instance_name=instance_name)
+        self.group = group
+        self.message_model = message_model
+        self.consume_from_where = consume_from_where
+        self.consume_timestamp_ms = consume_timestamp_ms
+        self.allocate = allocate
+        self.consume_threads = consume_threads
+        self.consume_message_batch_max_size = consume_message_batch_max_size
+        self.pull_batch_size = pull_batch_size
+        self.pull_threshold_for_queue = pull_threshold_for_queue
+        self.pull_threshold_size_for_queue = pull_threshold_size_for_queue_mib * 1024 * 1024
+        self.consume_concurrently_max_span = consume_concurrently_max_span
+        self.max_reconsume_times = max_reconsume_times
+        self.consume_timeout_ms = consume_timeout_ms
+        self.suspend_current_queue_time_ms = suspend_current_queue_time_ms
+        self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
+        self.rebalance_interval_ms = rebalance_interval_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.pull_time_delay_ms_when_exception = pull_time_delay_ms_when_exception
+        self.broker_suspend_max_time_ms = broker_suspend_max_time_ms
+        self.instance_name = instance_name or self.client_id
+        self._local_offset_dir = (
+            Path(local_offset_dir) if local_offset_dir else Path.home() / ".rocketmq_offsets"
+        )
+        self.subscriptions: dict[str, SubscriptionData] = {}
+        self._tag_filters: dict[str, frozenset[str] | None] = {}
+        self._listener: MessageListener | None = None
+        self._orderly_listener: OrderlyListener | None = None
+        self.process_queues: dict[MessageQueue, ProcessQueue] = {}
+        self._pq_lock = threading.RLock()
+        self._rebalance_lock = threading.Lock()
+        self._pull_queue: queue.Queue[PullRequest | None] = queue.Queue()
+        self.offset_store: OffsetStore = (
+            RemoteBrokerOffsetStore(self.transport, group)
+            if message_model is MessageModel.CLUSTERING
+            else LocalFileOffsetStore(self._local_offset_dir, self.instance_name, group)
+        )
+        self.consume_service: ConcurrentConsumeService | OrderlyConsumeService | None = None
+        self.scheduler: Scheduler = Scheduler(self.clock, f"consumer-{group}")
+        self.stopped = False
+        self._state = "CREATED"
+        self.flow_control_times = 0
+        self.rebalance_count = 0
+        self._pull_thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"PushConsumer({self.group!r}, {self.client_id!r})"
+
+    @property
+    def orderly(self) -> bool:
+        return self._orderly_listener is not None
+
+    # -- configuration --------------------------------------------------------------------------------------
+
+    def subscribe(
+        self, topic: str, expression: str = "*", listener: MessageListener | None = None
+    ) -> PushConsumer:
+        """Subscribe to ``topic`` with a tag expression (``"*"``, ``"A || B"``); optionally set the
+        listener."""
+        if self._state != "CREATED":
+            raise ClientStateError("subscribe before start()")
+        self._tag_filters[topic] = parse_tag_expression(expression)
+        self.subscriptions[topic] = SubscriptionData(topic, expression or "*", self.clock.now_ms())
+        if listener is not None:
+            self.register_message_listener(listener)
+        return self
+
+    def register_message_listener(self, listener: MessageListener) -> None:
+        """A concurrent listener: ``listener(msgs) -> ConsumeStatus``."""
+        self._listener, self._orderly_listener = listener, None
+
+    def register_message_listener_orderly(self, listener: OrderlyListener) -> None:
+        """An orderly listener: ``listener(msgs) -> ConsumeOrderlyStatus``; one thread per queue, in order."""
+        self._orderly_listener, self._listener = listener, None
+
+    # -- life cycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> PushConsumer:
+        if self._state != "CREATED":
+            raise ClientStateError(f"consumer {self.group} is {self._state.lower()}")
+        if self._listener is None and self._orderly_listener is None:
+            raise ClientStateError("register a message listener before start()")
+        if not self.subscriptions:
+            raise ClientStateError("subscribe to a topic before start()")
+        if self.message_model is MessageModel.CLUSTERING:
+            rt = retry_topic(self.group)
+            self.subscriptions[rt] = SubscriptionData(rt, "*", self.clock.now_ms())
+            self._tag_filters[rt] = None
+        self.offset_store.load()
+        if self._orderly_listener is not None:
+            self.consume_service = OrderlyConsumeService(self, self._orderly_listener, self.consume_threads)
+        else:
+            assert self._listener is not None
+            self.consume_service = ConcurrentConsumeService(self, self._listener, self.consume_threads)
+        self._state = "RUNNING"
+        self._pull_thread = threading.Thread(target=self._pull_loop, name=f"pull-{self.group}", daemon=True)
+        self._pull_thread.start()
+        self.send_heartbeat()
+        self.rebalance_now()
+        s = self.scheduler
+        s.schedule_periodic(
+            self.rebalance_interval_ms, self.rebalance_interval_ms, self.rebalance_now, name="rebalance"
+        )
+        s.schedule_periodic(
+            self.heartbeat_interval_ms, self.heartbeat_interval_ms, self.send_heartbeat, name="heartbeat"
+        )
+        s.schedule_periodic(
+            self.persist_consumer_offset_interval_ms,
+            self.persist_consumer_offset_interval_ms,
+            self.persist_offsets,
+            name="persist-offsets",
+        )
+        if self.orderly and self.message_model is MessageModel.CLUSTERING:
+            s.schedule_periodic(1000, 20_000, self.lock_all, name="lock-all")
+        if isinstance(self.consume_service, ConcurrentConsumeService):
+            s.schedule_periodic(
+                self.consume_timeout_ms, self.consume_timeout_ms, self._clean_expired, name="clean-expired"
+            )
+        return self
+
+    def shutdown(self) -> None:
+        """Graceful stop: persist offsets, unlock queues, unregister (the group rebalances at once)."""
+        if self._state != "RUNNING":
+            self._state = "SHUTDOWN"
+            return
+        self._state = "SHUTDOWN"
+        self.stopped = True
+        self.scheduler.shutdown()
+        self._pull_queue.put(None)
+        assert self.consume_service is not None
+        self.consume_service.shutdown(wait=True)
+        with self._pq_lock:
+            mqs = list(self.process_queues)
+            for pq in self.process_queues.values():
+                pq.dropped = True
+        self.offset_store.persist_all(mqs)
+        if self.orderly and self.message_model is MessageModel.CLUSTERING and mqs:
+            try:
+                self.transport.unlock_batch_mq(self.group, self.client_id, set(mqs))
+            except (TransportError, BrokerResponseError) as exc:
+                log.warning("%s: unlock at shutdown failed: %s", self.group, exc)
+        try:
+            self.transport.unregister_client(self.client_id, None, self.group)
+        except (TransportError, BrokerResponseError) as exc:
+            log.warning("%s: unregister failed: %s", self.group, exc)
+        self.transport.close()
+
+    def kill(self) -> None:
+        """Die like SIGKILL: no offset persist, no unregister, listener results ignored; the connection
+        drops."""
+        self._state = "KILLED"
+        self.stopped = True
+        self.scheduler.shutdown(wait=False)
+        self._pull_queue.put(None)
+        with self._pq_lock:
+            for pq in self.process_queues.values():
+                pq.dropped = True
+        if self.consume_service is not None:
+            self.consume_service.shutdown(wait=False)
+        self.transport.close()
+
+    # -- broker callbacks -----------------------------------------------------------------------------------
+
+    def notify_consumer_ids_changed(self, consumer_group: str) -> None:
+        if consumer_group == self.group and not self.stopped:
+            self.scheduler.schedule(0, self.rebalance_now, name="rebalance-on-notify")
+
+    # -- heartbeat, offsets, locks --------------------------------------------------------------------------
+
+    def consumer_data(self) -> ConsumerData:
+        return ConsumerData(
+            self.group,
+            ConsumeType.CONSUME_PASSIVELY,
+            self.message_model,
+            self.consume_from_where,
+            tuple(self.subscriptions.values()),
+        )
+
+    def send_heartbeat(self) -> None:
+        if self.stopped:
+            return
+        try:
+            self.transport.heartbeat(HeartbeatData(self.client_id, consumers=(self.consumer_data(),)), self)
+        except (TransportError, BrokerResponseError) as exc:
+            log.warning("%s: heartbeat failed: %s", self.group, exc)
+
+    def persist_offsets(self) -> None:
+        if self.stopped:
+            return
+        with self._pq_lock:
+            mqs = list(self.process_queues)
+        self.offset_store.persist_all(mqs)
+
+    def lock_all(self) -> None:
+        with self._pq_lock:
+            mqs = set(self.process_queues)
+        if not mqs or self.stopped:
+            return
+        try:
+            locked = self.transport.lock_batch_mq(self.group, self.client_id, mqs)
+        except (TransportError, BrokerResponseError) as exc:
+            log.warning("%s: lock batch failed: %s", self.group, exc)
+            return
+        now = self.clock.now_ms()
+        with self._pq_lock:
+            for mq, pq in self.process_queues.items():
+                if mq in locked:
+                    if not pq.locked:
+                        log.info("%s: queue %s locked", self.group, mq)
+                    pq.locked, pq.last_lock_ms = True, now
+                else:
+                    pq.locked = False
+
+    def _lock_one(self, mq: MessageQueue) -> bool:
+        try:
+            locked = mq in self.transport.lock_batch_mq(self.group, self.client_id, {mq})
+        except (TransportError, BrokerResponseError) as exc:
+            log.warning("%s: lock %s failed: %s", self.group, mq, exc)
+            return False
+        with self._pq_lock:
+            pq = self.process_queues.get(mq)
+            if pq is not None and locked:
+                pq.locked, pq.last_lock_ms = True, self.clock.now_ms()
+        return locked
+
+    def try_lock_later(self, mq: MessageQueue, then: object) -> None:
+        def attempt() -> None:
+            if self.stopped:
+                return
+            if self._lock_one(mq):
+                self.scheduler.schedule(10, then, name="orderly-resume")  # type: ignore[arg-type]
+            else:
+                self.scheduler.schedule(3000, attempt, name="orderly-relock")
+
+        self.scheduler.schedule(10, attempt, name="orderly-lock")
+
+    def send_message_back(self, msg: MessageExt, delay_level: int) -> bool:
+        return try_send_back(self, msg, delay_level)
+
+    def _clean_expired(self) -> None:
+        svc = self.consume_service
+        if not isinstance(svc, ConcurrentConsumeService):
+            return
+        with self._pq_lock:
+            items = list(self.process_queues.items())
+        for mq, pq in items:
+            svc.clean_expired(pq, mq)
+
+    # -- rebalance ------------------------------------------------------------------------------------------
+
+    def rebalance_now(self) -> None:
+        """Recompute this client's queues now (also runs at start, every 20 s and on membership change)."""
+        if self.stopped:
+            return
+        with self._rebalance_lock:
+            self.rebalance_count += 1
+            for topic in list(self.subscriptions):
+                try:
+                    self._rebalance_topic(topic)
+                except (TransportError, BrokerResponseError) as exc:
+                    log.warning("%s: rebalance of %s failed: %s", self.group, topic, exc)
+
+    def _topic_queues(self, topic: str) -> list[MessageQueue]:
+        route = self.transport.get_route(topic)
+        out: list[MessageQueue] = []
+        for qd in route.queue_datas:
+            if qd.perm & Perm.READ:
+                out.extend(MessageQueue(topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
+        return sorted(out)
+
+    def _rebalance_topic(self, topic: str) -> None:
+        mqs = self._topic_queues(topic)
+        if self.message_model is MessageModel.BROADCASTING:
+            wanted = mqs
+        else:
+            cids = self.transport.get_consumer_list(self.group)
+            if not cids:
+                log.warning("%s: no consumer ids from the broker for %s", self.group, topic)
+                return
+            wanted = self.allocate(self.group, self.client_id, mqs, cids)
+        self._update_process_queues(topic, set(wanted))
+
+    def _update_process_queues(self, topic: str, wanted: set[MessageQueue]) -> None:
+        new_requests: list[PullRequest] = []
+        with self._pq_lock:
+            for mq in [m for m in self.process_queues if m.topic == topic and m not in wanted]:
+                pq = self.process_queues.pop(mq)
+                pq.dropped = True
+                self._remove_unnecessary(mq, pq)
+                log.info("%s: %s dropped from %s by rebalance", self.group, mq, self.client_id)
+            for mq in sorted(wanted - set(self.process_queues)):
+                if (
+                    self.orderly
+                    and self.message_model is MessageModel.CLUSTERING
+                    and not self._lock_one_new(mq)
+                ):
+                    continue
+                self.offset_store.remove_offset(mq)
+                offset = self.compute_pull_from_where(mq)
+                if offset < 0:
+                    log.warning("%s: no start offset for %s; will retry at next rebalance", self.group, mq)
+                    continue
+                pq = ProcessQueue()
+                if self.orderly and self.message_model is MessageModel.CLUSTERING:
+                    pq.locked, pq.last_lock_ms = True, self.clock.now_ms()
+                self.process_queues[mq] = pq
+                new_requests.append(PullRequest(mq, pq, offset, locked_first=True))
+                log.info("%s: %s assigned to %s from offset %d", self.group, mq, self.client_id, offset)
+        for pr in new_requests:
+            self._pull_queue.put(pr)
+
+    def _lock_one_new(self, mq: MessageQueue) -> bool:
+        try:
+            return mq in self.transport.lock_batch_mq(self.group, self.client_id, {mq})
+        except (TransportError, BrokerResponseError):
+            return False
+
+    def _remove_unnecessary(self, mq: MessageQueue, pq: ProcessQueue) -> None:
+        self.offset_store.persist(mq)
+        self.offset_store.remove_offset(mq)
+        # Orderly: unlock only when no listener of this queue runs; otherwise the lock expires on the broker.
+        if (
+            self.orderly
+            and self.message_model is MessageModel.CLUSTERING
+            and pq.consume_lock.acquire(timeout=1.0)
+        ):
+            try:
+                self.transport.unlock_batch_mq(self.group, self.client_id, {mq})
+            finally:
+                pq.consume_lock.release()
+
+    def compute_pull_from_where(self, mq: MessageQueue) -> int:
+        """The committed offset, or for a new group the CONSUME_FROM_* policy; -1 if it cannot be known."""
+        last = self.offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
+        if last >= 0:
+            return last
+        if last != -1:
+            return -1
+        cfw = self.consume_from_where
+        try:
+            if is_retry_topic(mq.topic) or cfw is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+                return 0
+            if cfw is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+                ts = (
+                    self.consume_timestamp_ms
+                    if self.consume_timestamp_ms is not None
+                    else self.clock.now_ms() - 1_800_000
+                )
+                return self.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, ts)
+            return self.transport.get_max_offset(mq.topic, mq.queue_id)
+        except (TransportError, BrokerResponseError) as exc:
+            log.warning("%s: start offset of %s unknown: %s", self.group, mq, exc)
+            return -1
+
+    def assigned_queues(self) -> list[MessageQueue]:
+        with self._pq_lock:
+            return sorted(self.process_queues)
+
+    # -- pulling --------------------------------------------------------------------------------------------
+
+    def _pull_later(self, pr: PullRequest, delay_ms: int) -> None:
+        if not self.stopped:
+            self.scheduler.schedule(delay_ms, lambda: self._pull_queue.put(pr), name="pull-later")
+
+    def _pull_loop(self) -> None:
+        while True:
+            pr = self._pull_queue.get()
+            if pr is None or self.stopped:
+                return
+            try:
+                self._pull(pr)
+            except Exception:
+                log.exception("%s: pull of %s failed", self.group, pr.mq)
+                self._pull_later(pr, self.pull_time_delay_ms_when_exception)
+
+    def _pull(self, pr: PullRequest) -> None:
+        pq = pr.pq
+        if pq.dropped:
+            return
+        pq.last_pull_ms = self.clock.now_ms()
+        if (
+            pq.msg_count > self.pull_threshold_for_queue
+            or pq.msg_size_bytes > self.pull_threshold_size_for_queue
+        ):
+            self._flow_control(pr, "count/size")
+            return
+        if not self.orderly and pq.max_span() > self.consume_concurrently_max_span:
+            self._flow_control(pr, "span")
+            return
+        sub = self.subscriptions.get(pr.mq.topic)
+        if sub is None:
+            self._pull_later(pr, self.pull_time_delay_ms_when_exception)
+            return
+        commit = 0
+        if self.message_model is MessageModel.CLUSTERING:
+            commit = max(0, self.offset_store.read_offset(pr.mq, ReadOffsetType.READ_FROM_MEMORY))
+        sys_flag = (
+            SysFlag.PULL_SUSPEND
+            | SysFlag.PULL_SUBSCRIPTION
+            | (SysFlag.PULL_COMMIT_OFFSET if commit > 0 else 0)
+        )
+        req = PullMessageRequest(
+            self.group, pr.mq.topic, pr.mq.queue_id, pr.next_offset, self.pull_batch_size, sys_flag, commit,
+            self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version,
+        )  # fmt: skip
+        self.transport.pull_message_async(req, lambda result: self._on_pull(pr, result))
+
+    def _flow_control(self, pr: PullRequest, why: str) -> None:
+        self.flow_control_times += 1
+        if self.flow_control_times % 1000 == 1:
+            log.warning(
+                "%s: flow control (%s) on %s: %d in flight, span %d",
+                self.group,
+                why,
+                pr.mq,
+                pr.pq.msg_count,
+                pr.pq.max_span(),
+            )
+        self._pull_later(pr, 50)
+
+    def _on_pull(self, pr: PullRequest, result: PullMessageResponse | BaseException) -> None:
+        if self.stopped:
+            return
+        if isinstance(result, BaseException):
+            log.warning("%s: pull of %s failed: %s", self.group, pr.mq, result)
+            self._pull_later(pr, self.pull_time_delay_ms_when_exception)
+            return
+        status = result.status
+        pr.next_offset = result.next_begin_offset
+        if status is PullStatus.FOUND:
+            tags = self._tag_filters.get(pr.mq.topic)
+            msgs = [m for m in result.messages if tags is None or m.tags in tags]
+            for m in msgs:
+                m.broker_name = pr.mq.broker_name
+            if msgs:
+                dispatch = pr.pq.put_messages(msgs)
+                assert self.consume_service is not None
+                self.consume_service.submit(msgs, pr.pq, pr.mq, dispatch)
+            elif pr.pq.msg_count == 0:
+                self.offset_store.update_offset(pr.mq, pr.next_offset, True)
+        elif status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
+            if pr.pq.msg_count == 0:  # correctTagsOffset: nothing in flight, so the pulled-to offset is safe
+                self.offset_store.update_offset(pr.mq, pr.next_offset, True)
+        else:
+            log.warning("%s: offset of %s illegal, moving to %d", self.group, pr.mq, pr.next_offset)
+            self.offset_store.update_offset(pr.mq, pr.next_offset, False)
+            self.offset_store.persist(pr.mq)
+        self._pull_queue.put(pr)

@@ -1,0 +1,240 @@
+"""Client side of the remoting protocol: one multiplexed TCP connection per remote address.
+
+Requests carry a fresh ``opaque``; a reader thread matches replies to waiting callers, so many requests
+(a 15 s long-poll pull, a heartbeat, a send) share one socket as they do in the Java and C++ clients.
+Requests without a reply in time fail with :class:`RequestTimeoutError` from a single timer thread; a
+broken connection fails every request waiting on it with :class:`TransportError`, and the next request
+reconnects.
+
+Frames the server sends on its own (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go to
+``on_request``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker_sim.client.errors import RequestTimeoutError, TransportError
+from broker_sim.remoting.errors import FrameError
+from broker_sim.remoting.frame import (
+    MAX_FRAME_BYTES,
+    RemotingCommand,
+    check_total_length,
+    decode_payload,
+    encode,
+)
+
+log = logging.getLogger("broker_sim.remoting.client")
+
+_LEN = struct.Struct(">i")
+
+ReplyCallback = Callable[[RemotingCommand | BaseException], None]
+RequestHook = Callable[[RemotingCommand], None]
+
+
+@dataclass(order=True)
+class _Pending:
+    deadline: float
+    opaque: int = field(compare=False)
+    callback: ReplyCallback = field(compare=False)
+    description: str = field(compare=False)
+    done: bool = field(default=False, compare=False)
+
+
+class RemotingConnection:
+    """A connection to ``address`` ("host:port"); thread-safe."""
+
+    def __init__(
+        self, address: str, on_request: RequestHook | None = None, connect_timeout: float = 3.0
+    ) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = address
+        self._target = (host, int(port))
+        self._on_request = on_request
+        self._connect_timeout = connect_timeout
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._timeouts: list[_Pending] = []
+        self._timer_wakeup = threading.Condition(self._lock)
+        self._closed = False
+        self._timer = threading.Thread(target=self._timer_loop, name=f"remoting-timer-{address}", daemon=True)
+        self._timer.start()
+
+    # -- connection management --
+
+    def _connected(self) -> socket.socket:
+        with self._lock:
+            if self._closed:
+                raise TransportError(f"connection to {self.address} is closed")
+            if self._sock is not None:
+                return self._sock
+            try:
+                sock = socket.create_connection(self._target, timeout=self._connect_timeout)
+            except OSError as exc:
+                raise TransportError(f"cannot connect to {self.address}: {exc}") from exc
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+            threading.Thread(
+                target=self._read_loop, args=(sock,), name=f"remoting-reader-{self.address}", daemon=True
+            ).start()
+            return sock
+
+    def _drop(self, sock: socket.socket, reason: str) -> None:
+        """Forget a broken socket and fail every request waiting on it."""
+        with self._lock:
+            if self._sock is sock:
+                self._sock = None
+            pending = list(self._pending.values())
+            self._pending.clear()
+        try:
+            sock.close()
+        except OSError:
+            log.debug("closing %s failed", self.address, exc_info=True)
+        for p in pending:
+            self._finish(p, TransportError(f"connection to {self.address} lost: {reason}"))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sock = self._sock
+            self._timer_wakeup.notify_all()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                log.debug("shutdown of %s failed", self.address, exc_info=True)
+            self._drop(sock, "closed")
+
+    # -- requests --
+
+    def invoke_async(self, cmd: RemotingCommand, callback: ReplyCallback, timeout_s: float) -> None:
+        """Send ``cmd``; ``callback`` gets exactly one reply or exception, from a library thread."""
+        p = _Pending(
+            time.monotonic() + timeout_s, cmd.opaque, callback, f"request {cmd.code} to {self.address}"
+        )
+        try:
+            sock = self._connected()
+        except TransportError as exc:
+            callback(exc)
+            return
+        with self._lock:
+            self._pending[cmd.opaque] = p
+            heapq.heappush(self._timeouts, p)
+            self._timer_wakeup.notify()
+        try:
+            data = encode(cmd)
+            with self._write_lock:
+                sock.sendall(data)
+        except (OSError, FrameError) as exc:
+            with self._lock:
+                self._pending.pop(cmd.opaque, None)
+            self._finish(p, TransportError(f"send to {self.address} failed: {exc}"))
+            if isinstance(exc, OSError):
+                self._drop(sock, str(exc))
+
+    def invoke(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        done = threading.Event()
+        box: list[RemotingCommand | BaseException] = []
+
+        def callback(result: RemotingCommand | BaseException) -> None:
+            box.append(result)
+            done.set()
+
+        self.invoke_async(cmd, callback, timeout_s)
+        done.wait()  # the timer thread guarantees a callback by the deadline
+        result = box[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def invoke_oneway(self, cmd: RemotingCommand) -> None:
+        sock = self._connected()
+        try:
+            data = encode(cmd)
+            with self._write_lock:
+                sock.sendall(data)
+        except OSError as exc:
+            self._drop(sock, str(exc))
+            raise TransportError(f"oneway send to {self.address} failed: {exc}") from exc
+
+    # -- threads --
+
+    @staticmethod
+    def _finish(p: _Pending, result: RemotingCommand | BaseException) -> None:
+        if p.done:
+            return
+        p.done = True
+        try:
+            p.callback(result)
+        except Exception:
+            log.exception("reply callback for %s failed", p.description)
+
+    def _timer_loop(self) -> None:
+        while True:
+            expired: list[_Pending] = []
+            with self._lock:
+                if self._closed and not self._timeouts:
+                    return
+                now = time.monotonic()
+                while self._timeouts and (self._timeouts[0].deadline <= now or self._timeouts[0].done):
+                    p = heapq.heappop(self._timeouts)
+                    if not p.done and self._pending.pop(p.opaque, None) is p:
+                        expired.append(p)
+                if self._closed and not self._timeouts:
+                    return
+                if not expired:
+                    wait = self._timeouts[0].deadline - now if self._timeouts else None
+                    self._timer_wakeup.wait(wait)
+            for p in expired:
+                self._finish(p, RequestTimeoutError(f"{p.description}: no reply in time"))
+
+    def _read_exact(self, sock: socket.socket, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise TransportError("connection closed by the server")
+            got += k
+        return bytes(buf)
+
+    def _read_loop(self, sock: socket.socket) -> None:
+        reason = "closed"
+        try:
+            while True:
+                (total,) = _LEN.unpack(self._read_exact(sock, 4))
+                check_total_length(total, MAX_FRAME_BYTES)
+                cmd = decode_payload(self._read_exact(sock, total))
+                if not cmd.is_response:
+                    self._server_request(cmd)
+                    continue
+                with self._lock:
+                    p = self._pending.pop(cmd.opaque, None)
+                if p is None:
+                    log.debug("%s: reply for unknown opaque %d (timed out?)", self.address, cmd.opaque)
+                    continue
+                self._finish(p, cmd)
+        except (OSError, TransportError, FrameError) as exc:
+            reason = str(exc)
+        finally:
+            self._drop(sock, reason)
+
+    def _server_request(self, cmd: RemotingCommand) -> None:
+        if self._on_request is None:
+            log.debug("%s: ignoring server request %d", self.address, cmd.code)
+            return
+        try:
+            self._on_request(cmd)
+        except Exception:
+            log.exception("%s: handling server request %d failed", self.address, cmd.code)

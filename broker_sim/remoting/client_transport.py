@@ -1,0 +1,442 @@
+"""``RemotingTransport``: the client's :class:`~broker_sim.client.transport.BrokerTransport` over TCP.
+
+``Producer("127.0.0.1:9876", group)`` ends up here (through ``transport_for``). The address is the name
+server's; broker addresses come from topic routes (GET_ROUTEINFO_BY_TOPIC) or, for requests that name no
+topic (heartbeat, consumer list, locks), from the cluster info (GET_BROKER_CLUSTER_INFO). Behaviour matches
+the in-process transport: broker reply codes become the same typed errors (``error_for_code``), a missing
+reply is :class:`RequestTimeoutError`, a broken connection :class:`TransportError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+
+from broker_sim.broker.api import (
+    BatchEntry,
+    CheckTransactionStateRequest,
+    ClientChannel,
+    ConsumerSendMsgBackRequest,
+    EndTransactionRequest,
+    HeartbeatData,
+    PullMessageRequest,
+    PullMessageResponse,
+    ResponseCode,
+    SendMessageRequest,
+    SendMessageResponse,
+    TopicRouteData,
+)
+from broker_sim.broker.errors import error_for_code
+from broker_sim.client.errors import TransportError
+from broker_sim.client.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
+from broker_sim.client.transport import PullCallback
+from broker_sim.remoting import bodies
+from broker_sim.remoting.acl import sign
+from broker_sim.remoting.client import RemotingConnection
+from broker_sim.remoting.codes import RequestCode
+from broker_sim.remoting.errors import RemotingError
+from broker_sim.remoting.frame import RemotingCommand
+from broker_sim.remoting.header import Fields
+from broker_sim.remoting.records import decode_record, decode_records, split_records
+
+log = logging.getLogger("broker_sim.remoting.client_transport")
+
+ADMIN_TIMEOUT_S = 5.0
+
+
+class RemotingTransport:
+    """All requests of a RocketMQ client, over TCP, starting from a name server address."""
+
+    def __init__(
+        self,
+        namesrv_addr: str,
+        *,
+        request_timeout_ms: int = 3000,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+    ) -> None:
+        self._namesrv_addr = namesrv_addr
+        self._credentials = (access_key, secret_key or "") if access_key else None
+        self._timeout_s = request_timeout_ms / 1000
+        self._lock = threading.Lock()
+        self._conns: dict[str, RemotingConnection] = {}
+        self._broker_addrs: dict[str, str] = {}  # broker name -> master address
+        self._channels: dict[str, ClientChannel] = {}
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._namesrv_addr
+
+    # -- plumbing --
+
+    def _req(
+        self,
+        code: int,
+        fields: Mapping[str, object] | None = None,
+        body: bytes = b"",
+        *,
+        oneway: bool = False,
+    ) -> RemotingCommand:
+        """A request, signed for the broker's ACL check when this transport has credentials."""
+        cmd = RemotingCommand.request(code, fields, body, oneway=oneway)
+        if self._credentials is not None:
+            sign(cmd, *self._credentials)
+        return cmd
+
+    def _conn(self, address: str) -> RemotingConnection:
+        with self._lock:
+            if self._closed:
+                raise TransportError("transport closed")
+            conn = self._conns.get(address)
+            if conn is None:
+                conn = RemotingConnection(address, on_request=self._server_request)
+                self._conns[address] = conn
+            return conn
+
+    def _invoke(self, address: str, cmd: RemotingCommand, timeout_s: float | None = None) -> RemotingCommand:
+        return self._conn(address).invoke(cmd, self._timeout_s if timeout_s is None else timeout_s)
+
+    @staticmethod
+    def _ok(reply: RemotingCommand, *accepted: int) -> RemotingCommand:
+        if reply.code not in (ResponseCode.SUCCESS, *accepted):
+            raise error_for_code(reply.code, reply.remark or f"request failed with code {reply.code}")
+        return reply
+
+    def _broker(self, broker_name: str | None = None) -> str:
+        """Master address of ``broker_name`` (or of any broker), asking the name server if unknown."""
+        with self._lock:
+            known = dict(self._broker_addrs)
+        if not known or (broker_name is not None and broker_name not in known):
+            self._refresh_brokers()
+            with self._lock:
+                known = dict(self._broker_addrs)
+        if broker_name is not None and broker_name in known:
+            return known[broker_name]
+        if broker_name is None and known:
+            return known[sorted(known)[0]]
+        raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
+
+    def _refresh_brokers(self) -> None:
+        reply = self._ok(self._invoke(self._namesrv_addr, self._req(RequestCode.GET_BROKER_CLUSTER_INFO)))
+        info = bodies.load_json(reply.body, "cluster info")
+        table = info.get("brokerAddrTable", {}) if isinstance(info, dict) else {}
+        with self._lock:
+            for name, data in table.items():
+                addrs = data.get("brokerAddrs", {}) if isinstance(data, dict) else {}
+                master = addrs.get("0", addrs.get(0))
+                if master:
+                    self._broker_addrs[str(name)] = str(master)
+
+    def _broker_for_topic(self, topic: str) -> str:
+        with self._lock:
+            known = bool(self._broker_addrs)
+        if not known:
+            try:
+                self.get_route(topic)
+            except RemotingError:
+                log.debug("route lookup for %s failed", topic, exc_info=True)
+        return self._broker()
+
+    # -- server -> client requests --
+
+    def _server_request(self, cmd: RemotingCommand) -> None:
+        f = Fields(cmd.ext_fields)
+        with self._lock:
+            channels = list(self._channels.values())
+        if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            for ch in channels:
+                ch.notify_consumer_ids_changed(f.text("consumerGroup"))
+        elif cmd.code == RequestCode.CHECK_TRANSACTION_STATE:
+            message = decode_record(cmd.body)
+            req = CheckTransactionStateRequest(
+                msg_id=f.text("msgId"),
+                transaction_id=f.opt("transactionId"),
+                offset_msg_id=f.text("offsetMsgId"),
+                tran_state_table_offset=f.num("tranStateTableOffset", 0),
+                commit_log_offset=f.num("commitLogOffset"),
+            )
+            group = f.text("producerGroup", "")
+            for ch in channels:
+                ch.check_transaction_state(group, req, message)
+        else:
+            log.info("ignoring server request code %d", cmd.code)
+
+    # -- routes --
+
+    def get_route(self, topic: str) -> TopicRouteData:
+        reply = self._ok(
+            self._invoke(
+                self._namesrv_addr,
+                self._req(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}),
+            )
+        )
+        route = bodies.parse_route(reply.body)
+        with self._lock:
+            for b in route.broker_datas:
+                if 0 in b.broker_addrs:
+                    self._broker_addrs[b.broker_name] = b.broker_addrs[0]
+        return route
+
+    # -- send --
+
+    @staticmethod
+    def _send_fields(request: SendMessageRequest) -> dict[str, object]:
+        return {
+            "producerGroup": request.producer_group,
+            "topic": request.topic,
+            "defaultTopic": request.default_topic,
+            "defaultTopicQueueNums": request.default_topic_queue_nums,
+            "queueId": request.queue_id,
+            "sysFlag": request.sys_flag,
+            "bornTimestamp": request.born_timestamp,
+            "flag": request.flag,
+            "properties": properties_to_string(request.properties),
+            "reconsumeTimes": request.reconsume_times,
+            "unitMode": request.unit_mode,
+            "maxReconsumeTimes": request.max_reconsume_times,
+            "batch": request.batch,
+        }
+
+    @staticmethod
+    def _send_response(reply: RemotingCommand) -> SendMessageResponse:
+        accepted = (
+            ResponseCode.FLUSH_DISK_TIMEOUT,
+            ResponseCode.FLUSH_SLAVE_TIMEOUT,
+            ResponseCode.SLAVE_NOT_AVAILABLE,
+        )
+        RemotingTransport._ok(reply, *accepted)
+        f = Fields(reply.ext_fields)
+        return SendMessageResponse(
+            code=ResponseCode(reply.code),
+            msg_id=f.text("msgId"),
+            queue_id=f.num("queueId"),
+            queue_offset=f.num("queueOffset"),
+            transaction_id=f.opt("transactionId"),
+            remark=reply.remark or "",
+        )
+
+    def send_message(
+        self, request: SendMessageRequest, body: bytes, timeout_ms: int = 3000
+    ) -> SendMessageResponse:
+        cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body)
+        return self._send_response(
+            self._invoke(self._broker_for_topic(request.topic), cmd, timeout_ms / 1000)
+        )
+
+    def send_message_oneway(self, request: SendMessageRequest, body: bytes) -> None:
+        cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body, oneway=True)
+        try:
+            self._conn(self._broker_for_topic(request.topic)).invoke_oneway(cmd)
+        except TransportError:
+            log.debug("oneway send to %s failed", request.topic, exc_info=True)
+
+    def send_batch_message(
+        self, request: SendMessageRequest, entries: Sequence[BatchEntry], timeout_ms: int = 3000
+    ) -> SendMessageResponse:
+        cmd = self._req(
+            RequestCode.SEND_BATCH_MESSAGE, self._send_fields(request), bodies.encode_batch(entries)
+        )
+        return self._send_response(
+            self._invoke(self._broker_for_topic(request.topic), cmd, timeout_ms / 1000)
+        )
+
+    # -- pull --
+
+    @staticmethod
+    def _pull_fields(request: PullMessageRequest) -> dict[str, object]:
+        return {
+            "consumerGroup": request.consumer_group,
+            "topic": request.topic,
+            "queueId": request.queue_id,
+            "queueOffset": request.queue_offset,
+            "maxMsgNums": request.max_msg_nums,
+            "sysFlag": request.sys_flag,
+            "commitOffset": request.commit_offset,
+            "suspendTimeoutMillis": request.suspend_timeout_ms,
+            "subscription": request.subscription,
+            "subVersion": request.sub_version,
+        }
+
+    def _pull_response(self, reply: RemotingCommand, broker_name: str) -> PullMessageResponse:
+        pull_codes = (
+            ResponseCode.PULL_NOT_FOUND,
+            ResponseCode.PULL_RETRY_IMMEDIATELY,
+            ResponseCode.PULL_OFFSET_MOVED,
+        )
+        self._ok(reply, *pull_codes)
+        f = Fields(reply.ext_fields)
+        messages = decode_records(reply.body, broker_name=broker_name) if reply.body else []
+        records = [reply.body[s : s + n] for s, n in split_records(reply.body)] if reply.body else []
+        return PullMessageResponse(
+            code=ResponseCode(reply.code),
+            next_begin_offset=f.num("nextBeginOffset"),
+            min_offset=f.num("minOffset", 0),
+            max_offset=f.num("maxOffset", 0),
+            messages=messages,
+            records=records,
+            suggest_which_broker_id=f.num("suggestWhichBrokerId", 0),
+            remark=reply.remark or "",
+        )
+
+    def _pull_timeout_s(self, request: PullMessageRequest) -> float:
+        return request.suspend_timeout_ms / 1000 + self._timeout_s + 5.0
+
+    def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
+        addr = self._broker_for_topic(request.topic)
+        cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
+        timeout = max(timeout_ms / 1000, self._pull_timeout_s(request))
+        return self._pull_response(self._invoke(addr, cmd, timeout), self._name_of(addr))
+
+    def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
+        try:
+            addr = self._broker_for_topic(request.topic)
+            conn = self._conn(addr)
+        except Exception as exc:  # delivered to the callback, as the transport contract says
+            callback(exc)
+            return
+        name = self._name_of(addr)
+
+        def on_reply(result: RemotingCommand | BaseException) -> None:
+            if isinstance(result, BaseException):
+                callback(result)
+                return
+            try:
+                response = self._pull_response(result, name)
+            except Exception as exc:
+                callback(exc)
+                return
+            callback(response)
+
+        cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
+        conn.invoke_async(cmd, on_reply, self._pull_timeout_s(request))
+
+    def _name_of(self, addr: str) -> str:
+        with self._lock:
+            for name, a in self._broker_addrs.items():
+                if a == addr:
+                    return name
+        return ""
+
+    # -- clients --
+
+    def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
+        with self._lock:
+            self._channels[data.client_id] = channel
+        cmd = self._req(RequestCode.HEART_BEAT, body=bodies.heartbeat_body(data))
+        self._ok(self._invoke(self._broker(), cmd))
+
+    def unregister_client(
+        self, client_id: str, producer_group: str | None, consumer_group: str | None
+    ) -> None:
+        fields = {
+            "clientID": client_id,
+            "producerGroup": producer_group or "",
+            "consumerGroup": consumer_group or "",
+        }
+        try:
+            self._ok(self._invoke(self._broker(), self._req(RequestCode.UNREGISTER_CLIENT, fields)))
+        finally:
+            with self._lock:
+                self._channels.pop(client_id, None)
+
+    def get_consumer_list(self, consumer_group: str) -> list[str]:
+        cmd = self._req(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": consumer_group})
+        reply = self._invoke(self._broker(), cmd)
+        if reply.code != ResponseCode.SUCCESS:
+            return []
+        ids = bodies.load_json(reply.body, "consumer list").get("consumerIdList") or []
+        return [str(i) for i in ids]
+
+    # -- offsets --
+
+    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
+        fields = {"consumerGroup": consumer_group, "topic": topic, "queueId": queue_id}
+        reply = self._invoke(
+            self._broker_for_topic(topic), self._req(RequestCode.QUERY_CONSUMER_OFFSET, fields)
+        )
+        if reply.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        return Fields(self._ok(reply).ext_fields).num("offset")
+
+    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
+        fields = {
+            "consumerGroup": consumer_group,
+            "topic": topic,
+            "queueId": queue_id,
+            "commitOffset": offset,
+        }
+        cmd = self._req(RequestCode.UPDATE_CONSUMER_OFFSET, fields, oneway=True)
+        self._conn(self._broker_for_topic(topic)).invoke_oneway(cmd)
+
+    def _offset_request(self, code: int, topic: str, queue_id: int, **extra: int) -> int:
+        cmd = self._req(code, {"topic": topic, "queueId": queue_id, **extra})
+        return Fields(self._ok(self._invoke(self._broker_for_topic(topic), cmd)).ext_fields).num("offset")
+
+    def get_max_offset(self, topic: str, queue_id: int) -> int:
+        return self._offset_request(RequestCode.GET_MAX_OFFSET, topic, queue_id)
+
+    def get_min_offset(self, topic: str, queue_id: int) -> int:
+        return self._offset_request(RequestCode.GET_MIN_OFFSET, topic, queue_id)
+
+    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return self._offset_request(
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, timestamp=timestamp_ms
+        )
+
+    # -- messages --
+
+    def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None:
+        fields = {
+            "group": request.group,
+            "offset": request.offset,
+            "delayLevel": request.delay_level,
+            "originMsgId": request.origin_msg_id,
+            "originTopic": request.origin_topic,
+            "unitMode": request.unit_mode,
+            "maxReconsumeTimes": request.max_reconsume_times,
+        }
+        cmd = self._req(RequestCode.CONSUMER_SEND_MSG_BACK, fields)
+        self._ok(self._invoke(self._broker(), cmd))
+
+    def end_transaction(self, request: EndTransactionRequest) -> None:
+        fields = {
+            "producerGroup": request.producer_group,
+            "msgId": request.msg_id,
+            "transactionId": request.transaction_id,
+            "tranStateTableOffset": request.tran_state_table_offset,
+            "commitLogOffset": request.commit_log_offset,
+            "commitOrRollback": int(request.commit_or_rollback),
+            "fromTransactionCheck": request.from_transaction_check,
+        }
+        self._conn(self._broker()).invoke_oneway(self._req(RequestCode.END_TRANSACTION, fields, oneway=True))
+
+    def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
+        cmd = self._req(RequestCode.LOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
+        reply = self._ok(self._invoke(self._broker(), cmd))
+        locked = bodies.load_json(reply.body, "lock reply").get("lockOKMQSet") or []
+        return {bodies.mq_from_json(m) for m in locked}
+
+    def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None:
+        cmd = self._req(RequestCode.UNLOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
+        self._ok(self._invoke(self._broker(), cmd))
+
+    def view_message_by_id(self, offset_msg_id: str) -> MessageExt:
+        try:
+            store_host, offset = decode_offset_msg_id(offset_msg_id)
+        except ValueError as exc:
+            raise error_for_code(
+                ResponseCode.SYSTEM_ERROR, f"bad message id {offset_msg_id!r}: {exc}"
+            ) from None
+        cmd = self._req(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+        reply = self._ok(self._invoke(store_host, cmd))
+        return decode_record(reply.body, broker_name=self._name_of(store_host))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns = list(self._conns.values())
+            self._conns.clear()
+        for c in conns:
+            c.close()

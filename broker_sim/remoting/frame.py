@@ -1,0 +1,308 @@
+"""RocketMQ remoting frames: the unit of every request and reply on the wire.
+
+Frame layout (all integers big-endian)::
+
+    0         4                         8                8+headerLen          4+totalLen
+    +---------+-------------------------+-------------------+-------------------+
+    | total   | serType<<24 | headerLen | header            | body              |
+    | int32   | int32                   | headerLen bytes   | total-4-headerLen |
+    +---------+-------------------------+-------------------+-------------------+
+
+``total`` counts everything after itself. ``serType`` is 0 for a JSON header and 1 for RocketMQ's binary
+header (:mod:`broker_sim.remoting.header`). The C++ client reads the whole second word as the header
+length, so replies to it must keep the top byte 0 (JSON) — rule G1 — which is why a reply always uses the
+serialize type of its request.
+
+Decoding is defensive because the server reads bytes from anyone on the socket: every length is checked
+before memory is committed to it, so a hostile peer can make us hold at most one maximal frame
+(:data:`MAX_FRAME_BYTES`, 16 MiB as in Java) per connection, and every malformed frame becomes a
+:class:`~broker_sim.remoting.errors.FrameError` rather than an arbitrary exception.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import struct
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from broker_sim.remoting.codes import CommandFlag
+from broker_sim.remoting.errors import FrameError, FrameTooLargeError
+
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+# Sanity bound on the header alone: no legitimate header comes near this, and refusing early keeps a
+# JSON parser away from megabytes of attacker-chosen nesting.
+MAX_HEADER_BYTES = 1024 * 1024
+
+_LEN = struct.Struct(">i")  # total length
+_LEN2 = struct.Struct(">ii")  # total length, serType<<24 | headerLen
+
+LANGUAGE = "PYTHON"
+VERSION = 317  # a 4.x Java version number; the server never branches on the peer's version
+
+
+class SerializeType(IntEnum):
+    JSON = 0
+    ROCKETMQ = 1
+
+
+_opaque_counter = itertools.count(1)
+_opaque_lock = threading.Lock()
+
+
+def next_opaque() -> int:
+    """Process-wide request id; replies echo it so a connection can multiplex requests."""
+    with _opaque_lock:
+        return next(_opaque_counter) & 0x7FFFFFFF
+
+
+@dataclass(slots=True)
+class RemotingCommand:
+    """One request or reply. ``ext_fields`` is always ``str → str`` here: requests arrive with numbers and
+    booleans mixed in (G4, G5) and are normalised on decode; replies must be strings only (G2)."""
+
+    code: int
+    opaque: int = 0
+    flag: int = 0
+    remark: str | None = None
+    ext_fields: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    language: str = LANGUAGE
+    version: int = VERSION
+    serialize_type: SerializeType = SerializeType.JSON
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & CommandFlag.RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & CommandFlag.ONEWAY)
+
+    @classmethod
+    def request(
+        cls,
+        code: int,
+        ext_fields: Mapping[str, Any] | None = None,
+        body: bytes = b"",
+        *,
+        oneway: bool = False,
+    ) -> RemotingCommand:
+        return cls(
+            code=int(code),
+            opaque=next_opaque(),
+            flag=int(CommandFlag.ONEWAY) if oneway else 0,
+            ext_fields=stringify_fields(ext_fields or {}),
+            body=body,
+        )
+
+    def reply(
+        self,
+        code: int,
+        remark: str | None = None,
+        ext_fields: dict[str, Any] | None = None,
+        body: bytes = b"",
+    ) -> RemotingCommand:
+        """The response to this request: same opaque and serialize type, response bit set."""
+        return RemotingCommand(
+            code=int(code),
+            opaque=self.opaque,
+            flag=int(CommandFlag.RESPONSE),
+            remark=remark,
+            ext_fields=stringify_fields(ext_fields or {}),
+            body=body,
+            serialize_type=self.serialize_type,
+        )
+
+
+def stringify_fields(fields: Mapping[str, Any]) -> dict[str, str]:
+    """Every header value as a string (G2); ``None`` drops the field, booleans become "true"/"false"."""
+    out: dict[str, str] = {}
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out[str(key)] = "true" if value else "false"
+        elif isinstance(value, float) and value.is_integer():
+            out[str(key)] = str(int(value))
+        else:
+            out[str(key)] = str(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- encoding
+
+
+def encode(cmd: RemotingCommand) -> bytes:
+    """The complete frame for ``cmd``, length prefix included."""
+    if cmd.serialize_type is SerializeType.ROCKETMQ:
+        from broker_sim.remoting.header import encode_binary_header
+
+        header = encode_binary_header(cmd)
+    else:
+        header = encode_json_header(cmd)
+    total = 4 + len(header) + len(cmd.body)
+    if total > MAX_FRAME_BYTES:
+        raise FrameTooLargeError(f"frame of {total} bytes exceeds {MAX_FRAME_BYTES}")
+    return b"".join((_LEN2.pack(total, (int(cmd.serialize_type) << 24) | len(header)), header, cmd.body))
+
+
+def encode_json_header(cmd: RemotingCommand) -> bytes:
+    obj: dict[str, Any] = {
+        "code": cmd.code,
+        "language": cmd.language,
+        "version": cmd.version,
+        "opaque": cmd.opaque,
+        "flag": cmd.flag,
+        "serializeTypeCurrentRPC": "JSON",
+    }
+    if cmd.remark is not None:
+        obj["remark"] = cmd.remark
+    if cmd.ext_fields:
+        obj["extFields"] = cmd.ext_fields
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+
+
+def check_total_length(total: int, max_frame: int = MAX_FRAME_BYTES) -> None:
+    """Validate the first word before reading the rest: a frame holds at least the header-length word."""
+    if total < 4:
+        raise FrameError(f"frame length {total} is below the minimum of 4")
+    if total > max_frame:
+        raise FrameTooLargeError(f"frame length {total} exceeds the maximum of {max_frame}")
+
+
+def decode_payload(payload: bytes) -> RemotingCommand:
+    """Decode everything after the total-length word (``len(payload)`` is the declared total)."""
+    if len(payload) < 4:
+        raise FrameError("frame too short for its header-length word")
+    (word,) = _LEN.unpack_from(payload, 0)
+    ser = (word >> 24) & 0xFF
+    header_len = word & 0xFFFFFF
+    if header_len > len(payload) - 4:
+        raise FrameError(f"header length {header_len} exceeds the frame's {len(payload) - 4} bytes")
+    if header_len > MAX_HEADER_BYTES:
+        raise FrameTooLargeError(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
+    header = payload[4 : 4 + header_len]
+    body = bytes(payload[4 + header_len :])
+    if ser == SerializeType.JSON:
+        cmd = decode_json_header(header)
+    elif ser == SerializeType.ROCKETMQ:
+        from broker_sim.remoting.header import decode_binary_header
+
+        cmd = decode_binary_header(header)
+    else:
+        raise FrameError(f"unknown serialize type {ser}")
+    cmd.body = body
+    return cmd
+
+
+def decode_frame(frame: bytes, max_frame: int = MAX_FRAME_BYTES) -> RemotingCommand:
+    """Decode exactly one complete frame (length prefix included); trailing or missing bytes are errors."""
+    if len(frame) < 4:
+        raise FrameError("truncated frame: no length word")
+    (total,) = _LEN.unpack_from(frame, 0)
+    check_total_length(total, max_frame)
+    if len(frame) - 4 != total:
+        raise FrameError(f"frame declares {total} bytes but {len(frame) - 4} follow")
+    return decode_payload(frame[4:])
+
+
+def _as_int(obj: dict[str, Any], key: str, default: int | None) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            return int(value)
+        raise FrameError(f"header field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def decode_json_header(header: bytes) -> RemotingCommand:
+    try:
+        obj = json.loads(header.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FrameError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameError("header JSON is not an object")
+    code = _as_int(obj, "code", None)
+    opaque = _as_int(obj, "opaque", 0)
+    flag = _as_int(obj, "flag", 0)
+    version = _as_int(obj, "version", 0)
+    remark = obj.get("remark")
+    if remark is not None and not isinstance(remark, str):
+        remark = str(remark)
+    language = obj.get("language")
+    ext = obj.get("extFields") or {}
+    if not isinstance(ext, dict):
+        raise FrameError("header field 'extFields' is not an object")
+    return RemotingCommand(
+        code=code,
+        opaque=opaque,
+        flag=flag,
+        remark=remark,
+        ext_fields=normalise_ext_fields(ext),
+        language=language if isinstance(language, str) else "OTHER",
+        version=version,
+        serialize_type=SerializeType.JSON,
+    )
+
+
+def normalise_ext_fields(ext: dict[str, Any]) -> dict[str, str]:
+    """Requests mix JSON numbers, booleans and strings (G4/G5); nested values are a client bug."""
+    out: dict[str, str] = {}
+    for key, value in ext.items():
+        if value is None:
+            continue
+        if isinstance(value, dict | list):
+            raise FrameError(f"extFields[{key!r}] is not a scalar")
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+            out[key] = str(int(value))
+        else:
+            out[key] = str(value)
+    return out
+
+
+class FrameDecoder:
+    """Incremental decoder for a byte stream: ``feed`` returns the frames completed so far.
+
+    Memory is bounded: the length word is validated as soon as it is complete, so the buffer never grows
+    beyond one maximal frame plus the last chunk fed. After a :class:`FrameError` the stream is out of sync
+    and the decoder refuses further input.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+        self._broken = False
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[RemotingCommand]:
+        if self._broken:
+            raise FrameError("stream already failed to decode")
+        self._buf += data
+        out: list[RemotingCommand] = []
+        try:
+            while len(self._buf) >= 4:
+                (total,) = _LEN.unpack_from(self._buf, 0)
+                check_total_length(total, self._max)
+                if len(self._buf) < 4 + total:
+                    break
+                payload = bytes(self._buf[4 : 4 + total])
+                del self._buf[: 4 + total]
+                out.append(decode_payload(payload))
+        except FrameError:
+            self._broken = True
+            self._buf.clear()
+            raise
+        return out

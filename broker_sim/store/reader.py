@@ -1,0 +1,197 @@
+"""The read side of :class:`~broker_sim.store.message_store.MessageStore`: get by queue offset (with
+RocketMQ's statuses and next-offset rules), get by physical offset, query by key, and the offset/time
+lookups. A mixin, so the facade keeps one public class while each module stays small."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from broker_sim.store.commit_log import CommitLog
+from broker_sim.store.config import StoreConfig
+from broker_sim.store.consume_queue import ConsumeQueue
+from broker_sim.store.errors import StoreNotRunningError
+from broker_sim.store.index_service import IndexService
+from broker_sim.store.message_record import MessageExt, decode_record
+from broker_sim.store.results import (
+    GetMessageResult,
+    GetMessageStatus,
+    MessageFilter,
+    QueryMessageResult,
+    SelectedMessage,
+)
+
+_MAX_TS = 2**63 - 1
+
+
+class StoreReader:
+    """Needs the attributes below from the class it is mixed into."""
+
+    store_dir: Path
+    config: StoreConfig
+    commit_log: CommitLog
+    index: IndexService | None
+    _cqs: dict[tuple[str, int], ConsumeQueue]
+    _cq_lock: threading.Lock
+    _running: bool
+
+    # ================================================================================== get
+    def _require_running(self) -> None:
+        if not self._running:
+            raise StoreNotRunningError("message store is not running")
+
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msg_nums: int,
+        message_filter: MessageFilter = None,
+    ) -> GetMessageResult:
+        """Read up to ``max_msg_nums`` messages of topic/queue from queue ``offset`` (RocketMQ's getMessage:
+        same statuses, same ``next_begin_offset`` rules, same 256 KiB / 32-message batch cap). ``group`` is
+        accepted for parity and logging; offsets are the messaging layer's business."""
+        self._require_running()
+        cq = self._cqs.get((topic, queue_id))
+        if cq is None or cq.max_offset == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+        if offset > hi:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+        cfg = self.config
+        max_units = max(cfg.max_filter_units, max_msg_nums * 20) // 20
+        cl = self.commit_log
+        cl_min = cl.min_offset
+        find = cl.mfq.find
+        if message_filter is None:
+            match = None
+        elif callable(message_filter):
+            match = message_filter
+        else:
+            match = message_filter.__contains__
+        msgs: list[SelectedMessage] = []
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        total = 0
+        scanned = 0
+        limit_n = min(max_msg_nums, cfg.max_transfer_count)
+        limit_b = cfg.max_transfer_bytes
+        # the segment of the previous record, so consecutive records cost one slice each
+        mm, base, valid_end = None, 0, -1
+        for phys, size, tags in cq.iter_units(offset, max_units):
+            if msgs and (len(msgs) >= limit_n or total + size > limit_b):
+                break
+            scanned += 1
+            if phys < cl_min:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            if match is not None and not match(tags):
+                continue
+            if not (base <= phys and phys + size <= valid_end):
+                mf = find(phys)
+                if mf is None:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    continue
+                mm, base, valid_end = mf.mm, mf.file_from_offset, mf.file_from_offset + mf.wrote
+                if phys + size > valid_end:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    continue
+            local = phys - base
+            try:
+                raw = mm[local : local + size]  # type: ignore[index]
+            except ValueError:  # the segment was deleted and its mapping closed meanwhile
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            msgs.append(SelectedMessage(raw, phys, offset + scanned - 1, tags))
+            total += size
+        if msgs:
+            return GetMessageResult(GetMessageStatus.FOUND, offset + scanned, lo, hi, msgs)
+        if scanned == 0:
+            per = cfg.consume_queue_units
+            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset + per - offset % per, lo, hi)
+        return GetMessageResult(status, offset + scanned, lo, hi)
+
+    def select_one_message_by_offset(self, phys_offset: int, size: int = 0) -> bytes | None:
+        """The raw record at a commit-log offset (None if absent)."""
+        return self.commit_log.record_at(phys_offset, size)
+
+    def look_message_by_offset(self, phys_offset: int, size: int = 0) -> MessageExt | None:
+        raw = self.commit_log.record_at(phys_offset, size)
+        return None if raw is None else decode_record(raw)
+
+    def query_message(
+        self, topic: str, key: str, max_num: int = 32, begin_ts: int = 0, end_ts: int = _MAX_TS
+    ) -> QueryMessageResult:
+        """Messages of ``topic`` whose KEYS contain ``key`` or whose UNIQ_KEY is ``key``, stored within
+        [begin_ts, end_ts] (index precision: one second), newest first."""
+        self._require_running()
+        result = QueryMessageResult()
+        if self.index is None:
+            return result
+        result.index_last_update_timestamp, result.index_last_update_phy_offset = self.index.last_update()
+        for phys in sorted(set(self.index.query(topic, key, max_num * 2, begin_ts, end_ts)), reverse=True):
+            raw = self.commit_log.record_at(phys)
+            if raw is None:
+                continue
+            sel = SelectedMessage(raw, phys, 0, 0)
+            ext = sel.ext
+            if ext.topic == topic and (key in ext.keys or ext.uniq_key == key):
+                sel.queue_offset = ext.queue_offset
+                result.messages.append(sel)
+                if len(result.messages) >= max_num:
+                    break
+        return result
+
+    # ================================================================================== offsets
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return 0 if cq is None else cq.max_offset
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        return 0 if cq is None else cq.min_offset
+
+    def get_commit_log_offset_in_queue(self, topic: str, queue_id: int, cq_offset: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        unit = None if cq is None else cq.get(cq_offset)
+        return 0 if unit is None else unit[0]
+
+    def get_message_store_timestamp(self, topic: str, queue_id: int, cq_offset: int) -> int:
+        cq = self._cqs.get((topic, queue_id))
+        unit = None if cq is None else cq.get(cq_offset)
+        ts = None if unit is None else self._store_time(unit[0], unit[1])
+        return -1 if ts is None else ts
+
+    def get_earliest_message_time(self, topic: str, queue_id: int) -> int:
+        """Store time of the oldest message still in the queue (-1 if none)."""
+        return self.get_message_store_timestamp(
+            topic, queue_id, self.get_min_offset_in_queue(topic, queue_id)
+        )
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """First queue offset stored at or after ``timestamp`` (max offset if none)."""
+        cq = self._cqs.get((topic, queue_id))
+        return 0 if cq is None else cq.offset_by_time(timestamp, self._store_time)
+
+    def _store_time(self, phys: int, size: int) -> int | None:
+        raw = self.commit_log.record_at(phys, size)
+        return None if raw is None else int.from_bytes(raw[56:64], "big", signed=True)
+
+    @property
+    def max_phy_offset(self) -> int:
+        return self.commit_log.max_offset
+
+    @property
+    def min_phy_offset(self) -> int:
+        return self.commit_log.min_offset
+
+    def topic_queue_ids(self) -> dict[str, list[int]]:
+        """Every topic with a consume queue, and its queue ids."""
+        out: dict[str, list[int]] = {}
+        for topic, qid in sorted(self._cqs):
+            out.setdefault(topic, []).append(qid)
+        return out

@@ -1,0 +1,40 @@
+"""The reconciliation report as a Spark application.
+
+On a cluster (the ``reliable`` package installed on the driver; executors only run built-in Spark SQL, so
+they need nothing but the JDBC driver jar)::
+
+    spark-submit --master yarn --deploy-mode client \\
+        --driver-memory 4g --jars /usr/share/java/postgresql.jar \\
+        jobs/reconcile.py --db postgresql://reader@db/app --out /data/reconcile/$(date +%F) \\
+        --since "$(date -d yesterday +%F)T00:00:00Z" --until "$(date +%F)T00:00:00Z" \\
+        --max-lost 0 --max-stuck 0
+
+Locally ``reliable reconcile`` does the same with ``local[*]``. Exit code 0, or 2 when a threshold is crossed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from reliable.cli import one_line
+    from reliable.cli.reconcile import add_arguments, run
+    from reliable.errors import ReliableError
+
+    parser = argparse.ArgumentParser(
+        prog="reconcile.py", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    add_arguments(parser, default_master=None)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ReliableError, OSError, ValueError) as exc:
+        print(f"reconcile: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

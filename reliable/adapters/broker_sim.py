@@ -1,0 +1,220 @@
+"""broker_sim adapter: a :class:`~reliable.sender.Sender` over a broker_sim ``Producer`` and a listener
+wrapper that puts ``@idempotent_consumer`` handlers behind a broker_sim ``PushConsumer``.
+
+Works with both broker_sim clients, because both take the same first argument: a ``Broker`` object
+(in-process) or ``"host:port"`` of ``broker-sim serve``'s name server (TCP).
+
+Mapping of a delivery to an :class:`~reliable.types.Envelope`:
+
+* ``message_id`` — the first token of the message *keys* (the producer and the sweeper put the stub's id
+  there, RocketMQ's recommended practice), else the client ``UNIQ_KEY`` (a producer that does not use stubs:
+  RocketMQ keeps the UNIQ_KEY across its own send retries, so it still identifies the message). No id at all
+  becomes ``None``, which the guard dead-letters as bad input.
+* ``topic`` — the topic the application subscribed to. Retries arrive from ``%RETRY%{group}``; like the
+  RocketMQ clients we report the original topic (``RETRY_TOPIC``), and ``reconsume_times`` > 0 tells the
+  journal that the delivery is a retry.
+* ``queue_id``/``queue_offset`` — where this copy was stored.
+
+Mapping of :class:`~reliable.types.ConsumeResult` back to the broker: ``SUCCESS`` → ``CONSUME_SUCCESS``;
+``RECONSUME_LATER`` → ``RECONSUME_LATER`` (the broker's ``%RETRY%`` path with its delay levels);
+``DEAD_LETTER`` → the adapter sends that message back with delay level ``-1`` (RocketMQ's "to the DLQ now",
+see ``rocketmq-reference.md`` §C) and acknowledges it, so a poison message does not go through 16 retries
+first. When that send-back fails the message is answered ``RECONSUME_LATER`` instead: never a silent ack.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from broker_sim.broker.api import ConsumerSendMsgBackRequest
+from broker_sim.client.message import ConsumeStatus, Message, MessageExt, Prop, SendStatus
+from broker_sim.client.transport import BrokerTransport
+from reliable.errors import SendError
+from reliable.sender import OutgoingMessage, SendReceipt
+from reliable.types import ConsumeResult, Envelope
+
+log = logging.getLogger("reliable.adapters.broker_sim")
+
+RETRY_PREFIX = "%RETRY%"
+
+
+class _BrokerSimProducer(Protocol):
+    def send(self, msg: Message) -> Any: ...
+
+
+def to_message(message: OutgoingMessage) -> Message:
+    """The broker_sim message for an outgoing stub: the stub id travels as the message *keys*."""
+    props = dict(message.properties)
+    return Message(
+        topic=message.topic,
+        body=message.body,
+        keys=message.message_id,
+        tags=message.tags,
+        properties=props,
+    )
+
+
+class BrokerSimSender:
+    """A :class:`~reliable.sender.Sender` over a started broker_sim ``Producer``.
+
+    The receipt carries the queue id and offset the broker assigned, which the sweeper compares with the
+    consumer's watermark. Any failure (including broker_sim's send timeout, after which the message may or
+    may not be stored) raises :class:`~reliable.errors.SendError`, leaving the stub PENDING.
+    """
+
+    def __init__(self, producer: _BrokerSimProducer) -> None:
+        self.producer = producer
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        try:
+            result = self.producer.send(to_message(message))
+        except Exception as exc:
+            raise SendError(
+                f"broker_sim send of {message.message_id} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        if result.status is not SendStatus.SEND_OK:
+            # stored, but not flushed/replicated in time: the receipt is still where it landed; if the broker
+            # loses it the sweeper sees the offset passed without a delivery and sends it again
+            log.warning("message %s stored with status %s", message.message_id, result.status.value)
+        return SendReceipt(
+            queue_id=int(result.queue_id),
+            queue_offset=int(result.queue_offset),
+            broker_message_id=str(result.offset_msg_id or result.msg_id),
+        )
+
+
+class BrokerSimBacklog:
+    """The sweeper's optional ``BacklogSource``: a queue's max offset (the next offset to be assigned).
+
+    With it the sweeper estimates how long a consumer group needs to reach a message that is merely queued,
+    and does not re-send it meanwhile.
+    """
+
+    def __init__(self, transport: BrokerTransport) -> None:
+        self.transport = transport
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None:
+        try:
+            return int(self.transport.get_max_offset(topic, queue_id))
+        except Exception as exc:  # unknown topic, broker down: "cannot tell", the sweeper falls back
+            log.debug("max offset of %s:%d unknown: %s", topic, queue_id, exc)
+            return None
+
+
+def message_id_of(msg: MessageExt) -> str | None:
+    """The business id of a delivery: first KEYS token, else UNIQ_KEY, else ``None``."""
+    keys = msg.properties.get(Prop.KEYS, "").split()
+    if keys:
+        return keys[0]
+    return msg.properties.get(Prop.UNIQ_KEY) or None
+
+
+def to_envelope(msg: MessageExt) -> Envelope:
+    """The broker-neutral view of one broker_sim delivery (see the module docstring for the mapping)."""
+    topic = msg.topic
+    if topic.startswith(RETRY_PREFIX):
+        topic = msg.properties.get(Prop.RETRY_TOPIC, topic)
+    keys = msg.properties.get(Prop.KEYS) or None
+    return Envelope(
+        message_id=message_id_of(msg),
+        topic=topic,
+        queue_id=int(msg.queue_id),
+        queue_offset=int(msg.queue_offset),
+        body=bytes(msg.body),
+        keys=keys,
+        tags=msg.properties.get(Prop.TAGS) or None,
+        reconsume_times=int(msg.reconsume_times),
+        properties=dict(msg.properties),
+    )
+
+
+DeadLetterFn = Callable[[MessageExt], None]
+
+
+def send_back_to_dlq(transport: BrokerTransport, group: str) -> DeadLetterFn:
+    """A dead-letter action: CONSUMER_SEND_MSG_BACK with delay level -1 (the broker moves it to %DLQ%)."""
+
+    def dead_letter(msg: MessageExt) -> None:
+        transport.consumer_send_msg_back(
+            ConsumerSendMsgBackRequest(
+                group=group,
+                offset=msg.commit_log_offset,
+                delay_level=-1,
+                origin_msg_id=msg.msg_id,
+                origin_topic=msg.properties.get(Prop.RETRY_TOPIC, msg.topic),
+            )
+        )
+
+    return dead_letter
+
+
+@dataclass
+class ListenerStats:
+    """What the listener decided, for logs and the demo's counters (this process only)."""
+
+    delivered: int = 0
+    success: int = 0
+    reconsume_later: int = 0
+    dead_lettered: int = 0
+
+
+class GuardedListener:
+    """A broker_sim concurrent listener (``listener(msgs) -> ConsumeStatus``) around a guarded handler.
+
+    ``handler`` is what ``@idempotent_consumer`` returns: ``handler(envelope) -> ConsumeResult``, with
+    ``handler.batch(envelopes)`` used for batches of more than one message. The batch is answered
+    ``RECONSUME_LATER`` if any message needs it (broker_sim then sends every message of the batch back;
+    the guard turns the already-applied ones into duplicates). An exception from the handler propagates:
+    broker_sim treats a raising listener as ``RECONSUME_LATER``, never as an ack.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[Envelope], ConsumeResult],
+        dead_letter: DeadLetterFn | None = None,
+        *,
+        batch: bool = True,
+    ) -> None:
+        self.handler = handler
+        self.dead_letter = dead_letter
+        #: use the handler's ``batch(envs)`` (one journal and one work transaction per batch) when it has one
+        self.batch_handler: Callable[[Sequence[Envelope]], list[ConsumeResult]] | None = (
+            getattr(handler, "batch", None) if batch else None
+        )
+        self.stats = ListenerStats()
+
+    def _results(self, msgs: Sequence[MessageExt]) -> list[ConsumeResult]:
+        envs = [to_envelope(m) for m in msgs]
+        if self.batch_handler is not None and len(envs) > 1:
+            results = list(self.batch_handler(envs))
+            if len(results) != len(envs):
+                raise ValueError(f"batch handler returned {len(results)} results for {len(envs)} messages")
+            return results
+        return [self.handler(env) for env in envs]
+
+    def __call__(self, msgs: Sequence[MessageExt], *context: Any) -> ConsumeStatus:
+        later = False
+        for msg, result in zip(msgs, self._results(msgs), strict=True):
+            self.stats.delivered += 1
+            if result is ConsumeResult.SUCCESS:
+                self.stats.success += 1
+            elif result is ConsumeResult.DEAD_LETTER and self._dead_letter(msg):
+                self.stats.dead_lettered += 1
+            else:
+                self.stats.reconsume_later += 1
+                later = True
+        return ConsumeStatus.RECONSUME_LATER if later else ConsumeStatus.CONSUME_SUCCESS
+
+    def _dead_letter(self, msg: MessageExt) -> bool:
+        if self.dead_letter is None:
+            log.warning("message %s: DEAD_LETTER without a dead-letter action; retried instead", msg.msg_id)
+            return False
+        try:
+            self.dead_letter(msg)
+        except Exception:
+            log.exception("message %s: send-back to the DLQ failed; retried instead", msg.msg_id)
+            return False
+        return True

@@ -1,0 +1,426 @@
+"""RabbitMQ adapter (``pika``): a consumer loop around a guarded handler, and a confirming :class:`Sender`.
+
+Consumer: every delivery becomes an :class:`~reliable.types.Envelope` and goes to ``handler(env)`` (what
+``@idempotent_consumer`` returns; a :class:`reliable.guard.Guard` works too, its ``Decision`` carries the
+reason). Acknowledgements are manual and follow the result:
+
+==================  ==============================================================================
+``SUCCESS``         ``basic.ack``
+``RECONSUME_LATER`` ``basic.nack(requeue=True)`` after ``retry_delay_s`` (held unacked meanwhile, so a
+                    lease conflict does not spin the queue at full speed)
+``DEAD_LETTER``     a copy, with the reason in the ``x-reliable-dead-reason`` header, published with a
+                    publisher confirm to the dead-letter exchange ``{queue}.dlx`` (bound to ``{queue}.dlq``),
+                    then ``basic.ack``. RabbitMQ's own dead-lettering (``basic.reject(requeue=False)`` on a
+                    queue with ``x-dead-letter-exchange``) cannot carry an application reason, so it is only
+                    the fallback when that publish fails: the message still lands in the DLQ, with
+                    ``x-death`` but without our reason. Nothing is ever acknowledged silently.
+handler raised      logged and counted, then treated as ``RECONSUME_LATER`` (the guard never raises; a bare
+                    handler that does must not lose the message)
+==================  ==============================================================================
+
+Envelope mapping: ``message_id`` from the AMQP ``message_id`` property, else the ``message-id`` /
+``x-message-id`` header (none: the guard dead-letters it with ``missing message id``). ``topic`` from the
+``x-reliable-topic`` header the sender stamps, else the consumer's ``topic``, else the routing key.
+``reconsume_times`` from ``x-delivery-count`` (quorum queues count requeues; ``queue_type="quorum"``), else
+1 for a delivery flagged ``redelivered`` and 0 otherwise. ``queue_id`` is 0 and ``queue_offset`` is the
+sender's sequence number (``x-reliable-seq``), else the delivery tag.
+
+What the resend sweeper can and cannot infer with RabbitMQ: a queue has no offsets, so the "position" is the
+sender's per-process sequence number (monotonic within one producer process, restarting at 1 in the next).
+The comparison "stub offset below the consumer watermark" is therefore only meaningful inside one producer
+process's lifetime: a stub sent by an earlier or a parallel producer process usually compares as "passed", so
+the sweeper falls back to time: a PENDING stub with no ``message_log`` row is resent once ``resend_at`` has
+passed. Resending too early costs a duplicate delivery, which the guard suppresses; it never loses a message.
+What it cannot do is tell "still queued behind a long backlog" from "lost": set ``first_resend_delay_s`` above
+the queue's worst backlog time. A lost *tail* (the last messages of a burst) is found by time, not by
+offsets. The reconciliation report's offset-gap view is meaningless for RabbitMQ topics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+from pika.spec import Basic, BasicProperties
+
+from reliable.errors import ConfigurationError, SendError
+from reliable.sender import OutgoingMessage, SendReceipt
+from reliable.types import ConsumeResult, Envelope
+
+log = logging.getLogger("reliable.adapters.rabbitmq")
+
+HEADER_TOPIC = "x-reliable-topic"
+HEADER_GROUP = "x-reliable-group"
+HEADER_TAGS = "x-reliable-tags"
+HEADER_SEQ = "x-reliable-seq"
+HEADER_SEND_COUNT = "x-reliable-send-count"
+HEADER_DEAD_REASON = "x-reliable-dead-reason"
+HEADER_ORIGINAL_QUEUE = "x-reliable-original-queue"
+ID_HEADERS = ("message-id", "x-message-id")
+DELIVERY_COUNT = "x-delivery-count"
+_REASON_MAX = 1000
+
+#: one sequence per process, shared by every sender instance, so "offsets" never repeat within a process
+_seq = itertools.count(1)
+_seq_lock = threading.Lock()
+
+
+def _next_seq() -> int:
+    with _seq_lock:
+        return next(_seq)
+
+
+class _HasResult(Protocol):
+    """A guard ``Decision``: the result plus why."""
+
+    @property
+    def result(self) -> ConsumeResult: ...
+
+
+GuardedHandler = Callable[[Envelope], "ConsumeResult | _HasResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The names the adapter declares for one consumer queue, and how to create and remove them."""
+
+    queue: str
+    #: an exchange to bind ``queue`` to (``None``: publishers use the default exchange and the queue name)
+    exchange: str | None = None
+    binding_key: str | None = None
+    exchange_type: str = "direct"
+    queue_type: str = "classic"
+    queue_arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.queue}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.queue}.dlq"
+
+    def declare(self, ch: BlockingChannel) -> None:
+        """Create (idempotently) the DLX, the DLQ, the queue with its dead-letter arguments, the binding."""
+        ch.exchange_declare(self.dead_letter_exchange, exchange_type="direct", durable=True)
+        ch.queue_declare(self.dead_letter_queue, durable=True)
+        ch.queue_bind(self.dead_letter_queue, self.dead_letter_exchange, routing_key=self.queue)
+        args: dict[str, Any] = {
+            "x-queue-type": self.queue_type,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            "x-dead-letter-routing-key": self.queue,
+            **self.queue_arguments,
+        }
+        ch.queue_declare(self.queue, durable=True, arguments=args)
+        if self.exchange:
+            ch.exchange_declare(self.exchange, exchange_type=self.exchange_type, durable=True)
+            ch.queue_bind(self.queue, self.exchange, routing_key=self.binding_key or self.queue)
+
+    def delete(self, ch: BlockingChannel) -> None:
+        """Remove everything :meth:`declare` created (tests; decommissioning)."""
+        ch.queue_delete(self.queue)
+        ch.queue_delete(self.dead_letter_queue)
+        ch.exchange_delete(self.dead_letter_exchange)
+        if self.exchange:
+            ch.exchange_delete(self.exchange)
+
+
+def _parameters(url: str) -> pika.URLParameters:
+    try:
+        return pika.URLParameters(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"bad AMQP URL {url!r}: {exc}") from None
+
+
+def connect(url: str) -> BlockingConnection:
+    """A blocking connection; a malformed URL is a configuration error, not a network one."""
+    return BlockingConnection(_parameters(url))
+
+
+def to_envelope(
+    method: Basic.Deliver, props: BasicProperties, body: bytes, default_topic: str | None = None
+) -> Envelope:
+    """The broker-neutral view of one delivery (see the module doc for where each field comes from)."""
+    headers: dict[str, Any] = dict(props.headers or {})
+    message_id = props.message_id or next((str(headers[h]) for h in ID_HEADERS if headers.get(h)), None)
+    topic = _text(headers.get(HEADER_TOPIC)) or default_topic or method.routing_key or ""
+    redelivered = 1 if method.redelivered else 0
+    reconsume = int(headers[DELIVERY_COUNT]) if DELIVERY_COUNT in headers else redelivered
+    seq = headers.get(HEADER_SEQ)
+    offset = int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else int(method.delivery_tag)
+    properties = {k: _text(v) for k, v in headers.items() if isinstance(v, str | bytes | int | float)}
+    properties |= {
+        "amqp.exchange": method.exchange or "",
+        "amqp.routing_key": method.routing_key or "",
+        "amqp.redelivered": str(bool(method.redelivered)).lower(),
+    }
+    return Envelope(
+        message_id=message_id or None,
+        topic=topic,
+        queue_id=0,
+        queue_offset=offset,
+        body=bytes(body),
+        keys=message_id or None,
+        tags=_text(headers.get(HEADER_TAGS)) or props.type or None,
+        reconsume_times=reconsume,
+        properties=properties,
+    )
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class RabbitMQConsumer:
+    """Consumes ``topology.queue`` with manual acks and maps each guarded result to an AMQP answer.
+
+    Not thread-safe (pika's blocking connection is not): run one consumer per thread or process.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        topology: Topology | str,
+        handler: GuardedHandler,
+        *,
+        topic: str | None = None,
+        prefetch: int = 16,
+        retry_delay_s: float = 1.0,
+        declare: bool = True,
+    ) -> None:
+        if prefetch <= 0 or retry_delay_s < 0:
+            raise ConfigurationError("prefetch must be > 0 and retry_delay_s >= 0")
+        self.topology = Topology(topology) if isinstance(topology, str) else topology
+        self.handler = handler
+        self.topic = topic
+        self.retry_delay_s = retry_delay_s
+        # ``@idempotent_consumer`` handlers also offer ``decide(env)``: the same call, plus the reason the
+        # dead-letter header should carry
+        decide = getattr(handler, "decide", None)
+        self._decide: GuardedHandler = decide if callable(decide) else handler
+        #: what happened to deliveries so far: ack, requeue, dead_letter, dead_letter_fallback, handler_error
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self.connection = connect(url)
+        self.channel = self.connection.channel()
+        self._dlx_channel: BlockingChannel | None = None
+        if declare:
+            self.topology.declare(self.channel)
+        self.channel.basic_qos(prefetch_count=prefetch)
+        self._tag = self.channel.basic_consume(self.topology.queue, self._on_message, auto_ack=False)
+
+    # --- loop ------------------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> bool:
+        """Consume until ``until()`` is true, :meth:`stop` is called, or ``timeout_s`` passes.
+
+        Returns whether it ended because ``until()`` became true (``False`` on timeout or stop).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._stop.is_set():
+            if until is not None and until():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self.connection.process_data_events(time_limit=0.05)
+        return False
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return (safe from another thread or a signal handler)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Close the connection; deliveries not yet acknowledged go back to the queue (broker's doing)."""
+        if self.connection.is_open:
+            self.connection.close()
+
+    def __enter__(self) -> RabbitMQConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- one delivery -----------------------------------------------------------------------------------
+
+    def _on_message(
+        self, ch: BlockingChannel, method: Basic.Deliver, props: BasicProperties, body: bytes
+    ) -> None:
+        env = to_envelope(method, props, body, self.topic)
+        try:
+            answer = self._decide(env)
+        except Exception as exc:  # a bare handler's bug: never ack, never lose the message
+            self.counts["handler_error"] += 1
+            log.exception("handler raised for message %s; requeued", env.message_id)
+            self._requeue(ch, method.delivery_tag, f"handler raised {type(exc).__name__}")
+            return
+        result = answer if isinstance(answer, ConsumeResult) else answer.result
+        if result is ConsumeResult.SUCCESS:
+            ch.basic_ack(method.delivery_tag)
+            self.counts["ack"] += 1
+        elif result is ConsumeResult.RECONSUME_LATER:
+            self._requeue(ch, method.delivery_tag, "RECONSUME_LATER")
+        else:
+            self._dead_letter(ch, method, props, body, _reason(answer, env))
+
+    def _requeue(self, ch: BlockingChannel, tag: int, why: str) -> None:
+        self.counts["requeue"] += 1
+        log.debug("delivery %d: nack+requeue (%s) in %.2fs", tag, why, self.retry_delay_s)
+        if self.retry_delay_s == 0:
+            ch.basic_nack(tag, requeue=True)
+            return
+
+        def later() -> None:
+            if ch.is_open:
+                ch.basic_nack(tag, requeue=True)
+
+        self.connection.call_later(self.retry_delay_s, later)
+
+    def _dead_letter(
+        self, ch: BlockingChannel, method: Basic.Deliver, props: BasicProperties, body: bytes, reason: str
+    ) -> None:
+        headers = dict(props.headers or {})
+        headers[HEADER_DEAD_REASON] = reason[:_REASON_MAX]
+        headers[HEADER_ORIGINAL_QUEUE] = self.topology.queue
+        copy = BasicProperties(
+            content_type=props.content_type,
+            content_encoding=props.content_encoding,
+            headers=headers,
+            delivery_mode=2,
+            correlation_id=props.correlation_id,
+            message_id=props.message_id,
+            timestamp=props.timestamp,
+            type=props.type,
+        )
+        try:
+            if self._dlx_channel is None or not self._dlx_channel.is_open:
+                self._dlx_channel = self.connection.channel()
+                self._dlx_channel.confirm_delivery()
+            self._dlx_channel.basic_publish(
+                self.topology.dead_letter_exchange, self.topology.queue, body, copy, mandatory=True
+            )
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            # the broker's own dead-lettering still keeps the message (without our reason): never a drop
+            self.counts["dead_letter_fallback"] += 1
+            log.error(
+                "dead-letter publish failed (%r); rejecting to queue %s's own dead-letter exchange",
+                exc,
+                self.topology.queue,
+            )
+            ch.basic_reject(method.delivery_tag, requeue=False)
+            return
+        ch.basic_ack(method.delivery_tag)
+        self.counts["dead_letter"] += 1
+        log.warning(
+            "message %s dead-lettered to %s: %s", props.message_id, self.topology.dead_letter_queue, reason
+        )
+
+
+def _reason(answer: object, env: Envelope) -> str:
+    """The dead-letter reason: the guard decision's reason and detail when we have them."""
+    reason = getattr(answer, "reason", None)
+    detail = getattr(answer, "detail", None)
+    if reason is not None:
+        return f"{reason}: {detail}" if detail else str(reason)
+    if not env.message_id:
+        return "missing message id"
+    return "handler answered DEAD_LETTER"
+
+
+class RabbitMQSender:
+    """A :class:`~reliable.sender.Sender` publishing persistent messages with publisher confirms.
+
+    ``send`` returns only once the broker confirmed the message (and, with ``mandatory``, routed it to at
+    least one queue); anything else raises :class:`SendError` and the stub stays PENDING. The receipt is
+    ``queue_id=0`` and ``queue_offset`` = this process's next sequence number (see the module doc for what
+    that lets the sweeper infer). The connection is opened lazily and reopened after a failure.
+    Thread-safe (a lock around the one connection).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        exchange: str = "",
+        routing_key: Callable[[OutgoingMessage], str] | None = None,
+        mandatory: bool = True,
+    ) -> None:
+        _parameters(url)  # fail early on a malformed URL
+        self.url = url
+        self.exchange = exchange
+        self.routing_key = routing_key or (lambda m: m.topic)
+        self.mandatory = mandatory
+        self._lock = threading.Lock()
+        self._conn: BlockingConnection | None = None
+        self._ch: BlockingChannel | None = None
+
+    def _channel(self) -> BlockingChannel:
+        if self._ch is None or not self._ch.is_open:
+            if self._conn is None or not self._conn.is_open:
+                self._conn = connect(self.url)
+            self._ch = self._conn.channel()
+            self._ch.confirm_delivery()
+        return self._ch
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        seq = _next_seq()
+        headers: dict[str, Any] = dict(message.properties)
+        headers |= {
+            HEADER_TOPIC: message.topic,
+            HEADER_GROUP: message.consumer_group,
+            HEADER_SEQ: seq,
+            HEADER_SEND_COUNT: message.send_count,
+        }
+        if message.tags:
+            headers[HEADER_TAGS] = message.tags
+        props = BasicProperties(
+            message_id=message.message_id,
+            delivery_mode=2,
+            content_type="application/octet-stream",
+            headers=headers,
+            type=message.tags,
+            timestamp=int(time.time()),
+        )
+        with self._lock:
+            try:
+                self._channel().basic_publish(
+                    self.exchange, self.routing_key(message), message.body, props, mandatory=self.mandatory
+                )
+            except pika.exceptions.UnroutableError:
+                raise SendError(f"message {message.message_id}: unroutable (no queue bound)") from None
+            except pika.exceptions.NackError:
+                raise SendError(f"message {message.message_id}: broker refused it (nack)") from None
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                self._drop()
+                raise SendError(f"message {message.message_id}: {type(exc).__name__}: {exc}") from exc
+        return SendReceipt(queue_id=0, queue_offset=seq, broker_message_id=f"{self.exchange}/{seq}")
+
+    def _drop(self) -> None:
+        conn, self._conn, self._ch = self._conn, None, None
+        if conn is not None and conn.is_open:
+            try:
+                conn.close()
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                log.debug("closing a failed connection: %r", exc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def __enter__(self) -> RabbitMQSender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

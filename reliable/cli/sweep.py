@@ -1,0 +1,169 @@
+"""``reliable sweep``: one round (``--once``) or a long-running sweeper (``--cron`` / ``--interval``).
+
+The sender: broker adapters live outside this package, so the command imports one by name —
+``--sender MODULE:FACTORY`` (or ``RELIABLE_SWEEP_SENDER``) names a callable ``factory(rel) -> Sender``. If
+the object it returns also has ``max_offset(topic, queue_id)`` (the
+:class:`~reliable.sweeper.backoff.BacklogSource` protocol) it feeds the backlog estimate, and if it has
+``close()`` that is called on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from reliable import constants as C
+from reliable.cli.common import add_db_options, require_db
+from reliable.facade import Reliability
+from reliable.sender import Sender
+from reliable.sweeper import EmailChannel, SmtpConfig, Sweeper, WebhookChannel, metrics
+from reliable.sweeper.backoff import BacklogSource, parse_backoff, parse_duration
+from reliable.sweeper.errors import SenderLoadError, SweeperConfigError
+from reliable.sweeper.notify import Channel
+from reliable.sweeper.scheduler import make_trigger, run_scheduled
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "sweep",
+        help="re-send lost message stubs (once, or on a cron/interval schedule)",
+        description="Re-send stubs their consumer group never received, recover stuck ones, give up "
+        "(DEAD + notify) when the budget is spent, and purge old log rows.",
+    )
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--once", action="store_true", help="run one round and exit")
+    when.add_argument("--cron", metavar="EXPR", help='crontab schedule in UTC, e.g. "*/1 * * * *"')
+    when.add_argument("--interval", metavar="DURATION", help="fixed interval, e.g. 30s, 5m")
+    add_db_options(p, redis=True)
+    env = os.environ.get
+    p.add_argument(
+        "--sender",
+        metavar="MODULE:FACTORY",
+        default=env(C.ENV_SWEEP_SENDER),
+        help=f"import path of factory(rel) -> Sender (env {C.ENV_SWEEP_SENDER})",
+    )
+    p.add_argument("--batch", type=int, help="stubs per claim (default: setting sweep_batch)")
+    p.add_argument("--max-sends", type=int, help="send budget before DEAD (default: setting max_sends)")
+    p.add_argument("--max-batches", type=int, help="cap on batches per round (default: until nothing is due)")
+    p.add_argument("--stuck-after", metavar="DURATION", help="received, unconfirmed: stuck after this")
+    p.add_argument("--log-retention", metavar="DURATION", help="purge settled log rows older than this")
+    p.add_argument(
+        "--backoff",
+        metavar="SPEC",
+        default=env(C.ENV_SWEEP_BACKOFF),
+        help="fixed:1s,5s,… or exp:base=30s,factor=2,cap=1h,jitter=0.2,seed=1 (default: RocketMQ levels)",
+    )
+    p.add_argument("--backlog-cap", metavar="DURATION", default="1d", help="bound of the backlog estimate")
+    p.add_argument(
+        "--claim-ttl",
+        metavar="DURATION",
+        help="claim by lease for this long instead of holding row locks while sending",
+    )
+    mail = p.add_argument_group("e-mail notification (env RELIABLE_SMTP_*)")
+    mail.add_argument("--smtp-host", default=env(C.ENV_SMTP_HOST))
+    mail.add_argument("--smtp-port", type=int, default=None)
+    mail.add_argument("--smtp-starttls", action="store_true", default=None)
+    mail.add_argument("--smtp-ssl", action="store_true", default=None)
+    mail.add_argument("--smtp-user", default=None)
+    mail.add_argument("--smtp-from", default=None)
+    mail.add_argument("--smtp-to", action="append", default=None, help="recipient (repeatable)")
+    p.add_argument("--webhook", metavar="URL", default=env(C.ENV_WEBHOOK_URL), help="POST JSON notices here")
+    p.add_argument("--notify-timeout", metavar="DURATION", default="10s")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    p.set_defaults(func=_sweep)
+
+
+def load_sender(spec: str | None, rel: Reliability) -> Sender:
+    if not spec:
+        raise SenderLoadError(f"no sender: pass --sender MODULE:FACTORY or set {C.ENV_SWEEP_SENDER}")
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise SenderLoadError(f"--sender must look like package.module:factory, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SenderLoadError(f"cannot import sender module {module_name!r}: {exc}") from None
+    factory: Callable[[Reliability], object] | None = getattr(module, attr, None)
+    if not callable(factory):
+        raise SenderLoadError(f"{module_name!r} has no callable {attr!r}")
+    sender = factory(rel)
+    if not isinstance(sender, Sender):
+        raise SenderLoadError(f"{spec} returned {type(sender).__name__}, which has no send(message) method")
+    return sender
+
+
+def _smtp(args: argparse.Namespace) -> SmtpConfig | None:
+    base = SmtpConfig.from_env() if os.environ.get(C.ENV_SMTP_HOST) else None
+    if not args.smtp_host:
+        return None
+    env = os.environ.get
+    use_ssl = args.smtp_ssl if args.smtp_ssl is not None else (base.use_ssl if base else False)
+    port = args.smtp_port or (base.port if base else (465 if use_ssl else 25))
+    return SmtpConfig(
+        host=args.smtp_host,
+        port=port,
+        sender=args.smtp_from or (base.sender if base else ""),
+        recipients=tuple(args.smtp_to) if args.smtp_to else (base.recipients if base else ()),
+        starttls=args.smtp_starttls if args.smtp_starttls is not None else (base.starttls if base else False),
+        use_ssl=use_ssl,
+        user=args.smtp_user or (base.user if base else None),
+        password=env(C.ENV_SMTP_PASSWORD) or None,  # never on the command line: `ps` would show it
+        timeout_s=parse_duration(args.notify_timeout),
+    )
+
+
+def build_sweeper(args: argparse.Namespace, rel: Reliability, sender: Sender) -> Sweeper:
+    channels: list[Channel] = []
+    smtp = _smtp(args)
+    if smtp is not None:
+        channels.append(EmailChannel(smtp))
+    if args.webhook:
+        channels.append(WebhookChannel(args.webhook, parse_duration(args.notify_timeout)))
+    for name in ("batch", "max_sends", "max_batches"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise SweeperConfigError(f"--{name.replace('_', '-')} must be > 0")
+    return Sweeper(
+        rel,
+        sender,
+        backoff=parse_backoff(args.backoff) if args.backoff else None,
+        backlog_source=sender if isinstance(sender, BacklogSource) else None,
+        backlog_cap_s=parse_duration(args.backlog_cap),
+        channels=channels,
+        batch=args.batch,
+        max_sends=args.max_sends,
+        max_batches=args.max_batches,
+        stuck_after_s=parse_duration(args.stuck_after) if args.stuck_after else None,
+        log_retention_s=parse_duration(args.log_retention) if args.log_retention is not None else None,
+        claim_ttl_s=parse_duration(args.claim_ttl) if args.claim_ttl else None,
+    )
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    db = require_db(args)
+    trigger = None if args.once else make_trigger(cron=args.cron, interval=args.interval)
+    swlog = logging.getLogger("reliable.sweeper")
+    if swlog.getEffectiveLevel() > logging.INFO:
+        swlog.setLevel(logging.INFO)  # the one summary line per round is the point of a scheduled sweeper
+    rel = Reliability(db, redis_url=args.redis or "")
+    sender: Sender | None = None
+    try:
+        sender = load_sender(args.sender, rel)
+        sweeper = build_sweeper(args, rel, sender)
+        if args.metrics_port:
+            metrics.serve(args.metrics_port)
+        if trigger is None:
+            print(sweeper.run_once().line())
+            sys.stdout.flush()
+            return 0
+        return run_scheduled(sweeper, trigger, run_now=True)
+    finally:
+        close = getattr(sender, "close", None)
+        if callable(close):
+            close()
+        rel.close()

@@ -1,0 +1,90 @@
+"""``@idempotent_consumer``: the thin public face of :class:`reliable.guard.Guard`.
+
+::
+
+    @idempotent_consumer(rel, group="billing")
+    def handle(env: Envelope, session: Session) -> None:
+        session.add(Payment(order_id=json.loads(env.body)["order"]))
+
+    handle(env)              # -> ConsumeResult (what a broker adapter needs)
+    handle.decide(env)       # -> Decision: result + journal outcome + reason + duplicate flag + log id
+    handle.batch(envs)       # -> list[ConsumeResult], one journal transaction for the whole list
+    handle.decide_batch(envs)
+
+Everything the handler writes through ``session`` commits in the same transaction as the stub confirmation,
+so it happens exactly once; anything else it does (HTTP, e-mail) happens at least once. The handler must not
+commit the session's transaction itself (``session.commit()`` only flushes here) and should let database
+errors propagate rather than swallow them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from reliable import constants as C
+from reliable.decision import Decision, GuardHooks
+from reliable.guard import Guard, Handler
+from reliable.types import ConsumeResult, Envelope
+
+
+class GuardedHandler:
+    """A handler wrapped by the guard: called with an :class:`Envelope`, returns a :class:`ConsumeResult`."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        functools.update_wrapper(self, guard.handler)
+
+    @property
+    def group(self) -> str:
+        return self.guard.group
+
+    def __call__(self, env: Envelope) -> ConsumeResult:
+        return self.guard(env).result
+
+    def decide(self, env: Envelope) -> Decision:
+        """The full decision for one delivery (outcome, reason, duplicate flag, journal row id)."""
+        return self.guard(env)
+
+    def batch(self, envs: Sequence[Envelope]) -> list[ConsumeResult]:
+        """Guard a list of deliveries with one lease pipeline, one journal and one work transaction."""
+        return [d.result for d in self.guard.process(envs)]
+
+    def decide_batch(self, envs: Sequence[Envelope]) -> list[Decision]:
+        return self.guard.process(envs)
+
+
+def idempotent_consumer(
+    rel: Any,
+    group: str,
+    *,
+    registry: CollectorRegistry | None = None,
+    hooks: Sequence[GuardHooks] = (),
+    redis_retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
+    durable_journal: bool = False,
+) -> Callable[[Handler], GuardedHandler]:
+    """Guard ``handler(env, session)`` for consumer ``group`` with the stores and settings of ``rel``.
+
+    ``registry``: the Prometheus registry for the guard's counters (default: the process registry).
+    ``hooks``: :class:`reliable.guard.GuardHooks` instances called around each step.
+    ``redis_retry_after_s``: after a Redis failure, how long to stay on the database alone.
+    ``durable_journal``: PostgreSQL only — make the journal commit wait for its WAL flush (off by default: the
+    journal is observability, not part of the exactly-once guarantee; see :meth:`SqlStore.journal`).
+    """
+
+    def wrap(handler: Handler) -> GuardedHandler:
+        guard = Guard(
+            rel,
+            group,
+            handler,
+            registry=registry,
+            hooks=hooks,
+            redis_retry_after_s=redis_retry_after_s,
+            durable_journal=durable_journal,
+        )
+        return GuardedHandler(guard)
+
+    return wrap

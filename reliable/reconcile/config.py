@@ -1,0 +1,118 @@
+"""Parameters of the anomaly definitions and the alert thresholds (no Spark here)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from reliable import constants as C
+from reliable.reconcile.errors import InputError, OptionError
+
+#: bump when a key of summary.json is removed or changes meaning (adding keys keeps the version).
+SCHEMA_VERSION = 1
+
+#: how long a PENDING stub may wait for its first delivery before "below the watermark, never logged"
+#: means lost
+DEFAULT_GRACE_S = 5 * 60
+#: how many ids each "needs attention" list of the summary and the HTML page holds (the Parquet has them all)
+DEFAULT_ATTENTION_LIMIT = 100
+#: deliveries can be stamped slightly before the stub's created_at when producer and consumer clocks differ;
+#: a window reads log rows this much earlier so such a delivery still counts for its message.
+CLOCK_SKEW_S = 5 * 60
+
+
+#: the three contract tables, which is also the file layout of a Parquet input directory
+TABLES = ("message_stub", "message_log", "consume_progress")
+
+
+def parquet_inputs(directory: Path) -> dict[str, Path]:
+    """``directory/<table>.parquet`` for each table, or :class:`InputError` naming the missing ones."""
+    paths = {t: directory / f"{t}.parquet" for t in TABLES}
+    missing = [str(p) for p in paths.values() if not p.exists()]
+    if missing:
+        raise InputError(f"Parquet input incomplete, missing: {', '.join(missing)} (see `reliable export`)")
+    return paths
+
+
+class DuplicateCause(enum.StrEnum):
+    """Why a message was delivered more than once, judged per extra delivery."""
+
+    #: the same (queue, offset) came again with reconsume_times 0: a rebalance or a lost offset commit
+    REDELIVERY = "redelivery"
+    #: the same (queue, offset) came again with reconsume_times > 0: the consumer asked for a retry
+    RETRY = "retry"
+    #: the same message id arrived at a different (queue, offset): the producer sent it twice
+    PRODUCER_DOUBLE_SEND = "producer_double_send"
+
+
+class Anomaly(enum.StrEnum):
+    """The kinds of finding with a detail table and a threshold."""
+
+    LOST = "lost"
+    STUCK = "stuck"
+    DEAD = "dead"
+    UNSENT = "unsent"
+    DUPLICATES = "duplicates"
+    ORPHANS = "orphans"
+    GAPS = "gaps"
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    """What the report looks at and how old is "too old".
+
+    ``as_of`` is the instant the ages are measured from (default: now); tests pin it so a planted anomaly is
+    one for certain. ``since``/``until`` select *messages* by the stub's ``created_at``; every delivery of a
+    selected message is counted whenever it happened (so a window never cuts a message's deliveries in half),
+    while orphan logs and offset gaps look at the deliveries received inside the window.
+    """
+
+    as_of: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+    grace_s: float = DEFAULT_GRACE_S
+    stuck_after_s: float = C.DEFAULT_STUCK_AFTER_S
+    attention_limit: int = DEFAULT_ATTENTION_LIMIT
+
+    def __post_init__(self) -> None:
+        for name in ("as_of", "since", "until"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise OptionError(f"{name} must be timezone-aware (UTC), got naive {value.isoformat()}")
+        if self.since is not None and self.until is not None and self.since >= self.until:
+            raise OptionError(
+                f"since ({self.since.isoformat()}) must be before until ({self.until.isoformat()})"
+            )
+        if self.grace_s < 0 or self.stuck_after_s < 0:
+            raise OptionError("grace and stuck-after must not be negative")
+        if self.attention_limit < 0:
+            raise OptionError("attention limit must not be negative")
+
+    @property
+    def windowed(self) -> bool:
+        return self.since is not None or self.until is not None
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Upper limits; a count above its limit makes the run exit with code 2 (``None`` = not checked)."""
+
+    max_lost: int | None = None
+    max_stuck: int | None = None
+    max_dead: int | None = None
+    max_unsent: int | None = None
+    max_duplicates: int | None = None
+    max_orphans: int | None = None
+    max_gaps: int | None = None
+    max_lag: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None and value < 0:
+                raise OptionError(f"{f.name.replace('_', '-')} must not be negative, got {value}")
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

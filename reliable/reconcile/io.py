@@ -1,0 +1,232 @@
+"""The thin I/O around the transforms: the SparkSession, JDBC and Parquet readers, the writers.
+
+JDBC reads are split into ``numPartitions`` range queries on a numeric or time column (``message_log.id``,
+``message_stub.created_at``) whose bounds come from one ``min``/``max`` query, so a large table streams
+through several connections in parallel instead of one cursor. Parquet inputs are a directory holding
+``message_stub.parquet``, ``message_log.parquet`` and ``consume_progress.parquet`` (each a file or a
+directory of part files), as written by ``reliable export``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from reliable.reconcile import transforms as T
+from reliable.reconcile.config import CLOCK_SKEW_S, ReconcileConfig, parquet_inputs
+from reliable.reconcile.errors import InputError
+from reliable.reconcile.jdbc import JdbcTarget, jdbc_target, window_sql
+
+#: JDBC drivers as installed by the Debian packages libpostgresql-jdbc-java / libmariadb-java
+JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
+
+
+def default_parallelism() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def local_shuffle_partitions(cores: int) -> int:
+    """Shuffle partitions for local mode: a few per core (AQE coalesces the small ones), never Spark's 200."""
+    return max(4, 4 * cores)
+
+
+def build_session(
+    master: str | None = "local[*]",
+    *,
+    app_name: str = "reliable-reconcile",
+    driver_memory: str | None = "4g",
+    shuffle_partitions: int | None = None,
+    ui: bool = False,
+    extra: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession with the settings the job relies on.
+
+    UTC everywhere (session and JVM), so a MariaDB ``DATETIME`` holding naive UTC reads back as the right
+    instant; the Debian JDBC jars on the class path when present; adaptive execution on. ``master=None``
+    leaves the master to ``spark-submit``. Settings that need a new JVM (driver memory, jars) only apply when
+    this call starts it.
+    """
+    builder = SparkSession.builder.appName(app_name)
+    cores = default_parallelism()
+    if master is not None:
+        builder = builder.master(master)
+        if master.startswith("local["):
+            inner = master[len("local[") : -1]
+            cores = cores if inner == "*" else max(1, int(inner.split(",")[0]))
+    jars = [j for j in JDBC_JARS if Path(j).exists()]
+    conf: dict[str, str] = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions or local_shuffle_partitions(cores)),
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.parquet.compression.codec": "zstd",
+    }
+    if master is not None and master.startswith("local"):
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+    if driver_memory:
+        conf["spark.driver.memory"] = driver_memory
+    conf.update(extra or {})
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # the launcher raises plain exceptions (no Java, bad memory string)
+        from reliable.reconcile.errors import SparkUnavailableError
+
+        raise SparkUnavailableError(f"cannot start Spark: {exc}") from exc
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# --- inputs ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The three tables as DataFrames (normalized), plus the unwindowed stub ids for the orphan check."""
+
+    stubs: DataFrame
+    logs: DataFrame
+    progress: DataFrame
+    all_stub_ids: DataFrame
+
+
+def read_parquet(spark: SparkSession, directory: str | Path, cfg: ReconcileConfig) -> Inputs:
+    base = Path(directory)
+    paths = parquet_inputs(base)
+    try:
+        stubs_all = T.normalize_stubs(spark.read.parquet(str(paths["message_stub"])))
+        logs = T.normalize_logs(spark.read.parquet(str(paths["message_log"])))
+        progress = T.normalize_progress(spark.read.parquet(str(paths["consume_progress"])))
+    except Exception as exc:
+        if type(exc).__name__ in ("AnalysisException", "AnalysisExceptionWrapper"):
+            raise InputError(f"cannot read Parquet input {base}: {_first_line(exc)}") from exc
+        raise
+    return Inputs(
+        stubs=T.window_stubs(stubs_all, cfg),
+        logs=T.window_logs_for_messages(logs, cfg),
+        progress=progress,
+        all_stub_ids=stubs_all.select("message_id"),
+    )
+
+
+def read_jdbc(
+    spark: SparkSession, db_url: str, cfg: ReconcileConfig, partitions: int | None = None
+) -> Inputs:
+    """Read the three tables over JDBC, windowed in the database, in ``partitions`` parallel range queries."""
+    target = jdbc_target(db_url)
+    parts = partitions or max(2, spark.sparkContext.defaultParallelism)
+    stub_cols = ", ".join(T.STUB_COLUMNS)
+    log_cols = ", ".join(T.LOG_COLUMNS)
+    log_since = cfg.since - dt.timedelta(seconds=CLOCK_SKEW_S) if cfg.since is not None else None
+    stub_where = window_sql("created_at", cfg.since, cfg.until, target.dialect)
+    log_where = window_sql("received_at", log_since, None, target.dialect)
+    try:
+        stubs = _read_ranged(
+            spark, target, f"SELECT {stub_cols} FROM message_stub WHERE {stub_where}", "created_at", parts
+        )
+        logs = _read_ranged(
+            spark, target, f"SELECT {log_cols} FROM message_log WHERE {log_where}", "id", parts
+        )
+        progress = _read_query(spark, target, f"SELECT {', '.join(T.PROGRESS_COLUMNS)} FROM consume_progress")
+        all_ids = (
+            _read_ranged(
+                spark, target, "SELECT message_id, created_at FROM message_stub", "created_at", parts
+            )
+            if cfg.windowed
+            else None
+        )
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"cannot read {target.url}: {_first_line(exc)}") from exc
+    if target.dialect == "mysql":
+        stubs, logs = _utc(stubs), _utc(logs)
+    n_stubs = T.normalize_stubs(stubs)
+    return Inputs(
+        stubs=n_stubs,
+        logs=T.normalize_logs(logs),
+        progress=T.normalize_progress(progress),
+        all_stub_ids=all_ids.select("message_id") if all_ids is not None else n_stubs.select("message_id"),
+    )
+
+
+def _utc(df: DataFrame) -> DataFrame:
+    """MariaDB DATETIMEs are naive UTC (models.UTCDateTime); read as NTZ, reinterpret as UTC instants."""
+    from pyspark.sql import functions as F
+
+    for name, kind in df.dtypes:
+        if kind == "timestamp_ntz":
+            df = df.withColumn(name, F.to_utc_timestamp(F.col(name).cast("timestamp"), "UTC"))
+    return df
+
+
+def _reader(spark: SparkSession, target: JdbcTarget) -> Any:
+    r = spark.read.format("jdbc").option("url", target.url).option("driver", target.driver)
+    r = r.option("fetchsize", "10000")
+    if target.dialect == "mysql":
+        r = r.option("preferTimestampNTZ", "true")
+    for k, v in target.properties.items():
+        r = r.option(k, v)
+    return r
+
+
+def _read_query(spark: SparkSession, target: JdbcTarget, sql: str) -> DataFrame:
+    return _reader(spark, target).option("dbtable", f"({sql}) q").load()  # type: ignore[no-any-return]
+
+
+def _read_ranged(spark: SparkSession, target: JdbcTarget, sql: str, column: str, parts: int) -> DataFrame:
+    """``parts`` range queries on ``column`` (bounds from one min/max query; rows outside still read)."""
+    bounds = _read_query(
+        spark, target, f"SELECT MIN({column}) AS lo, MAX({column}) AS hi FROM ({sql}) b"
+    ).first()
+    if bounds is None or bounds["lo"] is None or parts < 2 or bounds["lo"] == bounds["hi"]:
+        return _read_query(spark, target, sql)
+    lo, hi = bounds["lo"], bounds["hi"]
+    if isinstance(lo, dt.datetime):
+        fmt = "%Y-%m-%d %H:%M:%S.%f"
+        lo_s, hi_s = lo.strftime(fmt), (hi + dt.timedelta(microseconds=1)).strftime(fmt)
+    else:
+        lo_s, hi_s = str(int(lo)), str(int(hi) + 1)
+    reader = (
+        _reader(spark, target)
+        .option("dbtable", f"({sql}) q")
+        .option("partitionColumn", column)
+        .option("lowerBound", lo_s)
+        .option("upperBound", hi_s)
+        .option("numPartitions", str(parts))
+    )
+    return reader.load()  # type: ignore[no-any-return]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+# --- outputs -----------------------------------------------------------------------------------------------
+
+
+def write_detail(df: DataFrame, out_dir: Path, name: str, files: int = 1) -> None:
+    """One Parquet detail table as ``out_dir/name.parquet`` (a directory of ``files`` part files)."""
+    df.coalesce(files).write.mode("overwrite").parquet(str(out_dir / f"{name}.parquet"))
+
+
+def write_json(summary: Mapping[str, Any], path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,175 @@
+"""One reconciliation run: transforms → detail Parquet → collected aggregates → summary.json → report.html.
+
+The three intermediate DataFrames every output depends on (classified deliveries, the stub/delivery join and
+the enriched stubs) are persisted once, so the ten small actions that follow reuse them instead of reading
+and shuffling the inputs again. Detail tables are written first and their counts and attention lists are
+read back from the (small) written files.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from reliable.reconcile import io
+from reliable.reconcile import transforms as T
+from reliable.reconcile.config import ReconcileConfig, Thresholds
+from reliable.reconcile.report_html import render_html
+from reliable.reconcile.summary import Collected, build_summary, headline
+
+DETAIL_TABLES = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans", "gaps")
+ATTENTION_TABLES = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    summary: dict[str, Any]
+    out_dir: Path
+    elapsed_s: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.summary["ok"])
+
+
+class Progress:
+    """Numbered stage lines on the console (stderr), with the time each stage took."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.total, self.stream, self.enabled = total, stream or sys.stderr, enabled
+        self.n = 0
+        self._t = time.perf_counter()
+
+        self.timings: dict[str, float] = {}
+        self._what: str | None = None
+
+    def _close(self) -> None:
+        now = time.perf_counter()
+        if self._what is not None:
+            self.timings[self._what] = now - self._t
+            if self.enabled:
+                print(f"reconcile:       {now - self._t:6.2f}s", file=self.stream, flush=True)
+        self._t = now
+
+    def step(self, what: str) -> None:
+        self._close()
+        self.n += 1
+        self._what = what
+        if self.enabled:
+            print(f"reconcile [{self.n}/{self.total}] {what}", file=self.stream, flush=True)
+
+    def done(self, what: str) -> None:
+        self._close()
+        self._what = None
+        if self.enabled:
+            print(f"reconcile: {what}", file=self.stream, flush=True)
+
+
+def _rows(df: DataFrame) -> list[Mapping[str, Any]]:
+    return [r.asDict() for r in df.collect()]
+
+
+def reconcile(
+    spark: SparkSession,
+    inputs: io.Inputs,
+    out_dir: Path,
+    cfg: ReconcileConfig,
+    thresholds: Thresholds,
+    *,
+    source: str,
+    progress: Progress | None = None,
+    started: float | None = None,
+) -> RunResult:
+    """Compute everything; write ``summary.json``, the detail tables and ``report.html`` into ``out_dir``."""
+    t0 = started if started is not None else time.perf_counter()
+    p = progress or Progress(8, enabled=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    persisted: list[DataFrame] = []
+
+    def keep(df: DataFrame) -> DataFrame:
+        persisted.append(df.persist(StorageLevel.MEMORY_AND_DISK))
+        return df
+
+    try:
+        p.step("classifying deliveries (duplicates and their causes)")
+        classified = keep(T.classify_deliveries(inputs.logs))
+        joined = keep(T.join_stubs_deliveries(inputs.stubs, T.delivery_stats(classified)))
+        enriched = T.enrich_stubs(joined, inputs.progress, cfg)  # narrow: recomputed cheaply from `joined`
+
+        p.step("per-queue counts, lag and latency percentiles")
+        c = Collected()
+        c.queue_stats = _rows(T.queue_stub_stats(enriched))
+        c.resend = _rows(T.resend_histogram(enriched))
+        c.progress = _rows(inputs.progress)
+
+        p.step("lost, stuck, dead and unsent messages")
+        details: dict[str, DataFrame] = {
+            "lost": T.lost_messages(enriched),
+            "stuck": T.stuck_messages(enriched),
+            "dead": T.dead_messages(enriched),
+            "unsent": T.unsent_messages(enriched),
+        }
+        for name, df in details.items():
+            io.write_detail(df, out_dir, name)
+
+        p.step("duplicate deliveries")
+        io.write_detail(T.duplicate_deliveries(classified), out_dir, "duplicates")
+
+        p.step("orphan logs")
+        orphans = T.orphan_logs(classified, T.orphan_candidates(joined), inputs.all_stub_ids, cfg)
+        io.write_detail(orphans, out_dir, "orphans")
+
+        p.step("offset gaps")
+        io.write_detail(T.offset_gaps(classified, cfg), out_dir, "gaps")
+    finally:
+        for df in persisted:
+            df.unpersist()
+
+    p.step("reading back the detail tables")
+    back = {name: spark.read.parquet(str(out_dir / f"{name}.parquet")) for name in DETAIL_TABLES}
+    c.duplicates = _rows(T.duplicate_counts(back["duplicates"]))
+    per_queue = T.per_queue_counts(back["orphans"], "n").withColumn("kind", F.lit("orphans"))
+    per_queue = per_queue.withColumn("missing", F.lit(0).cast("long")).unionByName(
+        back["gaps"]
+        .groupBy(*T.QUEUE_KEY)
+        .agg(F.count(F.lit(1)).alias("n"), F.sum("missing").cast("long").alias("missing"))
+        .withColumn("kind", F.lit("gaps"))
+    )
+    for row in _rows(per_queue):
+        if row["kind"] == "orphans":
+            c.orphans.append({**row, "orphan_logs": row["n"]})
+        else:
+            c.gaps.append({**row, "gaps": row["n"], "missing_offsets": row["missing"]})
+    ids = None
+    for name in ATTENTION_TABLES:
+        part = back[name].select(F.lit(name).alias("kind"), "message_id")
+        ids = part if ids is None else ids.unionByName(part)
+    assert ids is not None
+    lists = ids.groupBy("kind").agg(
+        F.countDistinct("message_id").alias("total"),
+        F.slice(F.array_sort(F.collect_set("message_id")), 1, max(1, cfg.attention_limit)).alias("ids"),
+    )
+    for found in lists.collect():
+        c.attention_totals[found["kind"]] = int(found["total"])
+        c.attention[found["kind"]] = list(found["ids"])[: cfg.attention_limit]
+    c.duplicate_messages = c.attention_totals.get("duplicates", 0)
+
+    p.step("summary.json and report.html")
+    elapsed = time.perf_counter() - t0
+    summary = build_summary(
+        c, cfg, thresholds, source=source, generated_at=dt.datetime.now(dt.UTC), elapsed_s=elapsed
+    )
+    io.write_json(summary, out_dir / "summary.json")
+    (out_dir / "report.html").write_text(render_html(summary), encoding="utf-8")
+    line = ", ".join(f"{name} {value}" for name, value in headline(summary))
+    p.done(f"{line} ({elapsed:.1f}s) → {out_dir}")
+    return RunResult(summary=summary, out_dir=out_dir, elapsed_s=elapsed)

@@ -1,0 +1,86 @@
+"""Storage primitives of the consumer guard, one small interface per backend.
+
+The guard (:mod:`reliable.guard`) is a state machine; everything it needs from the outside world is a handful
+of primitives, in the spirit of AWS Powertools' idempotency persistence layers:
+
+* :class:`reliable.stores.sql.SqlStore` — the source of truth: journal + watermark, stub lock, conditional
+  confirm, inbox insert, outcome updates. Each primitive is one or two pre-rendered statements so the hot path
+  pays for round trips, not for an ORM.
+* :class:`reliable.stores.lease.RedisLeaseStore` / :class:`reliable.stores.lease.NoLeaseStore` — the fast
+  path: ``SET NX PX`` lease, ``done`` marker, compare-and-delete. Redis is an optimisation; every answer it
+  gives that matters for correctness is re-checked in the database.
+
+The value types below are what crosses that seam.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass
+
+from reliable.types import LogOutcome, StubStatus
+
+
+class LeaseState(enum.Enum):
+    """What the fast path learned about a message key."""
+
+    ACQUIRED = "acquired"  # we set processing:{owner}; we must later mark done or compare-and-delete
+    DONE = "done"  # a worker committed this message earlier (marker still within its TTL)
+    HELD = "held"  # another worker holds a live processing lease
+    UNAVAILABLE = "unavailable"  # Redis did not answer: the database alone decides
+    DISABLED = "disabled"  # no Redis configured: the database alone decides
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseAnswer:
+    """Result of one lease attempt. ``done_hash`` is the payload-hash tag stored with the done marker."""
+
+    state: LeaseState
+    done_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StubRow:
+    """The columns of ``message_stub`` the guard decides on."""
+
+    status: StubStatus
+    payload_hash: str | None
+    consumer_group: str
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One ``message_log`` row to insert (``outcome`` ``None`` while the delivery is being processed)."""
+
+    message_id: str
+    consumer_group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    reconsume_times: int
+    received_at: dt.datetime
+    worker: str
+    outcome: LogOutcome | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeUpdate:
+    """The final outcome of a journaled delivery."""
+
+    log_id: int
+    outcome: LogOutcome
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    """A ``message_stub`` row the consumer writes itself (producer without stubs): born ``CONFIRMED``."""
+
+    message_id: str
+    topic: str
+    tags: str | None
+    consumer_group: str
+    content: bytes
+    payload_hash: str | None

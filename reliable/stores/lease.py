@@ -1,0 +1,183 @@
+"""The Redis fast path: a lease per (group, message id), a ``done`` marker, and compare-and-delete.
+
+Key ``{prefix}:{group}:{message_id}`` (see :mod:`reliable.constants`) holds
+
+* ``processing:{owner}`` — set with ``SET NX PX lease``: one worker at a time runs the handler; if that worker
+  dies the key expires after ``lease_ms`` and the broker's redelivery can take it;
+* ``done:{hash16}`` — set after the database commit with a retention TTL, so a duplicate is answered without
+  touching the database. ``hash16`` is the first 16 hex digits of the body's SHA-256: a *different* body under
+  the same id does not match and falls through to the database, which raises the payload mismatch.
+
+The acquire is one round trip: ``SET key value NX PX ms GET`` (Redis ≥ 7.0) sets the key if absent and returns
+the previous value otherwise. Release is a Lua compare-and-delete so a worker whose lease expired can never
+delete the lease a second worker has since taken.
+
+Redis is an optimisation, never the source of truth: any connection error, timeout or error reply makes the
+answer :attr:`LeaseState.UNAVAILABLE`, the guard continues on the database alone, and the fallback is logged
+and counted. After a failure the store does not call Redis again for ``retry_after_s`` so that a dead Redis
+costs one timeout per interval rather than one per message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis as redis_lib
+
+from reliable import constants as C
+from reliable.stores import LeaseAnswer, LeaseState
+
+log = logging.getLogger("reliable.guard")
+
+#: KEYS[1] = lease key, ARGV[1] = the exact value we set; deletes only if it is still ours.
+_COMPARE_AND_DELETE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+_DONE = C.LEASE_DONE_VALUE.encode()
+_DONE_PREFIX = _DONE + b":"
+
+FallbackHook = Callable[[str, BaseException], None]
+
+
+def lease_key(prefix: str, group: str, message_id: str) -> str:
+    return C.LEASE_KEY_FORMAT.format(prefix=prefix, group=group, message_id=message_id)
+
+
+def processing_value(owner: str) -> str:
+    return C.LEASE_PROCESSING_PREFIX + owner
+
+
+def done_value(payload_hash: str | None) -> str:
+    return C.LEASE_DONE_VALUE if not payload_hash else f"{C.LEASE_DONE_VALUE}:{payload_hash[:16]}"
+
+
+def classify(previous: bytes | str | None) -> LeaseAnswer:
+    """Interpret the value ``SET NX GET`` returned: ``None`` means we took the key."""
+    if previous is None:
+        return LeaseAnswer(LeaseState.ACQUIRED)
+    raw = previous.encode() if isinstance(previous, str) else previous
+    if raw == _DONE:
+        return LeaseAnswer(LeaseState.DONE)
+    if raw.startswith(_DONE_PREFIX):
+        return LeaseAnswer(LeaseState.DONE, raw[len(_DONE_PREFIX) :].decode("ascii", "replace"))
+    return LeaseAnswer(LeaseState.HELD)
+
+
+class NoLeaseStore:
+    """Database-only mode (``redis_url=None``): every message goes to the database check."""
+
+    enabled = False
+
+    def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
+        return [LeaseAnswer(LeaseState.DISABLED)] * len(keys)
+
+    def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
+        return None
+
+    def release(self, key: str, value: str) -> None:
+        return None
+
+
+class RedisLeaseStore:
+    """Lease primitives over one Redis client (thread-safe: redis-py pools connections)."""
+
+    enabled = True
+
+    def __init__(
+        self,
+        client: redis_lib.Redis,
+        *,
+        retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
+        on_fallback: FallbackHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.retry_after_s = retry_after_s
+        self.on_fallback = on_fallback
+        self._clock = clock
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+        self._cad = client.register_script(_COMPARE_AND_DELETE)
+        self._set_get = True  # SET … NX GET needs Redis 7; flipped off once on an older server
+
+    # --- circuit breaker ----------------------------------------------------------------------------
+    def _skipping(self) -> bool:
+        return self._down_until > 0.0 and self._clock() < self._down_until
+
+    def _failed(self, operation: str, exc: BaseException) -> None:
+        with self._lock:
+            self._down_until = self._clock() + self.retry_after_s
+        log.warning("redis unavailable during %s, continuing on the database alone: %r", operation, exc)
+        if self.on_fallback is not None:
+            self.on_fallback(operation, exc)
+
+    # --- primitives ---------------------------------------------------------------------------------
+    def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
+        """``SET key processing:{owner} NX PX lease`` for each key, pipelined into one round trip."""
+        if self._skipping():
+            if self.on_fallback is not None:
+                self.on_fallback("acquire", ConnectionError("redis marked down (circuit open)"))
+            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
+        try:
+            previous = self._set_many(keys, values, lease_ms)
+        except redis_lib.RedisError as exc:
+            self._failed("acquire", exc)
+            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
+        self._down_until = 0.0
+        return [classify(p) for p in previous]
+
+    def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
+        if self._set_get:
+            try:
+                if len(keys) == 1:
+                    return [self.client.set(keys[0], values[0], nx=True, px=lease_ms, get=True)]
+                pipe = self.client.pipeline(transaction=False)
+                for k, v in zip(keys, values, strict=True):
+                    pipe.set(k, v, nx=True, px=lease_ms, get=True)
+                return list(pipe.execute())
+            except redis_lib.ResponseError as exc:
+                if "syntax" not in str(exc).lower():
+                    raise
+                log.info("redis server predates SET NX GET; using SET NX + GET")
+                self._set_get = False
+        # two round trips per key on Redis < 7: SET NX, then GET when the key was already there
+        out: list[Any] = []
+        for k, v in zip(keys, values, strict=True):
+            if self.client.set(k, v, nx=True, px=lease_ms):
+                out.append(None)
+            else:
+                current = self.client.get(k)
+                out.append(current if current is not None else b"processing:?")
+        return out
+
+    def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
+        """Replace leases by ``done`` markers after the commit (losing them only costs a database check)."""
+        if not items or self._skipping():
+            return
+        try:
+            if len(items) == 1:
+                self.client.set(items[0][0], items[0][1], ex=ttl_s)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for key, value in items:
+                    pipe.set(key, value, ex=ttl_s)
+                pipe.execute()
+        except redis_lib.RedisError as exc:
+            self._failed("mark_done", exc)
+
+    def release(self, key: str, value: str) -> None:
+        """Compare-and-delete: free the key for a redelivery only if it still holds our own lease value."""
+        if self._skipping():
+            return
+        try:
+            self._cad(keys=[key], args=[value])
+        except redis_lib.RedisError as exc:
+            self._failed("release", exc)

@@ -1,0 +1,362 @@
+"""SQL primitives of the consumer guard for SQLite, PostgreSQL and MariaDB/MySQL.
+
+Why hand-written SQL: the guard runs once per delivery, and an ORM unit of work (or even a Core statement
+compiled per call) costs more than a local database round trip. Every statement here is rendered once per
+dialect into the driver's own placeholder style and executed with ``Connection.exec_driver_sql`` inside the
+caller's SQLAlchemy transaction, so the handler's ``Session`` (bound to the same ``Connection``) shares it.
+
+Round trips per primitive (PostgreSQL / SQLite / MariaDB):
+
+* journal: one statement on PostgreSQL (a data-modifying CTE inserts the log rows *and* upserts the
+  watermark), two elsewhere; a batch of N deliveries is still one or two statements (multi-row ``VALUES``).
+* stub lock: one ``SELECT … FOR UPDATE`` (SQLite: plain ``SELECT``; the engine opened the transaction with
+  ``BEGIN IMMEDIATE``, which already holds the database write lock).
+* inbox claim: one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (MariaDB: ``INSERT IGNORE … RETURNING``). A
+  concurrent uncommitted insert of the same key makes it wait; when that one commits we get no row back — the
+  primary key is the lock (inbox pattern).
+* confirm: one conditional ``UPDATE``; the caller checks the row count.
+
+All timestamps are bound as UTC: aware on PostgreSQL (``timestamptz``), naive UTC on MariaDB, and on SQLite as
+text in exactly the format SQLAlchemy's ``DateTime`` writes, so string comparisons in other queries agree.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from reliable.stores import InboxRow, JournalEntry, OutcomeUpdate, StubRow
+from reliable.types import LogOutcome, StubStatus
+
+#: prefix of ``message_log.reason`` for a delivery whose handler raised; counted towards ``max_attempts``.
+HANDLER_FAILED_PREFIX = "handler_failed"
+
+_LOG_COLS = (
+    "message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at, outcome, "
+    "worker, reason"
+)
+_PROGRESS_COLS = (
+    "consumer_group, topic, queue_id, max_offset, min_offset, created_at, updated_at, received_count"
+)
+_INBOX_COLS = (
+    "message_id, topic, tags, consumer_group, content, payload_hash, status, send_count, created_at, "
+    "updated_at, confirmed_at"
+)
+
+
+_OUTCOME_SQL = "UPDATE message_log SET outcome = ?, reason = ? WHERE id = ?"
+
+
+def _rows(n: int, width: int) -> str:
+    one = "(" + ", ".join("?" * width) + ")"
+    return ", ".join([one] * n)
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+class SqlStore:
+    """The database primitives the guard composes (see the module docstring for the round-trip budget)."""
+
+    def __init__(self, engine: Engine, *, durable_journal: bool = False) -> None:
+        self.engine = engine
+        #: PostgreSQL only: whether the journal statement waits for its WAL flush (see :meth:`journal`).
+        self.durable_journal = durable_journal
+        self.dialect = engine.dialect.name
+        self._qmark = engine.dialect.paramstyle == "qmark"
+        self._pg = self.dialect == "postgresql"
+        self._my = self.dialect in ("mysql", "mariadb")
+        self._lock = "" if self.dialect == "sqlite" else " FOR UPDATE"
+        self._ts: Callable[[dt.datetime], Any] = _ts_converter(self.dialect)
+        self._cache: dict[tuple[str, int, int], str] = {}
+
+    # --- rendering -----------------------------------------------------------------------------------
+    def _sql(self, text: str) -> str:
+        """``?`` placeholders in the driver's style (psycopg and PyMySQL take ``%s``)."""
+        return text if self._qmark else text.replace("?", "%s")
+
+    def _cached(self, name: str, n: int, build: Callable[[int], str], m: int = 0) -> str:
+        """Render once per (statement, row count): the IN-lists and VALUES lists vary only in length."""
+        key = (name, n, m)
+        sql = self._cache.get(key)
+        if sql is None:
+            sql = self._cache[key] = self._sql(build(n))
+        return sql
+
+    # --- step 1: journal ------------------------------------------------------------------------------
+    @property
+    def journal_autocommits(self) -> bool:
+        """PostgreSQL journals in one autocommitted statement: no BEGIN/COMMIT round trips."""
+        return self._pg
+
+    def journal(self, conn: Connection, entries: Sequence[JournalEntry]) -> list[int]:
+        """Insert one ``message_log`` row per entry and raise the ``consume_progress`` watermarks.
+
+        Returns the new log ids in the order of ``entries``. Runs inside the caller's transaction; the caller
+        commits at once so the delivery is visible even if processing fails later.
+
+        On PostgreSQL the statement switches ``synchronous_commit`` off for its own transaction unless
+        ``durable_journal``: the commit is visible at once but does not wait for the WAL flush. That is safe
+        because nothing that guarantees exactly-once reads the journal: if the server crashes within the
+        WAL writer delay (200 ms by default), the lost rows only make the sweeper re-send a stub that the
+        guard then recognises (CONFIRMED) or processes (still PENDING: it really was not done). The work
+        transaction that follows commits synchronously and flushes the journal's WAL with it.
+        """
+        if not entries:
+            return []
+        log_params: list[Any] = []
+        for e in entries:
+            log_params += (
+                e.message_id,
+                e.consumer_group,
+                e.topic,
+                e.queue_id,
+                e.queue_offset,
+                e.reconsume_times,
+                self._ts(e.received_at),
+                None if e.outcome is None else e.outcome.value,
+                e.worker,
+                e.reason,
+            )
+        progress = _aggregate_progress(entries)
+        prog_params: list[Any] = []
+        now = self._ts(entries[0].received_at)
+        for (group, topic, queue_id), (hi, lo, count) in progress.items():
+            prog_params += (group, topic, queue_id, hi, lo, now, now, count)
+        n, m = len(entries), len(progress)
+        if self._pg:
+            name = "journal_pg_sync" if self.durable_journal else "journal_pg"
+            sql = self._cached(name, n, lambda k: _pg_journal(k, m, self.durable_journal), m)
+            rows = conn.exec_driver_sql(sql, tuple(log_params + prog_params)).fetchall()
+        else:
+            sql = self._cached(
+                "journal_log",
+                n,
+                lambda k: f"INSERT INTO message_log ({_LOG_COLS}) VALUES {_rows(k, 10)} RETURNING id",
+            )
+            rows = conn.exec_driver_sql(sql, tuple(log_params)).fetchall()
+            build = _my_progress if self._my else _sqlite_progress
+            conn.exec_driver_sql(self._cached("progress", m, build), tuple(prog_params))
+        # ids come from one sequence/auto-increment in VALUES order, so sorting restores entry order even
+        # where RETURNING does not promise it.
+        return sorted(int(r[0]) for r in rows)
+
+    # --- step 2 helper: what does the database say about a message held by another worker? -------------
+    def peek_stubs(self, conn: Connection, message_ids: Iterable[str]) -> dict[str, StubRow]:
+        """Read stubs without locking (lease-conflict check)."""
+        return self._select_stubs(conn, sorted(set(message_ids)), lock=False)
+
+    # --- step 3: the work transaction ------------------------------------------------------------------
+    def lock_stub(self, conn: Connection, message_id: str) -> StubRow | None:
+        """``SELECT … FOR UPDATE`` one stub: concurrent deliveries of the same id queue up behind us here."""
+        return self._select_stubs(conn, [message_id], lock=True).get(message_id)
+
+    def lock_stubs(self, conn: Connection, message_ids: Sequence[str]) -> dict[str, StubRow]:
+        """Lock many stubs in ``message_id`` order (a fixed order, so two batches cannot deadlock)."""
+        return self._select_stubs(conn, sorted(set(message_ids)), lock=True)
+
+    def _select_stubs(self, conn: Connection, ids: Sequence[str], *, lock: bool) -> dict[str, StubRow]:
+        if not ids:
+            return {}
+        suffix = self._lock if lock else ""
+        sql = self._cached(
+            "stubs" + suffix,
+            len(ids),
+            lambda k: (
+                "SELECT message_id, status, payload_hash, consumer_group FROM message_stub "
+                f"WHERE message_id IN ({_marks(k)}) ORDER BY message_id{suffix}"
+            ),
+        )
+        rows = conn.exec_driver_sql(sql, tuple(ids)).fetchall()
+        return {r[0]: StubRow(StubStatus(r[1]), r[2], r[3]) for r in rows}
+
+    def claim_inbox(self, conn: Connection, rows: Sequence[InboxRow], now: dt.datetime) -> set[str]:
+        """Insert ``CONFIRMED`` stubs for messages that have none; return the ids this call inserted.
+
+        An id missing from the result already had a row (possibly inserted and committed by a concurrent
+        worker while we waited on its key lock): the caller re-locks and re-reads it.
+        """
+        if not rows:
+            return set()
+        rows = sorted(rows, key=lambda r: r.message_id)
+        ts = self._ts(now)
+        params: list[Any] = []
+        for r in rows:
+            params += (
+                r.message_id,
+                r.topic,
+                r.tags,
+                r.consumer_group,
+                r.content,
+                r.payload_hash,
+                StubStatus.CONFIRMED.value,
+                0,
+                ts,
+                ts,
+                ts,
+            )
+        if self._my:
+            head, tail = "INSERT IGNORE INTO", ""
+        else:
+            head, tail = "INSERT INTO", " ON CONFLICT (message_id) DO NOTHING"
+        sql = self._cached(
+            "inbox",
+            len(rows),
+            lambda k: f"{head} message_stub ({_INBOX_COLS}) VALUES {_rows(k, 11)}{tail} RETURNING message_id",
+        )
+        return {r[0] for r in conn.exec_driver_sql(sql, tuple(params)).fetchall()}
+
+    def confirm(self, conn: Connection, message_ids: Sequence[str], now: dt.datetime) -> int:
+        """Conditional confirm of PENDING/DEAD stubs; returns how many rows changed (caller demands all)."""
+        if not message_ids:
+            return 0
+        ts = self._ts(now)
+        sql = self._cached(
+            "confirm",
+            len(message_ids),
+            lambda k: (
+                "UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+                f"WHERE message_id IN ({_marks(k)}) AND status IN ('PENDING', 'DEAD')"
+            ),
+        )
+        return int(conn.exec_driver_sql(sql, (ts, ts, *message_ids)).rowcount)
+
+    def confirm_and_record(
+        self, conn: Connection, message_ids: Sequence[str], now: dt.datetime, updates: Sequence[OutcomeUpdate]
+    ) -> int:
+        """:meth:`confirm` plus :meth:`set_outcomes` — one statement on PostgreSQL (two data-modifying CTEs).
+
+        Returns the number of stubs confirmed; the caller rolls everything back unless it is all of them.
+        """
+        if not self._pg or not updates:
+            changed = self.confirm(conn, message_ids, now)
+            self.set_outcomes(conn, updates)
+            return changed
+        n, m = len(message_ids), len(updates)
+        sql = self._cached("confirm_record_pg", n, lambda k: _pg_confirm_record(k, m), m)
+        ts = self._ts(now)
+        params: list[Any] = [ts, ts, *message_ids] if n else []
+        for u in updates:
+            params += (u.log_id, u.outcome.value, u.reason)
+        row = conn.exec_driver_sql(sql, tuple(params)).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    def unclaim_inbox(self, conn: Connection, message_ids: Sequence[str]) -> None:
+        """Delete inbox rows this transaction inserted for messages whose handler then failed (batch mode)."""
+        if not message_ids:
+            return
+        sql = self._cached(
+            "unclaim",
+            len(message_ids),
+            lambda k: f"DELETE FROM message_stub WHERE message_id IN ({_marks(k)}) AND status = 'CONFIRMED'",
+        )
+        conn.exec_driver_sql(sql, tuple(message_ids))
+
+    # --- outcomes ---------------------------------------------------------------------------------------
+    def set_outcomes(self, conn: Connection, updates: Sequence[OutcomeUpdate]) -> None:
+        """Fill ``message_log.outcome``/``reason`` (one statement; executemany pipelines on psycopg)."""
+        if not updates:
+            return
+        sql = self._cached("outcome", 1, lambda _: _OUTCOME_SQL)
+        params = [(u.outcome.value, u.reason, u.log_id) for u in updates]
+        conn.exec_driver_sql(sql, params[0] if len(params) == 1 else params)
+
+    def count_handler_failures(self, conn: Connection, message_id: str, group: str) -> int:
+        """Earlier deliveries of this message to this group whose handler raised (cold path only)."""
+        sql = self._cached(
+            "failures",
+            1,
+            lambda _: (
+                "SELECT COUNT(*) FROM message_log WHERE message_id = ? AND consumer_group = ? "
+                "AND outcome = ? AND reason LIKE ?"
+            ),
+        )
+        row = conn.exec_driver_sql(
+            sql, (message_id, group, LogOutcome.RETRY.value, HANDLER_FAILED_PREFIX + "%")
+        ).fetchone()
+        return int(row[0]) if row is not None else 0
+
+
+def _aggregate_progress(entries: Sequence[JournalEntry]) -> dict[tuple[str, str, int], tuple[int, int, int]]:
+    """Fold a batch into one watermark row per queue (an upsert may not touch the same row twice)."""
+    out: dict[tuple[str, str, int], tuple[int, int, int]] = {}
+    for e in entries:
+        key = (e.consumer_group, e.topic, e.queue_id)
+        cur = out.get(key)
+        if cur is None:
+            out[key] = (e.queue_offset, e.queue_offset, 1)
+        else:
+            out[key] = (max(cur[0], e.queue_offset), min(cur[1], e.queue_offset), cur[2] + 1)
+    return out
+
+
+def _pg_journal(n: int, m: int, durable: bool) -> str:
+    lazy = "" if durable else "s AS (SELECT set_config('synchronous_commit', 'off', true) AS v), "
+    return (
+        f"WITH {lazy}j AS (INSERT INTO message_log ({_LOG_COLS}) VALUES {_rows(n, 10)} RETURNING id), "
+        f"p AS (INSERT INTO consume_progress ({_PROGRESS_COLS}) VALUES {_rows(m, 8)} "
+        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
+        "max_offset = GREATEST(consume_progress.max_offset, EXCLUDED.max_offset), "
+        "min_offset = LEAST(consume_progress.min_offset, EXCLUDED.min_offset), "
+        "updated_at = EXCLUDED.updated_at, "
+        "received_count = consume_progress.received_count + EXCLUDED.received_count) "
+        + ("SELECT id FROM j" if durable else "SELECT id FROM j, s")
+    )
+
+
+def _pg_confirm_record(n: int, m: int) -> str:
+    values = ", ".join(["(?::bigint, ?::varchar, ?::text)"] * m)
+    record = (
+        "o AS (UPDATE message_log AS l SET outcome = v.o, reason = v.r "
+        f"FROM (VALUES {values}) AS v(i, o, r) WHERE l.id = v.i)"
+    )
+    if n == 0:
+        return f"WITH {record} SELECT 0"
+    return (
+        "WITH c AS (UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+        f"WHERE message_id IN ({_marks(n)}) AND status IN ('PENDING', 'DEAD') RETURNING 1), "
+        f"{record} SELECT count(*) FROM c"
+    )
+
+
+def _sqlite_progress(m: int) -> str:
+    return (
+        f"INSERT INTO consume_progress ({_PROGRESS_COLS}) VALUES {_rows(m, 8)} "
+        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
+        "max_offset = max(max_offset, excluded.max_offset), "
+        "min_offset = min(min_offset, excluded.min_offset), "
+        "updated_at = excluded.updated_at, "
+        "received_count = received_count + excluded.received_count"
+    )
+
+
+def _my_progress(m: int) -> str:
+    return (
+        f"INSERT INTO consume_progress ({_PROGRESS_COLS}) VALUES {_rows(m, 8)} "
+        "ON DUPLICATE KEY UPDATE "
+        "max_offset = GREATEST(max_offset, VALUES(max_offset)), "
+        "min_offset = LEAST(min_offset, VALUES(min_offset)), "
+        "updated_at = VALUES(updated_at), "
+        "received_count = received_count + VALUES(received_count)"
+    )
+
+
+def _ts_converter(dialect: str) -> Callable[[dt.datetime], Any]:
+    """How a UTC-aware datetime is bound on ``dialect`` (mirrors :class:`reliable.models.UTCDateTime`)."""
+    if dialect == "postgresql":
+        return lambda t: t
+    if dialect == "sqlite":
+        return lambda t: t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return lambda t: t.astimezone(dt.UTC).replace(tzinfo=None)
+
+
+def reason_text(kind: str, detail: str | None, limit: int = 1000) -> str:
+    """``kind: detail`` for ``message_log.reason``, bounded so a huge exception text cannot bloat the row."""
+    if not detail:
+        return kind
+    text = f"{kind}: {detail}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,47 @@
+"""The resend sweeper (DESIGN.md §3): re-sends stubs a consumer never received, recovers stuck ones, gives
+up on what cannot be delivered and tells a person.
+
+    from reliable.sweeper import Sweeper
+    summary = Sweeper(rel, sender).run_once()
+
+See docs/sweeper.md for the selection rules, the claim protocol, backoff and the deployment examples.
+"""
+
+from __future__ import annotations
+
+from reliable.sweeper.backoff import (
+    BacklogEstimator,
+    BacklogSource,
+    BackoffPolicy,
+    ExponentialBackoff,
+    FixedBackoff,
+    parse_backoff,
+    parse_duration,
+)
+from reliable.sweeper.errors import NotifyError, SenderLoadError, SweeperConfigError, SweeperError
+from reliable.sweeper.notify import Channel, DeadNotice, EmailChannel, SmtpConfig, WebhookChannel
+from reliable.sweeper.retention import purge_logs, revive
+from reliable.sweeper.sweeper import RoundSummary, Sweeper
+
+__all__ = [
+    "BacklogEstimator",
+    "BacklogSource",
+    "BackoffPolicy",
+    "Channel",
+    "DeadNotice",
+    "EmailChannel",
+    "ExponentialBackoff",
+    "FixedBackoff",
+    "NotifyError",
+    "RoundSummary",
+    "SenderLoadError",
+    "SmtpConfig",
+    "Sweeper",
+    "SweeperConfigError",
+    "SweeperError",
+    "WebhookChannel",
+    "parse_backoff",
+    "parse_duration",
+    "purge_logs",
+    "revive",
+]

@@ -1,0 +1,33 @@
+"""Prometheus metrics of the sweeper (process-wide: one set however many Sweeper objects a process has).
+
+Exposed with ``--metrics-port`` (``prometheus_client.start_http_server`` on 127.0.0.1) or by whatever
+exporter the host process already runs on the default registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+ROUNDS = Counter("reliable_sweeper_rounds", "Sweep rounds completed")
+ROUND_ERRORS = Counter("reliable_sweeper_round_errors", "Sweep rounds that ended with an error")
+SELECTED = Counter("reliable_sweeper_selected", "Stubs selected as due (resend and give-up)")
+RESENT = Counter("reliable_sweeper_resent", "Stubs re-sent and accepted by the broker")
+SEND_FAILURES = Counter("reliable_sweeper_send_failures", "Resends the broker did not accept")
+STUCK_RECOVERED = Counter(
+    "reliable_sweeper_stuck_recovered", "Stuck stubs (received, never confirmed) re-sent"
+)
+LEASE_HELD = Counter("reliable_sweeper_lease_held", "Stuck stubs left alone because a worker holds the lease")
+LEASE_UNKNOWN = Counter(
+    "reliable_sweeper_lease_unknown", "Stuck stubs postponed because Redis did not answer"
+)
+DEAD = Counter("reliable_sweeper_dead", "Stubs given up (status DEAD)")
+PURGED = Counter("reliable_sweeper_log_purged", "message_log rows deleted by retention")
+NOTIFIED = Counter("reliable_sweeper_notified", "Dead-stub notices accepted by a channel", ["channel"])
+NOTIFY_FAILURES = Counter("reliable_sweeper_notify_failures", "Channel deliveries that failed", ["channel"])
+LAST_ROUND_SECONDS = Gauge("reliable_sweeper_last_round_seconds", "Duration of the last round")
+LAST_ROUND_TIMESTAMP = Gauge("reliable_sweeper_last_round_timestamp", "Unix time the last round ended")
+
+
+def serve(port: int) -> None:
+    """Serve /metrics on 127.0.0.1:``port`` from a daemon thread."""
+    start_http_server(port, addr="127.0.0.1")

@@ -1,0 +1,263 @@
+"""One sweep round: give up, re-send, notify, purge — and the summary line a person reads in the log.
+
+A round, in order:
+
+1. **give up** — stubs that would be re-sent but have ``send_count >= max_sends``: ``DEAD`` + notices owed
+   (claimed and finished in one transaction per batch);
+2. **re-send** — due stubs, batch by batch: claim (short transaction), read the Redis leases of the stuck
+   ones, send through the :class:`~reliable.sender.Sender`, record (one executemany per batch);
+3. **notify** — deliver owed notices per channel (a failing channel never stops the round);
+4. **retention** — purge old log rows of settled stubs.
+
+Selection uses the round's start time, and every stub handled gets a ``resend_at`` after it, so the loop of
+batches ends: no stub is handled twice in a round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine
+
+from reliable import constants as C
+from reliable.facade import Reliability
+from reliable.models import utcnow
+from reliable.sender import Sender
+from reliable.sweeper import metrics
+from reliable.sweeper.backoff import BacklogEstimator, BacklogSource, BackoffPolicy, default_backoff
+from reliable.sweeper.claim import claim
+from reliable.sweeper.errors import SweeperConfigError
+from reliable.sweeper.leases import LeaseState, LeaseView, read_leases
+from reliable.sweeper.notify import Channel, deliver_owed
+from reliable.sweeper.resend import BatchResult, mark_dead, send_claimed
+from reliable.sweeper.retention import purge_logs
+from reliable.sweeper.selection import Budget, Candidate, due_statement
+
+log = logging.getLogger("reliable.sweeper")
+
+
+@dataclass
+class RoundSummary:
+    selected: int = 0
+    resent: int = 0
+    send_failures: int = 0
+    dead: int = 0
+    stuck_recovered: int = 0
+    lease_held: int = 0
+    lease_unknown: int = 0
+    purged: int = 0
+    notified: int = 0
+    notify_failures: int = 0
+    duration_s: float = 0.0
+
+    def line(self) -> str:
+        return (
+            f"sweep round: selected={self.selected} resent={self.resent} send_failures={self.send_failures} "
+            f"dead={self.dead} stuck_recovered={self.stuck_recovered} lease_held={self.lease_held} "
+            f"lease_unknown={self.lease_unknown} purged={self.purged} notified={self.notified} "
+            f"notify_failures={self.notify_failures} duration={self.duration_s:.3f}s"
+        )
+
+
+class Sweeper:
+    """Re-sends lost stubs of one database through ``sender``; ``run_once()`` is one round.
+
+    Defaults come from ``rel.settings`` (``max_sends``, ``stuck_after_s``, ``log_retention_s``,
+    ``sweep_batch``, ``lease_ms``); keyword arguments override them. ``clock`` is the time source of every
+    due-time decision (tests pass a controllable one). ``channels`` are the notification channels besides
+    the log (see :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches of each kind per round
+    (``None``: until nothing is due). ``claim_ttl_s`` chooses the claim strategy
+    (:mod:`reliable.sweeper.claim`): ``None`` (default) holds row locks for the batch; a number claims by
+    moving ``resend_at`` that far ahead and sends with no transaction open.
+    """
+
+    def __init__(
+        self,
+        rel: Reliability,
+        sender: Sender,
+        *,
+        backoff: BackoffPolicy | None = None,
+        backlog_source: BacklogSource | None = None,
+        backlog_cap_s: float = C.DEFAULT_BACKLOG_CAP_S,
+        channels: Sequence[Channel] = (),
+        batch: int | None = None,
+        max_sends: int | None = None,
+        stuck_after_s: float | None = None,
+        log_retention_s: float | None = None,
+        claim_ttl_s: float | None = None,
+        max_batches: int | None = None,
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
+        s = rel.settings
+        self.rel = rel
+        self.engine: Engine = rel.engine
+        self.sender = sender
+        self.backoff = backoff or default_backoff()
+        self.estimator = BacklogEstimator(backlog_source, backlog_cap_s)
+        self.channels = list(channels)
+        names = [c.name for c in self.channels]
+        if len(set(names)) != len(names) or C.NOTIFY_CHANNEL_LOG in names:
+            raise SweeperConfigError(f"notification channels must be distinct and not 'log': {names}")
+        self.batch = batch if batch is not None else s.sweep_batch
+        self.max_sends = max_sends if max_sends is not None else s.max_sends
+        self.stuck_after = dt.timedelta(
+            seconds=stuck_after_s if stuck_after_s is not None else s.stuck_after_s
+        )
+        retention = log_retention_s if log_retention_s is not None else s.log_retention_s
+        self.log_retention = dt.timedelta(seconds=retention)
+        self.claim_ttl = dt.timedelta(seconds=claim_ttl_s) if claim_ttl_s is not None else None
+        self.lease_hold = dt.timedelta(milliseconds=s.lease_ms)
+        self.max_batches = max_batches
+        self.clock = clock
+        if self.batch <= 0 or self.max_sends <= 0 or (claim_ttl_s is not None and claim_ttl_s <= 0):
+            raise SweeperConfigError("batch, max_sends and claim_ttl must be > 0")
+        if max_batches is not None and max_batches <= 0:
+            raise SweeperConfigError("max_batches must be > 0")
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask a running round to stop after the current send (claimed leftovers are due after the TTL)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # -- the round --------------------------------------------------------------------------------------
+    def run_once(self) -> RoundSummary:
+        started = time.perf_counter()
+        summary = RoundSummary()
+        try:
+            now = self.clock()
+            self._give_up(now, summary)
+            self._resend(now, summary)
+            self._notify(summary)
+            if not self.stopping:
+                summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
+        except Exception:
+            metrics.ROUND_ERRORS.inc()
+            log.exception("sweep round failed")
+            raise
+        finally:
+            summary.duration_s = time.perf_counter() - started
+            self._observe(summary)
+        log.info("%s", summary.line())
+        return summary
+
+    def _leases(self, candidates: Sequence[Candidate]) -> list[LeaseView]:
+        stuck = [(c.consumer_group, c.message_id) for c in candidates if c.stuck]
+        views = iter(read_leases(self.rel.redis, self.rel.settings.key_prefix, stuck, self.stuck_after))
+        return [next(views) if c.stuck else LeaseView(LeaseState.FREE) for c in candidates]
+
+    def _batches(self) -> range:
+        return range(self.max_batches) if self.max_batches is not None else range(2**62)
+
+    def _give_up(self, now: dt.datetime, summary: RoundSummary) -> None:
+        stmt = due_statement(
+            now=now,
+            stuck_after=self.stuck_after,
+            max_sends=self.max_sends,
+            limit=self.batch,
+            budget=Budget.EXHAUSTED,
+        )
+        for _ in self._batches():
+            if self.stopping:
+                return
+            with self.engine.begin() as conn:
+                candidates = claim(conn, stmt, until=None)
+                if not candidates:
+                    return
+                result = mark_dead(
+                    conn,
+                    candidates,
+                    self._leases(candidates),
+                    max_sends=self.max_sends,
+                    channels=self.channels,
+                    now=self.clock(),
+                    lease_unknown_hold=self.lease_hold,
+                )
+            summary.selected += len(candidates)
+            summary.dead += len(result.dead)
+            summary.lease_held += result.lease_held
+            summary.lease_unknown += result.lease_unknown
+            if len(candidates) < self.batch:
+                return
+
+    def _resend(self, now: dt.datetime, summary: RoundSummary) -> None:
+        stmt = due_statement(
+            now=now,
+            stuck_after=self.stuck_after,
+            max_sends=self.max_sends,
+            limit=self.batch,
+            budget=Budget.RESEND,
+        )
+        for _ in self._batches():
+            if self.stopping:
+                return
+            if self.claim_ttl is None:  # row-lock claim: one transaction around claim, sends and record
+                with self.engine.begin() as conn:
+                    candidates = claim(conn, stmt, until=None)
+                    if not candidates:
+                        return
+                    result = self._send(candidates, lambda: contextlib.nullcontext(conn))
+            else:  # lease claim: short claim transaction, sends outside any transaction, then record
+                with self.engine.begin() as conn:
+                    candidates = claim(conn, stmt, until=self.clock() + self.claim_ttl)
+                if not candidates:
+                    return
+                result = self._send(candidates, self.engine.begin)
+            summary.selected += len(candidates)
+            summary.resent += result.resent
+            summary.send_failures += result.send_failures
+            summary.stuck_recovered += result.stuck_recovered
+            summary.lease_held += result.lease_held
+            summary.lease_unknown += result.lease_unknown
+            if len(candidates) < self.batch:
+                return
+
+    def _send(
+        self, candidates: Sequence[Candidate], recorder: Callable[[], AbstractContextManager[Connection]]
+    ) -> BatchResult:
+        return send_claimed(
+            recorder,
+            self.sender,
+            candidates,
+            self._leases(candidates),
+            policy=self.backoff,
+            estimator=self.estimator,
+            clock=self.clock,
+            lease_unknown_hold=self.lease_hold,
+            should_stop=self._stop.is_set,
+        )
+
+    def _notify(self, summary: RoundSummary) -> None:
+        if not self.channels:
+            return
+        result = deliver_owed(self.engine, self.channels, now=self.clock(), batch=self.batch)
+        summary.notified += sum(result.delivered.values())
+        summary.notify_failures += len(result.failed_channels)
+        for name, count in result.delivered.items():
+            metrics.NOTIFIED.labels(channel=name).inc(count)
+        for name in result.failed_channels:
+            metrics.NOTIFY_FAILURES.labels(channel=name).inc()
+
+    @staticmethod
+    def _observe(s: RoundSummary) -> None:
+        metrics.ROUNDS.inc()
+        metrics.SELECTED.inc(s.selected)
+        metrics.RESENT.inc(s.resent)
+        metrics.SEND_FAILURES.inc(s.send_failures)
+        metrics.STUCK_RECOVERED.inc(s.stuck_recovered)
+        metrics.LEASE_HELD.inc(s.lease_held)
+        metrics.LEASE_UNKNOWN.inc(s.lease_unknown)
+        metrics.DEAD.inc(s.dead)
+        metrics.PURGED.inc(s.purged)
+        metrics.LAST_ROUND_SECONDS.set(s.duration_s)
+        metrics.LAST_ROUND_TIMESTAMP.set(time.time())

@@ -1,0 +1,162 @@
+"""The RocketMQ adapter with the real client (PyPI ``rocketmq`` 0.4.4) against ``broker-sim serve``.
+
+Nothing here is simulated on the client side: the C++ client resolves routes through the name server, sends
+with ``send_orderly`` (our queue selector), pulls, commits offsets and sends failed messages back, all over
+RocketMQ's wire protocol, and the guard writes to a real SQLite database.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from reliable import Reliability
+from reliable.adapters.rocketmq import (
+    RocketMQSender,
+    consume_status,
+    push_consumer,
+    subscribe_guarded,
+)
+from reliable.decorator import idempotent_consumer
+from reliable.demo import ledger
+from reliable.demo.services import BrokerServer
+from reliable.models import MessageLog, MessageStub
+from reliable.producer import StubProducer
+from reliable.sender import OutgoingMessage
+from reliable.types import ConsumeResult, Envelope, StubStatus
+
+TOPIC = "RmqAdapterT"
+ENV = Envelope("m-1", TOPIC, 0, 0, b"{}")
+
+
+def test_consume_status_never_acks_a_failure() -> None:
+    def raising(env: Envelope) -> ConsumeResult:
+        raise RuntimeError("handler bug")
+
+    dead: list[str] = []
+    assert consume_status(lambda e: ConsumeResult.SUCCESS, ENV) == 0
+    assert consume_status(lambda e: ConsumeResult.RECONSUME_LATER, ENV) == 1
+    assert consume_status(raising, ENV) == 1
+    assert consume_status(lambda e: ConsumeResult.DEAD_LETTER, ENV) == 1  # no action: the broker's DLQ path
+    assert (
+        consume_status(lambda e: ConsumeResult.DEAD_LETTER, ENV, lambda e: dead.append(e.message_id or ""))
+        == 0
+    )
+    assert dead == ["m-1"]
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        threading.Event().wait(0.1)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[BrokerServer]:
+    topics = json.dumps({TOPIC: 4})
+    srv = BrokerServer(
+        tmp_path / "store",
+        tmp_path / "logs",
+        ["--set", f"topics={topics}", "--set", "message_delay_level=1s 1s 1s 1s", "--log-level", "WARNING"],
+        use_cli=True,
+    )
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def rel(tmp_path: Path) -> Iterator[Reliability]:
+    r = Reliability(f"sqlite:///{tmp_path / 'rmq.db'}", None, lease_ms=2000)
+    r.create_schema()
+    ledger.reset(r.engine, 10)
+    yield r
+    r.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -> None:
+    from broker_sim.client.transport import transport_for
+
+    sender = RocketMQSender.connect(server.address, "rmq_adapter_p")
+    consumer = None
+    try:
+        # stub-first producer over the real client: receipts name the queue and offset the broker assigned
+        orders = ledger.make_orders("r", 24, 10, seed=5)
+        producer = StubProducer(rel, sender, default_group="rmq_adapter_g")
+        with producer.transaction() as tx:
+            for o in orders:
+                tx.stage(o.order_id, TOPIC, o.to_body())
+        receipts = [r.receipt for r in tx.results]
+        assert all(r is not None for r in receipts)
+        per_queue: dict[int, list[int]] = {}
+        for r in receipts:
+            assert r is not None
+            per_queue.setdefault(r.queue_id, []).append(r.queue_offset)
+        assert sorted(per_queue) == [0, 1, 2, 3]
+        admin = transport_for(server.address)
+        for qid, offsets in per_queue.items():
+            assert sorted(offsets) == list(range(len(offsets)))  # the recorded queue id is the real one
+            assert admin.get_max_offset(TOPIC, qid) == len(offsets)
+        admin.close()
+        # a second copy of one order (a producer double-send): the guard must suppress it
+        sender.send(
+            OutgoingMessage(orders[0].order_id, TOPIC, orders[0].to_body(), "rmq_adapter_g", send_count=1)
+        )
+
+        failed_once: set[str] = set()
+        guarded = idempotent_consumer(rel, group="rmq_adapter_g")(ledger.make_business_handler("rmq"))
+
+        def handler(env: Envelope) -> ConsumeResult:
+            # the first delivery of one order fails: it must come back through %RETRY% with reconsume_times 1
+            if env.message_id == orders[5].order_id and env.message_id not in failed_once:
+                failed_once.add(env.message_id)
+                return ConsumeResult.RECONSUME_LATER
+            return guarded(env)
+
+        consumer = push_consumer(server.address, "rmq_adapter_g", thread_count=2)
+        subscribe_guarded(consumer, TOPIC, handler)
+        consumer.start()
+
+        def confirmed() -> int:
+            with rel.engine.connect() as conn:
+                return int(
+                    conn.execute(
+                        select(func.count()).where(MessageStub.status == StubStatus.CONFIRMED)
+                    ).scalar_one()
+                )
+
+        wait_for(lambda: confirmed() == 24, what="24 confirmed stubs")
+        with rel.engine.connect() as conn:
+            retried = (
+                conn.execute(
+                    select(MessageLog.reconsume_times).where(MessageLog.message_id == orders[5].order_id)
+                )
+                .scalars()
+                .all()
+            )
+            copies = conn.execute(
+                select(func.count()).where(MessageLog.message_id == orders[0].order_id)
+            ).scalar_one()
+        assert 1 in retried
+        wait_for(lambda: _log_count(rel, orders[0].order_id) == 2, what="the duplicate copy")
+        assert copies >= 1
+        assert ledger.check(rel.engine, [o.order_id for o in orders], 10).ok
+    finally:
+        if consumer is not None:
+            consumer.shutdown()
+        sender.close()
+
+
+def _log_count(rel: Reliability, message_id: str) -> int:
+    with rel.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).where(MessageLog.message_id == message_id)).scalar_one())

@@ -1,0 +1,181 @@
+"""Shared pieces of the guard tests: a ledger table written through ``session``, envelopes, counters.
+
+The ledger has no unique constraint on purpose: the guard, not the schema, must keep a message from being
+applied twice, so a duplicate shows up as a second row and the invariant check can see it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select, text
+from sqlalchemy.orm import Session
+
+from reliable import Envelope, Reliability
+from reliable.types import StubStatus
+
+ledger_md = MetaData()
+ledger = Table(
+    "guard_test_ledger",
+    ledger_md,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("message_id", String(64), nullable=False),
+    Column("note", String(64)),
+)
+
+_offsets = itertools.count(1)
+
+
+def make_rel(db_url: str, redis_url: str | None, key_prefix: str, **settings: object) -> Reliability:
+    rel = Reliability(db_url, redis_url, key_prefix=key_prefix, **settings)
+    ledger_md.create_all(rel.engine, checkfirst=True)
+    with rel.engine.begin() as conn:
+        conn.execute(ledger.delete())
+    return rel
+
+
+def env(
+    message_id: str | None, body: bytes = b"{}", *, reconsume_times: int = 0, queue_id: int = 0
+) -> Envelope:
+    return Envelope(
+        message_id=message_id,
+        topic="orders",
+        queue_id=queue_id,
+        queue_offset=next(_offsets),
+        body=body,
+        reconsume_times=reconsume_times,
+    )
+
+
+def apply(env_: Envelope, session: Session, note: str = "x") -> None:
+    """The business effect: one ledger row per application."""
+    session.execute(insert(ledger).values(message_id=env_.message_id, note=note))
+
+
+def applied(rel: Reliability, message_id: str | None = None) -> int:
+    with rel.engine.connect() as conn:
+        q = select(func.count()).select_from(ledger)
+        if message_id is not None:
+            q = q.where(ledger.c.message_id == message_id)
+        return int(conn.execute(q).scalar_one())
+
+
+def per_message(rel: Reliability) -> dict[str, int]:
+    with rel.engine.connect() as conn:
+        rows = conn.execute(select(ledger.c.message_id, func.count()).group_by(ledger.c.message_id)).all()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def log_rows(rel: Reliability, message_id: str | None = None) -> list[tuple[str, str | None, str | None]]:
+    """(message_id, outcome, reason) of the journal, oldest first."""
+    sql = "SELECT message_id, outcome, reason FROM message_log"
+    params: dict[str, object] = {}
+    if message_id is not None:
+        sql += " WHERE message_id = :m"
+        params["m"] = message_id
+    with rel.engine.connect() as conn:
+        return [(r[0], r[1], r[2]) for r in conn.execute(text(sql + " ORDER BY id"), params)]
+
+
+def stub_status(rel: Reliability, message_id: str) -> StubStatus | None:
+    with rel.engine.connect() as conn:
+        v = conn.execute(
+            text("SELECT status FROM message_stub WHERE message_id = :m"), {"m": message_id}
+        ).scalar()
+    return None if v is None else StubStatus(v)
+
+
+def add_stub(
+    rel: Reliability,
+    message_id: str,
+    group: str,
+    *,
+    body: bytes = b"{}",
+    status: StubStatus = StubStatus.PENDING,
+    payload_hash: str | None = None,
+) -> None:
+    """A producer-side stub, written the way the stub-first producer writes it."""
+    import hashlib
+
+    from reliable.models import MessageStub
+
+    with rel.session() as s:
+        s.add(
+            MessageStub(
+                message_id=message_id,
+                topic="orders",
+                consumer_group=group,
+                content=body,
+                payload_hash=payload_hash or hashlib.sha256(body).hexdigest(),
+                status=status,
+                send_count=1,
+            )
+        )
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.02) -> None:
+    """Poll-with-timeout (not a sleep used as synchronisation: the condition decides)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the timeout")
+        time.sleep(interval)
+
+
+def settled(handler: Callable[[Envelope], object], e: Envelope, timeout: float = 30.0) -> list[object]:
+    """Redeliver ``e`` (as a broker would, counting reconsume_times) until the guard stops asking for it.
+
+    The short pause between redeliveries stands in for the broker's retry delay; the loop ends on the
+    guard's answer, or fails at the deadline.
+    """
+    from dataclasses import replace
+
+    from reliable import ConsumeResult
+
+    results: list[object] = []
+    deadline = time.monotonic() + timeout
+    n = 0
+    while True:
+        r = handler(replace(e, reconsume_times=e.reconsume_times + n))
+        results.append(r)
+        if r != ConsumeResult.RECONSUME_LATER:
+            return results
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still RECONSUME_LATER after {len(results)} deliveries")
+        n += 1
+        time.sleep(0.005)
+
+
+# --- child processes (spawn: everything they run must be importable) -----------------------------------
+def child_consume(
+    db_url: str, redis_url: str | None, key_prefix: str, ids: list[str], barrier: object
+) -> None:
+    """A worker process: deliver every id until settled (each process starts at a different id)."""
+    from reliable import idempotent_consumer
+
+    rel = Reliability(db_url, redis_url, key_prefix=key_prefix)
+    handle = idempotent_consumer(rel, group="g")(apply)
+    barrier.wait()  # type: ignore[attr-defined]
+    for m in ids:
+        settled(handle, env(m))
+    rel.close()
+
+
+def child_die_in_handler(
+    db_url: str, redis_url: str, key_prefix: str, message_id: str, lease_ms: int
+) -> None:
+    """Take the lease, write the effect through ``session``, then die before the commit."""
+    import os
+
+    from reliable import idempotent_consumer
+
+    rel = Reliability(db_url, redis_url, key_prefix=key_prefix, lease_ms=lease_ms)
+
+    def handler(e: Envelope, session: Session) -> None:
+        apply(e, session)
+        session.flush()
+        os._exit(3)
+
+    idempotent_consumer(rel, group="g")(handler)(env(message_id))

@@ -1,0 +1,444 @@
+"""The consumer guard against real SQLite, PostgreSQL, MariaDB and Redis: DESIGN.md §2 step by step.
+
+The invariant everywhere: a ledger row written through ``session`` exists exactly once per message that was
+ever acknowledged, and never for a message that was not.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy.orm import Session
+
+from reliable import ConsumeResult, Envelope, GuardHooks, Reason, Reliability, idempotent_consumer
+from reliable.errors import MissingMessageIdError, PayloadMismatchError
+from reliable.stores.lease import lease_key
+from reliable.types import LogOutcome, StubStatus
+from tests.core.guard_helpers import (
+    add_stub,
+    applied,
+    apply,
+    env,
+    log_rows,
+    make_rel,
+    per_message,
+    settled,
+    stub_status,
+)
+
+
+@pytest.fixture
+def rel(db_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
+    r = make_rel(db_url, redis_url, key_prefix, max_attempts=3)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def uid(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def counting(rel: Reliability, registry: CollectorRegistry, **kw: object):  # type: ignore[no-untyped-def]
+    calls: list[str] = []
+
+    @idempotent_consumer(rel, group="g", registry=registry, **kw)  # type: ignore[arg-type]
+    def handle(e: Envelope, session: Session) -> None:
+        calls.append(str(e.message_id))
+        apply(e, session)
+
+    return handle, calls
+
+
+# --- duplicates ------------------------------------------------------------------------------------------
+def test_duplicates_in_every_order_apply_once(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, calls = counting(rel, registry)
+    schedules = sorted(set(itertools.permutations("aabbc")))
+    for n, schedule in enumerate(schedules):
+        ids = {t: f"o{n}-{t}" for t in "abc"}
+        add_stub(rel, ids["b"], "g")  # b: producer wrote a stub; a and c: inbox pattern
+        first: set[str] = set()
+        for t in schedule:
+            d = handle.decide(env(ids[t]))
+            assert d.result is ConsumeResult.SUCCESS
+            assert d.duplicate == (t in first)
+            first.add(t)
+    assert set(per_message(rel).values()) == {1}
+    assert len(per_message(rel)) == 3 * len(schedules) == len(calls)
+
+
+def test_duplicate_after_redis_lost_key_is_caught_by_database(
+    rel: Reliability, registry: CollectorRegistry
+) -> None:
+    handle, _ = counting(rel, registry)
+    m = uid("m")
+    assert handle.decide(env(m)).reason is Reason.PROCESSED
+    assert handle.decide(env(m)).reason is Reason.DUPLICATE_DONE_MARKER
+    assert rel.redis is not None
+    rel.redis.delete(lease_key(rel.settings.key_prefix, "g", m))
+    assert handle.decide(env(m)).reason is Reason.DUPLICATE_CONFIRMED
+    assert applied(rel, m) == 1
+    assert [r[1] for r in log_rows(rel, m)] == ["SUCCESS", "DUPLICATE", "DUPLICATE"]
+
+
+def test_database_only_mode(db_url: str, key_prefix: str, registry: CollectorRegistry) -> None:
+    rel = make_rel(db_url, None, key_prefix)
+    try:
+        handle, _ = counting(rel, registry)
+        m = uid("m")
+        assert [handle.decide(env(m)).reason for _ in range(3)] == [
+            Reason.PROCESSED,
+            Reason.DUPLICATE_CONFIRMED,
+            Reason.DUPLICATE_CONFIRMED,
+        ]
+        assert applied(rel, m) == 1
+    finally:
+        rel.close()
+
+
+# --- failures ----------------------------------------------------------------------------------------------
+def test_fail_then_succeed_applies_once(rel: Reliability, registry: CollectorRegistry) -> None:
+    failures = {"left": 2}
+
+    @idempotent_consumer(rel, group="g", registry=registry)
+    def handle(e: Envelope, session: Session) -> None:
+        apply(e, session)  # written, then rolled back when we raise
+        if failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("downstream said no")
+
+    m = uid("m")
+    add_stub(rel, m, "g")
+    d1 = handle.decide(env(m))
+    assert (d1.result, d1.reason, d1.attempts) == (ConsumeResult.RECONSUME_LATER, Reason.HANDLER_FAILED, 1)
+    assert applied(rel, m) == 0
+    assert stub_status(rel, m) is StubStatus.PENDING
+    # the lease was released by compare-and-delete: the redelivery runs at once instead of waiting it out
+    d2 = handle.decide(env(m, reconsume_times=1))
+    assert d2.reason is Reason.HANDLER_FAILED and d2.attempts == 2
+    d3 = handle.decide(env(m, reconsume_times=2))
+    assert d3.reason is Reason.PROCESSED
+    assert applied(rel, m) == 1
+    assert stub_status(rel, m) is StubStatus.CONFIRMED
+    assert [r[1] for r in log_rows(rel, m)] == ["RETRY", "RETRY", "SUCCESS"]
+
+
+def test_inbox_row_rolled_back_with_failed_handler(rel: Reliability, registry: CollectorRegistry) -> None:
+    @idempotent_consumer(rel, group="g", registry=registry)
+    def handle(e: Envelope, session: Session) -> None:
+        apply(e, session)
+        raise ValueError("nope")
+
+    m = uid("m")
+    assert handle(env(m)) is ConsumeResult.RECONSUME_LATER
+    assert stub_status(rel, m) is None  # the CONFIRMED inbox row did not survive the rollback
+    assert applied(rel, m) == 0
+
+
+@pytest.mark.parametrize("broker_counts", [True, False], ids=["reconsume_times", "journal"])
+def test_max_attempts_dead_letters(
+    rel: Reliability, registry: CollectorRegistry, broker_counts: bool
+) -> None:
+    """RocketMQ counts redeliveries for us; a broker that does not (RabbitMQ) is counted from the journal."""
+
+    @idempotent_consumer(rel, group="g", registry=registry)
+    def handle(e: Envelope, session: Session) -> None:
+        raise RuntimeError("always")
+
+    m = uid("m")
+    reasons = [
+        handle.decide(env(m, reconsume_times=n if broker_counts else 0)).reason for n in range(3)
+    ]  # max_attempts=3
+    assert reasons == [Reason.HANDLER_FAILED, Reason.HANDLER_FAILED, Reason.MAX_ATTEMPTS]
+    last = log_rows(rel, m)[-1]
+    assert last[1] == LogOutcome.DEAD_LETTER and last[2] is not None and last[2].startswith("max_attempts")
+
+
+def test_handler_that_rolls_back_the_session_is_a_failure(
+    rel: Reliability, registry: CollectorRegistry
+) -> None:
+    @idempotent_consumer(rel, group="g", registry=registry)
+    def handle(e: Envelope, session: Session) -> None:
+        apply(e, session)
+        session.rollback()
+
+    m = uid("m")
+    d = handle.decide(env(m))
+    assert d.reason is Reason.HANDLER_FAILED
+    assert applied(rel, m) == 0 and stub_status(rel, m) is None
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+def test_payload_mismatch_dead_letters_with_reason(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, calls = counting(rel, registry)
+    m = uid("m")
+    add_stub(rel, m, "g", body=b"original")
+    d = handle.decide(env(m, b"tampered"))
+    assert d.result is ConsumeResult.DEAD_LETTER and d.reason is Reason.PAYLOAD_MISMATCH
+    assert isinstance(d.error, PayloadMismatchError)
+    assert calls == [] and stub_status(rel, m) is StubStatus.PENDING
+    assert log_rows(rel, m)[-1][1] == "DEAD_LETTER"
+    assert "payload_mismatch" in str(log_rows(rel, m)[-1][2])
+    # the right body still goes through, once
+    assert handle.decide(env(m, b"original")).reason is Reason.PROCESSED
+    # after success the done marker carries a hash tag: a different body is not mistaken for a duplicate
+    assert handle.decide(env(m, b"tampered")).reason is Reason.PAYLOAD_MISMATCH
+    assert handle.decide(env(m, b"original")).reason is Reason.DUPLICATE_DONE_MARKER
+    assert applied(rel, m) == 1
+
+
+def test_missing_message_id_dead_letters_with_reason(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, calls = counting(rel, registry)
+    for missing in (None, ""):
+        d = handle.decide(env(missing))
+        assert d.result is ConsumeResult.DEAD_LETTER and d.reason is Reason.MISSING_MESSAGE_ID
+        assert isinstance(d.error, MissingMessageIdError)
+    rows = log_rows(rel, "")
+    assert len(rows) == 2 and all(r[1] == "DEAD_LETTER" and "missing_message_id" in str(r[2]) for r in rows)
+    assert calls == []
+
+
+def test_oversized_id_dead_letters(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, calls = counting(rel, registry)
+    d = handle.decide(env("x" * 65))
+    assert d.reason is Reason.BAD_MESSAGE and calls == []
+
+
+def test_voided_stub_is_skipped(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, calls = counting(rel, registry)
+    m = uid("m")
+    add_stub(rel, m, "g", status=StubStatus.VOIDED)
+    d = handle.decide(env(m))
+    assert (d.result, d.reason) == (ConsumeResult.SUCCESS, Reason.VOIDED)
+    assert calls == [] and stub_status(rel, m) is StubStatus.VOIDED
+
+
+def test_dead_stub_is_processed_and_confirmed(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, _ = counting(rel, registry)
+    m = uid("m")
+    add_stub(rel, m, "g", status=StubStatus.DEAD)
+    assert handle.decide(env(m)).reason is Reason.PROCESSED
+    assert stub_status(rel, m) is StubStatus.CONFIRMED
+
+
+def test_stub_of_another_group_dead_letters(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, calls = counting(rel, registry)
+    m = uid("m")
+    add_stub(rel, m, "other")
+    d = handle.decide(env(m))
+    assert d.reason is Reason.BAD_MESSAGE and "other" in str(d.detail) and calls == []
+
+
+# --- leases ------------------------------------------------------------------------------------------------
+def test_live_foreign_lease_means_reconsume_later(rel: Reliability, registry: CollectorRegistry) -> None:
+    """The seed answered SUCCESS here and lost the message when the lease holder died."""
+    handle, calls = counting(rel, registry)
+    m = uid("m")
+    add_stub(rel, m, "g")
+    assert rel.redis is not None
+    key = lease_key(rel.settings.key_prefix, "g", m)
+    rel.redis.set(key, "processing:someone-else", px=60_000)
+    d = handle.decide(env(m))
+    assert (d.result, d.reason) == (ConsumeResult.RECONSUME_LATER, Reason.LEASE_CONFLICT)
+    assert calls == [] and rel.redis.get(key) == b"processing:someone-else"  # not ours: not deleted
+    # the holder committed but had not yet written `done`: the stub says CONFIRMED, so it is a duplicate
+    with rel.engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE message_stub SET status = 'CONFIRMED' WHERE message_id = '{m}'")
+    assert handle.decide(env(m)).reason is Reason.DUPLICATE_CONFIRMED
+    assert calls == []
+
+
+# --- batches -----------------------------------------------------------------------------------------------
+def test_batch_mixed_outcomes(rel: Reliability, registry: CollectorRegistry) -> None:
+    bad = uid("bad")
+
+    @idempotent_consumer(rel, group="g", registry=registry)
+    def handle(e: Envelope, session: Session) -> None:
+        apply(e, session)
+        if e.message_id == bad and e.reconsume_times == 0:
+            raise RuntimeError("fails on the first delivery")
+
+    a, b, c = uid("a"), uid("b"), uid("c")
+    add_stub(rel, b, "g")
+    add_stub(rel, c, "g", body=b"right")
+    assert handle(env(a)) is ConsumeResult.SUCCESS  # already done before the batch
+    batch = [env(a), env(b), env(b), env(bad), env(None), env(c, b"wrong"), env(uid("n"))]
+    reasons = [d.reason for d in handle.decide_batch(batch)]
+    assert reasons == [
+        Reason.DUPLICATE_DONE_MARKER,
+        Reason.PROCESSED,
+        Reason.DUPLICATE_IN_BATCH,
+        Reason.HANDLER_FAILED,
+        Reason.MISSING_MESSAGE_ID,
+        Reason.PAYLOAD_MISMATCH,
+        Reason.PROCESSED,
+    ]
+    assert applied(rel, bad) == 0  # its savepoint was rolled back, the others' writes committed
+    assert applied(rel, b) == 1 and stub_status(rel, b) is StubStatus.CONFIRMED
+    assert handle.batch([env(bad, reconsume_times=1), env(b)]) == [ConsumeResult.SUCCESS] * 2
+    assert set(per_message(rel).values()) == {1}
+    assert len(log_rows(rel)) == 1 + len(batch) + 2
+
+
+def test_batch_twin_of_failed_message_is_retried(rel: Reliability, registry: CollectorRegistry) -> None:
+    @idempotent_consumer(rel, group="g", registry=registry)
+    def handle(e: Envelope, session: Session) -> None:
+        raise RuntimeError("x")
+
+    m = uid("m")
+    assert [d.reason for d in handle.decide_batch([env(m), env(m)])] == [
+        Reason.HANDLER_FAILED,
+        Reason.LEASE_CONFLICT,
+    ]
+
+
+# --- concurrency -------------------------------------------------------------------------------------------
+def test_threads_racing_on_the_same_ids_apply_once(rel: Reliability, registry: CollectorRegistry) -> None:
+    handle, _ = counting(rel, registry)
+    ids = [uid("t") for _ in range(6)]
+    for m in ids[:3]:
+        add_stub(rel, m, "g")
+    start = threading.Barrier(4, timeout=30)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            start.wait()
+            for m in ids[seed:] + ids[:seed]:
+                settled(handle, env(m))
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert per_message(rel) == dict.fromkeys(ids, 1)
+
+
+class _BarrierAfterJournal(GuardHooks):
+    """Holds every delivery after the fast path and the journal until all racers got there."""
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties, timeout=30)
+
+    def after_journal(self, envs: object, log_ids: object) -> None:
+        self.barrier.wait()
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["lock-first", "claim-first"])
+@pytest.mark.parametrize("with_stub", [True, False], ids=["stub", "inbox"])
+def test_race_without_redis_database_admits_one(
+    db_url: str, key_prefix: str, registry: CollectorRegistry, with_stub: bool, warm: bool
+) -> None:
+    """Redis disabled: both workers pass the (absent) fast path together; the row lock / key decides."""
+    rel = make_rel(db_url, None, key_prefix)
+    hook = _BarrierAfterJournal(2)
+    calls: list[int] = []
+
+    @idempotent_consumer(rel, group="g", registry=registry, hooks=[hook])
+    def handle(e: Envelope, session: Session) -> None:
+        calls.append(1)
+        apply(e, session)
+
+    m = uid("r")
+    if with_stub:
+        add_stub(rel, m, "g")
+    if warm:  # stub-less deliveries teach the guard to claim the inbox row before looking for a stub
+        hook.barrier = threading.Barrier(1)
+        for _ in range(3):
+            handle(env(uid("w")))
+        hook.barrier = threading.Barrier(2, timeout=30)
+    results: list[Reason] = []
+
+    def worker() -> None:
+        results.append(handle.decide(env(m)).reason)
+
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert hook.barrier.n_waiting == 0 and not hook.barrier.broken  # both really got past the fast path
+        assert sorted(results) == sorted([Reason.PROCESSED, Reason.DUPLICATE_CONFIRMED])
+        assert applied(rel, m) == 1 and calls.count(1) == (4 if warm else 1)
+    finally:
+        rel.close()
+
+
+def test_stub_after_inbox_deliveries_is_still_locked_and_confirmed(
+    rel: Reliability, registry: CollectorRegistry
+) -> None:
+    handle, _ = counting(rel, registry)
+    for _ in range(3):
+        assert handle.decide(env(uid("i"))).reason is Reason.PROCESSED
+    m, bad = uid("s"), uid("s")
+    add_stub(rel, m, "g")
+    add_stub(rel, bad, "g", body=b"one")
+    assert handle.decide(env(m)).reason is Reason.PROCESSED
+    assert stub_status(rel, m) is StubStatus.CONFIRMED
+    assert handle.decide(env(bad, b"two")).reason is Reason.PAYLOAD_MISMATCH
+    assert [d.reason for d in handle.decide_batch([env(uid("i")), env(m), env(uid("i"))])] == [
+        Reason.PROCESSED,
+        Reason.DUPLICATE_DONE_MARKER,
+        Reason.PROCESSED,
+    ]
+    assert set(per_message(rel).values()) == {1}
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable-journal", "lazy-journal"])
+def test_journal_commit_modes(db_url: str, redis_url: str, key_prefix: str, durable: bool) -> None:
+    rel = make_rel(db_url, redis_url, key_prefix)
+    try:
+        handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry(), durable_journal=durable)(
+            apply
+        )
+        m = uid("j")
+        assert [handle.decide(env(m)).reason for _ in range(2)] == [
+            Reason.PROCESSED,
+            Reason.DUPLICATE_DONE_MARKER,
+        ]
+        assert [r[1] for r in log_rows(rel, m)] == ["SUCCESS", "DUPLICATE"]
+        with rel.engine.connect() as conn:  # the lazy commit is local to the journal's own transaction
+            if conn.dialect.name == "postgresql":
+                assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+    finally:
+        rel.close()
+
+
+@pytest.mark.parametrize(
+    "bad_url",
+    ["postgresql+psycopg://postgres@127.0.0.1:1/none", "sqlite:////nonexistent-dir/reliable/x.db"],
+    ids=["postgres-down", "sqlite-unopenable"],
+)
+def test_database_down_means_reconsume_later_and_lease_released(
+    bad_url: str, redis_url: str, key_prefix: str
+) -> None:
+    rel = Reliability(bad_url, redis_url, key_prefix=key_prefix)
+    reg = CollectorRegistry()
+    handle, calls = counting(rel, reg)
+    m = uid("down")
+    try:
+        d = handle.decide(env(m))
+        assert (d.result, d.reason) == (ConsumeResult.RECONSUME_LATER, Reason.DATABASE_UNAVAILABLE)
+        assert calls == []
+        assert rel.redis is not None and rel.redis.get(lease_key(key_prefix, "g", m)) is None
+        assert (
+            reg.get_sample_value("reliable_database_errors_total", {"group": "g", "step": "connect"}) or 0
+        ) + (
+            reg.get_sample_value("reliable_database_errors_total", {"group": "g", "step": "journal"}) or 0
+        ) == 1
+    finally:
+        rel.close()

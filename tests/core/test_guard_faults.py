@@ -1,0 +1,217 @@
+"""The guard under faults: Redis flushed or down, worker processes racing or killed, random schedules."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from sqlalchemy.orm import Session
+
+from reliable import ConsumeResult, Envelope, Reason, Reliability, idempotent_consumer
+from reliable.stores.lease import lease_key
+from tests.core.guard_helpers import (
+    add_stub,
+    applied,
+    apply,
+    child_consume,
+    child_die_in_handler,
+    env,
+    log_rows,
+    make_rel,
+    per_message,
+    wait_until,
+)
+from tests.services import PrivateRedis
+
+
+def uid(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    v = registry.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+# --- Redis loses everything / goes away ------------------------------------------------------------------
+def test_flushall_mid_stream_still_exactly_once(
+    db_url: str, private_redis: PrivateRedis, key_prefix: str
+) -> None:
+    rel = make_rel(db_url, private_redis.url, key_prefix)
+    reg = CollectorRegistry()
+    handle = idempotent_consumer(rel, group="g", registry=reg)(apply)
+    ids = [uid("f") for _ in range(8)]
+    add_stub(rel, ids[0], "g")
+    try:
+        for n, m in enumerate(ids):
+            assert handle(env(m)) is ConsumeResult.SUCCESS
+            if n % 3 == 2:
+                assert rel.redis is not None
+                rel.redis.flushall()
+            for earlier in ids[: n + 1]:  # every earlier message is redelivered after each step
+                d = handle.decide(env(earlier))
+                assert d.result is ConsumeResult.SUCCESS and d.duplicate
+        assert per_message(rel) == dict.fromkeys(ids, 1)
+        assert _sample(reg, "reliable_duplicates_suppressed_total", group="g", source="database") > 0
+        assert _sample(reg, "reliable_duplicates_suppressed_total", group="g", source="redis") > 0
+    finally:
+        rel.close()
+
+
+def test_redis_down_falls_back_to_the_database(
+    db_url: str, private_redis: PrivateRedis, key_prefix: str
+) -> None:
+    rel = make_rel(db_url, private_redis.url, key_prefix, redis_socket_timeout_s=0.5)
+    reg = CollectorRegistry()
+    handle = idempotent_consumer(rel, group="g", registry=reg, redis_retry_after_s=0.0)(apply)
+    before, during, after = uid("b"), uid("d"), uid("a")
+    try:
+        assert handle.decide(env(before)).reason is Reason.PROCESSED
+        private_redis.stop()
+        assert handle.decide(env(before)).reason is Reason.DUPLICATE_CONFIRMED
+        assert handle.decide(env(during)).reason is Reason.PROCESSED
+        assert handle.decide(env(during)).reason is Reason.DUPLICATE_CONFIRMED
+        assert _sample(reg, "reliable_redis_fallbacks_total", operation="acquire") >= 3
+        private_redis.start()  # back, but empty: the database still knows
+        wait_until(lambda: handle.decide(env(after)).reason is Reason.PROCESSED)
+        for m in (before, during, after):
+            assert handle.decide(env(m)).duplicate
+        assert per_message(rel) == {before: 1, during: 1, after: 1}
+    finally:
+        rel.close()
+
+
+def test_circuit_stays_open_after_a_redis_failure(
+    db_url: str, private_redis: PrivateRedis, key_prefix: str
+) -> None:
+    rel = make_rel(db_url, private_redis.url, key_prefix)
+    reg = CollectorRegistry()
+    handle = idempotent_consumer(rel, group="g", registry=reg, redis_retry_after_s=3600)(apply)
+    try:
+        private_redis.stop()
+        assert handle(env(uid("x"))) is ConsumeResult.SUCCESS
+        private_redis.start()
+        m = uid("y")
+        assert handle(env(m)) is ConsumeResult.SUCCESS
+        assert rel.redis is not None
+        assert rel.redis.get(lease_key(rel.settings.key_prefix, "g", m)) is None  # Redis not consulted
+    finally:
+        rel.close()
+
+
+# --- processes --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_processes_racing_apply_once(db_url: str, redis_url: str, key_prefix: str) -> None:
+    rel = make_rel(db_url, redis_url, key_prefix)
+    ids = [uid("p") for _ in range(12)]
+    for m in ids[::2]:
+        add_stub(rel, m, "g")
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(3, timeout=60)
+    procs = [
+        ctx.Process(target=child_consume, args=(db_url, redis_url, key_prefix, ids[n:] + ids[:n], barrier))
+        for n in (0, 4, 8)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    try:
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        assert per_message(rel) == dict.fromkeys(ids, 1)
+        assert len(log_rows(rel)) >= 3 * len(ids)
+    finally:
+        rel.close()
+
+
+@pytest.mark.slow
+def test_killed_worker_leaves_nothing_and_lease_expiry_lets_the_message_through(
+    db_url: str, redis_url: str, key_prefix: str
+) -> None:
+    lease_ms = 1500
+    rel = make_rel(db_url, redis_url, key_prefix, lease_ms=lease_ms)
+    m = uid("k")
+    add_stub(rel, m, "g")
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=child_die_in_handler, args=(db_url, redis_url, key_prefix, m, lease_ms))
+    p.start()
+    p.join(120)
+    handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(apply)
+    try:
+        assert p.exitcode == 3
+        assert applied(rel, m) == 0
+        assert log_rows(rel, m) == [(m, None, None)]  # journaled on receipt, outcome never written
+        first = handle.decide(env(m))
+        # the dead worker's lease is still live right after its death (unless the machine was very slow)
+        assert first.reason in (Reason.LEASE_CONFLICT, Reason.PROCESSED)
+        results = [first]
+        wait_until(
+            lambda: results.append(handle.decide(env(m))) or results[-1].result is ConsumeResult.SUCCESS
+        )
+        assert applied(rel, m) == 1
+        assert [d.reason for d in results].count(Reason.PROCESSED) == 1
+    finally:
+        rel.close()
+
+
+# --- random schedules -------------------------------------------------------------------------------------
+_op = st.one_of(
+    st.tuples(st.just("deliver"), st.integers(0, 3), st.booleans()),
+    st.tuples(st.just("batch"), st.lists(st.integers(0, 3), min_size=1, max_size=4), st.booleans()),
+    st.tuples(st.just("flush"), st.just(0), st.just(False)),
+)
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schedule=st.lists(_op, min_size=1, max_size=10), stubbed=st.sets(st.integers(0, 3)))
+def test_random_schedules_keep_the_ledger_invariant(
+    db_url: str,
+    private_redis: PrivateRedis,
+    key_prefix: str,
+    schedule: list[tuple[str, object, bool]],
+    stubbed: set[int],
+) -> None:
+    """Deliveries, failing deliveries, batches, Redis flushes in any order: acked ⇔ applied exactly once."""
+    rel = Reliability(db_url, private_redis.url, key_prefix=key_prefix)
+    run = uuid.uuid4().hex[:6]
+    ids = [f"h{run}-{n}" for n in range(4)]
+    failing: set[str] = set()
+
+    def handler(e: Envelope, session: Session) -> None:
+        apply(e, session)
+        if e.message_id in failing:
+            raise RuntimeError("injected")
+
+    handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(handler)
+    for n in stubbed:
+        add_stub(rel, ids[n], "g")
+    acked: set[str] = set()
+    try:
+        for kind, arg, fail in schedule:
+            if kind == "flush":
+                assert rel.redis is not None
+                rel.redis.flushall()
+                continue
+            picks = [ids[arg]] if isinstance(arg, int) else [ids[i] for i in arg]  # type: ignore[union-attr]
+            failing.clear()
+            if fail:
+                failing.add(picks[0])
+            decisions = handle.decide_batch([env(m) for m in picks])
+            for m, d in zip(picks, decisions, strict=True):
+                if d.result is ConsumeResult.SUCCESS:
+                    assert d.duplicate == (m in acked) or d.reason is Reason.DUPLICATE_IN_BATCH
+                    acked.add(m)
+                else:
+                    assert m in failing or d.reason is Reason.LEASE_CONFLICT
+            counts = {k: v for k, v in per_message(rel).items() if k in ids}
+            assert counts == dict.fromkeys(acked, 1)
+    finally:
+        rel.close()

@@ -1,0 +1,376 @@
+"""The stub-first producer against real SQLite, PostgreSQL and MariaDB.
+
+The sender here is an in-process implementation of the ``Sender`` protocol that records what it was given
+(the broker side is exercised for real in tests/adapters); everything that touches a database is real.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Column, Integer, MetaData, String, Table, delete, select, update
+from sqlalchemy.orm import Session
+
+from reliable import Reliability, StubProducer, StubStatus
+from reliable.errors import (
+    DuplicateMessageIdError,
+    InvalidMessageError,
+    InvalidStubStateError,
+    ReliableError,
+    StubNotFoundError,
+)
+from reliable.models import MessageStub
+from reliable.producer import SendOutcome, StagedMessage, payload_hash, validate_message
+from reliable.sender import OutgoingMessage, SendReceipt
+from tests.conftest import _ensure_clean_schema
+
+T0 = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
+DELAY_S = 30.0
+
+business = MetaData()
+orders = Table(
+    "producer_test_order", business, Column("id", Integer, primary_key=True), Column("item", String(40))
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> dt.datetime:
+        return self.now
+
+
+class RecordingSender:
+    """Accepts every message and hands out increasing offsets on queue 3 (or fails while ``broken``)."""
+
+    def __init__(self) -> None:
+        self.sent: list[OutgoingMessage] = []
+        self.broken = False
+        self._offsets = itertools.count(100)
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        if self.broken:
+            raise ConnectionError("broker unreachable")
+        self.sent.append(message)
+        return SendReceipt(
+            queue_id=3, queue_offset=next(self._offsets), broker_message_id=f"b-{len(self.sent)}"
+        )
+
+
+@pytest.fixture
+def rel(db_url: str) -> Iterator[Reliability]:
+    r = Reliability(db_url, first_resend_delay_s=DELAY_S)
+    business.create_all(r.engine)
+    with r.engine.begin() as conn:
+        conn.execute(delete(orders))
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def sender() -> RecordingSender:
+    return RecordingSender()
+
+
+@pytest.fixture
+def producer(rel: Reliability, sender: RecordingSender, clock: Clock) -> StubProducer:
+    return StubProducer(rel, sender, default_group="billing", clock=clock)
+
+
+def stub(rel: Reliability, message_id: str) -> MessageStub | None:
+    with rel.session() as s:
+        return s.get(MessageStub, message_id)
+
+
+def test_stage_commits_with_business_write_and_sends_after_commit(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender, clock: Clock
+) -> None:
+    with rel.session() as s:
+        s.execute(orders.insert().values(id=1, item="book"))
+        staged = producer.stage(s, "order-1", "orders", b'{"id": 1}', tags="created")
+        assert sender.sent == []  # nothing leaves before the commit
+        clock.now = T0 + dt.timedelta(seconds=5)
+    assert [m.message_id for m in sender.sent] == ["order-1"]
+    out = sender.sent[0]
+    assert (out.topic, out.body, out.consumer_group, out.tags, out.send_count) == (
+        "orders",
+        b'{"id": 1}',
+        "billing",
+        "created",
+        0,
+    )
+    row = stub(rel, "order-1")
+    assert row is not None
+    assert row.status is StubStatus.PENDING
+    assert row.payload_hash == payload_hash(b'{"id": 1}') == staged.payload_hash
+    assert (row.send_count, row.queue_id, row.queue_offset, row.last_error) == (1, 3, 100, None)
+    assert row.created_at == T0
+    assert row.last_sent_at == T0 + dt.timedelta(seconds=5)
+    assert row.resend_at == T0 + dt.timedelta(seconds=5 + DELAY_S)
+
+
+def test_rolled_back_transaction_sends_nothing(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    with pytest.raises(RuntimeError), rel.session() as s:
+        s.execute(orders.insert().values(id=2, item="pen"))
+        producer.stage(s, "order-2", "orders", b"x")
+        raise RuntimeError("business rule failed")
+    assert sender.sent == []
+    assert stub(rel, "order-2") is None
+    with rel.session() as s:
+        assert s.execute(select(orders)).all() == []
+
+
+def test_session_reused_after_rollback_does_not_send_the_rolled_back_stub(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    with Session(rel.engine) as s:
+        s.begin()
+        producer.stage(s, "gone", "orders", b"1")
+        s.rollback()
+        s.begin()
+        producer.stage(s, "kept", "orders", b"2")
+        s.commit()
+    assert [m.message_id for m in sender.sent] == ["kept"]
+
+
+def test_savepoint_rollback_drops_only_what_it_staged(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    with rel.session() as s:
+        producer.stage(s, "outer", "orders", b"1")
+        with pytest.raises(RuntimeError), s.begin_nested():
+            producer.stage(s, "inner", "orders", b"2")
+            raise RuntimeError("inner step failed")
+    assert [m.message_id for m in sender.sent] == ["outer"]
+    assert stub(rel, "inner") is None
+
+
+def test_two_producers_in_one_session_use_their_own_senders(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender, clock: Clock
+) -> None:
+    other_sender = RecordingSender()
+    other = StubProducer(rel, other_sender, default_group="audit", clock=clock)
+    with rel.session() as s:
+        producer.stage(s, "a-1", "orders", b"1")
+        other.stage(s, "b-1", "audit", b"2")
+    assert [m.message_id for m in sender.sent] == ["a-1"]
+    assert [m.message_id for m in other_sender.sent] == ["b-1"]
+
+
+def test_failed_send_leaves_stub_pending_for_the_sweeper(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender, clock: Clock
+) -> None:
+    sender.broken = True
+    with rel.session() as s:
+        producer.stage(s, "order-3", "orders", b"x")
+    row = stub(rel, "order-3")
+    assert row is not None
+    assert row.status is StubStatus.PENDING
+    assert row.queue_offset is None and row.queue_id is None
+    assert row.send_count == 1  # attempted: a lost ACK may still have delivered it
+    assert row.last_error == "ConnectionError: broker unreachable"
+    assert row.resend_at == T0  # due at the sweeper's next pass
+
+    sender.broken = False
+    clock.now = T0 + dt.timedelta(seconds=1)
+    [result] = producer.send_staged(_restage(row))
+    assert result.outcome is SendOutcome.SENT
+    assert sender.sent[0].send_count == 1  # the second hand-over says so
+    row = stub(rel, "order-3")
+    assert row is not None
+    assert (row.send_count, row.queue_offset, row.last_error) == (2, 100, None)
+
+
+def _restage(row: MessageStub) -> StagedMessage:
+    assert row.payload_hash is not None
+    return StagedMessage(
+        row.message_id, row.topic, row.content, row.consumer_group, row.tags, row.payload_hash
+    )
+
+
+def test_crash_between_commit_and_send_leaves_a_row_the_sweeper_selects(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    with rel.session() as s:
+        producer.stage(s, "order-4", "orders", b"x", send_on_commit=False)
+    assert sender.sent == []
+    with rel.session() as s:
+        due = s.scalars(
+            select(MessageStub.message_id).where(
+                MessageStub.status == StubStatus.PENDING,
+                MessageStub.resend_at <= T0 + dt.timedelta(seconds=DELAY_S),
+                MessageStub.queue_offset.is_(None),
+            )
+        ).all()
+    assert due == ["order-4"]
+
+
+def test_transaction_context_manager_sends_after_commit_and_not_after_error(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    with producer.transaction() as tx:
+        tx.session.execute(orders.insert().values(id=5, item="cup"))
+        tx.stage("order-5", "orders", b"a")
+        tx.stage("order-6", "orders", b"b", group="audit")
+        assert sender.sent == []
+    assert [r.outcome for r in tx.results] == [SendOutcome.SENT, SendOutcome.SENT]
+    assert [(m.message_id, m.consumer_group) for m in sender.sent] == [
+        ("order-5", "billing"),
+        ("order-6", "audit"),
+    ]
+
+    with pytest.raises(KeyError), producer.transaction() as tx2:
+        tx2.stage("order-7", "orders", b"c")
+        raise KeyError("boom")
+    assert tx2.results == []
+    assert len(sender.sent) == 2
+    assert stub(rel, "order-7") is None
+
+
+def test_publish_is_stub_plus_send(rel: Reliability, producer: StubProducer, sender: RecordingSender) -> None:
+    result = producer.publish("p-1", "orders", b"hello", tags="t")
+    assert result.outcome is SendOutcome.SENT
+    assert result.receipt == SendReceipt(3, 100, "b-1")
+    row = stub(rel, "p-1")
+    assert row is not None and row.send_count == 1 and row.tags == "t"
+
+
+def test_duplicate_message_id_is_a_typed_error(producer: StubProducer, sender: RecordingSender) -> None:
+    producer.publish("dup", "orders", b"1")
+    with pytest.raises(DuplicateMessageIdError):
+        producer.publish("dup", "orders", b"1")
+    assert len(sender.sent) == 1
+
+
+@pytest.mark.parametrize(
+    ("message_id", "topic", "group", "tags"),
+    [
+        ("", "orders", "g", None),
+        ("   ", "orders", "g", None),
+        ("x" * 65, "orders", "g", None),
+        ("ok", "", "g", None),
+        ("ok", "has space", "g", None),
+        ("ok", "dots.not.allowed", "g", None),
+        ("ok", "t" * 128, "g", None),
+        ("ok", "orders", "", None),
+        ("ok", "orders", "g/x", None),
+        ("ok", "orders", "g", "a||b"),
+        ("ok", "orders", "g", "t" * 256),
+    ],
+)
+def test_invalid_input_raises_before_anything_is_written(
+    sqlite_url: str, message_id: str, topic: str, group: str, tags: str | None
+) -> None:
+    """Validation is backend-independent, so this table of cases runs on SQLite only."""
+    _ensure_clean_schema(sqlite_url)
+    with Reliability(sqlite_url) as rel:
+        producer = StubProducer(rel, RecordingSender())
+        with pytest.raises(InvalidMessageError), rel.session() as s:
+            producer.stage(s, message_id, topic, b"x", group=group, tags=tags)
+        with rel.session() as s:
+            assert s.scalar(select(MessageStub.message_id)) is None
+
+
+def test_body_must_be_bytes_and_group_must_be_known(rel: Reliability, sender: RecordingSender) -> None:
+    no_default = StubProducer(rel, sender)
+    with rel.session() as s:
+        with pytest.raises(InvalidMessageError, match="consumer group"):
+            no_default.stage(s, "a", "orders", b"x")
+        with pytest.raises(InvalidMessageError, match="bytes"):
+            no_default.stage(s, "a", "orders", "text", group="g")  # type: ignore[arg-type]
+    assert issubclass(InvalidMessageError, ReliableError)
+
+
+def test_void_pending_and_refuse_confirmed(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    with rel.session() as s:
+        staged = producer.stage(s, "v-1", "orders", b"x", send_on_commit=False)
+    producer.void("v-1")
+    producer.void("v-1")  # voiding twice is a no-op, not an error
+    row = stub(rel, "v-1")
+    assert row is not None and row.status is StubStatus.VOIDED and row.resend_at is None
+    [result] = producer.send_staged(staged)
+    assert result.outcome is SendOutcome.SKIPPED
+    assert sender.sent == []
+
+    producer.publish("v-2", "orders", b"y")
+    with rel.session() as s:
+        s.execute(
+            update(MessageStub).where(MessageStub.message_id == "v-2").values(status=StubStatus.CONFIRMED)
+        )
+    with pytest.raises(InvalidStubStateError):
+        producer.void("v-2")
+    with pytest.raises(StubNotFoundError):
+        producer.void("never-staged")
+
+
+def test_send_result_is_recorded_even_if_the_consumer_confirmed_first(rel: Reliability, clock: Clock) -> None:
+    class ConfirmingSender:
+        """A broker and consumer so fast the stub is CONFIRMED before the producer records the receipt."""
+
+        def send(self, message: OutgoingMessage) -> SendReceipt:
+            with rel.session() as s:
+                s.execute(
+                    update(MessageStub)
+                    .where(MessageStub.message_id == message.message_id)
+                    .values(status=StubStatus.CONFIRMED, confirmed_at=clock())
+                )
+            return SendReceipt(0, 7)
+
+    fast = StubProducer(rel, ConfirmingSender(), default_group="g", clock=clock)
+    assert fast.publish("fast-1", "orders", b"x").outcome is SendOutcome.SENT
+    row = stub(rel, "fast-1")
+    assert row is not None
+    assert (row.status, row.send_count, row.queue_offset) == (StubStatus.CONFIRMED, 1, 7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    message_id=st.text(min_size=0, max_size=80),
+    topic=st.text(alphabet=st.sampled_from("ab_-%|.Z9 "), min_size=0, max_size=130),
+)
+def test_validation_accepts_exactly_the_documented_language(message_id: str, topic: str) -> None:
+    ok_id = bool(message_id.strip()) and len(message_id) <= 64
+    ok_topic = 0 < len(topic) <= 127 and all(c.isascii() and (c.isalnum() or c in "_-%|") for c in topic)
+    try:
+        validate_message(message_id, topic, "group", None)
+    except InvalidMessageError:
+        assert not (ok_id and ok_topic)
+    else:
+        assert ok_id and ok_topic
+
+
+def test_after_commit_failure_never_reaches_the_caller_and_is_counted(
+    sqlite_url: str, tmp_path: Path, sender: RecordingSender
+) -> None:
+    """The producer's own database access fails after the caller committed: logged, counted, left to sweep."""
+    from prometheus_client import REGISTRY
+
+    def hook_errors() -> float:
+        return REGISTRY.get_sample_value("reliable_producer_hook_errors_total") or 0.0
+
+    _ensure_clean_schema(sqlite_url)
+    with Reliability(sqlite_url) as rel, Reliability(f"sqlite:///{tmp_path / 'no-schema.db'}") as broken:
+        producer = StubProducer(broken, sender, default_group="g")
+        before = hook_errors()
+        with rel.session() as s:
+            producer.stage(s, "h-1", "orders", b"x")  # staged through the caller's (working) session
+        assert hook_errors() == before + 1
+        assert sender.sent == []
+        row = stub(rel, "h-1")
+        assert row is not None and row.status is StubStatus.PENDING and row.queue_offset is None

@@ -1,0 +1,152 @@
+"""The parts without Spark: options, thresholds, the summary's shape, the export, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reliable.reconcile.config import ReconcileConfig, Thresholds
+from reliable.reconcile.errors import OptionError, ReconcileError
+from reliable.reconcile.summary import Collected, build_summary, evaluate_thresholds
+from tests.reconcile import dataset as D
+from tests.reconcile.conftest import write_database
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reconcile_errors_derive_from_the_package_root() -> None:
+    from reliable.errors import ReliableError
+
+    assert issubclass(ReconcileError, ReliableError) and issubclass(OptionError, ReconcileError)
+
+
+def test_importing_reliable_does_not_import_pyspark() -> None:
+    code = "import sys, reliable, reliable.reconcile, reliable.cli; print('pyspark' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
+def test_config_rejects_naive_times_and_inverted_windows() -> None:
+    with pytest.raises(OptionError, match="timezone-aware"):
+        ReconcileConfig(as_of=dt.datetime(2026, 1, 1))  # noqa: DTZ001 - the point of the test
+    with pytest.raises(OptionError, match="before until"):
+        ReconcileConfig(since=D.AS_OF, until=D.AS_OF)
+    with pytest.raises(OptionError, match="max-lost"):
+        Thresholds(max_lost=-1)
+
+
+def test_duration_and_timestamp_options() -> None:
+    from reliable.cli.reconcile import duration, timestamp
+
+    assert [duration(x) for x in ("90", "90s", "15m", "2h", "1d", "250ms")] == [90, 90, 900, 7200, 86400, 0.25]
+    assert timestamp("2026-11-20T12:00:00Z") == D.AS_OF
+    assert timestamp("2026-11-20 12:00") == D.AS_OF, "no offset means UTC"
+    assert timestamp("2026-11-20T14:00:00+02:00") == D.AS_OF
+    for bad in ("soon", "-5m", "5 minutes"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration(bad)
+    with pytest.raises(argparse.ArgumentTypeError):
+        timestamp("yesterday")
+
+
+@given(
+    counts=st.dictionaries(st.sampled_from(["max_lost", "max_stuck", "max_dead"]), st.integers(0, 50)),
+    limits=st.dictionaries(st.sampled_from(["max_lost", "max_stuck", "max_dead"]), st.integers(0, 50)),
+)
+def test_a_threshold_is_breached_exactly_when_the_count_exceeds_it(
+    counts: dict[str, int], limits: dict[str, int]
+) -> None:
+    breaches = evaluate_thresholds(counts, Thresholds(**limits))
+    expected = {k for k, lim in limits.items() if counts.get(k, 0) > lim}
+    assert {b["threshold"] for b in breaches} == expected
+    assert all(b["value"] > b["limit"] for b in breaches)
+
+
+def test_summary_of_nothing_has_every_key_and_zero_counts() -> None:
+    s = build_summary(Collected(), ReconcileConfig(as_of=D.AS_OF), Thresholds(max_lost=0), source="x")
+    assert s["schema_version"] == 1 and s["ok"] is True and s["as_of"] == "2026-11-20T12:00:00Z"
+    assert set(s) >= {"totals", "queues", "duplicates_by_cause", "latency_ms", "latency_histogram",
+                      "resend_histogram", "attention", "thresholds", "breaches", "window", "settings"}  # fmt: skip
+    assert all(v == 0 for v in s["totals"].values())
+    assert s["duplicates_by_cause"] == {"redelivery": 0, "retry": 0, "producer_double_send": 0}
+
+
+def test_lag_is_offsets_beyond_the_watermark() -> None:
+    rows = [
+        {"consumer_group": "g", "topic": "t", "queue_id": 0, "stubs": 3, "max_stub_offset": 9},
+        {"consumer_group": "g", "topic": "t", "queue_id": 1, "stubs": 3, "max_stub_offset": 4},
+        {"consumer_group": "g", "topic": "t", "queue_id": 2, "stubs": 1, "max_stub_offset": 0},
+    ]
+    progress = [
+        {"consumer_group": "g", "topic": "t", "queue_id": 0, "max_offset": 6},
+        {"consumer_group": "g", "topic": "t", "queue_id": 1, "max_offset": 7},
+    ]
+    s = build_summary(Collected(queue_stats=rows, progress=progress), ReconcileConfig(), Thresholds(), source="x")
+    # queue 2 has no consumer position at all: its one offset (0) is lag
+    assert [q["lag"] for q in s["queues"]] == [3, 0, 1]
+
+
+def test_export_streams_tables_in_chunks(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from reliable.facade import make_engine
+    from reliable.reconcile.export import export_tables
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    ds = D.build()
+    write_database(ds, url)
+    engine = make_engine(url)
+    try:
+        result = export_tables(engine, tmp_path / "out", chunk_rows=7)
+    finally:
+        engine.dispose()
+    assert result.rows == {"message_stub": 37, "message_log": len(ds.logs), "consume_progress": len(ds.progress)}
+    stub = pq.ParquetFile(tmp_path / "out" / "message_stub.parquet")
+    assert stub.metadata.num_row_groups == 6, "37 rows in chunks of 7"
+    assert "content" not in stub.schema_arrow.names
+    rows = {r["message_id"]: r for r in stub.read().to_pylist()}
+    assert rows["LOST-1"]["status"] == "PENDING" and rows["LOST-1"]["created_at"] == D.ago(60)
+    assert rows["UNSENT-1"]["queue_offset"] is None
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reliable.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--parquet", "/nonexistent", "--out", "/tmp/x"], "Parquet input incomplete"),
+        (
+            ["--parquet", ".", "--out", "/tmp/x", "--since", "2026-01-02", "--until", "2026-01-01"],
+            "must be before until",
+        ),
+        (["--db", "oracle://u@h/db", "--out", "/tmp/x"], "unsupported database"),
+        (["--db", "sqlite:////nonexistent/x.db", "--out", "/tmp/x"], "no such SQLite database"),
+    ],
+)
+def test_cli_bad_input_is_one_line_before_spark_starts(args: list[str], message: str) -> None:
+    res = _cli("reconcile", *args)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("reliable: error:"), res.stderr
+
+
+def test_export_cli_writes_the_three_files(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    write_database(D.build(), url)
+    res = _cli("export", "--to", str(tmp_path / "pq"), "--db", url, "-q")
+    assert res.returncode == 0, res.stderr
+    assert "message_stub 37" in res.stdout
+    assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
+        "consume_progress.parquet", "message_log.parquet", "message_stub.parquet",
+    ]  # fmt: skip

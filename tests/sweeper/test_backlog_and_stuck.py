@@ -1,0 +1,175 @@
+"""Backlog estimate (queued messages are not re-sent) and stuck recovery against a real Redis."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_lib
+
+from reliable import Reliability
+from reliable import constants as C
+from reliable.sweeper import BacklogEstimator, FixedBackoff, Sweeper
+from reliable.sweeper.backoff import QueueProgress
+from reliable.sweeper.leases import LeaseState, lease_key, read_leases
+from reliable.types import StubStatus
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, get_stub, set_progress
+
+BACKOFF = FixedBackoff((10.0,))
+
+
+class StaticBacklog:
+    """A BacklogSource as a broker adapter would provide it: the queue's next offset."""
+
+    def __init__(self, next_offsets: dict[tuple[str, int], int]) -> None:
+        self.next_offsets = next_offsets
+        self.calls: list[tuple[str, int]] = []
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None:
+        self.calls.append((topic, queue_id))
+        return self.next_offsets.get((topic, queue_id))
+
+
+# --- the estimator on its own ----------------------------------------------------------------------------
+def progress(max_offset: int, min_offset: int, seconds: float) -> QueueProgress:
+    return QueueProgress(
+        max_offset, min_offset, T0 - dt.timedelta(seconds=seconds), T0, max_offset - min_offset
+    )
+
+
+def test_estimate_is_lag_over_observed_rate() -> None:
+    est = BacklogEstimator()
+    # the group advanced 1000 offsets in 100 s (10/s) and is at 1000; our copy landed at 1500
+    assert est.estimate(progress(1000, 0, 100), "t", 0, 1500) == dt.timedelta(seconds=50)
+
+
+def test_estimate_prefers_the_broker_max_offset_when_a_source_answers() -> None:
+    source = StaticBacklog({("t", 0): 2001})
+    est = BacklogEstimator(source)
+    assert est.estimate(progress(1000, 0, 100), "t", 0, 1500) == dt.timedelta(seconds=100)
+    assert est.estimate(progress(1000, 0, 100), "t", 1, 1500) == dt.timedelta(seconds=50)  # None: fallback
+
+
+def test_estimate_is_zero_without_rate_and_capped() -> None:
+    est = BacklogEstimator(cap_s=30)
+    assert est.estimate(None, "t", 0, 1500) == dt.timedelta(0)
+    assert est.estimate(progress(5, 5, 100), "t", 0, 1500) == dt.timedelta(0)  # no movement: no rate
+    assert est.estimate(progress(1000, 0, 0), "t", 0, 1500) == dt.timedelta(0)
+    assert est.estimate(progress(1000, 0, 100), "t", 0, 900) == dt.timedelta(0)  # already passed
+    assert est.estimate(progress(1000, 0, 100), "t", 0, 10**9) == dt.timedelta(seconds=30)
+
+
+# --- in a round -------------------------------------------------------------------------------------------
+def test_resend_at_includes_backlog_and_queued_copy_is_not_resent(rel: Reliability, clock: Clock) -> None:
+    sender = QueueSender(queues=1, start=2000)  # the resend lands at offset 2000 of queue 0
+    add_stub(rel, "lost", queue_offset=900)
+    # consumer at 1000, advancing 10 offsets/s: 1000 messages ahead of the copy → 100 s of backlog
+    set_progress(rel, 1000, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=T0)
+    sweeper = Sweeper(rel, sender, backoff=BACKOFF, clock=clock)
+    assert sweeper.run_once().resent == 1
+    row = get_stub(rel, "lost")
+    assert (row.queue_id, row.queue_offset) == (0, 2000)
+    assert row.resend_at == T0 + dt.timedelta(seconds=10 + 100)
+    # backoff alone has passed, the backlog has not: nothing is re-sent
+    clock.advance(50)
+    assert sweeper.run_once().resent == 0
+    # even past resend_at, a copy above the watermark is waiting in the queue, not lost
+    clock.advance(200)
+    set_progress(rel, 1999, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=clock.now)
+    assert sweeper.run_once().resent == 0
+    assert sender.ids() == ["lost"]
+    # the consumer passed it without a log row: now it is lost again
+    set_progress(rel, 2001, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=clock.now)
+    assert sweeper.run_once().resent == 1
+
+
+def test_backlog_source_is_consulted(rel: Reliability, sender: QueueSender, clock: Clock) -> None:
+    source = StaticBacklog({("orders", 0): 5001})
+    sender = QueueSender(queues=1, start=1500)
+    add_stub(rel, "lost")
+    set_progress(rel, 1000, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=T0)
+    Sweeper(rel, sender, backoff=BACKOFF, backlog_source=source, clock=clock).run_once()
+    assert source.calls == [("orders", 0)]
+    assert get_stub(rel, "lost").resend_at == T0 + dt.timedelta(seconds=10 + 400)
+
+
+# --- stuck recovery with the Redis lease ------------------------------------------------------------------
+@pytest.fixture
+def redis_rel(db_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
+    r = Reliability(db_url, redis_url=redis_url, key_prefix=key_prefix, max_sends=3, stuck_after_s=600)
+    clean(r.engine)
+    yield r
+    assert r.redis is not None
+    for key in r.redis.scan_iter(f"{key_prefix}:*"):
+        r.redis.delete(key)
+    r.close()
+
+
+def stuck_stub(rel: Reliability, name: str) -> None:
+    add_stub(rel, name, queue_offset=4)
+    set_progress(rel, 4)
+    add_log(rel, name, T0 - dt.timedelta(hours=1), queue_offset=4)
+
+
+def test_stuck_with_live_lease_is_left_alone_then_recovered_when_it_expires(
+    redis_rel: Reliability, sender: QueueSender, clock: Clock, key_prefix: str
+) -> None:
+    stuck_stub(redis_rel, "held")
+    assert redis_rel.redis is not None
+    key = lease_key(key_prefix, "billing", "held")
+    redis_rel.redis.set(key, C.LEASE_PROCESSING_PREFIX + "worker-7", px=45_000)
+    sweeper = Sweeper(redis_rel, sender, backoff=BACKOFF, clock=clock)
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.lease_held) == (0, 1)
+    row = get_stub(redis_rel, "held")
+    # postponed by the lease's time left, so it does not take batch slots every round
+    assert T0 + dt.timedelta(seconds=40) < row.resend_at <= T0 + dt.timedelta(seconds=45)
+    redis_rel.redis.delete(key)  # the worker died; its lease expired
+    clock.advance(45)
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.stuck_recovered) == (1, 1)
+    assert sender.ids() == ["held"]
+
+
+def test_stuck_without_lease_or_with_done_marker_is_resent(
+    redis_rel: Reliability, sender: QueueSender, clock: Clock, key_prefix: str
+) -> None:
+    stuck_stub(redis_rel, "free")
+    stuck_stub(redis_rel, "done")
+    assert redis_rel.redis is not None
+    redis_rel.redis.set(lease_key(key_prefix, "billing", "done"), C.LEASE_DONE_VALUE, ex=600)
+    summary = Sweeper(redis_rel, sender, backoff=BACKOFF, clock=clock).run_once()
+    assert (summary.resent, summary.stuck_recovered, summary.lease_held) == (2, 2, 0)
+
+
+def test_stuck_at_budget_with_live_lease_is_not_given_up(
+    redis_rel: Reliability, sender: QueueSender, clock: Clock, key_prefix: str
+) -> None:
+    add_stub(redis_rel, "busy", send_count=3)
+    add_log(redis_rel, "busy", T0 - dt.timedelta(hours=1))
+    assert redis_rel.redis is not None
+    redis_rel.redis.set(lease_key(key_prefix, "billing", "busy"), "processing:w1", px=30_000)
+    summary = Sweeper(redis_rel, sender, backoff=BACKOFF, clock=clock).run_once()
+    assert (summary.dead, summary.lease_held) == (0, 1)
+    assert get_stub(redis_rel, "busy").status is StubStatus.PENDING
+
+
+def test_unreachable_redis_postpones_stuck_stubs(
+    rel: Reliability, sender: QueueSender, clock: Clock, private_redis: object
+) -> None:
+    from tests.services import PrivateRedis
+
+    assert isinstance(private_redis, PrivateRedis)
+    client = redis_lib.Redis.from_url(private_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    private_redis.stop()
+    views = read_leases(client, "p", [("g", "m")], dt.timedelta(seconds=1))
+    assert [v.state for v in views] == [LeaseState.UNKNOWN]
+    rel.redis = client
+    stuck_stub(rel, "unknown")
+    add_stub(rel, "never-logged")
+    summary = Sweeper(rel, sender, backoff=BACKOFF, clock=clock).run_once()
+    assert (summary.resent, summary.lease_unknown) == (1, 1)
+    assert sender.ids() == ["never-logged"]
+    assert get_stub(rel, "unknown").resend_at == T0 + dt.timedelta(milliseconds=rel.settings.lease_ms)
+    rel.redis = None

@@ -1,0 +1,174 @@
+"""``reliable sweep``, ``reliable stubs`` and ``jobs/resend.py``: in-process and as a scheduled subprocess."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from reliable import Reliability
+from reliable.cli import main
+from reliable.models import utcnow
+from reliable.sweeper import metrics
+from reliable.types import StubStatus
+from tests.services import free_port
+from tests.sweeper.helpers import add_stub, clean, get_stub
+from tests.sweeper.senders import MEMORY
+
+ROOT = Path(__file__).resolve().parents[2]
+#: these tests run the real command with the real clock
+PAST = utcnow() - dt.timedelta(minutes=1)
+
+
+@pytest.fixture
+def sqlite_rel(sqlite_url: str) -> Reliability:
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
+    r = Reliability(sqlite_url, redis_url="")
+    clean(r.engine)
+    return r
+
+
+def test_sweep_once_resends_and_prints_the_summary(
+    sqlite_rel: Reliability, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_stub(sqlite_rel, "cli-lost", resend_at=None)
+    add_stub(sqlite_rel, "cli-due", resend_at=PAST)
+    before = len(MEMORY.sent)
+    argv = ["sweep", "--once", "--db", sqlite_url, "--sender", "tests.sweeper.senders:memory_sender"]
+    assert main([*argv, "--backoff", "exp:base=1m,factor=2,cap=1h,jitter=0.1,seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sweep round: selected=1 resent=1 ")
+    assert [m.message_id for m in MEMORY.sent[before:]] == ["cli-due"]
+    assert get_stub(sqlite_rel, "cli-due").send_count == 2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--sender", "nope.module:make"], "cannot import sender module"),
+        (["--sender", "tests.sweeper.senders"], "must look like"),
+        (["--sender", "tests.sweeper.senders:not_a_sender"], "has no send(message)"),
+        (["--sender", "tests.sweeper.senders:memory_sender", "--backoff", "fixed:1s,zz"], "not a duration"),
+        (["--sender", "tests.sweeper.senders:memory_sender", "--backoff", "linear:1s"], "unknown backoff"),
+        (["--sender", "tests.sweeper.senders:memory_sender", "--batch", "0"], "--batch must be > 0"),
+        (["--sender", "tests.sweeper.senders:memory_sender", "--webhook", "mailto:x"], "webhook URL"),
+    ],
+)
+def test_bad_input_is_one_line(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main(["sweep", "--once", "--db", sqlite_url, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("reliable: error:") and message in err
+
+
+def test_bad_cron_and_missing_sender_are_one_line(
+    sqlite_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RELIABLE_SWEEP_SENDER", raising=False)
+    assert main(["sweep", "--cron", "61 * * * *", "--db", sqlite_url, "--sender", "x:y"]) == 2
+    assert "bad cron expression" in capsys.readouterr().err
+    assert main(["sweep", "--once", "--db", sqlite_url, "--sender", ""]) == 2
+    assert "no sender" in capsys.readouterr().err
+
+
+def test_stubs_list_show_revive(
+    sqlite_rel: Reliability, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_stub(sqlite_rel, "dead-1", status=StubStatus.DEAD, send_count=8, last_error="DEAD: never received")
+    add_stub(sqlite_rel, "live-1")
+    assert main(["stubs", "list", "--status", "dead", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "dead-1" in out and "live-1" not in out and "(1 stub(s))" in out
+    assert main(["stubs", "show", "dead-1", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "status          DEAD" in out and "deliveries      0" in out
+    assert main(["stubs", "revive", "dead-1", "live-1", "--db", sqlite_url]) == 2
+    assert "only DEAD stubs can be revived: live-1 is PENDING" in capsys.readouterr().err
+    assert main(["stubs", "show", "nope", "--db", sqlite_url]) == 2
+    assert "no such stub: nope" in capsys.readouterr().err
+    assert main(["stubs", "revive", "dead-1", "--db", sqlite_url]) == 0
+    assert "revived 1 stub(s)" in capsys.readouterr().out
+    assert get_stub(sqlite_rel, "dead-1").status is StubStatus.PENDING
+
+
+def test_metrics_are_served(sqlite_rel: Reliability) -> None:
+    port = free_port()
+    metrics.serve(port)
+    metrics.ROUNDS.inc()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                body = r.read().decode()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+    assert "reliable_sweeper_rounds_total" in body and "reliable_sweeper_resent_total" in body
+
+
+@pytest.mark.slow
+def test_scheduled_sweeper_runs_rounds_without_overlap_and_stops_on_sigterm(
+    sqlite_rel: Reliability, sqlite_url: str, tmp_path: Path
+) -> None:
+    add_stub(sqlite_rel, "always-failing", resend_at=PAST)
+    journal = tmp_path / "sends.log"
+    env = {
+        **os.environ,
+        "RELIABLE_TEST_SEND_LOG": str(journal),
+        "RELIABLE_TEST_SEND_DELAY_S": "0.3",
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "jobs.resend",
+        "--interval",
+        "100ms",  # shorter than a round (300 ms): max_instances=1 + coalesce must keep rounds apart
+        "--db",
+        sqlite_url,
+        "--sender",
+        "tests.sweeper.senders:slow_failing_sender",
+        "--backoff",
+        "fixed:50ms",
+        "--max-sends",
+        "1000000",
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while journal.read_text().count("end") < 4 if journal.exists() else True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no rounds"
+            time.sleep(0.05)  # polling a file written by another process
+        # stop in the middle of a round: wait for a start without its end
+        while True:
+            lines = journal.read_text().splitlines()
+            if lines and lines[-1].startswith("start"):
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    events = [line.split() for line in journal.read_text().splitlines()]
+    assert events[-1][0] == "end", "the round in flight was finished before exiting"
+    spans = [(float(a[1]), float(b[1])) for a, b in zip(events[::2], events[1::2], strict=True)]
+    assert all(a[0] == "start" and b[0] == "end" for a, b in zip(events[::2], events[1::2], strict=True))
+    assert all(prev_end <= next_start for (_, prev_end), (next_start, _) in itertools.pairwise(spans))
+    assert err.count("sweep round: selected=1 resent=0 send_failures=1") >= 4
+    assert "stopping after the current round" in err and "sweeper: stopped" in err

@@ -1,0 +1,191 @@
+"""Give-up notices over a real SMTP server (aiosmtpd) and a real HTTP webhook receiver, failing first."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from email import message_from_bytes
+from typing import Any
+
+import pytest
+from aiosmtpd.controller import Controller
+from sqlalchemy import select
+
+from reliable import Reliability
+from reliable.models import StubNotification
+from reliable.sweeper import EmailChannel, FixedBackoff, SmtpConfig, Sweeper, WebhookChannel, revive
+from reliable.sweeper.errors import SweeperConfigError
+from reliable.types import StubStatus
+from tests.services import free_port
+from tests.sweeper.helpers import Clock, QueueSender, add_stub, get_stub, set_progress
+
+
+class Inbox:
+    """aiosmtpd handler that keeps every message it accepted."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        self.messages.append(
+            {
+                "from": envelope.mail_from,
+                "to": list(envelope.rcpt_tos),
+                "msg": message_from_bytes(envelope.content),
+            }
+        )
+        return "250 OK"
+
+
+class Webhook:
+    """A real HTTP server in a thread; answers 500 to the first ``fail_first`` posts."""
+
+    def __init__(self, fail_first: int) -> None:
+        self.posts: list[tuple[int, dict[str, Any]]] = []
+        self.fail_first = fail_first
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status = 500 if len(hook.posts) < hook.fail_first else 204
+                hook.posts.append((status, body))
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook(fail_first=1)
+    yield hook
+    hook.close()
+
+
+def test_dead_stub_gives_exactly_one_email_and_one_webhook_even_when_both_fail_first(
+    rel: Reliability, sender: QueueSender, clock: Clock, webhook: Webhook
+) -> None:
+    port = free_port()  # nothing listens yet: the first e-mail attempt is refused
+    inbox = Inbox()
+    email = EmailChannel(
+        SmtpConfig(
+            host="127.0.0.1",
+            port=port,
+            sender="sweeper@example.org",
+            recipients=("ops@example.org",),
+            timeout_s=5,
+        )
+    )
+    sweeper = Sweeper(
+        rel,
+        sender,
+        backoff=FixedBackoff((10.0,)),
+        clock=clock,
+        channels=[email, WebhookChannel(webhook.url, 5)],
+    )
+    add_stub(rel, "doomed", send_count=3, topic="orders")
+    add_stub(rel, "fine", send_count=1)
+
+    first = sweeper.run_once()
+    assert (first.dead, first.resent, first.notified, first.notify_failures) == (1, 1, 0, 2)
+    assert get_stub(rel, "doomed").status is StubStatus.DEAD
+    assert [s for s, _ in webhook.posts] == [500]
+    with rel.engine.connect() as conn:
+        rows = {r.channel: r for r in conn.execute(select(StubNotification.__table__))}
+    assert rows.keys() == {"email", "webhook"}
+    assert all(r.notified_at is None and r.attempts == 1 and r.last_error for r in rows.values())
+
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        clock.advance(1)
+        second = sweeper.run_once()
+        clock.advance(1)
+        third = sweeper.run_once()
+    finally:
+        controller.stop()
+    assert (second.notified, second.notify_failures) == (2, 0)
+    assert (third.notified, third.notify_failures, third.dead) == (0, 0, 0)
+    assert len(inbox.messages) == 1
+    mail = inbox.messages[0]
+    assert mail["to"] == ["ops@example.org"] and mail["from"] == "sweeper@example.org"
+    assert "1 message stub(s) DEAD" in mail["msg"]["Subject"]
+    assert "doomed" in mail["msg"].get_payload() and "fine" not in mail["msg"].get_payload()
+    assert [s for s, _ in webhook.posts] == [500, 204]
+    body = webhook.posts[1][1]
+    assert body["event"] == "reliable.stub.dead" and [n["message_id"] for n in body["notices"]] == ["doomed"]
+    assert body["notices"][0]["send_count"] == 3
+
+
+def test_revived_stub_that_dies_again_is_reported_again(
+    rel: Reliability, sender: QueueSender, clock: Clock, webhook: Webhook
+) -> None:
+    webhook.fail_first = 0
+    sweeper = Sweeper(
+        rel,
+        sender,
+        max_sends=1,
+        backoff=FixedBackoff((10.0,)),
+        clock=clock,
+        channels=[WebhookChannel(webhook.url, 5)],
+    )
+    add_stub(rel, "twice", send_count=1)
+    assert sweeper.run_once().dead == 1
+    revive(rel.engine, ["twice"], now=clock.now)
+    assert sweeper.run_once().resent == 1  # the new budget (1 send)
+    receipt = sender.receipts[-1]
+    set_progress(rel, receipt.queue_offset, queue_id=receipt.queue_id)  # the group passed the copy: lost
+    clock.advance(60)
+    assert sweeper.run_once().dead == 1
+    assert [len(b["notices"]) for _, b in webhook.posts] == [1, 1]
+
+
+def test_many_dead_stubs_are_batched_into_one_message_per_channel(
+    rel: Reliability, sender: QueueSender, clock: Clock, webhook: Webhook
+) -> None:
+    webhook.fail_first = 0
+    for i in range(12):
+        add_stub(rel, f"d{i:02d}", send_count=3)
+    summary = Sweeper(rel, sender, batch=5, clock=clock, channels=[WebhookChannel(webhook.url, 5)]).run_once()
+    assert (summary.dead, summary.notified) == (12, 12)
+    assert [len(b["notices"]) for _, b in webhook.posts] == [5, 5, 2]
+
+
+def test_smtp_config_from_env_and_validation() -> None:
+    env = {
+        "RELIABLE_SMTP_HOST": "mail.example.org",
+        "RELIABLE_SMTP_SSL": "yes",
+        "RELIABLE_SMTP_USER": "u",
+        "RELIABLE_SMTP_PASSWORD": "p",
+        "RELIABLE_SMTP_FROM": "a@example.org",
+        "RELIABLE_SMTP_TO": "b@example.org, c@example.org",
+    }
+    cfg = SmtpConfig.from_env(env)
+    assert cfg is not None
+    assert (cfg.port, cfg.use_ssl, cfg.recipients, cfg.user) == (
+        465,
+        True,
+        ("b@example.org", "c@example.org"),
+        "u",
+    )
+    assert "p" not in repr(cfg).split("user='u'")[1]
+    assert SmtpConfig.from_env({}) is None
+    with pytest.raises(SweeperConfigError):
+        SmtpConfig.from_env({**env, "RELIABLE_SMTP_TO": ""})
+    with pytest.raises(SweeperConfigError):
+        SmtpConfig.from_env({**env, "RELIABLE_SMTP_STARTTLS": "1"})
+    with pytest.raises(SweeperConfigError):
+        WebhookChannel("ftp://x")

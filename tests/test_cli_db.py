@@ -1,0 +1,106 @@
+"""``reliable db upgrade|downgrade|current``: exit codes, one-line errors, flags and environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+
+from reliable.cli import main
+from reliable.facade import make_engine
+from reliable.migrate import alembic_config
+from tests import services
+
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
+RELIABLE = str(Path(sys.executable).parent / "reliable")
+
+
+@pytest.fixture(autouse=True)
+def _no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RELIABLE_DB_URL", raising=False)
+    monkeypatch.delenv("RELIABLE_DEBUG", raising=False)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_upgrade_current_downgrade_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert run(capsys, "db", "current", "--db", url) == (0, "base (empty)\n", "")
+    assert run(capsys, "db", "upgrade", "--db", url) == (0, f"database at revision {HEAD}\n", "")
+    assert run(capsys, "db", "upgrade", "--db", url)[0] == 0  # idempotent
+    assert run(capsys, "db", "current", "--db", url) == (0, f"{HEAD}\n", "")
+    engine = make_engine(url)
+    assert {"message_stub", "message_log", "consume_progress"} <= set(inspect(engine).get_table_names())
+    assert run(capsys, "db", "downgrade", "base", "--db", url) == (0, "database at revision base\n", "")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    engine.dispose()
+
+
+def test_database_url_from_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELIABLE_DB_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    assert run(capsys, "db", "upgrade")[0] == 0
+    assert run(capsys, "db", "current") == (0, f"{HEAD}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "needle"),
+    [
+        (["db", "upgrade"], 2, "no database: pass --db URL or set RELIABLE_DB_URL"),
+        (["db", "upgrade", "--db", "nonsense://x"], 2, "bad database URL"),
+        (["db", "upgrade", "9999", "--db", "sqlite://"], 2, "Can't locate revision identified by '9999'"),
+        (["db", "downgrade", "nope", "--db", "sqlite://"], 2, "nope"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], code: int, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    got, out, err = run(capsys, *argv)
+    assert got == code
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("reliable: error: ") and needle in err
+
+
+def test_unreachable_database_is_one_line_and_nonzero(capsys: pytest.CaptureFixture[str]) -> None:
+    port = services.free_port()  # nothing listens there
+    got, _, err = run(capsys, "db", "current", "--db", f"postgresql+psycopg://postgres@127.0.0.1:{port}/x")
+    assert got != 0
+    assert err.count("\n") == 1 and "reliable: error:" in err and "Traceback" not in err
+
+
+def test_missing_action_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["db"])
+    assert exit_info.value.code == 2
+    assert "ACTION" in capsys.readouterr().err
+    for argv in (["db", "--help"], ["db", "upgrade", "--help"], ["db", "downgrade", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        assert "--db URL" in out or "upgrade" in out
+
+
+def test_installed_entry_point_against_postgres() -> None:
+    """The console script, in a process of its own, on a fresh database of a real server."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RELIABLE_DB_URL", "RELIABLE_DEBUG")}
+    with services.scratch_database("postgres") as url:
+        up = subprocess.run([RELIABLE, "db", "upgrade", "--db", url], env=env, capture_output=True, text=True)
+        assert (up.returncode, up.stdout) == (0, f"database at revision {HEAD}\n"), up.stderr
+        cur = subprocess.run(
+            [RELIABLE, "db", "current", "--db", url], env=env, capture_output=True, text=True
+        )
+        assert (cur.returncode, cur.stdout) == (0, f"{HEAD}\n")
+    bad = subprocess.run([RELIABLE, "db", "upgrade"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr == "reliable: error: no database: pass --db URL or set RELIABLE_DB_URL\n"

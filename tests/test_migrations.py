@@ -1,0 +1,316 @@
+"""Migrations and schema: upgrade/downgrade cycles, one schema three ways, UTC timestamps, index use.
+
+Every cycle runs on a database of its own (``services.scratch_database``), never the shared session databases,
+which other tests expect at head.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, inspect, select, text
+from sqlalchemy.exc import StatementError
+
+from reliable import Reliability, StubStatus
+from reliable.facade import make_engine
+from reliable.migrate import alembic_config, current, downgrade, upgrade
+from reliable.models import MessageLog, MessageStub, metadata
+from tests import services
+
+ROOT = Path(__file__).resolve().parent.parent
+ALEMBIC = str(Path(sys.executable).parent / "alembic")
+TABLES = set(metadata.tables)  # the three contract tables plus whatever later revisions add
+CONTRACT_TABLES = {"message_stub", "message_log", "consume_progress"}
+SCRIPTS = ScriptDirectory.from_config(alembic_config())
+HEAD = SCRIPTS.get_current_head()
+#: base → head, one revision per step
+REVISIONS = [r.revision for r in reversed(list(SCRIPTS.walk_revisions()))]
+KINDS = ["sqlite", "postgres", "mariadb"]
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Callable[[str], AbstractContextManager[str]]:
+    """``fresh(kind)``: a context manager giving the URL of an empty database nobody else uses."""
+    counter = iter(range(1000))
+
+    @contextmanager
+    def make(kind: str) -> Iterator[str]:
+        if kind == "sqlite":
+            yield f"sqlite:///{tmp_path / f'fresh{next(counter)}.db'}"
+        else:
+            with services.scratch_database(kind) as url:
+                yield url
+
+    return make
+
+
+@contextmanager
+def engine_for(url: str) -> Iterator[Engine]:
+    engine = make_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def snapshot(engine: Engine) -> dict[str, Any]:
+    """Everything a DBA would compare: tables, columns (type, nullability, default), PK/CK names, indexes."""
+    insp = inspect(engine)
+    out: dict[str, Any] = {}
+    for table in sorted(set(insp.get_table_names()) - {"alembic_version"}):
+        pk = insp.get_pk_constraint(table)
+        out[table] = {
+            "columns": [
+                (c["name"], str(c["type"]), c["nullable"], str(c.get("default")), c.get("autoincrement"))
+                for c in insp.get_columns(table)
+            ],
+            "pk": (pk.get("name"), tuple(pk["constrained_columns"])),
+            "indexes": sorted(
+                (i["name"], tuple(str(c) for c in i["column_names"]), bool(i["unique"]))
+                for i in insp.get_indexes(table)
+            ),
+            "checks": sorted(
+                (c["name"], " ".join(str(c["sqltext"]).replace("(", " ").replace(")", " ").split()))
+                for c in insp.get_check_constraints(table)
+            ),
+        }
+    return out
+
+
+def run_alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RELIABLE_DB_URL"}
+    return subprocess.run(
+        [ALEMBIC, "-x", f"db_url={url}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_upgrade_downgrade_upgrade(kind: str, fresh: Callable[[str], AbstractContextManager[str]]) -> None:
+    with fresh(kind) as url, engine_for(url) as engine:
+        assert current(engine) is None
+        upgrade(engine)
+        assert current(engine) == HEAD
+        first = snapshot(engine)
+        assert set(first) == TABLES
+        downgrade(engine, "base")
+        assert current(engine) is None
+        assert set(inspect(engine).get_table_names()) - {"alembic_version"} == set()
+        upgrade(engine)
+        assert current(engine) == HEAD
+        assert snapshot(engine) == first
+        # one revision at a time, down to base and back up: each step works on its own
+        for below in reversed([None, *REVISIONS[:-1]]):
+            downgrade(engine, "-1")
+            assert current(engine) == below
+        for rev in REVISIONS:
+            upgrade(engine, "+1")
+            assert current(engine) == rev
+        assert snapshot(engine) == first
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_create_schema_alembic_cli_and_models_agree(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    with fresh(kind) as a, fresh(kind) as b, fresh(kind) as c:
+        with Reliability(a) as rel:
+            rel.create_schema()
+            via_facade = snapshot(rel.engine)
+        proc = run_alembic(b, "upgrade", "head")
+        assert proc.returncode == 0, proc.stderr
+        with engine_for(b) as engine:
+            via_cli = snapshot(engine)
+            assert current(engine) == HEAD
+        proc = run_alembic(b, "current")
+        assert proc.returncode == 0 and f"{HEAD} (head)" in proc.stdout, proc.stdout + proc.stderr
+        with engine_for(c) as engine:
+            metadata.create_all(engine)
+            via_models = snapshot(engine)
+        assert via_facade == via_cli
+        # the models are what the guard queries; they must describe the migrated schema exactly
+        assert via_models == via_cli
+        assert set(via_cli) == TABLES
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_autogenerate_finds_no_drift_between_models_and_migrations(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    with fresh(kind) as url, engine_for(url) as engine:
+        upgrade(engine)
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert compare_metadata(ctx, metadata) == []
+
+
+def test_alembic_cli_without_url_fails_with_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RELIABLE_DB_URL"}
+    proc = subprocess.run([ALEMBIC, "upgrade", "head"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "no database URL" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_alembic_cli_reads_reliable_db_url(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    env = {**os.environ, "RELIABLE_DB_URL": url}
+    proc = subprocess.run([ALEMBIC, "upgrade", "head"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    with engine_for(url) as engine:
+        assert current(engine) == HEAD
+
+
+# --- timestamps ------------------------------------------------------------------------------------------
+
+
+def test_timestamps_round_trip_utc_aware(db_url: str) -> None:
+    ist = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    created = dt.datetime(2026, 3, 29, 1, 30, 15, 123456, tzinfo=ist)  # a DST-change night in Europe
+    with Reliability(db_url) as rel:
+        with rel.session() as s:
+            s.add(
+                MessageStub(
+                    message_id="ts-1",
+                    topic="t",
+                    consumer_group="g",
+                    content=b"",
+                    status=StubStatus.PENDING,
+                    send_count=0,
+                    created_at=created,
+                    updated_at=created,
+                    resend_at=None,
+                )
+            )
+        with rel.session() as s:
+            row = s.get(MessageStub, "ts-1")
+            assert row is not None
+            assert row.created_at == created
+            assert row.created_at.utcoffset() == dt.timedelta(0)
+            assert row.created_at.microsecond == 123456
+            assert row.resend_at is None
+            # comparisons in SQL use the same instant whatever zone the parameter was written in
+            same_instant = created.astimezone(dt.timezone(dt.timedelta(hours=-7)))
+            assert (
+                s.scalar(select(MessageStub.message_id).where(MessageStub.created_at == same_instant))
+                == "ts-1"
+            )
+            later = created + dt.timedelta(microseconds=1)
+            assert s.scalar(select(MessageStub.message_id).where(MessageStub.created_at < later)) == "ts-1"
+            assert s.scalar(select(MessageStub.message_id).where(MessageStub.created_at < created)) is None
+        with pytest.raises(StatementError, match="naive datetime"), rel.session() as s:
+            s.add(
+                MessageLog(
+                    message_id="ts-2",
+                    consumer_group="g",
+                    topic="t",
+                    queue_id=0,
+                    queue_offset=0,
+                    received_at=dt.datetime(2026, 1, 1, 12, 0),
+                )
+            )
+
+
+# --- index use ------------------------------------------------------------------------------------------
+
+
+def _plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
+
+
+def _indexes_used(conn: Any, sql: str, params: dict[str, Any]) -> set[str]:
+    plan = conn.execute(text(f"EXPLAIN (FORMAT JSON) {sql}"), params).scalar()
+    nodes = list(_plan_nodes(plan[0]["Plan"]))
+    assert not any(n["Node Type"] == "Seq Scan" for n in nodes), plan
+    return {n["Index Name"] for n in nodes if "Index Name" in n}
+
+
+def test_hot_queries_are_index_lookups_on_postgres(
+    fresh: Callable[[str], AbstractContextManager[str]],
+) -> None:
+    with fresh("postgres") as url, engine_for(url) as engine:
+        upgrade(engine)
+        with engine.begin() as conn:
+            # 20k stubs, 1% PENDING (the sweeper's working set), 40k log rows, 4 queues of progress
+            conn.execute(
+                text(
+                    "INSERT INTO message_stub (message_id, topic, consumer_group, content, status,"
+                    " send_count, queue_id, queue_offset, resend_at, created_at, updated_at)"
+                    " SELECT 'm-' || i, 'orders', 'g' || (i % 3), '\\x00'::bytea,"
+                    " CASE WHEN i % 100 = 0 THEN 'PENDING' ELSE 'CONFIRMED' END, 1, i % 4, i,"
+                    " now() - (i || ' seconds')::interval, now(), now() FROM generate_series(1, 20000) i"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO message_log (message_id, consumer_group, topic, queue_id, queue_offset,"
+                    " reconsume_times, received_at, outcome)"
+                    " SELECT 'm-' || (i % 20000), 'g' || (i % 3), 'orders', i % 4, i, 0, now(), 'SUCCESS'"
+                    " FROM generate_series(1, 40000) i"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO consume_progress (consumer_group, topic, queue_id, max_offset, min_offset,"
+                    " created_at, updated_at, received_count)"
+                    " SELECT 'g' || g, 'orders', q, 1000, 0, now(), now(), 1000"
+                    " FROM generate_series(0, 2) g, generate_series(0, 3) q"
+                )
+            )
+            conn.execute(text("ANALYZE"))
+        now = dt.datetime.now(dt.UTC)
+        with engine.connect() as conn:
+            assert _indexes_used(conn, "SELECT * FROM message_stub WHERE message_id = :m", {"m": "m-5"}) == {
+                "pk_message_stub"
+            }
+            assert _indexes_used(
+                conn,
+                "SELECT * FROM message_stub WHERE message_id = :m FOR UPDATE",
+                {"m": "m-5"},
+            ) == {"pk_message_stub"}
+            sweep = (
+                "SELECT message_id FROM message_stub WHERE status = 'PENDING' AND resend_at <= :now"
+                " ORDER BY resend_at LIMIT 500"
+            )
+            assert "ix_message_stub_status_resend_at" in _indexes_used(conn, sweep, {"now": now})
+            anti_join = (
+                "SELECT s.message_id FROM message_stub s WHERE s.status = 'PENDING' AND s.resend_at <= :now"
+                " AND NOT EXISTS (SELECT 1 FROM message_log l WHERE l.message_id = s.message_id"
+                " AND l.consumer_group = s.consumer_group) LIMIT 500"
+            )
+            used = _indexes_used(conn, anti_join, {"now": now})
+            assert {
+                "ix_message_stub_status_resend_at",
+                "ix_message_log_message_id_consumer_group_received_at",
+            } <= used
+            newest = "SELECT max(received_at) FROM message_log WHERE message_id = :m AND consumer_group = :g"
+            assert _indexes_used(conn, newest, {"m": "m-7", "g": "g1"}) == {
+                "ix_message_log_message_id_consumer_group_received_at"
+            }
+            progress = (
+                "SELECT max_offset FROM consume_progress WHERE consumer_group = :g AND topic = :t"
+                " AND queue_id = :q"
+            )
+            # 12 rows fit in one page, where a sequential scan is honestly cheaper: make the planner show
+            # that the primary key serves this lookup as soon as the table is not trivially small
+            conn.execute(text("SET enable_seqscan = off"))
+            assert _indexes_used(conn, progress, {"g": "g1", "t": "orders", "q": 2}) == {
+                "pk_consume_progress"
+            }

@@ -1,0 +1,104 @@
+"""Settings precedence (argument > RELIABLE_* environment > default) and rejection of bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reliable import Reliability
+from reliable import constants as C
+from reliable.errors import ConfigurationError, ReliableError
+from reliable.settings import Settings
+
+
+def test_defaults_come_from_constants() -> None:
+    s = Settings.load(environ={})
+    assert s.lease_ms == C.DEFAULT_LEASE_MS
+    assert s.max_attempts == C.DEFAULT_MAX_ATTEMPTS
+    assert s.first_resend_delay_s == C.DEFAULT_FIRST_RESEND_DELAY_S
+    assert s.key_prefix == C.DEFAULT_KEY_PREFIX
+    assert s.check_payload is True
+
+
+def test_environment_overrides_default_and_argument_overrides_environment() -> None:
+    env = {"RELIABLE_LEASE_MS": "1500", "RELIABLE_MAX_ATTEMPTS": "3", "RELIABLE_CHECK_PAYLOAD": "no"}
+    s = Settings.load({"max_attempts": 7}, environ=env)
+    assert s.lease_ms == 1500  # from the environment, parsed as int
+    assert s.max_attempts == 7  # the argument wins
+    assert s.check_payload is False
+    assert Settings.load({"max_attempts": None}, environ=env).max_attempts == 3  # None means "not given"
+
+
+def test_empty_environment_value_means_unset() -> None:
+    assert Settings.load(environ={"RELIABLE_LEASE_MS": ""}).lease_ms == C.DEFAULT_LEASE_MS
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "message"),
+    [
+        ({}, {"RELIABLE_LEASE_MS": "abc"}, "lease_ms: cannot read 'abc' as int"),
+        ({}, {"RELIABLE_CHECK_PAYLOAD": "maybe"}, "check_payload: cannot read 'maybe' as bool"),
+        ({}, {"RELIABLE_FIRST_RESEND_DELAY_S": "soon"}, "first_resend_delay_s"),
+        ({"lease_ms": 0}, {}, "lease_ms must be > 0"),
+        ({"max_attempts": -1}, {}, "max_attempts must be > 0"),
+        ({"stuck_after_s": -0.5}, {}, "stuck_after_s must be >= 0"),
+        ({"key_prefix": "a:b"}, {}, "key_prefix"),
+        ({"key_prefix": ""}, {}, "key_prefix"),
+        ({"lease_ms": True}, {}, "lease_ms"),
+        ({"no_such_setting": 1}, {}, "unknown setting(s): no_such_setting"),
+    ],
+)
+def test_bad_values_are_configuration_errors(
+    overrides: dict[str, object], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.load(overrides, environ=env)
+    assert message in str(info.value)
+    assert isinstance(info.value, ReliableError)
+
+
+def test_replace_validates() -> None:
+    s = Settings.load(environ={})
+    assert s.replace(lease_ms=10).lease_ms == 10
+    with pytest.raises(ConfigurationError):
+        s.replace(sweep_batch=0)
+
+
+@given(st.integers(min_value=1, max_value=10**9))
+def test_any_positive_int_round_trips_through_the_environment(n: int) -> None:
+    assert Settings.load(environ={"RELIABLE_LEASE_MS": str(n)}).lease_ms == n
+
+
+@given(st.text(alphabet="abc-_.XYZ019", min_size=1, max_size=12))
+def test_bool_parsing_accepts_only_the_documented_words(word: str) -> None:
+    truthy, falsy = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+    try:
+        value = Settings.load(environ={"RELIABLE_CHECK_PAYLOAD": word}).check_payload
+    except ConfigurationError:
+        assert word.strip().lower() not in truthy | falsy
+    else:
+        assert value is (word.strip().lower() in truthy)
+
+
+def test_facade_reads_settings_and_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RELIABLE_DB_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    monkeypatch.setenv("RELIABLE_MAX_SENDS", "4")
+    monkeypatch.delenv("RELIABLE_REDIS_URL", raising=False)
+    with Reliability(max_sends=5, lease_ms=250) as rel:
+        assert rel.dialect == "sqlite"
+        assert rel.settings.max_sends == 5
+        assert rel.settings.lease_ms == 250
+        assert rel.redis is None  # no Redis configured: database-only guard
+    with Reliability() as rel:
+        assert rel.settings.max_sends == 4
+
+
+def test_facade_without_database_url_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RELIABLE_DB_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="RELIABLE_DB_URL"):
+        Reliability()
+    with pytest.raises(ConfigurationError, match="unknown setting"):
+        Reliability("sqlite://", leese_ms=5)
