@@ -23,7 +23,7 @@ services:
 	bash .ci/services.sh
 
 demo: install
-	$(BIN)/reliable demo
+	$(BIN)/reliable demo $(DEMO_ARGS)
 
 lint: install
 	$(BIN)/ruff check reliable broker_sim jobs tests bench migrations

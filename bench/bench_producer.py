@@ -151,7 +151,7 @@ def consuming(rel: Reliability, n: int, chunks: int) -> tuple[float, float]:
             def run(ids: Sequence[str]) -> None:
                 target = consumer.counts["ack"] + len(ids)
                 if not consumer.run(until=lambda: consumer.counts["ack"] >= target, timeout_s=300):
-                    raise RuntimeError("benchmark consumer timed out")
+                    raise RuntimeError(f"benchmark consumer timed out: {dict(consumer.counts)}")
 
             return run
 
@@ -172,15 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench_producer")
     ap.add_argument("--n", type=int, default=600, help="messages per side")
     ap.add_argument("--chunks", type=int, default=3)
+    ap.add_argument("--only", choices=["p1", "p2", "p3"])
     args = ap.parse_args(argv)
     with database() as url:
         rel = Reliability(url, REDIS_URL, key_prefix=f"bp{uuid.uuid4().hex[:8]}")
         rel.create_schema()
         _md.create_all(rel.engine)
         try:
-            show("p1", *producing(rel, args.n, args.chunks, 1), "stub-first ÷ write-then-send, 1 per tx")
-            show("p2", *producing(rel, args.n, args.chunks, 32), "stub-first ÷ write-then-send, 32 per tx")
-            show("p3", *consuming(rel, args.n, args.chunks), "RabbitMQConsumer+guard ÷ bare ack consumer")
+            if args.only in (None, "p1"):
+                show("p1", *producing(rel, args.n, args.chunks, 1), "stub-first ÷ write-then-send, 1/tx")
+            if args.only in (None, "p2"):
+                show("p2", *producing(rel, args.n, args.chunks, 32), "stub-first ÷ write-then-send, 32/tx")
+            if args.only in (None, "p3"):
+                show("p3", *consuming(rel, args.n, args.chunks), "RabbitMQConsumer+guard ÷ bare ack consumer")
         finally:
             rel.close()
     return 0

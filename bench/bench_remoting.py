@@ -13,7 +13,7 @@ it has seen every message. Ratios printed: TCP ÷ in-process for our client, rea
 ``--fuzz N`` instead runs N byte-mutated frames through the decoder and N/10 over a socket against a live
 server, and reports outcomes (decoded / FrameError / anything else = crash; must be 0).
 
-``python -m bench remoting [--n 3000] [--fuzz 0]``
+``python -m bench remoting [--n 2000] [--rounds 3] [--fuzz 0]``
 """
 
 from __future__ import annotations
@@ -150,29 +150,35 @@ def real(namesrv: str, n: int, home: Path) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-def throughput(n: int) -> None:
+def throughput(n: int, rounds: int) -> None:
+    """Each round measures all three configurations on fresh stores, interleaved, so background load on a
+    shared machine hits them alike; the best round of each is reported (throughput's least-disturbed run)."""
     from broker_sim import Broker
 
+    best: dict[str, tuple[float, float]] = {}
+
+    def keep(name: str, rates: tuple[float, float]) -> None:
+        old = best.get(name, (0.0, 0.0))
+        best[name] = (max(old[0], rates[0]), max(old[1], rates[1]))
+
     with tempfile.TemporaryDirectory() as d:
-        base = Path(d)
-        broker = Broker(base / "inproc", topics={TOPIC: 4})
-        broker.start()
-        try:
-            in_p, in_c = ours(broker, n, "InProc")
-        finally:
-            broker.shutdown()
-        with served(base / "tcp-ours") as ns:
-            tcp_p, tcp_c = ours(ns, n, "Tcp")
-        with served(base / "tcp-real") as ns:
-            real_p, real_c = real(ns, n, base)
-    print(f"1 KiB, n={n}, one producer / one consumer, ASYNC_FLUSH, 4 queues")
+        for r in range(rounds):
+            base = Path(d) / f"round{r}"
+            broker = Broker(base / "inproc", topics={TOPIC: 4})
+            broker.start()
+            try:
+                keep("in-process (baseline)", ours(broker, n, "InProc"))
+            finally:
+                broker.shutdown()
+            with served(base / "tcp-ours") as ns:
+                keep("TCP, broker_sim client", ours(ns, n, "Tcp"))
+            with served(base / "tcp-real") as ns:
+                keep("TCP, rocketmq 0.4.4 (C++)", real(ns, n, base))
+    print(f"1 KiB, n={n}, one producer / one consumer, ASYNC_FLUSH, 4 queues, best of {rounds} rounds")
     print(f"{'':28}{'produce msg/s':>15}{'consume msg/s':>15}")
-    for name, p, c in (
-        ("in-process (baseline)", in_p, in_c),
-        ("TCP, broker_sim client", tcp_p, tcp_c),
-        ("TCP, rocketmq 0.4.4 (C++)", real_p, real_c),
-    ):
+    for name, (p, c) in best.items():
         print(f"{name:28}{p:15.0f}{c:15.0f}")
+    (in_p, in_c), (tcp_p, tcp_c), (real_p, real_c) = best.values()
     print(f"ratio TCP ours ÷ in-process: produce {tcp_p / in_p:.2f}, consume {tcp_c / in_c:.2f}")
     print(f"ratio real client ÷ ours over TCP: produce {real_p / tcp_p:.2f}, consume {real_c / tcp_c:.2f}")
 
@@ -250,13 +256,14 @@ def fuzz(n: int, seed: int = 7) -> None:
 
 def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench remoting", description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=3000, help="messages per measurement (default 3000)")
+    ap.add_argument("--n", type=int, default=2000, help="messages per measurement (default 2000)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds, best reported (default 3)")
     ap.add_argument("--fuzz", type=int, default=0, help="run N byte mutations instead of the throughput test")
     args = ap.parse_args(list(argv))
     if args.fuzz:
         fuzz(args.fuzz)
     else:
-        throughput(args.n)
+        throughput(args.n, args.rounds)
     return 0
 
 

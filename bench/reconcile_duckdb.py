@@ -28,6 +28,7 @@ def generate(directory: Path, stubs: int, threads: int = 2) -> dict[str, int]:
     directory.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect()
     con.execute(f"SET threads={threads}")
+    con.execute("SET enable_progress_bar=false")
     con.execute("SET TimeZone='UTC'")
     base = BASE.strftime("%Y-%m-%d %H:%M:%S+00")
     con.execute(
@@ -115,6 +116,7 @@ def reference_report(
     t0 = time.perf_counter()
     con = duckdb.connect()
     con.execute(f"SET threads={threads}")
+    con.execute("SET enable_progress_bar=false")
     con.execute("SET memory_limit='4GB'")
     con.execute("SET TimeZone='UTC'")
     con.execute("SET preserve_insertion_order=false")

@@ -68,3 +68,12 @@ ENV_WEBHOOK_URL: Final = "RELIABLE_WEBHOOK_URL"
 DEFAULT_REDIS_RETRY_AFTER_S: Final = 1.0
 #: logger of the per-decision structured line (message id, group, outcome, reason).
 GUARD_LOGGER: Final = "reliable.guard"
+
+# --- broker adapters (reliable.adapters.broker_sim / .rocketmq) --------------------------------------------
+#: name server of broker-sim serve / RocketMQ for the adapters' ``sweeper_sender(rel)`` factories.
+ENV_BROKER_SIM_NAMESRV: Final = "RELIABLE_BROKER_SIM_NAMESRV"
+ENV_ROCKETMQ_NAMESRV: Final = "RELIABLE_ROCKETMQ_NAMESRV"
+#: producer group of those factories' senders.
+ENV_SENDER_GROUP: Final = "RELIABLE_SENDER_GROUP"
+DEFAULT_NAMESRV: Final = "127.0.0.1:9876"
+DEFAULT_SENDER_GROUP: Final = "reliable_sweeper"

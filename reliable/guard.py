@@ -41,6 +41,7 @@ The reasons, verdicts and the :class:`Decision` type live in :mod:`reliable.deci
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import socket
@@ -136,6 +137,10 @@ class Guard:
         # FOR UPDATE that follows could deadlock with a twin delivery.
         self._adaptive = not self._mariadb
         self._inbox_first = False
+        self._local = threading.local()
+        # lease values must be unique per delivery: host:pid:thread plus a per-guard token and counter
+        self._token = uuid.uuid4().hex[:8]
+        self._seq = itertools.count()
 
     # --- public -------------------------------------------------------------------------------------
     def __call__(self, env: Envelope) -> Decision:
@@ -184,7 +189,7 @@ class Guard:
             else:
                 first[mid] = it
                 it.key = lease_key(self.settings.key_prefix, self.group, mid)
-                it.lease_value = processing_value(f"{owner_base}:{uuid.uuid4().hex[:12]}")
+                it.lease_value = processing_value(f"{owner_base}:{self._token}{next(self._seq)}")
             items.append(it)
         return items
 
@@ -215,15 +220,12 @@ class Guard:
         try:
             if self.sql.journal_autocommits:
                 # one statement, committed by itself: saves the BEGIN and COMMIT round trips
-                auto = conn.execution_options(isolation_level="AUTOCOMMIT")
+                self.sql.autocommit(conn, True)
                 try:
-                    ids = self._journal_statements(auto, items, now)
-                    auto.commit()
-                except BaseException:
-                    auto.rollback()
-                    raise
+                    ids = self._journal_statements(conn, items, now)
                 finally:
-                    conn.execution_options(isolation_level=conn.default_isolation_level)
+                    if not conn.invalidated:
+                        self.sql.autocommit(conn, False)
             else:
                 with conn.begin():
                     ids = self._journal_statements(conn, items, now)
@@ -310,7 +312,7 @@ class Guard:
         now = utcnow()
         if self._mariadb:
             # no gap locks on absent stub rows: two inbox inserts of one id wait, not deadlock
-            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         if self._inbox_first:
             stubs = self._claim_then_lock(conn, run, now)
         else:
@@ -374,7 +376,7 @@ class Guard:
         sp = conn.begin_nested() if savepoint else None
         for h in self.hooks:
             h.before_handler(it.env)
-        session = Session(bind=conn, join_transaction_mode="rollback_only", expire_on_commit=False)
+        session = self._session(conn)
         err: Exception | None = None
         try:
             self.handler(it.env, session)
@@ -401,6 +403,16 @@ class Guard:
         if sp.is_active:
             sp.rollback()
         # savepoint mode: the others carry on in the same transaction
+
+    def _session(self, conn: Connection) -> Session:
+        """A per-thread ``Session`` re-bound to this delivery's connection (constructing one costs more than
+        the statements of a small handler). ``close()`` after each handler empties it again."""
+        session: Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = Session(join_transaction_mode="rollback_only", expire_on_commit=False)
+            self._local.session = session
+        session.bind = conn
+        return session
 
     def _inbox(self, it: _Item) -> InboxRow:
         env = it.env

@@ -31,10 +31,10 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import Counter
-from sqlalchemy import CursorResult, event, select, update
+from sqlalchemy import CursorResult, Table, bindparam, event, select, update
 from sqlalchemy.orm import Session, SessionTransaction
 
 from reliable import constants as C
@@ -207,30 +207,35 @@ class StubProducer:
     def _hook(self, session: Session) -> list[StagedMessage]:
         """The per-session list the after-commit hook sends, registering the hook on first use."""
         key = (_STAGED_KEY, id(self))  # one list per producer: each sends through its own sender
-        pending: list[StagedMessage] | None = session.info.get(key)
+        pending: _Pending | None = session.info.get(key)
         if pending is None:
-            pending = []
+            pending = _Pending()
             session.info[key] = pending
+            hook = pending
 
             def after_commit(sess: Session) -> None:  # only the root transaction's commit fires this
-                batch = list(pending)
-                pending.clear()
+                batch, verify = list(hook.items), hook.verify
+                hook.items.clear()
+                hook.verify = False
                 if batch:
-                    self._send_from_hook(batch)
+                    self._send_from_hook(batch, verify)
 
             def after_soft_rollback(sess: Session, previous: SessionTransaction) -> None:
                 # a root rollback: the stubs are gone, sending them would be a lie. A SAVEPOINT rollback
-                # keeps the list; send_staged re-reads the stubs and skips the ones it took with it.
-                if not previous.nested:
-                    pending.clear()
+                # keeps the list but makes the send re-read the stubs and skip the ones it took with it.
+                if previous.nested:
+                    hook.verify = True
+                else:
+                    hook.items.clear()
+                    hook.verify = False
 
             event.listen(session, "after_commit", after_commit)
             event.listen(session, "after_soft_rollback", after_soft_rollback)
-        return pending
+        return pending.items
 
-    def _send_from_hook(self, batch: list[StagedMessage]) -> None:
+    def _send_from_hook(self, batch: list[StagedMessage], verify: bool) -> None:
         try:
-            self.send_staged(batch)
+            self.send_staged(batch, verify=verify)
         except Exception:  # the caller's commit already happened; the sweeper owns what is left
             HOOK_ERRORS.inc()
             log.exception("after-commit send of %d message(s) failed; left for the sweeper", len(batch))
@@ -242,10 +247,18 @@ class StubProducer:
         An exception inside the block rolls back and sends nothing.
         """
         tx = ProducerTransaction(self)
+        savepoint_rolled_back = False
+
+        def after_soft_rollback(sess: Session, previous: SessionTransaction) -> None:
+            nonlocal savepoint_rolled_back
+            savepoint_rolled_back = savepoint_rolled_back or previous.nested
+
         with self.rel.session() as session:
+            event.listen(session, "after_soft_rollback", after_soft_rollback)
             tx.session = session
             yield tx
-        tx.results = self.send_staged(tx.staged)
+        # committed just now by us: only a SAVEPOINT rollback inside the block can have removed a stub
+        tx.results = self.send_staged(tx.staged, verify=savepoint_rolled_back)
 
     def publish(
         self, message_id: str, topic: str, body: bytes, group: str | None = None, tags: str | None = None
@@ -257,24 +270,30 @@ class StubProducer:
 
     # --- sending ---------------------------------------------------------------------------------------
 
-    def send_staged(self, staged: StagedMessage | Sequence[StagedMessage]) -> list[SendResult]:
+    def send_staged(
+        self, staged: StagedMessage | Sequence[StagedMessage], *, verify: bool = True
+    ) -> list[SendResult]:
         """Send committed stubs and record each result; call only after the staging transaction committed.
 
         A stub that is no longer PENDING (or was never committed) is skipped, so a caller that mixes up
-        commit and rollback cannot announce a message whose business write does not exist.
+        commit and rollback cannot announce a message whose business write does not exist. ``verify=False``
+        skips that re-read (one transaction less) for stubs the caller knows it has just committed.
         """
         batch = [staged] if isinstance(staged, StagedMessage) else list(staged)
         batch = list({m.message_id: m for m in batch}.values())  # one send per id, however often staged
         if not batch:
             return []
-        with self.rel.session() as s:
-            rows = s.execute(
-                select(MessageStub.message_id, MessageStub.send_count).where(
-                    MessageStub.message_id.in_([m.message_id for m in batch]),
-                    MessageStub.status == StubStatus.PENDING,
-                )
-            ).all()
-        send_counts = {r.message_id: r.send_count for r in rows}
+        if verify:
+            with self.rel.session() as s:
+                rows = s.execute(
+                    select(MessageStub.message_id, MessageStub.send_count).where(
+                        MessageStub.message_id.in_([m.message_id for m in batch]),
+                        MessageStub.status == StubStatus.PENDING,
+                    )
+                ).all()
+            send_counts = {r.message_id: r.send_count for r in rows}
+        else:
+            send_counts = {m.message_id: 0 for m in batch}
         results: list[SendResult] = []
         for msg in batch:
             if msg.message_id not in send_counts:
@@ -297,35 +316,41 @@ class StubProducer:
         return SendResult(msg.message_id, SendOutcome.SENT, receipt=receipt)
 
     def _record(self, results: Iterable[SendResult]) -> None:
-        """Write send results in one transaction (a crash before it only makes the sweeper resend early)."""
+        """Write send results in one transaction (a crash before it only makes the sweeper resend early).
+
+        One executemany per kind of result. No status filter: a consumer may already have confirmed the stub;
+        the receipt still belongs to the row (the report's send→confirm latency and offset lag read it).
+        """
         now = self.clock()
-        delay = dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
+        t = cast(Table, MessageStub.__table__)
+        sent = [
+            {"mid": r.message_id, "qid": r.receipt.queue_id, "qoff": r.receipt.queue_offset}
+            for r in results
+            if r.receipt is not None and r.outcome is SendOutcome.SENT
+        ]
+        failed = [{"mid": r.message_id, "err": r.error} for r in results if r.outcome is SendOutcome.FAILED]
+        if not sent and not failed:
+            return
+        common = {"send_count": t.c.send_count + 1, "last_sent_at": now, "updated_at": now}
         with self.rel.session() as s:
-            for r in results:
-                if r.outcome is SendOutcome.SKIPPED:
-                    continue
-                values: dict[str, object] = {
-                    "send_count": MessageStub.send_count + 1,
-                    "last_sent_at": now,
-                    "updated_at": now,
-                }
-                if r.receipt is not None:
-                    values |= {
-                        "queue_id": r.receipt.queue_id,
-                        "queue_offset": r.receipt.queue_offset,
-                        "resend_at": now + delay,
-                        "last_error": None,
-                    }
-                else:
-                    values |= {"resend_at": now, "last_error": r.error}
-                # no status filter: a consumer may already have confirmed it; the receipt still belongs to
-                # the row (the report's send→confirm latency and offset lag read it)
-                s.execute(
-                    update(MessageStub)
-                    .where(MessageStub.message_id == r.message_id)
-                    .values(**values)
-                    .execution_options(synchronize_session=False)
+            conn = s.connection()
+            if sent:
+                resend_at = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
+                conn.execute(
+                    update(t)
+                    .where(t.c.message_id == bindparam("mid"))
+                    .values(
+                        queue_id=bindparam("qid"),
+                        queue_offset=bindparam("qoff"),
+                        resend_at=resend_at,
+                        last_error=None,
+                        **common,
+                    ),
+                    sent,
                 )
+            if failed:
+                stmt = update(t).where(t.c.message_id == bindparam("mid"))
+                conn.execute(stmt.values(resend_at=now, last_error=bindparam("err"), **common), failed)
 
     # --- cancelling ------------------------------------------------------------------------------------
 
@@ -362,6 +387,14 @@ class StubProducer:
             raise InvalidStubStateError(
                 f"stub {message_id!r} is {status.value}; only PENDING or DEAD can be voided"
             )
+
+
+@dataclasses.dataclass
+class _Pending:
+    """What a session's after-commit hook will send, and whether it must re-read the stubs first."""
+
+    items: list[StagedMessage] = dataclasses.field(default_factory=list)
+    verify: bool = False
 
 
 @dataclasses.dataclass

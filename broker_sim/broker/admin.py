@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from broker_sim.broker.api import Perm, QueueProgress
 from broker_sim.broker.constants import dlq_topic, retry_topic
 from broker_sim.broker.convert import to_client
-from broker_sim.broker.errors import BrokerConfigError, BrokerResponseError, TopicNotExistError
+from broker_sim.broker.errors import BrokerResponseError, InvalidTopicError, TopicNotExistError
 from broker_sim.broker.topics import TopicConfig
 from broker_sim.client.message import MessageExt, MessageQueue, decode_offset_msg_id
 from broker_sim.store.results import GetMessageStatus
@@ -53,7 +53,7 @@ class AdminMixin:
         try:
             check_topic(topic)
         except MessageIllegalError as exc:
-            raise BrokerConfigError(str(exc)) from exc
+            raise InvalidTopicError(str(exc)) from exc
         tc = TopicConfig(
             topic,
             read_queue_nums if read_queue_nums is not None else queue_nums,

@@ -26,7 +26,6 @@ from broker_sim.broker.api import (
     BatchEntry,
     BrokerData,
     ClientChannel,
-    ConsumerSendMsgBackRequest,
     EndTransactionRequest,
     HeartbeatData,
     MessageModel,
@@ -42,11 +41,9 @@ from broker_sim.broker.api import (
 from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
 from broker_sim.broker.config import BrokerConfig, split_config
 from broker_sim.broker.constants import (
-    SendBackTarget,
     dlq_topic,
     is_retry_topic,
     retry_topic,
-    send_back_decision,
 )
 from broker_sim.broker.convert import parse_host
 from broker_sim.broker.errors import (
@@ -54,13 +51,13 @@ from broker_sim.broker.errors import (
     MessageIllegalError,
     NoPermissionError,
     ServiceNotAvailableError,
-    SystemBusyError,
     TopicNotExistError,
 )
 from broker_sim.broker.locks import RebalanceLockManager
 from broker_sim.broker.offsets import ConsumerOffsetManager
 from broker_sim.broker.pull import PullCallback, PullMessageProcessor
 from broker_sim.broker.schedule import ScheduleMessageService
+from broker_sim.broker.sendback import SendBackMixin, raise_for_put
 from broker_sim.broker.topics import TopicConfig, TopicConfigManager
 from broker_sim.broker.transaction import TransactionService
 from broker_sim.client.errors import RequestTimeoutError
@@ -70,12 +67,12 @@ from broker_sim.clock import Clock
 from broker_sim.faults import FaultInjector
 from broker_sim.store.message_record import MessageInner
 from broker_sim.store.message_store import MessageStore
-from broker_sim.store.results import DispatchRequest, PutMessageResult, PutMessageStatus
+from broker_sim.store.results import DispatchRequest, PutMessageStatus
 
 log = logging.getLogger("broker_sim.broker")
 
 
-class Broker(AdminMixin):
+class Broker(AdminMixin, SendBackMixin):
     def __init__(self, store_dir: str | Path, **config: Any) -> None:
         self.store_dir = Path(store_dir)
         self.config: BrokerConfig
@@ -251,19 +248,6 @@ class Broker(AdminMixin):
             reconsume_times=req.reconsume_times,
         )  # fmt: skip
 
-    @staticmethod
-    def _raise_for_put(result: PutMessageResult) -> None:
-        status = result.status
-        if result.ok:
-            return
-        if status is PutMessageStatus.SERVICE_NOT_AVAILABLE:
-            raise ServiceNotAvailableError(f"service not available now: {result.remark}")
-        if status in (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):
-            raise MessageIllegalError(f"the message is illegal: {result.remark or status.value}")
-        if status is PutMessageStatus.OS_PAGECACHE_BUSY:
-            raise SystemBusyError("[PC_SYNCHRONIZED]broker busy, start flow control for a while")
-        raise BrokerResponseError(f"put message failed: {status.value} {result.remark}")
-
     def send_message(self, req: SendMessageRequest, body: bytes) -> SendMessageResponse:
         """SEND_MESSAGE (10/310). A PREPARED message becomes a hidden half message; DELAY parks it on the
         schedule topic (the store does that). May raise ``SendAckLost`` after storing (fault injection)."""
@@ -275,7 +259,7 @@ class Broker(AdminMixin):
         if prepared:
             inner = self.transactions.half_message(inner)
         result = self.store.put_message(inner)
-        self._raise_for_put(result)
+        raise_for_put(result)
         app = result.append_result
         assert app is not None
         code = (
@@ -310,7 +294,7 @@ class Broker(AdminMixin):
         for inner in inners:
             inner.queue_id = queue_id
         result = self.store.put_messages(inners)
-        self._raise_for_put(result)
+        raise_for_put(result)
         app = result.append_result
         assert app is not None
         self.faults.on_send_stored(req.topic, queue_id, app.queue_offset)
@@ -437,8 +421,13 @@ class Broker(AdminMixin):
         self.offsets.commit_offset(group, topic, queue_id, offset)
 
     def get_max_offset(self, topic: str, queue_id: int) -> int:
-        """GET_MAX_OFFSET (30): the next offset to be written (0 for an unknown queue)."""
+        """GET_MAX_OFFSET (30): the next offset to be written (0 for an unknown queue).
+
+        Waits (at most 1 s) for the dispatcher to index what is already in the commit log: RocketMQ's reput
+        service lags by about a millisecond, so a client that sends and then asks sees its messages; our
+        dispatcher thread can lag further behind under load, and this hides that difference."""
         self.check_running()
+        self.store.wait_dispatched(1.0)
         return self.store.get_max_offset_in_queue(topic, queue_id)
 
     def get_min_offset(self, topic: str, queue_id: int) -> int:
@@ -455,50 +444,6 @@ class Broker(AdminMixin):
         """GET_EARLIEST_MSG_STORETIME (32)."""
         self.check_running()
         return self.store.get_earliest_message_time(topic, queue_id)
-
-    # ================================================================================ retry / DLQ
-
-    def consumer_send_msg_back(self, req: ConsumerSendMsgBackRequest) -> None:
-        """CONSUMER_SEND_MSG_BACK (36): store a copy of the failed message on ``%RETRY%{group}`` at delay
-        level
-        ``3 + reconsumeTimes`` (or the client's level), or on ``%DLQ%{group}`` past the maximum / for
-        level < 0.
-        The copy keeps the UNIQ_KEY and records RETRY_TOPIC (original topic) and ORIGIN_MESSAGE_ID."""
-        self.check_running()
-        sg = self.groups.find(req.group)
-        msg = self.store.look_message_by_offset(req.offset)
-        if msg is None:
-            raise BrokerResponseError(f"look message by offset failed, {req.offset}")
-        props = dict(msg.properties)
-        props.setdefault(Prop.RETRY_TOPIC, msg.topic)
-        props.pop(Prop.DELAY, None)
-        limit = req.max_reconsume_times if req.max_reconsume_times is not None else sg.retry_max_times
-        decision = send_back_decision(msg.reconsume_times, req.delay_level, limit)
-        if decision.target is SendBackTarget.DLQ:
-            topic, queue_id = dlq_topic(req.group), 0
-            self.topics.create_in_send_back(topic, 1, int(Perm.WRITE))
-        else:
-            topic = retry_topic(req.group)
-            tc = self.topics.create_in_send_back(topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
-            queue_id = random.randrange(tc.write_queue_nums)
-            props[Prop.DELAY] = str(decision.delay_level)
-        origin = req.origin_msg_id or props.get(Prop.ORIGIN_MESSAGE_ID) or msg.msg_id
-        props[Prop.ORIGIN_MESSAGE_ID] = origin
-        inner = MessageInner(
-            topic=topic, body=msg.body, queue_id=queue_id, flag=msg.flag, properties=props,
-            sys_flag=msg.sys_flag,
-            born_timestamp=msg.born_timestamp, born_host=msg.born_host, store_host=msg.store_host,
-            reconsume_times=msg.reconsume_times + 1,
-        )  # fmt: skip
-        self._raise_for_put(self.store.put_message(inner))
-        if decision.target is SendBackTarget.DLQ:
-            log.warning(
-                "message %s of %s moved to %s after %d attempts",
-                origin,
-                req.group,
-                topic,
-                msg.reconsume_times,
-            )
 
     # ================================================================================ transactions
 

@@ -57,6 +57,12 @@ class BrokerConfigError(BrokerError):
     """Bad broker configuration (unknown option, out-of-range value)."""
 
 
+class InvalidTopicError(BrokerResponseError, BrokerConfigError):
+    """An admin request for a topic with a bad name or queue count (answered SYSTEM_ERROR on the wire)."""
+
+    default_code = 1
+
+
 _BY_CODE: dict[int, type[BrokerResponseError]] = {
     c.default_code: c
     for c in (

@@ -89,6 +89,9 @@ class PullMessageProcessor:
             )
         if req.sys_flag & SysFlag.PULL_COMMIT_OFFSET and req.commit_offset >= 0:
             b.commit_consumer_offset(req.consumer_group, req.topic, req.queue_id, req.commit_offset)
+        if not req.sys_flag & SysFlag.PULL_SUSPEND:
+            # A pull that will not be held sees what is already appended (see Broker.get_max_offset).
+            b.store.wait_dispatched(1.0)
         resp = self.execute(req)
         if (
             resp.code == ResponseCode.PULL_NOT_FOUND

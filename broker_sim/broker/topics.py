@@ -20,8 +20,11 @@ from broker_sim.broker.constants import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
-from broker_sim.broker.errors import BrokerConfigError, NoPermissionError
+from broker_sim.broker.errors import BrokerConfigError, InvalidTopicError, NoPermissionError
 from broker_sim.broker.json_file import read_json, write_json_atomic
+
+_READ = int(Perm.READ)
+_WRITE = int(Perm.WRITE)
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,11 @@ class TopicConfig:
 
     @property
     def readable(self) -> bool:
-        return bool(self.perm & Perm.READ)
+        return bool(self.perm & _READ)  # plain ints: IntFlag arithmetic is slow on the send path
 
     @property
     def writable(self) -> bool:
-        return bool(self.perm & Perm.WRITE)
+        return bool(self.perm & _WRITE)
 
 
 class TopicConfigManager:
@@ -122,7 +125,7 @@ class TopicConfigManager:
 
     def update(self, tc: TopicConfig) -> TopicConfig:
         if tc.read_queue_nums < 1 or tc.write_queue_nums < 1 or tc.read_queue_nums > 1024:
-            raise BrokerConfigError(f"topic {tc.topic_name}: queue counts must be within 1..1024")
+            raise InvalidTopicError(f"topic {tc.topic_name}: queue counts must be within 1..1024")
         with self._lock:
             self._table[tc.topic_name] = tc
         self.persist()

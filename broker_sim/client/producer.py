@@ -9,6 +9,7 @@ again at a new offset with the same client id (UNIQ_KEY). broker_sim reproduces 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import zlib
@@ -144,20 +145,37 @@ class Producer(ClientBase):
             info = self._publish.get(topic)
         if info is not None and not refresh and info.queues:
             return info
+        from_default = False
         try:
             route = self.transport.get_route(topic)
         except BrokerResponseError as exc:
             if exc.code != ResponseCode.TOPIC_NOT_EXIST:
                 raise
             try:
-                route = self.transport.get_route("TBW102")
+                template = self.transport.get_route("TBW102")
             except BrokerResponseError:
                 raise exc from None
+            # As RocketMQ's client: borrow the template's route, capped to defaultTopicQueueNums, so the first
+            # send lands on a queue the auto-created topic will have.
+            n = self.default_topic_queue_nums
+            route = dataclasses.replace(
+                template,
+                queue_datas=[
+                    dataclasses.replace(
+                        q,
+                        read_queue_nums=min(n, q.read_queue_nums),
+                        write_queue_nums=min(n, q.write_queue_nums),
+                    )
+                    for q in template.queue_datas
+                ],
+            )
+            from_default = True
         info = TopicPublishInfo(topic, route)
         if not info.queues:
             raise BrokerResponseError(f"topic {topic} has no writable queue", int(ResponseCode.NO_PERMISSION))
-        with self._lock:
-            self._publish[topic] = info
+        if not from_default:  # a borrowed route is looked up again next time, when the topic exists
+            with self._lock:
+                self._publish[topic] = info
         return info
 
     def _route(self, topic: str) -> TopicPublishInfo:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from broker_sim.broker.api import (
@@ -22,13 +21,12 @@ from broker_sim.broker.api import (
     ConsumeType,
     HeartbeatData,
     MessageModel,
-    Perm,
     PullMessageRequest,
     PullMessageResponse,
     PullStatus,
     SubscriptionData,
 )
-from broker_sim.broker.constants import is_retry_topic, parse_tag_expression, retry_topic
+from broker_sim.broker.constants import parse_tag_expression, retry_topic
 from broker_sim.broker.errors import BrokerResponseError
 from broker_sim.client.allocate import Allocator, average
 from broker_sim.client.client_base import ClientBase, check_group
@@ -48,21 +46,14 @@ from broker_sim.client.offset_store import (
     RemoteBrokerOffsetStore,
 )
 from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.client.rebalance import PullRequest, RebalanceMixin
 from broker_sim.client.scheduler import Scheduler
 from broker_sim.clock import Clock
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class PullRequest:
-    mq: MessageQueue
-    pq: ProcessQueue
-    next_offset: int
-    locked_first: bool = False
-
-
-class PushConsumer(ClientBase):
+class PushConsumer(ClientBase, RebalanceMixin):
     """``PushConsumer(broker_or_address, group).subscribe(topic, "*", listener); consumer.start()``."""
 
     def __init__(
@@ -341,112 +332,6 @@ class PushConsumer(ClientBase):
         for mq, pq in items:
             svc.clean_expired(pq, mq)
 
-    # -- rebalance ------------------------------------------------------------------------------------------
-
-    def rebalance_now(self) -> None:
-        """Recompute this client's queues now (also runs at start, every 20 s and on membership change)."""
-        if self.stopped:
-            return
-        with self._rebalance_lock:
-            self.rebalance_count += 1
-            for topic in list(self.subscriptions):
-                try:
-                    self._rebalance_topic(topic)
-                except (TransportError, BrokerResponseError) as exc:
-                    log.warning("%s: rebalance of %s failed: %s", self.group, topic, exc)
-
-    def _topic_queues(self, topic: str) -> list[MessageQueue]:
-        route = self.transport.get_route(topic)
-        out: list[MessageQueue] = []
-        for qd in route.queue_datas:
-            if qd.perm & Perm.READ:
-                out.extend(MessageQueue(topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
-        return sorted(out)
-
-    def _rebalance_topic(self, topic: str) -> None:
-        mqs = self._topic_queues(topic)
-        if self.message_model is MessageModel.BROADCASTING:
-            wanted = mqs
-        else:
-            cids = self.transport.get_consumer_list(self.group)
-            if not cids:
-                log.warning("%s: no consumer ids from the broker for %s", self.group, topic)
-                return
-            wanted = self.allocate(self.group, self.client_id, mqs, cids)
-        self._update_process_queues(topic, set(wanted))
-
-    def _update_process_queues(self, topic: str, wanted: set[MessageQueue]) -> None:
-        new_requests: list[PullRequest] = []
-        with self._pq_lock:
-            for mq in [m for m in self.process_queues if m.topic == topic and m not in wanted]:
-                pq = self.process_queues.pop(mq)
-                pq.dropped = True
-                self._remove_unnecessary(mq, pq)
-                log.info("%s: %s dropped from %s by rebalance", self.group, mq, self.client_id)
-            for mq in sorted(wanted - set(self.process_queues)):
-                if (
-                    self.orderly
-                    and self.message_model is MessageModel.CLUSTERING
-                    and not self._lock_one_new(mq)
-                ):
-                    continue
-                self.offset_store.remove_offset(mq)
-                offset = self.compute_pull_from_where(mq)
-                if offset < 0:
-                    log.warning("%s: no start offset for %s; will retry at next rebalance", self.group, mq)
-                    continue
-                pq = ProcessQueue()
-                if self.orderly and self.message_model is MessageModel.CLUSTERING:
-                    pq.locked, pq.last_lock_ms = True, self.clock.now_ms()
-                self.process_queues[mq] = pq
-                new_requests.append(PullRequest(mq, pq, offset, locked_first=True))
-                log.info("%s: %s assigned to %s from offset %d", self.group, mq, self.client_id, offset)
-        for pr in new_requests:
-            self._pull_queue.put(pr)
-
-    def _lock_one_new(self, mq: MessageQueue) -> bool:
-        try:
-            return mq in self.transport.lock_batch_mq(self.group, self.client_id, {mq})
-        except (TransportError, BrokerResponseError):
-            return False
-
-    def _remove_unnecessary(self, mq: MessageQueue, pq: ProcessQueue) -> None:
-        self.offset_store.persist(mq)
-        self.offset_store.remove_offset(mq)
-        # Orderly: unlock only when no listener of this queue runs; otherwise the lock expires on the broker.
-        if (
-            self.orderly
-            and self.message_model is MessageModel.CLUSTERING
-            and pq.consume_lock.acquire(timeout=1.0)
-        ):
-            try:
-                self.transport.unlock_batch_mq(self.group, self.client_id, {mq})
-            finally:
-                pq.consume_lock.release()
-
-    def compute_pull_from_where(self, mq: MessageQueue) -> int:
-        """The committed offset, or for a new group the CONSUME_FROM_* policy; -1 if it cannot be known."""
-        last = self.offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
-        if last >= 0:
-            return last
-        if last != -1:
-            return -1
-        cfw = self.consume_from_where
-        try:
-            if is_retry_topic(mq.topic) or cfw is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
-                return 0
-            if cfw is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
-                ts = (
-                    self.consume_timestamp_ms
-                    if self.consume_timestamp_ms is not None
-                    else self.clock.now_ms() - 1_800_000
-                )
-                return self.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, ts)
-            return self.transport.get_max_offset(mq.topic, mq.queue_id)
-        except (TransportError, BrokerResponseError) as exc:
-            log.warning("%s: start offset of %s unknown: %s", self.group, mq, exc)
-            return -1
-
     def assigned_queues(self) -> list[MessageQueue]:
         with self._pq_lock:
             return sorted(self.process_queues)
@@ -482,6 +367,9 @@ class PushConsumer(ClientBase):
         if not self.orderly and pq.max_span() > self.consume_concurrently_max_span:
             self._flow_control(pr, "span")
             return
+        if self.orderly and self.message_model is MessageModel.CLUSTERING and not pq.locked:
+            self._pull_later(pr, self.pull_time_delay_ms_when_exception)  # no broker lock: no pulling
+            return
         sub = self.subscriptions.get(pr.mq.topic)
         if sub is None:
             self._pull_later(pr, self.pull_time_delay_ms_when_exception)
@@ -516,6 +404,14 @@ class PushConsumer(ClientBase):
     def _on_pull(self, pr: PullRequest, result: PullMessageResponse | BaseException) -> None:
         if self.stopped:
             return
+        try:
+            self._process_pull_result(pr, result)
+        except Exception:
+            # Never let one bad reply end this queue's pull loop: log it and pull again later.
+            log.exception("%s: processing the pull result of %s failed", self.group, pr.mq)
+            self._pull_later(pr, self.pull_time_delay_ms_when_exception)
+
+    def _process_pull_result(self, pr: PullRequest, result: PullMessageResponse | BaseException) -> None:
         if isinstance(result, BaseException):
             log.warning("%s: pull of %s failed: %s", self.group, pr.mq, result)
             self._pull_later(pr, self.pull_time_delay_ms_when_exception)

@@ -24,6 +24,7 @@ consumer
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -45,6 +46,8 @@ from broker_sim.client.message import MessageExt, MessageQueue
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
+
+log = logging.getLogger(__name__)
 
 PullCallback = Callable[[PullMessageResponse | BaseException], None]
 
@@ -191,8 +194,8 @@ class InProcessTransport:
             self._check().send_message(request, body)
         except SendAckLost:
             pass  # a oneway send never sees its ACK anyway; the injector already logged and counted it
-        except Exception:
-            self._broker.log.debug("oneway send to %s failed", request.topic, exc_info=True)
+        except Exception as exc:  # oneway: the sender is told nothing, as over the wire; the log says why
+            log.warning("oneway send to %s failed: %s", request.topic, exc)
 
     def send_batch_message(
         self, request: SendMessageRequest, entries: Sequence[BatchEntry], timeout_ms: int = 3000
@@ -225,10 +228,23 @@ class InProcessTransport:
         return result
 
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
+        fired = threading.Event()
+
+        def once(result: PullMessageResponse | BaseException) -> None:
+            # Exactly one callback, and a callback that raises never looks like a failed request (which
+            # would call it a second time and start a second pull loop for the queue).
+            if fired.is_set():
+                return
+            fired.set()
+            try:
+                callback(result)
+            except Exception:
+                log.exception("pull callback for %s:%d raised", request.topic, request.queue_id)
+
         try:
-            self._check().pull_message_async(request, callback)
-        except Exception as exc:
-            callback(exc)
+            self._check().pull_message_async(request, once)
+        except Exception as exc:  # delivered to the callback, as a network error reply would be
+            once(exc)
 
     def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
         self._check().heartbeat(data, channel)

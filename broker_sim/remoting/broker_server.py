@@ -173,6 +173,19 @@ class BrokerHandlers:
         self.address = address
         self.channels: dict[str, ConnectionChannel] = {}
 
+    def non_blocking_codes(self, sync_flush: bool) -> set[int]:
+        """Codes whose handlers never wait: pulls reply later by themselves (held in the Broker), reads of
+        offsets and registries are in memory; writes wait for the disk only under SYNC_FLUSH."""
+        codes = {
+            RequestCode.PULL_MESSAGE, RequestCode.HEART_BEAT, RequestCode.UNREGISTER_CLIENT,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP, RequestCode.QUERY_CONSUMER_OFFSET,
+            RequestCode.UPDATE_CONSUMER_OFFSET, RequestCode.GET_MAX_OFFSET, RequestCode.GET_MIN_OFFSET,
+            RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ,
+        }  # fmt: skip
+        if not sync_flush:
+            codes |= {RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE}
+        return {int(c) for c in codes}
+
     def handlers(self) -> dict[int, Handler]:
         return {
             RequestCode.SEND_MESSAGE: self.send_message,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from broker_sim.broker.api import (
     BatchEntry,
@@ -440,3 +441,9 @@ class RemotingTransport:
             self._conns.clear()
         for c in conns:
             c.close()
+
+
+if TYPE_CHECKING:  # mypy proves the TCP transport satisfies the client's transport protocol
+    from broker_sim.client.transport import BrokerTransport
+
+    _conforms: type[BrokerTransport] = RemotingTransport

@@ -17,13 +17,16 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker_sim.remoting.acl import AclGuard
 from broker_sim.remoting.admin_handlers import AdminHandlers
 from broker_sim.remoting.broker_server import BrokerHandlers
 from broker_sim.remoting.name_server import BrokerTopics, NameServer
 from broker_sim.remoting.server import Connection, RemotingServer
+
+if TYPE_CHECKING:
+    from broker_sim.broker.broker import Broker
 
 log = logging.getLogger("broker_sim.remoting.serve")
 
@@ -55,7 +58,7 @@ class BrokerSimServer:
             on_disconnect=self._on_disconnect,
         )
         self.namesrv_server = RemotingServer({}, config.host, config.namesrv_port, name="namesrv", workers=8)
-        self.broker: Any = None
+        self.broker: Broker | None = None
         self.handlers: BrokerHandlers | None = None
         self._stopped = threading.Event()
         self._shutdown_lock = threading.Lock()
@@ -95,6 +98,11 @@ class BrokerSimServer:
             auto_create_topics=bool(options.get("auto_create_topic_enable", False)),
         )
         self.namesrv_server.handlers = ns.handlers()
+        from broker_sim.store.config import FlushDiskType
+
+        sync_flush = self.broker.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        self.broker_server.inline_codes = frozenset(self.handlers.non_blocking_codes(sync_flush))
+        self.namesrv_server.inline_codes = frozenset(self.namesrv_server.handlers)
         self.broker_server.start()
         self.namesrv_server.start()
         log.info(

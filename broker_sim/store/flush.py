@@ -28,7 +28,9 @@ class GroupCommitService:
         self.checkpoint = checkpoint
         self.clock = clock
         self.before_flush: Callable[[], None] | None = None
-        self.flush_count = 0  # number of msync rounds (group commit makes it ≪ number of puts)
+        self.flush_count = 0  # number of flush rounds (group commit makes it ≪ number of puts)
+        self.in_flight = 0  # puts served by the round in progress
+        self.largest_group = 0  # most puts one flush has served
         self._lock = threading.Lock()
         self._requests: list[tuple[int, threading.Event]] = []
         self._wake = threading.Event()
@@ -41,6 +43,18 @@ class GroupCommitService:
         self._abandoned = False
         self._thread = threading.Thread(target=self._run, name="broker_sim-group-commit", daemon=True)
         self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Puts waiting for the next flush round (tests use it to line up a group)."""
+        with self._lock:
+            return len(self._requests)
+
+    @property
+    def waiting(self) -> int:
+        """Puts waiting for the next round or served by the current one."""
+        with self._lock:
+            return len(self._requests) + self.in_flight
 
     def wait_flushed(self, end_offset: int, timeout_ms: int) -> bool:
         """Block until the commit log is on disk up to ``end_offset``; False on timeout."""
@@ -63,8 +77,10 @@ class GroupCommitService:
             return
         with self._lock:
             requests, self._requests = self._requests, []
+            self.in_flight = len(requests)
         if not requests:
             return
+        self.largest_group = max(self.largest_group, len(requests))
         try:
             if self.before_flush is not None:
                 self.before_flush()
@@ -76,6 +92,8 @@ class GroupCommitService:
         except Exception:
             log.exception("group commit flush failed; %d waiting puts will time out", len(requests))
             return
+        finally:
+            self.in_flight = 0
         pending: list[tuple[int, threading.Event]] = []
         for target, ev in requests:
             if target <= flushed:

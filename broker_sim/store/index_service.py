@@ -36,12 +36,14 @@ class IndexService:
         self.lock = threading.Lock()
         self._end_phy = -1
         self._prefix_hashes: dict[str, int] = {}
+        self.flushed_timestamp = 0  # end timestamp of the newest index data known to be on disk
 
     def load(self, last_exit_ok: bool, checkpoint_index_ts: int) -> int:
         """Map existing files. After an unclean stop, files written after the last index checkpoint may
         hold entries for data recovery is about to cut, so they are deleted (their records get
         re-indexed); returns the smallest ``beginPhyOffset`` of a deleted file (-1 if none)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.flushed_timestamp = checkpoint_index_ts
         reindex_from = -1
         for path in sorted(p for p in self.directory.iterdir() if p.is_file() and p.name.isdigit()):
             f = IndexFile(path, self.hash_slots, self.max_entries)
@@ -74,6 +76,7 @@ class IndexService:
         prev = self.files[-1] if self.files else None
         if prev is not None:
             prev.flush()
+            self.flushed_timestamp = max(self.flushed_timestamp, int(prev.end_timestamp))
         ms = self.clock.now_ms()
         path = self.directory / index_file_name(ms)
         while path.exists() or (self.files and path.name <= self.files[-1].path.name):
@@ -164,6 +167,7 @@ class IndexService:
             f.write_header()
             ts = int(f.end_timestamp)
         f.sync()  # outside the lock: the dispatcher keeps indexing while the disk works
+        self.flushed_timestamp = max(self.flushed_timestamp, ts)
         return ts
 
     def close(self) -> None:

@@ -150,7 +150,7 @@ class MessageStore(StoreReader):
         start = choose_start(
             files,
             abnormal,
-            self.checkpoint.min_timestamp(self.index is not None),
+            self.checkpoint.min_timestamp(with_index=False),  # RocketMQ's messageIndexSafe=false
             cfg.normal_recover_segments,
         )
         end = scan_commit_log(cl, start, cfg.truncate_corrupt_middle, report)
@@ -198,7 +198,7 @@ class MessageStore(StoreReader):
         self.dispatcher.stop()
         self.dispatcher.dispatch_pending()
         self._flush_commit_log()
-        self._flush_logics()
+        self._flush_logics(with_index=True)
         self._close()
         self.abort_file.remove()
 
@@ -247,7 +247,13 @@ class MessageStore(StoreReader):
             self.checkpoint.physic_msg_timestamp = ts
         return flushed
 
-    def _flush_logics(self) -> None:
+    def _flush_logics(self, with_index: bool = False) -> None:
+        """Flush consume queues (and, at shutdown, the index) and rewrite the checkpoint.
+
+        Like RocketMQ, the index is not flushed periodically — only when a file fills up (on the roll) and
+        at shutdown: flushing it means writing back pages scattered over its 20 MB slot table, and every
+        later put touching a cleaned page faults again. After a crash, index files newer than the
+        checkpoint's index timestamp are deleted and rebuilt from the commit log instead."""
         ts = self.dispatcher.last_store_timestamp
         with self._cq_lock:
             cqs = list(self._cqs.values())
@@ -256,7 +262,7 @@ class MessageStore(StoreReader):
         if ts > self.checkpoint.logics_msg_timestamp:
             self.checkpoint.logics_msg_timestamp = ts
         if self.index is not None:
-            its = self.index.flush()
+            its = self.index.flush() if with_index else self.index.flushed_timestamp
             if its > self.checkpoint.index_msg_timestamp:
                 self.checkpoint.index_msg_timestamp = its
         self.checkpoint.flush()
@@ -264,7 +270,7 @@ class MessageStore(StoreReader):
     def flush(self) -> int:
         """Flush commit log, consume queues, index and checkpoint now; returns the flushed log offset."""
         flushed = self._flush_commit_log()
-        self._flush_logics()
+        self._flush_logics(with_index=True)
         return flushed
 
     # ================================================================================== put

@@ -25,6 +25,7 @@ first. When that send-back fails the message is answered ``RECONSUME_LATER`` ins
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 from broker_sim.broker.api import ConsumerSendMsgBackRequest
 from broker_sim.client.message import ConsumeStatus, Message, MessageExt, Prop, SendStatus
 from broker_sim.client.transport import BrokerTransport
+from reliable import constants as C
 from reliable.errors import SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult, Envelope
@@ -84,6 +86,23 @@ class BrokerSimSender:
             queue_offset=int(result.queue_offset),
             broker_message_id=str(result.offset_msg_id or result.msg_id),
         )
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None:
+        """The sweeper's ``BacklogSource`` (``reliable sweep`` uses a sender that has it), over the
+        producer's own connection."""
+        transport = getattr(self.producer, "transport", None)
+        return None if transport is None else BrokerSimBacklog(transport).max_offset(topic, queue_id)
+
+
+def sweeper_sender(rel: object) -> BrokerSimSender:
+    """``reliable sweep --sender reliable.adapters.broker_sim:sweeper_sender``: a sender to the broker-sim
+    name server in ``RELIABLE_BROKER_SIM_NAMESRV`` (default 127.0.0.1:9876), producer group
+    ``RELIABLE_SENDER_GROUP`` (default ``reliable_sweeper``)."""
+    from broker_sim.client.producer import Producer
+
+    namesrv = os.environ.get(C.ENV_BROKER_SIM_NAMESRV) or C.DEFAULT_NAMESRV
+    group = os.environ.get(C.ENV_SENDER_GROUP) or C.DEFAULT_SENDER_GROUP
+    return BrokerSimSender(Producer(namesrv, group))
 
 
 class BrokerSimBacklog:

@@ -134,16 +134,19 @@ class Topology:
             ch.exchange_delete(self.exchange)
 
 
-def _parameters(url: str) -> pika.URLParameters:
+def _parameters(url: str, name: str | None = None) -> pika.URLParameters:
     try:
-        return pika.URLParameters(url)
+        params = pika.URLParameters(url)
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"bad AMQP URL {url!r}: {exc}") from None
+    if name:  # shown by the management UI and `rabbitmqctl list_connections client_properties`
+        params.client_properties = {"connection_name": name}
+    return params
 
 
-def connect(url: str) -> BlockingConnection:
+def connect(url: str, name: str | None = None) -> BlockingConnection:
     """A blocking connection; a malformed URL is a configuration error, not a network one."""
-    return BlockingConnection(_parameters(url))
+    return BlockingConnection(_parameters(url, name))
 
 
 def to_envelope(
@@ -200,6 +203,7 @@ class RabbitMQConsumer:
         prefetch: int = 16,
         retry_delay_s: float = 1.0,
         declare: bool = True,
+        connection_name: str | None = None,
     ) -> None:
         if prefetch <= 0 or retry_delay_s < 0:
             raise ConfigurationError("prefetch must be > 0 and retry_delay_s >= 0")
@@ -214,7 +218,7 @@ class RabbitMQConsumer:
         #: what happened to deliveries so far: ack, requeue, dead_letter, dead_letter_fallback, handler_error
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
-        self.connection = connect(url)
+        self.connection = connect(url, connection_name)
         self.channel = self.connection.channel()
         self._dlx_channel: BlockingChannel | None = None
         if declare:
@@ -356,9 +360,11 @@ class RabbitMQSender:
         exchange: str = "",
         routing_key: Callable[[OutgoingMessage], str] | None = None,
         mandatory: bool = True,
+        connection_name: str | None = None,
     ) -> None:
         _parameters(url)  # fail early on a malformed URL
         self.url = url
+        self.connection_name = connection_name
         self.exchange = exchange
         self.routing_key = routing_key or (lambda m: m.topic)
         self.mandatory = mandatory
@@ -369,7 +375,7 @@ class RabbitMQSender:
     def _channel(self) -> BlockingChannel:
         if self._ch is None or not self._ch.is_open:
             if self._conn is None or not self._conn.is_open:
-                self._conn = connect(self.url)
+                self._conn = connect(self.url, self.connection_name)
             self._ch = self._conn.channel()
             self._ch.confirm_delivery()
         return self._ch
@@ -393,18 +399,25 @@ class RabbitMQSender:
             type=message.tags,
             timestamp=int(time.time()),
         )
+        key = self.routing_key(message)
         with self._lock:
-            try:
-                self._channel().basic_publish(
-                    self.exchange, self.routing_key(message), message.body, props, mandatory=self.mandatory
-                )
-            except pika.exceptions.UnroutableError:
-                raise SendError(f"message {message.message_id}: unroutable (no queue bound)") from None
-            except pika.exceptions.NackError:
-                raise SendError(f"message {message.message_id}: broker refused it (nack)") from None
-            except (pika.exceptions.AMQPError, OSError) as exc:
-                self._drop()
-                raise SendError(f"message {message.message_id}: {type(exc).__name__}: {exc}") from exc
+            # two tries: a connection left idle past the heartbeat timeout is closed by the broker and only
+            # noticed on the next publish; one fresh connection turns that into a normal send. (A publish
+            # that did go out before its confirm was lost becomes a duplicate, which the guard suppresses.)
+            for attempt in (1, 2):
+                try:
+                    channel = self._channel()
+                    channel.basic_publish(self.exchange, key, message.body, props, mandatory=self.mandatory)
+                    break
+                except pika.exceptions.UnroutableError:
+                    raise SendError(f"message {message.message_id}: unroutable (no queue bound)") from None
+                except pika.exceptions.NackError:
+                    raise SendError(f"message {message.message_id}: broker refused it (nack)") from None
+                except (pika.exceptions.AMQPError, OSError) as exc:
+                    self._drop()
+                    if attempt == 2 or isinstance(exc, pika.exceptions.AMQPChannelError):
+                        raise SendError(f"message {message.message_id}: {type(exc).__name__}: {exc}") from exc
+                    log.info("send of %s: %r; reconnecting once", message.message_id, exc)
         return SendReceipt(queue_id=0, queue_offset=seq, broker_message_id=f"{self.exchange}/{seq}")
 
     def _drop(self) -> None:

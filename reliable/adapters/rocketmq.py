@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from reliable import constants as C
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult, Envelope
@@ -113,6 +115,15 @@ class RocketMQSender:
         return SendReceipt(
             queue_id=chosen[-1], queue_offset=int(result.offset), broker_message_id=result.msg_id
         )
+
+
+def sweeper_sender(rel: object) -> RocketMQSender:
+    """``reliable sweep --sender reliable.adapters.rocketmq:sweeper_sender``: a sender to the name server in
+    ``RELIABLE_ROCKETMQ_NAMESRV`` (default 127.0.0.1:9876), producer group ``RELIABLE_SENDER_GROUP``
+    (default ``reliable_sweeper``)."""
+    namesrv = os.environ.get(C.ENV_ROCKETMQ_NAMESRV) or C.DEFAULT_NAMESRV
+    group = os.environ.get(C.ENV_SENDER_GROUP) or C.DEFAULT_SENDER_GROUP
+    return RocketMQSender.connect(namesrv, group)
 
 
 def to_envelope(msg: Any) -> Envelope:

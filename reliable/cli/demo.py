@@ -7,8 +7,11 @@ but that promise was broken (the summary says where); 2 for bad flags or a part 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -76,6 +79,15 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         mode=args.mode,
     )
+    if not getattr(args, "verbose", 0):
+        # the run's own log goes to WORKDIR/logs/demo.log; the terminal shows the live display and errors
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.ERROR)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt  # the runner's clean-up stops the broker, consumers and Redis it started
+
+    signal.signal(signal.SIGTERM, on_term)
     console = Console(stderr=True)
     summary = DemoRunner(options, console).run()
     if args.json:

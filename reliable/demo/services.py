@@ -16,7 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -24,6 +26,23 @@ from typing import IO, Any
 from reliable.demo.errors import ServiceStartError
 
 log = logging.getLogger("reliable.demo")
+
+
+def on_orphaned(callback: Callable[[], None], interval_s: float = 1.0) -> None:
+    """Call ``callback`` once if this process's parent dies (the demo was SIGKILLed or crashed).
+
+    The demo's children run in their own sessions (so a Ctrl-C reaches only the demo, which stops them in
+    order); this watch keeps a killed demo from leaving brokers and consumers behind.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(interval_s)
+        log.warning("parent process %d is gone; stopping", parent)
+        callback()
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
 def free_port() -> int:

@@ -31,7 +31,11 @@ class DemoSummary:
     deliveries: int = 0
     duplicates_delivered: int = 0
     duplicates_suppressed: int = 0
+    #: copies the sweeper re-sent successfully (its round summaries); failed attempts are in ``sweeper``
     resent: int = 0
+    #: ``sum(send_count - 1)`` over the stubs: every hand-over after the first, failed ones included
+    send_attempts_beyond_first: int = 0
+    sweeper: dict[str, int] = field(default_factory=dict)
     dead: int = 0
     pending: int = 0
     ledger_ok: bool = False
@@ -48,6 +52,8 @@ class DemoSummary:
     report: str | None = None
     reconciliation: dict[str, Any] | None = None
     wall_time_s: float = 0.0
+    #: start to "everything stopped and counted", i.e. without the Spark report
+    pipeline_time_s: float = 0.0
     settled: bool = False
     mode: str = ""
     db: str = ""

@@ -24,7 +24,7 @@ from typing import Any
 
 from reliable.adapters.broker_sim import GuardedListener, send_back_to_dlq
 from reliable.demo import ledger, parts
-from reliable.demo.services import SIG_DROP_DB, SIG_LOSE_COMMITS, WorkerConfig
+from reliable.demo.services import SIG_DROP_DB, SIG_LOSE_COMMITS, WorkerConfig, on_orphaned
 from reliable.demo.transport import ChaosTransport
 from reliable.facade import Reliability
 
@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_stop)
     signal.signal(SIG_DROP_DB, on_drop_db)
     signal.signal(SIG_LOSE_COMMITS, on_lose_commits)
+    on_orphaned(stop.set)
     worker.start()
     while not stop.wait(1.0):
         pass

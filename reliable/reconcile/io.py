@@ -166,12 +166,12 @@ def read_jdbc(
 
 
 def _utc(df: DataFrame) -> DataFrame:
-    """MariaDB DATETIMEs are naive UTC (models.UTCDateTime); read as NTZ, reinterpret as UTC instants."""
+    """MariaDB DATETIMEs hold naive UTC (models.UTCDateTime): read as NTZ, cast in the UTC session zone."""
     from pyspark.sql import functions as F
 
     for name, kind in df.dtypes:
         if kind == "timestamp_ntz":
-            df = df.withColumn(name, F.to_utc_timestamp(F.col(name).cast("timestamp"), "UTC"))
+            df = df.withColumn(name, F.col(name).cast("timestamp"))
     return df
 
 

@@ -43,8 +43,13 @@ def jdbc_target(db_url: str) -> JdbcTarget:
             "postgresql",
         )
     if backend in ("mysql", "mariadb"):
+        # the mysql scheme (which the MariaDB driver accepts) makes Spark pick its MySQL dialect: backtick
+        # quoting; under jdbc:mariadb: Spark falls back to ANSI double quotes, which MariaDB reads as strings
         return JdbcTarget(
-            f"jdbc:mariadb://{host}:{u.port or 3306}/{u.database}", "org.mariadb.jdbc.Driver", props, "mysql"
+            f"jdbc:mysql://{host}:{u.port or 3306}/{u.database}?permitMysqlScheme",
+            "org.mariadb.jdbc.Driver",
+            props,
+            "mysql",
         )
     if backend == "sqlite":
         raise InputError(

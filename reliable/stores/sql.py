@@ -2,8 +2,9 @@
 
 Why hand-written SQL: the guard runs once per delivery, and an ORM unit of work (or even a Core statement
 compiled per call) costs more than a local database round trip. Every statement here is rendered once per
-dialect into the driver's own placeholder style and executed with ``Connection.exec_driver_sql`` inside the
-caller's SQLAlchemy transaction, so the handler's ``Session`` (bound to the same ``Connection``) shares it.
+dialect into the driver's own placeholder style and executed on the DBAPI cursor of the caller's SQLAlchemy
+``Connection``, inside its transaction, so the handler's ``Session`` (bound to the same ``Connection``) shares
+it.
 
 Round trips per primitive (PostgreSQL / SQLite / MariaDB):
 
@@ -24,9 +25,10 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from reliable.stores import InboxRow, JournalEntry, OutcomeUpdate, StubRow
 from reliable.types import LogOutcome, StubStatus
@@ -73,6 +75,7 @@ class SqlStore:
         self._lock = "" if self.dialect == "sqlite" else " FOR UPDATE"
         self._ts: Callable[[dt.datetime], Any] = _ts_converter(self.dialect)
         self._cache: dict[tuple[str, int, int], str] = {}
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
 
     # --- rendering -----------------------------------------------------------------------------------
     def _sql(self, text: str) -> str:
@@ -86,6 +89,52 @@ class SqlStore:
         if sql is None:
             sql = self._cache[key] = self._sql(build(n))
         return sql
+
+    # --- execution ----------------------------------------------------------------------------------
+    def _cursor_call(self, conn: Connection, sql: str, params: Any, many: bool, fetch: bool) -> Any:
+        """Run one statement on the DBAPI cursor of ``conn``'s connection (inside its transaction).
+
+        ``exec_driver_sql`` costs about as much Python as a local SQLite statement itself, so the guard's own
+        statements skip it; driver errors are re-raised as SQLAlchemy's ``DBAPIError`` (and a dropped
+        connection is invalidated) exactly as SQLAlchemy would, so callers handle one exception family.
+        """
+        fairy = conn.connection
+        cur = fairy.cursor()
+        try:
+            if many:
+                cur.executemany(sql, params)
+            else:
+                cur.execute(sql, params)
+            return cur.fetchall() if fetch else cur.rowcount
+        except self._dbapi_error as exc:
+            disconnect = self.engine.dialect.is_disconnect(cast(Any, exc), fairy.dbapi_connection, cur)
+            if disconnect:
+                conn.invalidate(exc)
+            raise DBAPIError.instance(
+                sql,
+                params,
+                exc,
+                self._dbapi_error,
+                connection_invalidated=disconnect,
+                dialect=self.engine.dialect,
+            ) from exc
+        finally:
+            cur.close()
+
+    def _all(self, conn: Connection, sql: str, params: Any) -> list[Any]:
+        rows: list[Any] = self._cursor_call(conn, sql, params, False, True)
+        return rows
+
+    def _run(self, conn: Connection, sql: str, params: Any, *, many: bool = False) -> int:
+        return int(self._cursor_call(conn, sql, params, many, False))
+
+    def execute(self, conn: Connection, sql: str) -> None:
+        """A parameterless statement (e.g. ``SET TRANSACTION …``) through the same lean path."""
+        self._cursor_call(conn, sql, (), False, False)
+
+    def autocommit(self, conn: Connection, on: bool) -> None:
+        """Switch the DBAPI connection's autocommit (PostgreSQL journal); only outside a transaction."""
+        conn.connection.driver_connection.autocommit = on  # type: ignore[union-attr]
 
     # --- step 1: journal ------------------------------------------------------------------------------
     @property
@@ -131,16 +180,16 @@ class SqlStore:
         if self._pg:
             name = "journal_pg_sync" if self.durable_journal else "journal_pg"
             sql = self._cached(name, n, lambda k: _pg_journal(k, m, self.durable_journal), m)
-            rows = conn.exec_driver_sql(sql, tuple(log_params + prog_params)).fetchall()
+            rows = self._all(conn, sql, tuple(log_params + prog_params))
         else:
             sql = self._cached(
                 "journal_log",
                 n,
                 lambda k: f"INSERT INTO message_log ({_LOG_COLS}) VALUES {_rows(k, 10)} RETURNING id",
             )
-            rows = conn.exec_driver_sql(sql, tuple(log_params)).fetchall()
+            rows = self._all(conn, sql, tuple(log_params))
             build = _my_progress if self._my else _sqlite_progress
-            conn.exec_driver_sql(self._cached("progress", m, build), tuple(prog_params))
+            self._run(conn, self._cached("progress", m, build), tuple(prog_params))
         # ids come from one sequence/auto-increment in VALUES order, so sorting restores entry order even
         # where RETURNING does not promise it.
         return sorted(int(r[0]) for r in rows)
@@ -171,7 +220,7 @@ class SqlStore:
                 f"WHERE message_id IN ({_marks(k)}) ORDER BY message_id{suffix}"
             ),
         )
-        rows = conn.exec_driver_sql(sql, tuple(ids)).fetchall()
+        rows = self._all(conn, sql, tuple(ids))
         return {r[0]: StubRow(StubStatus(r[1]), r[2], r[3]) for r in rows}
 
     def claim_inbox(self, conn: Connection, rows: Sequence[InboxRow], now: dt.datetime) -> set[str]:
@@ -208,7 +257,7 @@ class SqlStore:
             len(rows),
             lambda k: f"{head} message_stub ({_INBOX_COLS}) VALUES {_rows(k, 11)}{tail} RETURNING message_id",
         )
-        return {r[0] for r in conn.exec_driver_sql(sql, tuple(params)).fetchall()}
+        return {r[0] for r in self._all(conn, sql, tuple(params))}
 
     def confirm(self, conn: Connection, message_ids: Sequence[str], now: dt.datetime) -> int:
         """Conditional confirm of PENDING/DEAD stubs; returns how many rows changed (caller demands all)."""
@@ -223,7 +272,7 @@ class SqlStore:
                 f"WHERE message_id IN ({_marks(k)}) AND status IN ('PENDING', 'DEAD')"
             ),
         )
-        return int(conn.exec_driver_sql(sql, (ts, ts, *message_ids)).rowcount)
+        return self._run(conn, sql, (ts, ts, *message_ids))
 
     def confirm_and_record(
         self, conn: Connection, message_ids: Sequence[str], now: dt.datetime, updates: Sequence[OutcomeUpdate]
@@ -242,8 +291,8 @@ class SqlStore:
         params: list[Any] = [ts, ts, *message_ids] if n else []
         for u in updates:
             params += (u.log_id, u.outcome.value, u.reason)
-        row = conn.exec_driver_sql(sql, tuple(params)).fetchone()
-        return int(row[0]) if row is not None else 0
+        rows = self._all(conn, sql, tuple(params))
+        return int(rows[0][0]) if rows else 0
 
     def unclaim_inbox(self, conn: Connection, message_ids: Sequence[str]) -> None:
         """Delete inbox rows this transaction inserted for messages whose handler then failed (batch mode)."""
@@ -254,7 +303,7 @@ class SqlStore:
             len(message_ids),
             lambda k: f"DELETE FROM message_stub WHERE message_id IN ({_marks(k)}) AND status = 'CONFIRMED'",
         )
-        conn.exec_driver_sql(sql, tuple(message_ids))
+        self._run(conn, sql, tuple(message_ids))
 
     # --- outcomes ---------------------------------------------------------------------------------------
     def set_outcomes(self, conn: Connection, updates: Sequence[OutcomeUpdate]) -> None:
@@ -263,7 +312,10 @@ class SqlStore:
             return
         sql = self._cached("outcome", 1, lambda _: _OUTCOME_SQL)
         params = [(u.outcome.value, u.reason, u.log_id) for u in updates]
-        conn.exec_driver_sql(sql, params[0] if len(params) == 1 else params)
+        if len(params) == 1:
+            self._run(conn, sql, params[0])
+        else:
+            self._run(conn, sql, params, many=True)
 
     def count_handler_failures(self, conn: Connection, message_id: str, group: str) -> int:
         """Earlier deliveries of this message to this group whose handler raised (cold path only)."""
@@ -275,10 +327,8 @@ class SqlStore:
                 "AND outcome = ? AND reason LIKE ?"
             ),
         )
-        row = conn.exec_driver_sql(
-            sql, (message_id, group, LogOutcome.RETRY.value, HANDLER_FAILED_PREFIX + "%")
-        ).fetchone()
-        return int(row[0]) if row is not None else 0
+        rows = self._all(conn, sql, (message_id, group, LogOutcome.RETRY.value, HANDLER_FAILED_PREFIX + "%"))
+        return int(rows[0][0]) if rows else 0
 
 
 def _aggregate_progress(entries: Sequence[JournalEntry]) -> dict[tuple[str, str, int], tuple[int, int, int]]:

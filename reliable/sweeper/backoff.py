@@ -15,6 +15,7 @@ Backoff specs (CLI ``--backoff`` / ``RELIABLE_SWEEP_BACKOFF``)::
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
 import random
 import re
@@ -137,9 +138,10 @@ class BacklogSource(Protocol):
     def max_offset(self, topic: str, queue_id: int) -> int | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class QueueProgress:
-    """The ``consume_progress`` row of one (group, topic, queue)."""
+    """The ``consume_progress`` row of one (group, topic, queue); one object serves a whole batch, so the
+    rate is computed once (``cached_property``)."""
 
     max_offset: int
     min_offset: int
@@ -147,7 +149,7 @@ class QueueProgress:
     updated_at: dt.datetime
     received_count: int
 
-    @property
+    @functools.cached_property
     def rate_per_s(self) -> float | None:
         """Offsets the group advanced per second over the row's life; ``None`` if it cannot be told yet.
 

@@ -81,7 +81,8 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
     the row locks only (used by give-up, which finishes its work inside the same transaction).
     """
     rows = conn.execute(locking(stmt, lock_mode(conn))).all()
-    candidates = [Candidate.from_row(r) for r in rows]
+    with_watermark = bool(rows) and "watermark" in rows[0]._fields
+    candidates = [Candidate.from_row(r, with_watermark) for r in rows]
     if candidates and until is not None:
         ids = [c.message_id for c in candidates]
         conn.execute(update(stub).where(_id_in(conn, ids)).values(resend_at=until))

@@ -55,9 +55,11 @@ class BatchResult:
     dead: list[DeadNotice] = field(default_factory=list)
 
 
-def load_progress(
-    conn: Connection, candidates: Sequence[Candidate]
-) -> dict[tuple[str, str, int], QueueProgress]:
+#: (consumer_group, topic, queue_id) of a ``consume_progress`` row
+ProgressKey = tuple[str, str, int]
+
+
+def load_progress(conn: Connection, candidates: Sequence[Candidate]) -> dict[ProgressKey, QueueProgress]:
     """The ``consume_progress`` rows behind the batch's queues (one statement), for the backlog estimate."""
     keys = {(c.consumer_group, c.topic, c.queue_id) for c in candidates if c.queue_id is not None}
     if not keys:
@@ -101,7 +103,8 @@ def send_claimed(
     rest unsent and unchanged: due again in the next round (row locks) or after the claim TTL (leases).
     """
     result = BatchResult()
-    updates: list[dict[str, Any]] = []
+    ok: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     postponed: list[dict[str, Any]] = []
     sent: list[tuple[Candidate, SendReceipt | None, str | None]] = []
     for cand, lease in zip(candidates, leases, strict=True):
@@ -140,14 +143,10 @@ def send_claimed(
             count = cand.send_count + 1
             if receipt is None:
                 result.send_failures += 1
-                updates.append(
+                failed.append(
                     {
                         "b_id": cand.message_id,
                         "b_send_count": count,
-                        "b_queue_id": cand.queue_id,
-                        "b_queue_offset": cand.queue_offset,
-                        "b_last_sent_at": None,
-                        "b_keep_last_sent": True,
                         "b_resend_at": now + policy.delay(count),
                         "b_last_error": error,
                     }
@@ -162,20 +161,17 @@ def send_claimed(
                 receipt.queue_id,
                 receipt.queue_offset,
             )
-            updates.append(
+            ok.append(
                 {
                     "b_id": cand.message_id,
                     "b_send_count": count,
                     "b_queue_id": receipt.queue_id,
                     "b_queue_offset": receipt.queue_offset,
                     "b_last_sent_at": now,
-                    "b_keep_last_sent": False,
                     "b_resend_at": now + policy.delay(count) + backlog,
                     "b_last_error": None,
                 }
             )
-        ok = [u for u in updates if not u["b_keep_last_sent"]]
-        failed = [u for u in updates if u["b_keep_last_sent"]]
         if ok:
             conn.execute(
                 update(stub)
@@ -188,7 +184,7 @@ def send_claimed(
                     resend_at=bindparam("b_resend_at", type_=stub.c.resend_at.type),
                     last_error=bindparam("b_last_error"),
                 ),
-                [{k: v for k, v in u.items() if k != "b_keep_last_sent"} for u in ok],
+                ok,
             )
         if failed:
             conn.execute(
@@ -199,7 +195,7 @@ def send_claimed(
                     resend_at=bindparam("b_resend_at", type_=stub.c.resend_at.type),
                     last_error=bindparam("b_last_error"),
                 ),
-                [{k: u[k] for k in ("b_id", "b_send_count", "b_resend_at", "b_last_error")} for u in failed],
+                failed,
             )
         if postponed:
             conn.execute(
@@ -211,7 +207,11 @@ def send_claimed(
     return result
 
 
-def give_up_reason(cand: Candidate, max_sends: int) -> str:
+def _key(c: Candidate) -> ProgressKey:
+    return (c.consumer_group, c.topic, c.queue_id if c.queue_id is not None else -1)
+
+
+def give_up_reason(cand: Candidate, max_sends: int, queue: QueueProgress | None = None) -> str:
     if cand.stuck:
         assert cand.last_received_at is not None
         return (
@@ -222,7 +222,8 @@ def give_up_reason(cand: Candidate, max_sends: int) -> str:
         return f"no send reached the broker after {cand.send_count} attempt(s) (budget {max_sends})"
     return (
         f"never received after {cand.send_count} send(s) (budget {max_sends}): last copy at queue "
-        f"{cand.queue_id} offset {cand.queue_offset}, group watermark {cand.watermark}"
+        f"{cand.queue_id} offset {cand.queue_offset}, group watermark "
+        f"{queue.max_offset if queue is not None else cand.watermark}"
     )
 
 
@@ -255,7 +256,8 @@ def mark_dead(
         conn.execute(update(stub).where(stub.c.message_id == cand.message_id).values(resend_at=now + hold))
     if not dead:
         return result
-    reasons = [give_up_reason(c, max_sends) for c in dead]
+    queues = load_progress(conn, dead)
+    reasons = [give_up_reason(c, max_sends, queues.get(_key(c))) for c in dead]
     conn.execute(
         update(stub)
         .where(stub.c.message_id == bindparam("b_id"), stub.c.status == StubStatus.PENDING)

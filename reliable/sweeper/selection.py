@@ -41,7 +41,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, and_, exists, func, or_, select
+from sqlalchemy import Select, Table, and_, exists, func, or_, select, true
 
 from reliable.models import ConsumeProgress, MessageLog, MessageStub, StubNotification, UTCDateTime
 from reliable.types import StubStatus
@@ -57,6 +57,10 @@ class Budget(enum.Enum):
 
     RESEND = "resend"  # send_count < max_sends: send again
     EXHAUSTED = "exhausted"  # send_count >= max_sends: would be re-sent, but must go DEAD instead
+    #: both at once: what the sweeper runs, so ONE index scan per batch serves resend and give-up (a
+    #: separate give-up statement would scan every due stub each round only to find the few at budget);
+    #: the sweeper splits the rows on ``send_count`` and never re-sends one at budget.
+    ANY = "any"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +77,9 @@ class Candidate:
     queue_offset: int | None
     #: newest ``message_log.received_at`` of its group; ``None`` = never received (not a stuck stub).
     last_received_at: dt.datetime | None
-    #: ``consume_progress.max_offset`` of its group/topic/queue, ``None`` if the group never consumed there.
-    watermark: int | None
+    #: ``consume_progress.max_offset`` of its group/topic/queue (``None``: the group never consumed there);
+    #: selected only by the give-up statement, for the reason a person reads.
+    watermark: int | None = None
 
     @property
     def stuck(self) -> bool:
@@ -82,7 +87,7 @@ class Candidate:
         return self.last_received_at is not None
 
     @classmethod
-    def from_row(cls, row: Any) -> Candidate:
+    def from_row(cls, row: Any, with_watermark: bool = False) -> Candidate:
         return cls(
             message_id=row.message_id,
             topic=row.topic,
@@ -93,7 +98,7 @@ class Candidate:
             queue_id=row.queue_id,
             queue_offset=row.queue_offset,
             last_received_at=row.last_received_at,
-            watermark=row.watermark,
+            watermark=row.watermark if with_watermark else None,
         )
 
 
@@ -126,9 +131,11 @@ def due_statement(
         or_(stub.c.queue_offset.is_(None), stub.c.queue_offset <= watermark),
     )
     stuck = last_received < now - stuck_after
-    budget_clause = (
-        stub.c.send_count < max_sends if budget is Budget.RESEND else stub.c.send_count >= max_sends
-    )
+    budget_clause = {
+        Budget.RESEND: stub.c.send_count < max_sends,
+        Budget.EXHAUSTED: stub.c.send_count >= max_sends,
+        Budget.ANY: true(),
+    }[budget]
     return (
         select(
             stub.c.message_id,
@@ -140,7 +147,7 @@ def due_statement(
             stub.c.queue_id,
             stub.c.queue_offset,
             last_received.label("last_received_at"),
-            watermark.label("watermark"),
+            *([watermark.label("watermark")] if budget is Budget.EXHAUSTED else []),
         )
         .where(
             stub.c.status == StubStatus.PENDING,

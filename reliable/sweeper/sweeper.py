@@ -2,12 +2,12 @@
 
 A round, in order:
 
-1. **give up** — stubs that would be re-sent but have ``send_count >= max_sends``: ``DEAD`` + notices owed
-   (claimed and finished in one transaction per batch);
-2. **re-send** — due stubs, batch by batch: claim (short transaction), read the Redis leases of the stuck
-   ones, send through the :class:`~reliable.sender.Sender`, record (one executemany per batch);
-3. **notify** — deliver owed notices per channel (a failing channel never stops the round);
-4. **retention** — purge old log rows of settled stubs.
+1. **sweep**, batch by batch: one selection statement claims due stubs (see :mod:`.claim`); the Redis
+   leases of the stuck ones are read; stubs at ``max_sends`` go ``DEAD`` with their notices owed (in the
+   claim transaction); the others are sent through the :class:`~reliable.sender.Sender` and the outcomes
+   recorded (one executemany per batch);
+2. **notify** — deliver owed notices per channel (a failing channel never stops the round);
+3. **retention** — purge old log rows of settled stubs.
 
 Selection uses the round's start time, and every stub handled gets a ``resend_at`` after it, so the loop of
 batches ends: no stub is handled twice in a round.
@@ -135,9 +135,7 @@ class Sweeper:
         started = time.perf_counter()
         summary = RoundSummary()
         try:
-            now = self.clock()
-            self._give_up(now, summary)
-            self._resend(now, summary)
+            self._sweep(self.clock(), summary)
             self._notify(summary)
             if not self.stopping:
                 summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
@@ -159,44 +157,14 @@ class Sweeper:
     def _batches(self) -> range:
         return range(self.max_batches) if self.max_batches is not None else range(2**62)
 
-    def _give_up(self, now: dt.datetime, summary: RoundSummary) -> None:
+    def _sweep(self, now: dt.datetime, summary: RoundSummary) -> None:
+        """Batches of (claim → give up the ones at budget → send the rest → record) until nothing is due."""
         stmt = due_statement(
             now=now,
             stuck_after=self.stuck_after,
             max_sends=self.max_sends,
             limit=self.batch,
-            budget=Budget.EXHAUSTED,
-        )
-        for _ in self._batches():
-            if self.stopping:
-                return
-            with self.engine.begin() as conn:
-                candidates = claim(conn, stmt, until=None)
-                if not candidates:
-                    return
-                result = mark_dead(
-                    conn,
-                    candidates,
-                    self._leases(candidates),
-                    max_sends=self.max_sends,
-                    channels=self.channels,
-                    now=self.clock(),
-                    lease_unknown_hold=self.lease_hold,
-                )
-            summary.selected += len(candidates)
-            summary.dead += len(result.dead)
-            summary.lease_held += result.lease_held
-            summary.lease_unknown += result.lease_unknown
-            if len(candidates) < self.batch:
-                return
-
-    def _resend(self, now: dt.datetime, summary: RoundSummary) -> None:
-        stmt = due_statement(
-            now=now,
-            stuck_after=self.stuck_after,
-            max_sends=self.max_sends,
-            limit=self.batch,
-            budget=Budget.RESEND,
+            budget=Budget.ANY,
         )
         for _ in self._batches():
             if self.stopping:
@@ -206,13 +174,15 @@ class Sweeper:
                     candidates = claim(conn, stmt, until=None)
                     if not candidates:
                         return
-                    result = self._send(candidates, lambda: contextlib.nullcontext(conn))
+                    fresh, leases = self._give_up(conn, candidates, summary)
+                    result = self._send(fresh, leases, lambda: contextlib.nullcontext(conn))
             else:  # lease claim: short claim transaction, sends outside any transaction, then record
                 with self.engine.begin() as conn:
                     candidates = claim(conn, stmt, until=self.clock() + self.claim_ttl)
-                if not candidates:
-                    return
-                result = self._send(candidates, self.engine.begin)
+                    if not candidates:
+                        return
+                    fresh, leases = self._give_up(conn, candidates, summary)
+                result = self._send(fresh, leases, self.engine.begin)
             summary.selected += len(candidates)
             summary.resent += result.resent
             summary.send_failures += result.send_failures
@@ -222,14 +192,39 @@ class Sweeper:
             if len(candidates) < self.batch:
                 return
 
+    def _give_up(
+        self, conn: Connection, candidates: Sequence[Candidate], summary: RoundSummary
+    ) -> tuple[list[Candidate], list[LeaseView]]:
+        """Mark the claimed stubs at budget DEAD (in the claim transaction); return the rest to send."""
+        leases = self._leases(candidates)
+        spent = [(c, v) for c, v in zip(candidates, leases, strict=True) if c.send_count >= self.max_sends]
+        if spent:
+            result = mark_dead(
+                conn,
+                [c for c, _ in spent],
+                [v for _, v in spent],
+                max_sends=self.max_sends,
+                channels=self.channels,
+                now=self.clock(),
+                lease_unknown_hold=self.lease_hold,
+            )
+            summary.dead += len(result.dead)
+            summary.lease_held += result.lease_held
+            summary.lease_unknown += result.lease_unknown
+        rest = [(c, v) for c, v in zip(candidates, leases, strict=True) if c.send_count < self.max_sends]
+        return [c for c, _ in rest], [v for _, v in rest]
+
     def _send(
-        self, candidates: Sequence[Candidate], recorder: Callable[[], AbstractContextManager[Connection]]
+        self,
+        candidates: Sequence[Candidate],
+        leases: Sequence[LeaseView],
+        recorder: Callable[[], AbstractContextManager[Connection]],
     ) -> BatchResult:
         return send_claimed(
             recorder,
             self.sender,
             candidates,
-            self._leases(candidates),
+            leases,
             policy=self.backoff,
             estimator=self.estimator,
             clock=self.clock,

@@ -5,8 +5,11 @@ Every test declares its own uniquely named queue, exchanges and dead-letter queu
 
 from __future__ import annotations
 
+import logging
+import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -350,6 +353,42 @@ def test_unroutable_send_is_a_send_error_and_the_stub_stays_pending(
             assert row.last_error is not None and "unroutable" in row.last_error
     finally:
         admin.exchange_delete(exchange)
+
+
+def _close_connection_on_the_server(name: str) -> None:
+    """Close one named connection from the broker side (what a heartbeat timeout or a broker restart does)."""
+    deadline = time.monotonic() + 30
+    while True:
+        listing = subprocess.run(
+            ["rabbitmqctl", "-q", "list_connections", "pid", "client_properties"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        pids = [line.split("\t", 1)[0] for line in listing.stdout.splitlines() if name in line]
+        if pids:
+            break
+        assert time.monotonic() < deadline, f"connection {name} not listed: {listing.stdout}{listing.stderr}"
+    for pid in pids:
+        cmd = ["rabbitmqctl", "close_connection", pid, "test"]
+        subprocess.run(cmd, capture_output=True, timeout=60, check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl on this machine")
+def test_sender_reconnects_after_the_broker_closed_its_idle_connection(
+    topology: Topology, rabbitmq_url: str, admin: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="reliable.adapters.rabbitmq")
+    topology.declare(admin)
+    name = f"reliable-test-{uuid.uuid4().hex[:8]}"
+    with RabbitMQSender(rabbitmq_url, exchange=topology.exchange or "", connection_name=name) as sender:
+        first = sender.send(OutgoingMessage("r-1", TOPIC, b"1", GROUP))
+        _close_connection_on_the_server(name)
+        second = sender.send(OutgoingMessage("r-2", TOPIC, b"2", GROUP))  # noticed, reconnected, sent
+    assert "reconnecting once" in caplog.text  # the stale connection was really hit, then replaced
+    assert second.queue_offset > first.queue_offset
+    assert queue_depth(admin, topology.queue) == 2
 
 
 def test_sender_reports_unreachable_broker_and_bad_url() -> None:

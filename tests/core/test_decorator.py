@@ -95,3 +95,47 @@ def test_handler_runs_only_on_an_unconfirmed_matching_stub_of_our_group(
     assert runs == expected
     if stub is not None and stub.status is StubStatus.CONFIRMED and v is not Verdict.DUPLICATE:
         assert v in (Verdict.MISMATCH, Verdict.FOREIGN_GROUP)
+
+
+def test_hooks_see_every_step_in_order(sqlite_url: str, key_prefix: str) -> None:
+    from collections.abc import Sequence
+
+    from reliable import Decision, GuardHooks
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
+    seen: list[str] = []
+
+    class Recorder(GuardHooks):
+        def before_journal(self, envs: Sequence[Envelope]) -> None:
+            seen.append(f"before_journal:{len(envs)}")
+
+        def after_journal(self, envs: Sequence[Envelope], log_ids: Sequence[int]) -> None:
+            seen.append(f"after_journal:{len(log_ids)}")
+
+        def before_handler(self, env: Envelope) -> None:
+            seen.append(f"before_handler:{env.message_id}")
+
+        def after_handler(self, env: Envelope, error: BaseException | None) -> None:
+            seen.append(f"after_handler:{type(error).__name__}")
+
+        def after_decision(self, env: Envelope, decision: Decision) -> None:
+            seen.append(f"after_decision:{decision.reason.value}")
+
+    rel = make_rel(sqlite_url, None, key_prefix)
+    handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry(), hooks=[Recorder()])(apply)
+    try:
+        handle(env("h1"))
+        handle(env("h1"))
+    finally:
+        rel.close()
+    assert seen == [
+        "before_journal:1",
+        "after_journal:1",
+        "before_handler:h1",
+        "after_handler:NoneType",
+        "after_decision:processed",
+        "before_journal:1",
+        "after_journal:1",
+        "after_decision:duplicate_confirmed",
+    ]

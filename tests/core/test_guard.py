@@ -342,7 +342,12 @@ class _BarrierAfterJournal(GuardHooks):
 def test_race_without_redis_database_admits_one(
     db_url: str, key_prefix: str, registry: CollectorRegistry, with_stub: bool, warm: bool
 ) -> None:
-    """Redis disabled: both workers pass the (absent) fast path together; the row lock / key decides."""
+    """Redis disabled: both workers pass the (absent) fast path together; the row lock / key decides.
+
+    The barrier sits right after the journal (both deliveries past the fast path, about to lock the stub)
+    rather than inside the handler: the stub's row lock / the inbox key is what keeps the second worker out
+    of the handler, so a barrier in there could never be reached by both — which is the property under test.
+    """
     rel = make_rel(db_url, None, key_prefix)
     hook = _BarrierAfterJournal(2)
     calls: list[int] = []
@@ -442,3 +447,25 @@ def test_database_down_means_reconsume_later_and_lease_released(
         ) == 1
     finally:
         rel.close()
+
+
+def test_failing_handler_in_batch_reruns_the_others_once_without_double_effects(
+    rel: Reliability, registry: CollectorRegistry
+) -> None:
+    """The batch is optimistic: after a failure it rolls back and re-runs the rest with savepoints."""
+    runs: list[str] = []
+    bad = uid("bad")
+
+    @idempotent_consumer(rel, group="g", registry=registry)
+    def handle(e: Envelope, session: Session) -> None:
+        runs.append(str(e.message_id))
+        apply(e, session)
+        if e.message_id == bad:
+            raise RuntimeError("x")
+
+    good = [uid("g") for _ in range(3)]
+    reasons = [d.reason for d in handle.decide_batch([env(good[0]), env(bad), env(good[1]), env(good[2])])]
+    assert reasons == [Reason.PROCESSED, Reason.HANDLER_FAILED, Reason.PROCESSED, Reason.PROCESSED]
+    # first pass: good[0], bad (fails, all rolled back); second pass with savepoints: the three good ones
+    assert runs == [good[0], bad, good[0], good[1], good[2]]
+    assert per_message(rel) == dict.fromkeys(good, 1)

@@ -111,19 +111,19 @@ def test_processes_racing_apply_once(db_url: str, redis_url: str, key_prefix: st
     for m in ids[::2]:
         add_stub(rel, m, "g")
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(3, timeout=60)
+    barrier = ctx.Barrier(2, timeout=60)
     procs = [
         ctx.Process(target=child_consume, args=(db_url, redis_url, key_prefix, ids[n:] + ids[:n], barrier))
-        for n in (0, 4, 8)
+        for n in (0, 6)
     ]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
     try:
-        assert [p.exitcode for p in procs] == [0, 0, 0]
+        assert [p.exitcode for p in procs] == [0, 0]
         assert per_message(rel) == dict.fromkeys(ids, 1)
-        assert len(log_rows(rel)) >= 3 * len(ids)
+        assert len(log_rows(rel)) >= 2 * len(ids)
     finally:
         rel.close()
 
@@ -167,7 +167,7 @@ _op = st.one_of(
 
 
 @settings(
-    max_examples=15,
+    max_examples=12,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

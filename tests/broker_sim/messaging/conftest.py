@@ -14,7 +14,7 @@ from broker_sim import Broker, ManualClock
 SMALL_STORE = {"commit_log_file_size": 4 * 1024 * 1024, "index_hash_slots": 1024, "index_max_entries": 8192}
 
 
-def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
     """Poll ``pred`` (real time) until true; fail the test with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not pred():

@@ -7,6 +7,7 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from broker_sim.broker.constants import (
     SendBackTarget,
@@ -213,3 +214,63 @@ def test_scheduler_runs_jobs_only_when_the_manual_clock_reaches_them() -> None:
     assert fired.wait(2) and periodic.wait(2)
     s.shutdown()
     assert ran.count("tick") == 2 and ran.count("once") == 1
+
+
+class ProcessQueueMachine(RuleBasedStateMachine):
+    """Random pulls, completions and orderly take/commit/retry: the commit offset never skips a message
+    that is pulled but not finished, and never goes backwards while messages keep arriving in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pq = ProcessQueue()
+        self.next_offset = 0
+        self.unfinished: set[int] = set()
+        self.taken: list[MessageExt] = []
+        self.last_commit = -1
+
+    @rule(n=st.integers(1, 8))
+    def pull(self, n: int) -> None:
+        batch = msgs(*range(self.next_offset, self.next_offset + n))
+        self.pq.put_messages(batch)
+        self.unfinished.update(range(self.next_offset, self.next_offset + n))
+        self.next_offset += n
+
+    @rule(data=st.data())
+    def finish_some(self, data: st.DataObject) -> None:
+        pending = sorted(self.unfinished - {m.queue_offset for m in self.taken})
+        if not pending:
+            return
+        done = data.draw(st.lists(st.sampled_from(pending), unique=True, max_size=len(pending)))
+        self.pq.remove_messages(msgs(*done))
+        self.unfinished.difference_update(done)
+
+    @rule(k=st.integers(1, 4))
+    def take(self, k: int) -> None:
+        if not self.taken:
+            self.taken = self.pq.take_messages(k)
+
+    @rule(success=st.booleans())
+    def finish_taken(self, success: bool) -> None:
+        if not self.taken:
+            return
+        if success:
+            self.pq.commit()
+            self.unfinished.difference_update(m.queue_offset for m in self.taken)
+        else:
+            self.pq.make_message_to_consume_again(self.taken)
+        self.taken = []
+
+    @invariant()
+    def commit_offset_is_safe(self) -> None:
+        got = self.pq.committable_offset()
+        if self.unfinished:
+            assert got == min(self.unfinished)
+        elif self.next_offset:
+            assert got == self.next_offset
+        assert got >= self.last_commit
+        self.last_commit = got
+        assert self.pq.msg_count == len(self.unfinished)
+
+
+ProcessQueueMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+test_process_queue_state_machine = ProcessQueueMachine.TestCase

@@ -51,11 +51,17 @@ class Serve:
             str(broker_port),
             *self.extra,
         ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self.log.open("a"), text=True, env=ENV
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # blocks until ready (or EOF if it failed to start)
+        # A restart on fixed ports can briefly find a port taken (e.g. by a client's outgoing connection that
+        # drew it as its ephemeral port): the server then exits with a one-line error, and we try again.
+        for _attempt in range(20):
+            self.proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=self.log.open("a"), text=True, env=ENV
+            )
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()  # blocks until ready (or EOF if it failed to start)
+            if line.startswith("broker-sim ready"):
+                break
+            self.proc.wait(timeout=30)
         assert line.startswith("broker-sim ready"), f"serve did not start: {line!r}, see {self.log}"
         fields = dict(part.split("=", 1) for part in line.split()[2:])
         self.namesrv, self.broker = fields["namesrv"], fields["broker"]

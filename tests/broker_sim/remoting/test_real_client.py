@@ -35,8 +35,11 @@ def run_worker(
 ) -> list[dict[str, Any]]:
     proc = subprocess.run(
         [sys.executable, str(WORKER), mode, namesrv, json.dumps(args)],
-        capture_output=True, text=True, timeout=timeout, env=_env(home),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(home),
+    )
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, f"{mode} worker exited {proc.returncode}: {proc.stderr[-2000:]}"
     return events
@@ -45,8 +48,11 @@ def run_worker(
 def start_worker(mode: str, namesrv: str, args: dict[str, Any], home: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(WORKER), mode, namesrv, json.dumps(args)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env(home),
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_env(home),
+    )
 
 
 def test_send_sync_lands_in_the_store(serve: ServerFactory, tmp_path: Path) -> None:
@@ -156,3 +162,17 @@ def test_pull_consumer_reads_from_zero(serve: ServerFactory, tmp_path: Path) -> 
     assert sorted(e["body"] for e in pulled) == sorted(f"m{i}" for i in range(10))
     for q in (0, 1):
         assert [e["offset"] for e in pulled if e["queue_id"] == q] == list(range(5))
+
+
+def test_unknown_topic_is_created_through_tbw102_when_auto_create_is_on(
+    serve: ServerFactory, tmp_path: Path
+) -> None:
+    srv = serve(auto_create_topic_enable=True)
+    sent = [
+        e
+        for e in run_worker("produce", srv.namesrv_address, {"topic": "AutoT", "count": 3}, tmp_path)
+        if e["event"] == "sent"
+    ]
+    assert len(sent) == 3
+    route = srv.broker.get_route_info_by_topic("AutoT")
+    assert route.queue_datas[0].write_queue_nums == 4  # min(client's defaultTopicQueueNums 4, TBW102's 8)

@@ -99,7 +99,9 @@ def test_writes_rejected_above_90_percent(make_store: StoreFactory, clock: Manua
     assert store.put_message(msg()).status is PutMessageStatus.PUT_OK
 
 
-def test_queue_rebuilt_after_head_expired_starts_mid_file(make_store: StoreFactory, clock: ManualClock) -> None:
+def test_queue_rebuilt_after_head_expired_starts_mid_file(
+    make_store: StoreFactory, clock: ManualClock
+) -> None:
     import shutil
 
     clock.set(at_hour(12).now_ms())
