@@ -69,12 +69,19 @@ def database() -> Iterator[str]:
 @contextlib.contextmanager
 def queue() -> Iterator[Topology]:
     topo = Topology(queue=f"bench-{uuid.uuid4().hex[:10]}")
-    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    _on_fresh_connection(topo.declare)
     try:
-        topo.declare(conn.channel())
         yield topo
     finally:
-        topo.delete(conn.channel())
+        _on_fresh_connection(topo.delete)
+
+
+def _on_fresh_connection(step: Callable[[Any], None]) -> None:
+    """Run ``step(channel)`` on a new connection: one left idle through a long run misses its heartbeats."""
+    conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+    try:
+        step(conn.channel())
+    finally:
         conn.close()
 
 
@@ -148,8 +155,12 @@ def consuming(rel: Reliability, n: int, chunks: int) -> tuple[float, float]:
             consumer = RabbitMQConsumer(AMQP_URL, topo, handler, prefetch=64, declare=False)
             consumers.append(consumer)
 
+            expected = [0]
+
             def run(ids: Sequence[str]) -> None:
-                target = consumer.counts["ack"] + len(ids)
+                # cumulative: one poll may settle more than a chunk (prefetch), the totals stay exact
+                expected[0] += len(ids)
+                target = expected[0]
                 if not consumer.run(until=lambda: consumer.counts["ack"] >= target, timeout_s=300):
                     raise RuntimeError(f"benchmark consumer timed out: {dict(consumer.counts)}")
 

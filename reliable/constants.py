@@ -77,3 +77,6 @@ ENV_ROCKETMQ_NAMESRV: Final = "RELIABLE_ROCKETMQ_NAMESRV"
 ENV_SENDER_GROUP: Final = "RELIABLE_SENDER_GROUP"
 DEFAULT_NAMESRV: Final = "127.0.0.1:9876"
 DEFAULT_SENDER_GROUP: Final = "reliable_sweeper"
+#: broker URL and exchange of ``reliable.adapters.rabbitmq:sweeper_sender`` (routing key = the stub's topic).
+ENV_RABBITMQ_URL: Final = "RELIABLE_RABBITMQ_URL"
+ENV_RABBITMQ_EXCHANGE: Final = "RELIABLE_RABBITMQ_EXCHANGE"

@@ -11,6 +11,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reliable.errors import BadMessageError, PayloadMismatchError
 from reliable.stores import StubRow
 from reliable.stores.sql import HANDLER_FAILED_PREFIX
 from reliable.types import ConsumeResult, Envelope, LogOutcome, StubStatus
@@ -114,3 +115,27 @@ class GuardHooks:
     def before_handler(self, env: Envelope) -> None: ...
     def after_handler(self, env: Envelope, error: BaseException | None) -> None: ...
     def after_decision(self, env: Envelope, decision: Decision) -> None: ...
+
+
+def verdict_decision(
+    v: Verdict, message_id: str, group: str, payload_hash: str | None, stub: StubRow | None
+) -> tuple[Reason, str | None, BaseException | None]:
+    """The reason, detail and (for bad input) the typed error of a verdict that does not run the handler."""
+    if v is Verdict.DUPLICATE:
+        return Reason.DUPLICATE_CONFIRMED, None, None
+    if v is Verdict.VOIDED:
+        return Reason.VOIDED, "stub was voided by the producer", None
+    if v is Verdict.MISMATCH:
+        err: BaseException = PayloadMismatchError(
+            f"message {message_id!r}: body sha256 {payload_hash} differs from the recorded "
+            f"{stub.payload_hash if stub else None}"
+        )
+        return Reason.PAYLOAD_MISMATCH, str(err), err
+    if v is Verdict.FOREIGN_GROUP:
+        err = BadMessageError(
+            f"message {message_id!r}: its stub belongs to consumer group "
+            f"{stub.consumer_group if stub else None!r}, not {group!r} (message_stub is keyed by id)"
+        )
+        return Reason.BAD_MESSAGE, str(err), err
+    # VANISHED: an insert we waited on was rolled back and its row is gone; try again later
+    return Reason.CONFIRM_CONFLICT, "stub row vanished while we waited for it", None

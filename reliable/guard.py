@@ -35,6 +35,10 @@ Batch mode runs the same steps for N envelopes with one Redis pipeline, one jour
 work transaction, optimistically without savepoints; after a handler fails, the rest run again with a
 SAVEPOINT each so a failing handler rolls back only its own writes (see :meth:`Guard._work`).
 
+A single message first tries the happy case in one statement: the conditional confirm (plus, on PostgreSQL,
+the journal outcome) runs *before* the handler, holding the row lock; a handler failure rolls it back with
+everything else, and only when it changes no row does the general path (lock or claim, judge) run.
+
 The reasons, verdicts and the :class:`Decision` type live in :mod:`reliable.decision`.
 """
 
@@ -57,14 +61,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reliable import constants as C
-from reliable.decision import Decision, GuardHooks, Reason, Verdict, judge
-from reliable.errors import BadMessageError, MissingMessageIdError, PayloadMismatchError
-from reliable.metrics import guard_metrics, log_decision
+from reliable.decision import Decision, GuardHooks, Reason, Verdict, judge, verdict_decision
+from reliable.errors import BadMessageError, MissingMessageIdError
+from reliable.metrics import DecisionObserver, guard_metrics
 from reliable.models import utcnow
 from reliable.stores import InboxRow, JournalEntry, LeaseState, OutcomeUpdate, StubRow
 from reliable.stores.lease import NoLeaseStore, RedisLeaseStore, done_value, lease_key, processing_value
 from reliable.stores.sql import SqlStore, reason_text
-from reliable.types import ConsumeResult, Envelope
+from reliable.types import ConsumeResult, Envelope, LogOutcome
 
 log = logging.getLogger(C.GUARD_LOGGER)
 
@@ -131,7 +135,7 @@ class Guard:
             self.lease = NoLeaseStore()
         self._host = socket.gethostname()
         self._mariadb = self.sql.dialect in ("mysql", "mariadb")
-        self._children: dict[Reason, Any] = {}
+        self._observe = DecisionObserver(self.metrics, group)
         # Learned per guard: when most recent deliveries had no producer stub, claim the inbox row first
         # (one round trip fewer). Not on MariaDB: there INSERT IGNORE share-locks an existing row and the
         # FOR UPDATE that follows could deadlock with a twin delivery.
@@ -313,20 +317,34 @@ class Guard:
         if self._mariadb:
             # no gap locks on absent stub rows: two inbox inserts of one id wait, not deadlock
             self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        if self._inbox_first:
+        recorded = False
+        if len(run) == 1 and not self._inbox_first:
+            it = run[0]
+            early = OutcomeUpdate(it.log_id or 0, LogOutcome.SUCCESS, Reason.PROCESSED.value)
+            recorded = it.log_id is not None and self.sql.confirm_first(
+                conn, it.mid, self.group, it.payload_hash, now, early
+            )
+        if recorded:
+            # the happy case in one statement: stub confirmed and outcome written, pending the handler
+            stubs: dict[str, StubRow] = {}
+            run[0].verdict = Verdict.RUN
+        elif self._inbox_first:
             stubs = self._claim_then_lock(conn, run, now)
         else:
             stubs = self._lock_then_claim(conn, run, now)
         for it in run:
-            it.verdict = judge(stubs.get(it.mid), it.claimed, self.group, it.payload_hash)
-            if it.verdict in (Verdict.RUN, Verdict.RUN_INBOX):
+            v = it.verdict if recorded else judge(stubs.get(it.mid), it.claimed, self.group, it.payload_hash)
+            it.verdict = v
+            if v is Verdict.RUN or v is Verdict.RUN_INBOX:
                 self._run_handler(conn, it, savepoint=savepoints)
-            else:
-                self._decide_verdict(it, it.verdict, stubs.get(it.mid))
+            elif v is not None:
+                self._decide_verdict(it, v, stubs.get(it.mid))
         ok = [it for it in run if it.decision is None and it.error is None]
         for it in ok:
             self._decide(it, Reason.PROCESSED)
         self.sql.unclaim_inbox(conn, [it.mid for it in run if it.error is not None and it.claimed])
+        if recorded:
+            return
         to_confirm = [it.mid for it in ok if it.verdict is Verdict.RUN]
         updates = [self._update(it) for it in run if it.decision is not None]
         changed = self.sql.confirm_and_record(conn, to_confirm, now, updates)
@@ -419,24 +437,8 @@ class Guard:
         return InboxRow(it.mid, env.topic, env.tags, self.group, env.body, it.payload_hash)
 
     def _decide_verdict(self, it: _Item, v: Verdict, stub: StubRow | None) -> None:
-        if v is Verdict.DUPLICATE:
-            self._decide(it, Reason.DUPLICATE_CONFIRMED)
-        elif v is Verdict.VOIDED:
-            self._decide(it, Reason.VOIDED, "stub was voided by the producer")
-        elif v is Verdict.MISMATCH:
-            err = PayloadMismatchError(
-                f"message {it.mid!r}: body sha256 {it.payload_hash} differs from the recorded "
-                f"{stub.payload_hash if stub else None}"
-            )
-            self._decide(it, Reason.PAYLOAD_MISMATCH, str(err), error=err)
-        elif v is Verdict.FOREIGN_GROUP:
-            err2 = BadMessageError(
-                f"message {it.mid!r}: its stub belongs to consumer group "
-                f"{stub.consumer_group if stub else None!r}, not {self.group!r} (message_stub is keyed by id)"
-            )
-            self._decide(it, Reason.BAD_MESSAGE, str(err2), error=err2)
-        else:  # VANISHED: an insert we waited on was rolled back and its row is gone; try again later
-            self._decide(it, Reason.CONFIRM_CONFLICT, "stub row vanished while we waited for it")
+        reason, detail, error = verdict_decision(v, it.mid, self.group, it.payload_hash, stub)
+        self._decide(it, reason, detail, error=error)
 
     # --- step 5: failures, twins and late outcomes --------------------------------------------------
     def _settle(self, conn: Connection, items: list[_Item]) -> None:
@@ -523,30 +525,7 @@ class Guard:
         if d is None:  # defensive: every path decides; if one did not, redelivery is the safe answer
             d = Decision(it.mid or None, Reason.DATABASE_UNAVAILABLE, "undecided")
         d = Decision(d.message_id, d.reason, d.detail, it.log_id, d.attempts, d.error)
-        child = self._children.get(d.reason)
-        if child is None:
-            child = self._children[d.reason] = self.metrics.messages.labels(
-                self.group, d.outcome.value, d.reason.value
-            )
-        child.inc()
-        if d.duplicate:
-            source = {Reason.DUPLICATE_DONE_MARKER: "redis", Reason.DUPLICATE_IN_BATCH: "batch"}.get(
-                d.reason, "database"
-            )
-            self.metrics.duplicates.labels(self.group, source).inc()
-        elif d.reason is Reason.LEASE_CONFLICT:
-            self.metrics.lease_conflicts.labels(self.group).inc()
-        level = logging.ERROR if d.result is ConsumeResult.DEAD_LETTER else logging.INFO
-        log_decision(
-            message_id=d.message_id,
-            group=self.group,
-            outcome=d.outcome.value,
-            result=d.result.value,
-            reason=d.reason.value,
-            duplicate=d.duplicate,
-            detail=d.detail,
-            level=level,
-        )
+        self._observe(d)
         for h in self.hooks:
             h.after_decision(it.env, d)
         return d

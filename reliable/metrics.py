@@ -15,10 +15,16 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from reliable import constants as C
+from reliable.decision import Decision, Reason
+from reliable.types import ConsumeResult
+
+#: where a suppressed duplicate was recognised (label ``source``)
+_DUPLICATE_SOURCE = {Reason.DUPLICATE_DONE_MARKER: "redis", Reason.DUPLICATE_IN_BATCH: "batch"}
 
 log = logging.getLogger(C.GUARD_LOGGER)
 
@@ -86,6 +92,40 @@ def guard_metrics(registry: CollectorRegistry | None = None) -> GuardMetrics:
         )
         _by_registry[id(reg)] = (reg, m)
         return m
+
+
+class DecisionObserver:
+    """Counts and logs one guard's decisions (label children cached: ``labels()`` is not free per message)."""
+
+    def __init__(self, metrics: GuardMetrics, group: str) -> None:
+        self.metrics = metrics
+        self.group = group
+        self._children: dict[Reason, Any] = {}
+
+    def __call__(self, d: Decision) -> None:
+        child = self._children.get(d.reason)
+        if child is None:
+            child = self._children[d.reason] = self.metrics.messages.labels(
+                self.group, d.outcome.value, d.reason.value
+            )
+        child.inc()
+        if d.duplicate:
+            source = {"duplicate_done_marker": "redis", "duplicate_in_batch": "batch"}.get(
+                d.reason.value, "database"
+            )
+            self.metrics.duplicates.labels(self.group, source).inc()
+        elif d.reason.value == "lease_conflict":
+            self.metrics.lease_conflicts.labels(self.group).inc()
+        log_decision(
+            message_id=d.message_id,
+            group=self.group,
+            outcome=d.outcome.value,
+            result=d.result.value,
+            reason=d.reason.value,
+            duplicate=d.duplicate,
+            detail=d.detail,
+            level=logging.ERROR if d.result is ConsumeResult.DEAD_LETTER else logging.INFO,
+        )
 
 
 def log_decision(

@@ -104,7 +104,12 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.pull_time_delay_ms_when_exception = pull_time_delay_ms_when_exception
         self.broker_suspend_max_time_ms = broker_suspend_max_time_ms
-        self.instance_name = instance_name or self.client_id
+        # Names the local offsets file of a broadcasting consumer. RocketMQ keeps the instance name "DEFAULT"
+        # for broadcasting consumers, so a restarted process finds its offsets again; pass instance_name to
+        # run several broadcasting consumers of one group in one process.
+        self.instance_name = instance_name or (
+            "DEFAULT" if message_model is MessageModel.BROADCASTING else self.client_id
+        )
         self._local_offset_dir = (
             Path(local_offset_dir) if local_offset_dir else Path.home() / ".rocketmq_offsets"
         )

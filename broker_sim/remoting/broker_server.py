@@ -249,6 +249,8 @@ class BrokerHandlers:
 
     def send_message(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand | None:
         req = self._send_request(cmd, conn)
+        if req.batch:  # the C++ client sends batches as SEND_MESSAGE with batch=1 and a batch body (§F)
+            return self.send_batch_message(cmd, conn)
         try:
             return self._send_reply(cmd, self.broker.send_message(req, cmd.body))
         except SendAckLost:

@@ -9,10 +9,11 @@ reply is :class:`RequestTimeoutError`, a broken connection :class:`TransportErro
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from broker_sim.broker.api import (
     BatchEntry,
@@ -43,7 +44,23 @@ from broker_sim.remoting.records import decode_record, decode_records, split_rec
 
 log = logging.getLogger("broker_sim.remoting.client_transport")
 
-ADMIN_TIMEOUT_S = 5.0
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _reply_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """A reply that does not parse (bad JSON body, bad record, missing field) is a transport fault for the
+    caller — the transport contract's "undecodable reply" — not a remoting-internal exception."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except RemotingError as exc:
+            raise TransportError(f"undecodable reply: {exc}") from exc
+
+    return wrapper
 
 
 class RemotingTransport:
@@ -119,6 +136,7 @@ class RemotingTransport:
             return known[sorted(known)[0]]
         raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
 
+    @_reply_errors
     def _refresh_brokers(self) -> None:
         reply = self._ok(self._invoke(self._namesrv_addr, self._req(RequestCode.GET_BROKER_CLUSTER_INFO)))
         info = bodies.load_json(reply.body, "cluster info")
@@ -142,6 +160,7 @@ class RemotingTransport:
 
     # -- server -> client requests --
 
+    @_reply_errors
     def _server_request(self, cmd: RemotingCommand) -> None:
         f = Fields(cmd.ext_fields)
         with self._lock:
@@ -166,6 +185,7 @@ class RemotingTransport:
 
     # -- routes --
 
+    @_reply_errors
     def get_route(self, topic: str) -> TopicRouteData:
         reply = self._ok(
             self._invoke(
@@ -218,6 +238,7 @@ class RemotingTransport:
             remark=reply.remark or "",
         )
 
+    @_reply_errors
     def send_message(
         self, request: SendMessageRequest, body: bytes, timeout_ms: int = 3000
     ) -> SendMessageResponse:
@@ -233,6 +254,7 @@ class RemotingTransport:
         except TransportError:
             log.debug("oneway send to %s failed", request.topic, exc_info=True)
 
+    @_reply_errors
     def send_batch_message(
         self, request: SendMessageRequest, entries: Sequence[BatchEntry], timeout_ms: int = 3000
     ) -> SendMessageResponse:
@@ -260,6 +282,7 @@ class RemotingTransport:
             "subVersion": request.sub_version,
         }
 
+    @_reply_errors
     def _pull_response(self, reply: RemotingCommand, broker_name: str) -> PullMessageResponse:
         pull_codes = (
             ResponseCode.PULL_NOT_FOUND,
@@ -284,6 +307,7 @@ class RemotingTransport:
     def _pull_timeout_s(self, request: PullMessageRequest) -> float:
         return request.suspend_timeout_ms / 1000 + self._timeout_s + 5.0
 
+    @_reply_errors
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
         addr = self._broker_for_topic(request.topic)
         cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
@@ -342,6 +366,7 @@ class RemotingTransport:
             with self._lock:
                 self._channels.pop(client_id, None)
 
+    @_reply_errors
     def get_consumer_list(self, consumer_group: str) -> list[str]:
         cmd = self._req(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": consumer_group})
         reply = self._invoke(self._broker(), cmd)
@@ -352,6 +377,7 @@ class RemotingTransport:
 
     # -- offsets --
 
+    @_reply_errors
     def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
         fields = {"consumerGroup": consumer_group, "topic": topic, "queueId": queue_id}
         reply = self._invoke(
@@ -371,6 +397,7 @@ class RemotingTransport:
         cmd = self._req(RequestCode.UPDATE_CONSUMER_OFFSET, fields, oneway=True)
         self._conn(self._broker_for_topic(topic)).invoke_oneway(cmd)
 
+    @_reply_errors
     def _offset_request(self, code: int, topic: str, queue_id: int, **extra: int) -> int:
         cmd = self._req(code, {"topic": topic, "queueId": queue_id, **extra})
         return Fields(self._ok(self._invoke(self._broker_for_topic(topic), cmd)).ext_fields).num("offset")
@@ -413,6 +440,7 @@ class RemotingTransport:
         }
         self._conn(self._broker()).invoke_oneway(self._req(RequestCode.END_TRANSACTION, fields, oneway=True))
 
+    @_reply_errors
     def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
         cmd = self._req(RequestCode.LOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
         reply = self._ok(self._invoke(self._broker(), cmd))
@@ -423,6 +451,7 @@ class RemotingTransport:
         cmd = self._req(RequestCode.UNLOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
         self._ok(self._invoke(self._broker(), cmd))
 
+    @_reply_errors
     def view_message_by_id(self, offset_msg_id: str) -> MessageExt:
         try:
             store_host, offset = decode_offset_msg_id(offset_msg_id)

@@ -1,7 +1,9 @@
 """Exceptions of the remoting layer (wire codec, server, TCP client).
 
 Faults only: expected outcomes (a pull that found nothing, an unknown topic) travel as response codes
-(:class:`broker_sim.remoting.codes.ResponseCode`), never as exceptions.
+(:class:`broker_sim.remoting.codes.ResponseCode`), never as exceptions. The TCP client raises the client
+package's errors (``TransportError``, ``RequestTimeoutError``) and the broker's typed response errors, as the
+transport contract in :mod:`broker_sim.client.transport` requires, so code never cares which transport it has.
 """
 
 from __future__ import annotations
@@ -25,23 +27,6 @@ class FrameTooLargeError(FrameError):
 class HeaderFieldError(RemotingError):
     """A request header is well-formed but a field is missing or of the wrong type; answered with
     SYSTEM_ERROR and a remark naming the field, the connection stays open."""
-
-
-class RemotingConnectError(RemotingError):
-    """The TCP connection to a remote address could not be opened, or broke while a request was waiting."""
-
-
-class RemotingTimeoutError(RemotingError):
-    """No reply arrived within the request timeout."""
-
-
-class RemotingCommandError(RemotingError):
-    """The remote side answered with an unexpected response code."""
-
-    def __init__(self, code: int, remark: str | None) -> None:
-        super().__init__(f"remote error {code}: {remark or ''}".rstrip())
-        self.code = code
-        self.remark = remark
 
 
 class AclError(RemotingError):

@@ -6,7 +6,8 @@ known to be on disk in the commit log, in the consume queues, and in the index::
     0 physicMsgTimestamp | 8 logicsMsgTimestamp | 16 indexMsgTimestamp | … zero padding to 4096
 
 After an unclean stop recovery starts from the newest commit-log segment whose first record is not newer
-than the smallest of them. ``abort`` is created empty at start and removed by a clean shutdown.
+than the smallest of the first two (the index is rebuilt separately). ``abort`` is created empty at start
+and removed by a clean shutdown.
 """
 
 from __future__ import annotations

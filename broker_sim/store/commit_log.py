@@ -1,17 +1,26 @@
 """The commit log: every message of every topic appended to one sequence of mapped segments — the only
 source of truth (consume queues and index are rebuilt from it).
 
-The append path is the hot path, so it validates and encodes outside the lock, then packs the fixed header
-with one precompiled ``Struct.pack_into`` straight into the mapped segment and copies body, topic and
-properties with slice assignments (no intermediate record object). It also assigns queue offsets: the
-per topic-queue counter lives here (RocketMQ's ``CommitLog.topicQueueTable``) so that offsets follow commit
-order exactly. Half (prepared) and rollback transaction records take queue offset 0 and do not advance it.
+The append path is the hot path. :meth:`CommitLog.prepare` validates and encodes the *whole* record outside
+the lock (one ``HEADER.pack`` and one ``bytes.join``), leaving the three position-dependent fields zero;
+under the lock :meth:`CommitLog._write` copies it into the mapped segment with one slice assignment and
+patches QUEUEOFFSET + PHYSICALOFFSET (bytes 20..35, ``POSITION``) and STORETIMESTAMP (56..63) in place.
+It also assigns queue offsets: the per topic-queue counter lives here (RocketMQ's
+``CommitLog.topicQueueTable``) so that offsets follow commit order exactly. Half (prepared) and rollback
+transaction records take queue offset 0 and do not advance it.
+
+Each append also leaves a :data:`DispatchHint` in :attr:`CommitLog.dispatch_hints` — what the dispatcher
+would otherwise re-read and re-parse from the mapped bytes (offsets, topic, TAGS, raw properties). The
+dispatcher uses a hint only when it starts exactly where the dispatcher stands; anything else (recovery,
+a gap, hints dropped because the dispatcher lags far behind) is dispatched from the log bytes as before.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
 import zlib
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +35,7 @@ from broker_sim.store.message_record import (
     FIXED_SIZE,
     HEADER,
     I16,
+    I64,
     MESSAGE_MAGIC,
     PROPERTIES_MAX_LEN,
     MessageInner,
@@ -37,12 +47,19 @@ from broker_sim.store.results import AppendMessageResult, AppendMessageStatus
 
 _PUT_OK = AppendMessageStatus.PUT_OK
 SIZE_MAGIC = BLANK  # the same ">ii" shape reads (TOTALSIZE, MAGICCODE) of a record
+POSITION = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET at record byte 20
+STORE_TS_AT = 56
+#: TAGS value of a hint whose properties do not survive a decode unchanged (a name or value holding
+#: \x01/\x02): the dispatcher then decodes ``props_b`` exactly as it would from disk.
+TAGS_UNKNOWN = "\x00unknown"
+MAX_HINTS = 200_000  # beyond this backlog new appends leave no hint (the log bytes still dispatch them)
 
-# (size, crc, qid, flag, sys_flag, born_ts, born_host, store_host, reconsume, prepared, body,
-#  topic_field, props_b, queue_key, counts_in_queue)
-Prepared = tuple[
-    int, int, int, int, int, int, bytes, bytes, int, int, bytes, bytes, bytes, tuple[str, int], bool
-]
+# (record with QUEUEOFFSET/PHYSICALOFFSET/STORETIMESTAMP zero, (topic, queue id), counts in queue,
+#  store host, TAGS value or None or TAGS_UNKNOWN, raw properties, sys flag, prepared-tx offset)
+Prepared = tuple[bytes, tuple[str, int], bool, bytes, str | None, bytes, int, int]
+# (log end before the append, physical offset, size, topic, queue id, queue offset, store timestamp,
+#  sys flag, prepared-tx offset, TAGS value (see TAGS_UNKNOWN), raw properties)
+DispatchHint = tuple[int, int, int, str, int, int, int, int, int, str | None, bytes]
 
 
 class CommitLog:
@@ -59,6 +76,7 @@ class CommitLog:
         self._topic_fields: dict[str, bytes] = {}
         # (end offset, store timestamp) of the newest record: the flusher turns it into the checkpoint
         self.last_append: tuple[int, int] = (0, 0)
+        self.dispatch_hints: deque[DispatchHint] = deque()
 
     # ------------------------------------------------------------------------------------------ append
     def prepare(self, msg: MessageInner) -> Prepared:
@@ -69,16 +87,23 @@ class CommitLog:
             topic_field = bytes((len(raw),)) + raw
             self._topic_fields[msg.topic] = topic_field
         props = msg.properties
-        props_b = encode_properties(props) if props else b""
-        if len(props_b) > PROPERTIES_MAX_LEN:
-            raise PropertiesSizeExceededError(f"properties are {len(props_b)} bytes, more than 32767")
+        if props:
+            props_b = encode_properties(props)
+            plen = len(props_b)
+            if plen > PROPERTIES_MAX_LEN:
+                raise PropertiesSizeExceededError(f"properties are {plen} bytes, more than 32767")
+            n = len(props)
+            clean = props_b.count(1) == n and props_b.count(2) == n
+            tags = props.get("TAGS") if clean else TAGS_UNKNOWN
+        else:
+            props_b, plen, tags = b"", 0, None
         body = msg.body
         blen = len(body)
         if blen > self.max_message_size:
             raise MessageIllegalError(
                 f"body is {blen} bytes, more than max_message_size {self.max_message_size}"
             )
-        size = FIXED_SIZE - 1 + blen + len(topic_field) + len(props_b)
+        size = FIXED_SIZE - 1 + blen + len(topic_field) + plen
         if size + END_FILE_MIN_BLANK > self.file_size:
             raise MessageIllegalError(f"a {size}-byte record cannot fit a {self.file_size}-byte segment")
         qid = msg.queue_id
@@ -89,21 +114,27 @@ class CommitLog:
             raise MessageIllegalError("IPv6 hosts are not supported (sysFlag 0x10/0x20)")
         tran = sys_flag & 0xC
         shost = self.store_host if msg.store_host is None else host_bytes(msg.store_host)
-        return (
-            size, zlib.crc32(body) & 0x7FFFFFFF, qid, msg.flag, sys_flag, msg.born_timestamp,
-            host_bytes(msg.born_host), shost, msg.reconsume_times, msg.prepared_transaction_offset,
-            body, topic_field, props_b, (msg.topic, qid), tran != 0x4 and tran != 0xC,
-        )  # fmt: skip
+        prepared = msg.prepared_transaction_offset
+        try:
+            header = HEADER.pack(
+                size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, qid, msg.flag, 0, 0, sys_flag,
+                msg.born_timestamp, host_bytes(msg.born_host), 0, shost, msg.reconsume_times, prepared, blen,
+            )  # fmt: skip
+        except struct.error as exc:
+            raise MessageIllegalError(f"a header field is out of range: {exc}") from exc
+        record = b"".join((header, body, topic_field, I16.pack(plen), props_b))
+        return record, (msg.topic, qid), tran != 0x4 and tran != 0xC, shost, tags, props_b, sys_flag, prepared
 
     def _write(self, p: Prepared, now: int) -> tuple[int, int]:
         """Append one prepared record (lock held); returns (physical offset, queue offset)."""
-        (size, crc, qid, flag, sys_flag, born_ts, born, shost, reconsume, prepared, body, topic_field,
-         props_b, key, counted) = p  # fmt: skip
+        record, key, counted = p[0], p[1], p[2]
+        size = len(record)
         table = self.topic_queue_table
         qoff = table.get(key, 0) if counted else 0
         files = self.mfq.files
         mf: MappedFile = files[-1] if files else self.mfq.create(0)
         pos = mf.wrote
+        prev_end = mf.file_from_offset + pos
         if size + END_FILE_MIN_BLANK > self.file_size - pos:
             # BLANK marker: int32 remaining + int32 magic, then the record goes to a fresh segment
             BLANK.pack_into(mf.mm, pos, self.file_size - pos, BLANK_MAGIC)
@@ -112,24 +143,15 @@ class CommitLog:
             pos = 0
         phys = mf.file_from_offset + pos
         mm = mf.mm
-        blen = len(body)
-        HEADER.pack_into(
-            mm, pos, size, MESSAGE_MAGIC, crc, qid, flag, qoff, phys, sys_flag, born_ts, born, now, shost,
-            reconsume, prepared, blen,
-        )  # fmt: skip
-        q = pos + 88
-        mm[q : q + blen] = body
-        q += blen
-        tl = len(topic_field)
-        mm[q : q + tl] = topic_field
-        q += tl
-        plen = len(props_b)
-        I16.pack_into(mm, q, plen)
-        if plen:
-            mm[q + 2 : q + 2 + plen] = props_b
+        mm[pos : pos + size] = record
+        POSITION.pack_into(mm, pos + 20, qoff, phys)
+        I64.pack_into(mm, pos + STORE_TS_AT, now)
         mf.wrote = pos + size
         if counted:
             table[key] = qoff + 1
+        hints = self.dispatch_hints
+        if len(hints) < MAX_HINTS:
+            hints.append((prev_end, phys, size, key[0], key[1], qoff, now, p[6], p[7], p[4], p[5]))
         return phys, qoff
 
     def append(self, msg: MessageInner) -> AppendMessageResult:
@@ -138,8 +160,9 @@ class CommitLog:
         with self.lock:
             now = self.clock.now_ms()
             phys, qoff = self._write(p, now)
-            self.last_append = (phys + p[0], now)
-        return AppendMessageResult(_PUT_OK, phys, p[0], qoff, now, 1, p[7])
+            size = len(p[0])
+            self.last_append = (phys + size, now)
+        return AppendMessageResult(_PUT_OK, phys, size, qoff, now, 1, p[3])
 
     def append_batch(self, msgs: Sequence[MessageInner]) -> AppendMessageResult:
         """Append several messages contiguously under one lock (one flush wait covers them all)."""
@@ -154,10 +177,10 @@ class CommitLog:
                 if i == 0:
                     first_qoff = qoff
                 offsets.append(phys)
-                total += p[0]
-            self.last_append = (offsets[-1] + prepared[-1][0], now)
+                total += len(p[0])
+            self.last_append = (offsets[-1] + len(prepared[-1][0]), now)
         return AppendMessageResult(
-            _PUT_OK, offsets[0], total, first_qoff, now, len(prepared), prepared[0][7], tuple(offsets)
+            _PUT_OK, offsets[0], total, first_qoff, now, len(prepared), prepared[0][3], tuple(offsets)
         )
 
     # ------------------------------------------------------------------------------------------ read

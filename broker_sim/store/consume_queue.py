@@ -15,6 +15,7 @@ import logging
 import mmap
 import struct
 from collections.abc import Callable, Iterator
+from itertools import starmap
 from pathlib import Path
 
 from broker_sim.store.config import CQ_UNIT_SIZE
@@ -125,6 +126,27 @@ class ConsumeQueue:
         if end > self.max_phys_end:
             self.max_phys_end = end
 
+    def put_run(self, first_offset: int, units: list[tuple[int, int, int]]) -> None:
+        """Write units ``(phys, size, tagsCode)`` for consecutive queue offsets from ``first_offset``.
+
+        The live case — the run continues the queue inside its last file — is one ``bytes.join`` of packed
+        units and one slice assignment; anything else (a re-dispatch, a file boundary) goes unit by unit
+        through :meth:`put` with its checks."""
+        files = self.mfq.files
+        if files:
+            mf = files[-1]
+            local = first_offset * CQ_UNIT_SIZE - mf.file_from_offset
+            end = local + len(units) * CQ_UNIT_SIZE
+            if local == mf.wrote and end <= mf.file_size:
+                mf.mm[local:end] = b"".join(starmap(UNIT.pack, units))
+                mf.wrote = end
+                phys, size, _ = units[-1]
+                if phys + size > self.max_phys_end:
+                    self.max_phys_end = phys + size
+                return
+        for i, (phys, size, tags_code) in enumerate(units):
+            self.put(first_offset + i, phys, size, tags_code)
+
     def _reject(self, queue_offset: int, phys: int) -> None:
         """A record whose QUEUEOFFSET would leave a gap (or go below the queue): QUEUEOFFSET is not covered
         by the body CRC, so a damaged header could otherwise make us create files up to 2**63."""
@@ -166,10 +188,11 @@ class ConsumeQueue:
         pos = queue_offset * CQ_UNIT_SIZE
         mf = self.mfq.find(pos)
         if mf is None:
-            return
+            return iter(())
         local = pos - mf.file_from_offset
         end = min(mf.wrote, local + limit * CQ_UNIT_SIZE)
-        yield from UNIT.iter_unpack(mf.mm[local:end])
+        # one slice of N×20 bytes, unpacked lazily in C (not a generator: get_message's loop is hot)
+        return UNIT.iter_unpack(mf.mm[local:end] if end > local else b"")
 
     def offset_by_time(self, timestamp: int, store_time_of: Callable[[int, int], int | None]) -> int:
         """Smallest queue offset whose message was stored at or after ``timestamp`` (binary search over the

@@ -1,9 +1,13 @@
 """The dispatcher (RocketMQ's ``ReputMessageService``): reads the commit log from ``reput_offset`` on and,
 for each record, writes its consume-queue unit, its index entries, and tells the listeners.
 
-It reads the bytes on disk, never the put call's arguments — the commit log is the only source of truth, and
-recovery re-runs exactly this code to rebuild queues and index. Consume-queue writes are idempotent (a unit
-goes to ``queueOffset × 20``), so dispatching a range twice is harmless.
+The commit log is the only source of truth: recovery (and any range without hints) runs :meth:`_from_log`,
+which parses the mapped bytes. For live appends the commit log leaves a ``DispatchHint`` per record (the
+offsets, topic, TAGS and raw properties the append already had), and :meth:`_from_hints` uses those instead
+of re-reading and re-parsing — but only for hints that start exactly where dispatch stands, so both paths
+produce the same units, index entries and listener calls. Hinted units are written in runs (one slice
+assignment per queue per batch). Consume-queue writes are idempotent (a unit goes to ``queueOffset × 20``),
+so dispatching a range twice is harmless.
 
 The tag code of a unit is ``String.hashCode(TAGS)`` (0 without tags); for ``SCHEDULE_TOPIC_XXXX`` it is the
 delivery time: store timestamp + the delay of the record's ``DELAY`` level (clamped to the 18 levels). A
@@ -17,7 +21,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-from broker_sim.store.commit_log import CommitLog
+from broker_sim.store.commit_log import TAGS_UNKNOWN, CommitLog, DispatchHint
 from broker_sim.store.config import SCHEDULE_TOPIC
 from broker_sim.store.consume_queue import ConsumeQueue
 from broker_sim.store.index_service import IndexService
@@ -76,10 +80,84 @@ class Dispatcher:
         return count
 
     def _dispatch(self, end: int, notify: bool, build_cq: bool) -> int:
-        # Hot loop: one segment at a time, locals for everything looked up per record.
+        cl = self.commit_log
+        hints = cl.dispatch_hints
+        offset = max(self.reput_offset, cl.min_offset)
+        count = 0
+        try:
+            while offset < end:
+                while hints and hints[0][1] < offset:
+                    hints.popleft()  # already dispatched from the log bytes
+                before = offset
+                if hints and hints[0][0] <= offset:
+                    offset, n = self._from_hints(offset, end, notify, build_cq)
+                    stop = False
+                else:
+                    upto = min(end, hints[0][0]) if hints else end
+                    offset, n, stop = self._from_log(offset, upto, notify, build_cq)
+                count += n
+                if stop or offset == before:
+                    break
+        finally:
+            self.reput_offset = max(self.reput_offset, min(offset, end))
+        return count
+
+    def _from_hints(self, offset: int, end: int, notify: bool, build_cq: bool) -> tuple[int, int]:
+        """Dispatch up to 512 hinted records starting at ``offset``; returns (new offset, count)."""
+        hints = self.commit_log.dispatch_hints
+        batch: list[DispatchHint] = []
+        while hints and len(batch) < 512:
+            h = hints[0]
+            if h[0] > offset or h[1] < offset or h[1] + h[2] > end:
+                break  # not contiguous with what is dispatched (or beyond ``end``): leave it
+            hints.popleft()
+            batch.append(h)
+            offset = h[1] + h[2]
+        if not batch:
+            return offset, 0
+        index = self.index
+        listeners = self.listeners if notify else []
+        plain_tags = self.tags_code_hook is None
+        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        requests: list[tuple[object, ...]] = []
+        for _, phys, size, topic, qid, qoff, store_ts, sys_flag, prepared, tags, props_b in batch:
+            props = None
+            if plain_tags and topic != SCHEDULE_TOPIC and tags is not TAGS_UNKNOWN:
+                tags_code = tags_hash(tags) if tags else 0
+            else:
+                props = decode_properties(props_b) if props_b else {}
+                tags_code = self._tags_code(topic, props, store_ts)
+            tran = sys_flag & 0xC
+            if build_cq and tran != 0x4 and tran != 0xC:
+                run = runs.get((topic, qid))
+                if run is None or run[0] + len(run[1]) != qoff:
+                    if run is not None:
+                        self.find_cq(topic, qid).put_run(*run)
+                    run = runs[(topic, qid)] = (qoff, [])
+                run[1].append((phys, size, tags_code))
+            if index is not None or listeners:
+                if props is None:
+                    props = decode_properties(props_b) if props_b else {}
+                if index is not None:
+                    index.build(topic, props, phys, store_ts, sys_flag)
+                if listeners:
+                    requests.append(
+                        (topic, qid, phys, size, tags_code, store_ts, qoff, sys_flag, prepared, props)
+                    )
+        for (topic, qid), run in runs.items():
+            self.find_cq(topic, qid).put_run(*run)
+        self.last_store_timestamp = batch[-1][6]
+        self.reput_offset = offset
+        for fields in requests:
+            self._notify(listeners, *fields)
+        return offset, len(batch)
+
+    def _from_log(self, offset: int, end: int, notify: bool, build_cq: bool) -> tuple[int, int, bool]:
+        """Dispatch records parsed from the log bytes in [offset, end); returns (new offset, count, hit
+        something that is not a record)."""
+        # Hot loop during recovery: one segment at a time, locals for everything looked up per record.
         cl = self.commit_log
         mfq = cl.mfq
-        offset = max(self.reput_offset, cl.min_offset)
         index = self.index
         listeners = self.listeners if notify else []
         topics = self._topics
@@ -148,7 +226,7 @@ class Dispatcher:
         finally:
             self.reput_offset = max(self.reput_offset, min(offset, end))
             self.last_store_timestamp = last_ts
-        return count
+        return offset, count, stop
 
     def _notify(self, listeners: list[DispatchListener], *fields: object) -> None:
         req = DispatchRequest(*fields)  # type: ignore[arg-type]

@@ -141,6 +141,7 @@ class MessageStore(StoreReader):
         self.checkpoint.reload()
         report = RecoveryReport(abnormal=abnormal)
         cl = self.commit_log
+        cl.dispatch_hints.clear()  # hints left by appends before a crash() may point at discarded bytes
         cl.mfq.load()
         self._load_consume_queues()
         reindex_from = -1
@@ -368,7 +369,7 @@ class MessageStore(StoreReader):
 
     # ================================================================================== dispatch
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
-        """Call ``listener(DispatchRequest)`` (on the dispatcher thread) after each record's consume-queue
+        """Call ``listener(DispatchRequest)`` (on the dispatching thread) after each record's consume-queue
         unit and index entries are written — e.g. to wake long polls or a schedule service. A listener
         that raises is logged and counted, never fatal. Not called for records re-dispatched by recovery."""
         self.dispatcher.listeners.append(listener)

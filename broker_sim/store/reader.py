@@ -5,6 +5,8 @@ lookups. A mixin, so the facade keeps one public class while each module stays s
 from __future__ import annotations
 
 import threading
+from bisect import bisect_right
+from itertools import accumulate, islice
 from pathlib import Path
 
 from broker_sim.store.commit_log import CommitLog
@@ -74,24 +76,31 @@ class StoreReader:
             match = message_filter
         else:
             match = message_filter.__contains__
-        msgs: list[SelectedMessage] = []
-        status = GetMessageStatus.NO_MATCHED_MESSAGE
-        total = 0
-        scanned = 0
         limit_n = min(max_msg_nums, cfg.max_transfer_count)
         limit_b = cfg.max_transfer_bytes
+        if match is None and limit_n > 0:
+            fast = self._get_contiguous(cq, offset, limit_n, limit_b, cl_min)
+            if fast:
+                return GetMessageResult(GetMessageStatus.FOUND, offset + len(fast), lo, hi, fast)
+        msgs: list[SelectedMessage] = []
+        add = msgs.append
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        total = 0
+        qoff = offset  # queue offset of the next unit; scanned = qoff - offset
         # the segment of the previous record, so consecutive records cost one slice each
         mm, base, valid_end = None, 0, -1
         for phys, size, tags in cq.iter_units(offset, max_units):
-            if msgs and (len(msgs) >= limit_n or total + size > limit_b):
+            if total + size > limit_b and msgs:
                 break
-            scanned += 1
-            if phys < cl_min:
-                status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                continue
+            qoff += 1
             if match is not None and not match(tags):
+                if phys < cl_min:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 continue
-            if not (base <= phys and phys + size <= valid_end):
+            if phys < base or phys + size > valid_end:  # not in the segment at hand (base >= cl_min)
+                if phys < cl_min:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    continue
                 mf = find(phys)
                 if mf is None:
                     status = GetMessageStatus.MESSAGE_WAS_REMOVING
@@ -106,14 +115,49 @@ class StoreReader:
             except ValueError:  # the segment was deleted and its mapping closed meanwhile
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 continue
-            msgs.append(SelectedMessage(raw, phys, offset + scanned - 1, tags))
+            add(SelectedMessage(raw, phys, qoff - 1, tags))
             total += size
+            limit_n -= 1
+            if limit_n <= 0:
+                break
+        scanned = qoff - offset
         if msgs:
             return GetMessageResult(GetMessageStatus.FOUND, offset + scanned, lo, hi, msgs)
         if scanned == 0:
             per = cfg.consume_queue_units
             return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset + per - offset % per, lo, hi)
         return GetMessageResult(status, offset + scanned, lo, hi)
+
+    def _get_contiguous(
+        self, cq: ConsumeQueue, offset: int, limit_n: int, limit_b: int, cl_min: int
+    ) -> list[SelectedMessage] | None:
+        """The common unfiltered case in bulk: up to ``limit_n`` units whose records all lie in one
+        segment, cut at ``limit_b`` bytes (at least one record). None when anything is unusual (a record
+        removed, outside the segment, not yet written, or a mapping closed by expiry) — the caller's
+        per-unit loop then decides the status. Same result as that loop, minus its per-record checks."""
+        units = list(islice(cq.iter_units(offset, limit_n), limit_n))
+        if not units:
+            return None
+        first = units[0][0]
+        mf = self.commit_log.mfq.find(first)
+        if mf is None or first < cl_min:
+            return None
+        base = mf.file_from_offset
+        ends = list(accumulate(size for _, size, _ in units))
+        if ends[-1] > limit_b:
+            del units[max(1, bisect_right(ends, limit_b)) :]
+        # units of one queue point at increasing offsets, so the last one bounds them all
+        last_phys, last_size, _ = units[-1]
+        if first < base or last_phys + last_size > base + mf.wrote or last_phys < first:
+            return None
+        mm = mf.mm
+        try:
+            return [
+                SelectedMessage(mm[phys - base : phys - base + size], phys, qoff, tags)
+                for qoff, (phys, size, tags) in enumerate(units, offset)
+            ]
+        except ValueError:  # the segment was deleted and its mapping closed meanwhile
+            return None
 
     def select_one_message_by_offset(self, phys_offset: int, size: int = 0) -> bytes | None:
         """The raw record at a commit-log offset (None if absent)."""

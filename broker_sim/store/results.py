@@ -85,18 +85,22 @@ class SelectedMessage:
 
     __slots__ = ("_ext", "phys_offset", "queue_offset", "raw", "tags_code")
 
+    _ext: MessageExt
+
     def __init__(self, raw: bytes, phys_offset: int, queue_offset: int, tags_code: int) -> None:
+        # get_message builds one per record: four stores and nothing else (``_ext`` is set on first use)
         self.raw = raw
         self.phys_offset = phys_offset
         self.queue_offset = queue_offset
         self.tags_code = tags_code
-        self._ext: MessageExt | None = None
 
     @property
     def ext(self) -> MessageExt:
-        if self._ext is None:
+        try:
+            return self._ext
+        except AttributeError:
             self._ext = decode_record(self.raw)
-        return self._ext
+            return self._ext
 
     def __repr__(self) -> str:
         return (

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -52,6 +53,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 from pika.spec import Basic, BasicProperties
 
+from reliable import constants as C
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult, Envelope
@@ -437,3 +439,17 @@ class RabbitMQSender:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def sweeper_sender(rel: object = None) -> RabbitMQSender:
+    """``reliable sweep --sender reliable.adapters.rabbitmq:sweeper_sender``: a sender from the environment.
+
+    ``RELIABLE_RABBITMQ_URL`` (required) and ``RELIABLE_RABBITMQ_EXCHANGE`` (default: the default exchange,
+    so the stub's topic must be the queue name); ``rel`` is accepted for the factory signature and unused.
+    """
+    url = os.environ.get(C.ENV_RABBITMQ_URL)
+    if not url:
+        raise ConfigurationError(f"no RabbitMQ URL: set {C.ENV_RABBITMQ_URL}")
+    return RabbitMQSender(
+        url, exchange=os.environ.get(C.ENV_RABBITMQ_EXCHANGE, ""), connection_name="reliable-sweeper"
+    )

@@ -181,8 +181,8 @@ class DemoRunner(ChaosActions):
             self._start_sweeper()
             with LiveProgress(self.console, self.state, self._snapshot, enabled=self._live()):
                 self._start_chaos()
-                self._produce()
                 try:
+                    self._produce()
                     self._settle()
                     if self.chaos is not None:
                         self.chaos.finish()  # faults whose trigger point the run never reached
@@ -336,9 +336,14 @@ class DemoRunner(ChaosActions):
         self.state.phase = "producing"
         producer = StubProducer(self.rel, self.sender, default_group=GROUP)
         window = max(200, self.o.messages // 8) if self.o.chaos else self.o.messages
+        deadline = time.monotonic() + self.o.timeout_s
         for start in range(0, len(self.orders), self.o.batch):
             while self.state.produced - self.state.applied > window and not self._stop.is_set():
-                self._refresh()
+                if time.monotonic() > deadline:
+                    self.summary.notes.append(f"consumers did not keep up within {self.o.timeout_s:.0f} s")
+                    raise DemoTimeoutError(f"production stalled at {self.state.produced} orders")
+                self._safe_refresh()
+                self._replace_dead_consumers()  # the throttle waits on consumers: keep them alive
                 self._stop.wait(0.1)
             batch = self.orders[start : start + self.o.batch]
             with producer.transaction() as tx:
@@ -359,14 +364,17 @@ class DemoRunner(ChaosActions):
             self.state.lag = self.topology.lag(TOPIC, GROUP)
         return snap
 
+    def _safe_refresh(self) -> stats.Snapshot | None:
+        try:
+            return self._refresh()
+        except Exception as exc:  # the database may be briefly unreachable under chaos: try again next poll
+            log.warning("progress query failed: %s: %s", type(exc).__name__, exc)
+            return None
+
     def _settle(self) -> None:
         deadline = time.monotonic() + self.o.timeout_s
         while True:
-            try:
-                snap = self._refresh()
-            except Exception as exc:  # the database may be briefly unreachable under chaos
-                log.warning("progress query failed: %s", exc)
-                snap = None
+            snap = self._safe_refresh()
             if snap is not None and snap.settled >= self.o.messages:
                 return
             if time.monotonic() > deadline:
@@ -416,9 +424,11 @@ class DemoRunner(ChaosActions):
         s.resent = self.sweep_totals["resent"]
         s.sweeper = dict(self.sweep_totals)
         s.send_attempts_beyond_first = snap.resent
+        s.produced = self.state.produced
         s.settled = snap.settled >= self.o.messages
         s.duplicate_causes = stats.duplicate_causes(self.rel.engine, TOPIC)
-        check = ledger.check(self.rel.engine, [o.order_id for o in self.orders], self.o.accounts)
+        produced = self.orders[: self.state.produced]
+        check = ledger.check(self.rel.engine, [o.order_id for o in produced], self.o.accounts)
         s.ledger_ok = check.ok
         s.lost, s.double_applied = check.lost, check.double_applied
         s.lost_ids, s.double_applied_ids = list(check.lost_ids), list(check.double_applied_ids)

@@ -67,7 +67,9 @@ class DemoSummary:
 
     @property
     def ok(self) -> bool:
-        return self.ledger_ok and self.lost == 0 and self.double_applied == 0
+        """Every order was produced and settled, the ledger balances, nothing lost or applied twice."""
+        complete = self.produced == self.messages and self.settled
+        return complete and self.ledger_ok and self.lost == 0 and self.double_applied == 0
 
     def set_faults(self, records: list[FaultRecord]) -> None:
         injected = Counter(r.kind.value for r in records if r.injected)

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from reliable.reconcile import transforms as T
 from reliable.reconcile.config import CLOCK_SKEW_S, ReconcileConfig, parquet_inputs
 from reliable.reconcile.errors import InputError
-from reliable.reconcile.jdbc import JdbcTarget, jdbc_target, window_sql
+from reliable.reconcile.jdbc import JdbcTarget, jdbc_target, range_bounds_sql, range_predicates, window_sql
 
 #: JDBC drivers as installed by the Debian packages libpostgresql-jdbc-java / libmariadb-java
 JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
@@ -67,12 +67,14 @@ def build_session(
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.adaptive.coalescePartitions.enabled": "true",
-        "spark.sql.shuffle.partitions": str(shuffle_partitions or local_shuffle_partitions(cores)),
         "spark.ui.enabled": "true" if ui else "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.parquet.compression.codec": "zstd",
     }
-    if master is not None and master.startswith("local"):
+    local = master is not None and master.startswith("local")
+    if shuffle_partitions or local:  # on a cluster, the cluster's own setting (or --conf) stands
+        conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions or local_shuffle_partitions(cores))
+    if local:
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
     if jars:
@@ -190,27 +192,25 @@ def _read_query(spark: SparkSession, target: JdbcTarget, sql: str) -> DataFrame:
 
 
 def _read_ranged(spark: SparkSession, target: JdbcTarget, sql: str, column: str, parts: int) -> DataFrame:
-    """``parts`` range queries on ``column`` (bounds from one min/max query; rows outside still read)."""
-    bounds = _read_query(
-        spark, target, f"SELECT MIN({column}) AS lo, MAX({column}) AS hi FROM ({sql}) b"
-    ).first()
-    if bounds is None or bounds["lo"] is None or parts < 2 or bounds["lo"] == bounds["hi"]:
+    """``parts`` range queries on ``column``, split between its min and max (one query finds them).
+
+    The ranges are given to Spark as explicit predicates rather than ``partitionColumn``/``lowerBound``:
+    that way a time column is bounded with literals in the database's own terms (``timestamptz`` on
+    PostgreSQL, naive UTC ``DATETIME`` on MariaDB, which Spark cannot use as a partition column), and the
+    first and last ranges are open-ended so no row is ever left out.
+    """
+    lo_expr, hi_expr = range_bounds_sql(column, target.dialect)
+    bounds = _read_query(spark, target, f"SELECT {lo_expr} AS lo, {hi_expr} AS hi FROM ({sql}) b").first()
+    if bounds is None or bounds["lo"] is None or parts < 2:
         return _read_query(spark, target, sql)
-    lo, hi = bounds["lo"], bounds["hi"]
-    if isinstance(lo, dt.datetime):
-        fmt = "%Y-%m-%d %H:%M:%S.%f"
-        lo_s, hi_s = lo.strftime(fmt), (hi + dt.timedelta(microseconds=1)).strftime(fmt)
-    else:
-        lo_s, hi_s = str(int(lo)), str(int(hi) + 1)
-    reader = (
-        _reader(spark, target)
-        .option("dbtable", f"({sql}) q")
-        .option("partitionColumn", column)
-        .option("lowerBound", lo_s)
-        .option("upperBound", hi_s)
-        .option("numPartitions", str(parts))
-    )
-    return reader.load()  # type: ignore[no-any-return]
+    predicates = range_predicates(column, bounds["lo"], bounds["hi"], parts, target.dialect)
+    if len(predicates) < 2:
+        return _read_query(spark, target, sql)
+    props = {"driver": target.driver, **target.properties}
+    reader = spark.read.option("fetchsize", "10000")
+    if target.dialect == "mysql":
+        reader = reader.option("preferTimestampNTZ", "true")
+    return reader.jdbc(target.url, f"({sql}) q", predicates=predicates, properties=props)
 
 
 def _first_line(exc: BaseException) -> str:

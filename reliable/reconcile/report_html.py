@@ -52,8 +52,7 @@ def bar_chart(title: str, labels: Sequence[str], values: Sequence[float], *, col
     height = max(1, len(labels)) * (bar_h + gap) + gap
     top = max([float(v) for v in values] or [0.0]) or 1.0
     parts = [
-        f'<svg width="{label_w + plot_w + 70}" height="{height}" '
-        f'role="img" aria-label="{escape(title)}">'
+        f'<svg width="{label_w + plot_w + 70}" height="{height}" role="img" aria-label="{escape(title)}">'
     ]
     if not labels:
         parts.append(f'<text x="4" y="{bar_h}" font-size="12" fill="#5b6475">no data</text>')

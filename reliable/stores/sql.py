@@ -274,6 +274,46 @@ class SqlStore:
         )
         return self._run(conn, sql, (ts, ts, *message_ids))
 
+    def confirm_first(
+        self,
+        conn: Connection,
+        message_id: str,
+        group: str,
+        payload_hash: str | None,
+        now: dt.datetime,
+        record: OutcomeUpdate,
+    ) -> bool:
+        """Single-message fast path: confirm the stub *before* the handler runs, in one statement.
+
+        The conditional ``UPDATE`` locks the row like ``SELECT … FOR UPDATE`` would and succeeds only for a
+        ``PENDING``/``DEAD`` stub of ``group`` whose recorded hash (if any) matches; on PostgreSQL the same
+        statement also writes the journal outcome. If the handler then fails, the rollback undoes both. False
+        means "not the happy case" (no stub, already confirmed, voided, other group, other body): nothing was
+        changed and the caller takes the general path to find out which.
+        """
+        ts = self._ts(now)
+        cond = (
+            "UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+            "WHERE message_id = ? AND status IN ('PENDING', 'DEAD') AND consumer_group = ? "
+            f"AND (payload_hash IS NULL OR {'?::varchar' if self._pg else '?'} IS NULL OR payload_hash = ?)"
+        )
+        params: tuple[Any, ...] = (ts, ts, message_id, group, payload_hash, payload_hash)
+        if self._pg:
+            sql = self._cached(
+                "confirm_first_pg",
+                1,
+                lambda _: (
+                    f"WITH c AS ({cond} RETURNING 1), o AS (UPDATE message_log SET outcome = ?, "
+                    "reason = ? WHERE id = ? AND EXISTS (SELECT 1 FROM c)) SELECT count(*) FROM c"
+                ),
+            )
+            rows = self._all(conn, sql, (*params, record.outcome.value, record.reason, record.log_id))
+            return int(rows[0][0]) == 1
+        if self._run(conn, self._cached("confirm_first", 1, lambda _: cond), params) != 1:
+            return False
+        self.set_outcomes(conn, [record])
+        return True
+
     def confirm_and_record(
         self, conn: Connection, message_ids: Sequence[str], now: dt.datetime, updates: Sequence[OutcomeUpdate]
     ) -> int:

@@ -8,7 +8,7 @@ Rows another sweeper has locked are skipped, not waited on. Two strategies use i
 (``Sweeper(claim_ttl_s=…)``):
 
 * **row locks** (default, ``claim_ttl_s=None``): one transaction per batch — select-and-lock, send, write
-  the outcomes (one executemany), commit. The locks are the claim. One row write per stub, so it is the
+  the outcomes (one statement per batch), commit. The locks are the claim. One row write per stub: the
   fastest (bench c1). While a batch is being sent, a consumer confirming one of its stubs waits for the
   commit (at most one batch of broker calls: keep batches small with a slow broker), and a sweeper that
   dies mid-batch rolls back: those stubs are due again at once (re-sent twice: at-least-once; the guard

@@ -1,6 +1,7 @@
 """Re-sending claimed stubs through the producer's :class:`reliable.sender.Sender`, and giving up on them.
 
-After a successful resend (one ``UPDATE`` per batch, executed as executemany)::
+After a successful resend (PostgreSQL: one ``UPDATE … FROM unnest(arrays)`` per batch; elsewhere one
+executemany)::
 
     send_count   += 1
     queue_id, queue_offset = the receipt's          (where this copy landed: the next round compares it
@@ -29,7 +30,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, or_, select, tuple_, update
+from sqlalchemy import Connection, bindparam, delete, insert, or_, select, text, tuple_, update
 
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, QueueProgress
@@ -172,7 +173,9 @@ def send_claimed(
                     "b_last_error": None,
                 }
             )
-        if ok:
+        if ok and conn.dialect.name == "postgresql":
+            conn.execute(_PG_RECORD, _pg_arrays(ok, clock()))
+        elif ok:
             conn.execute(
                 update(stub)
                 .where(stub.c.message_id == bindparam("b_id"))
@@ -205,6 +208,33 @@ def send_claimed(
                 postponed,
             )
     return result
+
+
+#: PostgreSQL: the batch's outcomes in ONE statement (arrays unnested into rows) instead of one UPDATE per
+#: stub: a tenth of the round trips and of the Python work per row (bench c1 measures both forms).
+_PG_RECORD = text(
+    """
+    UPDATE message_stub AS s
+       SET send_count = v.send_count, queue_id = v.queue_id, queue_offset = v.queue_offset,
+           last_sent_at = v.sent_at, resend_at = v.resend_at, last_error = NULL, updated_at = :now
+      FROM unnest(CAST(:ids AS varchar[]), CAST(:counts AS integer[]), CAST(:queue_ids AS integer[]),
+                  CAST(:offsets AS bigint[]), CAST(:sent AS timestamptz[]), CAST(:resend AS timestamptz[]))
+           AS v(message_id, send_count, queue_id, queue_offset, sent_at, resend_at)
+     WHERE s.message_id = v.message_id
+    """
+)
+
+
+def _pg_arrays(rows: Sequence[dict[str, Any]], now: dt.datetime) -> dict[str, Any]:
+    return {
+        "ids": [r["b_id"] for r in rows],
+        "counts": [r["b_send_count"] for r in rows],
+        "queue_ids": [r["b_queue_id"] for r in rows],
+        "offsets": [r["b_queue_offset"] for r in rows],
+        "sent": [r["b_last_sent_at"] for r in rows],
+        "resend": [r["b_resend_at"] for r in rows],
+        "now": now,
+    }
 
 
 def _key(c: Candidate) -> ProgressKey:
@@ -266,6 +296,8 @@ def mark_dead(
     )
     rows = notification_rows([c.message_id for c in dead], reasons, channels, now)
     if rows:
+        # rows of an earlier life of the same id (a stub deleted and written again) would collide
+        conn.execute(delete(notif).where(notif.c.message_id.in_([c.message_id for c in dead])))
         conn.execute(insert(notif), rows)
     for cand, reason in zip(dead, reasons, strict=True):
         notice = DeadNotice(

@@ -5,7 +5,7 @@ A round, in order:
 1. **sweep**, batch by batch: one selection statement claims due stubs (see :mod:`.claim`); the Redis
    leases of the stuck ones are read; stubs at ``max_sends`` go ``DEAD`` with their notices owed (in the
    claim transaction); the others are sent through the :class:`~reliable.sender.Sender` and the outcomes
-   recorded (one executemany per batch);
+   recorded (one statement per batch);
 2. **notify** — deliver owed notices per channel (a failing channel never stops the round);
 3. **retention** — purge old log rows of settled stubs.
 

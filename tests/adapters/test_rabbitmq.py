@@ -5,13 +5,16 @@ Every test declares its own uniquely named queue, exchanges and dead-letter queu
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import os
 import shutil
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -30,6 +33,7 @@ from reliable.adapters.rabbitmq import (
     RabbitMQConsumer,
     RabbitMQSender,
     Topology,
+    sweeper_sender,
     to_envelope,
 )
 from reliable.errors import ConfigurationError, SendError
@@ -255,6 +259,53 @@ def test_consumer_process_killed_before_ack_is_redelivered_and_suppressed(
     assert outcomes == ["SUCCESS", "DUPLICATE"]
 
 
+@pytest.mark.slow
+def test_lost_send_is_resent_by_reliable_sweep_through_rabbitmq(
+    rel: Reliability, topology: Topology, rabbitmq_url: str, postgres_url: str, admin: Any
+) -> None:
+    """The producer crashed between its commit and its send; `reliable sweep --once` delivers the stub."""
+    topology.declare(admin)
+    with RabbitMQSender(rabbitmq_url, exchange=topology.exchange or "") as sender:
+        lazy = StubProducer(rel, sender, default_group=GROUP)
+        with rel.session() as s:
+            staged = lazy.stage(s, "lost-1", TOPIC, b"pay 7", send_on_commit=False)  # never sent
+    assert staged.message_id == "lost-1" and queue_depth(admin, topology.queue) == 0
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")},
+        "RELIABLE_RABBITMQ_URL": rabbitmq_url,
+        "RELIABLE_RABBITMQ_EXCHANGE": topology.exchange or "",
+    }
+    # the stub's grace period (first_resend_delay_s) is over as far as this sweeper is concerned
+    with rel.session() as s:
+        row = s.get(MessageStub, "lost-1")
+        assert row is not None
+        row.resend_at = row.created_at - dt.timedelta(seconds=1)
+    cmd = [
+        str(Path(sys.executable).parent / "reliable"),
+        "sweep",
+        "--once",
+        "--db",
+        postgres_url,
+        "--sender",
+        "reliable.adapters.rabbitmq:sweeper_sender",
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert queue_depth(admin, topology.queue) == 1
+    with RabbitMQConsumer(rabbitmq_url, topology, make_handler(rel), retry_delay_s=0) as consumer:
+        assert consumer.run(until=lambda: consumer.counts["ack"] >= 1, timeout_s=TIMEOUT_S)
+    assert effect_counts(rel) == {"lost-1": 1}
+    with rel.session() as s:
+        row = s.get(MessageStub, "lost-1")
+        assert row is not None and row.status is StubStatus.CONFIRMED and row.send_count == 1
+
+
+def test_sweeper_sender_factory_needs_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RELIABLE_RABBITMQ_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="RELIABLE_RABBITMQ_URL"):
+        sweeper_sender(None)
+
+
 def test_dead_letter_lands_in_the_dlq_with_its_reason(
     rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
 ) -> None:
@@ -306,6 +357,21 @@ def test_bare_handler_dead_letter_and_exception(
     assert [e.reconsume_times for e in seen] == [0, 1]
     [(props, _)] = dlq_messages(admin, topology)
     assert props.headers[HEADER_DEAD_REASON] == "handler answered DEAD_LETTER"
+
+
+def test_stop_from_the_handler_ends_run(topology: Topology, rabbitmq_url: str, admin: Any) -> None:
+    holder: list[RabbitMQConsumer] = []
+
+    def stop_after_one(env: Envelope) -> ConsumeResult:
+        holder[0].stop()
+        return ConsumeResult.SUCCESS
+
+    with RabbitMQConsumer(rabbitmq_url, topology, stop_after_one) as consumer:
+        holder.append(consumer)
+        admin.basic_publish(topology.exchange, TOPIC, b"s", BasicProperties(message_id="s-1"))
+        admin.basic_publish(topology.exchange, TOPIC, b"s", BasicProperties(message_id="s-2"))
+        assert consumer.run(timeout_s=TIMEOUT_S) is False  # returned because of stop(), not a timeout
+        assert consumer.counts["ack"] >= 1
 
 
 def test_dead_letter_falls_back_to_native_dead_lettering(
@@ -401,6 +467,10 @@ def test_sender_reports_unreachable_broker_and_bad_url() -> None:
         RabbitMQSender(bad)
     with pytest.raises(ConfigurationError, match="bad AMQP URL"):
         RabbitMQConsumer(bad, "q", lambda env: ConsumeResult.SUCCESS)
+    with pytest.raises(ConfigurationError, match="prefetch"):
+        RabbitMQConsumer(
+            "amqp://guest:guest@127.0.0.1:5672/%2F", "q", lambda env: ConsumeResult.SUCCESS, prefetch=0
+        )
 
 
 # --- envelope mapping (no broker) ----------------------------------------------------------------------

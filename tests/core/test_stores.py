@@ -221,3 +221,49 @@ def test_redis_before_7_falls_back_to_set_nx_then_get(tmp_path: object) -> None:
         assert store.acquire_many(["k"], ["processing:c"], 60_000)[0].done_hash == "cd" * 8
     finally:
         client.shutdown()
+
+
+def test_confirm_first_only_takes_the_happy_case(engine: Engine) -> None:
+    store = SqlStore(engine)
+    now = utcnow()
+    with engine.begin() as conn:
+        for mid, status, group, h in (
+            ("ok", "PENDING", "g", "h1"),
+            ("dead", "DEAD", "g", None),
+            ("done", "CONFIRMED", "g", "h1"),
+            ("void", "VOIDED", "g", "h1"),
+            ("other", "PENDING", "x", "h1"),
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO message_stub (message_id, topic, consumer_group, content, payload_hash, "
+                    "status, send_count, created_at, updated_at) VALUES (:m, 'o', :g, :c, :h, :s, 1, :t, :t)"
+                ),
+                {"m": mid, "g": group, "c": b"", "h": h, "s": status, "t": now.replace(tzinfo=None)},
+            )
+        ids = store.journal(
+            conn, [entry(m, n) for n, m in enumerate(["ok", "dead", "done", "void", "other", "no"])]
+        )
+        rec = [OutcomeUpdate(i, LogOutcome.SUCCESS, "processed") for i in ids]
+        assert store.confirm_first(conn, "ok", "g", "h2", now, rec[0]) is False  # other body
+        assert store.confirm_first(conn, "ok", "g", "h1", now, rec[0]) is True
+        assert store.confirm_first(conn, "dead", "g", "h9", now, rec[1]) is True  # no recorded hash
+        for mid, r in zip(["done", "void", "other", "no"], rec[2:], strict=True):
+            assert store.confirm_first(conn, mid, "g", "h1", now, r) is False
+        statuses = dict(conn.execute(text("SELECT message_id, status FROM message_stub")).all())
+        outcomes = dict(conn.execute(text("SELECT message_id, outcome FROM message_log")).all())
+    assert statuses == {
+        "ok": "CONFIRMED",
+        "dead": "CONFIRMED",
+        "done": "CONFIRMED",
+        "void": "VOIDED",
+        "other": "PENDING",
+    }
+    assert outcomes == {
+        "ok": "SUCCESS",
+        "dead": "SUCCESS",
+        "done": None,
+        "void": None,
+        "other": None,
+        "no": None,
+    }

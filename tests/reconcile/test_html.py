@@ -38,6 +38,8 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_report_renders_in_chromium_with_headline_numbers(
     parquet_report: Any, tmp_path: Path, artifacts_dir: Path
 ) -> None:

@@ -13,7 +13,8 @@ from tests.reconcile import dataset as D
 from tests.reconcile.conftest import run_report as _run
 from tests.reconcile.conftest import write_database, write_parquet
 
-pytestmark = pytest.mark.spark
+# Spark runs in a JVM of its own (multi-process: `slow`); its cold start on a busy 2-core machine is slow
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _ids(out: Path, name: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The parts without Spark: options, thresholds, the summary's shape, the export, and the CLI's one-line errors."""
+"""The parts without Spark: options, thresholds, the summary, the export, the CLI's one-line errors."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_importing_reliable_does_not_import_pyspark() -> None:
 
 def test_config_rejects_naive_times_and_inverted_windows() -> None:
     with pytest.raises(OptionError, match="timezone-aware"):
-        ReconcileConfig(as_of=dt.datetime(2026, 1, 1))  # noqa: DTZ001 - the point of the test
+        ReconcileConfig(as_of=dt.datetime(2026, 1, 1))
     with pytest.raises(OptionError, match="before until"):
         ReconcileConfig(since=D.AS_OF, until=D.AS_OF)
     with pytest.raises(OptionError, match="max-lost"):
@@ -45,7 +45,14 @@ def test_config_rejects_naive_times_and_inverted_windows() -> None:
 def test_duration_and_timestamp_options() -> None:
     from reliable.cli.reconcile import duration, timestamp
 
-    assert [duration(x) for x in ("90", "90s", "15m", "2h", "1d", "250ms")] == [90, 90, 900, 7200, 86400, 0.25]
+    assert [duration(x) for x in ("90", "90s", "15m", "2h", "1d", "250ms")] == [
+        90,
+        90,
+        900,
+        7200,
+        86400,
+        0.25,
+    ]
     assert timestamp("2026-11-20T12:00:00Z") == D.AS_OF
     assert timestamp("2026-11-20 12:00") == D.AS_OF, "no offset means UTC"
     assert timestamp("2026-11-20T14:00:00+02:00") == D.AS_OF
@@ -72,8 +79,10 @@ def test_a_threshold_is_breached_exactly_when_the_count_exceeds_it(
 def test_summary_of_nothing_has_every_key_and_zero_counts() -> None:
     s = build_summary(Collected(), ReconcileConfig(as_of=D.AS_OF), Thresholds(max_lost=0), source="x")
     assert s["schema_version"] == 1 and s["ok"] is True and s["as_of"] == "2026-11-20T12:00:00Z"
-    assert set(s) >= {"totals", "queues", "duplicates_by_cause", "latency_ms", "latency_histogram",
-                      "resend_histogram", "attention", "thresholds", "breaches", "window", "settings"}  # fmt: skip
+    assert set(s) >= {
+        "totals", "queues", "duplicates_by_cause", "latency_ms", "latency_histogram",
+        "resend_histogram", "attention", "thresholds", "breaches", "window", "settings",
+    }  # fmt: skip
     assert all(v == 0 for v in s["totals"].values())
     assert s["duplicates_by_cause"] == {"redelivery": 0, "retry": 0, "producer_double_send": 0}
 
@@ -88,7 +97,9 @@ def test_lag_is_offsets_beyond_the_watermark() -> None:
         {"consumer_group": "g", "topic": "t", "queue_id": 0, "max_offset": 6},
         {"consumer_group": "g", "topic": "t", "queue_id": 1, "max_offset": 7},
     ]
-    s = build_summary(Collected(queue_stats=rows, progress=progress), ReconcileConfig(), Thresholds(), source="x")
+    s = build_summary(
+        Collected(queue_stats=rows, progress=progress), ReconcileConfig(), Thresholds(), source="x"
+    )
     # queue 2 has no consumer position at all: its one offset (0) is lag
     assert [q["lag"] for q in s["queues"]] == [3, 0, 1]
 
@@ -107,7 +118,11 @@ def test_export_streams_tables_in_chunks(tmp_path: Path) -> None:
         result = export_tables(engine, tmp_path / "out", chunk_rows=7)
     finally:
         engine.dispose()
-    assert result.rows == {"message_stub": 37, "message_log": len(ds.logs), "consume_progress": len(ds.progress)}
+    assert result.rows == {
+        "message_stub": 37,
+        "message_log": len(ds.logs),
+        "consume_progress": len(ds.progress),
+    }
     stub = pq.ParquetFile(tmp_path / "out" / "message_stub.parquet")
     assert stub.metadata.num_row_groups == 6, "37 rows in chunks of 7"
     assert "content" not in stub.schema_arrow.names
@@ -134,11 +149,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["--db", "sqlite:////nonexistent/x.db", "--out", "/tmp/x"], "no such SQLite database"),
     ],
 )
-def test_cli_bad_input_is_one_line_before_spark_starts(args: list[str], message: str) -> None:
-    res = _cli("reconcile", *args)
-    assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("reliable: error:"), res.stderr
+def test_cli_bad_input_is_one_line_before_spark_starts(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from reliable.cli import main
+
+    assert main(["reconcile", *args]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("reliable: error:"), err
 
 
 def test_export_cli_writes_the_three_files(tmp_path: Path) -> None:
@@ -150,3 +169,13 @@ def test_export_cli_writes_the_three_files(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
         "consume_progress.parquet", "message_log.parquet", "message_stub.parquet",
     ]  # fmt: skip
+
+
+def test_spark_submit_entry_point_reports_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from jobs.reconcile import main
+
+    assert main(["--parquet", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reconcile: error: Parquet input incomplete")

@@ -210,13 +210,20 @@ def test_broker_restart_loses_nothing_acknowledged_under_sync_flush(
         pull = PullConsumer(server.namesrv, "RSCheck")
         pull.start()
         stored: dict[str, set[tuple[int, int]]] = defaultdict(set)
-        try:
+
+        def scan() -> bool:  # read every queue from 0; True once every acked message is visible
+            stored.clear()
             for mq in pull.fetch_subscribe_message_queues("RS"):
                 offset = 0
                 while (res := pull.pull(mq, "*", offset)).status is PullStatus.FOUND:
                     for m in res.msgs:
                         stored[m.body.decode()].add((m.queue_id, m.queue_offset))
                     offset = res.next_begin_offset
+            return all(f"m{i}" in stored for i in acked)
+
+        try:
+            # consume queues are rebuilt/dispatched asynchronously after the restart: poll, then check
+            wait_until(scan, timeout=30)
         finally:
             pull.shutdown()
         for i, e in acked.items():  # every acknowledged message is there, where the ack said it was

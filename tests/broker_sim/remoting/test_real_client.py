@@ -60,7 +60,12 @@ def test_send_sync_lands_in_the_store(serve: ServerFactory, tmp_path: Path) -> N
     events = run_worker("produce", srv.namesrv_address, {"topic": "RealT", "count": 12}, tmp_path)
     sent = [e for e in events if e["event"] == "sent"]
     assert len(sent) == 12 and all(e["status"] == 0 for e in sent)
-    stored = [m for q in range(4) for m in srv.broker.messages("RealT", q)]
+
+    def stored_now() -> list[Any]:
+        return [m for q in range(4) for m in srv.broker.messages("RealT", q)]
+
+    assert wait_until(lambda: len(stored_now()) == 12)  # consume queues are dispatched asynchronously
+    stored = stored_now()
     assert sorted(m.body for m in stored) == sorted(f"m{i}".encode() for i in range(12))
     by_body = {m.body: m for m in stored}
     for e in sent:  # the client's msg_id is the UNIQ_KEY; its offset is the queue offset we returned
@@ -76,6 +81,7 @@ def test_send_orderly_keeps_a_sharding_key_on_one_queue(serve: ServerFactory, tm
     args = {"topic": "OrdT", "count": 24, "sharding": [1, 2, 3]}
     sent = [e for e in run_worker("produce", srv.namesrv_address, args, tmp_path) if e["event"] == "sent"]
     assert all(e["status"] == 0 for e in sent)
+    assert wait_until(lambda: sum(len(srv.broker.messages("OrdT", q)) for q in range(4)) == 24)
     queue_of: dict[int, set[int]] = defaultdict(set)
     order: dict[int, list[bytes]] = defaultdict(list)
     for q in range(4):
@@ -128,6 +134,8 @@ def test_one_failure_sends_back_the_whole_pulled_batch(serve: ServerFactory, tmp
     message of that pull, including ones the callback never saw or already processed."""
     srv = serve(topics={"BatchT": 1}, message_delay_level=FAST_DELAYS)
     run_worker("produce", srv.namesrv_address, {"topic": "BatchT", "count": 3}, tmp_path)
+    # all three in the consume queue before the consumer starts, so its first pull returns them together
+    assert wait_until(lambda: len(srv.broker.messages("BatchT")) == 3)
     args = {"topic": "BatchT", "expect": 3, "fail_times": 1, "timeout_s": 40, "group": "BatchG"}
     delivered = [
         e for e in run_worker("push", srv.namesrv_address, args, tmp_path) if e["event"] == "delivery"
@@ -157,6 +165,8 @@ def test_message_reaches_dlq_after_max_reconsume_times(serve: ServerFactory, tmp
 def test_pull_consumer_reads_from_zero(serve: ServerFactory, tmp_path: Path) -> None:
     srv = serve(topics={"PullT": 2})
     run_worker("produce", srv.namesrv_address, {"topic": "PullT", "count": 10}, tmp_path)
+    # the pull loop stops at the first PULL_NOT_FOUND: let the asynchronous dispatch catch up first
+    assert wait_until(lambda: sum(len(srv.broker.messages("PullT", q)) for q in (0, 1)) == 10)
     events = run_worker("pull", srv.namesrv_address, {"topic": "PullT"}, tmp_path)
     pulled = [e for e in events if e["event"] == "pulled"]
     assert sorted(e["body"] for e in pulled) == sorted(f"m{i}" for i in range(10))
@@ -176,3 +186,29 @@ def test_unknown_topic_is_created_through_tbw102_when_auto_create_is_on(
     assert len(sent) == 3
     route = srv.broker.get_route_info_by_topic("AutoT")
     assert route.queue_datas[0].write_queue_nums == 4  # min(client's defaultTopicQueueNums 4, TBW102's 8)
+
+
+def test_orderly_push_consumer_locks_queues_and_keeps_order(serve: ServerFactory, tmp_path: Path) -> None:
+    srv = serve(topics={"OrdT": 2})
+    run_worker("produce", srv.namesrv_address, {"topic": "OrdT", "count": 20, "sharding": [0, 1]}, tmp_path)
+    args = {"topic": "OrdT", "expect": 20, "timeout_s": 40, "group": "OrdRealG", "orderly": True}
+    delivered = [
+        e for e in run_worker("push", srv.namesrv_address, args, tmp_path) if e["event"] == "delivery"
+    ]
+    for q in (0, 1):  # sharding key k went to queue k; within a queue, delivery follows send order
+        assert [e["body"] for e in delivered if e["queue_id"] == q] == [f"m{i}" for i in range(q, 20, 2)]
+    assert srv.broker_server.stats.by_code.get(41, 0) >= 1  # LOCK_BATCH_MQ before consuming
+
+
+def test_send_batch_arrives_as_separate_messages(serve: ServerFactory, tmp_path: Path) -> None:
+    """The C++ client sends a batch as SEND_MESSAGE with batch=1 and a §F batch body (not code 320)."""
+    srv = serve(topics={"BatchT": 1})
+    events = run_worker(
+        "produce", srv.namesrv_address, {"topic": "BatchT", "count": 4, "batch": True}, tmp_path
+    )
+    (ev,) = [e for e in events if e["event"] == "sent_batch"]
+    assert ev["event"] == "sent_batch" and ev["status"] == 0
+    expected = [(f"m{i}".encode(), [f"k{i}"], i) for i in range(4)]
+    assert wait_until(
+        lambda: [(m.body, m.key_list, m.queue_offset) for m in srv.broker.messages("BatchT")] == expected
+    )

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import pytest
 
 from broker_sim import ConsumeStatus, Message, Producer, PullConsumer, PushConsumer
-from broker_sim.broker.api import ConsumeFromWhere, PullStatus
+from broker_sim.broker.api import ConsumeFromWhere, MessageModel, PullStatus
 from broker_sim.broker.errors import TopicNotExistError
 from broker_sim.client.errors import TransportError
-from broker_sim.client.message import LocalTransactionState, MessageExt, MessageQueue
+from broker_sim.client.message import ConsumeOrderlyStatus, LocalTransactionState, MessageExt, MessageQueue
 from broker_sim.client.transaction_producer import TransactionProducer
 from broker_sim.remoting.client_transport import RemotingTransport
 from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, wait_until
@@ -44,9 +46,8 @@ def test_produce_push_consume_and_progress(serve: ServerFactory) -> None:
         producer.send(Message("T", b"late"))
         assert wait_until(lambda: b"late" in seen)
         consumer.persist_offsets()
-        progress = srv.broker.consumer_progress("CG", "T")
         assert wait_until(lambda: sum(p.lag for p in srv.broker.consumer_progress("CG", "T")) == 0)
-        assert sum(p.broker_offset for p in progress) == 41
+        assert sum(p.broker_offset for p in srv.broker.consumer_progress("CG", "T")) == 41
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -59,6 +60,9 @@ def test_pull_consumer_batch_view_and_query(serve: ServerFactory) -> None:
     mq = MessageQueue("T", "broker-a", 1)
     batch = producer.send_batch([Message("T", f"b{i}".encode(), keys=f"bk{i}") for i in range(5)], queue=mq)
     assert batch.queue_id == 1
+    assert wait_until(
+        lambda: srv.broker.get_max_offset("T", 1) == 5
+    )  # consume queues dispatch asynchronously
     pull = PullConsumer(ns, "PullG")
     pull.start()
     try:
@@ -161,3 +165,97 @@ def test_server_gone_is_a_transport_error(serve: ServerFactory) -> None:
     with pytest.raises(TransportError):
         t.get_max_offset("T", 0)
     t.close()
+
+
+def test_orderly_consumption_takes_queue_locks_over_tcp(serve: ServerFactory) -> None:
+    srv = serve(topics={"T": 2})
+    ns = srv.namesrv_address
+    producer = Producer(ns, "PG")
+    for i in range(20):
+        producer.send_orderly(Message("T", f"{i % 2}:{i}".encode()), sharding_key=str(i % 2))
+    seen: dict[int, list[int]] = {0: [], 1: []}
+
+    def listener(msgs: list[MessageExt]) -> ConsumeOrderlyStatus:
+        for m in msgs:
+            key, n = m.body.decode().split(":")
+            seen[int(key)].append(int(n))
+        return ConsumeOrderlyStatus.SUCCESS
+
+    consumer = PushConsumer(ns, "OrdG", consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    consumer.subscribe("T", "*")
+    consumer.register_message_listener_orderly(listener)
+    consumer.start()
+    try:
+        assert wait_until(lambda: len(seen[0]) + len(seen[1]) == 20)
+        assert seen[0] == list(range(0, 20, 2)) and seen[1] == list(range(1, 20, 2))  # per key, in send order
+        held = srv.broker.locks.try_lock_batch("OrdG", set(consumer.assigned_queues()), "someone-else")
+        assert held == set()  # the queues are locked by our consumer (LOCK_BATCH_MQ over the wire)
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_broadcasting_delivers_everything_to_every_consumer(serve: ServerFactory, tmp_path: Path) -> None:
+    srv = serve(topics={"T": 2})
+    ns = srv.namesrv_address
+    seen: list[set[bytes]] = [set(), set()]
+    consumers = []
+    for i in range(2):
+
+        def listener(msgs: list[MessageExt], mine: set[bytes] = seen[i]) -> ConsumeStatus:
+            mine.update(m.body for m in msgs)
+            return ConsumeStatus.CONSUME_SUCCESS
+
+        c = PushConsumer(
+            ns,
+            "BcG",
+            message_model=MessageModel.BROADCASTING,
+            instance_name=f"bc{i}",
+            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+            local_offset_dir=tmp_path,
+        )
+        c.subscribe("T", "*", listener)
+        c.start()
+        consumers.append(c)
+    producer = Producer(ns, "PG")
+    try:
+        for i in range(10):
+            producer.send(Message("T", f"b{i}".encode()))
+        want = {f"b{i}".encode() for i in range(10)}
+        assert wait_until(lambda: seen[0] == want and seen[1] == want)
+    finally:
+        producer.shutdown()
+        for c in consumers:
+            c.shutdown()
+    assert list(tmp_path.rglob("*.json"))  # broadcasting offsets are kept locally, per instance
+
+
+def test_undecodable_replies_are_transport_errors() -> None:
+    """A peer that answers with garbage (not broker_sim) surfaces as TransportError, per the contract."""
+    from broker_sim.remoting.codes import RequestCode
+    from broker_sim.remoting.frame import RemotingCommand
+    from broker_sim.remoting.server import Connection, RemotingServer
+
+    def bad_route(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return cmd.reply(0, body=b"{not json")
+
+    def bad_offset(cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        return cmd.reply(0, ext_fields={"offset": "twelve"})
+
+    fake = RemotingServer(
+        {RequestCode.GET_ROUTEINFO_BY_TOPIC: bad_route, RequestCode.GET_MAX_OFFSET: bad_offset}
+    )
+    fake.start()
+    cluster = json.dumps({"brokerAddrTable": {"b": {"brokerAddrs": {"0": fake.address}}}}).encode()
+    fake.handlers[RequestCode.GET_BROKER_CLUSTER_INFO] = lambda cmd, conn: cmd.reply(
+        0, body=cluster
+    )  # also "the broker"
+    t = RemotingTransport(fake.address)
+    try:
+        with pytest.raises(TransportError, match="undecodable"):
+            t.get_route("T")
+        with pytest.raises(TransportError, match="undecodable"):
+            t.get_max_offset("T", 0)
+    finally:
+        t.close()
+        fake.shutdown()

@@ -21,6 +21,9 @@ def small_config(**overrides: Any) -> StoreConfig:
         "consume_queue_units": 16,
         "index_hash_slots": 64,
         "index_max_entries": 32,
+        # a CI disk above 85 % must not make the background expiry delete test data: tests that want
+        # expiry inject their own usage
+        "disk_usage": lambda: 0.1,
     }
     base.update(overrides)
     return StoreConfig(**base)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 from broker_sim.clock import ManualClock
 from broker_sim.store import MessageStore, PutMessageStatus
+from broker_sim.store.expiry import default_disk_usage
 from tests.broker_sim.store.conftest import StoreFactory, msg
 
 HOUR = 3600.0
@@ -16,7 +18,8 @@ def at_hour(hour: int) -> ManualClock:
 
 
 def filled(make_store: StoreFactory, usage: list[float], n: int = 60) -> MessageStore:
-    store = make_store(disk_usage=lambda: usage[0], consume_queue_units=8)
+    # the background pass would race the test's own run_expiry() once the clock jumps: push it out of reach
+    store = make_store(disk_usage=lambda: usage[0], consume_queue_units=8, clean_resource_interval_ms=10**13)
     for i in range(n):
         store.put_message(msg(body=b"%d" % i + bytes(500), KEYS=f"k{i}"))
     store.dispatch_pending()
@@ -119,3 +122,8 @@ def test_queue_rebuilt_after_head_expired_starts_mid_file(
         got = again.get_message("g", "TopicA", 0, first.queue_offset, 32)
         assert got.status.name == "FOUND" and got.messages[0].ext.body == first.body
         again.shutdown()
+
+
+def test_default_disk_usage_measures_the_store_disk(tmp_path: Path) -> None:
+    ratio = default_disk_usage(tmp_path)()
+    assert 0.0 < ratio < 1.0

@@ -6,7 +6,7 @@ import struct
 import zlib
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker_sim.store import MessageIllegalError, MessageInner
@@ -44,6 +44,7 @@ def java_hash_reference(s: str) -> int:
     return h - 2**32 if h >= 2**31 else h
 
 
+@settings(deadline=None)  # a busy CI box must not turn slowness into a failure
 @given(
     topic=topics,
     body=st.binary(max_size=3000),
@@ -101,6 +102,7 @@ def test_record_round_trip(
     )
 
 
+@settings(deadline=None)
 @given(props)
 def test_properties_round_trip(properties: dict[str, str]) -> None:
     raw = encode_properties(properties)
@@ -113,11 +115,13 @@ def test_properties_without_trailing_separator_as_java_writes_them() -> None:
     assert decode_properties(b"TAGS\x01a\x02KEYS\x01k1 k2") == {"TAGS": "a", "KEYS": "k1 k2"}
 
 
+@settings(deadline=None)
 @given(st.text(max_size=200))
 def test_java_hash_matches_reference(s: str) -> None:
     assert java_string_hash(s) == java_hash_reference(s)
 
 
+@settings(deadline=None)
 @given(st.text(max_size=40), st.text(max_size=60))
 def test_java_hash_of_a_concatenation(prefix: str, suffix: str) -> None:
     assert java_hash_concat(java_string_hash(prefix), suffix) == java_hash_reference(prefix + suffix)
