@@ -90,6 +90,7 @@ class Decision:
     message_id: str | None
     reason: Reason
     detail: str | None = None
+    #: the ``message_log`` row; ``None`` when journaling failed or the row waits in the write-behind journal
     log_id: int | None = None
     attempts: int | None = None
     error: BaseException | None = None

@@ -10,6 +10,7 @@
     handle.decide(env)       # -> Decision: result + journal outcome + reason + duplicate flag + log id
     handle.batch(envs)       # -> list[ConsumeResult], one journal transaction for the whole list
     handle.decide_batch(envs)
+    handle.close()           # flush the write-behind journal, if enabled (settings.journal_write_behind)
 
 Everything the handler writes through ``session`` commits in the same transaction as the stub confirmation,
 so it happens exactly once; anything else it does (HTTP, e-mail) happens at least once. The handler must not
@@ -55,6 +56,14 @@ class GuardedHandler:
 
     def decide_batch(self, envs: Sequence[Envelope]) -> list[Decision]:
         return self.guard.process(envs)
+
+    def flush_journal(self) -> int:
+        """Write buffered duplicate rows now (only with ``journal_write_behind``); returns the row count."""
+        return self.guard.flush_journal()
+
+    def close(self) -> None:
+        """Flush and stop the write-behind journal (a no-op without it; also happens at interpreter exit)."""
+        self.guard.close()
 
 
 def idempotent_consumer(

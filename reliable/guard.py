@@ -31,6 +31,10 @@ duplicate answered by Redis is journaled with its outcome in the same statement 
 two). The journal is still committed before any handler runs, and a lease taken before a failed journal is
 released.
 
+With ``journal_write_behind`` the journal rows of deliveries answered by the done marker skip the database
+trip entirely and wait in :class:`reliable.stores.behind.JournalBuffer` (what a crash can lose is documented
+there); every other delivery is journaled as above.
+
 Batch mode runs the same steps for N envelopes with one Redis pipeline, one journal transaction and one
 work transaction, optimistically without savepoints; after a handler fails, the rest run again with a
 SAVEPOINT each so a failing handler rolls back only its own writes (see :meth:`Guard._work`).
@@ -39,7 +43,8 @@ A single message first tries the happy case in one statement: the conditional co
 the journal outcome) runs *before* the handler, holding the row lock; a handler failure rolls it back with
 everything else, and only when it changes no row does the general path (lock or claim, judge) run.
 
-The reasons, verdicts and the :class:`Decision` type live in :mod:`reliable.decision`.
+The reasons, verdicts and the :class:`Decision` type live in :mod:`reliable.decision`; the work transaction
+(step 3) and the per-delivery state in :mod:`reliable.guard_work`.
 """
 
 from __future__ import annotations
@@ -51,58 +56,31 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 
 from reliable import constants as C
-from reliable.decision import Decision, GuardHooks, Reason, Verdict, judge, verdict_decision
+from reliable.decision import Decision, GuardHooks, Reason, Verdict, judge
 from reliable.errors import BadMessageError, MissingMessageIdError
+from reliable.guard_work import Handler, Item, WorkStep
 from reliable.metrics import DecisionObserver, guard_metrics
 from reliable.models import utcnow
-from reliable.stores import InboxRow, JournalEntry, LeaseState, OutcomeUpdate, StubRow
+from reliable.stores import JournalEntry, LeaseState, StubRow
+from reliable.stores.behind import JournalBuffer
 from reliable.stores.lease import NoLeaseStore, RedisLeaseStore, done_value, lease_key, processing_value
 from reliable.stores.sql import SqlStore, reason_text
-from reliable.types import ConsumeResult, Envelope, LogOutcome
+from reliable.types import ConsumeResult, Envelope
 
 log = logging.getLogger(C.GUARD_LOGGER)
 
 __all__ = ["Decision", "Guard", "GuardHooks", "Handler", "Reason"]
 
-Handler = Callable[[Envelope, Session], None]
 
-
-@dataclass(slots=True)
-class _Item:
-    """Mutable per-delivery state while a batch moves through the steps."""
-
-    env: Envelope
-    mid: str
-    payload_hash: str | None
-    key: str = ""
-    lease_value: str = ""
-    owned: bool = False  # we hold processing:{owner} and must mark done or release
-    verdict: Verdict | None = None
-    claimed: bool = False
-    twin_of: _Item | None = None  # same id earlier in this batch
-    log_id: int | None = None
-    decision: Decision | None = None
-    error: BaseException | None = None
-    written: bool = False  # the journal row carries the final outcome
-    held: bool = False  # the fast path found a live lease of another worker
-    worker: str = ""
-
-
-class _HandlerFailed(Exception):
-    """Internal: unwinds a savepoint-less work transaction after a handler raised."""
-
-
-class Guard:
+class Guard(WorkStep):
     """Guards ``handler`` for consumer group ``group`` on the stores of ``rel`` (a :class:`Reliability`)."""
 
     def __init__(
@@ -145,6 +123,15 @@ class Guard:
         # lease values must be unique per delivery: host:pid:thread plus a per-guard token and counter
         self._token = uuid.uuid4().hex[:8]
         self._seq = itertools.count()
+        self._behind: JournalBuffer | None = None
+        if self.settings.journal_write_behind:
+            self._behind = JournalBuffer(
+                rel.engine,
+                self.sql,
+                max_rows=self.settings.journal_flush_rows,
+                max_ms=self.settings.journal_flush_ms,
+                on_error=lambda n, exc: self.metrics.database_errors.labels(group, "journal_behind").inc(),
+            )
 
     # --- public -------------------------------------------------------------------------------------
     def __call__(self, env: Envelope) -> Decision:
@@ -156,25 +143,55 @@ class Guard:
             return []
         items = self._prepare(envs)
         self._fast_path(items)
-        try:
-            with self.engine.connect() as conn:
-                if self._journal(conn, items):
-                    self._work(conn, items)
-                    self._settle(conn, items)
-        except SQLAlchemyError as exc:  # connect/checkout itself failed: the database is down
-            self._database_down(items, "connect", exc)
+        now_due = items if self._behind is None else self._defer_done_duplicates(items, self._behind)
+        if now_due:
+            try:
+                with self.engine.connect() as conn:
+                    if self._journal(conn, now_due):
+                        self._work(conn, now_due)
+                        self._settle(conn, now_due)
+            except SQLAlchemyError as exc:  # connect/checkout itself failed: the database is down
+                self._database_down(now_due, "connect", exc)
         self._after_commit(items)
         return [self._finish(it) for it in items]
 
+    def flush_journal(self) -> int:
+        """Write the buffered duplicate rows now (write-behind journal); returns how many were written."""
+        return 0 if self._behind is None else self._behind.flush()
+
+    def close(self) -> None:
+        """Flush and stop the write-behind journal, if any (also runs at interpreter exit)."""
+        if self._behind is not None:
+            self._behind.close()
+
+    def _defer_done_duplicates(self, items: list[Item], behind: JournalBuffer) -> list[Item]:
+        """Hand the rows of deliveries Redis answered as ``done`` to the write-behind journal.
+
+        Only those: their first delivery's row is committed already, so theirs is evidence of a duplicate,
+        not of arrival (see :mod:`reliable.stores.behind`). Everything else is journaled synchronously.
+        """
+        deferred: list[JournalEntry] = []
+        rest: list[Item] = []
+        now = utcnow()
+        for it in items:
+            d = it.decision
+            if d is not None and d.reason is Reason.DUPLICATE_DONE_MARKER:
+                deferred.append(self._entry(it, now))
+            else:
+                rest.append(it)
+        if deferred:
+            behind.add(deferred)
+        return rest
+
     # --- step 0: bad input --------------------------------------------------------------------------
-    def _prepare(self, envs: Sequence[Envelope]) -> list[_Item]:
+    def _prepare(self, envs: Sequence[Envelope]) -> list[Item]:
         check = self.settings.check_payload
         owner_base = f"{self._host}:{os.getpid()}:{threading.get_ident()}"
-        items: list[_Item] = []
-        first: dict[str, _Item] = {}
+        items: list[Item] = []
+        first: dict[str, Item] = {}
         for env in envs:
             mid = env.message_id or ""
-            it = _Item(env, mid, hashlib.sha256(env.body).hexdigest() if check else None)
+            it = Item(env, mid, hashlib.sha256(env.body).hexdigest() if check else None)
             it.worker = owner_base
             if not mid:
                 err = MissingMessageIdError(
@@ -198,7 +215,7 @@ class Guard:
         return items
 
     # --- step 2: Redis fast path --------------------------------------------------------------------
-    def _fast_path(self, items: list[_Item]) -> None:
+    def _fast_path(self, items: list[Item]) -> None:
         todo = [it for it in items if it.decision is None and it.twin_of is None]
         if not todo or not self.lease.enabled:
             return
@@ -217,7 +234,7 @@ class Guard:
                 it.held = True
 
     # --- step 1: journal (+ the lease-conflict peek) -------------------------------------------------
-    def _journal(self, conn: Connection, items: list[_Item]) -> bool:
+    def _journal(self, conn: Connection, items: list[Item]) -> bool:
         for h in self.hooks:
             h.before_journal([it.env for it in items])
         now = utcnow()
@@ -243,7 +260,7 @@ class Guard:
             h.after_journal([it.env for it in items], ids)
         return True
 
-    def _journal_statements(self, conn: Connection, items: list[_Item], now: Any) -> list[int]:
+    def _journal_statements(self, conn: Connection, items: list[Item], now: Any) -> list[int]:
         held = [it for it in items if it.held]
         if held:
             stubs = self.sql.peek_stubs(conn, [it.mid for it in held])
@@ -252,7 +269,7 @@ class Guard:
         self._resolve_twins(items)  # twins of an already decided delivery share its fate
         return self.sql.journal(conn, [self._entry(it, now) for it in items])
 
-    def _decide_held(self, it: _Item, stub: StubRow | None) -> None:
+    def _decide_held(self, it: Item, stub: StubRow | None) -> None:
         v = judge(stub, False, self.group, it.payload_hash)
         if v is Verdict.DUPLICATE:
             self._decide(it, Reason.DUPLICATE_CONFIRMED)
@@ -263,7 +280,7 @@ class Guard:
         else:
             self._decide(it, Reason.LEASE_CONFLICT, "another worker holds a live lease")
 
-    def _entry(self, it: _Item, now: Any) -> JournalEntry:
+    def _entry(self, it: Item, now: Any) -> JournalEntry:
         d = it.decision
         env = it.env
         return JournalEntry(
@@ -279,169 +296,8 @@ class Guard:
             reason=None if d is None else reason_text(d.reason.value, d.detail),
         )
 
-    # --- step 3: the work transaction ---------------------------------------------------------------
-    def _work(self, conn: Connection, items: list[_Item]) -> None:
-        """Run the work transaction; a batch is optimistic (no savepoints) until a handler fails.
-
-        Savepoints cost two round trips per message, which is most of what batching saves, so the first
-        attempt runs every handler in one plain transaction. If a handler raises, the whole transaction is
-        rolled back, the failed delivery is set aside, and the rest run again with a savepoint each. Their
-        database writes were rolled back, so they still happen once; effects outside the database repeat
-        (they are at-least-once anyway).
-        """
-        run = [it for it in items if it.decision is None and it.twin_of is None]
-        savepoints = False
-        while run:
-            for it in run:
-                it.decision, it.claimed, it.verdict = None, False, None
-            try:
-                with conn.begin():
-                    self._work_txn(conn, run, savepoints)
-                for it in run:
-                    it.written = it.decision is not None
-                return
-            except _HandlerFailed:  # rolled back as a whole; _settle decides the failed one
-                run = [it for it in run if it.error is None]
-                savepoints = True
-            except _ConfirmConflict as exc:
-                self._undo(run, Reason.CONFIRM_CONFLICT, str(exc))
-                return
-            except SQLAlchemyError as exc:
-                self.metrics.database_errors.labels(self.group, "work").inc()
-                log.warning("guard work transaction failed (group %s): %r", self.group, exc)
-                self._undo(run, Reason.DATABASE_UNAVAILABLE, repr(exc)[:300])
-                return
-
-    def _work_txn(self, conn: Connection, run: list[_Item], savepoints: bool) -> None:
-        now = utcnow()
-        if self._mariadb:
-            # no gap locks on absent stub rows: two inbox inserts of one id wait, not deadlock
-            self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        recorded = False
-        if len(run) == 1 and not self._inbox_first:
-            it = run[0]
-            early = OutcomeUpdate(it.log_id or 0, LogOutcome.SUCCESS, Reason.PROCESSED.value)
-            recorded = it.log_id is not None and self.sql.confirm_first(
-                conn, it.mid, self.group, it.payload_hash, now, early
-            )
-        if recorded:
-            # the happy case in one statement: stub confirmed and outcome written, pending the handler
-            stubs: dict[str, StubRow] = {}
-            run[0].verdict = Verdict.RUN
-        elif self._inbox_first:
-            stubs = self._claim_then_lock(conn, run, now)
-        else:
-            stubs = self._lock_then_claim(conn, run, now)
-        for it in run:
-            v = it.verdict if recorded else judge(stubs.get(it.mid), it.claimed, self.group, it.payload_hash)
-            it.verdict = v
-            if v is Verdict.RUN or v is Verdict.RUN_INBOX:
-                self._run_handler(conn, it, savepoint=savepoints)
-            elif v is not None:
-                self._decide_verdict(it, v, stubs.get(it.mid))
-        ok = [it for it in run if it.decision is None and it.error is None]
-        for it in ok:
-            self._decide(it, Reason.PROCESSED)
-        self.sql.unclaim_inbox(conn, [it.mid for it in run if it.error is not None and it.claimed])
-        if recorded:
-            return
-        to_confirm = [it.mid for it in ok if it.verdict is Verdict.RUN]
-        updates = [self._update(it) for it in run if it.decision is not None]
-        changed = self.sql.confirm_and_record(conn, to_confirm, now, updates)
-        if changed != len(to_confirm):
-            raise _ConfirmConflict(f"confirm changed {changed} of {len(to_confirm)} stubs")
-
-    def _lock_then_claim(self, conn: Connection, run: list[_Item], now: Any) -> dict[str, StubRow]:
-        """Producer stubs expected: lock them; insert inbox rows only for ids that have none."""
-        if len(run) == 1:
-            row = self.sql.lock_stub(conn, run[0].mid)
-            stubs = {} if row is None else {run[0].mid: row}
-        else:
-            stubs = self.sql.lock_stubs(conn, [it.mid for it in run])
-        missing = [it for it in run if it.mid not in stubs]
-        if missing:
-            claimed = self.sql.claim_inbox(conn, [self._inbox(it) for it in missing], now)
-            for it in missing:
-                it.claimed = it.mid in claimed
-            lost = [it.mid for it in missing if not it.claimed]
-            if lost:  # a concurrent worker inserted it while we waited: read what it committed
-                stubs.update(self.sql.lock_stubs(conn, lost))
-        self._inbox_first = self._adaptive and 2 * len(missing) > len(run)
-        return stubs
-
-    def _claim_then_lock(self, conn: Connection, run: list[_Item], now: Any) -> dict[str, StubRow]:
-        """No producer stubs lately (inbox pattern): insert first, saving the lookup that finds nothing.
-
-        ``ON CONFLICT DO NOTHING`` takes no lock on an existing stub, so ids that turn out to have one are
-        then locked with ``FOR UPDATE`` exactly as in :meth:`_lock_then_claim`.
-        """
-        claimed = self.sql.claim_inbox(conn, [self._inbox(it) for it in run], now)
-        for it in run:
-            it.claimed = it.mid in claimed
-        rest = [it.mid for it in run if not it.claimed]
-        stubs = self.sql.lock_stubs(conn, rest) if rest else {}
-        self._inbox_first = 2 * len(claimed) >= len(run)
-        return stubs
-
-    def _undo(self, run: list[_Item], reason: Reason, detail: str) -> None:
-        """The work transaction rolled back as a whole: nothing in it happened, whatever was decided."""
-        for it in run:
-            it.error = None
-            it.decision = None
-            self._decide(it, reason, detail)
-
-    def _run_handler(self, conn: Connection, it: _Item, *, savepoint: bool) -> None:
-        sp = conn.begin_nested() if savepoint else None
-        for h in self.hooks:
-            h.before_handler(it.env)
-        session = self._session(conn)
-        err: Exception | None = None
-        try:
-            self.handler(it.env, session)
-            session.flush()
-        except Exception as exc:  # the handler's fault, whatever it is: counted, logged, retried
-            err = exc
-        finally:
-            session.close()
-        if err is None:
-            tx = sp if sp is not None else conn.get_transaction()
-            if tx is None or not tx.is_active:
-                err = RuntimeError("handler rolled back the guard's transaction (session.rollback())")
-        for h in self.hooks:
-            h.after_handler(it.env, err)
-        if err is None:
-            if sp is not None:
-                sp.commit()
-            return
-        it.error = err
-        self.metrics.handler_failures.labels(self.group).inc()
-        log.warning("handler failed message_id=%s group=%s: %r", it.mid, self.group, err, exc_info=err)
-        if sp is None:
-            raise _HandlerFailed
-        if sp.is_active:
-            sp.rollback()
-        # savepoint mode: the others carry on in the same transaction
-
-    def _session(self, conn: Connection) -> Session:
-        """A per-thread ``Session`` re-bound to this delivery's connection (constructing one costs more than
-        the statements of a small handler). ``close()`` after each handler empties it again."""
-        session: Session | None = getattr(self._local, "session", None)
-        if session is None:
-            session = Session(join_transaction_mode="rollback_only", expire_on_commit=False)
-            self._local.session = session
-        session.bind = conn
-        return session
-
-    def _inbox(self, it: _Item) -> InboxRow:
-        env = it.env
-        return InboxRow(it.mid, env.topic, env.tags, self.group, env.body, it.payload_hash)
-
-    def _decide_verdict(self, it: _Item, v: Verdict, stub: StubRow | None) -> None:
-        reason, detail, error = verdict_decision(v, it.mid, self.group, it.payload_hash, stub)
-        self._decide(it, reason, detail, error=error)
-
     # --- step 5: failures, twins and late outcomes --------------------------------------------------
-    def _settle(self, conn: Connection, items: list[_Item]) -> None:
+    def _settle(self, conn: Connection, items: list[Item]) -> None:
         """Decide failed handlers (retry or dead letter) and batch twins; journal every late outcome."""
         late = [it for it in items if not it.written and it.log_id is not None]
         if not late:
@@ -466,7 +322,7 @@ class Guard:
             if it.decision is None:  # journaling failed before we could decide: retry is always safe
                 self._decide(it, Reason.DATABASE_UNAVAILABLE, "could not record the outcome")
 
-    def _resolve_twins(self, items: list[_Item]) -> None:
+    def _resolve_twins(self, items: list[Item]) -> None:
         for it in items:
             first = it.twin_of
             if first is None or it.decision is not None or first.decision is None:
@@ -477,7 +333,7 @@ class Guard:
                 self._decide(it, Reason.LEASE_CONFLICT, "same message id earlier in this batch not done")
 
     # --- step 4: Redis after the commit -------------------------------------------------------------
-    def _after_commit(self, items: list[_Item]) -> None:
+    def _after_commit(self, items: list[Item]) -> None:
         if not self.lease.enabled:
             return
         done: list[tuple[str, str]] = []
@@ -492,19 +348,7 @@ class Guard:
         self.lease.mark_done_many(done, self.settings.done_ttl_s)
 
     # --- bookkeeping --------------------------------------------------------------------------------
-    def _decide(
-        self,
-        it: _Item,
-        reason: Reason,
-        detail: str | None = None,
-        *,
-        error: BaseException | None = None,
-        attempts: int | None = None,
-    ) -> None:
-        if it.decision is None:
-            it.decision = Decision(it.mid or None, reason, detail, None, attempts, error)
-
-    def _database_down(self, items: list[_Item], step: str, exc: BaseException) -> None:
+    def _database_down(self, items: list[Item], step: str, exc: BaseException) -> None:
         self.metrics.database_errors.labels(self.group, step).inc()
         log.warning("database unavailable during %s (group %s): %r", step, self.group, exc)
         for it in items:
@@ -512,15 +356,10 @@ class Guard:
             it.error = None
             self._decide(it, Reason.DATABASE_UNAVAILABLE, f"{step}: {exc!r}"[:300])
 
-    def _update(self, it: _Item) -> OutcomeUpdate:
-        d = it.decision
-        assert d is not None and it.log_id is not None
-        return OutcomeUpdate(it.log_id, d.outcome, reason_text(d.reason.value, d.detail))
-
     def _redis_fallback(self, operation: str, exc: BaseException) -> None:
         self.metrics.redis_fallbacks.labels(operation).inc()
 
-    def _finish(self, it: _Item) -> Decision:
+    def _finish(self, it: Item) -> Decision:
         d = it.decision
         if d is None:  # defensive: every path decides; if one did not, redelivery is the safe answer
             d = Decision(it.mid or None, Reason.DATABASE_UNAVAILABLE, "undecided")
@@ -529,7 +368,3 @@ class Guard:
         for h in self.hooks:
             h.after_decision(it.env, d)
         return d
-
-
-class _ConfirmConflict(Exception):
-    """Internal: the conditional confirm changed fewer rows than expected; the transaction rolls back."""

@@ -37,6 +37,13 @@ class Settings:
     sweep_batch: int = C.DEFAULT_SWEEP_BATCH
     #: store a SHA-256 of each body and refuse a different body under the same id.
     check_payload: bool = True
+    #: buffer the journal rows of duplicates Redis answers as ``done`` and write them in batches instead of
+    #: one commit each (see :mod:`reliable.stores.behind` for exactly what a crash can lose). Off by default.
+    journal_write_behind: bool = False
+    #: write-behind: flush once this many rows are buffered …
+    journal_flush_rows: int = 256
+    #: … or this many milliseconds after the oldest buffered row, whichever comes first.
+    journal_flush_ms: int = 200
 
     @classmethod
     def load(
@@ -63,7 +70,15 @@ class Settings:
 
     def validate(self) -> None:
         """Reject values that would make the guard unsafe rather than merely slow."""
-        for name in ("lease_ms", "done_ttl_s", "max_attempts", "max_sends", "sweep_batch"):
+        for name in (
+            "lease_ms",
+            "done_ttl_s",
+            "max_attempts",
+            "max_sends",
+            "sweep_batch",
+            "journal_flush_rows",
+            "journal_flush_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be > 0, got {getattr(self, name)!r}")
         for name in ("first_resend_delay_s", "stuck_after_s", "log_retention_s", "redis_socket_timeout_s"):

@@ -317,7 +317,10 @@ class MessageStore(StoreReader):
         except OSError as exc:
             log.exception("cannot create a commit-log segment")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, remark=str(exc))
-        return self._after_append(result)
+        if self._sync or not self.config.dispatch_async:
+            return self._after_append(result)
+        self.dispatcher.wake()  # the common ASYNC_FLUSH case, inlined: nothing to wait for
+        return PutMessageResult(_PUT_OK, result)
 
     def put_messages(self, msgs: Sequence[MessageInner]) -> PutMessageResult:
         """Append several messages contiguously and atomically (all or none are validated and written);

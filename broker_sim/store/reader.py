@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_right
-from itertools import accumulate, islice
+from itertools import accumulate
+from operator import itemgetter
 from pathlib import Path
 
 from broker_sim.store.commit_log import CommitLog
@@ -24,6 +25,7 @@ from broker_sim.store.results import (
 )
 
 _MAX_TS = 2**63 - 1
+_SIZE_OF = itemgetter(1)  # size field of a (phys, size, tagsCode) unit
 
 
 class StoreReader:
@@ -54,11 +56,13 @@ class StoreReader:
         """Read up to ``max_msg_nums`` messages of topic/queue from queue ``offset`` (RocketMQ's getMessage:
         same statuses, same ``next_begin_offset`` rules, same 256 KiB / 32-message batch cap). ``group`` is
         accepted for parity and logging; offsets are the messaging layer's business."""
-        self._require_running()
+        if not self._running:
+            raise StoreNotRunningError("message store is not running")
         cq = self._cqs.get((topic, queue_id))
-        if cq is None or cq.max_offset == 0:
+        hi = 0 if cq is None else cq.max_offset
+        if cq is None or hi == 0:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
+        lo = cq.min_offset
         if offset < lo:
             return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, lo, lo, hi)
         if offset == hi:
@@ -135,7 +139,7 @@ class StoreReader:
         segment, cut at ``limit_b`` bytes (at least one record). None when anything is unusual (a record
         removed, outside the segment, not yet written, or a mapping closed by expiry) — the caller's
         per-unit loop then decides the status. Same result as that loop, minus its per-record checks."""
-        units = list(islice(cq.iter_units(offset, limit_n), limit_n))
+        units = list(cq.iter_units(offset, limit_n))
         if not units:
             return None
         first = units[0][0]
@@ -143,7 +147,7 @@ class StoreReader:
         if mf is None or first < cl_min:
             return None
         base = mf.file_from_offset
-        ends = list(accumulate(size for _, size, _ in units))
+        ends = list(accumulate(map(_SIZE_OF, units)))
         if ends[-1] > limit_b:
             del units[max(1, bisect_right(ends, limit_b)) :]
         # units of one queue point at increasing offsets, so the last one bounds them all

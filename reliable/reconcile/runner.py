@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from reliable.reconcile import io
@@ -154,13 +154,18 @@ def reconcile(
         part = back[name].select(F.lit(name).alias("kind"), "message_id")
         ids = part if ids is None else ids.unionByName(part)
     assert ids is not None
-    lists = ids.groupBy("kind").agg(
-        F.countDistinct("message_id").alias("total"),
-        F.slice(F.array_sort(F.collect_set("message_id")), 1, max(1, cfg.attention_limit)).alias("ids"),
-    )
-    for found in lists.collect():
-        c.attention_totals[found["kind"]] = int(found["total"])
-        c.attention[found["kind"]] = list(found["ids"])[: cfg.attention_limit]
+    # distinct ids once; the first N per kind by a ranked window (Spark keeps only N rows per kind while
+    # sorting), never a set of every id in one task
+    distinct_ids = ids.distinct().persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        for found in distinct_ids.groupBy("kind").count().collect():
+            c.attention_totals[found["kind"]] = int(found["count"])
+        rank = F.row_number().over(Window.partitionBy("kind").orderBy("message_id"))
+        first = distinct_ids.withColumn("rank", rank).where(F.col("rank") <= cfg.attention_limit)
+        for found in first.orderBy("kind", "rank").collect():
+            c.attention.setdefault(found["kind"], []).append(found["message_id"])
+    finally:
+        distinct_ids.unpersist()
     c.duplicate_messages = c.attention_totals.get("duplicates", 0)
 
     p.step("summary.json and report.html")

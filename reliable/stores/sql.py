@@ -314,6 +314,48 @@ class SqlStore:
         self.set_outcomes(conn, [record])
         return True
 
+    @property
+    def claims_with_outcome(self) -> bool:
+        """Whether :meth:`claim_first` writes the journal outcome in the claiming statement (PostgreSQL)."""
+        return self._pg
+
+    def claim_first(self, conn: Connection, row: InboxRow, now: dt.datetime, record: OutcomeUpdate) -> bool:
+        """Single-message inbox fast path (PostgreSQL): claim the inbox row and write the outcome at once.
+
+        The counterpart of :meth:`confirm_first` for producers without stubs: one data-modifying CTE inserts
+        the ``CONFIRMED`` row (``ON CONFLICT DO NOTHING``) and, only if it did, records ``record`` on the
+        journal row — before the handler runs, so the commit after it is the only round trip left; a handler
+        failure rolls both back. False: the id already had a row (nothing changed); the caller locks and
+        judges it.
+        """
+        ts = self._ts(now)
+        sql = self._cached(
+            "claim_first_pg",
+            1,
+            lambda _: (
+                f"WITH c AS (INSERT INTO message_stub ({_INBOX_COLS}) VALUES {_rows(1, 11)} "
+                "ON CONFLICT (message_id) DO NOTHING RETURNING 1), o AS (UPDATE message_log SET outcome = ?, "
+                "reason = ? WHERE id = ? AND EXISTS (SELECT 1 FROM c)) SELECT count(*) FROM c"
+            ),
+        )
+        params = (
+            row.message_id,
+            row.topic,
+            row.tags,
+            row.consumer_group,
+            row.content,
+            row.payload_hash,
+            StubStatus.CONFIRMED.value,
+            0,
+            ts,
+            ts,
+            ts,
+            record.outcome.value,
+            record.reason,
+            record.log_id,
+        )
+        return int(self._all(conn, sql, params)[0][0]) == 1
+
     def confirm_and_record(
         self, conn: Connection, message_ids: Sequence[str], now: dt.datetime, updates: Sequence[OutcomeUpdate]
     ) -> int:

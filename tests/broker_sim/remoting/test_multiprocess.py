@@ -32,7 +32,8 @@ pytestmark = pytest.mark.slow
 class Serve:
     """``broker-sim serve`` in a subprocess; ``start()`` waits for its ready line."""
 
-    def __init__(self, store: Path, log: Path, *extra: str) -> None:
+    def __init__(self, procs: list[subprocess.Popen[str]], store: Path, log: Path, *extra: str) -> None:
+        self.procs = procs  # every process started is registered, so the fixture kills it if a test fails
         self.store, self.log, self.extra = store, log, list(extra)
         self.proc: subprocess.Popen[str] | None = None
         self.namesrv = self.broker = ""
@@ -57,6 +58,7 @@ class Serve:
             self.proc = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=self.log.open("a"), text=True, env=ENV
             )
+            self.procs.append(self.proc)
             assert self.proc.stdout is not None
             line = self.proc.stdout.readline()  # blocks until ready (or EOF if it failed to start)
             if line.startswith("broker-sim ready"):
@@ -118,7 +120,7 @@ def latest_assignment(log: Path) -> dict[str, Any] | None:
 
 def test_consumer_killed_mid_batch(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
     n = 1200
-    server = Serve(tmp_path / "store", tmp_path / "serve.log", "--set", 'topics={"MP": 6}')
+    server = Serve(procs, tmp_path / "store", tmp_path / "serve.log", "--set", 'topics={"MP": 6}')
     server.start()
     try:
         logs = [tmp_path / f"consumer{i}.jsonl" for i in range(3)]
@@ -185,7 +187,13 @@ def test_broker_restart_loses_nothing_acknowledged_under_sync_flush(
 ) -> None:
     n = 400
     server = Serve(
-        tmp_path / "store", tmp_path / "serve.log", "--flush", "SYNC_FLUSH", "--set", 'topics={"RS": 4}'
+        procs,
+        tmp_path / "store",
+        tmp_path / "serve.log",
+        "--flush",
+        "SYNC_FLUSH",
+        "--set",
+        'topics={"RS": 4}',
     )
     server.start()
     ports = server.ports()
@@ -197,7 +205,7 @@ def test_broker_restart_loses_nothing_acknowledged_under_sync_flush(
         plog,
         {"topic": "RS", "count": n, "pause_s": 0.002, "deadline_s": 90},
     )
-    assert wait_until(lambda: sum(e["event"] == "acked" for e in events(plog)) >= n // 3, timeout=30)
+    assert wait_until(lambda: sum(e["event"] == "acked" for e in events(plog)) >= n // 3, timeout=60)
     server.stop(signal.SIGKILL)  # a crash, mid-stream: only what was fsynced survives
     acked_before = {e["i"] for e in events(plog) if e["event"] == "acked"}
     assert (tmp_path / "store" / "abort").exists()  # unclean stop: recovery runs at the next start
