@@ -8,6 +8,7 @@
 * b2 — the guard ÷ AWS Powertools ``idempotent_function`` with ``RedisCachePersistenceLayer``, both running
   the same business insert in a database transaction; first delivery of new ids, then the same ids again
   (duplicates). No producer stubs (the guard uses its inbox row). Targets ≥ 1.3× new, ≥ 1.5× duplicates.
+  Duplicates run a third side too: the guard with the opt-in ``journal_write_behind`` (flush timed per chunk).
 * b3 — batch mode (32 per call) ÷ single-message mode, PostgreSQL with ``synchronous_commit=on``, stubs
   present. Target ≥ 5×.
 

@@ -45,8 +45,8 @@ class InvalidStubStateError(ReliableError):
 
 
 class InvalidMessageError(ReliableError):
-    """A producer was asked to stage a message it must not (empty or oversized id, malformed topic or group)."""
+    """A producer was asked to stage a message it must not (empty/oversized id, malformed topic or group)."""
 
 
 class DuplicateMessageIdError(ReliableError):
-    """A stub with this message id already exists: ids are business-unique, a second intent is a caller bug."""
+    """A stub with this id already exists: ids are business-unique, a second intent is a caller bug."""

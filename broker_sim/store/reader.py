@@ -5,9 +5,6 @@ lookups. A mixin, so the facade keeps one public class while each module stays s
 from __future__ import annotations
 
 import threading
-from bisect import bisect_right
-from itertools import accumulate
-from operator import itemgetter
 from pathlib import Path
 
 from broker_sim.store.commit_log import CommitLog
@@ -25,7 +22,6 @@ from broker_sim.store.results import (
 )
 
 _MAX_TS = 2**63 - 1
-_SIZE_OF = itemgetter(1)  # size field of a (phys, size, tagsCode) unit
 
 
 class StoreReader:
@@ -82,10 +78,6 @@ class StoreReader:
             match = message_filter.__contains__
         limit_n = min(max_msg_nums, cfg.max_transfer_count)
         limit_b = cfg.max_transfer_bytes
-        if match is None and limit_n > 0:
-            fast = self._get_contiguous(cq, offset, limit_n, limit_b, cl_min)
-            if fast:
-                return GetMessageResult(GetMessageStatus.FOUND, offset + len(fast), lo, hi, fast)
         msgs: list[SelectedMessage] = []
         add = msgs.append
         status = GetMessageStatus.NO_MATCHED_MESSAGE
@@ -131,37 +123,6 @@ class StoreReader:
             per = cfg.consume_queue_units
             return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset + per - offset % per, lo, hi)
         return GetMessageResult(status, offset + scanned, lo, hi)
-
-    def _get_contiguous(
-        self, cq: ConsumeQueue, offset: int, limit_n: int, limit_b: int, cl_min: int
-    ) -> list[SelectedMessage] | None:
-        """The common unfiltered case in bulk: up to ``limit_n`` units whose records all lie in one
-        segment, cut at ``limit_b`` bytes (at least one record). None when anything is unusual (a record
-        removed, outside the segment, not yet written, or a mapping closed by expiry) — the caller's
-        per-unit loop then decides the status. Same result as that loop, minus its per-record checks."""
-        units = list(cq.iter_units(offset, limit_n))
-        if not units:
-            return None
-        first = units[0][0]
-        mf = self.commit_log.mfq.find(first)
-        if mf is None or first < cl_min:
-            return None
-        base = mf.file_from_offset
-        ends = list(accumulate(map(_SIZE_OF, units)))
-        if ends[-1] > limit_b:
-            del units[max(1, bisect_right(ends, limit_b)) :]
-        # units of one queue point at increasing offsets, so the last one bounds them all
-        last_phys, last_size, _ = units[-1]
-        if first < base or last_phys + last_size > base + mf.wrote or last_phys < first:
-            return None
-        mm = mf.mm
-        try:
-            return [
-                SelectedMessage(mm[phys - base : phys - base + size], phys, qoff, tags)
-                for qoff, (phys, size, tags) in enumerate(units, offset)
-            ]
-        except ValueError:  # the segment was deleted and its mapping closed meanwhile
-            return None
 
     def select_one_message_by_offset(self, phys_offset: int, size: int = 0) -> bytes | None:
         """The raw record at a commit-log offset (None if absent)."""

@@ -4,8 +4,8 @@ DESIGN.md §2 step 1 commits the journal row *before* anything else so that the 
 arrived even if processing then fails. For a delivery whose key already says ``done`` that reason is gone: the
 first delivery's row (committed synchronously) already proves arrival, and its effect is committed. What is
 left to record is *evidence of the duplicate* — useful for the reconciliation report and dashboards, not for
-any guarantee. So such rows may wait in memory and be written many at a time, in one multi-row ``INSERT``
-(plus the watermark upsert), instead of one commit per duplicate.
+any guarantee. So such rows may wait in memory and be written many at a time, in one transaction (one
+pipelined ``executemany`` plus the watermark upsert), instead of one commit per duplicate.
 
 When rows are written: as soon as ``max_rows`` are buffered (by the delivering thread, synchronously), at the
 latest ``max_ms`` after the oldest buffered row (by a daemon thread), on :meth:`JournalBuffer.flush`, on
@@ -118,7 +118,7 @@ class JournalBuffer:
     def _write(self, rows: list[JournalEntry]) -> bool:
         try:
             with self._engine.connect() as conn, conn.begin():
-                self._sql.journal(conn, rows)
+                self._sql.journal_bulk(conn, rows)
         except SQLAlchemyError as exc:
             log.warning("write-behind journal: could not write %d duplicate rows: %r", len(rows), exc)
             if self._on_error is not None:

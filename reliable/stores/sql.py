@@ -14,7 +14,8 @@ Round trips per primitive (PostgreSQL / SQLite / MariaDB):
   ``BEGIN IMMEDIATE``, which already holds the database write lock).
 * inbox claim: one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (MariaDB: ``INSERT IGNORE … RETURNING``). A
   concurrent uncommitted insert of the same key makes it wait; when that one commits we get no row back — the
-  primary key is the lock (inbox pattern).
+  primary key is the lock (inbox pattern). A single message on PostgreSQL also writes its journal outcome in
+  the same statement (:meth:`SqlStore.claim_first`), like the confirm below.
 * confirm: one conditional ``UPDATE``; the caller checks the row count.
 
 All timestamps are bound as UTC: aware on PostgreSQL (``timestamptz``), naive UTC on MariaDB, and on SQLite as
@@ -31,34 +32,24 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from reliable.stores import InboxRow, JournalEntry, OutcomeUpdate, StubRow
+from reliable.stores.sql_text import (
+    INBOX_COLS,
+    LOG_COLS,
+    OUTCOME_SQL,
+    aggregate_progress,
+    marks,
+    my_progress,
+    pg_confirm_record,
+    pg_journal,
+    pg_progress,
+    rows_sql,
+    sqlite_progress,
+    ts_converter,
+)
 from reliable.types import LogOutcome, StubStatus
 
 #: prefix of ``message_log.reason`` for a delivery whose handler raised; counted towards ``max_attempts``.
 HANDLER_FAILED_PREFIX = "handler_failed"
-
-_LOG_COLS = (
-    "message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at, outcome, "
-    "worker, reason"
-)
-_PROGRESS_COLS = (
-    "consumer_group, topic, queue_id, max_offset, min_offset, created_at, updated_at, received_count"
-)
-_INBOX_COLS = (
-    "message_id, topic, tags, consumer_group, content, payload_hash, status, send_count, created_at, "
-    "updated_at, confirmed_at"
-)
-
-
-_OUTCOME_SQL = "UPDATE message_log SET outcome = ?, reason = ? WHERE id = ?"
-
-
-def _rows(n: int, width: int) -> str:
-    one = "(" + ", ".join("?" * width) + ")"
-    return ", ".join([one] * n)
-
-
-def _marks(n: int) -> str:
-    return ", ".join("?" * n)
 
 
 class SqlStore:
@@ -73,7 +64,7 @@ class SqlStore:
         self._pg = self.dialect == "postgresql"
         self._my = self.dialect in ("mysql", "mariadb")
         self._lock = "" if self.dialect == "sqlite" else " FOR UPDATE"
-        self._ts: Callable[[dt.datetime], Any] = _ts_converter(self.dialect)
+        self._ts: Callable[[dt.datetime], Any] = ts_converter(self.dialect)
         self._cache: dict[tuple[str, int, int], str] = {}
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
 
@@ -171,7 +162,7 @@ class SqlStore:
                 e.worker,
                 e.reason,
             )
-        progress = _aggregate_progress(entries)
+        progress = aggregate_progress(entries)
         prog_params: list[Any] = []
         now = self._ts(entries[0].received_at)
         for (group, topic, queue_id), (hi, lo, count) in progress.items():
@@ -179,20 +170,58 @@ class SqlStore:
         n, m = len(entries), len(progress)
         if self._pg:
             name = "journal_pg_sync" if self.durable_journal else "journal_pg"
-            sql = self._cached(name, n, lambda k: _pg_journal(k, m, self.durable_journal), m)
+            sql = self._cached(name, n, lambda k: pg_journal(k, m, self.durable_journal), m)
             rows = self._all(conn, sql, tuple(log_params + prog_params))
         else:
             sql = self._cached(
                 "journal_log",
                 n,
-                lambda k: f"INSERT INTO message_log ({_LOG_COLS}) VALUES {_rows(k, 10)} RETURNING id",
+                lambda k: f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(k, 10)} RETURNING id",
             )
             rows = self._all(conn, sql, tuple(log_params))
-            build = _my_progress if self._my else _sqlite_progress
+            build = my_progress if self._my else sqlite_progress
             self._run(conn, self._cached("progress", m, build), tuple(prog_params))
         # ids come from one sequence/auto-increment in VALUES order, so sorting restores entry order even
         # where RETURNING does not promise it.
         return sorted(int(r[0]) for r in rows)
+
+    def journal_bulk(self, conn: Connection, entries: Sequence[JournalEntry]) -> None:
+        """:meth:`journal` without returning ids, for the write-behind journal's large flushes.
+
+        One single-row ``INSERT`` run with ``executemany`` (psycopg pipelines it into one round trip and
+        prepares it once, where a fresh 200-row ``VALUES`` list would be parsed and planned every time) plus
+        one watermark upsert per queue.
+        """
+        if not entries:
+            return
+        rows = [
+            (
+                e.message_id,
+                e.consumer_group,
+                e.topic,
+                e.queue_id,
+                e.queue_offset,
+                e.reconsume_times,
+                self._ts(e.received_at),
+                None if e.outcome is None else e.outcome.value,
+                e.worker,
+                e.reason,
+            )
+            for e in entries
+        ]
+        if self._pg and not self.durable_journal:  # as in :meth:`journal`: no wait for the WAL flush
+            self._run(conn, "SELECT set_config('synchronous_commit', 'off', true)", ())
+        sql = self._cached(
+            "journal_bulk", 1, lambda _: f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(1, 10)}"
+        )
+        self._run(conn, sql, rows, many=True)
+        now = self._ts(entries[0].received_at)
+        build = pg_progress if self._pg else my_progress if self._my else sqlite_progress
+        progress = [
+            (group, topic, queue_id, hi, lo, now, now, count)
+            for (group, topic, queue_id), (hi, lo, count) in aggregate_progress(entries).items()
+        ]
+        self._run(conn, self._cached("progress_bulk", 1, build), progress, many=True)
 
     # --- step 2 helper: what does the database say about a message held by another worker? -------------
     def peek_stubs(self, conn: Connection, message_ids: Iterable[str]) -> dict[str, StubRow]:
@@ -217,7 +246,7 @@ class SqlStore:
             len(ids),
             lambda k: (
                 "SELECT message_id, status, payload_hash, consumer_group FROM message_stub "
-                f"WHERE message_id IN ({_marks(k)}) ORDER BY message_id{suffix}"
+                f"WHERE message_id IN ({marks(k)}) ORDER BY message_id{suffix}"
             ),
         )
         rows = self._all(conn, sql, tuple(ids))
@@ -255,7 +284,9 @@ class SqlStore:
         sql = self._cached(
             "inbox",
             len(rows),
-            lambda k: f"{head} message_stub ({_INBOX_COLS}) VALUES {_rows(k, 11)}{tail} RETURNING message_id",
+            lambda k: (
+                f"{head} message_stub ({INBOX_COLS}) VALUES {rows_sql(k, 11)}{tail} RETURNING message_id"
+            ),
         )
         return {r[0] for r in self._all(conn, sql, tuple(params))}
 
@@ -269,7 +300,7 @@ class SqlStore:
             len(message_ids),
             lambda k: (
                 "UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
-                f"WHERE message_id IN ({_marks(k)}) AND status IN ('PENDING', 'DEAD')"
+                f"WHERE message_id IN ({marks(k)}) AND status IN ('PENDING', 'DEAD')"
             ),
         )
         return self._run(conn, sql, (ts, ts, *message_ids))
@@ -333,7 +364,7 @@ class SqlStore:
             "claim_first_pg",
             1,
             lambda _: (
-                f"WITH c AS (INSERT INTO message_stub ({_INBOX_COLS}) VALUES {_rows(1, 11)} "
+                f"WITH c AS (INSERT INTO message_stub ({INBOX_COLS}) VALUES {rows_sql(1, 11)} "
                 "ON CONFLICT (message_id) DO NOTHING RETURNING 1), o AS (UPDATE message_log SET outcome = ?, "
                 "reason = ? WHERE id = ? AND EXISTS (SELECT 1 FROM c)) SELECT count(*) FROM c"
             ),
@@ -368,7 +399,7 @@ class SqlStore:
             self.set_outcomes(conn, updates)
             return changed
         n, m = len(message_ids), len(updates)
-        sql = self._cached("confirm_record_pg", n, lambda k: _pg_confirm_record(k, m), m)
+        sql = self._cached("confirm_record_pg", n, lambda k: pg_confirm_record(k, m), m)
         ts = self._ts(now)
         params: list[Any] = [ts, ts, *message_ids] if n else []
         for u in updates:
@@ -383,7 +414,7 @@ class SqlStore:
         sql = self._cached(
             "unclaim",
             len(message_ids),
-            lambda k: f"DELETE FROM message_stub WHERE message_id IN ({_marks(k)}) AND status = 'CONFIRMED'",
+            lambda k: f"DELETE FROM message_stub WHERE message_id IN ({marks(k)}) AND status = 'CONFIRMED'",
         )
         self._run(conn, sql, tuple(message_ids))
 
@@ -392,7 +423,7 @@ class SqlStore:
         """Fill ``message_log.outcome``/``reason`` (one statement; executemany pipelines on psycopg)."""
         if not updates:
             return
-        sql = self._cached("outcome", 1, lambda _: _OUTCOME_SQL)
+        sql = self._cached("outcome", 1, lambda _: OUTCOME_SQL)
         params = [(u.outcome.value, u.reason, u.log_id) for u in updates]
         if len(params) == 1:
             self._run(conn, sql, params[0])
@@ -411,79 +442,6 @@ class SqlStore:
         )
         rows = self._all(conn, sql, (message_id, group, LogOutcome.RETRY.value, HANDLER_FAILED_PREFIX + "%"))
         return int(rows[0][0]) if rows else 0
-
-
-def _aggregate_progress(entries: Sequence[JournalEntry]) -> dict[tuple[str, str, int], tuple[int, int, int]]:
-    """Fold a batch into one watermark row per queue (an upsert may not touch the same row twice)."""
-    out: dict[tuple[str, str, int], tuple[int, int, int]] = {}
-    for e in entries:
-        key = (e.consumer_group, e.topic, e.queue_id)
-        cur = out.get(key)
-        if cur is None:
-            out[key] = (e.queue_offset, e.queue_offset, 1)
-        else:
-            out[key] = (max(cur[0], e.queue_offset), min(cur[1], e.queue_offset), cur[2] + 1)
-    return out
-
-
-def _pg_journal(n: int, m: int, durable: bool) -> str:
-    lazy = "" if durable else "s AS (SELECT set_config('synchronous_commit', 'off', true) AS v), "
-    return (
-        f"WITH {lazy}j AS (INSERT INTO message_log ({_LOG_COLS}) VALUES {_rows(n, 10)} RETURNING id), "
-        f"p AS (INSERT INTO consume_progress ({_PROGRESS_COLS}) VALUES {_rows(m, 8)} "
-        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
-        "max_offset = GREATEST(consume_progress.max_offset, EXCLUDED.max_offset), "
-        "min_offset = LEAST(consume_progress.min_offset, EXCLUDED.min_offset), "
-        "updated_at = EXCLUDED.updated_at, "
-        "received_count = consume_progress.received_count + EXCLUDED.received_count) "
-        + ("SELECT id FROM j" if durable else "SELECT id FROM j, s")
-    )
-
-
-def _pg_confirm_record(n: int, m: int) -> str:
-    values = ", ".join(["(?::bigint, ?::varchar, ?::text)"] * m)
-    record = (
-        "o AS (UPDATE message_log AS l SET outcome = v.o, reason = v.r "
-        f"FROM (VALUES {values}) AS v(i, o, r) WHERE l.id = v.i)"
-    )
-    if n == 0:
-        return f"WITH {record} SELECT 0"
-    return (
-        "WITH c AS (UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
-        f"WHERE message_id IN ({_marks(n)}) AND status IN ('PENDING', 'DEAD') RETURNING 1), "
-        f"{record} SELECT count(*) FROM c"
-    )
-
-
-def _sqlite_progress(m: int) -> str:
-    return (
-        f"INSERT INTO consume_progress ({_PROGRESS_COLS}) VALUES {_rows(m, 8)} "
-        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
-        "max_offset = max(max_offset, excluded.max_offset), "
-        "min_offset = min(min_offset, excluded.min_offset), "
-        "updated_at = excluded.updated_at, "
-        "received_count = received_count + excluded.received_count"
-    )
-
-
-def _my_progress(m: int) -> str:
-    return (
-        f"INSERT INTO consume_progress ({_PROGRESS_COLS}) VALUES {_rows(m, 8)} "
-        "ON DUPLICATE KEY UPDATE "
-        "max_offset = GREATEST(max_offset, VALUES(max_offset)), "
-        "min_offset = LEAST(min_offset, VALUES(min_offset)), "
-        "updated_at = VALUES(updated_at), "
-        "received_count = received_count + VALUES(received_count)"
-    )
-
-
-def _ts_converter(dialect: str) -> Callable[[dt.datetime], Any]:
-    """How a UTC-aware datetime is bound on ``dialect`` (mirrors :class:`reliable.models.UTCDateTime`)."""
-    if dialect == "postgresql":
-        return lambda t: t
-    if dialect == "sqlite":
-        return lambda t: t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-    return lambda t: t.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 def reason_text(kind: str, detail: str | None, limit: int = 1000) -> str:

@@ -30,7 +30,7 @@ def _later(e: Envelope, by: int = 1000) -> Envelope:
     return Envelope(e.message_id, e.topic, e.queue_id, e.queue_offset + by, e.body)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
 def db_url(request: pytest.FixtureRequest) -> str:
     url = str(request.getfixturevalue(f"{request.param}_url"))
     _ensure_clean_schema(url)
@@ -185,3 +185,35 @@ def test_flush_settings_are_validated() -> None:
         Reliability("sqlite://", None, journal_flush_rows=0)
     with pytest.raises(ConfigurationError):
         Reliability("sqlite://", None, journal_flush_ms=-1)
+
+
+_EXIT_SCRIPT = """
+import sys
+from reliable import Envelope, Reliability, idempotent_consumer
+from sqlalchemy import text
+
+rel = Reliability(sys.argv[1], sys.argv[2], key_prefix=sys.argv[3], journal_write_behind=True,
+                  journal_flush_ms=600000)
+
+@idempotent_consumer(rel, group="wb")
+def handle(env, session):
+    session.execute(text("SELECT 1"))
+
+handle(Envelope("wb-exit", "orders", 0, 1, b"{}"))
+handle(Envelope("wb-exit", "orders", 0, 2, b"{}"))
+# no close(): the interpreter's exit must write the buffered duplicate row
+"""
+
+
+def test_interpreter_exit_flushes(sqlite_db: str, redis_url: str, key_prefix: str) -> None:
+    import subprocess
+    import sys
+
+    subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, sqlite_db, redis_url, key_prefix], check=True, timeout=120
+    )
+    rel = Reliability(sqlite_db, None)
+    try:
+        assert [r[1] for r in log_rows(rel, "wb-exit")] == ["SUCCESS", "DUPLICATE"]
+    finally:
+        rel.close()

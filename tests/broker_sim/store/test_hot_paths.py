@@ -3,7 +3,8 @@
 * dispatch from append hints (:mod:`broker_sim.store.dispatcher`) vs dispatch from the log bytes: same
   consume-queue files, index answers and listener requests — including properties that do not survive a
   decode unchanged, delayed and transactional records, and segment rolls;
-* ``get_message`` without a filter (bulk path) vs the same call with an accept-all predicate (per-unit loop);
+* ``get_message`` without a filter vs the same call with an accept-all predicate, across segment rolls and
+  byte caps (the loop's reordered removal/segment checks must not change statuses or next offsets);
 * a header field out of int32 range is MESSAGE_ILLEGAL, not a struct error.
 """
 
