@@ -68,6 +68,17 @@ def _build_parser() -> argparse.ArgumentParser:
         help="any other Broker option, e.g. --set max_reconsume_times=2 (repeatable)",
     )
     s.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    s.add_argument(
+        "--fault-signals",
+        action="store_true",
+        help="test harnesses only: SIGUSR1 simulates a power cut (unflushed ASYNC_FLUSH data is lost, the "
+        "abort file stays, exit status 137; the next start runs crash recovery)",
+    )
+    s.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop cleanly (as on SIGTERM) when the process that started this one exits",
+    )
 
     a = sub.add_parser(
         "admin",
@@ -141,6 +152,8 @@ def _serve(args: argparse.Namespace) -> int:
             broker_name=args.broker_name,
             acl_accounts=parse_accounts(args.acl),
             broker_config=config,
+            fault_signals=args.fault_signals,
+            exit_with_parent=args.exit_with_parent,
         )
     )
     server.start()

@@ -111,7 +111,9 @@ class WorkStep:
         if self._mariadb:
             # no gap locks on absent stub rows: two inbox inserts of one id wait, not deadlock
             self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        recorded = len(run) == 1 and self._happy_case_first(conn, run[0], now)
+        # only without savepoints: the fast path confirms before the handler and needs a handler failure to
+        # roll back the whole transaction; a savepoint would undo the handler's writes but keep the confirm
+        recorded = len(run) == 1 and not savepoints and self._happy_case_first(conn, run[0], now)
         if recorded:
             # the happy case in one statement: stub confirmed or claimed, outcome written, handler pending
             stubs: dict[str, StubRow] = {}

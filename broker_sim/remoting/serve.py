@@ -7,11 +7,24 @@ of every record name an address clients can reach (G7) — then both servers sta
 Shutdown (SIGTERM, SIGINT or :meth:`BrokerSimServer.shutdown`) is the reverse: stop accepting and close
 client connections, then shut the Broker down, which persists offsets and config and removes the abort
 file, so the next start is a clean one.
+
+Two opt-in behaviours serve test harnesses (both off by default, see ``broker-sim serve --help``):
+
+* ``fault_signals`` (``--fault-signals``): SIGUSR1 is a *power cut*. A ``kill -9`` of this process loses
+  nothing that was written, because the commit log is memory-mapped and the page cache outlives the
+  process (as with RocketMQ; only a machine crash loses what ASYNC_FLUSH had not flushed). To let a
+  chaos harness cause the crash that *does* lose data, SIGUSR1 runs the broker's own fault injector
+  (``broker.faults.crash_broker``, the same path as the in-process crash fault): every commit-log and
+  consume-queue byte not yet flushed is discarded, nothing is persisted, the abort file stays, and the
+  process exits at once with status :data:`POWER_CUT_EXIT`. The next start then runs crash recovery.
+* ``exit_with_parent`` (``--exit-with-parent``): stop cleanly, as on SIGTERM, when the process that
+  started this one exits, so a harness that is itself SIGKILLed leaves no broker behind.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -30,6 +43,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker_sim.remoting.serve")
 
+#: the signal that simulates a power cut when ``fault_signals`` is on
+POWER_CUT_SIGNAL = signal.SIGUSR1
+#: exit status after a simulated power cut (128 + SIGKILL, as a killed process would report)
+POWER_CUT_EXIT = 137
+
 
 @dataclass
 class ServeConfig:
@@ -42,6 +60,10 @@ class ServeConfig:
     acl_accounts: dict[str, str] = field(default_factory=dict)
     broker_config: dict[str, Any] = field(default_factory=dict)
     workers: int = 64
+    #: SIGUSR1 = power cut (drop unflushed data, keep the abort file, exit POWER_CUT_EXIT); for harnesses
+    fault_signals: bool = False
+    #: stop cleanly when the parent process exits
+    exit_with_parent: bool = False
 
 
 class BrokerSimServer:
@@ -61,6 +83,8 @@ class BrokerSimServer:
         self.broker: Broker | None = None
         self.handlers: BrokerHandlers | None = None
         self._stopped = threading.Event()
+        # taken now, not in serve_forever: the parent may die right after the ready line, before that runs
+        self._parent_pid = os.getppid()
         self._shutdown_lock = threading.Lock()
 
     @property
@@ -72,8 +96,13 @@ class BrokerSimServer:
         return self.broker_server.address
 
     def start(self) -> None:
+        """Bind, build the Broker, start serving. With ``fault_signals`` the power-cut handler is installed
+        first (so this must then run on the main thread): a harness may send SIGUSR1 as soon as the ports
+        answer, before :meth:`serve_forever` runs."""
         from broker_sim.broker.broker import Broker
 
+        if self.config.fault_signals:
+            signal.signal(POWER_CUT_SIGNAL, self._on_power_cut)
         self.broker_server.bind()
         self.namesrv_server.bind()
         address = self.broker_server.address
@@ -131,8 +160,41 @@ class BrokerSimServer:
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
 
+    def power_cut(self) -> None:
+        """Simulate a machine losing power: unflushed data is lost, the abort file stays, exit now.
+
+        Goes through the broker's fault injector, so the crash is counted like the in-process fault.
+        ``os._exit`` skips every shutdown path on purpose: nothing may be persisted after the crash.
+        """
+        log.warning("power cut (signal %d): dropping unflushed data and exiting", POWER_CUT_SIGNAL)
+        broker = self.broker
+        if broker is not None:
+            broker.faults.crash_broker(broker)
+        os._exit(POWER_CUT_EXIT)
+
+    def _on_power_cut(self, signum: int, frame: FrameType | None) -> None:
+        self.power_cut()
+
+    def _watch_parent(self, stop: threading.Event, interval_s: float = 0.5) -> None:
+        parent = self._parent_pid
+
+        def watch() -> None:
+            while True:
+                if os.getppid() != parent:
+                    log.warning("parent process %d is gone; stopping", parent)
+                    stop.set()
+                    return
+                if stop.wait(interval_s):
+                    return
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
     def serve_forever(self) -> None:
-        """Run until SIGTERM/SIGINT (must be called from the main thread)."""
+        """Run until SIGTERM/SIGINT (must be called from the main thread).
+
+        With ``fault_signals`` SIGUSR1 triggers :meth:`power_cut` (installed by :meth:`start`); with
+        ``exit_with_parent`` the server also stops when its parent process exits.
+        """
         stop = threading.Event()
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -140,6 +202,8 @@ class BrokerSimServer:
             stop.set()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        if self.config.exit_with_parent:
+            self._watch_parent(stop)
         try:
             stop.wait()
         finally:

@@ -136,8 +136,12 @@ class ManagedProcess:
 
 @dataclass
 class BrokerServer:
-    """The demo broker (``broker-sim serve``'s server class, see :mod:`reliable.demo.broker_host`) on free
-    loopback ports over a store directory; can lose power and be restarted on the same store."""
+    """The demo broker: the ``broker-sim serve`` command as a child process on free loopback ports over a
+    store directory; can lose power and be restarted on the same store.
+
+    It runs with ``--fault-signals`` (SIGUSR1 is a power cut that drops unflushed ASYNC_FLUSH data, which
+    a ``kill -9`` would not) and ``--exit-with-parent`` (a SIGKILLed demo leaves no broker behind).
+    """
 
     store_dir: Path
     log_dir: Path
@@ -146,8 +150,6 @@ class BrokerServer:
     broker_port: int = field(default_factory=free_port)
     process: ManagedProcess | None = None
     restarts: int = 0
-    #: run the ``broker-sim serve`` command itself (no power-cut signal) instead of the demo host
-    use_cli: bool = False
 
     @property
     def address(self) -> str:
@@ -155,18 +157,19 @@ class BrokerServer:
         return f"127.0.0.1:{self.namesrv_port}"
 
     def argv(self) -> list[str]:
-        if self.use_cli:
-            head = [sys.executable, "-m", "broker_sim", "serve"]
-        else:
-            head = [sys.executable, "-m", "reliable.demo.broker_host"]
         return [
-            *head,
+            sys.executable,
+            "-m",
+            "broker_sim",
+            "serve",
             "--store",
             str(self.store_dir),
             "--namesrv-port",
             str(self.namesrv_port),
             "--broker-port",
             str(self.broker_port),
+            "--fault-signals",
+            "--exit-with-parent",
             *self.extra_args,
         ]
 
@@ -185,9 +188,9 @@ class BrokerServer:
         """
         if self.process is None or self.process.proc is None:
             return
-        from reliable.demo.broker_host import POWER_CUT
+        from broker_sim.remoting.serve import POWER_CUT_SIGNAL
 
-        self.process.signal(POWER_CUT)
+        self.process.signal(POWER_CUT_SIGNAL)
         try:
             self.process.proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -21,7 +21,7 @@ from tests.core.guard_helpers import add_stub, applied, apply, env, make_rel, st
 GROUP = "retry"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "mariadb"])
 def rel(request: pytest.FixtureRequest, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
     url = str(request.getfixturevalue(f"{request.param}_url"))
     _ensure_clean_schema(url)
@@ -31,7 +31,9 @@ def rel(request: pytest.FixtureRequest, redis_url: str, key_prefix: str) -> Iter
 
 
 @pytest.mark.parametrize("with_stubs", [True, False])
-def test_last_survivor_of_a_batch_retry_that_fails_is_not_confirmed(rel: Reliability, with_stubs: bool) -> None:
+def test_last_survivor_of_a_batch_retry_that_fails_is_not_confirmed(
+    rel: Reliability, with_stubs: bool
+) -> None:
     a, b = env(f"ra-{with_stubs}"), env(f"rb-{with_stubs}")
     if with_stubs:
         add_stub(rel, a.message_id or "", GROUP)

@@ -18,6 +18,7 @@ from reliable.stores import InboxRow, JournalEntry, LeaseState, OutcomeUpdate, S
 from reliable.stores.lease import RedisLeaseStore, classify, done_value, lease_key, processing_value
 from reliable.stores.sql import SqlStore, reason_text
 from reliable.types import LogOutcome, StubStatus
+from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import wait_until
 from tests.services import PrivateRedis
 
@@ -101,10 +102,19 @@ def test_lock_claim_confirm_and_outcomes(engine: Engine) -> None:
         assert store.lock_stubs(conn, ["x", "p"]) == {"p": StubRow(StubStatus.CONFIRMED, None, "g")}
 
 
-def test_concurrent_inbox_claims_admit_one(engine: Engine) -> None:
+@pytest.fixture(params=["postgres", "mariadb"])
+def server_engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """Only the client/server databases: SQLite serialises writers (BEGIN IMMEDIATE), so no claim races."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    _ensure_clean_schema(url)
+    e = make_engine(url)
+    yield e
+    e.dispose()
+
+
+def test_concurrent_inbox_claims_admit_one(server_engine: Engine) -> None:
     """The primary key is the lock: the second claim waits for the first and then gets nothing."""
-    if engine.dialect.name == "sqlite":
-        pytest.skip("SQLite serialises writers with BEGIN IMMEDIATE; there is no concurrent claim")
+    engine = server_engine
     store = SqlStore(engine)
     first_in = threading.Event()
     results: dict[str, set[str]] = {}
