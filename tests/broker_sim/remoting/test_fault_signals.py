@@ -52,6 +52,13 @@ class ServeProcess:
             "flush_interval_commit_log_ms=3600000",
             "--set",
             "flush_interval_consume_queue_ms=3600000",
+            # small store files: a default commit-log segment is 1 GiB
+            "--set",
+            "commit_log_file_size=4194304",
+            "--set",
+            "index_hash_slots=1000",
+            "--set",
+            "index_max_entries=4000",
             "--log-level",
             "WARNING",
             *extra,
