@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import IntEnum, IntFlag
 
+from broker_sim.broker.api import ResponseCode as ResponseCode
+
 
 class RequestCode(IntEnum):
     SEND_MESSAGE = 10
@@ -39,26 +41,7 @@ class RequestCode(IntEnum):
     SEND_BATCH_MESSAGE = 320
 
 
-class ResponseCode(IntEnum):
-    SUCCESS = 0
-    SYSTEM_ERROR = 1
-    SYSTEM_BUSY = 2
-    REQUEST_CODE_NOT_SUPPORTED = 3
-    FLUSH_DISK_TIMEOUT = 10
-    SLAVE_NOT_AVAILABLE = 11
-    FLUSH_SLAVE_TIMEOUT = 12
-    MESSAGE_ILLEGAL = 13
-    SERVICE_NOT_AVAILABLE = 14
-    NO_PERMISSION = 16
-    TOPIC_NOT_EXIST = 17
-    PULL_NOT_FOUND = 19
-    PULL_RETRY_IMMEDIATELY = 20
-    PULL_OFFSET_MOVED = 21
-    QUERY_NOT_FOUND = 22
-    SUBSCRIPTION_PARSE_FAILED = 23
-    SUBSCRIPTION_NOT_EXIST = 24
-    SUBSCRIPTION_NOT_LATEST = 25
-    SUBSCRIPTION_GROUP_NOT_EXIST = 26
+# The response codes are the broker's own vocabulary (its errors carry them); one enum serves both layers.
 
 
 class CommandFlag(IntFlag):
