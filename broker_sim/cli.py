@@ -156,6 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
             exit_with_parent=args.exit_with_parent,
         )
     )
+    server.install_stop_signals()  # before start(): a SIGTERM right after the ports open still stops cleanly
     server.start()
     # One machine-readable line on stdout, so scripts and tests using port 0 learn the addresses.
     print(f"broker-sim ready namesrv={server.namesrv_address} broker={server.broker_address}", flush=True)

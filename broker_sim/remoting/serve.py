@@ -83,6 +83,8 @@ class BrokerSimServer:
         self.broker: Broker | None = None
         self.handlers: BrokerHandlers | None = None
         self._stopped = threading.Event()
+        #: set by SIGTERM/SIGINT once :meth:`install_stop_signals` ran; :meth:`serve_forever` waits on it
+        self._stop_requested = threading.Event()
         # taken now, not in serve_forever: the parent may die right after the ready line, before that runs
         self._parent_pid = os.getppid()
         self._shutdown_lock = threading.Lock()
@@ -189,19 +191,27 @@ class BrokerSimServer:
 
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
+    def install_stop_signals(self) -> dict[int, Any]:
+        """Make SIGTERM/SIGINT request a clean stop; returns the previous handlers.
+
+        The command line calls this *before* :meth:`start`, so a SIGTERM that arrives between the ports
+        opening and :meth:`serve_forever` still ends in a clean shutdown (main thread only).
+        """
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("received signal %d", signum)
+            self._stop_requested.set()
+
+        return {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+
     def serve_forever(self) -> None:
         """Run until SIGTERM/SIGINT (must be called from the main thread).
 
         With ``fault_signals`` SIGUSR1 triggers :meth:`power_cut` (installed by :meth:`start`); with
         ``exit_with_parent`` the server also stops when its parent process exits.
         """
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("received signal %d", signum)
-            stop.set()
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        stop = self._stop_requested
+        previous = self.install_stop_signals()
         if self.config.exit_with_parent:
             self._watch_parent(stop)
         try:
