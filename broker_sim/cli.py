@@ -127,6 +127,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from broker_sim.broker.config import split_config
     from broker_sim.remoting.acl import parse_accounts
     from broker_sim.remoting.serve import BrokerSimServer, ServeConfig
 
@@ -143,6 +144,7 @@ def _serve(args: argparse.Namespace) -> int:
         config["flush_disk_type"] = args.flush
     if args.auto_create_topics:
         config["auto_create_topic_enable"] = True
+    split_config(dict(config))  # reject unknown or malformed options before any port is bound
     server = BrokerSimServer(
         ServeConfig(
             store_dir=args.store,

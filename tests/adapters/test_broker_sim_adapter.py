@@ -168,7 +168,7 @@ def broker_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[An
         args: list[str] = ["--log-level", "WARNING"]
         for k, v in config.items():
             args += ["--set", f"{k}={json.dumps(v) if isinstance(v, dict) else v}"]
-        server = BrokerServer(tmp_path / "store", tmp_path / "logs", args, use_cli=True)
+        server = BrokerServer(tmp_path / "store", tmp_path / "logs", args)
         server.start()
         yield server.address
         server.stop()

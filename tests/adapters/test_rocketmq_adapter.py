@@ -66,7 +66,6 @@ def server(tmp_path: Path) -> Iterator[BrokerServer]:
         tmp_path / "store",
         tmp_path / "logs",
         ["--set", f"topics={topics}", "--set", "message_delay_level=1s 1s 1s 1s", "--log-level", "WARNING"],
-        use_cli=True,
     )
     srv.start()
     yield srv
