@@ -102,6 +102,10 @@ class Candidate:
         )
 
 
+#: the index the selection walks (named by the models' naming convention; created by migration 0001)
+STATUS_RESEND_INDEX = "ix_message_stub_status_resend_at"
+
+
 def due_statement(
     *,
     now: dt.datetime,
@@ -157,4 +161,9 @@ def due_statement(
         )
         .order_by(stub.c.resend_at)
         .limit(limit)
+        # MariaDB/MySQL may pick a full scan + filesort on a small or freshly loaded table; under
+        # FOR UPDATE that locks every row it reads, so a second sweeper's SKIP LOCKED finds nothing. The
+        # (status, resend_at) index keeps the scan, and the locks, to the due rows in order.
+        .with_hint(stub, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mysql")
+        .with_hint(stub, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mariadb")
     )
