@@ -150,18 +150,7 @@ class SqlStore:
             return []
         log_params: list[Any] = []
         for e in entries:
-            log_params += (
-                e.message_id,
-                e.consumer_group,
-                e.topic,
-                e.queue_id,
-                e.queue_offset,
-                e.reconsume_times,
-                self._ts(e.received_at),
-                None if e.outcome is None else e.outcome.value,
-                e.worker,
-                e.reason,
-            )
+            log_params += self._log_row(e)
         progress = aggregate_progress(entries)
         prog_params: list[Any] = []
         now = self._ts(entries[0].received_at)
@@ -185,6 +174,21 @@ class SqlStore:
         # where RETURNING does not promise it.
         return sorted(int(r[0]) for r in rows)
 
+    def _log_row(self, e: JournalEntry) -> tuple[Any, ...]:
+        """One ``message_log`` row's values, in ``LOG_COLS`` order (shared by both journal paths)."""
+        return (
+            e.message_id,
+            e.consumer_group,
+            e.topic,
+            e.queue_id,
+            e.queue_offset,
+            e.reconsume_times,
+            self._ts(e.received_at),
+            None if e.outcome is None else e.outcome.value,
+            e.worker,
+            e.reason,
+        )
+
     def journal_bulk(self, conn: Connection, entries: Sequence[JournalEntry]) -> None:
         """:meth:`journal` without returning ids, for the write-behind journal's large flushes.
 
@@ -194,21 +198,7 @@ class SqlStore:
         """
         if not entries:
             return
-        rows = [
-            (
-                e.message_id,
-                e.consumer_group,
-                e.topic,
-                e.queue_id,
-                e.queue_offset,
-                e.reconsume_times,
-                self._ts(e.received_at),
-                None if e.outcome is None else e.outcome.value,
-                e.worker,
-                e.reason,
-            )
-            for e in entries
-        ]
+        rows = [self._log_row(e) for e in entries]
         if self._pg and not self.durable_journal:  # as in :meth:`journal`: no wait for the WAL flush
             self._run(conn, "SELECT set_config('synchronous_commit', 'off', true)", ())
         sql = self._cached(
