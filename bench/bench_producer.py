@@ -29,15 +29,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pika
-from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import Column, Integer, MetaData, String, Table
 from sqlalchemy.orm import Session
 
+from bench.bench_core import database
 from reliable import ConsumeResult, Envelope, Reliability, StubProducer, idempotent_consumer
 from reliable.adapters.rabbitmq import RabbitMQConsumer, RabbitMQSender, Topology
 from reliable.sender import OutgoingMessage
 
-PG_URL = os.environ.get("RELIABLE_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("RELIABLE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("RELIABLE_BENCH_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
 GROUP = "bench-g"
@@ -49,21 +48,6 @@ orders = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("ref", String(64), nullable=False),
 )
-
-
-@contextlib.contextmanager
-def database() -> Iterator[str]:
-    base = make_url(PG_URL)
-    name = f"reliable_benchp_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
 
 
 @contextlib.contextmanager
@@ -185,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=3)
     ap.add_argument("--only", choices=["p1", "p2", "p3"])
     args = ap.parse_args(argv)
-    with database() as url:
+    with database("postgres") as url:  # the scratch PostgreSQL database of bench_core
         rel = Reliability(url, REDIS_URL, key_prefix=f"bp{uuid.uuid4().hex[:8]}")
         rel.create_schema()
         _md.create_all(rel.engine)
