@@ -80,3 +80,24 @@ DEFAULT_SENDER_GROUP: Final = "reliable_sweeper"
 #: broker URL and exchange of ``reliable.adapters.rabbitmq:sweeper_sender`` (routing key = the stub's topic).
 ENV_RABBITMQ_URL: Final = "RELIABLE_RABBITMQ_URL"
 ENV_RABBITMQ_EXCHANGE: Final = "RELIABLE_RABBITMQ_EXCHANGE"
+
+# --- Kafka adapter (reliable.adapters.kafka, reliable.adapters.kafka_common) ------------------------------
+#: header that carries the business message id (then the key, then ``topic-partition-offset``).
+KAFKA_ID_HEADER: Final = "message-id"
+#: headers the adapter writes on retry / dead-letter copies and on sends (all UTF-8 text).
+KAFKA_HEADER_ORIGINAL_TOPIC: Final = "reliable-original-topic"
+KAFKA_HEADER_ORIGINAL_PARTITION: Final = "reliable-original-partition"
+KAFKA_HEADER_ORIGINAL_OFFSET: Final = "reliable-original-offset"
+KAFKA_HEADER_ATTEMPT: Final = "reliable-attempt"
+KAFKA_HEADER_REASON: Final = "reliable-reason"
+KAFKA_HEADER_NOT_BEFORE: Final = "reliable-not-before-ms"
+KAFKA_HEADER_TAGS: Final = "reliable-tags"
+KAFKA_HEADER_SEND_COUNT: Final = "reliable-send-count"
+KAFKA_HEADER_TARGET_GROUP: Final = "reliable-target-group"
+#: ``{topic}.retry.{n}`` for the n-th retry hop, ``{topic}.dlt`` after the last.
+KAFKA_RETRY_TOPIC_FORMAT: Final = "{topic}.retry.{n}"
+KAFKA_DLT_TOPIC_FORMAT: Final = "{topic}.dlt"
+#: seconds before each retry hop (non-blocking retry topics, or blocking pause-and-seek).
+KAFKA_DEFAULT_RETRY_DELAYS_S: Final = (1.0, 10.0, 60.0)
+#: bootstrap servers of ``reliable.adapters.kafka:sweeper_sender``.
+ENV_KAFKA_BOOTSTRAP: Final = "RELIABLE_KAFKA_BOOTSTRAP"

@@ -196,3 +196,20 @@ class StubNotification(Base):
         # "what is still owed?": the sweeper's notify step
         Index(None, "notified_at"),
     )
+
+
+class KafkaOffset(Base):
+    """Kafka consumer positions kept in the application database (migration 0004, optional feature).
+
+    ``next_offset`` is the offset of the next record to process in ``(consumer_group, topic, partition)``,
+    written in the guard's own transaction, so a processed record and its position commit together; on
+    partition assignment the Kafka consumer seeks here. Owned by :mod:`reliable.adapters.kafka_offsets`.
+    """
+
+    __tablename__ = "kafka_offset"
+
+    consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX), primary_key=True)
+    topic: Mapped[str] = mapped_column(String(C.TOPIC_MAX), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    next_offset: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

@@ -24,6 +24,8 @@ class OutgoingMessage:
     #: 0 for the producer's first send, then 1, 2, … for each resend by the sweeper.
     send_count: int = 0
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: ``None``: a send to the topic; a group name: the sweeper's resend meant for that group only
+    target_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +42,10 @@ class Sender(Protocol):
     """Hands a message to a broker and returns where it landed; raises on any failure."""
 
     def send(self, message: OutgoingMessage) -> SendReceipt: ...
+
+
+@runtime_checkable
+class BrokerProbe(Protocol):
+    """What the broker holds: one past the last stored message of a queue (``None``: cannot tell)."""
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None: ...

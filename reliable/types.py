@@ -55,3 +55,10 @@ class Envelope:
     tags: str | None = None
     reconsume_times: int = 0
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: the topic this delivery came from (``%RETRY%billing``, ``orders.retry.1``); ``None``: same as ``topic``
+    delivered_topic: str | None = None
+
+    @property
+    def source_topic(self) -> str:
+        """The topic of ``queue_id``/``queue_offset``: the delivered topic, else the original one."""
+        return self.delivered_topic or self.topic

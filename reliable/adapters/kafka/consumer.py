@@ -1,0 +1,378 @@
+"""The Kafka consumer loop: each record through the guard, in order per partition, committed after the answer.
+
+Per polled batch, the records of each partition are handled in offset order, and the partition's offset is
+committed (synchronously, once per batch) only up to the last record whose answer is *final*:
+
+==========================  ===============================================================================
+answer                      what happens before the offset may move past the record
+==========================  ===============================================================================
+``SUCCESS``                 nothing more (the effect is committed, or was a suppressed duplicate)
+``RECONSUME_LATER``         retry topics (default): a copy goes to ``{topic}.retry.{n}`` due after the n-th
+(handler failed or raised)  delay, and after the last delay to ``{topic}.dlt``; the delivery report must
+                            arrive before the commit. Blocking mode: the partition is paused and seeked
+                            back to the record, which is redelivered after the delay (order kept).
+``RECONSUME_LATER``         lease conflict, database unavailable, confirm conflict: not the record's fault,
+(infrastructure)            so always the blocking path — pause, seek back, try again after the first delay
+``DEAD_LETTER``             a copy to ``{topic}.dlt`` with the reason in ``reliable-reason``
+undecodable record          straight to ``{topic}.dlt`` with the reason, its bytes untouched
+==========================  ===============================================================================
+
+A retry topic's records carry the time they are due (``reliable-not-before-ms``); one that is not due yet
+pauses its partition until it is, and the other partitions keep flowing. A forward whose delivery report
+fails keeps the offset where it is and seeks back, so nothing is committed that is not somewhere.
+
+With ``db_offsets=True`` the stored positions of :mod:`reliable.adapters.kafka_offsets` are where the
+consumer starts on every assignment, and the loop writes each batch's final positions there too (wrap the
+handler in :func:`~reliable.adapters.kafka_offsets.offsets_in_db` so processed records write theirs in the
+guard's own transaction). Not thread-safe: one loop per thread or process, like the confluent consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from reliable import constants as C
+from reliable.adapters import kafka_offsets
+from reliable.adapters.kafka.admin import consumer_config, producer_config
+from reliable.adapters.kafka_common import (
+    HOLD_REASONS,
+    Record,
+    RetryMode,
+    RetryPolicy,
+    UndecodableRecord,
+    decode_headers,
+    due_in_s,
+    encode_headers,
+    forward_headers,
+    raw_forward_headers,
+    reason_of,
+    to_envelope,
+)
+from reliable.types import ConsumeResult, Envelope
+
+log = logging.getLogger("reliable.adapters.kafka")
+
+GuardedHandler = Callable[[Envelope], Any]
+TP = tuple[str, int]
+
+
+def to_record(msg: Message) -> Record:
+    """The neutral view of a confluent-kafka message."""
+    _kind, ts = msg.timestamp()
+    raw = msg.headers() or ()
+    headers = list(raw.items()) if isinstance(raw, dict) else list(raw)
+    return Record(
+        topic=msg.topic() or "",
+        partition=msg.partition() or 0,
+        offset=msg.offset() or 0,
+        key=msg.key(),
+        value=msg.value(),
+        headers=headers,
+        timestamp_ms=ts if ts and ts > 0 else None,
+    )
+
+
+@dataclass
+class _Forward:
+    """A copy in flight to a retry topic or the DLT; the source offset may be committed once it landed."""
+
+    source: TP
+    offset: int
+    error: KafkaError | None = None
+    done: bool = False
+
+
+class KafkaGuardedConsumer:
+    """Consumes ``topic`` and its retry topics for ``group`` through ``handler`` (a guarded handler)."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        handler: GuardedHandler,
+        *,
+        retry: RetryPolicy | None = None,
+        rel: Any = None,
+        db_offsets: bool = False,
+        batch_size: int = 100,
+        poll_s: float = 0.1,
+        id_header: str = C.KAFKA_ID_HEADER,
+        allow_position_id: bool = True,
+        config: Mapping[str, Any] | None = None,
+        producer: Mapping[str, Any] | None = None,
+    ) -> None:
+        if db_offsets and rel is None:
+            raise ValueError("db_offsets=True needs rel (the Reliability whose database keeps the offsets)")
+        self.topic = topic
+        self.group = group
+        self.retry = retry or RetryPolicy()
+        self.rel = rel
+        self.db_offsets = db_offsets
+        self.batch_size = batch_size
+        self.poll_s = poll_s
+        self.id_header = id_header
+        self.allow_position_id = allow_position_id
+        decide = getattr(handler, "decide", None)
+        self._decide: GuardedHandler = decide if callable(decide) else handler
+        #: answers so far: success, duplicate, retry_topic, dead_letter, held, undecodable, handler_error
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._paused: dict[TP, float] = {}  # partition → monotonic time it may resume
+        self._failures: Counter[TP] = Counter()  # blocking mode: consecutive failures at the partition head
+        self._consumer = Consumer(consumer_config(bootstrap, group, config))
+        self._producer = Producer(producer_config(bootstrap, producer))
+        self._consumer.subscribe(
+            self.retry.topics(topic), on_assign=self._on_assign, on_revoke=self._on_revoke
+        )
+
+    # --- loop ------------------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> bool:
+        """Consume until ``until()`` is true (then ``True``), :meth:`stop`, or ``timeout_s`` (``False``)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._stop.is_set():
+            if until is not None and until():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self.poll_once()
+        return False
+
+    def poll_once(self) -> int:
+        """One poll and its batch; returns how many records the poll returned."""
+        self._resume_due()
+        messages = self._consumer.consume(self.batch_size, self.poll_s)
+        runs: dict[TP, list[Record]] = defaultdict(list)
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error: %s", err)
+                continue
+            rec = to_record(msg)
+            if (rec.topic, rec.partition) not in self._paused:
+                runs[(rec.topic, rec.partition)].append(rec)
+        positions: dict[TP, int] = {}
+        forwards: list[_Forward] = []
+        for tp, records in runs.items():
+            done = self._run(tp, sorted(records, key=lambda r: r.offset), forwards)
+            if done is not None:
+                positions[tp] = done
+        self._settle(positions, forwards)
+        return len(messages)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        """Leave the group (committed offsets stay) and flush the forwarding producer."""
+        self._producer.flush(10)
+        self._consumer.close()
+
+    def __enter__(self) -> KafkaGuardedConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- one partition's run ------------------------------------------------------------------------------
+
+    def _run(self, tp: TP, records: Sequence[Record], forwards: list[_Forward]) -> int | None:
+        """Answer ``records`` of one partition in order; the next offset to commit (``None``: none final)."""
+        next_offset: int | None = None
+        for rec in records:
+            if tp in self._paused:
+                break
+            headers: dict[str, str] = {}
+            try:
+                headers = decode_headers(rec.headers)
+                wait = due_in_s(headers)
+                if wait > 0:  # a retry copy that is not due yet: hold the partition until it is
+                    self._hold(tp, rec.offset, wait)
+                    break
+                env = to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
+            except UndecodableRecord as exc:
+                self.counts["undecodable"] += 1
+                log.error(
+                    "%s-%d@%d undecodable, dead-lettered: %s", rec.topic, rec.partition, rec.offset, exc
+                )
+                dlt = self.retry.dlt_topic(self.topic)
+                self._forward(rec, dlt, raw_forward_headers(rec, f"undecodable: {exc}"), tp, forwards)
+                next_offset = rec.offset + 1
+                continue
+            if not self._answer(tp, rec, headers, env, forwards):
+                break
+            next_offset = rec.offset + 1
+        return next_offset
+
+    def _answer(
+        self, tp: TP, rec: Record, headers: dict[str, str], env: Envelope, forwards: list[_Forward]
+    ) -> bool:
+        """Run the guard on one record; ``False`` when the partition is held at this record."""
+        try:
+            answer = self._decide(env)
+        except Exception as exc:  # a bare handler's bug: retry it like a failure, never commit past it
+            self.counts["handler_error"] += 1
+            log.exception(
+                "handler raised for %s at %s-%d@%d", env.message_id, rec.topic, rec.partition, rec.offset
+            )
+            answer = None
+            reason = f"handler raised {type(exc).__name__}: {exc}"
+            result = ConsumeResult.RECONSUME_LATER
+        else:
+            result = answer if isinstance(answer, ConsumeResult) else answer.result
+            reason = reason_of(answer, env)
+        if result is ConsumeResult.SUCCESS:
+            self._failures.pop(tp, None)
+            self.counts["duplicate" if getattr(answer, "duplicate", False) else "success"] += 1
+            return True
+        if result is ConsumeResult.DEAD_LETTER:
+            self._to_dlt(rec, headers, env, reason, tp, forwards)
+            return True
+        attempt = env.reconsume_times + 1
+        if self.retry.mode is RetryMode.BLOCKING or str(getattr(answer, "reason", "")) in HOLD_REASONS:
+            self._failures[tp] += 1
+            failures = self._failures[tp]
+            if self.retry.mode is RetryMode.BLOCKING and failures > len(self.retry.delays_s):
+                self._failures.pop(tp, None)
+                self._to_dlt(
+                    rec, headers, env, f"retries exhausted after {failures} attempts: {reason}", tp, forwards
+                )
+                return True
+            delays = self.retry.delays_s or (1.0,)
+            self._hold(tp, rec.offset, delays[min(failures, len(delays)) - 1])
+            return False
+        hop = self.retry.after_failure(env.topic, attempt)
+        if hop.dead:
+            self._to_dlt(
+                rec, headers, env, f"retries exhausted after {attempt} attempts: {reason}", tp, forwards
+            )
+            return True
+        self.counts["retry_topic"] += 1
+        fwd = forward_headers(
+            rec, headers, env, attempt=attempt, reason=reason, delay_s=hop.delay_s, id_header=self.id_header
+        )
+        self._forward(rec, hop.topic, encode_headers(fwd), tp, forwards)
+        return True
+
+    def _to_dlt(
+        self,
+        rec: Record,
+        headers: dict[str, str],
+        env: Envelope,
+        reason: str,
+        tp: TP,
+        forwards: list[_Forward],
+    ) -> None:
+        self.counts["dead_letter"] += 1
+        log.warning(
+            "message %s dead-lettered to %s: %s", env.message_id, self.retry.dlt_topic(env.topic), reason
+        )
+        fwd = forward_headers(
+            rec,
+            headers,
+            env,
+            attempt=env.reconsume_times + 1,
+            reason=reason,
+            delay_s=0,
+            id_header=self.id_header,
+        )
+        self._forward(rec, self.retry.dlt_topic(env.topic), encode_headers(fwd), tp, forwards)
+
+    def _forward(
+        self,
+        rec: Record,
+        topic: str,
+        headers: Sequence[tuple[str, str | bytes | None]],
+        tp: TP,
+        forwards: list[_Forward],
+    ) -> None:
+        fwd = _Forward(tp, rec.offset)
+        forwards.append(fwd)
+
+        def report(err: KafkaError | None, _msg: Message) -> None:
+            fwd.error, fwd.done = err, True
+
+        try:
+            self._producer.produce(
+                topic, key=rec.key, value=rec.value, headers=list(headers), on_delivery=report
+            )
+        except (KafkaException, BufferError) as exc:
+            fwd.error, fwd.done = KafkaError(KafkaError._FAIL, str(exc)), True
+
+    # --- pause, resume, commit ----------------------------------------------------------------------------
+
+    def _hold(self, tp: TP, offset: int, delay_s: float) -> None:
+        """Pause the partition and seek back to ``offset``: it is delivered again after ``delay_s``."""
+        self.counts["held"] += 1
+        part = TopicPartition(tp[0], tp[1], offset)
+        self._consumer.pause([part])
+        self._consumer.seek(part)
+        self._paused[tp] = time.monotonic() + delay_s
+
+    def _resume_due(self) -> None:
+        now = time.monotonic()
+        due = [tp for tp, at in self._paused.items() if at <= now]
+        if due:
+            self._consumer.resume([TopicPartition(t, p) for t, p in due])
+            for tp in due:
+                del self._paused[tp]
+
+    def _settle(self, positions: dict[TP, int], forwards: list[_Forward]) -> None:
+        """Wait for the forwards' delivery reports, then commit what is final (to the database first)."""
+        if forwards:
+            self._producer.flush(30)
+            for fwd in forwards:
+                if fwd.error is not None or not fwd.done:
+                    log.error(
+                        "forward of %s-%d@%d failed (%s): not committed, redelivered",
+                        *fwd.source,
+                        fwd.offset,
+                        fwd.error,
+                    )
+                    if positions.get(fwd.source, fwd.offset + 1) > fwd.offset:
+                        positions[fwd.source] = fwd.offset
+                        self._hold(
+                            fwd.source, fwd.offset, self.retry.delays_s[0] if self.retry.delays_s else 1.0
+                        )
+        if not positions:
+            return
+        if self.db_offsets:
+            kafka_offsets.record_engine(self.rel.engine, self.group, positions)
+        self._commit_to_kafka([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+
+    def _commit_to_kafka(self, offsets: list[TopicPartition]) -> None:
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:  # the records are final; at worst they replay as suppressed duplicates
+            log.warning("offset commit failed (%s); those records may be delivered again", exc)
+
+    # --- rebalance ------------------------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self.db_offsets:
+            stored = kafka_offsets.load(self.rel.engine, self.group, {p.topic for p in partitions})
+            for p in partitions:
+                at = stored.get((p.topic, p.partition))
+                if at is not None:
+                    p.offset = at
+            log.info(
+                "assigned %s (database offsets %s)",
+                [(p.topic, p.partition, p.offset) for p in partitions],
+                stored,
+            )
+            consumer.assign(partitions)
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            self._paused.pop((p.topic, p.partition), None)
+            self._failures.pop((p.topic, p.partition), None)

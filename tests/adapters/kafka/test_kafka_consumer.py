@@ -1,0 +1,228 @@
+"""The guarded Kafka consumer against a live Tansu broker, PostgreSQL and Redis (no mocks)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from sqlalchemy.orm import Session
+
+from reliable import Envelope, Reliability, idempotent_consumer
+from reliable import constants as C
+from reliable.adapters.kafka import KafkaGuardedConsumer, RetryMode, RetryPolicy, ensure_topics, offsets_in_db
+from tests.adapters.kafka.helpers import (
+    TIMEOUT_S,
+    apply_effect,
+    committed,
+    effect_counts,
+    log_rows,
+    make_consumer,
+    produce,
+    read_all,
+    with_ids,
+)
+from tests.kafka_broker import FAST_GROUP, Tansu
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis]
+
+
+def headers_of(msg: Any) -> dict[str, str]:
+    return {k: (v or b"").decode("utf-8", "replace") for k, v in msg.headers() or []}
+
+
+def test_every_record_applied_once_and_offsets_committed_after_the_answer(
+    tansu: Tansu, rel: Reliability, topic: str, group: str
+) -> None:
+    policy = RetryPolicy(delays_s=(0.3,))
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic), partitions=3)
+    ids = [f"m{i}" for i in range(30)]
+    produce(tansu.bootstrap, topic, with_ids(ids))
+    produce(tansu.bootstrap, topic, with_ids(["m3", "m7"]))  # a producer retry that landed twice
+    handle = idempotent_consumer(rel, group=group)(apply_effect(group))
+    with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy) as consumer:
+        assert consumer.run(
+            until=lambda: consumer.counts["success"] + consumer.counts["duplicate"] >= 32, timeout_s=TIMEOUT_S
+        )
+        assert consumer.counts["duplicate"] == 2
+    assert effect_counts(rel.engine, group) == {i: 1 for i in ids}
+    dups = [(m, r) for m, o, r in log_rows(rel.engine, group) if o == "DUPLICATE"]
+    assert sorted(m for m, _ in dups) == ["m3", "m7"]
+    highs = [tansu_high(tansu, topic, p) for p in range(3)]
+    assert committed(tansu.bootstrap, group, topic, 3) == highs
+    assert sum(highs) == 32
+
+
+def tansu_high(tansu: Tansu, topic: str, partition: int) -> int:
+    from reliable.adapters.kafka import KafkaProbe
+
+    probe = KafkaProbe(tansu.bootstrap)
+    try:
+        high = probe.max_offset(topic, partition)
+    finally:
+        probe.close()
+    assert high is not None
+    return high
+
+
+def test_failures_hop_through_retry_topics_with_growing_delays_then_the_dlt(
+    tansu: Tansu, rel: Reliability, topic: str, group: str
+) -> None:
+    policy = RetryPolicy(delays_s=(0.4, 0.8))
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    calls: dict[str, list[tuple[float, str, int]]] = {}
+
+    def handler(env: Envelope, session: Session) -> None:
+        calls.setdefault(env.message_id or "", []).append(
+            (time.time(), env.source_topic, env.reconsume_times)
+        )
+        if env.message_id == "always-fails" or (env.message_id == "fails-once" and env.reconsume_times == 0):
+            raise RuntimeError(f"boom {env.message_id}")
+        apply_effect(group)(env, session)
+
+    handle = idempotent_consumer(rel, group=group)(handler)
+    produce(tansu.bootstrap, topic, with_ids(["ok", "fails-once", "always-fails"]))
+    with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy) as consumer:
+        assert consumer.run(
+            until=lambda: consumer.counts["dead_letter"] >= 1 and consumer.counts["success"] >= 2,
+            timeout_s=TIMEOUT_S,
+        )
+    assert effect_counts(rel.engine, group) == {"ok": 1, "fails-once": 1}
+    # the failing record went topic → retry.1 → retry.2 → dlt, each hop no earlier than its delay
+    hops = calls["always-fails"]
+    assert [(t, n) for _, t, n in hops] == [(topic, 0), (f"{topic}.retry.1", 1), (f"{topic}.retry.2", 2)]
+    assert hops[1][0] - hops[0][0] >= 0.4 - 0.05
+    assert hops[2][0] - hops[1][0] >= 0.8 - 0.05
+    assert [(t, n) for _, t, n in calls["fails-once"]] == [(topic, 0), (f"{topic}.retry.1", 1)]
+    (dead,) = read_all(tansu.bootstrap, f"{topic}.dlt")
+    h = headers_of(dead)
+    assert h[C.KAFKA_ID_HEADER] == "always-fails"
+    assert (h[C.KAFKA_HEADER_ORIGINAL_TOPIC], h[C.KAFKA_HEADER_ORIGINAL_PARTITION]) == (topic, "0")
+    assert h[C.KAFKA_HEADER_ORIGINAL_OFFSET] == "2"
+    assert h[C.KAFKA_HEADER_ATTEMPT] == "3"
+    assert "retries exhausted after 3 attempts" in h[C.KAFKA_HEADER_REASON]
+    assert "boom always-fails" in h[C.KAFKA_HEADER_REASON]
+    assert dead.value() == b"body-always-fails"
+    retry1 = [headers_of(m) for m in read_all(tansu.bootstrap, f"{topic}.retry.1")]
+    assert sorted(r[C.KAFKA_ID_HEADER] for r in retry1) == ["always-fails", "fails-once"]
+    assert all(
+        r[C.KAFKA_HEADER_ATTEMPT] == "1" and "handler_failed" in r[C.KAFKA_HEADER_REASON] for r in retry1
+    )
+    # every source offset is committed: nothing was left behind on any topic
+    for t in policy.topics(topic):
+        assert committed(tansu.bootstrap, group, t, 1) == [tansu_high(tansu, t, 0)]
+
+
+def test_blocking_retry_pauses_and_seeks_back_keeping_the_partition_order(
+    tansu: Tansu, rel: Reliability, topic: str, group: str
+) -> None:
+    policy = RetryPolicy(delays_s=(0.3, 0.3), mode=RetryMode.BLOCKING)
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    order: list[str] = []
+    failed: set[str] = set()
+
+    def handler(env: Envelope, session: Session) -> None:
+        if env.message_id == "m2" and "m2" not in failed:
+            failed.add("m2")
+            raise RuntimeError("first try of m2 fails")
+        order.append(env.message_id or "")
+        apply_effect(group)(env, session)
+
+    handle = idempotent_consumer(rel, group=group)(handler)
+    ids = [f"m{i}" for i in range(6)]
+    produce(tansu.bootstrap, topic, with_ids(ids))
+    with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy) as consumer:
+        assert consumer.run(until=lambda: consumer.counts["success"] >= 6, timeout_s=TIMEOUT_S)
+        assert consumer.counts["held"] == 1
+    assert order == ids
+    assert read_all(tansu.bootstrap, f"{topic}.dlt") == []
+
+
+def test_bad_records_go_to_the_dlt_with_their_reason_and_are_never_committed_silently(
+    tansu: Tansu, rel: Reliability, topic: str, group: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    policy = RetryPolicy(delays_s=(0.3,))
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    produce(
+        tansu.bootstrap,
+        topic,
+        [
+            (b"k-bad-header", b"v1", [("message-id", b"\xff\xfe not utf-8")]),
+            (None, b"no id at all", []),
+            (b"fine", b"v3", [("message-id", b"fine")]),
+        ],
+    )
+    handle = idempotent_consumer(rel, group=group)(apply_effect(group))
+    with make_consumer(
+        tansu.bootstrap, topic, group, handle, retry=policy, allow_position_id=False
+    ) as consumer:
+        assert consumer.run(
+            until=lambda: (
+                consumer.counts["success"] >= 1
+                and consumer.counts["dead_letter"] + consumer.counts["undecodable"] >= 2
+            ),
+            timeout_s=TIMEOUT_S,
+        )
+    dead = read_all(tansu.bootstrap, f"{topic}.dlt")
+    reasons = {m.value(): headers_of(m)[C.KAFKA_HEADER_REASON] for m in dead}
+    assert reasons.keys() == {b"v1", b"no id at all"}
+    assert "undecodable" in reasons[b"v1"] and "'message-id' is not UTF-8" in reasons[b"v1"]
+    assert "missing_message_id" in reasons[b"no id at all"]
+    # the undecodable record's own header bytes travel untouched
+    assert (
+        (dict(next(m for m in dead if m.value() == b"v1").headers())["message-id"]) == b"\xff\xfe not utf-8"
+    )
+    assert effect_counts(rel.engine, group) == {"fine": 1}
+    assert committed(tansu.bootstrap, group, topic, 1) == [3]
+
+    # with the positional fallback (the default) a record without id is processed, with a warning
+    produce(tansu.bootstrap, topic, [(None, b"anonymous", [])])
+    caplog.set_level(logging.WARNING, "reliable.adapters.kafka")
+    with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy) as consumer:
+        assert consumer.run(until=lambda: consumer.counts["success"] >= 1, timeout_s=TIMEOUT_S)
+    assert effect_counts(rel.engine, group) == {"fine": 1, f"{topic}-0-3": 1}
+    assert "producer retry of it will look like a new message" in caplog.text
+
+
+class DropsKafkaCommits(KafkaGuardedConsumer):
+    """Fault injection: every offset commit to Kafka is lost."""
+
+    def _commit_to_kafka(self, offsets: list[TopicPartition]) -> None:
+        self.counts["commit_dropped"] += 1
+
+
+@pytest.mark.parametrize("db_offsets", [True, False], ids=["db-offsets", "kafka-offsets-only"])
+def test_a_lost_offset_commit_replays_nothing_with_database_offsets(
+    tansu: Tansu, rel: Reliability, topic: str, group: str, db_offsets: bool
+) -> None:
+    policy = RetryPolicy(delays_s=(0.3,))
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic), partitions=2)
+    handler = apply_effect(group)
+    if db_offsets:
+        handler = offsets_in_db(group)(handler)
+    handle = idempotent_consumer(rel, group=group)(handler)
+    ids = [f"m{i}" for i in range(10)]
+    produce(tansu.bootstrap, topic, with_ids(ids))
+    first = DropsKafkaCommits(
+        tansu.bootstrap, topic, group, handle, retry=policy, rel=rel, db_offsets=db_offsets, config=FAST_GROUP
+    )
+    with first:
+        assert first.run(until=lambda: first.counts["success"] >= 10, timeout_s=TIMEOUT_S)
+    assert first.counts["commit_dropped"] >= 1
+    assert committed(tansu.bootstrap, group, topic, 2) == [-1001, -1001]  # Kafka knows nothing
+    # one new record per partition: a replay of older offsets would reach the handler before these
+    late = ["late0", "late1"]
+    for p, mid in enumerate(late):
+        produce(tansu.bootstrap, topic, with_ids([mid]), partition=p)
+    with make_consumer(
+        tansu.bootstrap, topic, group, handle, retry=policy, rel=rel, db_offsets=db_offsets
+    ) as second:
+        assert second.run(until=lambda: second.counts["success"] >= 2, timeout_s=TIMEOUT_S)
+    assert effect_counts(rel.engine, group) == {i: 1 for i in [*ids, *late]}
+    replayed = [m for m, o, _ in log_rows(rel.engine, group) if o == "DUPLICATE"]
+    if db_offsets:
+        assert replayed == [] and second.counts["duplicate"] == 0
+    else:  # the control: without database offsets the whole lot comes again, absorbed by the guard
+        assert sorted(replayed) == sorted(ids)
