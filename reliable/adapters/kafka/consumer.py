@@ -128,6 +128,8 @@ class KafkaGuardedConsumer:
         self._stop = threading.Event()
         self._paused: dict[TP, float] = {}  # partition → monotonic time it may resume
         self._failures: Counter[TP] = Counter()  # blocking mode: consecutive failures at the partition head
+        #: the partitions this member holds now
+        self.assigned: set[TP] = set()
         self._consumer = Consumer(consumer_config(bootstrap, group, config))
         self._producer = Producer(producer_config(bootstrap, producer))
         self._consumer.subscribe(
@@ -359,6 +361,7 @@ class KafkaGuardedConsumer:
     # --- rebalance ------------------------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned = {(p.topic, p.partition) for p in partitions}
         if self.db_offsets:
             stored = kafka_offsets.load(self.rel.engine, self.group, {p.topic for p in partitions})
             for p in partitions:
@@ -374,5 +377,6 @@ class KafkaGuardedConsumer:
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for p in partitions:
+            self.assigned.discard((p.topic, p.partition))
             self._paused.pop((p.topic, p.partition), None)
             self._failures.pop((p.topic, p.partition), None)

@@ -1,0 +1,129 @@
+"""Two consumer processes in one group; one is killed mid-batch (live Tansu, PostgreSQL, Redis)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reliable import Reliability
+from reliable.adapters.kafka import RetryPolicy, ensure_topics
+from tests.adapters.kafka.helpers import TIMEOUT_S, committed, effect_counts, produce, with_ids
+from tests.kafka_broker import Tansu
+
+pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[3]
+PARTITIONS = 4
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def status(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"assigned": [], "processed": 0}
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen[bytes], Path]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, **args: Any) -> tuple[subprocess.Popen[bytes], Path]:
+        path = tmp_path / f"{name}.json"
+        argv = [sys.executable, "-m", "tests.adapters.kafka.worker", "--status", str(path)]
+        for k, v in args.items():
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
+        procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+        return procs[-1], path
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
+    tansu: Tansu,
+    rel: Reliability,
+    postgres_url: str,
+    redis_url: str,
+    key_prefix: str,
+    topic: str,
+    group: str,
+    workers: Callable[..., tuple[subprocess.Popen[bytes], Path]],
+) -> None:
+    ensure_topics(tansu.bootstrap, RetryPolicy(delays_s=(0.3,)).all_topics(topic), partitions=PARTITIONS)
+    common = dict(
+        bootstrap=tansu.bootstrap,
+        topic=topic,
+        group=group,
+        db=postgres_url,
+        redis=redis_url,
+        prefix=key_prefix,
+    )
+    victim, victim_status = workers("victim", die_after=5, **common)
+    survivor, survivor_status = workers("survivor", **common)
+    # both members hold a share of the partitions before any record exists
+    wait_for(
+        "a balanced group",
+        lambda: (
+            len(status(victim_status)["assigned"])
+            == len(status(survivor_status)["assigned"])
+            == PARTITIONS // 2
+        ),
+    )
+    ids = [f"m{i:03d}" for i in range(80)]
+    produce(tansu.bootstrap, topic, with_ids(ids))
+    assert victim.wait(TIMEOUT_S) == -signal.SIGKILL
+    wait_for("every record applied", lambda: set(effect_counts(rel.engine, group)) == set(ids), timeout_s=45)
+    wait_for(
+        "the survivor to commit every partition",
+        lambda: sum(committed(tansu.bootstrap, group, topic, PARTITIONS)) == len(ids),
+        timeout_s=20,
+    )
+    counts = effect_counts(rel.engine, group)
+    assert counts == {i: 1 for i in ids}
+    journal = journal_by_worker(rel)
+    victim_tag, survivor_tag = f":{victim.pid}:", f":{survivor.pid}:"
+    applied_by_victim = {m for m, o, w in journal if o == "SUCCESS" and victim_tag in w}
+    duplicates = [(m, w) for m, o, w in journal if o == "DUPLICATE"]
+    # the victim's last batch was applied but its offsets never committed: the survivor got those records
+    # again, and the guard suppressed them; the journal shows who applied and who was refused
+    assert len(applied_by_victim) == 5
+    assert duplicates, "the killed member's uncommitted records were not redelivered"
+    assert all(survivor_tag in w and m in applied_by_victim for m, w in duplicates)
+    assert survivor.poll() is None
+
+
+def journal_by_worker(rel: Reliability) -> list[tuple[str, str, str]]:
+    from sqlalchemy import select
+
+    from reliable.models import MessageLog
+
+    with rel.engine.connect() as conn:
+        rows = conn.execute(
+            select(MessageLog.message_id, MessageLog.outcome, MessageLog.worker).order_by(MessageLog.id)
+        )
+        return [(m, str(o), w or "") for m, o, w in rows]
