@@ -1,0 +1,144 @@
+"""The client-independent Kafka logic: header codec, message id, envelope, retry routing (no broker)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reliable import constants as C
+from reliable.adapters.kafka_common import (
+    IdSource,
+    Record,
+    RetryMode,
+    RetryPolicy,
+    UndecodableRecord,
+    decode_headers,
+    due_in_s,
+    encode_headers,
+    forward_headers,
+    message_id,
+    raw_forward_headers,
+    to_envelope,
+)
+from reliable.errors import ConfigurationError
+
+names = st.text(min_size=1, max_size=20)
+texts = st.text(max_size=50)
+
+
+@given(st.dictionaries(names, texts, max_size=8))
+def test_text_headers_survive_encoding(headers: dict[str, str]) -> None:
+    assert decode_headers(encode_headers(headers)) == headers
+
+
+@given(st.binary(min_size=1, max_size=20))
+def test_a_header_is_either_utf8_text_or_the_record_is_undecodable(raw: bytes) -> None:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(UndecodableRecord, match="'h' is not UTF-8"):
+            decode_headers([("h", raw)])
+    else:
+        assert decode_headers([("h", raw)]) == {"h": text}
+
+
+def test_a_repeated_header_keeps_its_last_value_and_null_is_empty() -> None:
+    assert decode_headers([("a", b"1"), ("a", b"2"), ("n", None)]) == {"a": "2", "n": ""}
+
+
+def rec(key: bytes | None = None, headers: list[tuple[str, bytes | str | None]] | None = None) -> Record:
+    return Record("orders.retry.1", 2, 41, key, b"v", headers or [])
+
+
+@pytest.mark.parametrize(
+    ("key", "headers", "allow", "expected"),
+    [
+        (b"k", [("message-id", b"h")], True, ("h", IdSource.HEADER)),
+        (b"k", [("message-id", b"")], True, ("k", IdSource.KEY)),
+        (b"k", [], False, ("k", IdSource.KEY)),
+        (b"\xff", [], True, ("orders.retry.1-2-41", IdSource.POSITION)),
+        (None, [], False, (None, IdSource.NONE)),
+        # a retry copy without id: the position of the *original* record, the same on every hop
+        (
+            None,
+            [
+                (C.KAFKA_HEADER_ORIGINAL_TOPIC, b"orders"),
+                (C.KAFKA_HEADER_ORIGINAL_PARTITION, b"0"),
+                (C.KAFKA_HEADER_ORIGINAL_OFFSET, b"7"),
+            ],
+            True,
+            ("orders-0-7", IdSource.POSITION),
+        ),
+    ],
+)
+def test_the_message_id_comes_from_the_header_then_the_key_then_the_position(
+    key: bytes | None,
+    headers: list[tuple[str, bytes | str | None]],
+    allow: bool,
+    expected: tuple[object, IdSource],
+) -> None:
+    r = rec(key, headers)
+    assert message_id(r, decode_headers(r.headers), C.KAFKA_ID_HEADER, allow) == expected
+
+
+def test_a_retry_delivery_keeps_its_original_topic_and_counts_its_attempts() -> None:
+    original = Record("orders", 0, 7, b"k", b"body", [("message-id", b"m1"), ("x", b"y")], 1000)
+    env0 = to_envelope(original)
+    assert (env0.topic, env0.delivered_topic, env0.source_topic, env0.reconsume_times) == (
+        "orders",
+        None,
+        "orders",
+        0,
+    )
+    fwd = forward_headers(
+        original, decode_headers(original.headers), env0, attempt=1, reason="boom", delay_s=2, now_s=100
+    )
+    assert fwd[C.KAFKA_HEADER_NOT_BEFORE] == "102000"
+    copy = Record("orders.retry.1", 1, 3, b"k", b"body", encode_headers(fwd))
+    env1 = to_envelope(copy)
+    assert (env1.message_id, env1.topic, env1.delivered_topic, env1.queue_id, env1.queue_offset) == (
+        "m1",
+        "orders",
+        "orders.retry.1",
+        1,
+        3,
+    )
+    assert env1.reconsume_times == 1 and env1.properties["x"] == "y"
+    # the second hop still points at the first record, not at the retry copy
+    fwd2 = forward_headers(copy, decode_headers(copy.headers), env1, attempt=2, reason="again", delay_s=0)
+    assert (fwd2[C.KAFKA_HEADER_ORIGINAL_TOPIC], fwd2[C.KAFKA_HEADER_ORIGINAL_OFFSET]) == ("orders", "7")
+    assert due_in_s(fwd, now_s=101) == pytest.approx(1.0) and due_in_s(fwd, now_s=103) == 0.0
+
+
+def test_incomplete_forwarding_headers_make_the_record_undecodable() -> None:
+    with pytest.raises(UndecodableRecord, match="forwarding headers"):
+        to_envelope(rec(b"k", [(C.KAFKA_HEADER_ORIGINAL_TOPIC, b"orders"), (C.KAFKA_HEADER_ATTEMPT, b"x")]))
+
+
+def test_an_undecodable_records_dead_letter_copy_keeps_its_bytes() -> None:
+    r = rec(b"k", [("message-id", b"\xff"), (C.KAFKA_HEADER_REASON, b"old")])
+    out = raw_forward_headers(r, "undecodable: bad")
+    assert ("message-id", b"\xff") in out
+    assert dict(out)[C.KAFKA_HEADER_REASON] == b"undecodable: bad"
+    assert [k for k, _ in out].count(C.KAFKA_HEADER_REASON) == 1
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e6), max_size=6), st.integers(min_value=1, max_value=10))
+def test_each_failure_moves_one_retry_topic_further_then_to_the_dlt(
+    delays: list[float], attempt: int
+) -> None:
+    policy = RetryPolicy(tuple(delays))
+    hop = policy.after_failure("orders", attempt)
+    if attempt <= len(delays):
+        assert (hop.topic, hop.delay_s, hop.dead) == (f"orders.retry.{attempt}", delays[attempt - 1], False)
+        assert hop.topic in policy.topics("orders")
+    else:
+        assert (hop.topic, hop.dead) == ("orders.dlt", True)
+    assert policy.all_topics("orders")[-1] == "orders.dlt"
+
+
+def test_blocking_mode_subscribes_to_the_topic_alone_and_delays_are_checked() -> None:
+    assert RetryPolicy((1.0, 2.0), RetryMode.BLOCKING).topics("orders") == ["orders"]
+    with pytest.raises(ConfigurationError):
+        RetryPolicy((1.0, -1.0))
