@@ -104,6 +104,7 @@ class KafkaGuardedConsumer:
         rel: Any = None,
         db_offsets: bool = False,
         batch_size: int = 100,
+        batch: bool = False,
         poll_s: float = 0.1,
         id_header: str = C.KAFKA_ID_HEADER,
         allow_position_id: bool = True,
@@ -123,6 +124,13 @@ class KafkaGuardedConsumer:
         self.allow_position_id = allow_position_id
         decide = getattr(handler, "decide", None)
         self._decide: GuardedHandler = decide if callable(decide) else handler
+        decide_batch = getattr(handler, "decide_batch", None) or getattr(handler, "batch", None)
+        #: batch mode: one guard call per partition chunk (retry topics only: blocking retry needs each
+        #: record's answer before the next one runs)
+        self._batching = batch and self.retry.mode is RetryMode.TOPICS and callable(decide_batch)
+        self._decide_batch: Callable[[Sequence[Envelope]], Sequence[object]] | None = (
+            decide_batch if self._batching else None
+        )
         #: answers so far: success, duplicate, retry_topic, dead_letter, held, undecodable, handler_error
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
@@ -189,49 +197,99 @@ class KafkaGuardedConsumer:
     # --- one partition's run ------------------------------------------------------------------------------
 
     def _run(self, tp: TP, records: Sequence[Record], forwards: list[_Forward]) -> int | None:
-        """Answer ``records`` of one partition in order; the next offset to commit (``None``: none final)."""
-        next_offset: int | None = None
+        """Answer ``records`` of one partition in order; the next offset to commit (``None``: none final).
+
+        Decodable, due records are guarded in chunks (one call per record, or one ``decide_batch`` call per
+        chunk in batch mode); an undecodable record or a retry copy that is not due ends a chunk.
+        """
+        done: int | None = None
+        chunk: list[tuple[Record, dict[str, str], Envelope]] = []
         for rec in records:
-            if tp in self._paused:
-                break
-            headers: dict[str, str] = {}
             try:
                 headers = decode_headers(rec.headers)
                 wait = due_in_s(headers)
-                if wait > 0:  # a retry copy that is not due yet: hold the partition until it is
-                    self._hold(tp, rec.offset, wait)
-                    break
-                env = to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
+                env = None if wait > 0 else self._envelope(rec)
             except UndecodableRecord as exc:
-                self.counts["undecodable"] += 1
-                log.error(
-                    "%s-%d@%d undecodable, dead-lettered: %s", rec.topic, rec.partition, rec.offset, exc
-                )
-                dlt = self.retry.dlt_topic(self.topic)
-                self._forward(rec, dlt, raw_forward_headers(rec, f"undecodable: {exc}"), tp, forwards)
-                next_offset = rec.offset + 1
+                done = self._decide_chunk(tp, chunk, forwards, done)
+                chunk = []
+                if tp in self._paused:
+                    return done
+                self._dead_letter_raw(rec, exc, tp, forwards)
+                done = rec.offset + 1
                 continue
-            if not self._answer(tp, rec, headers, env, forwards):
-                break
-            next_offset = rec.offset + 1
-        return next_offset
+            if env is None:  # a retry copy that is not due yet: hold the partition until it is
+                done = self._decide_chunk(tp, chunk, forwards, done)
+                if tp not in self._paused:
+                    self._hold(tp, rec.offset, wait)
+                return done
+            chunk.append((rec, headers, env))
+            if not self._batching:
+                done = self._decide_chunk(tp, chunk, forwards, done)
+                chunk = []
+                if tp in self._paused:
+                    return done
+        return self._decide_chunk(tp, chunk, forwards, done)
 
-    def _answer(
-        self, tp: TP, rec: Record, headers: dict[str, str], env: Envelope, forwards: list[_Forward]
-    ) -> bool:
-        """Run the guard on one record; ``False`` when the partition is held at this record."""
+    def _envelope(self, rec: Record) -> Envelope:
+        return to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
+
+    def _dead_letter_raw(self, rec: Record, exc: UndecodableRecord, tp: TP, forwards: list[_Forward]) -> None:
+        self.counts["undecodable"] += 1
+        log.error("%s-%d@%d undecodable, dead-lettered: %s", rec.topic, rec.partition, rec.offset, exc)
+        dlt = self.retry.dlt_topic(self.topic)
+        self._forward(rec, dlt, raw_forward_headers(rec, f"undecodable: {exc}"), tp, forwards)
+
+    def _decide_chunk(
+        self,
+        tp: TP,
+        chunk: Sequence[tuple[Record, dict[str, str], Envelope]],
+        forwards: list[_Forward],
+        done: int | None,
+    ) -> int | None:
+        """Guard a chunk and act on each answer in order; the new commit position."""
+        if not chunk:
+            return done
+        envs = [env for _, _, env in chunk]
+        answers: list[object]
+        if self._decide_batch is not None and len(envs) > 1:
+            answers = list(self._decide_batch(envs))
+        else:
+            answers = [self._decide_safely(env) for env in envs]
+        for (rec, headers, env), answer in zip(chunk, answers, strict=True):
+            if not self._answer(tp, rec, headers, env, answer, forwards):
+                return done
+            done = rec.offset + 1
+        return done
+
+    def _decide_safely(self, env: Envelope) -> object:
         try:
-            answer = self._decide(env)
+            return self._decide(env)
         except Exception as exc:  # a bare handler's bug: retry it like a failure, never commit past it
             self.counts["handler_error"] += 1
             log.exception(
-                "handler raised for %s at %s-%d@%d", env.message_id, rec.topic, rec.partition, rec.offset
+                "handler raised for %s at %s %d@%d",
+                env.message_id,
+                env.source_topic,
+                env.queue_id,
+                env.queue_offset,
             )
-            answer = None
-            reason = f"handler raised {type(exc).__name__}: {exc}"
+            return exc
+
+    def _answer(
+        self,
+        tp: TP,
+        rec: Record,
+        headers: dict[str, str],
+        env: Envelope,
+        answer: object,
+        forwards: list[_Forward],
+    ) -> bool:
+        """Act on one answer; ``False`` when the partition is held at this record."""
+        if isinstance(answer, Exception):
+            reason = f"handler raised {type(answer).__name__}: {answer}"
             result = ConsumeResult.RECONSUME_LATER
         else:
-            result = answer if isinstance(answer, ConsumeResult) else answer.result
+            result = answer if isinstance(answer, ConsumeResult) else getattr(answer, "result")  # noqa: B009
             reason = reason_of(answer, env)
         if result is ConsumeResult.SUCCESS:
             self._failures.pop(tp, None)

@@ -48,7 +48,9 @@ def test_the_receipt_is_the_delivery_reports_partition_and_offset(tansu: Tansu, 
         assert again.queue_id == receipts["a"].queue_id  # the key is the id: a resend keeps its partition
         assert sender.max_offset(topic, 99) is None
         assert sender.max_offset("no-such-topic-" + topic, 0) in (None, 0)
-    stored = {(m.partition(), m.offset()): m for m in read_all(tansu.bootstrap, topic, partitions=3)}
+    stored = {
+        (m.partition(), m.offset()): m for m in read_all(tansu.bootstrap, topic, expect=5, partitions=3)
+    }
     for mid, r in receipts.items():
         msg = stored[(r.queue_id, r.queue_offset)]
         headers = {k: v.decode() for k, v in msg.headers()}
@@ -108,7 +110,7 @@ def test_fan_out_every_group_applies_every_record_once(tansu: Tansu, rel: Reliab
             )
             assert consumer.counts["dead_letter"] == 0
         assert effect_counts(rel.engine, group) == {i: 1 for i in ids}
-    assert read_all(tansu.bootstrap, f"{topic}.dlt") == []
+    assert read_all(tansu.bootstrap, f"{topic}.dlt", expect=0) == []
 
 
 @pytest.mark.postgres
