@@ -91,7 +91,17 @@ class _Forward:
 
 
 class KafkaGuardedConsumer:
-    """Consumes ``topic`` and its retry topics for ``group`` through ``handler`` (a guarded handler)."""
+    """Consumes ``topic`` and its retry topics for ``group`` through ``handler`` (a guarded handler).
+
+    ``retry``: the :class:`RetryPolicy` (delays, retry topics or blocking). ``batch`` (default on, retry
+    topics only): guard each partition's polled records with one ``decide_batch`` call — one journal and one
+    work transaction per chunk instead of per record; a failing handler rolls back only its own record.
+    ``db_offsets`` with ``rel``: positions in the application database (module doc). ``allow_position_id``:
+    a record with neither id header nor key gets ``topic-partition-offset`` as its id (with a warning);
+    off, it is dead-lettered as having no id. ``config``/``producer``: confluent-kafka settings on top of
+    :data:`~reliable.adapters.kafka.admin.CONSUMER_DEFAULTS` / ``PRODUCER_DEFAULTS`` (the producer
+    forwards records to retry topics and the DLT).
+    """
 
     def __init__(
         self,
@@ -104,7 +114,7 @@ class KafkaGuardedConsumer:
         rel: Any = None,
         db_offsets: bool = False,
         batch_size: int = 100,
-        batch: bool = False,
+        batch: bool = True,
         poll_s: float = 0.1,
         id_header: str = C.KAFKA_ID_HEADER,
         allow_position_id: bool = True,

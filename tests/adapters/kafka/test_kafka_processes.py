@@ -64,7 +64,9 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen[byt
                 p.wait(5)
 
 
+@pytest.mark.parametrize("batch", [1, 0], ids=["batch", "per-record"])
 def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
+    batch: int,
     tansu: Tansu,
     rel: Reliability,
     postgres_url: str,
@@ -76,6 +78,7 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
 ) -> None:
     ensure_topics(tansu.bootstrap, RetryPolicy(delays_s=(0.3,)).all_topics(topic), partitions=PARTITIONS)
     common = dict(
+        batch=batch,
         bootstrap=tansu.bootstrap,
         topic=topic,
         group=group,
@@ -111,7 +114,7 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     duplicates = [(m, w) for m, o, w in journal if o == "DUPLICATE"]
     # the victim's last batch was applied but its offsets never committed: the survivor got those records
     # again, and the guard suppressed them; the journal shows who applied and who was refused
-    assert len(applied_by_victim) == 5
+    assert len(applied_by_victim) >= 5
     assert duplicates, "the killed member's uncommitted records were not redelivered"
     assert all(survivor_tag in w and m in applied_by_victim for m, w in duplicates)
     assert survivor.poll() is None

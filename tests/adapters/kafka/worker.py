@@ -38,6 +38,7 @@ def main() -> None:
     for name in ("bootstrap", "topic", "group", "db", "redis", "prefix", "status"):
         ap.add_argument(f"--{name}", required=True)
     ap.add_argument("--die-after", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=1)
     args = ap.parse_args()
     rel = Reliability(args.db, args.redis, key_prefix=args.prefix, lease_ms=5000)
     hook = DieAfter(args.die_after)
@@ -50,6 +51,7 @@ def main() -> None:
         handle,
         retry=RetryPolicy(delays_s=(0.3,)),
         batch_size=20,
+        batch=bool(args.batch),
         config=FAST_GROUP,
     )
     signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
