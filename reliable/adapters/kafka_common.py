@@ -210,18 +210,23 @@ class RetryPolicy:
 
     delays_s: tuple[float, ...] = C.KAFKA_DEFAULT_RETRY_DELAYS_S
     mode: RetryMode = RetryMode.TOPICS
+    #: ``None``: ``{topic}.retry.{n}`` / ``{topic}.dlt``. With several consumer groups on one topic give each
+    #: its own scope (``"billing"`` → ``{topic}.billing.retry.{n}``), or every group also reads the others'
+    #: retry copies (harmless — the guard answers them as duplicates or processes them early — but noisy).
+    scope: str | None = None
 
     def __post_init__(self) -> None:
         if any(d < 0 for d in self.delays_s):
             raise ConfigurationError(f"retry delays must be >= 0, got {self.delays_s}")
 
-    @staticmethod
-    def retry_topic(topic: str, n: int) -> str:
-        return C.KAFKA_RETRY_TOPIC_FORMAT.format(topic=topic, n=n)
+    def _base(self, topic: str) -> str:
+        return f"{topic}.{self.scope}" if self.scope else topic
 
-    @staticmethod
-    def dlt_topic(topic: str) -> str:
-        return C.KAFKA_DLT_TOPIC_FORMAT.format(topic=topic)
+    def retry_topic(self, topic: str, n: int) -> str:
+        return C.KAFKA_RETRY_TOPIC_FORMAT.format(topic=self._base(topic), n=n)
+
+    def dlt_topic(self, topic: str) -> str:
+        return C.KAFKA_DLT_TOPIC_FORMAT.format(topic=self._base(topic))
 
     def topics(self, topic: str) -> list[str]:
         """What a consumer of ``topic`` subscribes to: the topic and its retry topics (non-blocking mode)."""

@@ -138,6 +138,12 @@ def test_each_failure_moves_one_retry_topic_further_then_to_the_dlt(
     assert policy.all_topics("orders")[-1] == "orders.dlt"
 
 
+def test_a_scope_gives_each_group_its_own_retry_and_dead_letter_topics() -> None:
+    policy = RetryPolicy((1.0,), scope="billing")
+    assert policy.all_topics("orders") == ["orders", "orders.billing.retry.1", "orders.billing.dlt"]
+    assert policy.after_failure("orders", 2).topic == "orders.billing.dlt"
+
+
 def test_blocking_mode_subscribes_to_the_topic_alone_and_delays_are_checked() -> None:
     assert RetryPolicy((1.0, 2.0), RetryMode.BLOCKING).topics("orders") == ["orders"]
     with pytest.raises(ConfigurationError):

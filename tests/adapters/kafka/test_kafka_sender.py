@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from reliable import Reliability, idempotent_consumer
+from reliable import Envelope, Reliability, idempotent_consumer
 from reliable import constants as C
 from reliable.adapters.kafka import KafkaProbe, KafkaSender, RetryPolicy, ensure_topics
 from reliable.errors import SendError
@@ -97,20 +99,41 @@ def test_lag_is_the_high_watermark_minus_the_committed_offset(
     "group A took is judged FOREIGN_GROUP and dead-lettered",
 )
 def test_fan_out_every_group_applies_every_record_once(tansu: Tansu, rel: Reliability, topic: str) -> None:
-    policy = RetryPolicy(delays_s=(0.3,))
-    ensure_topics(tansu.bootstrap, policy.all_topics(topic), partitions=2)
+    groups = ("billing-" + topic, "audit-" + topic)
+    policies = {g: RetryPolicy(delays_s=(0.3,), scope=g.split("-")[0]) for g in groups}
+    for policy in policies.values():
+        ensure_topics(tansu.bootstrap, policy.all_topics(topic), partitions=2)
     ids = [f"m{i}" for i in range(12)]
     produce(tansu.bootstrap, topic, with_ids(ids))
-    for group in ("billing-" + topic, "audit-" + topic):
-        handle = idempotent_consumer(rel, group=group)(apply_effect(group))
-        with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy) as consumer:
-            assert consumer.run(
-                until=lambda c=consumer: c.counts["success"] + c.counts["dead_letter"] >= len(ids),
-                timeout_s=TIMEOUT_S,
+    failed: list[str] = []
+
+    def billing(env: Envelope, session: Session) -> None:
+        if env.message_id == "m5" and not failed:
+            failed.append("m5")
+            raise RuntimeError("billing fails m5 once")
+        apply_effect(groups[0])(env, session)
+
+    handlers = {groups[0]: billing, groups[1]: apply_effect(groups[1])}
+    consumers = {
+        g: make_consumer(
+            tansu.bootstrap, topic, g, idempotent_consumer(rel, group=g)(handlers[g]), retry=policies[g]
+        )
+        for g in groups
+    }
+    with ThreadPoolExecutor(2) as pool:  # both groups at once, each in its own thread
+        runs = [
+            pool.submit(
+                c.run, lambda c=c: c.counts["success"] + c.counts["dead_letter"] >= len(ids), TIMEOUT_S
             )
-            assert consumer.counts["dead_letter"] == 0
-        assert effect_counts(rel.engine, group) == {i: 1 for i in ids}
-    assert read_all(tansu.bootstrap, f"{topic}.dlt", expect=0) == []
+            for c in consumers.values()
+        ]
+        assert all(r.result() for r in runs)
+    for g, consumer in consumers.items():
+        consumer.close()
+        assert consumer.counts["dead_letter"] == 0 and consumer.counts["duplicate"] == 0
+        assert effect_counts(rel.engine, g) == {i: 1 for i in ids}
+    assert consumers[groups[0]].counts["retry_topic"] == 1  # billing's retry stayed in billing's topics
+    assert consumers[groups[1]].counts["success"] == len(ids)
 
 
 @pytest.mark.postgres
