@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from bench.bench_core import database, ledger, make_rel
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.adapters.kafka import CONSUMER_DEFAULTS, KafkaGuardedConsumer, RetryPolicy, ensure_topics
-from tests.kafka_broker import FAST_GROUP, Tansu, tansu_binary
+from reliable.demo.tansu import FAST_GROUP, Tansu, tansu_binary
 
 PARTITIONS = 3
 

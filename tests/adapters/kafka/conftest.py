@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from reliable import Reliability
+from reliable.demo.tansu import Tansu, tansu_binary
 from tests import services
 from tests.adapters.kafka.helpers import effects_md, reset_effects
 from tests.conftest import _ensure_clean_schema
-from tests.kafka_broker import Tansu, tansu_binary
 
 
 def _binary() -> Path:

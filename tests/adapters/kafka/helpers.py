@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from reliable import Envelope
 from reliable.adapters.kafka import KafkaGuardedConsumer, RetryPolicy
+from reliable.demo.tansu import FAST_GROUP
 from reliable.models import MessageLog
-from tests.kafka_broker import FAST_GROUP
 
 TIMEOUT_S = 30.0
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable import constants as C
 from reliable.adapters.kafka import KafkaGuardedConsumer, RetryMode, RetryPolicy, ensure_topics, offsets_in_db
+from reliable.demo.tansu import FAST_GROUP, Tansu
 from tests.adapters.kafka.helpers import (
     TIMEOUT_S,
     apply_effect,
@@ -24,7 +25,6 @@ from tests.adapters.kafka.helpers import (
     read_all,
     with_ids,
 )
-from tests.kafka_broker import FAST_GROUP, Tansu
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis]
 

@@ -16,8 +16,8 @@ import pytest
 
 from reliable import Reliability
 from reliable.adapters.kafka import RetryPolicy, ensure_topics
+from reliable.demo.tansu import Tansu
 from tests.adapters.kafka.helpers import TIMEOUT_S, committed, effect_counts, produce, with_ids
-from tests.kafka_broker import Tansu
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 

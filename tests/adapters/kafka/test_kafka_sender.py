@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable import constants as C
 from reliable.adapters.kafka import KafkaProbe, KafkaSender, RetryPolicy, ensure_topics
+from reliable.demo.tansu import Tansu
 from reliable.errors import SendError
 from reliable.models import MessageLog
 from reliable.sender import BrokerProbe, OutgoingMessage, Sender
@@ -24,7 +25,6 @@ from tests.adapters.kafka.helpers import (
     read_all,
     with_ids,
 )
-from tests.kafka_broker import Tansu
 
 pytestmark = [pytest.mark.kafka]
 
@@ -68,6 +68,26 @@ def test_a_send_the_broker_does_not_acknowledge_raises(topic: str) -> None:
 
     with KafkaSender(f"127.0.0.1:{free_port()}", timeout_s=1.0) as sender, pytest.raises(SendError):
         sender.send(outgoing("x", topic))
+
+
+def test_the_sender_recovers_after_the_broker_lost_everything(private_tansu: Tansu, topic: str) -> None:
+    ensure_topics(private_tansu.bootstrap, [topic])
+    with KafkaSender(private_tansu.bootstrap, timeout_s=2.0) as sender:
+        assert sender.send(outgoing("a", topic)).queue_offset == 0
+        private_tansu.restart()  # memory storage: the topic and the idempotent producer's state are gone
+        ensure_topics(private_tansu.bootstrap, [topic])
+        receipts = []
+        for mid in (
+            "b",
+            "c",
+            "d",
+        ):  # at most the first send after the loss fails; then a fresh producer works
+            try:
+                receipts.append(sender.send(outgoing(mid, topic)))
+            except SendError:
+                assert mid == "b"
+        assert [r.queue_offset for r in receipts][-2:] == [len(receipts) - 2, len(receipts) - 1]
+        assert sender.max_offset(topic, 0) == len(receipts)
 
 
 @pytest.mark.postgres

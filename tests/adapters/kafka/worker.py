@@ -17,8 +17,8 @@ from pathlib import Path
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.adapters.kafka import KafkaGuardedConsumer, RetryPolicy
 from reliable.decision import Decision, GuardHooks
+from reliable.demo.tansu import FAST_GROUP
 from tests.adapters.kafka.helpers import apply_effect
-from tests.kafka_broker import FAST_GROUP
 
 
 class DieAfter(GuardHooks):

