@@ -21,12 +21,14 @@ not run here; ``reliable reconcile`` works on the same database afterwards.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,8 @@ TOPIC = "demo_transfers"
 PARTITIONS = 3
 N_ACCOUNTS = 50
 LEDGER_GROUP = "demo_ledger"
+#: with --chaos the orders are produced over this many seconds, so each fault meets records in flight
+PRODUCE_SPREAD_S = 12.0
 
 
 @dataclass
@@ -79,6 +83,9 @@ class KafkaDemoResult:
         return self.ledger_ok and all(
             g["lost"] == 0 and g["double_applied"] == 0 for g in self.groups.values()
         )
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "ok": self.ok}, sort_keys=True)
 
     def lines(self) -> list[str]:
         out = [f"produced {self.produced} orders to {TOPIC} ({PARTITIONS} partitions) on Tansu"]
@@ -173,15 +180,18 @@ def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print
                 )
         for t in threads:
             t.start()
-            t.ready.wait(30)
+        _wait_assigned(threads, groups, options.timeout_s)
         orders = ledger.make_orders(f"k{options.seed}", options.messages, N_ACCOUNTS, options.seed)
         producer = StubProducer(rel, sender, default_group=groups[0])
         faults = _schedule(options, len(orders))
+        pace = PRODUCE_SPREAD_S / len(orders) if options.chaos else 0.0  # so the faults hit a live pipeline
         for i, order in enumerate(orders):
             if i in faults:
                 result.faults.append(faults[i](broker, threads, topics, say))
             _publish(producer, order)
             result.produced += 1
+            if pace:
+                time.sleep(pace)
         say(f"produced {result.produced} orders; settling (sweeper rounds until every group has every order)")
         result.settled = _settle(rel, sender, groups, orders, options.timeout_s, result)
         _verdict(rel, groups, orders, result)
@@ -196,6 +206,24 @@ def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print
         rel.close()
     result.wall_time_s = time.monotonic() - started
     return result
+
+
+def _wait_assigned(threads: list[ConsumerThread], groups: list[str], timeout_s: float) -> None:
+    """Until each group's consumers hold every partition of the topic (Tansu forms a group in ~2 s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        failed = [t for t in threads if t.error is not None]
+        if failed:
+            raise DemoError(f"consumer {failed[0].name} failed to start: {failed[0].error}")
+        held = {g: set[tuple[str, int]]() for g in groups}
+        for t in threads:
+            if t.consumer is not None:
+                held[t.consumer.group] |= {tp for tp in t.consumer.assigned if tp[0] == TOPIC}
+        if all(len(h) == PARTITIONS for h in held.values()):
+            return
+        if time.monotonic() > deadline:
+            raise DemoError(f"the consumer groups did not form within {timeout_s:.0f}s")
+        time.sleep(0.1)
 
 
 def _factory(
@@ -220,13 +248,15 @@ def _schedule(options: KafkaDemoOptions, n: int) -> dict[int, Fault]:
     if not options.chaos:
         return {}
     rng = random.Random(f"kafka-chaos:{options.seed}")
-    at = sorted(rng.sample(range(n // 5, 4 * n // 5), 3))
+    at = [int(n * (share + rng.uniform(-0.05, 0.05))) for share in (0.15, 0.4, 0.75)]
     return {at[0]: _lose_commits, at[1]: _crash_consumer, at[2]: _restart_broker}
 
 
 def _victim(threads: list[ConsumerThread]) -> ChaosConsumer | None:
-    live = [t.consumer for t in threads if t.consumer is not None and t.is_alive() and not t.consumer.crashed]
-    return live[0] if len(live) > 1 else None
+    """A consumer no fault has touched yet, as long as another one stays to take over its partitions."""
+    live = [t.consumer for t in threads if t.consumer is not None and t.is_alive()]
+    untouched = [c for c in live if not (c.drop_commits or c.crash_before_commit)]
+    return untouched[0] if untouched and len(live) > 1 else None
 
 
 def _lose_commits(
@@ -241,9 +271,25 @@ def _lose_commits(
     return "lost offset commits"
 
 
+def _wait_whole(threads: list[ConsumerThread], timeout_s: float = 20.0) -> None:
+    """Until the consumers no fault touched hold every partition again (the previous fault's rebalance)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        held: set[tuple[str, int]] = set()
+        for t in threads:
+            c = t.consumer
+            if c is not None and t.is_alive() and not (c.drop_commits or c.crash_before_commit):
+                held |= {tp for tp in c.assigned if tp[0] == TOPIC}
+        if len(held) == PARTITIONS:
+            return
+        time.sleep(0.1)
+    log.warning("the group did not re-form within %.0fs; injecting the next fault anyway", timeout_s)
+
+
 def _crash_consumer(
     broker: Tansu, threads: list[ConsumerThread], topics: list[str], say: Callable[[str], None]
 ) -> str:
+    _wait_whole(threads)
     victim = _victim(threads)
     if victim is None:
         return "consumer crash (skipped: one consumer left)"
@@ -255,6 +301,7 @@ def _crash_consumer(
 def _restart_broker(
     broker: Tansu, threads: list[ConsumerThread], topics: list[str], say: Callable[[str], None]
 ) -> str:
+    _wait_whole(threads)
     broker.restart()
     ensure_topics(broker.bootstrap, topics, partitions=PARTITIONS)
     say("chaos: Tansu restarted with memory storage: every record and committed offset is gone")
@@ -299,10 +346,12 @@ def _verdict(
         )
 
 
-def main_result(options: KafkaDemoOptions, say: Callable[[str], None]) -> int:
+def main_result(options: KafkaDemoOptions, say: Callable[[str], None], as_json: bool = False) -> int:
     result = run_kafka_demo(options, say)
     for line in result.lines():
         say(line)
+    if as_json:
+        sys.stdout.write(result.to_json() + "\n")
     return 0 if result.ok else 1
 
 
@@ -324,7 +373,7 @@ def run_from_args(args: Any) -> int:
     )
     console = Console(stderr=True)
     try:
-        return main_result(options, lambda line: console.print(line, highlight=False))
+        return main_result(options, lambda line: console.print(line, highlight=False), as_json=args.json)
     except DemoError as exc:
         console.print(f"reliable demo: {exc}")
         return 2

@@ -436,14 +436,11 @@ class KafkaGuardedConsumer:
                 at = stored.get((p.topic, p.partition))
                 if at is not None:
                     p.offset = at
-            log.info(
-                "assigned %s (database offsets %s)",
-                [(p.topic, p.partition, p.offset) for p in partitions],
-                stored,
-            )
             consumer.assign(partitions)
+        log.info("%s assigned %s", self.group, sorted((p.topic, p.partition, p.offset) for p in partitions))
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("%s revoked %s", self.group, sorted((p.topic, p.partition) for p in partitions))
         for p in partitions:
             self.assigned.discard((p.topic, p.partition))
             self._paused.pop((p.topic, p.partition), None)
