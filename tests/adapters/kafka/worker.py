@@ -16,8 +16,8 @@ from pathlib import Path
 
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.adapters.kafka import KafkaGuardedConsumer, RetryPolicy
-from reliable.decision import Decision, GuardHooks
 from reliable.demo.tansu import FAST_GROUP
+from reliable.guard import Decision, GuardHooks
 from tests.adapters.kafka.helpers import apply_effect
 
 
