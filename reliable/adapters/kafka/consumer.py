@@ -34,14 +34,14 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from reliable import constants as C
 from reliable.adapters import kafka_offsets
 from reliable.adapters.kafka.admin import consumer_config, producer_config
+from reliable.adapters.kafka.forwarder import Forwarder
 from reliable.adapters.kafka_common import (
     HOLD_REASONS,
     Record,
@@ -56,6 +56,7 @@ from reliable.adapters.kafka_common import (
     reason_of,
     to_envelope,
 )
+from reliable.errors import ConfigurationError
 from reliable.types import ConsumeResult, Envelope
 
 log = logging.getLogger("reliable.adapters.kafka")
@@ -78,16 +79,6 @@ def to_record(msg: Message) -> Record:
         headers=headers,
         timestamp_ms=ts if ts and ts > 0 else None,
     )
-
-
-@dataclass
-class _Forward:
-    """A copy in flight to a retry topic or the DLT; the source offset may be committed once it landed."""
-
-    source: TP
-    offset: int
-    error: KafkaError | None = None
-    done: bool = False
 
 
 class KafkaGuardedConsumer:
@@ -122,7 +113,9 @@ class KafkaGuardedConsumer:
         producer: Mapping[str, Any] | None = None,
     ) -> None:
         if db_offsets and rel is None:
-            raise ValueError("db_offsets=True needs rel (the Reliability whose database keeps the offsets)")
+            raise ConfigurationError(
+                "db_offsets=True needs rel (the Reliability whose database keeps offsets)"
+            )
         self.topic = topic
         self.group = group
         self.retry = retry or RetryPolicy()
@@ -149,7 +142,7 @@ class KafkaGuardedConsumer:
         #: the partitions this member holds now
         self.assigned: set[TP] = set()
         self._consumer = Consumer(consumer_config(bootstrap, group, config))
-        self._producer = Producer(producer_config(bootstrap, producer))
+        self._forwarder = Forwarder(producer_config(bootstrap, producer))
         self._consumer.subscribe(
             self.retry.topics(topic), on_assign=self._on_assign, on_revoke=self._on_revoke
         )
@@ -182,12 +175,11 @@ class KafkaGuardedConsumer:
             if (rec.topic, rec.partition) not in self._paused:
                 runs[(rec.topic, rec.partition)].append(rec)
         positions: dict[TP, int] = {}
-        forwards: list[_Forward] = []
         for tp, records in runs.items():
-            done = self._run(tp, sorted(records, key=lambda r: r.offset), forwards)
+            done = self._run(tp, sorted(records, key=lambda r: r.offset))
             if done is not None:
                 positions[tp] = done
-        self._settle(positions, forwards)
+        self._settle(positions)
         return len(messages)
 
     def stop(self) -> None:
@@ -195,7 +187,7 @@ class KafkaGuardedConsumer:
 
     def close(self) -> None:
         """Leave the group (committed offsets stay) and flush the forwarding producer."""
-        self._producer.flush(10)
+        self._forwarder.close()
         self._consumer.close()
 
     def __enter__(self) -> KafkaGuardedConsumer:
@@ -206,7 +198,7 @@ class KafkaGuardedConsumer:
 
     # --- one partition's run ------------------------------------------------------------------------------
 
-    def _run(self, tp: TP, records: Sequence[Record], forwards: list[_Forward]) -> int | None:
+    def _run(self, tp: TP, records: Sequence[Record]) -> int | None:
         """Answer ``records`` of one partition in order; the next offset to commit (``None``: none final).
 
         Decodable, due records are guarded in chunks (one call per record, or one ``decide_batch`` call per
@@ -220,40 +212,39 @@ class KafkaGuardedConsumer:
                 wait = due_in_s(headers)
                 env = None if wait > 0 else self._envelope(rec)
             except UndecodableRecord as exc:
-                done = self._decide_chunk(tp, chunk, forwards, done)
+                done = self._decide_chunk(tp, chunk, done)
                 chunk = []
                 if tp in self._paused:
                     return done
-                self._dead_letter_raw(rec, exc, tp, forwards)
+                self._dead_letter_raw(rec, exc)
                 done = rec.offset + 1
                 continue
             if env is None:  # a retry copy that is not due yet: hold the partition until it is
-                done = self._decide_chunk(tp, chunk, forwards, done)
+                done = self._decide_chunk(tp, chunk, done)
                 if tp not in self._paused:
                     self._hold(tp, rec.offset, wait)
                 return done
             chunk.append((rec, headers, env))
             if not self._batching:
-                done = self._decide_chunk(tp, chunk, forwards, done)
+                done = self._decide_chunk(tp, chunk, done)
                 chunk = []
                 if tp in self._paused:
                     return done
-        return self._decide_chunk(tp, chunk, forwards, done)
+        return self._decide_chunk(tp, chunk, done)
 
     def _envelope(self, rec: Record) -> Envelope:
         return to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
 
-    def _dead_letter_raw(self, rec: Record, exc: UndecodableRecord, tp: TP, forwards: list[_Forward]) -> None:
+    def _dead_letter_raw(self, rec: Record, exc: UndecodableRecord) -> None:
         self.counts["undecodable"] += 1
         log.error("%s-%d@%d undecodable, dead-lettered: %s", rec.topic, rec.partition, rec.offset, exc)
         dlt = self.retry.dlt_topic(self.topic)
-        self._forward(rec, dlt, raw_forward_headers(rec, f"undecodable: {exc}"), tp, forwards)
+        self._forwarder.send(rec, dlt, raw_forward_headers(rec, f"undecodable: {exc}"))
 
     def _decide_chunk(
         self,
         tp: TP,
         chunk: Sequence[tuple[Record, dict[str, str], Envelope]],
-        forwards: list[_Forward],
         done: int | None,
     ) -> int | None:
         """Guard a chunk and act on each answer in order; the new commit position."""
@@ -262,11 +253,15 @@ class KafkaGuardedConsumer:
         envs = [env for _, _, env in chunk]
         answers: list[object]
         if self._decide_batch is not None and len(envs) > 1:
-            answers = list(self._decide_batch(envs))
+            try:
+                answers = list(self._decide_batch(envs))
+            except Exception as exc:  # never commit past records whose answer we do not have
+                log.exception("batch guard call raised for %d records of %s-%d", len(envs), *tp)
+                answers = [exc] * len(envs)
         else:
             answers = [self._decide_safely(env) for env in envs]
         for (rec, headers, env), answer in zip(chunk, answers, strict=True):
-            if not self._answer(tp, rec, headers, env, answer, forwards):
+            if not self._answer(tp, rec, headers, env, answer):
                 return done
             done = rec.offset + 1
         return done
@@ -292,7 +287,6 @@ class KafkaGuardedConsumer:
         headers: dict[str, str],
         env: Envelope,
         answer: object,
-        forwards: list[_Forward],
     ) -> bool:
         """Act on one answer; ``False`` when the partition is held at this record."""
         if isinstance(answer, Exception):
@@ -306,7 +300,7 @@ class KafkaGuardedConsumer:
             self.counts["duplicate" if getattr(answer, "duplicate", False) else "success"] += 1
             return True
         if result is ConsumeResult.DEAD_LETTER:
-            self._to_dlt(rec, headers, env, reason, tp, forwards)
+            self._to_dlt(rec, headers, env, reason)
             return True
         attempt = env.reconsume_times + 1
         if self.retry.mode is RetryMode.BLOCKING or str(getattr(answer, "reason", "")) in HOLD_REASONS:
@@ -314,24 +308,20 @@ class KafkaGuardedConsumer:
             failures = self._failures[tp]
             if self.retry.mode is RetryMode.BLOCKING and failures > len(self.retry.delays_s):
                 self._failures.pop(tp, None)
-                self._to_dlt(
-                    rec, headers, env, f"retries exhausted after {failures} attempts: {reason}", tp, forwards
-                )
+                self._to_dlt(rec, headers, env, f"retries exhausted after {failures} attempts: {reason}")
                 return True
             delays = self.retry.delays_s or (1.0,)
             self._hold(tp, rec.offset, delays[min(failures, len(delays)) - 1])
             return False
         hop = self.retry.after_failure(env.topic, attempt)
         if hop.dead:
-            self._to_dlt(
-                rec, headers, env, f"retries exhausted after {attempt} attempts: {reason}", tp, forwards
-            )
+            self._to_dlt(rec, headers, env, f"retries exhausted after {attempt} attempts: {reason}")
             return True
         self.counts["retry_topic"] += 1
         fwd = forward_headers(
             rec, headers, env, attempt=attempt, reason=reason, delay_s=hop.delay_s, id_header=self.id_header
         )
-        self._forward(rec, hop.topic, encode_headers(fwd), tp, forwards)
+        self._forwarder.send(rec, hop.topic, encode_headers(fwd))
         return True
 
     def _to_dlt(
@@ -340,8 +330,6 @@ class KafkaGuardedConsumer:
         headers: dict[str, str],
         env: Envelope,
         reason: str,
-        tp: TP,
-        forwards: list[_Forward],
     ) -> None:
         self.counts["dead_letter"] += 1
         log.warning(
@@ -356,28 +344,7 @@ class KafkaGuardedConsumer:
             delay_s=0,
             id_header=self.id_header,
         )
-        self._forward(rec, self.retry.dlt_topic(env.topic), encode_headers(fwd), tp, forwards)
-
-    def _forward(
-        self,
-        rec: Record,
-        topic: str,
-        headers: Sequence[tuple[str, str | bytes | None]],
-        tp: TP,
-        forwards: list[_Forward],
-    ) -> None:
-        fwd = _Forward(tp, rec.offset)
-        forwards.append(fwd)
-
-        def report(err: KafkaError | None, _msg: Message) -> None:
-            fwd.error, fwd.done = err, True
-
-        try:
-            self._producer.produce(
-                topic, key=rec.key, value=rec.value, headers=list(headers), on_delivery=report
-            )
-        except (KafkaException, BufferError) as exc:
-            fwd.error, fwd.done = KafkaError(KafkaError._FAIL, str(exc)), True
+        self._forwarder.send(rec, self.retry.dlt_topic(env.topic), encode_headers(fwd))
 
     # --- pause, resume, commit ----------------------------------------------------------------------------
 
@@ -397,23 +364,13 @@ class KafkaGuardedConsumer:
             for tp in due:
                 del self._paused[tp]
 
-    def _settle(self, positions: dict[TP, int], forwards: list[_Forward]) -> None:
-        """Wait for the forwards' delivery reports, then commit what is final (to the database first)."""
-        if forwards:
-            self._producer.flush(30)
-            for fwd in forwards:
-                if fwd.error is not None or not fwd.done:
-                    log.error(
-                        "forward of %s-%d@%d failed (%s): not committed, redelivered",
-                        *fwd.source,
-                        fwd.offset,
-                        fwd.error,
-                    )
-                    if positions.get(fwd.source, fwd.offset + 1) > fwd.offset:
-                        positions[fwd.source] = fwd.offset
-                        self._hold(
-                            fwd.source, fwd.offset, self.retry.delays_s[0] if self.retry.delays_s else 1.0
-                        )
+    def _settle(self, positions: dict[TP, int]) -> None:
+        """Wait for the copies' delivery reports, then commit what is final (to the database first)."""
+        for source, offset, error in self._forwarder.settle():
+            log.error("copy of %s-%d@%d failed (%s): not committed, redelivered", *source, offset, error)
+            if positions.get(source, offset + 1) > offset:
+                positions[source] = offset
+                self._hold(source, offset, self.retry.delays_s[0] if self.retry.delays_s else 1.0)
         if not positions:
             return
         if self.db_offsets:
