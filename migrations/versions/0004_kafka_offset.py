@@ -19,8 +19,7 @@ from alembic import op
 from reliable.models import UTCDateTime
 
 revision: str = "0004"
-# chained on 0002 until revision 0003 (message_inbox, issue #11) is merged; then "0003"
-down_revision: str | None = "0002"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
