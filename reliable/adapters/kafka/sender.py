@@ -8,8 +8,9 @@ compares with the group's watermark and the probe's high watermark). The message
 Kafka cannot address one consumer group: a targeted resend (``target_group`` set) goes to the topic with a
 ``reliable-target-group`` header, and the other groups' guards suppress the duplicate.
 
-A failed delivery drops the producer and the next ``send`` starts a fresh one: after the broker lost its data
-the idempotent producer's state no longer matches the broker's, and librdkafka keeps timing out instead.
+A failed delivery is tried once more with a fresh producer before ``send`` gives up: after the broker lost
+its data the idempotent producer's state no longer matches the broker's, and librdkafka keeps timing out
+instead of reporting a fatal error. (So a broker that is down costs ``2 × timeout_s`` per send.)
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 
 log = logging.getLogger("reliable.adapters.kafka")
+
+
+class _Retriable(Exception):
+    """The broker did not acknowledge the record (timeout or error report): worth one fresh producer."""
 
 
 class KafkaSender:
@@ -66,34 +71,48 @@ class KafkaSender:
         target = getattr(message, "target_group", None)
         if target:
             headers[C.KAFKA_HEADER_TARGET_GROUP] = target
-        reports: list[tuple[KafkaError | None, Message]] = []
         with self._lock:
-            producer = self._live()
             try:
-                producer.produce(
-                    message.topic,
-                    key=message.message_id.encode("utf-8"),
-                    value=message.body,
-                    headers=encode_headers(headers),
-                    on_delivery=lambda err, msg: reports.append((err, msg)),
+                msg = self._send_once(message, headers)
+            except _Retriable as exc:
+                # a fresh producer, once: after a broker lost its state (restart, unclean leader election)
+                # the idempotent producer's sequence numbers no longer match, and librdkafka keeps timing
+                # out rather than reporting a fatal error (a first copy that did land is a duplicate the
+                # guard absorbs)
+                log.warning(
+                    "send of %s failed (%s): retrying once with a fresh producer", message.message_id, exc
                 )
-            except (KafkaException, BufferError) as exc:
-                raise SendError(f"message {message.message_id}: produce refused: {exc}") from exc
-            producer.flush(self.timeout_s + 1.0)
-            if not reports:
-                raise SendError(f"message {message.message_id}: no delivery report within {self.timeout_s}s")
-            err, msg = reports[0]
-            if err is not None:
-                # a fresh producer for the next send: after a broker lost its state (restart, unclean leader
-                # election) the idempotent producer's sequence numbers no longer match and librdkafka keeps
-                # timing out rather than reporting a fatal error
-                log.warning("send failed (%s): starting a fresh producer for the next send", err)
                 self._producer = None
-                raise SendError(f"message {message.message_id}: {err.name()}: {err.str()}")
+                try:
+                    msg = self._send_once(message, headers)
+                except _Retriable as again:
+                    self._producer = None
+                    raise SendError(f"message {message.message_id}: {again}") from None
         partition, offset = msg.partition(), msg.offset()
         if partition is None or offset is None or offset < 0:
             raise SendError(f"message {message.message_id}: delivery report without a position")
         return SendReceipt(partition, offset, f"{message.topic}-{partition}-{offset}")
+
+    def _send_once(self, message: OutgoingMessage, headers: dict[str, str]) -> Message:
+        reports: list[tuple[KafkaError | None, Message]] = []
+        producer = self._live()
+        try:
+            producer.produce(
+                message.topic,
+                key=message.message_id.encode("utf-8"),
+                value=message.body,
+                headers=encode_headers(headers),
+                on_delivery=lambda err, msg: reports.append((err, msg)),
+            )
+        except (KafkaException, BufferError) as exc:
+            raise SendError(f"message {message.message_id}: produce refused: {exc}") from exc
+        producer.flush(self.timeout_s + 1.0)
+        if not reports:
+            raise _Retriable(f"no delivery report within {self.timeout_s}s")
+        err, msg = reports[0]
+        if err is not None:
+            raise _Retriable(f"{err.name()}: {err.str()}")
+        return msg
 
     def max_offset(self, topic: str, queue_id: int) -> int | None:
         """:class:`~reliable.sender.BrokerProbe`: the partition's high watermark (``None``: cannot tell)."""
