@@ -38,6 +38,7 @@ from sqlalchemy import func, select
 
 from reliable import StubProducer, idempotent_consumer
 from reliable.adapters.kafka import KafkaGuardedConsumer, KafkaSender, RetryPolicy, ensure_topics
+from reliable.demo import groups as demo_groups
 from reliable.demo import ledger
 from reliable.demo.errors import DemoError
 from reliable.demo.tansu import FAST_GROUP, Tansu, tansu_binary
@@ -50,7 +51,6 @@ log = logging.getLogger("reliable.demo.kafka")
 TOPIC = "demo_transfers"
 PARTITIONS = 3
 N_ACCOUNTS = 50
-LEDGER_GROUP = "demo_ledger"
 #: with --chaos the orders are produced over this many seconds, so each fault meets records in flight
 PRODUCE_SPREAD_S = 12.0
 
@@ -59,6 +59,7 @@ PRODUCE_SPREAD_S = 12.0
 class KafkaDemoOptions:
     messages: int = 600
     consumers: int = 2
+    groups: int = demo_groups.DEFAULT_GROUPS
     db: str | None = None
     redis: str | None = None
     chaos: bool = False
@@ -139,13 +140,9 @@ class ConsumerThread(threading.Thread):
             log.exception("consumer %s failed", self.name)
 
 
-def _groups() -> list[str]:
-    return [LEDGER_GROUP]
-
-
-def _check(rel: Reliability, group: str, ids: list[str]) -> ledger.LedgerCheck:
+def _check(rel: Reliability, group: str, ids: list[str]) -> demo_groups.GroupCheck:
     """Every order applied once by ``group`` (and, for the ledger group, the ledger balances)."""
-    return ledger.check(rel.engine, ids, N_ACCOUNTS)
+    return demo_groups.check(rel.engine, group, ids, N_ACCOUNTS)
 
 
 def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print) -> KafkaDemoResult:
@@ -168,8 +165,8 @@ def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print
     sender = KafkaSender(broker.bootstrap, timeout_s=5.0)
     try:
         rel.create_schema()
-        ledger.reset(rel.engine, N_ACCOUNTS)
-        groups = _groups()
+        demo_groups.reset(rel.engine, N_ACCOUNTS)
+        groups = demo_groups.group_names(options.groups)
         policies = {g: RetryPolicy(delays_s=(0.5, 2.0), scope=g) for g in groups}
         topics = sorted({t for p in policies.values() for t in p.all_topics(TOPIC)})
         ensure_topics(broker.bootstrap, topics, partitions=PARTITIONS)
@@ -182,13 +179,13 @@ def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print
             t.start()
         _wait_assigned(threads, groups, options.timeout_s)
         orders = ledger.make_orders(f"k{options.seed}", options.messages, N_ACCOUNTS, options.seed)
-        producer = StubProducer(rel, sender, default_group=groups[0])
+        producer = StubProducer(rel, sender)
         faults = _schedule(options, len(orders))
         pace = PRODUCE_SPREAD_S / len(orders) if options.chaos else 0.0  # so the faults hit a live pipeline
         for i, order in enumerate(orders):
             if i in faults:
                 result.faults.append(faults[i](broker, threads, topics, say))
-            _publish(producer, order)
+            _publish(producer, order, groups)
             result.produced += 1
             if pace:
                 time.sleep(pace)
@@ -230,15 +227,15 @@ def _factory(
     rel: Reliability, bootstrap: str, group: str, worker: str, policy: RetryPolicy
 ) -> Callable[[], ChaosConsumer]:
     def make() -> ChaosConsumer:
-        handle = idempotent_consumer(rel, group=group)(ledger.make_business_handler(worker))
+        handle = idempotent_consumer(rel, group=group)(demo_groups.business_handler(group, worker))
         return ChaosConsumer(bootstrap, TOPIC, group, handle, retry=policy, config=FAST_GROUP, batch_size=50)
 
     return make
 
 
-def _publish(producer: StubProducer, order: ledger.Order) -> None:
-    """Stub and send one order (a failed send is logged by the producer; the sweeper sends it later)."""
-    producer.publish(order.order_id, TOPIC, order.to_body())
+def _publish(producer: StubProducer, order: ledger.Order, groups: list[str]) -> None:
+    """Stub and send one order for every group (a failed send is logged; the sweeper sends it later)."""
+    producer.publish(order.order_id, TOPIC, order.to_body(), groups=groups)
 
 
 Fault = Callable[[Tansu, list[ConsumerThread], list[str], Callable[[str], None]], str]
@@ -364,6 +361,7 @@ def run_from_args(args: Any) -> int:
     options = KafkaDemoOptions(
         messages=args.messages,
         consumers=args.consumers,
+        groups=getattr(args, "groups", demo_groups.DEFAULT_GROUPS),
         db=args.db,
         redis="" if args.redis == "none" else args.redis,  # "": database-only guard
         chaos=args.chaos,

@@ -53,12 +53,6 @@ def test_the_kafka_demo_applies_every_order_once_in_every_group(tmp_path: Path) 
     assert s["ledger_ok"] is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs issue #11's sweeper loss probe: after the Tansu restart the records acknowledged but "
-    "not yet "
-    "consumed sit above the group's old watermark, which new offsets never overtake",
-)
 def test_the_kafka_chaos_demo_keeps_the_promise(tmp_path: Path) -> None:
     code, s, err = run_kafka_demo(
         tmp_path, "--messages", "400", "--consumers", "3", "--chaos", "--seed", "5", "--timeout", "60"
