@@ -110,6 +110,14 @@ class ChaosConsumer(KafkaGuardedConsumer):
     drop_commits = False
     crash_before_commit = False
     crashed = False
+    #: a stalled consumer does not poll (a slow or stuck service): records pile up unconsumed
+    stalled = False
+
+    def poll_once(self) -> int:
+        if self.stalled:
+            time.sleep(self.poll_s)
+            return 0
+        return super().poll_once()
 
     def _commit_to_kafka(self, offsets: list[TopicPartition]) -> None:
         if self.crash_before_commit:
@@ -245,8 +253,14 @@ def _schedule(options: KafkaDemoOptions, n: int) -> dict[int, Fault]:
     if not options.chaos:
         return {}
     rng = random.Random(f"kafka-chaos:{options.seed}")
-    at = [int(n * (share + rng.uniform(-0.05, 0.05))) for share in (0.15, 0.4, 0.75)]
-    return {at[0]: _lose_commits, at[1]: _crash_consumer, at[2]: _restart_broker}
+    at = [int(n * (share + rng.uniform(-0.05, 0.05))) for share in (0.15, 0.4, 0.7)]
+    stalled = max(1, n // 30)  # orders the broker acknowledges and then loses before anyone consumed them
+    return {
+        at[0]: _lose_commits,
+        at[1]: _crash_consumer,
+        at[2]: _stall_consumers,
+        at[2] + stalled: _restart_broker,
+    }
 
 
 def _victim(threads: list[ConsumerThread]) -> ChaosConsumer | None:
@@ -295,12 +309,25 @@ def _crash_consumer(
     return "consumer crash"
 
 
-def _restart_broker(
+def _stall_consumers(
     broker: Tansu, threads: list[ConsumerThread], topics: list[str], say: Callable[[str], None]
 ) -> str:
     _wait_whole(threads)
+    for t in threads:
+        if t.consumer is not None:
+            t.consumer.stalled = True
+    say("chaos: every consumer stalls: the next orders are acknowledged by the broker but not consumed")
+    return "consumers stalled"
+
+
+def _restart_broker(
+    broker: Tansu, threads: list[ConsumerThread], topics: list[str], say: Callable[[str], None]
+) -> str:
     broker.restart()
     ensure_topics(broker.bootstrap, topics, partitions=PARTITIONS)
+    for t in threads:
+        if t.consumer is not None:
+            t.consumer.stalled = False
     say("chaos: Tansu restarted with memory storage: every record and committed offset is gone")
     return "broker restart (total loss)"
 
