@@ -447,7 +447,8 @@ def test_0003_moves_data_forward_and_back(
             ("d", "g1", "log"),
             ("d", "g1", "email"),
         }
-        after_up = {t: _rows(engine, t, skip=("id",)) for t in TABLES}
+        at_0003 = TABLES & set(inspect(engine).get_table_names())  # later revisions add more tables
+        after_up = {t: _rows(engine, t, skip=("id",)) for t in at_0003}
 
         downgrade(engine, "0002")
         assert _unordered(snapshot(engine)) == schema_0002
@@ -462,7 +463,7 @@ def test_0003_moves_data_forward_and_back(
         assert back["stub_notification"] == before["stub_notification"]
 
         upgrade(engine, "0003")
-        assert {t: _rows(engine, t, skip=("id",)) for t in TABLES} == after_up
+        assert {t: _rows(engine, t, skip=("id",)) for t in at_0003} == after_up
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
