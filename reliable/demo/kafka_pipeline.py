@@ -40,7 +40,7 @@ from reliable import StubProducer, idempotent_consumer
 from reliable.adapters.kafka import KafkaGuardedConsumer, KafkaSender, RetryPolicy, ensure_topics
 from reliable.demo import groups as demo_groups
 from reliable.demo import ledger
-from reliable.demo.errors import DemoError
+from reliable.demo.errors import DemoError, ServiceStartError
 from reliable.demo.tansu import FAST_GROUP, Tansu, tansu_binary
 from reliable.facade import Reliability
 from reliable.models import MessageLog
@@ -160,7 +160,11 @@ def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print
     started = time.monotonic()
     options.workdir.mkdir(parents=True, exist_ok=True)
     broker = Tansu(binary, options.workdir / "tansu.log")
-    broker.start()
+    try:
+        broker.start()
+    except RuntimeError as exc:
+        broker.stop()
+        raise ServiceStartError(f"Tansu did not start: {exc}") from None
     say(f"Tansu on {broker.bootstrap} (memory storage)")
     rel = Reliability(
         options.db or f"sqlite:///{options.workdir / 'kafka-demo.db'}",
