@@ -142,6 +142,9 @@ class ConsumerThread(threading.Thread):
             self.ready.set()
             self.consumer.run()
             self.consumer.close()
+            close = getattr(self.consumer.handler, "close", None)
+            if callable(close):  # the guard's write-behind journal rows (Redis-answered duplicates)
+                close()
         except BaseException as exc:  # reported by the demo's verdict, not swallowed
             self.error = exc
             self.ready.set()
@@ -203,18 +206,23 @@ def run_kafka_demo(options: KafkaDemoOptions, say: Callable[[str], None] = print
                 time.sleep(pace)
         say(f"produced {result.produced} orders; settling (sweeper rounds until every group has every order)")
         result.settled = _settle(rel, sender, groups, orders, options.timeout_s, result)
+        _stop_all(threads)  # before the verdict: a stopped consumer has written its journal
         _verdict(rel, groups, orders, result)
     finally:
-        for t in threads:
-            if t.consumer is not None:
-                t.consumer.stop()
-        for t in threads:
-            t.join(30)
+        _stop_all(threads)
         sender.close()
         broker.stop()
         rel.close()
     result.wall_time_s = time.monotonic() - started
     return result
+
+
+def _stop_all(threads: list[ConsumerThread]) -> None:
+    for t in threads:
+        if t.consumer is not None:
+            t.consumer.stop()
+    for t in threads:
+        t.join(30)
 
 
 def _wait_assigned(threads: list[ConsumerThread], groups: list[str], timeout_s: float) -> None:

@@ -118,6 +118,7 @@ class KafkaGuardedConsumer:
             )
         self.topic = topic
         self.group = group
+        self.handler = handler
         self.retry = retry or RetryPolicy()
         self.rel = rel
         self.db_offsets = db_offsets

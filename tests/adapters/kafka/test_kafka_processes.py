@@ -108,6 +108,9 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     )
     counts = effect_counts(rel.engine, group)
     assert counts == {i: 1 for i in ids}
+    assert survivor.poll() is None  # the survivor lived through it; a clean stop flushes its journal
+    os.kill(survivor.pid, signal.SIGTERM)
+    assert survivor.wait(20) == 0
     journal = journal_by_worker(rel)
     victim_tag, survivor_tag = f":{victim.pid}:", f":{survivor.pid}:"
     applied_by_victim = {m for m, o, w in journal if o == "SUCCESS" and victim_tag in w}
@@ -117,7 +120,6 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     assert len(applied_by_victim) >= 5
     assert duplicates, "the killed member's uncommitted records were not redelivered"
     assert all(survivor_tag in w and m in applied_by_victim for m, w in duplicates)
-    assert survivor.poll() is None
 
 
 def journal_by_worker(rel: Reliability) -> list[tuple[str, str, str]]:

@@ -71,6 +71,7 @@ def main() -> None:
 
     consumer.run(until=report)
     consumer.close()
+    handle.close()  # writes the journal rows the guard buffered (duplicates answered by Redis)
 
 
 if __name__ == "__main__":
