@@ -74,7 +74,7 @@ def served(store: Path) -> Iterator[str]:
 def ours(target: object, n: int, group: str) -> tuple[float, float]:
     """(produce msgs/s, consume msgs/s) with broker_sim's own client against ``target``."""
     from broker_sim import ConsumeStatus, Message, Producer, PushConsumer
-    from broker_sim.broker.api import ConsumeFromWhere
+    from broker_sim.common.requests import ConsumeFromWhere
 
     producer = Producer(target, f"{group}P")
     t0 = time.perf_counter()

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import Perm, QueueProgress
-from broker_sim.broker.constants import dlq_topic, retry_topic
-from broker_sim.broker.convert import to_client
-from broker_sim.broker.errors import BrokerResponseError, InvalidTopicError, TopicNotExistError
 from broker_sim.broker.topics import TopicConfig
-from broker_sim.client.message import MessageExt, MessageQueue, decode_offset_msg_id
+from broker_sim.common.constants import dlq_topic, retry_topic
+from broker_sim.common.convert import to_client
+from broker_sim.common.errors import BrokerResponseError, InvalidTopicError, TopicNotExistError
+from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id
+from broker_sim.common.requests import Perm, QueueProgress
 from broker_sim.store.results import GetMessageStatus
 
 if TYPE_CHECKING:

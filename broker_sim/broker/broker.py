@@ -1,12 +1,16 @@
 """The broker: request-level methods mirroring RocketMQ's processors, over one :class:`MessageStore`.
 
 ``Broker(store_dir, **config)`` → ``start()`` → requests → ``shutdown()`` (or ``crash()``). Each public
-request
-method corresponds to one remoting request (code in brackets in its docstring), takes and returns the types in
-:mod:`broker_sim.broker.api`, and raises :class:`~broker_sim.broker.errors.BrokerResponseError` subclasses
-carrying the wire response code, so the network server maps wire requests 1:1 onto these calls and the
-in-process client transport calls them directly. Broker → client requests go through the
-:class:`~broker_sim.broker.api.ClientChannel` each client registers with its heartbeat.
+request method corresponds to one remoting request (code in brackets in its docstring), takes and returns the
+types in :mod:`broker_sim.common.requests`, and raises :class:`~broker_sim.common.errors.BrokerResponseError`
+subclasses carrying the wire response code, so the network server maps wire requests 1:1 onto these calls and
+the in-process client transport calls them directly. Broker → client requests go through the
+:class:`~broker_sim.common.requests.ClientChannel` each client registers with its heartbeat.
+
+The request families live in services the broker owns (as RocketMQ's processors are): ``self.admin``
+(:class:`~broker_sim.broker.admin.AdminService`), ``self.send_back``
+(:class:`~broker_sim.broker.sendback.SendBackService`), ``self.pull_processor``, ``self.transactions``; the
+Broker's methods of the same names delegate to them, so its public surface is unchanged.
 
 Timers (offset persistence, delayed delivery, long-poll timeouts, channel expiry, transaction check-back) all
 run on ``self.scheduler`` over ``self.clock``; pass ``clock=ManualClock()`` to drive them from a test.
@@ -22,7 +26,32 @@ from pathlib import Path
 from typing import Any
 
 from broker_sim.broker.admin import AdminMixin
-from broker_sim.broker.api import (
+from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
+from broker_sim.broker.config import BrokerConfig, split_config
+from broker_sim.broker.locks import RebalanceLockManager
+from broker_sim.broker.offsets import ConsumerOffsetManager
+from broker_sim.broker.pull import PullCallback, PullMessageProcessor
+from broker_sim.broker.schedule import ScheduleMessageService
+from broker_sim.broker.sendback import SendBackMixin, raise_for_put
+from broker_sim.broker.topics import TopicConfig, TopicConfigManager
+from broker_sim.broker.transaction import TransactionService
+from broker_sim.clock import Clock
+from broker_sim.common.constants import (
+    dlq_topic,
+    is_retry_topic,
+    retry_topic,
+)
+from broker_sim.common.convert import parse_host
+from broker_sim.common.errors import (
+    BrokerResponseError,
+    MessageIllegalError,
+    NoPermissionError,
+    RequestTimeoutError,
+    ServiceNotAvailableError,
+    TopicNotExistError,
+)
+from broker_sim.common.message import MessageQueue, Prop, SysFlag
+from broker_sim.common.requests import (
     BatchEntry,
     BrokerData,
     ClientChannel,
@@ -38,32 +67,8 @@ from broker_sim.broker.api import (
     SendMessageResponse,
     TopicRouteData,
 )
-from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
-from broker_sim.broker.config import BrokerConfig, split_config
-from broker_sim.broker.constants import (
-    dlq_topic,
-    is_retry_topic,
-    retry_topic,
-)
-from broker_sim.broker.convert import parse_host
-from broker_sim.broker.errors import (
-    BrokerResponseError,
-    MessageIllegalError,
-    NoPermissionError,
-    ServiceNotAvailableError,
-    TopicNotExistError,
-)
-from broker_sim.broker.locks import RebalanceLockManager
-from broker_sim.broker.offsets import ConsumerOffsetManager
-from broker_sim.broker.pull import PullCallback, PullMessageProcessor
-from broker_sim.broker.schedule import ScheduleMessageService
-from broker_sim.broker.sendback import SendBackMixin, raise_for_put
-from broker_sim.broker.topics import TopicConfig, TopicConfigManager
-from broker_sim.broker.transaction import TransactionService
-from broker_sim.client.errors import RequestTimeoutError
-from broker_sim.client.message import MessageQueue, Prop, SysFlag
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.clock import Clock
+from broker_sim.common.scheduler import Scheduler
+from broker_sim.common.transport import BrokerTransport
 from broker_sim.faults import FaultInjector
 from broker_sim.store.message_record import MessageInner
 from broker_sim.store.message_store import MessageStore
@@ -103,6 +108,12 @@ class Broker(AdminMixin, SendBackMixin):
         self.transactions = TransactionService(self)
         self._state = "CREATED"
         self._state_lock = threading.Lock()
+
+    def client_transport(self) -> BrokerTransport:
+        """The in-process transport a client built on this Broker uses (``Producer(broker, "P")``)."""
+        from broker_sim.broker.in_process import InProcessTransport
+
+        return InProcessTransport(self)
 
     def __repr__(self) -> str:
         return f"Broker({str(self.store_dir)!r}, {self.config.broker_name})"

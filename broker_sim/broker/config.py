@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_sim.broker.errors import BrokerConfigError
 from broker_sim.clock import Clock, SystemClock
+from broker_sim.common.errors import BrokerConfigError
 from broker_sim.store.config import FlushDiskType, StoreConfig
 
 

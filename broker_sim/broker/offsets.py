@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from broker_sim.broker.json_file import read_json, write_json_atomic
+from broker_sim.common.json_file import read_json, write_json_atomic
 
 TOPIC_GROUP_SEPARATOR = "@"
 

@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import PullMessageRequest, PullMessageResponse, ResponseCode
-from broker_sim.broker.constants import parse_tag_expression
-from broker_sim.broker.errors import BrokerResponseError, NoPermissionError, TopicNotExistError
-from broker_sim.client.message import SysFlag
-from broker_sim.client.scheduler import Handle
+from broker_sim.common.constants import parse_tag_expression
+from broker_sim.common.errors import BrokerResponseError, NoPermissionError, TopicNotExistError
+from broker_sim.common.message import SysFlag
+from broker_sim.common.requests import PullMessageRequest, PullMessageResponse, ResponseCode
+from broker_sim.common.scheduler import Handle
 from broker_sim.store.message_record import tags_hash
 from broker_sim.store.results import DispatchRequest, GetMessageStatus
 
@@ -189,7 +189,7 @@ class PullMessageProcessor:
 
     def _finish(self, held: _Held, result: PullMessageResponse | BaseException | None) -> None:
         if result is None:
-            from broker_sim.broker.errors import ServiceNotAvailableError
+            from broker_sim.common.errors import ServiceNotAvailableError
 
             result = ServiceNotAvailableError("broker is shutting down")
         try:

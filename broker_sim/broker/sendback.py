@@ -7,15 +7,15 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import ConsumerSendMsgBackRequest, Perm
-from broker_sim.broker.constants import SendBackTarget, dlq_topic, retry_topic, send_back_decision
-from broker_sim.broker.errors import (
+from broker_sim.common.constants import SendBackTarget, dlq_topic, retry_topic, send_back_decision
+from broker_sim.common.errors import (
     BrokerResponseError,
     MessageIllegalError,
     ServiceNotAvailableError,
     SystemBusyError,
 )
-from broker_sim.client.message import Prop
+from broker_sim.common.message import Prop
+from broker_sim.common.requests import ConsumerSendMsgBackRequest, Perm
 from broker_sim.store.message_record import MessageInner
 from broker_sim.store.results import PutMessageResult, PutMessageStatus
 

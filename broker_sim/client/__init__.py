@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from broker_sim.client.message import (
+from broker_sim.common.message import (
     ConsumeOrderlyStatus,
     ConsumeStatus,
     LocalTransactionState,

@@ -15,7 +15,7 @@ import bisect
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 
-from broker_sim.client.message import MessageQueue
+from broker_sim.common.message import MessageQueue
 
 Allocator = Callable[[str, str, Sequence[MessageQueue], Sequence[str]], list[MessageQueue]]
 

@@ -9,11 +9,12 @@ import os
 import re
 import socket
 
-from broker_sim.broker.api import CheckTransactionStateRequest
-from broker_sim.client.errors import InvalidMessageError
-from broker_sim.client.message import Message, MessageExt
-from broker_sim.client.transport import BrokerTransport, InProcessTransport, transport_for
+from broker_sim.client.transport import transport_for
 from broker_sim.clock import Clock, SystemClock
+from broker_sim.common.errors import InvalidMessageError
+from broker_sim.common.message import Message, MessageExt
+from broker_sim.common.requests import CheckTransactionStateRequest
+from broker_sim.common.transport import BrokerTransport, ClockedTransport
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,7 @@ class ClientBase:
     def __init__(self, broker_or_address: object, *, clock: Clock | None, instance_name: str | None) -> None:
         self.transport: BrokerTransport = transport_for(broker_or_address)
         if clock is None:
-            clock = (
-                self.transport.broker.clock
-                if isinstance(self.transport, InProcessTransport)
-                else SystemClock()
-            )
+            clock = self.transport.clock if isinstance(self.transport, ClockedTransport) else SystemClock()
         self.clock: Clock = clock
         self.client_id = new_client_id(instance_name)
 

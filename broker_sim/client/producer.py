@@ -17,17 +17,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from broker_sim.broker.api import (
-    BatchEntry,
-    HeartbeatData,
-    ResponseCode,
-    SendMessageRequest,
-    SendMessageResponse,
-)
-from broker_sim.broker.errors import BrokerResponseError
 from broker_sim.client.client_base import ClientBase, check_group, check_message
-from broker_sim.client.errors import ClientStateError, InvalidMessageError, SendFailedError, TransportError
-from broker_sim.client.message import (
+from broker_sim.client.selectors import LatencyFaultTolerance, MessageQueueSelector, TopicPublishInfo
+from broker_sim.clock import Clock
+from broker_sim.common.errors import (
+    BrokerResponseError,
+    ClientStateError,
+    InvalidMessageError,
+    SendFailedError,
+    TransportError,
+)
+from broker_sim.common.message import (
     Message,
     MessageQueue,
     Prop,
@@ -36,9 +36,14 @@ from broker_sim.client.message import (
     SysFlag,
     new_uniq_key,
 )
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.client.selectors import LatencyFaultTolerance, MessageQueueSelector, TopicPublishInfo
-from broker_sim.clock import Clock
+from broker_sim.common.requests import (
+    BatchEntry,
+    HeartbeatData,
+    ResponseCode,
+    SendMessageRequest,
+    SendMessageResponse,
+)
+from broker_sim.common.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,14 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 
-from broker_sim.broker.api import (
+from broker_sim.client.client_base import ClientBase, check_group
+from broker_sim.client.consume_service import send_back_request
+from broker_sim.client.offset_store import ReadOffsetType, RemoteBrokerOffsetStore
+from broker_sim.clock import Clock
+from broker_sim.common.constants import parse_tag_expression
+from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
+from broker_sim.common.message import MessageExt, MessageQueue, SysFlag
+from broker_sim.common.requests import (
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,
@@ -22,15 +29,7 @@ from broker_sim.broker.api import (
     PullStatus,
     SubscriptionData,
 )
-from broker_sim.broker.constants import parse_tag_expression
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.client.client_base import ClientBase, check_group
-from broker_sim.client.consume_service import send_back_request
-from broker_sim.client.errors import ClientStateError, TransportError
-from broker_sim.client.message import MessageExt, MessageQueue, SysFlag
-from broker_sim.client.offset_store import ReadOffsetType, RemoteBrokerOffsetStore
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.clock import Clock
+from broker_sim.common.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

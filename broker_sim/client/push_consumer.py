@@ -15,7 +15,28 @@ import queue
 import threading
 from pathlib import Path
 
-from broker_sim.broker.api import (
+from broker_sim.client.allocate import Allocator, average
+from broker_sim.client.client_base import ClientBase, check_group
+from broker_sim.client.consume_service import (
+    ConcurrentConsumeService,
+    MessageListener,
+    OrderlyConsumeService,
+    OrderlyListener,
+    try_send_back,
+)
+from broker_sim.client.offset_store import (
+    LocalFileOffsetStore,
+    OffsetStore,
+    ReadOffsetType,
+    RemoteBrokerOffsetStore,
+)
+from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.client.rebalance import PullRequest, RebalanceMixin
+from broker_sim.clock import Clock
+from broker_sim.common.constants import parse_tag_expression, retry_topic
+from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
+from broker_sim.common.message import MessageExt, MessageQueue, SysFlag
+from broker_sim.common.requests import (
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,
@@ -26,29 +47,7 @@ from broker_sim.broker.api import (
     PullStatus,
     SubscriptionData,
 )
-from broker_sim.broker.constants import parse_tag_expression, retry_topic
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.client.allocate import Allocator, average
-from broker_sim.client.client_base import ClientBase, check_group
-from broker_sim.client.consume_service import (
-    ConcurrentConsumeService,
-    MessageListener,
-    OrderlyConsumeService,
-    OrderlyListener,
-    try_send_back,
-)
-from broker_sim.client.errors import ClientStateError, TransportError
-from broker_sim.client.message import MessageExt, MessageQueue, SysFlag
-from broker_sim.client.offset_store import (
-    LocalFileOffsetStore,
-    OffsetStore,
-    ReadOffsetType,
-    RemoteBrokerOffsetStore,
-)
-from broker_sim.client.process_queue import ProcessQueue
-from broker_sim.client.rebalance import PullRequest, RebalanceMixin
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.clock import Clock
+from broker_sim.common.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 

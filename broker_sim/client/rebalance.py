@@ -16,20 +16,19 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import ConsumeFromWhere, MessageModel, Perm
-from broker_sim.broker.constants import is_retry_topic
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.client.errors import TransportError
-from broker_sim.client.message import MessageQueue
 from broker_sim.client.offset_store import ReadOffsetType
 from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.common.constants import is_retry_topic
+from broker_sim.common.errors import BrokerResponseError, TransportError
+from broker_sim.common.message import MessageQueue
+from broker_sim.common.requests import ConsumeFromWhere, MessageModel, Perm
 
 if TYPE_CHECKING:
-    from broker_sim.broker.api import SubscriptionData
     from broker_sim.client.allocate import Allocator
     from broker_sim.client.offset_store import OffsetStore
-    from broker_sim.client.transport import BrokerTransport
     from broker_sim.clock import Clock
+    from broker_sim.common.requests import SubscriptionData
+    from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger("broker_sim.client.push_consumer")
 

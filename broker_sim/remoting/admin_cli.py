@@ -11,9 +11,9 @@ import json
 import time
 from typing import Any
 
-from broker_sim.broker.api import QueueProgress, ResponseCode
-from broker_sim.broker.errors import error_for_code
-from broker_sim.client.message import MessageExt, MessageQueue
+from broker_sim.common.errors import error_for_code
+from broker_sim.common.message import MessageExt, MessageQueue
+from broker_sim.common.requests import QueueProgress, ResponseCode
 from broker_sim.remoting import bodies
 from broker_sim.remoting.admin_handlers import READ_QUEUE
 from broker_sim.remoting.client_transport import RemotingTransport

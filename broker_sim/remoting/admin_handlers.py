@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from broker_sim.broker.api import QueueProgress
-from broker_sim.client.message import MessageExt
+from broker_sim.common.message import MessageExt
+from broker_sim.common.requests import QueueProgress
 from broker_sim.remoting import bodies
 from broker_sim.remoting.broker_server import encode_message_ext
 from broker_sim.remoting.codes import RequestCode, ResponseCode

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
 
-from broker_sim.broker.api import (
+from broker_sim.common.message import MessageQueue, properties_to_string, string_to_properties
+from broker_sim.common.requests import (
     BatchEntry,
     BrokerData,
     ConsumeFromWhere,
@@ -25,7 +26,6 @@ from broker_sim.broker.api import (
     SubscriptionData,
     TopicRouteData,
 )
-from broker_sim.client.message import MessageQueue, properties_to_string, string_to_properties
 from broker_sim.remoting.errors import HeaderFieldError
 
 E = TypeVar("E", bound=IntEnum)

@@ -1,5 +1,5 @@
 """Broker request handlers: each wire request becomes one call on the Broker's request-level API
-(:mod:`broker_sim.broker.api`), and its result becomes a reply the real C++ client accepts.
+(:mod:`broker_sim.common.requests`), and its result becomes a reply the real C++ client accepts.
 
 The C++ client is the strictest peer, so replies follow the rules of reference §A: every reply field is a
 string (G2), successful SEND/PULL/offset replies always carry fields (G3), a SUCCESS pull never has an empty
@@ -12,7 +12,14 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from broker_sim.broker.api import (
+from broker_sim.common.message import (
+    MessageExt,
+    MessageQueue,
+    encode_offset_msg_id,
+    properties_to_string,
+    string_to_properties,
+)
+from broker_sim.common.requests import (
     BatchEntry,
     CheckTransactionStateRequest,
     ClientChannel,
@@ -25,13 +32,6 @@ from broker_sim.broker.api import (
     SendMessageResponse,
     TopicRouteData,
     TransactionType,
-)
-from broker_sim.client.message import (
-    MessageExt,
-    MessageQueue,
-    encode_offset_msg_id,
-    properties_to_string,
-    string_to_properties,
 )
 from broker_sim.faults import SendAckLost
 from broker_sim.remoting import bodies

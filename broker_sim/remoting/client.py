@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker_sim.client.errors import RequestTimeoutError, TransportError
+from broker_sim.common.errors import RequestTimeoutError, TransportError
 from broker_sim.remoting.errors import FrameError
 from broker_sim.remoting.frame import (
     MAX_FRAME_BYTES,

@@ -15,7 +15,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from broker_sim.broker.api import (
+from broker_sim.common.errors import TransportError, error_for_code
+from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
+from broker_sim.common.requests import (
     BatchEntry,
     CheckTransactionStateRequest,
     ClientChannel,
@@ -29,10 +31,7 @@ from broker_sim.broker.api import (
     SendMessageResponse,
     TopicRouteData,
 )
-from broker_sim.broker.errors import error_for_code
-from broker_sim.client.errors import TransportError
-from broker_sim.client.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
-from broker_sim.client.transport import PullCallback
+from broker_sim.common.transport import PullCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
 from broker_sim.remoting.client import RemotingConnection
@@ -473,6 +472,6 @@ class RemotingTransport:
 
 
 if TYPE_CHECKING:  # mypy proves the TCP transport satisfies the client's transport protocol
-    from broker_sim.client.transport import BrokerTransport
+    from broker_sim.common.transport import BrokerTransport
 
     _conforms: type[BrokerTransport] = RemotingTransport

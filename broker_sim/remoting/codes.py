@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import IntEnum, IntFlag
 
-from broker_sim.broker.api import ResponseCode as ResponseCode
+from broker_sim.common.requests import ResponseCode as ResponseCode
 
 
 class RequestCode(IntEnum):

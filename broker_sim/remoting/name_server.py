@@ -53,7 +53,7 @@ class BrokerTopics:
         self.broker = broker
 
     def queue_data(self, topic: str) -> QueueData | None:
-        from broker_sim.broker.errors import TopicNotExistError
+        from broker_sim.common.errors import TopicNotExistError
 
         try:
             route = self.broker.get_route_info_by_topic(topic)

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker_sim.broker.errors import BrokerResponseError
+from broker_sim.common.errors import BrokerResponseError
 from broker_sim.remoting.codes import ResponseCode, code_name
 from broker_sim.remoting.errors import AclError, FrameError, HeaderFieldError
 from broker_sim.remoting.frame import (

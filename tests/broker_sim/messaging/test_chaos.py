@@ -9,7 +9,7 @@ import threading
 from collections import Counter
 
 from broker_sim import Broker, ConsumeStatus, Message, MessageExt, Producer, PushConsumer
-from broker_sim.client.errors import SendFailedError
+from broker_sim.common.errors import SendFailedError
 from broker_sim.faults import FaultInjector, FaultKind
 
 from .conftest import wait_until

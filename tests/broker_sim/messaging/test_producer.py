@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from broker_sim import Broker, Message, Producer, SendStatus
-from broker_sim.broker.api import BrokerData, QueueData, TopicRouteData
-from broker_sim.broker.errors import BrokerConfigError
-from broker_sim.client.errors import InvalidMessageError, SendFailedError
-from broker_sim.client.message import Prop
 from broker_sim.client.selectors import LatencyFaultTolerance, TopicPublishInfo, select_by_hash
 from broker_sim.clock import ManualClock
+from broker_sim.common.errors import BrokerConfigError, InvalidMessageError, SendFailedError
+from broker_sim.common.message import Prop
+from broker_sim.common.requests import BrokerData, QueueData, TopicRouteData
 from broker_sim.faults import FaultKind
 
 from .conftest import SMALL_STORE
@@ -131,7 +130,7 @@ def test_latency_fault_tolerance_avoids_slow_brokers() -> None:
 
 
 def test_hash_selector_is_stable() -> None:
-    from broker_sim.client.message import MessageQueue
+    from broker_sim.common.message import MessageQueue
 
     mqs = [MessageQueue("T", "a", i) for i in range(4)]
     assert select_by_hash(mqs, Message("T", b"x"), "key-1") == select_by_hash(

@@ -15,8 +15,8 @@ from broker_sim import (
     PullConsumer,
     PushConsumer,
 )
-from broker_sim.broker.constants import parse_delay_levels
-from broker_sim.client.message import Prop
+from broker_sim.common.constants import parse_delay_levels
+from broker_sim.common.message import Prop
 
 from .conftest import wait_until
 

@@ -80,8 +80,8 @@ def test_admin_commands(serve: ServerFactory, capsys: pytest.CaptureFixture[str]
     )
 
     # a message sent back with max_reconsume_times=0 goes straight to the DLQ
-    from broker_sim.broker.api import ConsumerSendMsgBackRequest
-    from broker_sim.client.message import decode_offset_msg_id
+    from broker_sim.common.message import decode_offset_msg_id
+    from broker_sim.common.requests import ConsumerSendMsgBackRequest
 
     srv.broker.consumer_send_msg_back(
         ConsumerSendMsgBackRequest("CG", decode_offset_msg_id(sent[1].offset_msg_id)[1])

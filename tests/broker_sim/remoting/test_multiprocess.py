@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from broker_sim import PullConsumer
-from broker_sim.broker.api import PullStatus
+from broker_sim.common.requests import PullStatus
 from tests.broker_sim.remoting.conftest import wait_until
 
 WORKER = Path(__file__).with_name("mp_worker.py")
