@@ -6,6 +6,7 @@ These read the store directly and ignore topic permissions (an operator may look
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker_sim.broker.topics import TopicConfig
@@ -24,15 +25,24 @@ if TYPE_CHECKING:
     from broker_sim.store.message_store import MessageStore
 
 
-class AdminMixin:
-    if TYPE_CHECKING:
-        store: MessageStore
-        topics: TopicConfigManager
-        offsets: ConsumerOffsetManager
-        consumers: ConsumerManager
-        config: BrokerConfig
+class AdminService:
+    """The broker's admin requests; the Broker owns one (``broker.admin``) and exposes its methods."""
 
-        def check_running(self) -> None: ...
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicConfigManager,
+        offsets: ConsumerOffsetManager,
+        consumers: ConsumerManager,
+        config: BrokerConfig,
+        check_running: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.consumers = consumers
+        self.config = config
+        self.check_running = check_running
 
     # -- topics ---------------------------------------------------------------------------------------------
 

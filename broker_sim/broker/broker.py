@@ -25,14 +25,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from broker_sim.broker.admin import AdminMixin
+from broker_sim.broker.admin import AdminService
 from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
 from broker_sim.broker.config import BrokerConfig, split_config
 from broker_sim.broker.locks import RebalanceLockManager
 from broker_sim.broker.offsets import ConsumerOffsetManager
 from broker_sim.broker.pull import PullCallback, PullMessageProcessor
 from broker_sim.broker.schedule import ScheduleMessageService
-from broker_sim.broker.sendback import SendBackMixin, raise_for_put
+from broker_sim.broker.sendback import SendBackService, raise_for_put
 from broker_sim.broker.topics import TopicConfig, TopicConfigManager
 from broker_sim.broker.transaction import TransactionService
 from broker_sim.clock import Clock
@@ -77,7 +77,7 @@ from broker_sim.store.results import DispatchRequest, PutMessageStatus
 log = logging.getLogger("broker_sim.broker")
 
 
-class Broker(AdminMixin, SendBackMixin):
+class Broker:
     def __init__(self, store_dir: str | Path, **config: Any) -> None:
         self.store_dir = Path(store_dir)
         self.config: BrokerConfig
@@ -106,6 +106,24 @@ class Broker(AdminMixin, SendBackMixin):
         self.pull_processor = PullMessageProcessor(self)
         self.schedule_service: ScheduleMessageService | None = None
         self.transactions = TransactionService(self)
+        self.admin = AdminService(
+            self.store, self.topics, self.offsets, self.consumers, self.config, self.check_running
+        )
+        self.send_back = SendBackService(self.store, self.topics, self.groups, self.check_running)
+        # Public request methods served by the composed services, under the names they always had.
+        self.consumer_send_msg_back = self.send_back.consumer_send_msg_back
+        a = self.admin
+        self.create_topic = a.create_topic
+        self.delete_topic = a.delete_topic
+        self.topic_list = a.topic_list
+        self.consumer_progress = a.consumer_progress
+        self.view_message_by_id = a.view_message_by_id
+        self.view_message_by_offset = a.view_message_by_offset
+        self.query_message_by_key = a.query_message_by_key
+        self.messages = a.messages
+        self.retry_messages = a.retry_messages
+        self.dlq_messages = a.dlq_messages
+        self.persist_all = a.persist_all
         self._state = "CREATED"
         self._state_lock = threading.Lock()
 

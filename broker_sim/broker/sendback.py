@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker_sim.common.constants import SendBackTarget, dlq_topic, retry_topic, send_back_decision
@@ -40,13 +41,20 @@ def raise_for_put(result: PutMessageResult) -> None:
     raise BrokerResponseError(f"put message failed: {status.value} {result.remark}")
 
 
-class SendBackMixin:
-    if TYPE_CHECKING:
-        store: MessageStore
-        topics: TopicConfigManager
-        groups: SubscriptionGroupManager
+class SendBackService:
+    """CONSUMER_SEND_MSG_BACK; the Broker owns one (``broker.send_back``)."""
 
-        def check_running(self) -> None: ...
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicConfigManager,
+        groups: SubscriptionGroupManager,
+        check_running: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.check_running = check_running
 
     def consumer_send_msg_back(self, req: ConsumerSendMsgBackRequest) -> None:
         """CONSUMER_SEND_MSG_BACK (36): store a copy of the failed message on ``%RETRY%{group}`` at delay

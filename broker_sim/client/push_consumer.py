@@ -31,7 +31,7 @@ from broker_sim.client.offset_store import (
     RemoteBrokerOffsetStore,
 )
 from broker_sim.client.process_queue import ProcessQueue
-from broker_sim.client.rebalance import PullRequest, RebalanceMixin
+from broker_sim.client.rebalance import PullRequest, Rebalancer
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression, retry_topic
 from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
@@ -52,7 +52,7 @@ from broker_sim.common.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 
-class PushConsumer(ClientBase, RebalanceMixin):
+class PushConsumer(ClientBase):
     """``PushConsumer(broker_or_address, group).subscribe(topic, "*", listener); consumer.start()``."""
 
     def __init__(
@@ -117,9 +117,8 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._listener: MessageListener | None = None
         self._orderly_listener: OrderlyListener | None = None
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
-        self._pq_lock = threading.RLock()
-        self._rebalance_lock = threading.Lock()
-        self._pull_queue: queue.Queue[PullRequest | None] = queue.Queue()
+        self.pq_lock = threading.RLock()
+        self.pull_queue: queue.Queue[PullRequest | None] = queue.Queue()
         self.offset_store: OffsetStore = (
             RemoteBrokerOffsetStore(self.transport, group)
             if message_model is MessageModel.CLUSTERING
@@ -130,11 +129,19 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self.stopped = False
         self._state = "CREATED"
         self.flow_control_times = 0
-        self.rebalance_count = 0
+        self.rebalancer = Rebalancer(self)
         self._pull_thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"PushConsumer({self.group!r}, {self.client_id!r})"
+
+    def rebalance_now(self) -> None:
+        """Recompute this client's queues now (also runs at start, every 20 s and on membership change)."""
+        self.rebalancer.rebalance_now()
+
+    @property
+    def rebalance_count(self) -> int:
+        return self.rebalancer.rebalance_count
 
     @property
     def orderly(self) -> bool:
@@ -186,10 +193,13 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._pull_thread = threading.Thread(target=self._pull_loop, name=f"pull-{self.group}", daemon=True)
         self._pull_thread.start()
         self.send_heartbeat()
-        self.rebalance_now()
+        self.rebalancer.rebalance_now()
         s = self.scheduler
         s.schedule_periodic(
-            self.rebalance_interval_ms, self.rebalance_interval_ms, self.rebalance_now, name="rebalance"
+            self.rebalance_interval_ms,
+            self.rebalance_interval_ms,
+            self.rebalancer.rebalance_now,
+            name="rebalance",
         )
         s.schedule_periodic(
             self.heartbeat_interval_ms, self.heartbeat_interval_ms, self.send_heartbeat, name="heartbeat"
@@ -216,10 +226,10 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._state = "SHUTDOWN"
         self.stopped = True
         self.scheduler.shutdown()
-        self._pull_queue.put(None)
+        self.pull_queue.put(None)
         assert self.consume_service is not None
         self.consume_service.shutdown(wait=True)
-        with self._pq_lock:
+        with self.pq_lock:
             mqs = list(self.process_queues)
             for pq in self.process_queues.values():
                 pq.dropped = True
@@ -241,8 +251,8 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._state = "KILLED"
         self.stopped = True
         self.scheduler.shutdown(wait=False)
-        self._pull_queue.put(None)
-        with self._pq_lock:
+        self.pull_queue.put(None)
+        with self.pq_lock:
             for pq in self.process_queues.values():
                 pq.dropped = True
         if self.consume_service is not None:
@@ -253,7 +263,7 @@ class PushConsumer(ClientBase, RebalanceMixin):
 
     def notify_consumer_ids_changed(self, consumer_group: str) -> None:
         if consumer_group == self.group and not self.stopped:
-            self.scheduler.schedule(0, self.rebalance_now, name="rebalance-on-notify")
+            self.scheduler.schedule(0, self.rebalancer.rebalance_now, name="rebalance-on-notify")
 
     # -- heartbeat, offsets, locks --------------------------------------------------------------------------
 
@@ -277,12 +287,12 @@ class PushConsumer(ClientBase, RebalanceMixin):
     def persist_offsets(self) -> None:
         if self.stopped:
             return
-        with self._pq_lock:
+        with self.pq_lock:
             mqs = list(self.process_queues)
         self.offset_store.persist_all(mqs)
 
     def lock_all(self) -> None:
-        with self._pq_lock:
+        with self.pq_lock:
             mqs = set(self.process_queues)
         if not mqs or self.stopped:
             return
@@ -292,7 +302,7 @@ class PushConsumer(ClientBase, RebalanceMixin):
             log.warning("%s: lock batch failed: %s", self.group, exc)
             return
         now = self.clock.now_ms()
-        with self._pq_lock:
+        with self.pq_lock:
             for mq, pq in self.process_queues.items():
                 if mq in locked:
                     if not pq.locked:
@@ -307,7 +317,7 @@ class PushConsumer(ClientBase, RebalanceMixin):
         except (TransportError, BrokerResponseError) as exc:
             log.warning("%s: lock %s failed: %s", self.group, mq, exc)
             return False
-        with self._pq_lock:
+        with self.pq_lock:
             pq = self.process_queues.get(mq)
             if pq is not None and locked:
                 pq.locked, pq.last_lock_ms = True, self.clock.now_ms()
@@ -331,24 +341,24 @@ class PushConsumer(ClientBase, RebalanceMixin):
         svc = self.consume_service
         if not isinstance(svc, ConcurrentConsumeService):
             return
-        with self._pq_lock:
+        with self.pq_lock:
             items = list(self.process_queues.items())
         for mq, pq in items:
             svc.clean_expired(pq, mq)
 
     def assigned_queues(self) -> list[MessageQueue]:
-        with self._pq_lock:
+        with self.pq_lock:
             return sorted(self.process_queues)
 
     # -- pulling --------------------------------------------------------------------------------------------
 
     def _pull_later(self, pr: PullRequest, delay_ms: int) -> None:
         if not self.stopped:
-            self.scheduler.schedule(delay_ms, lambda: self._pull_queue.put(pr), name="pull-later")
+            self.scheduler.schedule(delay_ms, lambda: self.pull_queue.put(pr), name="pull-later")
 
     def _pull_loop(self) -> None:
         while True:
-            pr = self._pull_queue.get()
+            pr = self.pull_queue.get()
             if pr is None or self.stopped:
                 return
             try:
@@ -440,4 +450,4 @@ class PushConsumer(ClientBase, RebalanceMixin):
             log.warning("%s: offset of %s illegal, moving to %d", self.group, pr.mq, pr.next_offset)
             self.offset_store.update_offset(pr.mq, pr.next_offset, False)
             self.offset_store.persist(pr.mq)
-        self._pull_queue.put(pr)
+        self.pull_queue.put(pr)

@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker_sim.client.offset_store import ReadOffsetType
 from broker_sim.client.process_queue import ProcessQueue
@@ -41,42 +41,50 @@ class PullRequest:
     locked_first: bool = False
 
 
-class RebalanceMixin:
-    if TYPE_CHECKING:
-        group: str
-        client_id: str
-        transport: BrokerTransport
-        clock: Clock
-        stopped: bool
-        message_model: MessageModel
-        consume_from_where: ConsumeFromWhere
-        consume_timestamp_ms: int | None
-        allocate: Allocator
-        subscriptions: dict[str, SubscriptionData]
-        process_queues: dict[MessageQueue, ProcessQueue]
-        offset_store: OffsetStore
-        rebalance_count: int
-        _pq_lock: threading.RLock
-        _rebalance_lock: threading.Lock
-        _pull_queue: queue.Queue[PullRequest | None]
+class RebalanceHost(Protocol):
+    """What the rebalancer reads and changes on the push consumer that owns it."""
 
-        @property
-        def orderly(self) -> bool: ...
+    group: str
+    client_id: str
+    transport: BrokerTransport
+    clock: Clock
+    stopped: bool
+    message_model: MessageModel
+    consume_from_where: ConsumeFromWhere
+    consume_timestamp_ms: int | None
+    allocate: Allocator
+    subscriptions: dict[str, SubscriptionData]
+    process_queues: dict[MessageQueue, ProcessQueue]
+    offset_store: OffsetStore
+    pq_lock: threading.RLock
+    pull_queue: queue.Queue[PullRequest | None]
+
+    @property
+    def orderly(self) -> bool: ...
+
+
+class Rebalancer:
+    """The push consumer's rebalance service (``consumer.rebalancer``), over the consumer's queues."""
+
+    def __init__(self, host: RebalanceHost) -> None:
+        self.host = host
+        self.rebalance_count = 0
+        self._lock = threading.Lock()
 
     def rebalance_now(self) -> None:
         """Recompute this client's queues now (also runs at start, every 20 s and on membership change)."""
-        if self.stopped:
+        if self.host.stopped:
             return
-        with self._rebalance_lock:
+        with self._lock:
             self.rebalance_count += 1
-            for topic in list(self.subscriptions):
+            for topic in list(self.host.subscriptions):
                 try:
                     self._rebalance_topic(topic)
                 except (TransportError, BrokerResponseError) as exc:
-                    log.warning("%s: rebalance of %s failed: %s", self.group, topic, exc)
+                    log.warning("%s: rebalance of %s failed: %s", self.host.group, topic, exc)
 
     def _topic_queues(self, topic: str) -> list[MessageQueue]:
-        route = self.transport.get_route(topic)
+        route = self.host.transport.get_route(topic)
         out: list[MessageQueue] = []
         for qd in route.queue_datas:
             if qd.perm & Perm.READ:
@@ -85,84 +93,88 @@ class RebalanceMixin:
 
     def _rebalance_topic(self, topic: str) -> None:
         mqs = self._topic_queues(topic)
-        if self.message_model is MessageModel.BROADCASTING:
+        if self.host.message_model is MessageModel.BROADCASTING:
             wanted = mqs
         else:
-            cids = self.transport.get_consumer_list(self.group)
+            cids = self.host.transport.get_consumer_list(self.host.group)
             if not cids:
-                log.warning("%s: no consumer ids from the broker for %s", self.group, topic)
+                log.warning("%s: no consumer ids from the broker for %s", self.host.group, topic)
                 return
-            wanted = self.allocate(self.group, self.client_id, mqs, cids)
+            wanted = self.host.allocate(self.host.group, self.host.client_id, mqs, cids)
         self._update_process_queues(topic, set(wanted))
 
     def _update_process_queues(self, topic: str, wanted: set[MessageQueue]) -> None:
         new_requests: list[PullRequest] = []
-        with self._pq_lock:
-            for mq in [m for m in self.process_queues if m.topic == topic and m not in wanted]:
-                pq = self.process_queues.pop(mq)
+        with self.host.pq_lock:
+            for mq in [m for m in self.host.process_queues if m.topic == topic and m not in wanted]:
+                pq = self.host.process_queues.pop(mq)
                 pq.dropped = True
                 self._remove_unnecessary(mq, pq)
-                log.info("%s: %s dropped from %s by rebalance", self.group, mq, self.client_id)
-            for mq in sorted(wanted - set(self.process_queues)):
+                log.info("%s: %s dropped from %s by rebalance", self.host.group, mq, self.host.client_id)
+            for mq in sorted(wanted - set(self.host.process_queues)):
                 if (
-                    self.orderly
-                    and self.message_model is MessageModel.CLUSTERING
+                    self.host.orderly
+                    and self.host.message_model is MessageModel.CLUSTERING
                     and not self._lock_one_new(mq)
                 ):
                     continue
-                self.offset_store.remove_offset(mq)
+                self.host.offset_store.remove_offset(mq)
                 offset = self.compute_pull_from_where(mq)
                 if offset < 0:
-                    log.warning("%s: no start offset for %s; will retry at next rebalance", self.group, mq)
+                    log.warning(
+                        "%s: no start offset for %s; will retry at next rebalance", self.host.group, mq
+                    )
                     continue
                 pq = ProcessQueue()
-                if self.orderly and self.message_model is MessageModel.CLUSTERING:
-                    pq.locked, pq.last_lock_ms = True, self.clock.now_ms()
-                self.process_queues[mq] = pq
+                if self.host.orderly and self.host.message_model is MessageModel.CLUSTERING:
+                    pq.locked, pq.last_lock_ms = True, self.host.clock.now_ms()
+                self.host.process_queues[mq] = pq
                 new_requests.append(PullRequest(mq, pq, offset, locked_first=True))
-                log.info("%s: %s assigned to %s from offset %d", self.group, mq, self.client_id, offset)
+                log.info(
+                    "%s: %s assigned to %s from offset %d", self.host.group, mq, self.host.client_id, offset
+                )
         for pr in new_requests:
-            self._pull_queue.put(pr)
+            self.host.pull_queue.put(pr)
 
     def _lock_one_new(self, mq: MessageQueue) -> bool:
         try:
-            return mq in self.transport.lock_batch_mq(self.group, self.client_id, {mq})
+            return mq in self.host.transport.lock_batch_mq(self.host.group, self.host.client_id, {mq})
         except (TransportError, BrokerResponseError):
             return False
 
     def _remove_unnecessary(self, mq: MessageQueue, pq: ProcessQueue) -> None:
-        self.offset_store.persist(mq)
-        self.offset_store.remove_offset(mq)
+        self.host.offset_store.persist(mq)
+        self.host.offset_store.remove_offset(mq)
         # Orderly: unlock only when no listener of this queue runs; otherwise the lock expires on the broker.
         if (
-            self.orderly
-            and self.message_model is MessageModel.CLUSTERING
+            self.host.orderly
+            and self.host.message_model is MessageModel.CLUSTERING
             and pq.consume_lock.acquire(timeout=1.0)
         ):
             try:
-                self.transport.unlock_batch_mq(self.group, self.client_id, {mq})
+                self.host.transport.unlock_batch_mq(self.host.group, self.host.client_id, {mq})
             finally:
                 pq.consume_lock.release()
 
     def compute_pull_from_where(self, mq: MessageQueue) -> int:
         """The committed offset, or for a new group the CONSUME_FROM_* policy; -1 if it cannot be known."""
-        last = self.offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
+        last = self.host.offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
         if last >= 0:
             return last
         if last != -1:
             return -1
-        cfw = self.consume_from_where
+        cfw = self.host.consume_from_where
         try:
             if is_retry_topic(mq.topic) or cfw is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
                 return 0
             if cfw is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
                 ts = (
-                    self.consume_timestamp_ms
-                    if self.consume_timestamp_ms is not None
-                    else self.clock.now_ms() - 1_800_000
+                    self.host.consume_timestamp_ms
+                    if self.host.consume_timestamp_ms is not None
+                    else self.host.clock.now_ms() - 1_800_000
                 )
-                return self.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, ts)
-            return self.transport.get_max_offset(mq.topic, mq.queue_id)
+                return self.host.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, ts)
+            return self.host.transport.get_max_offset(mq.topic, mq.queue_id)
         except (TransportError, BrokerResponseError) as exc:
-            log.warning("%s: start offset of %s unknown: %s", self.group, mq, exc)
+            log.warning("%s: start offset of %s unknown: %s", self.host.group, mq, exc)
             return -1

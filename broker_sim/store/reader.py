@@ -1,11 +1,11 @@
 """The read side of :class:`~broker_sim.store.message_store.MessageStore`: get by queue offset (with
 RocketMQ's statuses and next-offset rules), get by physical offset, query by key, and the offset/time
-lookups. A mixin, so the facade keeps one public class while each module stays small."""
+lookups. An object the :class:`MessageStore` owns (``store.reader``); the store exposes its methods under the
+same names, so the facade keeps one public surface while each module stays small."""
 
 from __future__ import annotations
 
-import threading
-from pathlib import Path
+from collections.abc import Callable
 
 from broker_sim.store.commit_log import CommitLog
 from broker_sim.store.config import StoreConfig
@@ -25,19 +25,26 @@ _MAX_TS = 2**63 - 1
 
 
 class StoreReader:
-    """Needs the attributes below from the class it is mixed into."""
+    """Reads over the store's commit log, consume queues (the store's own dict, filled as queues appear) and
+    index; ``is_running`` tells whether the store is open."""
 
-    store_dir: Path
-    config: StoreConfig
-    commit_log: CommitLog
-    index: IndexService | None
-    _cqs: dict[tuple[str, int], ConsumeQueue]
-    _cq_lock: threading.Lock
-    _running: bool
+    def __init__(
+        self,
+        config: StoreConfig,
+        commit_log: CommitLog,
+        index: IndexService | None,
+        cqs: dict[tuple[str, int], ConsumeQueue],
+        is_running: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.commit_log = commit_log
+        self.index = index
+        self._cqs = cqs
+        self._is_running = is_running
 
     # ================================================================================== get
     def _require_running(self) -> None:
-        if not self._running:
+        if not self._is_running():
             raise StoreNotRunningError("message store is not running")
 
     def get_message(
@@ -52,7 +59,7 @@ class StoreReader:
         """Read up to ``max_msg_nums`` messages of topic/queue from queue ``offset`` (RocketMQ's getMessage:
         same statuses, same ``next_begin_offset`` rules, same 256 KiB / 32-message batch cap). ``group`` is
         accepted for parity and logging; offsets are the messaging layer's business."""
-        if not self._running:
+        if not self._is_running():
             raise StoreNotRunningError("message store is not running")
         cq = self._cqs.get((topic, queue_id))
         hi = 0 if cq is None else cq.max_offset
@@ -189,14 +196,6 @@ class StoreReader:
     def _store_time(self, phys: int, size: int) -> int | None:
         raw = self.commit_log.record_at(phys, size)
         return None if raw is None else int.from_bytes(raw[56:64], "big", signed=True)
-
-    @property
-    def max_phy_offset(self) -> int:
-        return self.commit_log.max_offset
-
-    @property
-    def min_phy_offset(self) -> int:
-        return self.commit_log.min_offset
 
     def topic_queue_ids(self) -> dict[str, list[int]]:
         """Every topic with a consume queue, and its queue ids."""
