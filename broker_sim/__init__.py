@@ -35,12 +35,14 @@ if TYPE_CHECKING:
         SendResult,
         SendStatus,
     )
-    from broker_sim.common.requests import ConsumeFromWhere, MessageModel
+    from broker_sim.common.requests import ConsumeFromWhere, ExpressionType, MessageModel, MessageSelector
     from broker_sim.faults import FaultInjector
 
 _EXPORTS = {
     "Broker": "broker_sim.broker.broker",
     "ConsumeFromWhere": "broker_sim.common.requests",
+    "ExpressionType": "broker_sim.common.requests",
+    "MessageSelector": "broker_sim.common.requests",
     "MessageModel": "broker_sim.common.requests",
     "average": "broker_sim.client.allocate",
     "average_by_circle": "broker_sim.client.allocate",
@@ -69,6 +71,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyStatus",
     "ConsumeStatus",
+    "ExpressionType",
     "FaultInjector",
     "LocalTransactionState",
     "ManualClock",
@@ -76,6 +79,7 @@ __all__ = [
     "MessageExt",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "Producer",
     "PullConsumer",
     "PullResult",

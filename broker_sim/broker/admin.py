@@ -1,7 +1,8 @@
 """Admin operations (the ``mqadmin`` side of the broker): topics, consumer progress and lag, message lookup.
 
-These read the store directly and ignore topic permissions (an operator may look into a write-only
-``%DLQ%`` topic), which is why they are not request handlers of the consumer path.
+These read the store directly and ignore topic permissions and consumer offsets (an operator looks into any
+queue, e.g. a ``%DLQ%`` topic, without a group), which is why they are not request handlers of the consumer
+path.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class AdminService:
         return [m for q in range(n) for m in self.messages(retry_topic(group), q)]
 
     def dlq_messages(self, group: str) -> list[MessageExt]:
-        """Everything dead-lettered for ``group`` (``%DLQ%{group}`` is write-only for consumers)."""
+        """Everything dead-lettered for ``group`` (a consumer of ``%DLQ%{group}`` sees them too)."""
         return self.messages(dlq_topic(group), 0) if self.topics.select(dlq_topic(group)) else []
 
     def persist_all(self) -> None:

@@ -32,10 +32,16 @@ from broker_sim.common.requests import (
     EndTransactionRequest as EndTransactionRequest,
 )
 from broker_sim.common.requests import (
+    ExpressionType as ExpressionType,
+)
+from broker_sim.common.requests import (
     HeartbeatData as HeartbeatData,
 )
 from broker_sim.common.requests import (
     MessageModel as MessageModel,
+)
+from broker_sim.common.requests import (
+    MessageSelector as MessageSelector,
 )
 from broker_sim.common.requests import (
     Perm as Perm,

@@ -28,6 +28,7 @@ from typing import Any
 from broker_sim.broker.admin import AdminService
 from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
 from broker_sim.broker.config import BrokerConfig, split_config
+from broker_sim.broker.filtering import SubscriptionFilters
 from broker_sim.broker.locks import RebalanceLockManager
 from broker_sim.broker.offsets import ConsumerOffsetManager
 from broker_sim.broker.pull import PullCallback, PullMessageProcessor
@@ -65,6 +66,7 @@ from broker_sim.common.requests import (
     ResponseCode,
     SendMessageRequest,
     SendMessageResponse,
+    SubscriptionData,
     TopicRouteData,
 )
 from broker_sim.common.scheduler import Scheduler
@@ -103,6 +105,7 @@ class Broker:
         self.locks = RebalanceLockManager(self.clock.now_ms, self.config.rebalance_lock_max_live_ms)
         self.faults = FaultInjector(self.config.fault_seed, self.clock)
         self.scheduler = Scheduler(self.clock, f"broker-{self.config.broker_name}")
+        self.filters = SubscriptionFilters(self.config.enable_property_filter)
         self.pull_processor = PullMessageProcessor(self)
         self.schedule_service: ScheduleMessageService | None = None
         self.transactions = TransactionService(self)
@@ -269,8 +272,11 @@ class Broker:
             )
             if req.reconsume_times >= limit:
                 topic = dlq_topic(group)
-                self.topics.create_in_send_back(topic, 1, int(Perm.WRITE))
+                self.topics.create_in_send_back(topic, 1, int(Perm.READ_WRITE))
                 queue_id = 0
+        # As SendMessageProcessor does: the broker's cluster name is added, and WAIT is not stored.
+        props.pop(Prop.WAIT, None)
+        props[Prop.CLUSTER] = self.config.cluster_name
         return MessageInner(
             topic=topic, body=body, queue_id=queue_id, flag=req.flag, properties=props, sys_flag=req.sys_flag,
             born_timestamp=req.born_timestamp, born_host=parse_host(req.born_host),
@@ -418,6 +424,13 @@ class Broker:
             except Exception:
                 log.exception("notify consumer ids changed to %s failed", ch.remote_address)
 
+    def check_client_config(self, group: str, client_id: str, subscription: SubscriptionData) -> None:
+        """CHECK_CLIENT_CONFIG (46, ``ClientManageProcessor.checkClientConfig``): a TAG subscription is fine;
+        SQL92 needs ``enable_property_filter`` (else SYSTEM_ERROR) and an expression that parses (else
+        SUBSCRIPTION_PARSE_FAILED). Consumers send it at start for every non-TAG subscription."""
+        self.check_running()
+        self.filters.check(str(subscription.expression_type), subscription.sub_string)
+
     def get_consumer_list_by_group(self, group: str) -> list[str]:
         """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat, sorted."""
         self.check_running()
@@ -426,8 +439,12 @@ class Broker:
     # ================================================================================ offsets
 
     def query_consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
-        """QUERY_CONSUMER_OFFSET (14); None means QUERY_NOT_FOUND (22). See
-        ``query_offset_zero_for_new_group``."""
+        """QUERY_CONSUMER_OFFSET (14); None means QUERY_NOT_FOUND (22).
+
+        As ``ConsumerManageProcessor.queryConsumerOffset`` (4.9.8): a group with no committed offset gets 0
+        while the queue still starts at 0 *and* its first message is still in memory; otherwise 22, and the
+        client applies its CONSUME_FROM_* policy. ``query_offset_zero_for_new_group=False`` always answers
+        22."""
         self.check_running()
         off = self.offsets.query_offset(group, topic, queue_id)
         if off >= 0:
@@ -435,6 +452,7 @@ class Broker:
         if (
             self.config.query_offset_zero_for_new_group
             and self.store.get_min_offset_in_queue(topic, queue_id) <= 0
+            and not self.store.check_in_disk_by_consume_offset(topic, queue_id, 0)
         ):
             return 0
         return None

@@ -39,6 +39,9 @@ class BrokerConfig:
     #: CONSUME_FROM_LAST_OFFSET still reads a young topic from the start. False: answer QUERY_NOT_FOUND, so
     #: the client applies its CONSUME_FROM_* policy.
     query_offset_zero_for_new_group: bool = True
+    #: SQL92 subscriptions (``BrokerConfig.enablePropertyFilter``); off by default as in RocketMQ 4.9.8, in
+    #: which case they are refused loudly (CHECK_CLIENT_CONFIG and pulls answer SYSTEM_ERROR).
+    enable_property_filter: bool = False
     fault_seed: int = 0
     clock: Clock = field(default_factory=SystemClock)
 

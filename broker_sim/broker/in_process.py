@@ -21,6 +21,7 @@ from broker_sim.common.requests import (
     PullMessageResponse,
     SendMessageRequest,
     SendMessageResponse,
+    SubscriptionData,
     TopicRouteData,
 )
 from broker_sim.common.transport import PullCallback
@@ -138,6 +139,11 @@ class InProcessTransport:
 
     def get_consumer_list(self, consumer_group: str) -> list[str]:
         return self._check().get_consumer_list_by_group(consumer_group)
+
+    def check_client_config(
+        self, consumer_group: str, client_id: str, subscription: SubscriptionData
+    ) -> None:
+        self._check().check_client_config(consumer_group, client_id, subscription)
 
     def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
         return self._check().query_consumer_offset(consumer_group, topic, queue_id)

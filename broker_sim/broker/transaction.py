@@ -209,8 +209,14 @@ class TransactionService:
             tran_state_table_offset=copy.queue_offset,
             commit_log_offset=copy_offset,
         )
+        # AbstractTransactionalMessageCheckListener.sendCheckMessage: the producer sees the message on its
+        # real topic and queue (REAL_TOPIC / REAL_QID), not on the half topic, with store size 0.
+        message = to_client(copy, b.config.broker_name)
+        message.topic = copy.properties.get(Prop.REAL_TOPIC, message.topic)
+        message.queue_id = int(copy.properties.get(Prop.REAL_QID, message.queue_id))
+        message.store_size = 0
         self.checks_sent += 1
         try:
-            channel.check_transaction_state(group, request, to_client(copy, b.config.broker_name))
+            channel.check_transaction_state(group, request, message)
         except Exception:
             log.exception("check-back to %s failed", channel.remote_address)

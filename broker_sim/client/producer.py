@@ -1,10 +1,12 @@
 """The producer: route lookup, queue selection, sync/async/oneway/batch send with retries.
 
-A sync send tries ``1 + retry_times_when_send_failed`` times (RocketMQ default 3), each time on the next queue
-and avoiding the broker that just failed. A *timeout* is retried too, and that is how at-least-once producers
-create duplicates: the broker may have stored the message and only the reply was lost, so the retry stores it
-again at a new offset with the same client id (UNIQ_KEY). broker_sim reproduces exactly that with
-``broker.faults.lose_send_acks(n)``.
+A sync send tries up to ``1 + retry_times_when_send_failed`` times (RocketMQ default 3), each time on the next
+queue and avoiding the broker that just failed, and all tries share one ``send_msg_timeout_ms`` budget (3 s),
+as in RocketMQ 4.9.8's ``DefaultMQProducerImpl.sendDefaultImpl``. A *timeout* therefore spends the budget and
+is not retried: the broker may have stored the message while only the reply was lost
+(``broker.faults.lose_send_acks(n)``), and the caller gets :class:`SendFailedError` — resending it is then the
+application's decision (``reliable``'s sweeper does that), which is where a duplicate with the same client id
+(UNIQ_KEY) comes from. SYSTEM_BUSY is not retried either.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from broker_sim.common.errors import (
     BrokerResponseError,
     ClientStateError,
     InvalidMessageError,
+    RequestTimeoutError,
     SendFailedError,
     TransportError,
 )
@@ -54,7 +57,10 @@ _STATUS = {
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
 # Broker reply codes after which RocketMQ tries another queue (others are final: the message is bad).
-_RETRY_CODES = {1, 2, 14, 17, 16, 10, 11, 12}
+#: Broker replies a sync send retries on another queue (``DefaultMQProducer.retryResponseCodes`` in 4.9.8:
+#: TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR, NO_PERMISSION, NO_BUYER_ID, NOT_IN_CURRENT_UNIT).
+#: SYSTEM_BUSY (2) is not among them: a busy broker's refusal reaches the caller at once.
+_RETRY_CODES = frozenset({17, 14, 1, 16, 204, 205})
 
 
 class Producer(ClientBase):
@@ -252,10 +258,27 @@ class Producer(ClientBase):
                 )
             except (TransportError, BrokerResponseError) as exc:
                 raise SendFailedError(f"send to {mq} failed: {exc}") from exc
+        return self._send_with_retries(msg, info, body, sys_flag, timeout)
+
+    def _send_with_retries(
+        self, msg: Message, info: TopicPublishInfo, body: bytes, sys_flag: int, timeout: int
+    ) -> SendResult:
+        """RocketMQ 4.9.8's ``sendDefaultImpl``: up to ``1 + retry_times_when_send_failed`` attempts that
+        share ONE ``timeout`` budget — each attempt gets what is left, and once it is spent the send fails
+        with "call timeout" instead of trying again. So a send whose reply never comes (a lost ACK waits the
+        whole budget) is not retried, while a refused or failed connection is retried at once."""
         attempts = 1 + max(0, self.retry_times_when_send_failed)
         last_broker: str | None = None
         last_exc: Exception | None = None
+        first = self.clock.now_ms()
+        waited = 0  # budget a timed-out attempt spent without the clock showing it (an in-process lost ACK)
         for attempt in range(attempts):
+            cost = self.clock.now_ms() - first + waited
+            if cost >= timeout:  # Java breaks on timeout < cost; a real timeout always overruns its budget
+                raise SendFailedError(
+                    f"send to {msg.topic} call timeout: {cost} ms of the {timeout} ms budget used "
+                    f"after {attempt} attempt(s): {last_exc}"
+                ) from last_exc
             if self.send_latency_fault_enable:
                 mq = self.fault_tolerance.select(info, last_broker)
             else:
@@ -263,13 +286,17 @@ class Producer(ClientBase):
             last_broker = mq.broker_name
             begin = self.clock.now_ms()
             try:
-                resp = self.transport.send_message(self._request(msg, mq, sys_flag), body, timeout)
+                resp = self.transport.send_message(self._request(msg, mq, sys_flag), body, timeout - cost)
             except BrokerResponseError as exc:
                 self._update_fault(mq, begin, isolation=True)
                 if exc.code not in _RETRY_CODES:
                     raise SendFailedError(f"send to {mq} refused: {exc}") from exc
                 last_exc = exc
-            except TransportError as exc:  # includes RequestTimeoutError: the message may be stored
+            except RequestTimeoutError as exc:  # the message may be stored; the budget is spent
+                self._update_fault(mq, begin, isolation=True)
+                waited += max(0, timeout - cost - (self.clock.now_ms() - begin))
+                last_exc = exc
+            except TransportError as exc:
                 self._update_fault(mq, begin, isolation=True)
                 last_exc = exc
             else:

@@ -34,14 +34,16 @@ from broker_sim.client.process_queue import ProcessQueue
 from broker_sim.client.rebalance import PullRequest, Rebalancer
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression, retry_topic
-from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
+from broker_sim.common.errors import BrokerResponseError, ClientStateError, MQClientError, TransportError
 from broker_sim.common.message import MessageExt, MessageQueue, SysFlag
 from broker_sim.common.requests import (
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,
+    ExpressionType,
     HeartbeatData,
     MessageModel,
+    MessageSelector,
     PullMessageRequest,
     PullMessageResponse,
     PullStatus,
@@ -150,14 +152,19 @@ class PushConsumer(ClientBase):
     # -- configuration --------------------------------------------------------------------------------------
 
     def subscribe(
-        self, topic: str, expression: str = "*", listener: MessageListener | None = None
+        self, topic: str, expression: str | MessageSelector = "*", listener: MessageListener | None = None
     ) -> PushConsumer:
-        """Subscribe to ``topic`` with a tag expression (``"*"``, ``"A || B"``); optionally set the
-        listener."""
+        """Subscribe to ``topic`` with a tag expression (``"*"``, ``"A || B"``) or a
+        ``MessageSelector.by_sql("a > 5")``; optionally set the listener. SQL92 subscriptions are checked with
+        the broker at ``start()`` (CHECK_CLIENT_CONFIG), which raises if the broker cannot serve them."""
         if self._state != "CREATED":
             raise ClientStateError("subscribe before start()")
-        self._tag_filters[topic] = parse_tag_expression(expression)
-        self.subscriptions[topic] = SubscriptionData(topic, expression or "*", self.clock.now_ms())
+        selector = MessageSelector.of(expression)
+        sql = selector.expression_type is ExpressionType.SQL92
+        self._tag_filters[topic] = None if sql else parse_tag_expression(selector.expression)
+        self.subscriptions[topic] = SubscriptionData(
+            topic, selector.expression, self.clock.now_ms(), selector.expression_type
+        )
         if listener is not None:
             self.register_message_listener(listener)
         return self
@@ -172,6 +179,20 @@ class PushConsumer(ClientBase):
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
+    def _check_client_config(self) -> None:
+        """As ``DefaultMQPushConsumerImpl.checkClientInBroker``: every non-TAG subscription is checked with
+        the broker, so an unsupported or unparsable SQL92 expression fails ``start()`` loudly."""
+        for sub in self.subscriptions.values():
+            if sub.expression_type is ExpressionType.TAG:
+                continue
+            try:
+                self.transport.check_client_config(self.group, self.client_id, sub)
+            except (TransportError, BrokerResponseError) as exc:
+                raise MQClientError(
+                    f"{self.group}: the broker refuses the {sub.expression_type} subscription "
+                    f"{sub.sub_string!r} of {sub.topic}: {exc}"
+                ) from exc
+
     def start(self) -> PushConsumer:
         if self._state != "CREATED":
             raise ClientStateError(f"consumer {self.group} is {self._state.lower()}")
@@ -183,6 +204,7 @@ class PushConsumer(ClientBase):
             rt = retry_topic(self.group)
             self.subscriptions[rt] = SubscriptionData(rt, "*", self.clock.now_ms())
             self._tag_filters[rt] = None
+        self._check_client_config()
         self.offset_store.load()
         if self._orderly_listener is not None:
             self.consume_service = OrderlyConsumeService(self, self._orderly_listener, self.consume_threads)
@@ -398,7 +420,7 @@ class PushConsumer(ClientBase):
         )
         req = PullMessageRequest(
             self.group, pr.mq.topic, pr.mq.queue_id, pr.next_offset, self.pull_batch_size, sys_flag, commit,
-            self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version,
+            self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version, sub.expression_type,
         )  # fmt: skip
         self.transport.pull_message_async(req, lambda result: self._on_pull(pr, result))
 

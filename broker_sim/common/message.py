@@ -41,6 +41,7 @@ class Prop:
     TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
     CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
     SHARDING_KEY = "SHARDING_KEY"
+    CLUSTER = "CLUSTER"
 
 
 class SysFlag:
@@ -250,8 +251,9 @@ def decode_offset_msg_id(msg_id: str) -> tuple[str, int]:
 
 
 def properties_to_string(props: Mapping[str, str]) -> str:
-    """RocketMQ property encoding: ``name\\x01value\\x02`` repeated."""
-    return "".join(f"{k}\x01{v}\x02" for k, v in props.items())
+    """RocketMQ property encoding: ``name\\x01value`` pairs joined by ``\\x02``, no trailing separator (Java's
+    ``MessageDecoder.messageProperties2String``; decoders accept the C++ client's trailing one too)."""
+    return "\x02".join(f"{k}\x01{v}" for k, v in props.items())
 
 
 def string_to_properties(text: str) -> dict[str, str]:

@@ -61,9 +61,46 @@ class MessageModel(enum.IntEnum):
 
 
 class ConsumeFromWhere(enum.IntEnum):
+    """Where a new group starts. Values 1–3 are deprecated in RocketMQ 4.9.8 but still part of the enum, so a
+    client may send them in its heartbeat; Java's ``RebalancePushImpl.computePullFromWhere`` treats them
+    exactly like CONSUME_FROM_LAST_OFFSET, and so does broker_sim."""
+
     CONSUME_FROM_LAST_OFFSET = 0
+    CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST = 1  # deprecated
+    CONSUME_FROM_MIN_OFFSET = 2  # deprecated
+    CONSUME_FROM_MAX_OFFSET = 3  # deprecated
     CONSUME_FROM_FIRST_OFFSET = 4
     CONSUME_FROM_TIMESTAMP = 5
+
+
+class ExpressionType(enum.StrEnum):
+    """How a subscription's expression is read (``ExpressionType`` in RocketMQ): tags, or SQL92 over
+    properties."""
+
+    TAG = "TAG"
+    SQL92 = "SQL92"
+
+
+@dataclass(frozen=True)
+class MessageSelector:
+    """What to consume from a topic: ``MessageSelector.by_tag("A || B")`` or ``MessageSelector.by_sql("a >
+    5")`` (RocketMQ's ``MessageSelector``); a plain string passed to ``subscribe``/``pull`` is a tag
+    expression."""
+
+    expression_type: ExpressionType
+    expression: str
+
+    @classmethod
+    def by_tag(cls, expression: str | None) -> MessageSelector:
+        return cls(ExpressionType.TAG, expression or "*")
+
+    @classmethod
+    def by_sql(cls, expression: str) -> MessageSelector:
+        return cls(ExpressionType.SQL92, expression)
+
+    @classmethod
+    def of(cls, expression: str | MessageSelector | None) -> MessageSelector:
+        return expression if isinstance(expression, MessageSelector) else cls.by_tag(expression)
 
 
 class TransactionType(enum.IntEnum):
@@ -176,6 +213,7 @@ class PullMessageRequest:
     suspend_timeout_ms: int = 15_000
     subscription: str | None = None  # tag expression ("*", "A || B"); None: use the registered one
     sub_version: int = 0
+    expression_type: ExpressionType = ExpressionType.TAG
 
 
 class PullMessageResponse:
@@ -233,6 +271,7 @@ class SubscriptionData:
     topic: str
     sub_string: str = "*"
     sub_version: int = 0
+    expression_type: ExpressionType = ExpressionType.TAG
 
 
 @dataclass(frozen=True)
@@ -327,8 +366,10 @@ __all__ = [
     "ConsumerData",
     "ConsumerSendMsgBackRequest",
     "EndTransactionRequest",
+    "ExpressionType",
     "HeartbeatData",
     "MessageModel",
+    "MessageSelector",
     "Perm",
     "PullMessageRequest",
     "PullMessageResponse",

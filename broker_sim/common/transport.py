@@ -40,6 +40,7 @@ from broker_sim.common.requests import (
     PullMessageResponse,
     SendMessageRequest,
     SendMessageResponse,
+    SubscriptionData,
     TopicRouteData,
 )
 
@@ -98,6 +99,12 @@ class BrokerTransport(Protocol):
 
     def get_consumer_list(self, consumer_group: str) -> list[str]:
         """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat."""
+        ...
+
+    def check_client_config(
+        self, consumer_group: str, client_id: str, subscription: SubscriptionData
+    ) -> None:
+        """CHECK_CLIENT_CONFIG (46): BrokerResponseError if the broker cannot serve the subscription."""
         ...
 
     def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:

@@ -20,6 +20,7 @@ from broker_sim.common.requests import (
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,
+    ExpressionType,
     HeartbeatData,
     MessageModel,
     QueueData,
@@ -67,6 +68,16 @@ def _list(value: Any, what: str) -> list[Any]:
     return value
 
 
+def expression_type(value: Any) -> ExpressionType:
+    """``expressionType`` of a subscription or pull (absent: TAG, as older clients send none)."""
+    if value in (None, ""):
+        return ExpressionType.TAG
+    try:
+        return ExpressionType(str(value).upper())
+    except ValueError:
+        raise HeaderFieldError(f"expressionType {value!r} is unknown (TAG or SQL92)") from None
+
+
 # -- heartbeat --
 
 
@@ -83,6 +94,7 @@ def parse_heartbeat(body: bytes) -> HeartbeatData:
                 topic=str(_obj(s, "subscriptionData").get("topic", "")),
                 sub_string=str(s.get("subString") or "*"),
                 sub_version=int(s.get("subVersion") or 0),
+                expression_type=expression_type(s.get("expressionType")),
             )
             for s in _list(c.get("subscriptionDataSet"), "subscriptionDataSet")
         )
@@ -117,7 +129,12 @@ def heartbeat_body(data: HeartbeatData) -> bytes:
                 "consumeFromWhere": int(c.consume_from_where),
                 "unitMode": c.unit_mode,
                 "subscriptionDataSet": [
-                    {"topic": s.topic, "subString": s.sub_string, "subVersion": str(s.sub_version)}
+                    {
+                        "topic": s.topic,
+                        "subString": s.sub_string,
+                        "subVersion": str(s.sub_version),
+                        "expressionType": str(s.expression_type),
+                    }
                     for s in c.subscriptions
                 ],
             }
@@ -126,6 +143,42 @@ def heartbeat_body(data: HeartbeatData) -> bytes:
     if data.producer_groups:
         obj["producerDataSet"] = [{"groupName": g} for g in data.producer_groups]
     return dump_json(obj)
+
+
+# -- CHECK_CLIENT_CONFIG (46) --
+
+
+def check_client_body(group: str, client_id: str, sub: SubscriptionData) -> bytes:
+    """``CheckClientRequestBody``: the client, its group and one subscription."""
+    return dump_json(
+        {
+            "clientId": client_id,
+            "group": group,
+            "subscriptionData": {
+                "topic": sub.topic,
+                "subString": sub.sub_string,
+                "subVersion": sub.sub_version,
+                "expressionType": str(sub.expression_type),
+            },
+        }
+    )
+
+
+def parse_check_client(body: bytes) -> tuple[str, str, SubscriptionData | None]:
+    if not body:
+        return "", "", None
+    obj = _obj(load_json(body, "CHECK_CLIENT_CONFIG"), "CHECK_CLIENT_CONFIG body")
+    raw = obj.get("subscriptionData")
+    if raw is None:
+        return str(obj.get("group", "")), str(obj.get("clientId", "")), None
+    s = _obj(raw, "subscriptionData")
+    sub = SubscriptionData(
+        topic=str(s.get("topic", "")),
+        sub_string=str(s.get("subString") or "*"),
+        sub_version=int(s.get("subVersion") or 0),
+        expression_type=expression_type(s.get("expressionType")),
+    )
+    return str(obj.get("group", "")), str(obj.get("clientId", "")), sub
 
 
 # -- routes --

@@ -30,6 +30,7 @@ from broker_sim.common.requests import (
     PullMessageResponse,
     SendMessageRequest,
     SendMessageResponse,
+    SubscriptionData,
     TopicRouteData,
     TransactionType,
 )
@@ -65,6 +66,8 @@ class BrokerApi(Protocol):
     ) -> None: ...
 
     def get_consumer_list_by_group(self, consumer_group: str) -> list[str]: ...
+
+    def check_client_config(self, group: str, client_id: str, subscription: SubscriptionData) -> None: ...
 
     def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None: ...
 
@@ -195,6 +198,7 @@ class BrokerHandlers:
             RequestCode.HEART_BEAT: self.heartbeat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
             RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
             RequestCode.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset,
             RequestCode.GET_MAX_OFFSET: self.get_max_offset,
@@ -279,6 +283,7 @@ class BrokerHandlers:
             suspend_timeout_ms=f.num("suspendTimeoutMillis", 15_000),
             subscription=f.opt("subscription") if sys_flag & PullSysFlag.SUBSCRIPTION else None,
             sub_version=f.num("subVersion", 0),
+            expression_type=bodies.expression_type(f.text("expressionType", "TAG")),
         )
 
         def done(result: PullMessageResponse | BaseException) -> None:
@@ -346,6 +351,12 @@ class BrokerHandlers:
         if not ids:
             return cmd.reply(ResponseCode.SYSTEM_ERROR, "no consumer for this group")
         return cmd.reply(ResponseCode.SUCCESS, body=bodies.dump_json({"consumerIdList": ids}))
+
+    def check_client_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        group, client_id, sub = bodies.parse_check_client(cmd.body)
+        if sub is not None:
+            self.broker.check_client_config(group, client_id, sub)
+        return cmd.reply(ResponseCode.SUCCESS)
 
     # -- offsets --
 

@@ -29,6 +29,7 @@ from broker_sim.common.requests import (
     ResponseCode,
     SendMessageRequest,
     SendMessageResponse,
+    SubscriptionData,
     TopicRouteData,
 )
 from broker_sim.common.transport import PullCallback
@@ -279,6 +280,7 @@ class RemotingTransport:
             "suspendTimeoutMillis": request.suspend_timeout_ms,
             "subscription": request.subscription,
             "subVersion": request.sub_version,
+            "expressionType": str(request.expression_type),
         }
 
     @_reply_errors
@@ -373,6 +375,15 @@ class RemotingTransport:
             return []
         ids = bodies.load_json(reply.body, "consumer list").get("consumerIdList") or []
         return [str(i) for i in ids]
+
+    @_reply_errors
+    def check_client_config(
+        self, consumer_group: str, client_id: str, subscription: SubscriptionData
+    ) -> None:
+        body = bodies.check_client_body(consumer_group, client_id, subscription)
+        reply = self._invoke(self._broker(), self._req(RequestCode.CHECK_CLIENT_CONFIG, body=body))
+        if reply.code != ResponseCode.SUCCESS:
+            raise error_for_code(reply.code, reply.remark or "")
 
     # -- offsets --
 

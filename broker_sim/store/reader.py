@@ -55,6 +55,8 @@ class StoreReader:
         offset: int,
         max_msg_nums: int,
         message_filter: MessageFilter = None,
+        *,
+        record_filter: Callable[[bytes], bool] | None = None,
     ) -> GetMessageResult:
         """Read up to ``max_msg_nums`` messages of topic/queue from queue ``offset`` (RocketMQ's getMessage:
         same statuses, same ``next_begin_offset`` rules, same 256 KiB / 32-message batch cap). ``group`` is
@@ -71,7 +73,7 @@ class StoreReader:
         if offset == hi:
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
         cfg = self.config
         max_units = max(cfg.max_filter_units, max_msg_nums * 20) // 20
         cl = self.commit_log
@@ -118,6 +120,8 @@ class StoreReader:
             except ValueError:  # the segment was deleted and its mapping closed meanwhile
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 continue
+            if record_filter is not None and not record_filter(raw):
+                continue  # the commit-log stage of a property (SQL92) filter
             add(SelectedMessage(raw, phys, qoff - 1, tags))
             total += size
             limit_n -= 1
@@ -175,6 +179,20 @@ class StoreReader:
         cq = self._cqs.get((topic, queue_id))
         unit = None if cq is None else cq.get(cq_offset)
         return 0 if unit is None else unit[0]
+
+    def check_in_disk_by_consume_offset(self, topic: str, queue_id: int, cq_offset: int) -> bool:
+        """``DefaultMessageStore.checkInDiskByConsumeOffset``: True when the message at ``cq_offset`` lies
+        further behind the commit log's end than the share of memory RocketMQ keeps hot
+        (``total_physical_memory_bytes × access_message_in_memory_max_ratio %``); False when the queue or the
+        unit does not exist."""
+        cq = self._cqs.get((topic, queue_id))
+        unit = None if cq is None else cq.get(cq_offset)
+        if unit is None:
+            return False
+        memory = (
+            self.config.total_physical_memory_bytes * self.config.access_message_in_memory_max_ratio // 100
+        )
+        return self.commit_log.max_offset - unit[0] > memory
 
     def get_message_store_timestamp(self, topic: str, queue_id: int, cq_offset: int) -> int:
         cq = self._cqs.get((topic, queue_id))
