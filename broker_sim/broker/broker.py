@@ -449,6 +449,7 @@ class Broker:
         off = self.offsets.query_offset(group, topic, queue_id)
         if off >= 0:
             return off
+        self.store.wait_dispatched(1.0)  # the answer depends on the consume queue (see get_max_offset)
         if (
             self.config.query_offset_zero_for_new_group
             and self.store.get_min_offset_in_queue(topic, queue_id) <= 0
