@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ import pytest
 from broker_sim import Message, Producer
 from broker_sim.cli import main
 from broker_sim.remoting.client_transport import RemotingTransport
+from broker_sim.remoting.serve_process import ServeProcess
 from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -125,38 +123,15 @@ def test_serve_rejects_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture
 
 def test_serve_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "broker_sim",
-        "serve",
-        "--store",
-        str(store),
-        "--namesrv-port",
-        "0",
-        "--broker-port",
-        "0",
-        "--set",
-        'topics={"T": 1}',
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("broker-sim ready"), line
-        namesrv = line.split("namesrv=")[1].split()[0]
+    server = ServeProcess(store, "--set", 'topics={"T": 1}', log_level="INFO")
+    with server:
         assert (store / "abort").exists()  # running: an unclean stop now would trigger recovery
-        t = RemotingTransport(namesrv)
+        t = RemotingTransport(server.namesrv)
         t.update_consumer_offset("G", "T", 0, 7)  # oneway: wait until the broker has it, then stop
         assert wait_until(lambda: t.query_consumer_offset("G", "T", 0) == 7)
         t.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    _, err = proc.communicate()
+        assert server.stop(signal.SIGTERM) == 0
+        err = server.communicate()
     assert not (store / "abort").exists()
     offsets = json.loads((store / "config" / "consumerOffset.json").read_text())
     assert offsets["offsetTable"]["T@G"] in ({"0": 7}, {0: 7})
