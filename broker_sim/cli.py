@@ -6,8 +6,9 @@
     broker-sim admin message query --topic T --key K | message view --id ID
     broker-sim admin dlq list [--group G]
 
-Errors are one line on stderr with exit status 1 (bad arguments: argparse's usage line, status 2); no
-tracebacks, because these commands are used from shell scripts and CI logs.
+Errors are one line on stderr: exit status 1 for a failure, 2 for bad arguments (the line names the option,
+what it expects, and where ``--help`` is); no tracebacks, because these commands are used from shell scripts
+and CI logs.
 """
 
 from __future__ import annotations
@@ -19,11 +20,38 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from broker_sim.errors import BrokerSimError
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (the option, what it expects, the --help hint), not the usage
+    block followed by the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def port_number(text: str) -> int:
+    """A TCP port for ``--namesrv-port`` / ``--broker-port`` (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value}")
+    return value
+
+
+def host_port(text: str) -> str:
+    """A ``HOST:PORT`` address for ``--namesrv``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT such as {DEFAULT_NAMESRV}, got {text!r}")
+    return text
 
 
 def _config_value(raw: str) -> Any:
@@ -35,9 +63,7 @@ def _config_value(raw: str) -> Any:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="broker-sim", description="A file-backed broker that behaves like RocketMQ 4.x."
-    )
+    p = OneLineParser(prog="broker-sim", description="A file-backed broker that behaves like RocketMQ 4.x.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser(
@@ -47,8 +73,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--store", required=True, type=Path, help="store directory (created if missing)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    s.add_argument("--namesrv-port", type=int, default=9876, help="name server port (0: any free port)")
-    s.add_argument("--broker-port", type=int, default=10911, help="broker port (0: any free port)")
+    s.add_argument(
+        "--namesrv-port", type=port_number, default=9876, help="name server port (0: any free port)"
+    )
+    s.add_argument("--broker-port", type=port_number, default=10911, help="broker port (0: any free port)")
     s.add_argument("--broker-name", default="broker-a")
     s.add_argument("--flush", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], help="flush mode of the commit log")
     s.add_argument(
@@ -87,6 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument(
         "--namesrv",
+        type=host_port,
         default=os.environ.get("BROKER_SIM_NAMESRV", DEFAULT_NAMESRV),
         help=f"name server address (env BROKER_SIM_NAMESRV, default {DEFAULT_NAMESRV})",
     )
@@ -144,7 +173,10 @@ def _serve(args: argparse.Namespace) -> int:
         config["flush_disk_type"] = args.flush
     if args.auto_create_topics:
         config["auto_create_topic_enable"] = True
-    split_config(dict(config))  # reject unknown or malformed options before any port is bound
+    try:
+        split_config(dict(config))  # reject unknown or malformed options before any port is bound
+    except BrokerSimError as exc:
+        raise ValueError(f"--set: {exc}") from exc
     server = BrokerSimServer(
         ServeConfig(
             store_dir=args.store,

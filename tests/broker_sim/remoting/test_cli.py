@@ -121,6 +121,44 @@ def test_serve_rejects_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 1 and "accessKey:secretKey" in err
 
 
+def _bad(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Run the CLI as a new user would; argparse failures exit through SystemExit."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    return code, err
+
+
+def test_port_out_of_range_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --namesrv-port 99999`` used to die with a 14-line OverflowError traceback."""
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--namesrv-port", "99999"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "--namesrv-port" in err and "0-65535" in err and "--help" in err
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--broker-port", "ten"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--broker-port" in err
+
+
+def test_set_value_of_the_wrong_type_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--set max_reconsume_times=abc`` used to answer "'<' not supported between instances of 'str' and
+    'int'"."""
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--set", "max_reconsume_times=abc"], capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert "--set" in err and "max_reconsume_times" in err and "integer" in err and "'abc'" in err
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--set", "enable_property_filter=yes"], capsys)
+    assert code == 1 and "enable_property_filter expects true or false" in err
+    assert not (tmp_path / "s").exists()  # refused before anything was created
+
+
+def test_admin_bad_namesrv_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``admin --namesrv notanaddress`` used to answer "invalid literal for int()"."""
+    code, err = _bad(["admin", "--namesrv", "notanaddress", "topic", "list"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "--namesrv" in err and "HOST:PORT" in err and "'notanaddress'" in err
+
+
 def test_serve_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "store"
     server = ServeProcess(store, "--set", 'topics={"T": 1}', log_level="INFO")
