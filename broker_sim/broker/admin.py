@@ -104,6 +104,19 @@ class AdminService:
                 out.append(QueueProgress(MessageQueue(t, self.config.broker_name, qid), hi, max(cons, 0), ts))
         return out
 
+    def query_consume_queue(
+        self, topic: str, queue_id: int, index: int, count: int
+    ) -> tuple[list[tuple[int, int, int, int]], int, int]:
+        """QUERY_CONSUME_QUEUE (321): units ``(queueOffset, commitLogOffset, size, tagsCode)`` from
+        ``index``, with the queue's min and max offset."""
+        self.check_running()
+        if self.topics.select(topic) is None:
+            raise TopicNotExistError(f"topic[{topic}] not exist")
+        self.store.wait_dispatched(1.0)
+        units = self.store.consume_queue_units(topic, queue_id, index, min(count, 1000))
+        lo = self.store.get_min_offset_in_queue(topic, queue_id)
+        return units, lo, self.store.get_max_offset_in_queue(topic, queue_id)
+
     def _subscribed(self, group: str) -> set[str]:
         info = self.consumers.group(group)
         return set(info.subscriptions) if info else set()

@@ -19,13 +19,12 @@ run on ``self.scheduler`` over ``self.clock``; pass ``clock=ManualClock()`` to d
 from __future__ import annotations
 
 import logging
-import random
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from broker_sim.broker.admin import AdminService
+from broker_sim.broker.admin_clients import ClientAdminService
 from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
 from broker_sim.broker.config import BrokerConfig, split_config
 from broker_sim.broker.filtering import SubscriptionFilters
@@ -33,27 +32,21 @@ from broker_sim.broker.locks import RebalanceLockManager
 from broker_sim.broker.offsets import ConsumerOffsetManager
 from broker_sim.broker.pull import PullCallback, PullMessageProcessor
 from broker_sim.broker.schedule import ScheduleMessageService
-from broker_sim.broker.sendback import SendBackService, raise_for_put
+from broker_sim.broker.send import SendMessageService
+from broker_sim.broker.sendback import SendBackService
 from broker_sim.broker.topics import TopicConfig, TopicConfigManager
 from broker_sim.broker.transaction import TransactionService
 from broker_sim.clock import Clock
 from broker_sim.common.constants import (
-    dlq_topic,
-    is_retry_topic,
     retry_topic,
 )
-from broker_sim.common.convert import parse_host
 from broker_sim.common.errors import (
-    BrokerResponseError,
-    MessageIllegalError,
-    NoPermissionError,
     RequestTimeoutError,
     ServiceNotAvailableError,
     TopicNotExistError,
 )
-from broker_sim.common.message import MessageQueue, Prop, SysFlag
+from broker_sim.common.message import MessageQueue
 from broker_sim.common.requests import (
-    BatchEntry,
     BrokerData,
     ClientChannel,
     EndTransactionRequest,
@@ -63,18 +56,14 @@ from broker_sim.common.requests import (
     PullMessageRequest,
     PullMessageResponse,
     QueueData,
-    ResponseCode,
-    SendMessageRequest,
-    SendMessageResponse,
     SubscriptionData,
     TopicRouteData,
 )
 from broker_sim.common.scheduler import Scheduler
 from broker_sim.common.transport import BrokerTransport
 from broker_sim.faults import FaultInjector
-from broker_sim.store.message_record import MessageInner
 from broker_sim.store.message_store import MessageStore
-from broker_sim.store.results import DispatchRequest, PutMessageStatus
+from broker_sim.store.results import DispatchRequest
 
 log = logging.getLogger("broker_sim.broker")
 
@@ -109,6 +98,10 @@ class Broker:
         self.pull_processor = PullMessageProcessor(self)
         self.schedule_service: ScheduleMessageService | None = None
         self.transactions = TransactionService(self)
+        self.sender = SendMessageService(self)
+        self.send_message = self.sender.send_message
+        self.send_batch_message = self.sender.send_batch_message
+        self.ensure_topic_for_delivery = self.sender.ensure_topic_for_delivery
         self.admin = AdminService(
             self.store, self.topics, self.offsets, self.consumers, self.config, self.check_running
         )
@@ -127,6 +120,19 @@ class Broker:
         self.retry_messages = a.retry_messages
         self.dlq_messages = a.dlq_messages
         self.persist_all = a.persist_all
+        self.query_consume_queue = a.query_consume_queue
+        self.client_admin = ClientAdminService(self)
+        c = self.client_admin
+        self.runtime_info = c.runtime_info
+        self.update_subscription_group = c.update_subscription_group
+        self.subscription_groups = c.subscription_groups
+        self.topic_stats = c.topic_stats
+        self.topic_consumed_by = c.topic_consumed_by
+        self.consumer_connection = c.consumer_connection
+        self.producer_connection = c.producer_connection
+        self.reset_offset_by_time = c.reset_offset_by_time
+        self.consumer_running_info = c.consumer_running_info
+        self.consume_message_directly = c.consume_message_directly
         self._state = "CREATED"
         self._state_lock = threading.Lock()
 
@@ -237,115 +243,6 @@ class Broker:
             [QueueData(cfg.broker_name, tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag)],
             [BrokerData(cfg.cluster_name, cfg.broker_name, {0: cfg.broker_addr})],
         )
-
-    # ================================================================================ send
-
-    def _topic_for_send(self, req: SendMessageRequest) -> TopicConfig:
-        tc = self.topics.select(req.topic)
-        if tc is None and is_retry_topic(req.topic):
-            sg = self.groups.find(req.topic[len("%RETRY%") :])
-            tc = self.topics.create_in_send_back(req.topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
-        if tc is None and self.config.auto_create_topic_enable:
-            tc = self.topics.create_in_send(req.topic, req.default_topic, req.default_topic_queue_nums)
-        if tc is None:
-            raise TopicNotExistError(f"topic[{req.topic}] not exist, apply first please!")
-        if not tc.writable:
-            raise NoPermissionError(f"the topic[{req.topic}] sending message is forbidden")
-        return tc
-
-    def _inner(
-        self, req: SendMessageRequest, tc: TopicConfig, body: bytes, props: dict[str, str]
-    ) -> MessageInner:
-        queue_id = req.queue_id if req.queue_id >= 0 else random.randrange(tc.write_queue_nums)
-        if queue_id >= tc.write_queue_nums:
-            raise BrokerResponseError(
-                f"request queueId[{queue_id}] is illegal, topic:{tc.topic_name} "
-                f"writeQueueNums:{tc.write_queue_nums}"
-            )
-        topic = req.topic
-        if is_retry_topic(topic):  # a client that sends retries itself (2.0+): past the maximum → DLQ
-            group = topic[len("%RETRY%") :]
-            limit = (
-                req.max_reconsume_times
-                if req.max_reconsume_times is not None
-                else self.groups.find(group).retry_max_times
-            )
-            if req.reconsume_times >= limit:
-                topic = dlq_topic(group)
-                self.topics.create_in_send_back(topic, 1, int(Perm.READ_WRITE))
-                queue_id = 0
-        # As SendMessageProcessor does: the broker's cluster name is added, and WAIT is not stored.
-        props.pop(Prop.WAIT, None)
-        props[Prop.CLUSTER] = self.config.cluster_name
-        return MessageInner(
-            topic=topic, body=body, queue_id=queue_id, flag=req.flag, properties=props, sys_flag=req.sys_flag,
-            born_timestamp=req.born_timestamp, born_host=parse_host(req.born_host),
-            reconsume_times=req.reconsume_times,
-        )  # fmt: skip
-
-    def send_message(self, req: SendMessageRequest, body: bytes) -> SendMessageResponse:
-        """SEND_MESSAGE (10/310). A PREPARED message becomes a hidden half message; DELAY parks it on the
-        schedule topic (the store does that). May raise ``SendAckLost`` after storing (fault injection)."""
-        self.check_running()
-        tc = self._topic_for_send(req)
-        props = dict(req.properties)
-        inner = self._inner(req, tc, body, props)
-        prepared = req.sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_PREPARED
-        if prepared:
-            inner = self.transactions.half_message(inner)
-        result = self.store.put_message(inner)
-        raise_for_put(result)
-        app = result.append_result
-        assert app is not None
-        code = (
-            ResponseCode.SUCCESS
-            if result.status is PutMessageStatus.PUT_OK
-            else ResponseCode.FLUSH_DISK_TIMEOUT
-        )
-        self.faults.on_send_stored(req.topic, inner.queue_id, app.queue_offset)
-        return SendMessageResponse(
-            code,
-            app.msg_id,
-            req.queue_id if prepared or Prop.DELAY in props else inner.queue_id,
-            app.queue_offset,
-            props.get(Prop.UNIQ_KEY) if prepared else None,
-        )
-
-    def send_batch_message(
-        self, req: SendMessageRequest, entries: Sequence[BatchEntry]
-    ) -> SendMessageResponse:
-        """SEND_BATCH_MESSAGE (320): all entries on one queue, consecutive offsets; msg ids comma-joined."""
-        self.check_running()
-        if not entries:
-            raise MessageIllegalError("the batch is empty")
-        tc = self._topic_for_send(req)
-        inners = []
-        for e in entries:
-            if Prop.DELAY in e.properties or e.properties.get(Prop.TRAN_MSG):
-                raise MessageIllegalError("delayed or transactional messages cannot be batched")
-            inners.append(self._inner(req, tc, e.body, dict(e.properties)))
-            inners[-1].flag = e.flag
-        queue_id = inners[0].queue_id
-        for inner in inners:
-            inner.queue_id = queue_id
-        result = self.store.put_messages(inners)
-        raise_for_put(result)
-        app = result.append_result
-        assert app is not None
-        self.faults.on_send_stored(req.topic, queue_id, app.queue_offset)
-        code = (
-            ResponseCode.SUCCESS
-            if result.status is PutMessageStatus.PUT_OK
-            else ResponseCode.FLUSH_DISK_TIMEOUT
-        )
-        return SendMessageResponse(code, ",".join(app.msg_ids), queue_id, app.queue_offset)
-
-    def ensure_topic_for_delivery(self, topic: str, queue_id: int) -> None:
-        """Delayed/retry deliveries go to topics that may have been created implicitly; make sure they
-        exist."""
-        if self.topics.select(topic) is None and is_retry_topic(topic):
-            sg = self.groups.find(topic[len("%RETRY%") :])
-            self.topics.create_in_send_back(topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
 
     # ================================================================================ pull
 

@@ -240,6 +240,10 @@ class ProducerManager:
                 if not clients:
                     del self._groups[group]
 
+    def clients(self, group: str) -> list[ClientInfo]:
+        with self._lock:
+            return sorted(self._groups.get(group, {}).values(), key=lambda ci: ci.client_id)
+
     def any_channel(self, group: str) -> ClientChannel | None:
         with self._lock:
             clients = self._groups.get(group)

@@ -66,6 +66,14 @@ class ConsumerOffsetManager:
                 if k.endswith(TOPIC_GROUP_SEPARATOR + group)
             )
 
+    def groups_of_topic(self, topic: str) -> list[str]:
+        with self._lock:
+            return sorted(
+                k.rsplit(TOPIC_GROUP_SEPARATOR, 1)[1]
+                for k in self._table
+                if k.rsplit(TOPIC_GROUP_SEPARATOR, 1)[0] == topic
+            )
+
     def groups(self) -> list[str]:
         with self._lock:
             return sorted({k.rsplit(TOPIC_GROUP_SEPARATOR, 1)[1] for k in self._table})

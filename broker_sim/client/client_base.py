@@ -8,11 +8,12 @@ import logging
 import os
 import re
 import socket
+from typing import Any
 
 from broker_sim.client.transport import transport_for
 from broker_sim.clock import Clock, SystemClock
-from broker_sim.common.errors import InvalidMessageError
-from broker_sim.common.message import Message, MessageExt
+from broker_sim.common.errors import InvalidMessageError, MQClientError
+from broker_sim.common.message import Message, MessageExt, MessageQueue
 from broker_sim.common.requests import CheckTransactionStateRequest
 from broker_sim.common.transport import BrokerTransport, ClockedTransport
 
@@ -79,3 +80,14 @@ class ClientBase:
 
     def notify_consumer_ids_changed(self, consumer_group: str) -> None:
         log.debug("client %s: consumer ids of %s changed (ignored)", self.client_id, consumer_group)
+
+    # -- AdminChannel: only push consumers serve these; other clients refuse them ---------------------------
+
+    def reset_offset(self, client_id: str, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None:
+        raise MQClientError(f"client {self.client_id} is not a push consumer; it cannot reset offsets")
+
+    def consumer_running_info(self, client_id: str, group: str) -> dict[str, Any]:
+        raise MQClientError(f"client {self.client_id} is not a push consumer; it has no running info")
+
+    def consume_message_directly(self, client_id: str, group: str, message: MessageExt) -> dict[str, Any]:
+        raise MQClientError(f"client {self.client_id} is not a push consumer; it has no listener")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from broker_sim.client.allocate import Allocator, average
 from broker_sim.client.client_base import ClientBase, check_group
@@ -24,6 +26,7 @@ from broker_sim.client.consume_service import (
     OrderlyListener,
     try_send_back,
 )
+from broker_sim.client.consumer_admin import ConsumerAdmin
 from broker_sim.client.offset_store import (
     LocalFileOffsetStore,
     OffsetStore,
@@ -132,10 +135,30 @@ class PushConsumer(ClientBase):
         self._state = "CREATED"
         self.flow_control_times = 0
         self.rebalancer = Rebalancer(self)
+        self.admin = ConsumerAdmin(self)
+        self.start_timestamp_ms = 0
         self._pull_thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"PushConsumer({self.group!r}, {self.client_id!r})"
+
+    # -- AdminChannel (requests an operator's tool sends through the broker) ---------------------------------
+
+    def reset_offset(self, client_id: str, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None:
+        if group == self.group and self._state == "RUNNING":
+            self.admin.reset_offset(topic, offsets)
+
+    def consumer_running_info(self, client_id: str, group: str) -> dict[str, Any]:
+        return self.admin.running_info()
+
+    def consume_message_directly(self, client_id: str, group: str, message: MessageExt) -> dict[str, Any]:
+        return self.admin.consume_directly(message)
+
+    def listener_for_direct_consume(self) -> Callable[[list[MessageExt]], object]:
+        listener = self._orderly_listener or self._listener
+        if listener is None:
+            raise ClientStateError(f"consumer {self.group} has no listener")
+        return listener
 
     def rebalance_now(self) -> None:
         """Recompute this client's queues now (also runs at start, every 20 s and on membership change)."""
@@ -205,6 +228,7 @@ class PushConsumer(ClientBase):
             self.subscriptions[rt] = SubscriptionData(rt, "*", self.clock.now_ms())
             self._tag_filters[rt] = None
         self._check_client_config()
+        self.start_timestamp_ms = self.clock.now_ms()
         self.offset_store.load()
         if self._orderly_listener is not None:
             self.consume_service = OrderlyConsumeService(self, self._orderly_listener, self.consume_threads)

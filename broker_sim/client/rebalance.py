@@ -136,6 +136,21 @@ class Rebalancer:
         for pr in new_requests:
             self.host.pull_queue.put(pr)
 
+    def restart_queues(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
+        """After an offset reset: drop the owned queues of ``topic`` and pull them again from ``offsets``."""
+        h = self.host
+        requests = []
+        with h.pq_lock:
+            for mq in [m for m in h.process_queues if m.topic == topic and m in offsets]:
+                old = h.process_queues.pop(mq)
+                old.dropped = True
+                pq = ProcessQueue()
+                pq.locked, pq.last_lock_ms = old.locked, old.last_lock_ms
+                h.process_queues[mq] = pq
+                requests.append(PullRequest(mq, pq, offsets[mq], locked_first=True))
+        for pr in requests:
+            h.pull_queue.put(pr)
+
     def _lock_one_new(self, mq: MessageQueue) -> bool:
         try:
             return mq in self.host.transport.lock_batch_mq(self.host.group, self.host.client_id, {mq})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from broker_sim.common.message import MessageExt, MessageQueue
 
@@ -40,6 +40,7 @@ class ResponseCode(enum.IntEnum):
     SUBSCRIPTION_NOT_EXIST = 24
     SUBSCRIPTION_NOT_LATEST = 25
     SUBSCRIPTION_GROUP_NOT_EXIST = 26
+    CONSUMER_NOT_ONLINE = 206
 
 
 class Perm(enum.IntFlag):
@@ -342,6 +343,22 @@ class ClientChannel(Protocol):
     def notify_consumer_ids_changed(self, consumer_group: str) -> None: ...
 
 
+@runtime_checkable
+class AdminChannel(Protocol):
+    """Broker → client admin requests a client may serve besides :class:`ClientChannel`'s (broker_sim's own
+    clients do; the C++ client 1.2 does not): RESET_CONSUMER_CLIENT_OFFSET (220, oneway),
+    GET_CONSUMER_RUNNING_INFO (307) and CONSUME_MESSAGE_DIRECTLY (309). ``client_id`` picks the client
+    when one connection carries several."""
+
+    def reset_offset(
+        self, client_id: str, topic: str, group: str, offsets: dict[MessageQueue, int]
+    ) -> None: ...
+
+    def consumer_running_info(self, client_id: str, group: str) -> dict[str, Any]: ...
+
+    def consume_message_directly(self, client_id: str, group: str, message: MessageExt) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class QueueProgress:
     """One row of ``consumer progress``: broker offset, consumer offset and the lag between them."""
@@ -357,6 +374,7 @@ class QueueProgress:
 
 
 __all__ = [
+    "AdminChannel",
     "BatchEntry",
     "BrokerData",
     "CheckTransactionStateRequest",

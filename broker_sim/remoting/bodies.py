@@ -181,6 +181,30 @@ def parse_check_client(body: bytes) -> tuple[str, str, SubscriptionData | None]:
     return str(obj.get("group", "")), str(obj.get("clientId", "")), sub
 
 
+# -- RESET_CONSUMER_CLIENT_OFFSET (220) --
+
+
+def reset_offset_body(offsets: dict[MessageQueue, int]) -> bytes:
+    """``ResetOffsetBody`` as a list of rows (Java's map is keyed by MessageQueue objects: not JSON)."""
+    rows = [
+        {"topic": mq.topic, "brokerName": mq.broker_name, "queueId": mq.queue_id, "offset": off}
+        for mq, off in sorted(offsets.items())
+    ]
+    return dump_json({"offsetTable": rows})
+
+
+def parse_reset_offset(body: bytes) -> dict[MessageQueue, int]:
+    obj = _obj(load_json(body, "RESET_CONSUMER_CLIENT_OFFSET"), "ResetOffsetBody")
+    out: dict[MessageQueue, int] = {}
+    for row in _list(obj.get("offsetTable"), "offsetTable"):
+        r = _obj(row, "offsetTable row")
+        try:
+            out[MessageQueue(str(r["topic"]), str(r["brokerName"]), int(r["queueId"]))] = int(r["offset"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HeaderFieldError(f"bad offsetTable row {r!r}: {exc}") from None
+    return out
+
+
 # -- routes --
 
 

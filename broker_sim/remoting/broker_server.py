@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+from broker_sim.common.errors import BrokerResponseError
 from broker_sim.common.message import (
     MessageExt,
     MessageQueue,
@@ -101,7 +102,11 @@ class PullCallback(Protocol):
 
 
 class ConnectionChannel:
-    """:class:`ClientChannel` over a TCP connection: broker → client requests are oneway frames."""
+    """:class:`ClientChannel` and :class:`AdminChannel` over a TCP connection: broker → client requests are
+    oneway frames, except GET_CONSUMER_RUNNING_INFO and CONSUME_MESSAGE_DIRECTLY, which wait (5 s) for the
+    client's reply on the same connection."""
+
+    ADMIN_TIMEOUT_S = 5.0
 
     def __init__(self, conn: Connection, encode_record: RecordEncoder) -> None:
         self.conn = conn
@@ -133,6 +138,33 @@ class ConnectionChannel:
                 RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": consumer_group}, oneway=True
             )
         )
+
+    def reset_offset(self, client_id: str, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None:
+        fields = {"topic": topic, "group": group, "clientId": client_id, "timestamp": 0}
+        body = bodies.reset_offset_body(offsets)
+        self.conn.send(
+            RemotingCommand.request(RequestCode.RESET_CONSUMER_CLIENT_OFFSET, fields, body, oneway=True)
+        )
+
+    def _ask(self, code: int, fields: dict[str, Any], body: bytes = b"") -> dict[str, Any]:
+        try:
+            reply = self.conn.invoke(RemotingCommand.request(code, fields, body), self.ADMIN_TIMEOUT_S)
+        except (TimeoutError, ConnectionError) as exc:
+            raise BrokerResponseError(str(exc)) from exc
+        if reply.code != ResponseCode.SUCCESS:
+            raise BrokerResponseError(reply.remark or f"the client answered code {reply.code}")
+        obj = bodies.load_json(reply.body, "client reply")
+        if not isinstance(obj, dict):
+            raise BrokerResponseError("the client's reply is not a JSON object")
+        return obj
+
+    def consumer_running_info(self, client_id: str, group: str) -> dict[str, Any]:
+        fields = {"consumerGroup": group, "clientId": client_id, "jstackEnable": False}
+        return self._ask(RequestCode.GET_CONSUMER_RUNNING_INFO, fields)
+
+    def consume_message_directly(self, client_id: str, group: str, message: MessageExt) -> dict[str, Any]:
+        fields = {"consumerGroup": group, "clientId": client_id, "msgId": message.offset_msg_id}
+        return self._ask(RequestCode.CONSUME_MESSAGE_DIRECTLY, fields, self._encode_record(message))
 
 
 class RecordEncoder(Protocol):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from broker_sim.common.errors import TransportError, error_for_code
 from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
 from broker_sim.common.requests import (
+    AdminChannel,
     BatchEntry,
     CheckTransactionStateRequest,
     ClientChannel,
@@ -61,6 +62,15 @@ def _reply_errors(fn: Callable[P, R]) -> Callable[P, R]:
             raise TransportError(f"undecodable reply: {exc}") from exc
 
     return wrapper
+
+
+ADMIN_REQUESTS = frozenset(
+    {
+        RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
+        RequestCode.GET_CONSUMER_RUNNING_INFO,
+        RequestCode.CONSUME_MESSAGE_DIRECTLY,
+    }
+)
 
 
 class RemotingTransport:
@@ -161,12 +171,12 @@ class RemotingTransport:
     # -- server -> client requests --
 
     @_reply_errors
-    def _server_request(self, cmd: RemotingCommand) -> None:
+    def _server_request(self, cmd: RemotingCommand) -> RemotingCommand | None:
         f = Fields(cmd.ext_fields)
         with self._lock:
-            channels = list(self._channels.values())
+            channels = dict(self._channels)
         if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            for ch in channels:
+            for ch in channels.values():
                 ch.notify_consumer_ids_changed(f.text("consumerGroup"))
         elif cmd.code == RequestCode.CHECK_TRANSACTION_STATE:
             message = decode_record(cmd.body)
@@ -178,10 +188,31 @@ class RemotingTransport:
                 commit_log_offset=f.num("commitLogOffset"),
             )
             group = f.text("producerGroup", "")
-            for ch in channels:
+            for ch in channels.values():
                 ch.check_transaction_state(group, req, message)
+        elif cmd.code in ADMIN_REQUESTS:
+            return self._admin_request(cmd, f, channels)
         else:
             log.info("ignoring server request code %d", cmd.code)
+        return None
+
+    def _admin_request(
+        self, cmd: RemotingCommand, f: Fields, channels: dict[str, ClientChannel]
+    ) -> RemotingCommand | None:
+        """RESET_CONSUMER_CLIENT_OFFSET / GET_CONSUMER_RUNNING_INFO / CONSUME_MESSAGE_DIRECTLY for the client
+        named by ``clientId`` (``ClientRemotingProcessor``)."""
+        client_id, group = f.text("clientId", ""), f.text("group", "") or f.text("consumerGroup", "")
+        ch = channels.get(client_id)
+        if not isinstance(ch, AdminChannel):
+            return cmd.reply(ResponseCode.SYSTEM_ERROR, f"no consumer {client_id!r} on this connection")
+        if cmd.code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
+            ch.reset_offset(client_id, f.text("topic"), group, bodies.parse_reset_offset(cmd.body))
+            return None
+        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+            info = ch.consumer_running_info(client_id, group)
+        else:
+            info = ch.consume_message_directly(client_id, group, decode_record(cmd.body))
+        return cmd.reply(ResponseCode.SUCCESS, body=bodies.dump_json(info))
 
     # -- routes --
 

@@ -113,6 +113,7 @@ class MessageStore:
         self.get_commit_log_offset_in_queue = r.get_commit_log_offset_in_queue
         self.get_message_store_timestamp = r.get_message_store_timestamp
         self.check_in_disk_by_consume_offset = r.check_in_disk_by_consume_offset
+        self.consume_queue_units = r.consume_queue_units
         self.get_earliest_message_time = r.get_earliest_message_time
         self.get_offset_in_queue_by_time = r.get_offset_in_queue_by_time
         self.topic_queue_ids = r.topic_queue_ids

@@ -180,6 +180,19 @@ class StoreReader:
         unit = None if cq is None else cq.get(cq_offset)
         return 0 if unit is None else unit[0]
 
+    def consume_queue_units(
+        self, topic: str, queue_id: int, start: int, count: int
+    ) -> list[tuple[int, int, int, int]]:
+        """``(queueOffset, commitLogOffset, size, tagsCode)`` of up to ``count`` units from ``start``."""
+        cq = self._cqs.get((topic, queue_id))
+        out = []
+        for offset in range(max(start, 0), max(start, 0) + max(count, 0)):
+            unit = None if cq is None else cq.get(offset)
+            if unit is None:
+                break
+            out.append((offset, *unit))
+        return out
+
     def check_in_disk_by_consume_offset(self, topic: str, queue_id: int, cq_offset: int) -> bool:
         """``DefaultMessageStore.checkInDiskByConsumeOffset``: True when the message at ``cq_offset`` lies
         further behind the commit log's end than the share of memory RocketMQ keeps hot
