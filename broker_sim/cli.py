@@ -2,7 +2,11 @@
 
     broker-sim serve --store DIR [--namesrv-port 9876] [--broker-port 10911] [--flush SYNC_FLUSH] ...
     broker-sim admin [--namesrv HOST:PORT] topic create|list|route ...
-    broker-sim admin consumer progress GROUP
+    broker-sim admin cluster list
+    broker-sim admin topic status|delete NAME
+    broker-sim admin consumer progress|connection GROUP
+    broker-sim admin consumer reset-offset GROUP --topic T --time 2026-01-31T12:00:00
+    broker-sim admin group update GROUP --retry-max-times 3
     broker-sim admin message query --topic T --key K | message view --id ID
     broker-sim admin dlq list [--group G]
 
@@ -122,7 +126,12 @@ def _build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print JSON instead of a table")
     asub = a.add_subparsers(dest="area", required=True, metavar="AREA")
 
-    topic = asub.add_parser("topic", help="create, list and route topics").add_subparsers(
+    cluster = asub.add_parser("cluster", help="brokers of the cluster").add_subparsers(
+        dest="action", required=True
+    )
+    cluster.add_parser("list", help="every broker: cluster, name, address, version, commit-log size, uptime")
+
+    topic = asub.add_parser("topic", help="create, list, route, inspect and delete topics").add_subparsers(
         dest="action", required=True
     )
     tc = topic.add_parser("create", help="create or update a topic")
@@ -132,6 +141,10 @@ def _build_parser() -> argparse.ArgumentParser:
     topic.add_parser("list", help="list topics")
     tr = topic.add_parser("route", help="show a topic's route")
     tr.add_argument("name")
+    ts = topic.add_parser("status", help="per queue: min offset, max offset, last write")
+    ts.add_argument("name")
+    td = topic.add_parser("delete", help="delete a topic on the broker and the name server")
+    td.add_argument("name")
 
     consumer = asub.add_parser("consumer", help="consumer groups").add_subparsers(
         dest="action", required=True
@@ -139,6 +152,44 @@ def _build_parser() -> argparse.ArgumentParser:
     cp = consumer.add_parser("progress", help="per queue: broker offset, consumer offset, lag")
     cp.add_argument("group")
     cp.add_argument("--topic", help="only this topic")
+    cc = consumer.add_parser("connection", help="the group's live clients and subscriptions")
+    cc.add_argument("group")
+    cr = consumer.add_parser(
+        "reset-offset",
+        help="move the group's offsets on a topic to a point in time",
+        description="Move GROUP's offsets on --topic to the first message stored at or after --time. Live "
+        "consumers are told to restart from there; for an offline group the offsets are committed directly.",
+    )
+    cr.add_argument("group")
+    cr.add_argument("--topic", required=True)
+    cr.add_argument(
+        "--time",
+        required=True,
+        help="ms since the epoch, 'now', 'latest', 2026-01-31T12:00:00 (UTC) or yyyy-MM-dd#HH:mm:ss:SSS",
+    )
+    cr.add_argument("--no-force", action="store_true", help="only move offsets back, never forward")
+    ci = consumer.add_parser("running-info", help="ask one consumer client for its state")
+    ci.add_argument("group")
+    ci.add_argument("client", help="client id (see 'consumer connection')")
+    cd = consumer.add_parser(
+        "consume-directly", help="have one consumer client run its listener on a message"
+    )
+    cd.add_argument("group")
+    cd.add_argument("client", help="client id (see 'consumer connection')")
+    cd.add_argument("--id", required=True, help="the message's offsetMsgId")
+
+    group = asub.add_parser("group", help="subscription groups").add_subparsers(dest="action", required=True)
+    group.add_parser("list", help="every subscription group's settings")
+    gu = group.add_parser("update", help="create or update a subscription group")
+    gu.add_argument("group")
+    gu.add_argument("--retry-max-times", type=int, help="messages go to %%DLQ%% after this many retries")
+    gu.add_argument("--retry-queues", type=int, help="queues of the group's %%RETRY%% topic")
+    gu.add_argument(
+        "--consume-enable", action=argparse.BooleanOptionalAction, help="allow the group to consume"
+    )
+    gu.add_argument(
+        "--broadcast-enable", action=argparse.BooleanOptionalAction, help="allow broadcasting consumption"
+    )
 
     message = asub.add_parser("message", help="find messages").add_subparsers(dest="action", required=True)
     mq = message.add_parser("query", help="messages of a topic by key (index lookup)")

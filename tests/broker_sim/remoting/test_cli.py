@@ -30,6 +30,16 @@ ROOT = Path(__file__).resolve().parents[3]
         ["admin", "message", "query"],
         ["admin", "dlq"],
         ["admin", "dlq", "list"],
+        ["admin", "cluster", "list"],
+        ["admin", "topic", "status"],
+        ["admin", "topic", "delete"],
+        ["admin", "consumer", "progress"],
+        ["admin", "consumer", "connection"],
+        ["admin", "consumer", "reset-offset"],
+        ["admin", "consumer", "running-info"],
+        ["admin", "consumer", "consume-directly"],
+        ["admin", "group", "update"],
+        ["admin", "group", "list"],
     ],
 )
 def test_help_everywhere(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
