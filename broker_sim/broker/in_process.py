@@ -92,22 +92,7 @@ class InProcessTransport:
             ) from exc
 
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
-        done = threading.Event()
-        box: list[PullMessageResponse | BaseException] = []
-
-        def callback(result: PullMessageResponse | BaseException) -> None:
-            box.append(result)
-            done.set()
-
-        self.pull_message_async(request, callback)
-        if not self._broker.clock.wait(done, timeout_ms / 1000):
-            raise RequestTimeoutError(
-                f"pull {request.topic}:{request.queue_id}: no reply within {timeout_ms} ms"
-            )
-        result = box[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return self._check().pull_message(request, timeout_ms)
 
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
         fired = threading.Event()
