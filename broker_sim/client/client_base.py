@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker_sim.client.transport import transport_for
 from broker_sim.clock import Clock, SystemClock
@@ -16,6 +16,9 @@ from broker_sim.common.errors import InvalidMessageError, MQClientError
 from broker_sim.common.message import Message, MessageExt, MessageQueue
 from broker_sim.common.requests import CheckTransactionStateRequest
 from broker_sim.common.transport import BrokerTransport, ClockedTransport
+
+if TYPE_CHECKING:
+    from broker_sim.client.consumer_admin import ConsumerAdmin
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +84,19 @@ class ClientBase:
     def notify_consumer_ids_changed(self, consumer_group: str) -> None:
         log.debug("client %s: consumer ids of %s changed (ignored)", self.client_id, consumer_group)
 
-    # -- AdminChannel: only push consumers serve these; other clients refuse them ---------------------------
+    # -- AdminChannel: served by ``self.admin`` (push consumers have one); other clients refuse -------------
+
+    def _admin(self) -> ConsumerAdmin:
+        admin: ConsumerAdmin | None = getattr(self, "admin", None)
+        if admin is None:
+            raise MQClientError(f"client {self.client_id} is not a push consumer; it serves no admin request")
+        return admin
 
     def reset_offset(self, client_id: str, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None:
-        raise MQClientError(f"client {self.client_id} is not a push consumer; it cannot reset offsets")
+        self._admin().reset_offset(topic, group, offsets)
 
     def consumer_running_info(self, client_id: str, group: str) -> dict[str, Any]:
-        raise MQClientError(f"client {self.client_id} is not a push consumer; it has no running info")
+        return self._admin().running_info()
 
     def consume_message_directly(self, client_id: str, group: str, message: MessageExt) -> dict[str, Any]:
-        raise MQClientError(f"client {self.client_id} is not a push consumer; it has no listener")
+        return self._admin().consume_directly(message)

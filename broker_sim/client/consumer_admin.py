@@ -17,7 +17,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from broker_sim.client.offset_store import ReadOffsetType
+from broker_sim.common.errors import BrokerResponseError, MQClientError, TransportError
 from broker_sim.common.message import ConsumeOrderlyStatus, ConsumeStatus, MessageExt, MessageQueue
+from broker_sim.common.requests import ExpressionType
 
 if TYPE_CHECKING:
     from broker_sim.client.push_consumer import PushConsumer
@@ -33,13 +35,31 @@ _RESULTS: dict[ConsumeStatus | ConsumeOrderlyStatus, str] = {
 
 
 class ConsumerAdmin:
-    """Serves the three admin requests for one push consumer (``consumer.admin``)."""
+    """Serves the three admin requests for one push consumer (``consumer.admin``), and checks its
+    subscriptions with the broker at start."""
 
     def __init__(self, consumer: PushConsumer) -> None:
         self.consumer = consumer
 
-    def reset_offset(self, topic: str, offsets: dict[MessageQueue, int]) -> None:
+    def check_client_config(self) -> None:
+        """As ``DefaultMQPushConsumerImpl.checkClientInBroker``: every non-TAG subscription is checked with
+        the broker, so an unsupported or unparsable SQL92 expression fails ``start()`` loudly."""
         c = self.consumer
+        for sub in c.subscriptions.values():
+            if sub.expression_type is ExpressionType.TAG:
+                continue
+            try:
+                c.transport.check_client_config(c.group, c.client_id, sub)
+            except (TransportError, BrokerResponseError) as exc:
+                raise MQClientError(
+                    f"{c.group}: the broker refuses the {sub.expression_type} subscription "
+                    f"{sub.sub_string!r} of {sub.topic}: {exc}"
+                ) from exc
+
+    def reset_offset(self, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None:
+        c = self.consumer
+        if group != c.group or not c.is_running:
+            return
         log.info("%s: offsets of %s reset by the broker: %s", c.group, topic, offsets)
         store = c.offset_store
         for mq, offset in offsets.items():

@@ -15,7 +15,6 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from broker_sim.client.allocate import Allocator, average
 from broker_sim.client.client_base import ClientBase, check_group
@@ -37,7 +36,7 @@ from broker_sim.client.process_queue import ProcessQueue
 from broker_sim.client.rebalance import PullRequest, Rebalancer
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression, retry_topic
-from broker_sim.common.errors import BrokerResponseError, ClientStateError, MQClientError, TransportError
+from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
 from broker_sim.common.message import MessageExt, MessageQueue, SysFlag
 from broker_sim.common.requests import (
     ConsumeFromWhere,
@@ -142,17 +141,9 @@ class PushConsumer(ClientBase):
     def __repr__(self) -> str:
         return f"PushConsumer({self.group!r}, {self.client_id!r})"
 
-    # -- AdminChannel (requests an operator's tool sends through the broker) ---------------------------------
-
-    def reset_offset(self, client_id: str, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None:
-        if group == self.group and self._state == "RUNNING":
-            self.admin.reset_offset(topic, offsets)
-
-    def consumer_running_info(self, client_id: str, group: str) -> dict[str, Any]:
-        return self.admin.running_info()
-
-    def consume_message_directly(self, client_id: str, group: str, message: MessageExt) -> dict[str, Any]:
-        return self.admin.consume_directly(message)
+    @property
+    def is_running(self) -> bool:
+        return self._state == "RUNNING"
 
     def listener_for_direct_consume(self) -> Callable[[list[MessageExt]], object]:
         listener = self._orderly_listener or self._listener
@@ -202,20 +193,6 @@ class PushConsumer(ClientBase):
 
     # -- life cycle -----------------------------------------------------------------------------------------
 
-    def _check_client_config(self) -> None:
-        """As ``DefaultMQPushConsumerImpl.checkClientInBroker``: every non-TAG subscription is checked with
-        the broker, so an unsupported or unparsable SQL92 expression fails ``start()`` loudly."""
-        for sub in self.subscriptions.values():
-            if sub.expression_type is ExpressionType.TAG:
-                continue
-            try:
-                self.transport.check_client_config(self.group, self.client_id, sub)
-            except (TransportError, BrokerResponseError) as exc:
-                raise MQClientError(
-                    f"{self.group}: the broker refuses the {sub.expression_type} subscription "
-                    f"{sub.sub_string!r} of {sub.topic}: {exc}"
-                ) from exc
-
     def start(self) -> PushConsumer:
         if self._state != "CREATED":
             raise ClientStateError(f"consumer {self.group} is {self._state.lower()}")
@@ -227,7 +204,7 @@ class PushConsumer(ClientBase):
             rt = retry_topic(self.group)
             self.subscriptions[rt] = SubscriptionData(rt, "*", self.clock.now_ms())
             self._tag_filters[rt] = None
-        self._check_client_config()
+        self.admin.check_client_config()
         self.start_timestamp_ms = self.clock.now_ms()
         self.offset_store.load()
         if self._orderly_listener is not None:

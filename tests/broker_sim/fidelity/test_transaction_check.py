@@ -21,7 +21,9 @@ def test_check_back_message_is_on_its_real_topic_and_queue(manual_broker: Broker
         manual_broker, "TP", executor=lambda m, arg: LocalTransactionState.UNKNOW, checker=checker
     )
     result = tp.send_message_in_transaction(Message("T", b"pending", keys="tx-1"))
-    clock.advance(60)
+    half = "RMQ_SYS_TRANS_HALF_TOPIC"
+    wait_until(lambda: manual_broker.get_max_offset(half, 0) == 1, what="the half message indexed")
+    clock.advance(60)  # the next check round finds it older than the 6 s transaction timeout
     wait_until(lambda: bool(checked), what="the check-back")
     msg = checked[0]
     assert msg.topic == "T" and msg.queue_id == result.queue_id
