@@ -14,8 +14,8 @@ from typing import Any, Protocol
 from broker_sim.common.message import MessageExt
 from broker_sim.common.requests import QueueProgress
 from broker_sim.remoting import bodies
-from broker_sim.remoting.broker_server import encode_message_ext
 from broker_sim.remoting.codes import RequestCode, ResponseCode
+from broker_sim.remoting.connection_channel import encode_message_ext
 from broker_sim.remoting.frame import RemotingCommand
 from broker_sim.remoting.header import Fields
 from broker_sim.remoting.server import Connection, Handler

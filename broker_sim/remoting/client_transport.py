@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from broker_sim.common.errors import TransportError, error_for_code
 from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
 from broker_sim.common.requests import (
-    AdminChannel,
     BatchEntry,
-    CheckTransactionStateRequest,
     ClientChannel,
     ConsumerSendMsgBackRequest,
     EndTransactionRequest,
@@ -37,6 +35,7 @@ from broker_sim.common.transport import PullCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
 from broker_sim.remoting.client import RemotingConnection
+from broker_sim.remoting.client_requests import serve_client_request
 from broker_sim.remoting.codes import RequestCode
 from broker_sim.remoting.errors import RemotingError
 from broker_sim.remoting.frame import RemotingCommand
@@ -62,15 +61,6 @@ def _reply_errors(fn: Callable[P, R]) -> Callable[P, R]:
             raise TransportError(f"undecodable reply: {exc}") from exc
 
     return wrapper
-
-
-ADMIN_REQUESTS = frozenset(
-    {
-        RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
-        RequestCode.GET_CONSUMER_RUNNING_INFO,
-        RequestCode.CONSUME_MESSAGE_DIRECTLY,
-    }
-)
 
 
 class RemotingTransport:
@@ -172,47 +162,9 @@ class RemotingTransport:
 
     @_reply_errors
     def _server_request(self, cmd: RemotingCommand) -> RemotingCommand | None:
-        f = Fields(cmd.ext_fields)
         with self._lock:
             channels = dict(self._channels)
-        if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            for ch in channels.values():
-                ch.notify_consumer_ids_changed(f.text("consumerGroup"))
-        elif cmd.code == RequestCode.CHECK_TRANSACTION_STATE:
-            message = decode_record(cmd.body)
-            req = CheckTransactionStateRequest(
-                msg_id=f.text("msgId"),
-                transaction_id=f.opt("transactionId"),
-                offset_msg_id=f.text("offsetMsgId"),
-                tran_state_table_offset=f.num("tranStateTableOffset", 0),
-                commit_log_offset=f.num("commitLogOffset"),
-            )
-            group = f.text("producerGroup", "")
-            for ch in channels.values():
-                ch.check_transaction_state(group, req, message)
-        elif cmd.code in ADMIN_REQUESTS:
-            return self._admin_request(cmd, f, channels)
-        else:
-            log.info("ignoring server request code %d", cmd.code)
-        return None
-
-    def _admin_request(
-        self, cmd: RemotingCommand, f: Fields, channels: dict[str, ClientChannel]
-    ) -> RemotingCommand | None:
-        """RESET_CONSUMER_CLIENT_OFFSET / GET_CONSUMER_RUNNING_INFO / CONSUME_MESSAGE_DIRECTLY for the client
-        named by ``clientId`` (``ClientRemotingProcessor``)."""
-        client_id, group = f.text("clientId", ""), f.text("group", "") or f.text("consumerGroup", "")
-        ch = channels.get(client_id)
-        if not isinstance(ch, AdminChannel):
-            return cmd.reply(ResponseCode.SYSTEM_ERROR, f"no consumer {client_id!r} on this connection")
-        if cmd.code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
-            ch.reset_offset(client_id, f.text("topic"), group, bodies.parse_reset_offset(cmd.body))
-            return None
-        if cmd.code == RequestCode.GET_CONSUMER_RUNNING_INFO:
-            info = ch.consumer_running_info(client_id, group)
-        else:
-            info = ch.consume_message_directly(client_id, group, decode_record(cmd.body))
-        return cmd.reply(ResponseCode.SUCCESS, body=bodies.dump_json(info))
+        return serve_client_request(cmd, channels)
 
     # -- routes --
 
