@@ -35,3 +35,11 @@ def transport_for(broker_or_address: object) -> BrokerTransport:
     raise TypeError(
         f"expected a Broker, a 'host:port' string or a BrokerTransport, got {broker_or_address!r}"
     )
+
+
+def __getattr__(name: str) -> object:
+    """``InProcessTransport`` moved to :mod:`broker_sim.broker.in_process` (the client package no longer
+    imports the broker); the old name still resolves, loaded on first use."""
+    if name == "InProcessTransport":
+        return importlib.import_module("broker_sim.broker.in_process").InProcessTransport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
