@@ -175,7 +175,7 @@ class OrderlyConsumeService:
             begin = c.clock.now_ms()
             while not pq.dropped and not c.stopped:
                 if clustering and (not pq.locked or pq.is_lock_expired(c.clock.now_ms())):
-                    c.try_lock_later(mq, lambda: self._submit(pq, mq))
+                    c.rebalancer.try_lock_later(mq, lambda: self._submit(pq, mq))
                     return
                 if c.clock.now_ms() - begin > self.MAX_TIME_CONSUME_CONTINUOUSLY_MS:
                     self._later(pq, mq, 10)

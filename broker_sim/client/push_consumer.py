@@ -234,7 +234,7 @@ class PushConsumer(ClientBase):
             name="persist-offsets",
         )
         if self.orderly and self.message_model is MessageModel.CLUSTERING:
-            s.schedule_periodic(1000, 20_000, self.lock_all, name="lock-all")
+            s.schedule_periodic(1000, 20_000, self.rebalancer.lock_all, name="lock-all")
         if isinstance(self.consume_service, ConcurrentConsumeService):
             s.schedule_periodic(
                 self.consume_timeout_ms, self.consume_timeout_ms, self._clean_expired, name="clean-expired"
@@ -313,49 +313,6 @@ class PushConsumer(ClientBase):
         with self.pq_lock:
             mqs = list(self.process_queues)
         self.offset_store.persist_all(mqs)
-
-    def lock_all(self) -> None:
-        with self.pq_lock:
-            mqs = set(self.process_queues)
-        if not mqs or self.stopped:
-            return
-        try:
-            locked = self.transport.lock_batch_mq(self.group, self.client_id, mqs)
-        except (TransportError, BrokerResponseError) as exc:
-            log.warning("%s: lock batch failed: %s", self.group, exc)
-            return
-        now = self.clock.now_ms()
-        with self.pq_lock:
-            for mq, pq in self.process_queues.items():
-                if mq in locked:
-                    if not pq.locked:
-                        log.info("%s: queue %s locked", self.group, mq)
-                    pq.locked, pq.last_lock_ms = True, now
-                else:
-                    pq.locked = False
-
-    def _lock_one(self, mq: MessageQueue) -> bool:
-        try:
-            locked = mq in self.transport.lock_batch_mq(self.group, self.client_id, {mq})
-        except (TransportError, BrokerResponseError) as exc:
-            log.warning("%s: lock %s failed: %s", self.group, mq, exc)
-            return False
-        with self.pq_lock:
-            pq = self.process_queues.get(mq)
-            if pq is not None and locked:
-                pq.locked, pq.last_lock_ms = True, self.clock.now_ms()
-        return locked
-
-    def try_lock_later(self, mq: MessageQueue, then: object) -> None:
-        def attempt() -> None:
-            if self.stopped:
-                return
-            if self._lock_one(mq):
-                self.scheduler.schedule(10, then, name="orderly-resume")  # type: ignore[arg-type]
-            else:
-                self.scheduler.schedule(3000, attempt, name="orderly-relock")
-
-        self.scheduler.schedule(10, attempt, name="orderly-lock")
 
     def send_message_back(self, msg: MessageExt, delay_level: int) -> bool:
         return try_send_back(self, msg, delay_level)

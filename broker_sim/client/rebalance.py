@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from broker_sim.client.offset_store import OffsetStore
     from broker_sim.clock import Clock
     from broker_sim.common.requests import SubscriptionData
+    from broker_sim.common.scheduler import Scheduler
     from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger("broker_sim.client.push_consumer")
@@ -58,6 +60,7 @@ class RebalanceHost(Protocol):
     offset_store: OffsetStore
     pq_lock: threading.RLock
     pull_queue: queue.Queue[PullRequest | None]
+    scheduler: Scheduler
 
     @property
     def orderly(self) -> bool: ...
@@ -115,7 +118,7 @@ class Rebalancer:
                 if (
                     self.host.orderly
                     and self.host.message_model is MessageModel.CLUSTERING
-                    and not self._lock_one_new(mq)
+                    and not self.lock_one(mq)
                 ):
                     continue
                 self.host.offset_store.remove_offset(mq)
@@ -151,11 +154,56 @@ class Rebalancer:
         for pr in requests:
             h.pull_queue.put(pr)
 
-    def _lock_one_new(self, mq: MessageQueue) -> bool:
+    # -- orderly queue locks (RebalanceImpl.lock / lockAll) ------------------------------------------------
+
+    def lock_all(self) -> None:
+        """Renew the broker locks of every owned queue (every 20 s); a queue whose lock is refused stops."""
+        h = self.host
+        with h.pq_lock:
+            mqs = set(h.process_queues)
+        if not mqs or h.stopped:
+            return
         try:
-            return mq in self.host.transport.lock_batch_mq(self.host.group, self.host.client_id, {mq})
-        except (TransportError, BrokerResponseError):
+            locked = h.transport.lock_batch_mq(h.group, h.client_id, mqs)
+        except (TransportError, BrokerResponseError) as exc:
+            log.warning("%s: lock batch failed: %s", h.group, exc)
+            return
+        now = h.clock.now_ms()
+        with h.pq_lock:
+            for mq, pq in h.process_queues.items():
+                if mq in locked:
+                    if not pq.locked:
+                        log.info("%s: queue %s locked", h.group, mq)
+                    pq.locked, pq.last_lock_ms = True, now
+                else:
+                    pq.locked = False
+
+    def lock_one(self, mq: MessageQueue) -> bool:
+        h = self.host
+        try:
+            locked = mq in h.transport.lock_batch_mq(h.group, h.client_id, {mq})
+        except (TransportError, BrokerResponseError) as exc:
+            log.warning("%s: lock %s failed: %s", h.group, mq, exc)
             return False
+        with h.pq_lock:
+            pq = h.process_queues.get(mq)
+            if pq is not None and locked:
+                pq.locked, pq.last_lock_ms = True, h.clock.now_ms()
+        return locked
+
+    def try_lock_later(self, mq: MessageQueue, then: Callable[[], None]) -> None:
+        """Lock ``mq`` soon (retrying every 3 s while refused), then run ``then``."""
+        h = self.host
+
+        def attempt() -> None:
+            if h.stopped:
+                return
+            if self.lock_one(mq):
+                h.scheduler.schedule(10, then, name="orderly-resume")
+            else:
+                h.scheduler.schedule(3000, attempt, name="orderly-relock")
+
+        h.scheduler.schedule(10, attempt, name="orderly-lock")
 
     def _remove_unnecessary(self, mq: MessageQueue, pq: ProcessQueue) -> None:
         self.host.offset_store.persist(mq)
