@@ -40,7 +40,10 @@ class SubscriptionFilters:
         self._lock = threading.Lock()
 
     def check(self, expression_type: str, expression: str) -> None:
-        """CHECK_CLIENT_CONFIG (46) for one subscription: return if the broker can serve it, else raise."""
+        """CHECK_CLIENT_CONFIG (46) for one subscription: return if the broker can serve it, else raise. A TAG
+        subscription is always accepted (``ClientManageProcessor.checkClientConfig`` does not parse it)."""
+        if expression_type in ("", ExpressionType.TAG):
+            return
         self.for_pull(expression_type, expression)
 
     def for_pull(self, expression_type: str, expression: str) -> PullFilter:
