@@ -258,15 +258,26 @@ class Producer(ClientBase):
                 )
             except (TransportError, BrokerResponseError) as exc:
                 raise SendFailedError(f"send to {mq} failed: {exc}") from exc
-        return self._send_with_retries(msg, info, body, sys_flag, timeout)
+        mq, resp = self._send_with_retries(
+            msg.topic,
+            info,
+            timeout,
+            lambda mq, left: self.transport.send_message(self._request(msg, mq, sys_flag), body, left),
+        )
+        return self._result(msg, mq, resp)
 
     def _send_with_retries(
-        self, msg: Message, info: TopicPublishInfo, body: bytes, sys_flag: int, timeout: int
-    ) -> SendResult:
+        self,
+        topic: str,
+        info: TopicPublishInfo,
+        timeout: int,
+        call: Callable[[MessageQueue, int], SendMessageResponse],
+    ) -> tuple[MessageQueue, SendMessageResponse]:
         """RocketMQ 4.9.8's ``sendDefaultImpl``: up to ``1 + retry_times_when_send_failed`` attempts that
         share ONE ``timeout`` budget — each attempt gets what is left, and once it is spent the send fails
         with "call timeout" instead of trying again. So a send whose reply never comes (a lost ACK waits the
-        whole budget) is not retried, while a refused or failed connection is retried at once."""
+        whole budget) is not retried, while a refused or failed connection is retried at once. ``call(mq,
+        ms_left)`` makes one attempt (a single message or a batch)."""
         attempts = 1 + max(0, self.retry_times_when_send_failed)
         last_broker: str | None = None
         last_exc: Exception | None = None
@@ -276,7 +287,7 @@ class Producer(ClientBase):
             cost = self.clock.now_ms() - first + waited
             if cost >= timeout:  # Java breaks on timeout < cost; a real timeout always overruns its budget
                 raise SendFailedError(
-                    f"send to {msg.topic} call timeout: {cost} ms of the {timeout} ms budget used "
+                    f"send to {topic} call timeout: {cost} ms of the {timeout} ms budget used "
                     f"after {attempt} attempt(s): {last_exc}"
                 ) from last_exc
             if self.send_latency_fault_enable:
@@ -286,7 +297,7 @@ class Producer(ClientBase):
             last_broker = mq.broker_name
             begin = self.clock.now_ms()
             try:
-                resp = self.transport.send_message(self._request(msg, mq, sys_flag), body, timeout - cost)
+                resp = call(mq, timeout - cost)
             except BrokerResponseError as exc:
                 self._update_fault(mq, begin, isolation=True)
                 if exc.code not in _RETRY_CODES:
@@ -301,15 +312,13 @@ class Producer(ClientBase):
                 last_exc = exc
             else:
                 self._update_fault(mq, begin, isolation=False)
-                return self._result(msg, mq, resp)
+                return mq, resp
             log.warning(
-                "send %s to %s failed (attempt %d/%d): %s", msg.topic, mq, attempt + 1, attempts, last_exc
+                "send %s to %s failed (attempt %d/%d): %s", topic, mq, attempt + 1, attempts, last_exc
             )
             if attempt + 1 < attempts and isinstance(last_exc, BrokerResponseError):
-                info = self.publish_info(msg.topic, refresh=True)
-        raise SendFailedError(
-            f"send to {msg.topic} failed after {attempts} attempts: {last_exc}"
-        ) from last_exc
+                info = self.publish_info(topic, refresh=True)
+        raise SendFailedError(f"send to {topic} failed after {attempts} attempts: {last_exc}") from last_exc
 
     def _update_fault(self, mq: MessageQueue, begin_ms: int, *, isolation: bool) -> None:
         if self.send_latency_fault_enable:
@@ -378,26 +387,29 @@ class Producer(ClientBase):
         if sum(len(e.body) for e in entries) > self.max_message_size:
             raise InvalidMessageError("the batch is larger than the maximum message size")
         info = self._route(topic)
-        attempts = 1 if queue is not None else 1 + max(0, self.retry_times_when_send_failed)
-        last_exc: Exception | None = None
-        for _ in range(attempts):
-            mq = queue if queue is not None else info.select(None)
-            req = SendMessageRequest(
+
+        def request(mq: MessageQueue) -> SendMessageRequest:
+            return SendMessageRequest(
                 self.group, topic, mq.queue_id, {}, born_timestamp=self.clock.now_ms(), batch=True,
                 default_topic_queue_nums=self.default_topic_queue_nums,
             )  # fmt: skip
+
+        def call(mq: MessageQueue, left: int) -> SendMessageResponse:
+            return self.transport.send_batch_message(request(mq), entries, left)
+
+        if queue is not None:  # a pinned queue: one attempt, as for a selector
             try:
-                resp = self.transport.send_batch_message(req, entries, self.send_msg_timeout_ms)
+                mq, resp = queue, call(queue, self.send_msg_timeout_ms)
             except (TransportError, BrokerResponseError) as exc:
-                last_exc = exc
-                continue
-            return SendResult(
-                _STATUS.get(resp.code, SendStatus.SEND_OK),
-                ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),
-                resp.queue_id,
-                resp.queue_offset,
-                resp.msg_id,
-                topic,
-                mq.broker_name,
-            )
-        raise SendFailedError(f"batch send to {topic} failed: {last_exc}") from last_exc
+                raise SendFailedError(f"batch send to {queue} failed: {exc}") from exc
+        else:
+            mq, resp = self._send_with_retries(topic, info, self.send_msg_timeout_ms, call)
+        return SendResult(
+            _STATUS.get(resp.code, SendStatus.SEND_OK),
+            ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),
+            resp.queue_id,
+            resp.queue_offset,
+            resp.msg_id,
+            topic,
+            mq.broker_name,
+        )

@@ -67,3 +67,13 @@ def test_quick_failures_use_every_attempt(manual_broker: Broker) -> None:
         p.send(Message("T", b"x"))
     assert t.attempts == 3
     p.shutdown()
+
+
+def test_batch_sends_share_the_budget_too(broker: Broker) -> None:
+    """A batch goes through sendDefaultImpl as well: its lost ACK is not retried either."""
+    p = Producer(broker, "P")
+    broker.faults.lose_send_acks(1)
+    with pytest.raises(SendFailedError, match="call timeout"):
+        p.send_batch([Message("T", b"a", keys="bk"), Message("T", b"b", keys="bk")])
+    assert len(broker.query_message_by_key("T", "bk")) == 2  # the one batch, stored once
+    p.shutdown()
