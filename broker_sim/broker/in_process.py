@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from broker_sim.clock import Clock
+from broker_sim.common.broker_api import BrokerApi
 from broker_sim.common.errors import RequestTimeoutError, TransportError
 from broker_sim.common.message import MessageExt, MessageQueue
 from broker_sim.common.requests import (
@@ -26,8 +26,6 @@ from broker_sim.common.requests import (
 )
 from broker_sim.common.transport import PullCallback
 
-if TYPE_CHECKING:
-    from broker_sim.broker.broker import Broker
 log = logging.getLogger(__name__)
 
 
@@ -38,20 +36,20 @@ class InProcessTransport:
     send whose ACK the injector drops is stored by the broker, then the caller gets RequestTimeoutError.
     """
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerApi) -> None:
         self._broker = broker
         self._closed = False
         self._client_ids: set[str] = set()
 
     @property
-    def broker(self) -> Broker:
+    def broker(self) -> BrokerApi:
         return self._broker
 
     @property
     def address(self) -> str:
         return f"in-process:{self._broker.store_dir}"
 
-    def _check(self) -> Broker:
+    def _check(self) -> BrokerApi:
         if self._closed:
             raise TransportError("transport closed")
         return self._broker

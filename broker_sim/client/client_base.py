@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker_sim.client.transport import transport_for
 from broker_sim.clock import Clock, SystemClock
@@ -16,9 +16,6 @@ from broker_sim.common.errors import InvalidMessageError, MQClientError
 from broker_sim.common.message import Message, MessageExt, MessageQueue
 from broker_sim.common.requests import CheckTransactionStateRequest
 from broker_sim.common.transport import BrokerTransport, ClockedTransport
-
-if TYPE_CHECKING:
-    from broker_sim.client.consumer_admin import ConsumerAdmin
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +53,16 @@ def check_message(msg: Message, max_message_size: int) -> None:
         raise InvalidMessageError(f"the message body is {len(msg.body)} bytes, more than {max_message_size}")
 
 
+class AdminService(Protocol):
+    """What a client's ``admin`` attribute serves (a push consumer's ``ConsumerAdmin``)."""
+
+    def reset_offset(self, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None: ...
+
+    def running_info(self) -> dict[str, Any]: ...
+
+    def consume_directly(self, message: MessageExt) -> dict[str, Any]: ...
+
+
 class ClientBase:
     """Holds the transport and the broker callback channel; subclasses override the callbacks they serve."""
 
@@ -86,8 +93,8 @@ class ClientBase:
 
     # -- AdminChannel: served by ``self.admin`` (push consumers have one); other clients refuse -------------
 
-    def _admin(self) -> ConsumerAdmin:
-        admin: ConsumerAdmin | None = getattr(self, "admin", None)
+    def _admin(self) -> AdminService:
+        admin: AdminService | None = getattr(self, "admin", None)
         if admin is None:
             raise MQClientError(f"client {self.client_id} is not a push consumer; it serves no admin request")
         return admin

@@ -9,28 +9,20 @@ body (G10), and pulled records carry the broker's current address as STOREHOST (
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Protocol
 
+from broker_sim.common.broker_api import BrokerApi
 from broker_sim.common.message import (
-    MessageExt,
-    MessageQueue,
     encode_offset_msg_id,
     properties_to_string,
     string_to_properties,
 )
 from broker_sim.common.requests import (
-    BatchEntry,
-    ClientChannel,
     ConsumerSendMsgBackRequest,
     EndTransactionRequest,
-    HeartbeatData,
     PullMessageRequest,
     PullMessageResponse,
     SendMessageRequest,
     SendMessageResponse,
-    SubscriptionData,
-    TopicRouteData,
     TransactionType,
 )
 from broker_sim.faults import SendAckLost
@@ -43,61 +35,6 @@ from broker_sim.remoting.records import RecordError, with_store_host
 from broker_sim.remoting.server import DEFERRED, Connection, Deferred, Handler
 
 log = logging.getLogger("broker_sim.remoting.broker_server")
-
-
-class BrokerApi(Protocol):
-    """The part of :class:`broker_sim.broker.Broker` the wire handlers call (structural, so this module does
-    not depend on the Broker's construction details)."""
-
-    def get_route_info_by_topic(self, topic: str) -> TopicRouteData: ...
-
-    def send_message(self, request: SendMessageRequest, body: bytes) -> SendMessageResponse: ...
-
-    def send_batch_message(
-        self, request: SendMessageRequest, entries: Sequence[BatchEntry]
-    ) -> SendMessageResponse: ...
-
-    def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None: ...
-
-    def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None: ...
-
-    def unregister_client(
-        self, client_id: str, producer_group: str | None, consumer_group: str | None
-    ) -> None: ...
-
-    def get_consumer_list_by_group(self, consumer_group: str) -> list[str]: ...
-
-    def check_client_config(self, group: str, client_id: str, subscription: SubscriptionData) -> None: ...
-
-    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None: ...
-
-    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None: ...
-
-    def get_max_offset(self, topic: str, queue_id: int) -> int: ...
-
-    def get_min_offset(self, topic: str, queue_id: int) -> int: ...
-
-    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
-
-    def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None: ...
-
-    def end_transaction(self, request: EndTransactionRequest) -> None: ...
-
-    def lock_batch_mq(
-        self, consumer_group: str, client_id: str, mqs: set[MessageQueue]
-    ) -> set[MessageQueue]: ...
-
-    def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None: ...
-
-    def view_message_by_id(self, offset_msg_id: str) -> MessageExt: ...
-
-    def get_earliest_msg_store_time(self, topic: str, queue_id: int) -> int: ...
-
-    def client_channel_closed(self, client_id: str) -> None: ...
-
-
-class PullCallback(Protocol):
-    def __call__(self, result: PullMessageResponse | BaseException, /) -> None: ...
 
 
 class BrokerHandlers:
