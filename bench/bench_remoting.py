@@ -34,6 +34,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from broker_sim.remoting.serve_process import ServeProcess
+
 BODY = b"x" * 1024
 TOPIC = "BenchT"
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,39 +44,14 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 @contextlib.contextmanager
 def served(store: Path) -> Iterator[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "broker_sim",
-        "serve",
-        "--store",
-        str(store),
-        "--namesrv-port",
-        "0",
-        "--broker-port",
-        "0",
-        "--log-level",
-        "WARNING",
-        "--set",
-        "topics=" + json.dumps({TOPIC: 4}),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("broker-sim ready"):
-        proc.kill()
-        raise RuntimeError(f"broker-sim serve did not start: {line!r}")
-    try:
-        yield line.split("namesrv=")[1].split()[0]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with ServeProcess(store, "--set", "topics=" + json.dumps({TOPIC: 4})) as server:
+        yield server.namesrv
 
 
 def ours(target: object, n: int, group: str) -> tuple[float, float]:
     """(produce msgs/s, consume msgs/s) with broker_sim's own client against ``target``."""
     from broker_sim import ConsumeStatus, Message, Producer, PushConsumer
-    from broker_sim.broker.api import ConsumeFromWhere
+    from broker_sim.common.requests import ConsumeFromWhere
 
     producer = Producer(target, f"{group}P")
     t0 = time.perf_counter()

@@ -18,10 +18,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker_sim.broker.api import ConsumeFromWhere, MessageModel
     from broker_sim.broker.broker import Broker
     from broker_sim.client.allocate import average, average_by_circle, consistent_hash, machine_room
-    from broker_sim.client.message import (
+    from broker_sim.client.producer import Producer
+    from broker_sim.client.pull_consumer import PullConsumer, PullResult
+    from broker_sim.client.push_consumer import PushConsumer
+    from broker_sim.client.transaction_producer import TransactionProducer
+    from broker_sim.clock import ManualClock, SystemClock
+    from broker_sim.common.message import (
         ConsumeOrderlyStatus,
         ConsumeStatus,
         LocalTransactionState,
@@ -31,29 +35,27 @@ if TYPE_CHECKING:
         SendResult,
         SendStatus,
     )
-    from broker_sim.client.producer import Producer
-    from broker_sim.client.pull_consumer import PullConsumer, PullResult
-    from broker_sim.client.push_consumer import PushConsumer
-    from broker_sim.client.transaction_producer import TransactionProducer
-    from broker_sim.clock import ManualClock, SystemClock
+    from broker_sim.common.requests import ConsumeFromWhere, ExpressionType, MessageModel, MessageSelector
     from broker_sim.faults import FaultInjector
 
 _EXPORTS = {
     "Broker": "broker_sim.broker.broker",
-    "ConsumeFromWhere": "broker_sim.broker.api",
-    "MessageModel": "broker_sim.broker.api",
+    "ConsumeFromWhere": "broker_sim.common.requests",
+    "ExpressionType": "broker_sim.common.requests",
+    "MessageSelector": "broker_sim.common.requests",
+    "MessageModel": "broker_sim.common.requests",
     "average": "broker_sim.client.allocate",
     "average_by_circle": "broker_sim.client.allocate",
     "consistent_hash": "broker_sim.client.allocate",
     "machine_room": "broker_sim.client.allocate",
-    "ConsumeOrderlyStatus": "broker_sim.client.message",
-    "ConsumeStatus": "broker_sim.client.message",
-    "LocalTransactionState": "broker_sim.client.message",
-    "Message": "broker_sim.client.message",
-    "MessageExt": "broker_sim.client.message",
-    "MessageQueue": "broker_sim.client.message",
-    "SendResult": "broker_sim.client.message",
-    "SendStatus": "broker_sim.client.message",
+    "ConsumeOrderlyStatus": "broker_sim.common.message",
+    "ConsumeStatus": "broker_sim.common.message",
+    "LocalTransactionState": "broker_sim.common.message",
+    "Message": "broker_sim.common.message",
+    "MessageExt": "broker_sim.common.message",
+    "MessageQueue": "broker_sim.common.message",
+    "SendResult": "broker_sim.common.message",
+    "SendStatus": "broker_sim.common.message",
     "Producer": "broker_sim.client.producer",
     "PullConsumer": "broker_sim.client.pull_consumer",
     "PullResult": "broker_sim.client.pull_consumer",
@@ -69,6 +71,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyStatus",
     "ConsumeStatus",
+    "ExpressionType",
     "FaultInjector",
     "LocalTransactionState",
     "ManualClock",
@@ -76,6 +79,7 @@ __all__ = [
     "MessageExt",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "Producer",
     "PullConsumer",
     "PullResult",

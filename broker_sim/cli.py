@@ -2,12 +2,17 @@
 
     broker-sim serve --store DIR [--namesrv-port 9876] [--broker-port 10911] [--flush SYNC_FLUSH] ...
     broker-sim admin [--namesrv HOST:PORT] topic create|list|route ...
-    broker-sim admin consumer progress GROUP
+    broker-sim admin cluster list
+    broker-sim admin topic status|delete NAME
+    broker-sim admin consumer progress|connection GROUP
+    broker-sim admin consumer reset-offset GROUP --topic T --time 2026-01-31T12:00:00
+    broker-sim admin group update GROUP --retry-max-times 3
     broker-sim admin message query --topic T --key K | message view --id ID
     broker-sim admin dlq list [--group G]
 
-Errors are one line on stderr with exit status 1 (bad arguments: argparse's usage line, status 2); no
-tracebacks, because these commands are used from shell scripts and CI logs.
+Errors are one line on stderr: exit status 1 for a failure, 2 for bad arguments (the line names the option,
+what it expects, and where ``--help`` is); no tracebacks, because these commands are used from shell scripts
+and CI logs.
 """
 
 from __future__ import annotations
@@ -19,11 +24,38 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from broker_sim.errors import BrokerSimError
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (the option, what it expects, the --help hint), not the usage
+    block followed by the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def port_number(text: str) -> int:
+    """A TCP port for ``--namesrv-port`` / ``--broker-port`` (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value}")
+    return value
+
+
+def host_port(text: str) -> str:
+    """A ``HOST:PORT`` address for ``--namesrv``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT such as {DEFAULT_NAMESRV}, got {text!r}")
+    return text
 
 
 def _config_value(raw: str) -> Any:
@@ -35,9 +67,7 @@ def _config_value(raw: str) -> Any:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="broker-sim", description="A file-backed broker that behaves like RocketMQ 4.x."
-    )
+    p = OneLineParser(prog="broker-sim", description="A file-backed broker that behaves like RocketMQ 4.x.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser(
@@ -47,8 +77,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--store", required=True, type=Path, help="store directory (created if missing)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    s.add_argument("--namesrv-port", type=int, default=9876, help="name server port (0: any free port)")
-    s.add_argument("--broker-port", type=int, default=10911, help="broker port (0: any free port)")
+    s.add_argument(
+        "--namesrv-port", type=port_number, default=9876, help="name server port (0: any free port)"
+    )
+    s.add_argument("--broker-port", type=port_number, default=10911, help="broker port (0: any free port)")
     s.add_argument("--broker-name", default="broker-a")
     s.add_argument("--flush", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], help="flush mode of the commit log")
     s.add_argument(
@@ -87,13 +119,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument(
         "--namesrv",
+        type=host_port,
         default=os.environ.get("BROKER_SIM_NAMESRV", DEFAULT_NAMESRV),
         help=f"name server address (env BROKER_SIM_NAMESRV, default {DEFAULT_NAMESRV})",
     )
     a.add_argument("--json", action="store_true", help="print JSON instead of a table")
     asub = a.add_subparsers(dest="area", required=True, metavar="AREA")
 
-    topic = asub.add_parser("topic", help="create, list and route topics").add_subparsers(
+    cluster = asub.add_parser("cluster", help="brokers of the cluster").add_subparsers(
+        dest="action", required=True
+    )
+    cluster.add_parser("list", help="every broker: cluster, name, address, version, commit-log size, uptime")
+
+    topic = asub.add_parser("topic", help="create, list, route, inspect and delete topics").add_subparsers(
         dest="action", required=True
     )
     tc = topic.add_parser("create", help="create or update a topic")
@@ -103,6 +141,10 @@ def _build_parser() -> argparse.ArgumentParser:
     topic.add_parser("list", help="list topics")
     tr = topic.add_parser("route", help="show a topic's route")
     tr.add_argument("name")
+    ts = topic.add_parser("status", help="per queue: min offset, max offset, last write")
+    ts.add_argument("name")
+    td = topic.add_parser("delete", help="delete a topic on the broker and the name server")
+    td.add_argument("name")
 
     consumer = asub.add_parser("consumer", help="consumer groups").add_subparsers(
         dest="action", required=True
@@ -110,6 +152,44 @@ def _build_parser() -> argparse.ArgumentParser:
     cp = consumer.add_parser("progress", help="per queue: broker offset, consumer offset, lag")
     cp.add_argument("group")
     cp.add_argument("--topic", help="only this topic")
+    cc = consumer.add_parser("connection", help="the group's live clients and subscriptions")
+    cc.add_argument("group")
+    cr = consumer.add_parser(
+        "reset-offset",
+        help="move the group's offsets on a topic to a point in time",
+        description="Move GROUP's offsets on --topic to the first message stored at or after --time. Live "
+        "consumers are told to restart from there; for an offline group the offsets are committed directly.",
+    )
+    cr.add_argument("group")
+    cr.add_argument("--topic", required=True)
+    cr.add_argument(
+        "--time",
+        required=True,
+        help="ms since the epoch, 'now', 'latest', 2026-01-31T12:00:00 (UTC) or yyyy-MM-dd#HH:mm:ss:SSS",
+    )
+    cr.add_argument("--no-force", action="store_true", help="only move offsets back, never forward")
+    ci = consumer.add_parser("running-info", help="ask one consumer client for its state")
+    ci.add_argument("group")
+    ci.add_argument("client", help="client id (see 'consumer connection')")
+    cd = consumer.add_parser(
+        "consume-directly", help="have one consumer client run its listener on a message"
+    )
+    cd.add_argument("group")
+    cd.add_argument("client", help="client id (see 'consumer connection')")
+    cd.add_argument("--id", required=True, help="the message's offsetMsgId")
+
+    group = asub.add_parser("group", help="subscription groups").add_subparsers(dest="action", required=True)
+    group.add_parser("list", help="every subscription group's settings")
+    gu = group.add_parser("update", help="create or update a subscription group")
+    gu.add_argument("group")
+    gu.add_argument("--retry-max-times", type=int, help="messages go to %%DLQ%% after this many retries")
+    gu.add_argument("--retry-queues", type=int, help="queues of the group's %%RETRY%% topic")
+    gu.add_argument(
+        "--consume-enable", action=argparse.BooleanOptionalAction, help="allow the group to consume"
+    )
+    gu.add_argument(
+        "--broadcast-enable", action=argparse.BooleanOptionalAction, help="allow broadcasting consumption"
+    )
 
     message = asub.add_parser("message", help="find messages").add_subparsers(dest="action", required=True)
     mq = message.add_parser("query", help="messages of a topic by key (index lookup)")
@@ -144,7 +224,10 @@ def _serve(args: argparse.Namespace) -> int:
         config["flush_disk_type"] = args.flush
     if args.auto_create_topics:
         config["auto_create_topic_enable"] = True
-    split_config(dict(config))  # reject unknown or malformed options before any port is bound
+    try:
+        split_config(dict(config))  # reject unknown or malformed options before any port is bound
+    except BrokerSimError as exc:
+        raise ValueError(f"--set: {exc}") from exc
     server = BrokerSimServer(
         ServeConfig(
             store_dir=args.store,

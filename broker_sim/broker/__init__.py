@@ -1,5 +1,5 @@
 """The broker: request-level API over the store (see :mod:`broker_sim.broker.broker` and
-:mod:`broker_sim.broker.api`)."""
+:mod:`broker_sim.common.requests`)."""
 
 from __future__ import annotations
 

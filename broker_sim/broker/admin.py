@@ -1,19 +1,21 @@
 """Admin operations (the ``mqadmin`` side of the broker): topics, consumer progress and lag, message lookup.
 
-These read the store directly and ignore topic permissions (an operator may look into a write-only
-``%DLQ%`` topic), which is why they are not request handlers of the consumer path.
+These read the store directly and ignore topic permissions and consumer offsets (an operator looks into any
+queue, e.g. a ``%DLQ%`` topic, without a group), which is why they are not request handlers of the consumer
+path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import Perm, QueueProgress
-from broker_sim.broker.constants import dlq_topic, retry_topic
-from broker_sim.broker.convert import to_client
-from broker_sim.broker.errors import BrokerResponseError, InvalidTopicError, TopicNotExistError
 from broker_sim.broker.topics import TopicConfig
-from broker_sim.client.message import MessageExt, MessageQueue, decode_offset_msg_id
+from broker_sim.common.constants import dlq_topic, retry_topic
+from broker_sim.common.convert import to_client
+from broker_sim.common.errors import BrokerResponseError, InvalidTopicError, TopicNotExistError
+from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id
+from broker_sim.common.requests import Perm, QueueProgress
 from broker_sim.store.results import GetMessageStatus
 
 if TYPE_CHECKING:
@@ -24,15 +26,24 @@ if TYPE_CHECKING:
     from broker_sim.store.message_store import MessageStore
 
 
-class AdminMixin:
-    if TYPE_CHECKING:
-        store: MessageStore
-        topics: TopicConfigManager
-        offsets: ConsumerOffsetManager
-        consumers: ConsumerManager
-        config: BrokerConfig
+class AdminService:
+    """The broker's admin requests; the Broker owns one (``broker.admin``) and exposes its methods."""
 
-        def check_running(self) -> None: ...
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicConfigManager,
+        offsets: ConsumerOffsetManager,
+        consumers: ConsumerManager,
+        config: BrokerConfig,
+        check_running: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.consumers = consumers
+        self.config = config
+        self.check_running = check_running
 
     # -- topics ---------------------------------------------------------------------------------------------
 
@@ -93,6 +104,19 @@ class AdminMixin:
                 out.append(QueueProgress(MessageQueue(t, self.config.broker_name, qid), hi, max(cons, 0), ts))
         return out
 
+    def query_consume_queue(
+        self, topic: str, queue_id: int, index: int, count: int
+    ) -> tuple[list[tuple[int, int, int, int]], int, int]:
+        """QUERY_CONSUME_QUEUE (321): units ``(queueOffset, commitLogOffset, size, tagsCode)`` from
+        ``index``, with the queue's min and max offset."""
+        self.check_running()
+        if self.topics.select(topic) is None:
+            raise TopicNotExistError(f"topic[{topic}] not exist")
+        self.store.wait_dispatched(1.0)
+        units = self.store.consume_queue_units(topic, queue_id, index, min(count, 1000))
+        lo = self.store.get_min_offset_in_queue(topic, queue_id)
+        return units, lo, self.store.get_max_offset_in_queue(topic, queue_id)
+
     def _subscribed(self, group: str) -> set[str]:
         info = self.consumers.group(group)
         return set(info.subscriptions) if info else set()
@@ -150,7 +174,7 @@ class AdminMixin:
         return [m for q in range(n) for m in self.messages(retry_topic(group), q)]
 
     def dlq_messages(self, group: str) -> list[MessageExt]:
-        """Everything dead-lettered for ``group`` (``%DLQ%{group}`` is write-only for consumers)."""
+        """Everything dead-lettered for ``group`` (a consumer of ``%DLQ%{group}`` sees them too)."""
         return self.messages(dlq_topic(group), 0) if self.topics.select(dlq_topic(group)) else []
 
     def persist_all(self) -> None:

@@ -1,344 +1,81 @@
-"""Request and response types of the Broker's request-level API.
-
-Every public request method of :class:`broker_sim.broker.Broker` takes and returns these types, and they
-mirror RocketMQ's remoting requests field for field (see ``rocketmq-reference.md`` §C), so the network
-server maps each wire request 1:1 onto one Broker call and the in-process client transport calls the same
-methods directly. Failures are raised as :class:`broker_sim.broker.errors.BrokerResponseError` subclasses
-whose ``code`` is the wire response code.
-
-Broker → client requests (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED) go through the
-:class:`ClientChannel` a client passes with its heartbeat: in-process it calls the client object; over TCP the
-server implements it by writing a oneway request on the client's connection.
-"""
+"""Compatibility path: the definitions live in :mod:`broker_sim.common.requests`
+(the ``common`` floor that broker and client both build on); this module re-exports them for code written
+against the old path."""
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
-
-from broker_sim.client.message import MessageExt, MessageQueue
-
-
-class ResponseCode(enum.IntEnum):
-    SUCCESS = 0
-    SYSTEM_ERROR = 1
-    SYSTEM_BUSY = 2
-    REQUEST_CODE_NOT_SUPPORTED = 3
-    FLUSH_DISK_TIMEOUT = 10
-    SLAVE_NOT_AVAILABLE = 11
-    FLUSH_SLAVE_TIMEOUT = 12
-    MESSAGE_ILLEGAL = 13
-    SERVICE_NOT_AVAILABLE = 14
-    NO_PERMISSION = 16
-    TOPIC_NOT_EXIST = 17
-    PULL_NOT_FOUND = 19
-    PULL_RETRY_IMMEDIATELY = 20
-    PULL_OFFSET_MOVED = 21
-    QUERY_NOT_FOUND = 22
-    SUBSCRIPTION_PARSE_FAILED = 23
-    SUBSCRIPTION_NOT_EXIST = 24
-    SUBSCRIPTION_NOT_LATEST = 25
-    SUBSCRIPTION_GROUP_NOT_EXIST = 26
-
-
-class Perm(enum.IntFlag):
-    INHERIT = 1
-    WRITE = 2
-    READ = 4
-    PRIORITY = 8
-    READ_WRITE = 6
-
-
-class ConsumeType(enum.IntEnum):
-    CONSUME_ACTIVELY = 0  # pull consumer
-    CONSUME_PASSIVELY = 1  # push consumer
-
-
-class MessageModel(enum.IntEnum):
-    BROADCASTING = 0
-    CLUSTERING = 1
-
-
-class ConsumeFromWhere(enum.IntEnum):
-    CONSUME_FROM_LAST_OFFSET = 0
-    CONSUME_FROM_FIRST_OFFSET = 4
-    CONSUME_FROM_TIMESTAMP = 5
-
-
-class TransactionType(enum.IntEnum):
-    """``commitOrRollback`` of END_TRANSACTION (the sysFlag transaction bits)."""
-
-    NOT_TYPE = 0  # unknown: leave the half message for check-back
-    COMMIT = 8
-    ROLLBACK = 12
-
-
-class PullStatus(enum.Enum):
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
-
-
-_PULL_STATUS = {
-    ResponseCode.SUCCESS: PullStatus.FOUND,
-    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
-    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
-    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
-}
-
-
-# -- routes --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-    topic_sys_flag: int = 0
-
-
-@dataclass(frozen=True)
-class BrokerData:
-    cluster: str
-    broker_name: str
-    broker_addrs: dict[int, str]  # brokerId -> "ip:port"; 0 is the master
-
-
-@dataclass(frozen=True)
-class TopicRouteData:
-    queue_datas: list[QueueData]
-    broker_datas: list[BrokerData]
-    order_topic_conf: str | None = None
-
-
-# -- send ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SendMessageRequest:
-    """SEND_MESSAGE (10) / SEND_MESSAGE_V2 (310) header; the body travels separately."""
-
-    producer_group: str
-    topic: str
-    queue_id: int
-    properties: dict[str, str] = field(default_factory=dict)
-    sys_flag: int = 0
-    born_timestamp: int = 0
-    flag: int = 0
-    reconsume_times: int = 0
-    unit_mode: bool = False
-    max_reconsume_times: int | None = None
-    batch: bool = False
-    default_topic: str = "TBW102"
-    default_topic_queue_nums: int = 4
-    born_host: str = "127.0.0.1:0"
-
-
-@dataclass(frozen=True)
-class BatchEntry:
-    """One message of a SEND_BATCH_MESSAGE (320) body: flag, body and its own properties."""
-
-    body: bytes
-    properties: dict[str, str] = field(default_factory=dict)
-    flag: int = 0
-
-
-@dataclass(frozen=True)
-class SendMessageResponse:
-    """Reply to a send: ``msg_id`` is the broker's offset message id (comma-joined for a batch)."""
-
-    code: ResponseCode  # SUCCESS, or FLUSH_DISK_TIMEOUT / ... (the message *is* stored in those cases)
-    msg_id: str
-    queue_id: int
-    queue_offset: int
-    transaction_id: str | None = None
-    remark: str = ""
-
-
-# -- pull ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PullMessageRequest:
-    """PULL_MESSAGE (11). ``sys_flag`` bits: COMMIT_OFFSET 1, SUSPEND 2, SUBSCRIPTION 4, CLASS_FILTER 8."""
-
-    consumer_group: str
-    topic: str
-    queue_id: int
-    queue_offset: int
-    max_msg_nums: int = 32
-    sys_flag: int = 0
-    commit_offset: int = 0
-    suspend_timeout_ms: int = 15_000
-    subscription: str | None = None  # tag expression ("*", "A || B"); None: use the registered one
-    sub_version: int = 0
-
-
-class PullMessageResponse:
-    """Reply to a pull. ``records`` holds each message's raw commit-log record (exactly the wire body when
-    concatenated); ``messages`` decodes them on first access, so a network server that only forwards bytes
-    never pays for decoding."""
-
-    def __init__(
-        self,
-        code: ResponseCode,
-        next_begin_offset: int,
-        min_offset: int,
-        max_offset: int,
-        *,
-        records: list[bytes] | None = None,
-        messages: list[MessageExt] | None = None,
-        broker_name: str = "",
-        suggest_which_broker_id: int = 0,
-        remark: str = "",
-    ) -> None:
-        self.code = code
-        self.next_begin_offset = next_begin_offset
-        self.min_offset = min_offset
-        self.max_offset = max_offset
-        self.records: list[bytes] = records or []
-        self._messages = messages
-        self.broker_name = broker_name
-        self.suggest_which_broker_id = suggest_which_broker_id
-        self.remark = remark
-
-    @property
-    def messages(self) -> list[MessageExt]:
-        if self._messages is None:
-            from broker_sim.broker.convert import record_to_client
-
-            self._messages = [record_to_client(r, self.broker_name) for r in self.records]
-        return self._messages
-
-    @property
-    def status(self) -> PullStatus:
-        return _PULL_STATUS.get(self.code, PullStatus.OFFSET_ILLEGAL)
-
-    def __repr__(self) -> str:
-        return (
-            f"PullMessageResponse({self.code.name}, next={self.next_begin_offset}, min={self.min_offset}, "
-            f"max={self.max_offset}, {len(self.records) or len(self._messages or [])} msgs)"
-        )
-
-
-# -- clients -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SubscriptionData:
-    topic: str
-    sub_string: str = "*"
-    sub_version: int = 0
-
-
-@dataclass(frozen=True)
-class ConsumerData:
-    group_name: str
-    consume_type: ConsumeType
-    message_model: MessageModel
-    consume_from_where: ConsumeFromWhere
-    subscriptions: tuple[SubscriptionData, ...] = ()
-    unit_mode: bool = False
-
-
-@dataclass(frozen=True)
-class HeartbeatData:
-    client_id: str
-    producer_groups: tuple[str, ...] = ()
-    consumers: tuple[ConsumerData, ...] = ()
-
-
-@dataclass(frozen=True)
-class ConsumerSendMsgBackRequest:
-    """CONSUMER_SEND_MSG_BACK (36): ``offset`` is the failed message's commit-log offset."""
-
-    group: str
-    offset: int
-    delay_level: int = 0
-    origin_msg_id: str | None = None
-    origin_topic: str | None = None
-    unit_mode: bool = False
-    max_reconsume_times: int | None = None
-
-
-@dataclass(frozen=True)
-class EndTransactionRequest:
-    """END_TRANSACTION (37, oneway)."""
-
-    producer_group: str
-    msg_id: str  # offset message id of the half message
-    transaction_id: str | None
-    tran_state_table_offset: int  # half message's queue offset
-    commit_log_offset: int
-    commit_or_rollback: TransactionType
-    from_transaction_check: bool = False
-
-
-@dataclass(frozen=True)
-class CheckTransactionStateRequest:
-    """CHECK_TRANSACTION_STATE (39), broker → producer; the client answers with END_TRANSACTION."""
-
-    msg_id: str  # client UNIQ_KEY
-    transaction_id: str | None
-    offset_msg_id: str
-    tran_state_table_offset: int
-    commit_log_offset: int
-
-
-@runtime_checkable
-class ClientChannel(Protocol):
-    """The broker's handle on one connected client, for broker → client requests (both oneway)."""
-
-    @property
-    def remote_address(self) -> str: ...
-
-    def check_transaction_state(
-        self, producer_group: str, request: CheckTransactionStateRequest, message: MessageExt
-    ) -> None: ...
-
-    def notify_consumer_ids_changed(self, consumer_group: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class QueueProgress:
-    """One row of ``consumer progress``: broker offset, consumer offset and the lag between them."""
-
-    queue: MessageQueue
-    broker_offset: int
-    consumer_offset: int
-    last_timestamp: int = 0
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.broker_offset - self.consumer_offset)
-
-
-__all__ = [
-    "BatchEntry",
-    "BrokerData",
-    "CheckTransactionStateRequest",
-    "ClientChannel",
-    "ConsumeFromWhere",
-    "ConsumeType",
-    "ConsumerData",
-    "ConsumerSendMsgBackRequest",
-    "EndTransactionRequest",
-    "HeartbeatData",
-    "MessageModel",
-    "Perm",
-    "PullMessageRequest",
-    "PullMessageResponse",
-    "PullStatus",
-    "QueueData",
-    "QueueProgress",
-    "ResponseCode",
-    "SendMessageRequest",
-    "SendMessageResponse",
-    "SubscriptionData",
-    "TopicRouteData",
-    "TransactionType",
-]
+from broker_sim.common.requests import (
+    BatchEntry as BatchEntry,
+)
+from broker_sim.common.requests import (
+    BrokerData as BrokerData,
+)
+from broker_sim.common.requests import (
+    CheckTransactionStateRequest as CheckTransactionStateRequest,
+)
+from broker_sim.common.requests import (
+    ClientChannel as ClientChannel,
+)
+from broker_sim.common.requests import (
+    ConsumeFromWhere as ConsumeFromWhere,
+)
+from broker_sim.common.requests import (
+    ConsumerData as ConsumerData,
+)
+from broker_sim.common.requests import (
+    ConsumerSendMsgBackRequest as ConsumerSendMsgBackRequest,
+)
+from broker_sim.common.requests import (
+    ConsumeType as ConsumeType,
+)
+from broker_sim.common.requests import (
+    EndTransactionRequest as EndTransactionRequest,
+)
+from broker_sim.common.requests import (
+    ExpressionType as ExpressionType,
+)
+from broker_sim.common.requests import (
+    HeartbeatData as HeartbeatData,
+)
+from broker_sim.common.requests import (
+    MessageModel as MessageModel,
+)
+from broker_sim.common.requests import (
+    MessageSelector as MessageSelector,
+)
+from broker_sim.common.requests import (
+    Perm as Perm,
+)
+from broker_sim.common.requests import (
+    PullMessageRequest as PullMessageRequest,
+)
+from broker_sim.common.requests import (
+    PullMessageResponse as PullMessageResponse,
+)
+from broker_sim.common.requests import (
+    PullStatus as PullStatus,
+)
+from broker_sim.common.requests import (
+    QueueData as QueueData,
+)
+from broker_sim.common.requests import (
+    QueueProgress as QueueProgress,
+)
+from broker_sim.common.requests import (
+    ResponseCode as ResponseCode,
+)
+from broker_sim.common.requests import (
+    SendMessageRequest as SendMessageRequest,
+)
+from broker_sim.common.requests import (
+    SendMessageResponse as SendMessageResponse,
+)
+from broker_sim.common.requests import (
+    SubscriptionData as SubscriptionData,
+)
+from broker_sim.common.requests import (
+    TopicRouteData as TopicRouteData,
+)
+from broker_sim.common.requests import (
+    TransactionType as TransactionType,
+)

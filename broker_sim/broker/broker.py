@@ -1,12 +1,16 @@
 """The broker: request-level methods mirroring RocketMQ's processors, over one :class:`MessageStore`.
 
 ``Broker(store_dir, **config)`` → ``start()`` → requests → ``shutdown()`` (or ``crash()``). Each public
-request
-method corresponds to one remoting request (code in brackets in its docstring), takes and returns the types in
-:mod:`broker_sim.broker.api`, and raises :class:`~broker_sim.broker.errors.BrokerResponseError` subclasses
-carrying the wire response code, so the network server maps wire requests 1:1 onto these calls and the
-in-process client transport calls them directly. Broker → client requests go through the
-:class:`~broker_sim.broker.api.ClientChannel` each client registers with its heartbeat.
+request method corresponds to one remoting request (code in brackets in its docstring), takes and returns the
+types in :mod:`broker_sim.common.requests`, and raises :class:`~broker_sim.common.errors.BrokerResponseError`
+subclasses carrying the wire response code, so the network server maps wire requests 1:1 onto these calls and
+the in-process client transport calls them directly. Broker → client requests go through the
+:class:`~broker_sim.common.requests.ClientChannel` each client registers with its heartbeat.
+
+The request families live in services the broker owns (as RocketMQ's processors are): ``self.admin``
+(:class:`~broker_sim.broker.admin.AdminService`), ``self.send_back``
+(:class:`~broker_sim.broker.sendback.SendBackService`), ``self.pull_processor``, ``self.transactions``; the
+Broker's methods of the same names delegate to them, so its public surface is unchanged.
 
 Timers (offset persistence, delayed delivery, long-poll timeouts, channel expiry, transaction check-back) all
 run on ``self.scheduler`` over ``self.clock``; pass ``clock=ManualClock()`` to drive them from a test.
@@ -15,15 +19,34 @@ run on ``self.scheduler`` over ``self.clock``; pass ``clock=ManualClock()`` to d
 from __future__ import annotations
 
 import logging
-import random
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from broker_sim.broker.admin import AdminMixin
-from broker_sim.broker.api import (
-    BatchEntry,
+from broker_sim.broker.admin import AdminService
+from broker_sim.broker.admin_clients import ClientAdminService
+from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
+from broker_sim.broker.config import BrokerConfig, split_config
+from broker_sim.broker.filtering import SubscriptionFilters
+from broker_sim.broker.locks import RebalanceLockManager
+from broker_sim.broker.offsets import ConsumerOffsetManager
+from broker_sim.broker.pull import PullCallback, PullMessageProcessor
+from broker_sim.broker.schedule import ScheduleMessageService
+from broker_sim.broker.send import SendMessageService
+from broker_sim.broker.sendback import SendBackService
+from broker_sim.broker.topics import TopicConfig, TopicConfigManager
+from broker_sim.broker.transaction import TransactionService
+from broker_sim.clock import Clock
+from broker_sim.common.constants import (
+    retry_topic,
+)
+from broker_sim.common.errors import (
+    RequestTimeoutError,
+    ServiceNotAvailableError,
+    TopicNotExistError,
+)
+from broker_sim.common.message import MessageQueue
+from broker_sim.common.requests import (
     BrokerData,
     ClientChannel,
     EndTransactionRequest,
@@ -33,46 +56,19 @@ from broker_sim.broker.api import (
     PullMessageRequest,
     PullMessageResponse,
     QueueData,
-    ResponseCode,
-    SendMessageRequest,
-    SendMessageResponse,
+    SubscriptionData,
     TopicRouteData,
 )
-from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
-from broker_sim.broker.config import BrokerConfig, split_config
-from broker_sim.broker.constants import (
-    dlq_topic,
-    is_retry_topic,
-    retry_topic,
-)
-from broker_sim.broker.convert import parse_host
-from broker_sim.broker.errors import (
-    BrokerResponseError,
-    MessageIllegalError,
-    NoPermissionError,
-    ServiceNotAvailableError,
-    TopicNotExistError,
-)
-from broker_sim.broker.locks import RebalanceLockManager
-from broker_sim.broker.offsets import ConsumerOffsetManager
-from broker_sim.broker.pull import PullCallback, PullMessageProcessor
-from broker_sim.broker.schedule import ScheduleMessageService
-from broker_sim.broker.sendback import SendBackMixin, raise_for_put
-from broker_sim.broker.topics import TopicConfig, TopicConfigManager
-from broker_sim.broker.transaction import TransactionService
-from broker_sim.client.errors import RequestTimeoutError
-from broker_sim.client.message import MessageQueue, Prop, SysFlag
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.clock import Clock
+from broker_sim.common.scheduler import Scheduler
+from broker_sim.common.transport import BrokerTransport
 from broker_sim.faults import FaultInjector
-from broker_sim.store.message_record import MessageInner
 from broker_sim.store.message_store import MessageStore
-from broker_sim.store.results import DispatchRequest, PutMessageStatus
+from broker_sim.store.results import DispatchRequest
 
 log = logging.getLogger("broker_sim.broker")
 
 
-class Broker(AdminMixin, SendBackMixin):
+class Broker:
     def __init__(self, store_dir: str | Path, **config: Any) -> None:
         self.store_dir = Path(store_dir)
         self.config: BrokerConfig
@@ -98,11 +94,53 @@ class Broker(AdminMixin, SendBackMixin):
         self.locks = RebalanceLockManager(self.clock.now_ms, self.config.rebalance_lock_max_live_ms)
         self.faults = FaultInjector(self.config.fault_seed, self.clock)
         self.scheduler = Scheduler(self.clock, f"broker-{self.config.broker_name}")
+        self.filters = SubscriptionFilters(self.config.enable_property_filter)
         self.pull_processor = PullMessageProcessor(self)
         self.schedule_service: ScheduleMessageService | None = None
         self.transactions = TransactionService(self)
+        self.sender = SendMessageService(self)
+        self.send_message = self.sender.send_message
+        self.send_batch_message = self.sender.send_batch_message
+        self.ensure_topic_for_delivery = self.sender.ensure_topic_for_delivery
+        self.admin = AdminService(
+            self.store, self.topics, self.offsets, self.consumers, self.config, self.check_running
+        )
+        self.send_back = SendBackService(self.store, self.topics, self.groups, self.check_running)
+        # Public request methods served by the composed services, under the names they always had.
+        self.consumer_send_msg_back = self.send_back.consumer_send_msg_back
+        a = self.admin
+        self.create_topic = a.create_topic
+        self.delete_topic = a.delete_topic
+        self.topic_list = a.topic_list
+        self.consumer_progress = a.consumer_progress
+        self.view_message_by_id = a.view_message_by_id
+        self.view_message_by_offset = a.view_message_by_offset
+        self.query_message_by_key = a.query_message_by_key
+        self.messages = a.messages
+        self.retry_messages = a.retry_messages
+        self.dlq_messages = a.dlq_messages
+        self.persist_all = a.persist_all
+        self.query_consume_queue = a.query_consume_queue
+        self.client_admin = ClientAdminService(self)
+        c = self.client_admin
+        self.runtime_info = c.runtime_info
+        self.update_subscription_group = c.update_subscription_group
+        self.subscription_groups = c.subscription_groups
+        self.topic_stats = c.topic_stats
+        self.topic_consumed_by = c.topic_consumed_by
+        self.consumer_connection = c.consumer_connection
+        self.producer_connection = c.producer_connection
+        self.reset_offset_by_time = c.reset_offset_by_time
+        self.consumer_running_info = c.consumer_running_info
+        self.consume_message_directly = c.consume_message_directly
         self._state = "CREATED"
         self._state_lock = threading.Lock()
+
+    def client_transport(self) -> BrokerTransport:
+        """The in-process transport a client built on this Broker uses (``Producer(broker, "P")``)."""
+        from broker_sim.broker.in_process import InProcessTransport
+
+        return InProcessTransport(self)
 
     def __repr__(self) -> str:
         return f"Broker({str(self.store_dir)!r}, {self.config.broker_name})"
@@ -206,112 +244,6 @@ class Broker(AdminMixin, SendBackMixin):
             [BrokerData(cfg.cluster_name, cfg.broker_name, {0: cfg.broker_addr})],
         )
 
-    # ================================================================================ send
-
-    def _topic_for_send(self, req: SendMessageRequest) -> TopicConfig:
-        tc = self.topics.select(req.topic)
-        if tc is None and is_retry_topic(req.topic):
-            sg = self.groups.find(req.topic[len("%RETRY%") :])
-            tc = self.topics.create_in_send_back(req.topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
-        if tc is None and self.config.auto_create_topic_enable:
-            tc = self.topics.create_in_send(req.topic, req.default_topic, req.default_topic_queue_nums)
-        if tc is None:
-            raise TopicNotExistError(f"topic[{req.topic}] not exist, apply first please!")
-        if not tc.writable:
-            raise NoPermissionError(f"the topic[{req.topic}] sending message is forbidden")
-        return tc
-
-    def _inner(
-        self, req: SendMessageRequest, tc: TopicConfig, body: bytes, props: dict[str, str]
-    ) -> MessageInner:
-        queue_id = req.queue_id if req.queue_id >= 0 else random.randrange(tc.write_queue_nums)
-        if queue_id >= tc.write_queue_nums:
-            raise BrokerResponseError(
-                f"request queueId[{queue_id}] is illegal, topic:{tc.topic_name} "
-                f"writeQueueNums:{tc.write_queue_nums}"
-            )
-        topic = req.topic
-        if is_retry_topic(topic):  # a client that sends retries itself (2.0+): past the maximum → DLQ
-            group = topic[len("%RETRY%") :]
-            limit = (
-                req.max_reconsume_times
-                if req.max_reconsume_times is not None
-                else self.groups.find(group).retry_max_times
-            )
-            if req.reconsume_times >= limit:
-                topic = dlq_topic(group)
-                self.topics.create_in_send_back(topic, 1, int(Perm.WRITE))
-                queue_id = 0
-        return MessageInner(
-            topic=topic, body=body, queue_id=queue_id, flag=req.flag, properties=props, sys_flag=req.sys_flag,
-            born_timestamp=req.born_timestamp, born_host=parse_host(req.born_host),
-            reconsume_times=req.reconsume_times,
-        )  # fmt: skip
-
-    def send_message(self, req: SendMessageRequest, body: bytes) -> SendMessageResponse:
-        """SEND_MESSAGE (10/310). A PREPARED message becomes a hidden half message; DELAY parks it on the
-        schedule topic (the store does that). May raise ``SendAckLost`` after storing (fault injection)."""
-        self.check_running()
-        tc = self._topic_for_send(req)
-        props = dict(req.properties)
-        inner = self._inner(req, tc, body, props)
-        prepared = req.sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_PREPARED
-        if prepared:
-            inner = self.transactions.half_message(inner)
-        result = self.store.put_message(inner)
-        raise_for_put(result)
-        app = result.append_result
-        assert app is not None
-        code = (
-            ResponseCode.SUCCESS
-            if result.status is PutMessageStatus.PUT_OK
-            else ResponseCode.FLUSH_DISK_TIMEOUT
-        )
-        self.faults.on_send_stored(req.topic, inner.queue_id, app.queue_offset)
-        return SendMessageResponse(
-            code,
-            app.msg_id,
-            req.queue_id if prepared or Prop.DELAY in props else inner.queue_id,
-            app.queue_offset,
-            props.get(Prop.UNIQ_KEY) if prepared else None,
-        )
-
-    def send_batch_message(
-        self, req: SendMessageRequest, entries: Sequence[BatchEntry]
-    ) -> SendMessageResponse:
-        """SEND_BATCH_MESSAGE (320): all entries on one queue, consecutive offsets; msg ids comma-joined."""
-        self.check_running()
-        if not entries:
-            raise MessageIllegalError("the batch is empty")
-        tc = self._topic_for_send(req)
-        inners = []
-        for e in entries:
-            if Prop.DELAY in e.properties or e.properties.get(Prop.TRAN_MSG):
-                raise MessageIllegalError("delayed or transactional messages cannot be batched")
-            inners.append(self._inner(req, tc, e.body, dict(e.properties)))
-            inners[-1].flag = e.flag
-        queue_id = inners[0].queue_id
-        for inner in inners:
-            inner.queue_id = queue_id
-        result = self.store.put_messages(inners)
-        raise_for_put(result)
-        app = result.append_result
-        assert app is not None
-        self.faults.on_send_stored(req.topic, queue_id, app.queue_offset)
-        code = (
-            ResponseCode.SUCCESS
-            if result.status is PutMessageStatus.PUT_OK
-            else ResponseCode.FLUSH_DISK_TIMEOUT
-        )
-        return SendMessageResponse(code, ",".join(app.msg_ids), queue_id, app.queue_offset)
-
-    def ensure_topic_for_delivery(self, topic: str, queue_id: int) -> None:
-        """Delayed/retry deliveries go to topics that may have been created implicitly; make sure they
-        exist."""
-        if self.topics.select(topic) is None and is_retry_topic(topic):
-            sg = self.groups.find(topic[len("%RETRY%") :])
-            self.topics.create_in_send_back(topic, sg.retry_queue_nums, int(Perm.READ_WRITE))
-
     # ================================================================================ pull
 
     def pull_message_async(self, req: PullMessageRequest, callback: PullCallback) -> None:
@@ -389,6 +321,13 @@ class Broker(AdminMixin, SendBackMixin):
             except Exception:
                 log.exception("notify consumer ids changed to %s failed", ch.remote_address)
 
+    def check_client_config(self, group: str, client_id: str, subscription: SubscriptionData) -> None:
+        """CHECK_CLIENT_CONFIG (46, ``ClientManageProcessor.checkClientConfig``): a TAG subscription is fine;
+        SQL92 needs ``enable_property_filter`` (else SYSTEM_ERROR) and an expression that parses (else
+        SUBSCRIPTION_PARSE_FAILED). Consumers send it at start for every non-TAG subscription."""
+        self.check_running()
+        self.filters.check(str(subscription.expression_type), subscription.sub_string)
+
     def get_consumer_list_by_group(self, group: str) -> list[str]:
         """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat, sorted."""
         self.check_running()
@@ -397,15 +336,21 @@ class Broker(AdminMixin, SendBackMixin):
     # ================================================================================ offsets
 
     def query_consumer_offset(self, group: str, topic: str, queue_id: int) -> int | None:
-        """QUERY_CONSUMER_OFFSET (14); None means QUERY_NOT_FOUND (22). See
-        ``query_offset_zero_for_new_group``."""
+        """QUERY_CONSUMER_OFFSET (14); None means QUERY_NOT_FOUND (22).
+
+        As ``ConsumerManageProcessor.queryConsumerOffset`` (4.9.8): a group with no committed offset gets 0
+        while the queue still starts at 0 *and* its first message is still in memory; otherwise 22, and the
+        client applies its CONSUME_FROM_* policy. ``query_offset_zero_for_new_group=False`` always answers
+        22."""
         self.check_running()
         off = self.offsets.query_offset(group, topic, queue_id)
         if off >= 0:
             return off
+        self.store.wait_dispatched(1.0)  # the answer depends on the consume queue (see get_max_offset)
         if (
             self.config.query_offset_zero_for_new_group
             and self.store.get_min_offset_in_queue(topic, queue_id) <= 0
+            and not self.store.check_in_disk_by_consume_offset(topic, queue_id, 0)
         ):
             return 0
         return None

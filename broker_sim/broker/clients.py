@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_sim.broker.api import (
+from broker_sim.common.constants import DEFAULT_MAX_RECONSUME_TIMES
+from broker_sim.common.errors import SubscriptionGroupNotExistError
+from broker_sim.common.json_file import read_json, write_json_atomic
+from broker_sim.common.requests import (
     ClientChannel,
     ConsumeFromWhere,
     ConsumerData,
@@ -24,9 +27,6 @@ from broker_sim.broker.api import (
     MessageModel,
     SubscriptionData,
 )
-from broker_sim.broker.constants import DEFAULT_MAX_RECONSUME_TIMES
-from broker_sim.broker.errors import SubscriptionGroupNotExistError
-from broker_sim.broker.json_file import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,10 @@ class ProducerManager:
                     del clients[cid]
                 if not clients:
                     del self._groups[group]
+
+    def clients(self, group: str) -> list[ClientInfo]:
+        with self._lock:
+            return sorted(self._groups.get(group, {}).values(), key=lambda ci: ci.client_id)
 
     def any_channel(self, group: str) -> ClientChannel | None:
         with self._lock:

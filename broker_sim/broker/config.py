@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_sim.broker.errors import BrokerConfigError
 from broker_sim.clock import Clock, SystemClock
+from broker_sim.common.errors import BrokerConfigError
 from broker_sim.store.config import FlushDiskType, StoreConfig
 
 
@@ -39,6 +39,9 @@ class BrokerConfig:
     #: CONSUME_FROM_LAST_OFFSET still reads a young topic from the start. False: answer QUERY_NOT_FOUND, so
     #: the client applies its CONSUME_FROM_* policy.
     query_offset_zero_for_new_group: bool = True
+    #: SQL92 subscriptions (``BrokerConfig.enablePropertyFilter``); off by default as in RocketMQ 4.9.8, in
+    #: which case they are refused loudly (CHECK_CLIENT_CONFIG and pulls answer SYSTEM_ERROR).
+    enable_property_filter: bool = False
     fault_seed: int = 0
     clock: Clock = field(default_factory=SystemClock)
 
@@ -59,6 +62,39 @@ _BROKER_FIELDS = {f.name for f in dataclasses.fields(BrokerConfig)}
 _STORE_FIELDS = {f.name for f in dataclasses.fields(StoreConfig) if f.init}
 
 
+_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "str": ((str,), "a string"),
+}
+
+
+def _expected(cls: type, name: str) -> tuple[tuple[type, ...], str] | None:
+    """The simple type (int, float, bool, str; optionally "| None") a field's annotation names, else None."""
+    annotation = {f.name: f.type for f in dataclasses.fields(cls)}.get(name)
+    if not isinstance(annotation, str):
+        return None
+    parts = [part.strip() for part in annotation.split("|")]
+    kinds = [_KINDS[part] for part in parts if part in _KINDS]
+    if len(kinds) != 1 or len(parts) - ("None" in parts) != 1:
+        return None
+    types, what = kinds[0]
+    return (*types, type(None)) if "None" in parts else types, what
+
+
+def check_types(cls: type, values: dict[str, Any]) -> None:
+    """Refuse a value of the wrong type by name (``max_reconsume_times expects an integer, got 'abc'``)
+    before the dataclass compares it with anything."""
+    for name, value in values.items():
+        expected = _expected(cls, name)
+        if expected is None:
+            continue
+        types, what = expected
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise BrokerConfigError(f"{name} expects {what}, got {value!r}")
+
+
 def split_config(config: dict[str, Any]) -> tuple[BrokerConfig, StoreConfig]:
     """Route each keyword to BrokerConfig or StoreConfig; an unknown name is a BrokerConfigError."""
     broker_kw = {k: v for k, v in config.items() if k in _BROKER_FIELDS}
@@ -73,6 +109,8 @@ def split_config(config: dict[str, Any]) -> tuple[BrokerConfig, StoreConfig]:
             raise BrokerConfigError(
                 f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, got {store_kw['flush_disk_type']!r}"
             ) from None
+    check_types(BrokerConfig, broker_kw)
+    check_types(StoreConfig, store_kw)
     try:
         bc = BrokerConfig(**broker_kw)
         store_kw.setdefault("store_host", bc.store_host)

@@ -1,83 +1,42 @@
-"""Broker errors. Each carries the RocketMQ response code the network server puts on the wire, so a request
-handler can ``raise TopicNotExistError(...)`` and the server replies code 17 with the message as remark."""
+"""Compatibility path: the definitions live in :mod:`broker_sim.common.errors`
+(the ``common`` floor that broker and client both build on); this module re-exports them for code written
+against the old path."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from broker_sim.errors import BrokerSimError
-
-
-class BrokerError(BrokerSimError):
-    """Root of every error raised by :mod:`broker_sim.broker`."""
-
-
-class BrokerResponseError(BrokerError):
-    """A request the broker answers with a non-success response code (``code``) and a remark."""
-
-    default_code: ClassVar[int] = 1  # SYSTEM_ERROR
-
-    def __init__(self, remark: str, code: int | None = None) -> None:
-        super().__init__(remark)
-        self.code: int = self.default_code if code is None else code
-        self.remark = remark
-
-
-class SystemBusyError(BrokerResponseError):
-    default_code = 2
-
-
-class MessageIllegalError(BrokerResponseError):
-    default_code = 13
-
-
-class ServiceNotAvailableError(BrokerResponseError):
-    """Broker not started, shutting down, or (fault injection) crashed."""
-
-    default_code = 14
-
-
-class NoPermissionError(BrokerResponseError):
-    default_code = 16
-
-
-class TopicNotExistError(BrokerResponseError):
-    default_code = 17
-
-
-class SubscriptionGroupNotExistError(BrokerResponseError):
-    default_code = 26
-
-
-class FlushDiskTimeoutError(BrokerResponseError):
-    default_code = 10
-
-
-class BrokerConfigError(BrokerError):
-    """Bad broker configuration (unknown option, out-of-range value)."""
-
-
-class InvalidTopicError(BrokerResponseError, BrokerConfigError):
-    """An admin request for a topic with a bad name or queue count (answered SYSTEM_ERROR on the wire)."""
-
-    default_code = 1
-
-
-_BY_CODE: dict[int, type[BrokerResponseError]] = {
-    c.default_code: c
-    for c in (
-        SystemBusyError,
-        MessageIllegalError,
-        ServiceNotAvailableError,
-        NoPermissionError,
-        TopicNotExistError,
-        SubscriptionGroupNotExistError,
-        FlushDiskTimeoutError,
-    )
-}
-
-
-def error_for_code(code: int, remark: str) -> BrokerResponseError:
-    """The typed error for a reply code (used by the TCP client to raise what the in-process broker
-    raises)."""
-    return _BY_CODE.get(code, BrokerResponseError)(remark, code)
+from broker_sim.common.errors import (
+    BrokerConfigError as BrokerConfigError,
+)
+from broker_sim.common.errors import (
+    BrokerError as BrokerError,
+)
+from broker_sim.common.errors import (
+    BrokerResponseError as BrokerResponseError,
+)
+from broker_sim.common.errors import (
+    FlushDiskTimeoutError as FlushDiskTimeoutError,
+)
+from broker_sim.common.errors import (
+    InvalidTopicError as InvalidTopicError,
+)
+from broker_sim.common.errors import (
+    MessageIllegalError as MessageIllegalError,
+)
+from broker_sim.common.errors import (
+    NoPermissionError as NoPermissionError,
+)
+from broker_sim.common.errors import (
+    ServiceNotAvailableError as ServiceNotAvailableError,
+)
+from broker_sim.common.errors import (
+    SubscriptionGroupNotExistError as SubscriptionGroupNotExistError,
+)
+from broker_sim.common.errors import (
+    SystemBusyError as SystemBusyError,
+)
+from broker_sim.common.errors import (
+    TopicNotExistError as TopicNotExistError,
+)
+from broker_sim.common.errors import (
+    error_for_code as error_for_code,
+)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from broker_sim.client.message import MessageQueue
+from broker_sim.common.message import MessageQueue
 
 
 class RebalanceLockManager:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from broker_sim.broker.json_file import read_json, write_json_atomic
+from broker_sim.common.json_file import read_json, write_json_atomic
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -64,6 +64,14 @@ class ConsumerOffsetManager:
                 k.rsplit(TOPIC_GROUP_SEPARATOR, 1)[0]
                 for k in self._table
                 if k.endswith(TOPIC_GROUP_SEPARATOR + group)
+            )
+
+    def groups_of_topic(self, topic: str) -> list[str]:
+        with self._lock:
+            return sorted(
+                k.rsplit(TOPIC_GROUP_SEPARATOR, 1)[1]
+                for k in self._table
+                if k.rsplit(TOPIC_GROUP_SEPARATOR, 1)[0] == topic
             )
 
     def groups(self) -> list[str]:

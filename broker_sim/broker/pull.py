@@ -6,7 +6,9 @@ re-run of a held pull never suspends again, so every request gets exactly one an
 
 Outcome table (reference §C): found → SUCCESS, next = offset + units scanned; queue empty/unknown at offset 0
 → PULL_NOT_FOUND next 0 (elsewhere PULL_OFFSET_MOVED); offset == max → PULL_NOT_FOUND (held if SUSPEND);
-offset < min or > max → PULL_OFFSET_MOVED; everything scanned filtered out → PULL_RETRY_IMMEDIATELY.
+offset < min → PULL_OFFSET_MOVED next min; offset > max → PULL_OFFSET_MOVED next max (4.9.8's
+``DefaultMessageStore.getMessage``; 4.9.0–4.9.3 answered next 0 while the min offset was 0); everything
+scanned filtered out → PULL_RETRY_IMMEDIATELY.
 """
 
 from __future__ import annotations
@@ -18,16 +20,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import PullMessageRequest, PullMessageResponse, ResponseCode
-from broker_sim.broker.constants import parse_tag_expression
-from broker_sim.broker.errors import BrokerResponseError, NoPermissionError, TopicNotExistError
-from broker_sim.client.message import SysFlag
-from broker_sim.client.scheduler import Handle
-from broker_sim.store.message_record import tags_hash
+from broker_sim.common.errors import BrokerResponseError, NoPermissionError, TopicNotExistError
+from broker_sim.common.message import SysFlag
+from broker_sim.common.requests import PullMessageRequest, PullMessageResponse, ResponseCode
+from broker_sim.common.scheduler import Handle
 from broker_sim.store.results import DispatchRequest, GetMessageStatus
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
+    from broker_sim.broker.filtering import PullFilter
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +103,13 @@ class PullMessageProcessor:
             return
         callback(resp)
 
-    def _filter(self, req: PullMessageRequest) -> set[int] | None:
-        expression = req.subscription
+    def _filter(self, req: PullMessageRequest) -> PullFilter:
+        expression, expression_type = req.subscription, str(req.expression_type)
         if not req.sys_flag & SysFlag.PULL_SUBSCRIPTION or expression is None:
             sub = self.broker.consumers.subscription(req.consumer_group, req.topic)
             expression = sub.sub_string if sub is not None else "*"
-        try:
-            tags = parse_tag_expression(expression)
-        except ValueError as exc:
-            raise BrokerResponseError(str(exc), int(ResponseCode.SUBSCRIPTION_PARSE_FAILED)) from exc
-        return None if tags is None else {tags_hash(t) for t in tags}
+            expression_type = str(sub.expression_type) if sub is not None else "TAG"
+        return self.broker.filters.for_pull(expression_type, expression)
 
     def execute(self, req: PullMessageRequest) -> PullMessageResponse:
         """One read of the store, mapped to a pull reply (no holding)."""
@@ -124,9 +122,11 @@ class PullMessageProcessor:
             return PullMessageResponse(
                 ResponseCode.PULL_NOT_FOUND, req.queue_offset, lo, hi, broker_name=b.config.broker_name
             )
+        flt = self._filter(req)
         result = store.get_message(
-            req.consumer_group, req.topic, req.queue_id, req.queue_offset, req.max_msg_nums, self._filter(req)
-        )
+            req.consumer_group, req.topic, req.queue_id, req.queue_offset, req.max_msg_nums, flt.tag_codes,
+            record_filter=flt.record,
+        )  # fmt: skip
         status = result.status
         if status in (GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.NO_MATCHED_LOGIC_QUEUE):
             code = ResponseCode.PULL_NOT_FOUND if req.queue_offset == 0 else ResponseCode.PULL_OFFSET_MOVED
@@ -189,7 +189,7 @@ class PullMessageProcessor:
 
     def _finish(self, held: _Held, result: PullMessageResponse | BaseException | None) -> None:
         if result is None:
-            from broker_sim.broker.errors import ServiceNotAvailableError
+            from broker_sim.common.errors import ServiceNotAvailableError
 
             result = ServiceNotAvailableError("broker is shutting down")
         try:

@@ -17,8 +17,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.constants import SCHEDULE_TOPIC
-from broker_sim.client.message import Prop
+from broker_sim.common.constants import SCHEDULE_TOPIC
+from broker_sim.common.message import Prop
 from broker_sim.store.config_files import load_delay_offsets, save_delay_offsets
 from broker_sim.store.message_record import MessageInner
 from broker_sim.store.results import DispatchRequest, GetMessageStatus

@@ -13,15 +13,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from broker_sim.broker.api import Perm
-from broker_sim.broker.constants import (
+from broker_sim.common.constants import (
     AUTO_CREATE_TOPIC_KEY_TOPIC,
     SCHEDULE_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
-from broker_sim.broker.errors import BrokerConfigError, InvalidTopicError, NoPermissionError
-from broker_sim.broker.json_file import read_json, write_json_atomic
+from broker_sim.common.errors import BrokerConfigError, InvalidTopicError, NoPermissionError
+from broker_sim.common.json_file import read_json, write_json_atomic
+from broker_sim.common.requests import Perm
 
 _READ = int(Perm.READ)
 _WRITE = int(Perm.WRITE)

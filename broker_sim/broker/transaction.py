@@ -16,11 +16,11 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import CheckTransactionStateRequest, EndTransactionRequest, TransactionType
-from broker_sim.broker.constants import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from broker_sim.broker.convert import to_client
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.client.message import Prop, SysFlag
+from broker_sim.common.constants import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from broker_sim.common.convert import to_client
+from broker_sim.common.errors import BrokerResponseError
+from broker_sim.common.message import Prop, SysFlag
+from broker_sim.common.requests import CheckTransactionStateRequest, EndTransactionRequest, TransactionType
 from broker_sim.store.message_record import MessageExt as Stored
 from broker_sim.store.message_record import MessageInner, host_bytes, offset_msg_id
 from broker_sim.store.results import GetMessageStatus, PutMessageResult
@@ -209,8 +209,14 @@ class TransactionService:
             tran_state_table_offset=copy.queue_offset,
             commit_log_offset=copy_offset,
         )
+        # AbstractTransactionalMessageCheckListener.sendCheckMessage: the producer sees the message on its
+        # real topic and queue (REAL_TOPIC / REAL_QID), not on the half topic, with store size 0.
+        message = to_client(copy, b.config.broker_name)
+        message.topic = copy.properties.get(Prop.REAL_TOPIC, message.topic)
+        message.queue_id = int(copy.properties.get(Prop.REAL_QID, message.queue_id))
+        message.store_size = 0
         self.checks_sent += 1
         try:
-            channel.check_transaction_state(group, request, to_client(copy, b.config.broker_name))
+            channel.check_transaction_state(group, request, message)
         except Exception:
             log.exception("check-back to %s failed", channel.remote_address)

@@ -1,9 +1,9 @@
 """Clients: producer, push and pull consumers, over a
-:class:`~broker_sim.client.transport.BrokerTransport`."""
+:class:`~broker_sim.common.transport.BrokerTransport` (in-process Broker or ``"host:port"``)."""
 
 from __future__ import annotations
 
-from broker_sim.client.message import (
+from broker_sim.common.message import (
     ConsumeOrderlyStatus,
     ConsumeStatus,
     LocalTransactionState,
@@ -21,6 +21,11 @@ __all__ = [
     "Message",
     "MessageExt",
     "MessageQueue",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PushConsumer",
     "SendResult",
     "SendStatus",
+    "TransactionProducer",
 ]

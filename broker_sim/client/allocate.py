@@ -15,7 +15,7 @@ import bisect
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 
-from broker_sim.client.message import MessageQueue
+from broker_sim.common.message import MessageQueue
 
 Allocator = Callable[[str, str, Sequence[MessageQueue], Sequence[str]], list[MessageQueue]]
 
@@ -55,19 +55,28 @@ def average_by_circle(
     return mqs[index :: len(cids)]
 
 
-def _md5_long(key: str) -> int:
-    digest = hashlib.md5(key.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "little")
+def java_md5_hash(key: str) -> int:
+    """``ConsistentHashRouter.MD5Hash.hash``: the first 4 bytes of MD5(key) as an unsigned big-endian number
+    (0 … 2³²−1)."""
+    return int.from_bytes(hashlib.md5(key.encode("utf-8")).digest()[:4], "big")
+
+
+def java_queue_key(mq: MessageQueue) -> str:
+    """Java's ``MessageQueue.toString()``, the string the consistent-hash strategy hashes for a queue."""
+    return f"MessageQueue [topic={mq.topic}, brokerName={mq.broker_name}, queueId={mq.queue_id}]"
 
 
 def consistent_hash(virtual_nodes: int = 10) -> Allocator:
-    """A hash ring with ``virtual_nodes`` points per client; a queue goes to the first point at or after
-    its hash.
+    """RocketMQ's ``AllocateMessageQueueConsistentHash`` over ``ConsistentHashRouter``, hashed the same way,
+    so broker_sim and Java consumers of one group agree on every queue.
 
-    Adding or removing a client moves only the queues next to its points, which is the point of the strategy.
+    The ring holds ``virtual_nodes`` points per client, at ``java_md5_hash(f"{client_id}-{i}")``, inserted in
+    sorted client order (a later point replaces an earlier one on a hash collision, as ``TreeMap.put``
+    does). A queue belongs to the first point at or after ``java_md5_hash(java_queue_key(queue))``, wrapping
+    to the ring's first point. Adding or removing a client moves only the queues next to its points.
     """
-    if virtual_nodes < 1:
-        raise ValueError("virtual_nodes must be >= 1")
+    if virtual_nodes < 0:
+        raise ValueError(f"illegal virtual_nodes: {virtual_nodes} (must be >= 0)")
 
     def allocate(
         group: str, client_id: str, queues: Sequence[MessageQueue], clients: Sequence[str]
@@ -75,12 +84,17 @@ def consistent_hash(virtual_nodes: int = 10) -> Allocator:
         mqs, cids, index = _prepare(client_id, queues, clients)
         if index < 0:
             return []
-        ring = sorted((_md5_long(f"{cid}-{i}"), cid) for cid in cids for i in range(virtual_nodes))
-        points = [p for p, _ in ring]
+        ring: dict[int, str] = {}
+        for cid in cids:
+            for i in range(virtual_nodes):
+                ring[java_md5_hash(f"{cid}-{i}")] = cid
+        if not ring:
+            return []
+        points = sorted(ring)
         out = []
         for mq in mqs:
-            pos = bisect.bisect_left(points, _md5_long(str(mq))) % len(ring)
-            if ring[pos][1] == client_id:
+            pos = bisect.bisect_left(points, java_md5_hash(java_queue_key(mq)))
+            if ring[points[pos % len(points)]] == client_id:
                 out.append(mq)
         return out
 

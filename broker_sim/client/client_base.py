@@ -8,12 +8,14 @@ import logging
 import os
 import re
 import socket
+from typing import Any, Protocol
 
-from broker_sim.broker.api import CheckTransactionStateRequest
-from broker_sim.client.errors import InvalidMessageError
-from broker_sim.client.message import Message, MessageExt
-from broker_sim.client.transport import BrokerTransport, InProcessTransport, transport_for
+from broker_sim.client.transport import transport_for
 from broker_sim.clock import Clock, SystemClock
+from broker_sim.common.errors import InvalidMessageError, MQClientError
+from broker_sim.common.message import Message, MessageExt, MessageQueue
+from broker_sim.common.requests import CheckTransactionStateRequest
+from broker_sim.common.transport import BrokerTransport, ClockedTransport
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +53,23 @@ def check_message(msg: Message, max_message_size: int) -> None:
         raise InvalidMessageError(f"the message body is {len(msg.body)} bytes, more than {max_message_size}")
 
 
+class AdminService(Protocol):
+    """What a client's ``admin`` attribute serves (a push consumer's ``ConsumerAdmin``)."""
+
+    def reset_offset(self, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None: ...
+
+    def running_info(self) -> dict[str, Any]: ...
+
+    def consume_directly(self, message: MessageExt) -> dict[str, Any]: ...
+
+
 class ClientBase:
     """Holds the transport and the broker callback channel; subclasses override the callbacks they serve."""
 
     def __init__(self, broker_or_address: object, *, clock: Clock | None, instance_name: str | None) -> None:
         self.transport: BrokerTransport = transport_for(broker_or_address)
         if clock is None:
-            clock = (
-                self.transport.broker.clock
-                if isinstance(self.transport, InProcessTransport)
-                else SystemClock()
-            )
+            clock = self.transport.clock if isinstance(self.transport, ClockedTransport) else SystemClock()
         self.clock: Clock = clock
         self.client_id = new_client_id(instance_name)
 
@@ -82,3 +90,20 @@ class ClientBase:
 
     def notify_consumer_ids_changed(self, consumer_group: str) -> None:
         log.debug("client %s: consumer ids of %s changed (ignored)", self.client_id, consumer_group)
+
+    # -- AdminChannel: served by ``self.admin`` (push consumers have one); other clients refuse -------------
+
+    def _admin(self) -> AdminService:
+        admin: AdminService | None = getattr(self, "admin", None)
+        if admin is None:
+            raise MQClientError(f"client {self.client_id} is not a push consumer; it serves no admin request")
+        return admin
+
+    def reset_offset(self, client_id: str, topic: str, group: str, offsets: dict[MessageQueue, int]) -> None:
+        self._admin().reset_offset(topic, group, offsets)
+
+    def consumer_running_info(self, client_id: str, group: str) -> dict[str, Any]:
+        return self._admin().running_info()
+
+    def consume_message_directly(self, client_id: str, group: str, message: MessageExt) -> dict[str, Any]:
+        return self._admin().consume_directly(message)

@@ -18,11 +18,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Union
 
-from broker_sim.broker.api import ConsumerSendMsgBackRequest, MessageModel
-from broker_sim.broker.constants import RETRY_GROUP_TOPIC_PREFIX
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.client.errors import TransportError
-from broker_sim.client.message import (
+from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.common.constants import RETRY_GROUP_TOPIC_PREFIX
+from broker_sim.common.errors import BrokerResponseError, TransportError
+from broker_sim.common.message import (
     ConsumeOrderlyStatus,
     ConsumeStatus,
     MessageExt,
@@ -30,7 +29,7 @@ from broker_sim.client.message import (
     Prop,
     SysFlag,
 )
-from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.common.requests import ConsumerSendMsgBackRequest, MessageModel
 
 if TYPE_CHECKING:
     from broker_sim.client.push_consumer import PushConsumer
@@ -176,7 +175,7 @@ class OrderlyConsumeService:
             begin = c.clock.now_ms()
             while not pq.dropped and not c.stopped:
                 if clustering and (not pq.locked or pq.is_lock_expired(c.clock.now_ms())):
-                    c.try_lock_later(mq, lambda: self._submit(pq, mq))
+                    c.rebalancer.try_lock_later(mq, lambda: self._submit(pq, mq))
                     return
                 if c.clock.now_ms() - begin > self.MAX_TIME_CONSUME_CONTINUOUSLY_MS:
                     self._later(pq, mq, 10)

@@ -18,11 +18,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.broker.json_file import read_json, write_json_atomic
-from broker_sim.client.errors import TransportError
-from broker_sim.client.message import MessageQueue
-from broker_sim.client.transport import BrokerTransport
+from broker_sim.common.errors import BrokerResponseError, TransportError
+from broker_sim.common.json_file import read_json, write_json_atomic
+from broker_sim.common.message import MessageQueue
+from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import bisect
 import threading
 from collections.abc import Iterable
 
-from broker_sim.client.message import MessageExt, Prop
+from broker_sim.common.message import MessageExt, Prop
 
 
 class ProcessQueue:

@@ -1,10 +1,12 @@
 """The producer: route lookup, queue selection, sync/async/oneway/batch send with retries.
 
-A sync send tries ``1 + retry_times_when_send_failed`` times (RocketMQ default 3), each time on the next queue
-and avoiding the broker that just failed. A *timeout* is retried too, and that is how at-least-once producers
-create duplicates: the broker may have stored the message and only the reply was lost, so the retry stores it
-again at a new offset with the same client id (UNIQ_KEY). broker_sim reproduces exactly that with
-``broker.faults.lose_send_acks(n)``.
+A sync send tries up to ``1 + retry_times_when_send_failed`` times (RocketMQ default 3), each time on the next
+queue and avoiding the broker that just failed, and all tries share one ``send_msg_timeout_ms`` budget (3 s),
+as in RocketMQ 4.9.8's ``DefaultMQProducerImpl.sendDefaultImpl``. A *timeout* therefore spends the budget and
+is not retried: the broker may have stored the message while only the reply was lost
+(``broker.faults.lose_send_acks(n)``), and the caller gets :class:`SendFailedError` — resending it is then the
+application's decision (``reliable``'s sweeper does that), which is where a duplicate with the same client id
+(UNIQ_KEY) comes from. SYSTEM_BUSY is not retried either.
 """
 
 from __future__ import annotations
@@ -17,17 +19,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from broker_sim.broker.api import (
-    BatchEntry,
-    HeartbeatData,
-    ResponseCode,
-    SendMessageRequest,
-    SendMessageResponse,
-)
-from broker_sim.broker.errors import BrokerResponseError
 from broker_sim.client.client_base import ClientBase, check_group, check_message
-from broker_sim.client.errors import ClientStateError, InvalidMessageError, SendFailedError, TransportError
-from broker_sim.client.message import (
+from broker_sim.client.selectors import LatencyFaultTolerance, MessageQueueSelector, TopicPublishInfo
+from broker_sim.clock import Clock
+from broker_sim.common.errors import (
+    BrokerResponseError,
+    ClientStateError,
+    InvalidMessageError,
+    RequestTimeoutError,
+    SendFailedError,
+    TransportError,
+)
+from broker_sim.common.message import (
     Message,
     MessageQueue,
     Prop,
@@ -36,9 +39,14 @@ from broker_sim.client.message import (
     SysFlag,
     new_uniq_key,
 )
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.client.selectors import LatencyFaultTolerance, MessageQueueSelector, TopicPublishInfo
-from broker_sim.clock import Clock
+from broker_sim.common.requests import (
+    BatchEntry,
+    HeartbeatData,
+    ResponseCode,
+    SendMessageRequest,
+    SendMessageResponse,
+)
+from broker_sim.common.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +57,10 @@ _STATUS = {
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
 # Broker reply codes after which RocketMQ tries another queue (others are final: the message is bad).
-_RETRY_CODES = {1, 2, 14, 17, 16, 10, 11, 12}
+#: Broker replies a sync send retries on another queue (``DefaultMQProducer.retryResponseCodes`` in 4.9.8:
+#: TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR, NO_PERMISSION, NO_BUYER_ID, NOT_IN_CURRENT_UNIT).
+#: SYSTEM_BUSY (2) is not among them: a busy broker's refusal reaches the caller at once.
+_RETRY_CODES = frozenset({17, 14, 1, 16, 204, 205})
 
 
 class Producer(ClientBase):
@@ -247,10 +258,38 @@ class Producer(ClientBase):
                 )
             except (TransportError, BrokerResponseError) as exc:
                 raise SendFailedError(f"send to {mq} failed: {exc}") from exc
+        mq, resp = self._send_with_retries(
+            msg.topic,
+            info,
+            timeout,
+            lambda mq, left: self.transport.send_message(self._request(msg, mq, sys_flag), body, left),
+        )
+        return self._result(msg, mq, resp)
+
+    def _send_with_retries(
+        self,
+        topic: str,
+        info: TopicPublishInfo,
+        timeout: int,
+        call: Callable[[MessageQueue, int], SendMessageResponse],
+    ) -> tuple[MessageQueue, SendMessageResponse]:
+        """RocketMQ 4.9.8's ``sendDefaultImpl``: up to ``1 + retry_times_when_send_failed`` attempts that
+        share ONE ``timeout`` budget — each attempt gets what is left, and once it is spent the send fails
+        with "call timeout" instead of trying again. So a send whose reply never comes (a lost ACK waits the
+        whole budget) is not retried, while a refused or failed connection is retried at once. ``call(mq,
+        ms_left)`` makes one attempt (a single message or a batch)."""
         attempts = 1 + max(0, self.retry_times_when_send_failed)
         last_broker: str | None = None
         last_exc: Exception | None = None
+        first = self.clock.now_ms()
+        waited = 0  # budget a timed-out attempt spent without the clock showing it (an in-process lost ACK)
         for attempt in range(attempts):
+            cost = self.clock.now_ms() - first + waited
+            if cost >= timeout:  # Java breaks on timeout < cost; a real timeout always overruns its budget
+                raise SendFailedError(
+                    f"send to {topic} call timeout: {cost} ms of the {timeout} ms budget used "
+                    f"after {attempt} attempt(s): {last_exc}"
+                ) from last_exc
             if self.send_latency_fault_enable:
                 mq = self.fault_tolerance.select(info, last_broker)
             else:
@@ -258,26 +297,28 @@ class Producer(ClientBase):
             last_broker = mq.broker_name
             begin = self.clock.now_ms()
             try:
-                resp = self.transport.send_message(self._request(msg, mq, sys_flag), body, timeout)
+                resp = call(mq, timeout - cost)
             except BrokerResponseError as exc:
                 self._update_fault(mq, begin, isolation=True)
                 if exc.code not in _RETRY_CODES:
                     raise SendFailedError(f"send to {mq} refused: {exc}") from exc
                 last_exc = exc
-            except TransportError as exc:  # includes RequestTimeoutError: the message may be stored
+            except RequestTimeoutError as exc:  # the message may be stored; the budget is spent
+                self._update_fault(mq, begin, isolation=True)
+                waited += max(0, timeout - cost - (self.clock.now_ms() - begin))
+                last_exc = exc
+            except TransportError as exc:
                 self._update_fault(mq, begin, isolation=True)
                 last_exc = exc
             else:
                 self._update_fault(mq, begin, isolation=False)
-                return self._result(msg, mq, resp)
+                return mq, resp
             log.warning(
-                "send %s to %s failed (attempt %d/%d): %s", msg.topic, mq, attempt + 1, attempts, last_exc
+                "send %s to %s failed (attempt %d/%d): %s", topic, mq, attempt + 1, attempts, last_exc
             )
             if attempt + 1 < attempts and isinstance(last_exc, BrokerResponseError):
-                info = self.publish_info(msg.topic, refresh=True)
-        raise SendFailedError(
-            f"send to {msg.topic} failed after {attempts} attempts: {last_exc}"
-        ) from last_exc
+                info = self.publish_info(topic, refresh=True)
+        raise SendFailedError(f"send to {topic} failed after {attempts} attempts: {last_exc}") from last_exc
 
     def _update_fault(self, mq: MessageQueue, begin_ms: int, *, isolation: bool) -> None:
         if self.send_latency_fault_enable:
@@ -346,26 +387,29 @@ class Producer(ClientBase):
         if sum(len(e.body) for e in entries) > self.max_message_size:
             raise InvalidMessageError("the batch is larger than the maximum message size")
         info = self._route(topic)
-        attempts = 1 if queue is not None else 1 + max(0, self.retry_times_when_send_failed)
-        last_exc: Exception | None = None
-        for _ in range(attempts):
-            mq = queue if queue is not None else info.select(None)
-            req = SendMessageRequest(
+
+        def request(mq: MessageQueue) -> SendMessageRequest:
+            return SendMessageRequest(
                 self.group, topic, mq.queue_id, {}, born_timestamp=self.clock.now_ms(), batch=True,
                 default_topic_queue_nums=self.default_topic_queue_nums,
             )  # fmt: skip
+
+        def call(mq: MessageQueue, left: int) -> SendMessageResponse:
+            return self.transport.send_batch_message(request(mq), entries, left)
+
+        if queue is not None:  # a pinned queue: one attempt, as for a selector
             try:
-                resp = self.transport.send_batch_message(req, entries, self.send_msg_timeout_ms)
+                mq, resp = queue, call(queue, self.send_msg_timeout_ms)
             except (TransportError, BrokerResponseError) as exc:
-                last_exc = exc
-                continue
-            return SendResult(
-                _STATUS.get(resp.code, SendStatus.SEND_OK),
-                ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),
-                resp.queue_id,
-                resp.queue_offset,
-                resp.msg_id,
-                topic,
-                mq.broker_name,
-            )
-        raise SendFailedError(f"batch send to {topic} failed: {last_exc}") from last_exc
+                raise SendFailedError(f"batch send to {queue} failed: {exc}") from exc
+        else:
+            mq, resp = self._send_with_retries(topic, info, self.send_msg_timeout_ms, call)
+        return SendResult(
+            _STATUS.get(resp.code, SendStatus.SEND_OK),
+            ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),
+            resp.queue_id,
+            resp.queue_offset,
+            resp.msg_id,
+            topic,
+            mq.broker_name,
+        )

@@ -11,26 +11,27 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 
-from broker_sim.broker.api import (
+from broker_sim.client.client_base import ClientBase, check_group
+from broker_sim.client.consume_service import send_back_request
+from broker_sim.client.offset_store import ReadOffsetType, RemoteBrokerOffsetStore
+from broker_sim.clock import Clock
+from broker_sim.common.constants import parse_tag_expression
+from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
+from broker_sim.common.message import MessageExt, MessageQueue, SysFlag
+from broker_sim.common.requests import (
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,
+    ExpressionType,
     HeartbeatData,
     MessageModel,
+    MessageSelector,
     Perm,
     PullMessageRequest,
     PullStatus,
     SubscriptionData,
 )
-from broker_sim.broker.constants import parse_tag_expression
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.client.client_base import ClientBase, check_group
-from broker_sim.client.consume_service import send_back_request
-from broker_sim.client.errors import ClientStateError, TransportError
-from broker_sim.client.message import MessageExt, MessageQueue, SysFlag
-from broker_sim.client.offset_store import ReadOffsetType, RemoteBrokerOffsetStore
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.clock import Clock
+from broker_sim.common.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -122,27 +123,39 @@ class PullConsumer(ClientBase):
                 out.extend(MessageQueue(topic, qd.broker_name, i) for i in range(qd.read_queue_nums))
         return sorted(out)
 
-    def pull(self, mq: MessageQueue, expression: str, offset: int, max_nums: int = 32) -> PullResult:
-        """One pull from ``offset``: FOUND with messages, NO_NEW_MSG, NO_MATCHED_MSG or OFFSET_ILLEGAL."""
+    def pull(
+        self, mq: MessageQueue, expression: str | MessageSelector, offset: int, max_nums: int = 32
+    ) -> PullResult:
+        """One pull from ``offset``: FOUND with messages, NO_NEW_MSG, NO_MATCHED_MSG or OFFSET_ILLEGAL.
+        ``expression`` is a tag expression or a ``MessageSelector.by_sql(...)`` (the broker refuses SQL92
+        unless it runs with ``enable_property_filter``)."""
         return self._pull(mq, expression, offset, max_nums, suspend_ms=0)
 
     def pull_block_if_not_found(
-        self, mq: MessageQueue, expression: str, offset: int, max_nums: int = 32, timeout_ms: int = 15_000
+        self,
+        mq: MessageQueue,
+        expression: str | MessageSelector,
+        offset: int,
+        max_nums: int = 32,
+        timeout_ms: int = 15_000,
     ) -> PullResult:
         """As :meth:`pull`, but the broker holds the request up to ``timeout_ms`` when nothing is there
         yet."""
         return self._pull(mq, expression, offset, max_nums, suspend_ms=timeout_ms)
 
     def _pull(
-        self, mq: MessageQueue, expression: str, offset: int, max_nums: int, suspend_ms: int
+        self, mq: MessageQueue, expression: str | MessageSelector, offset: int, max_nums: int, suspend_ms: int
     ) -> PullResult:
         self._check()
         if offset < 0 or max_nums <= 0:
             raise ValueError("offset must be >= 0 and max_nums > 0")
-        tags = parse_tag_expression(expression)
+        selector = MessageSelector.of(expression)
+        sql = selector.expression_type is ExpressionType.SQL92
+        tags = None if sql else parse_tag_expression(selector.expression)
         sys_flag = SysFlag.PULL_SUBSCRIPTION | (SysFlag.PULL_SUSPEND if suspend_ms > 0 else 0)
         req = PullMessageRequest(
-            self.group, mq.topic, mq.queue_id, offset, max_nums, sys_flag, 0, suspend_ms, expression or "*",
+            self.group, mq.topic, mq.queue_id, offset, max_nums, sys_flag, 0, suspend_ms, selector.expression,
+            expression_type=selector.expression_type,
         )  # fmt: skip
         resp = self.transport.pull_message(req, timeout_ms=suspend_ms + 30_000)
         msgs = [m for m in resp.messages if tags is None or m.tags in tags]

@@ -13,21 +13,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-from broker_sim.broker.api import (
-    ConsumeFromWhere,
-    ConsumerData,
-    ConsumeType,
-    HeartbeatData,
-    MessageModel,
-    PullMessageRequest,
-    PullMessageResponse,
-    PullStatus,
-    SubscriptionData,
-)
-from broker_sim.broker.constants import parse_tag_expression, retry_topic
-from broker_sim.broker.errors import BrokerResponseError
 from broker_sim.client.allocate import Allocator, average
 from broker_sim.client.client_base import ClientBase, check_group
 from broker_sim.client.consume_service import (
@@ -37,8 +25,7 @@ from broker_sim.client.consume_service import (
     OrderlyListener,
     try_send_back,
 )
-from broker_sim.client.errors import ClientStateError, TransportError
-from broker_sim.client.message import MessageExt, MessageQueue, SysFlag
+from broker_sim.client.consumer_admin import ConsumerAdmin
 from broker_sim.client.offset_store import (
     LocalFileOffsetStore,
     OffsetStore,
@@ -46,14 +33,30 @@ from broker_sim.client.offset_store import (
     RemoteBrokerOffsetStore,
 )
 from broker_sim.client.process_queue import ProcessQueue
-from broker_sim.client.rebalance import PullRequest, RebalanceMixin
-from broker_sim.client.scheduler import Scheduler
+from broker_sim.client.rebalance import PullRequest, Rebalancer
 from broker_sim.clock import Clock
+from broker_sim.common.constants import parse_tag_expression, retry_topic
+from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
+from broker_sim.common.message import MessageExt, MessageQueue, SysFlag
+from broker_sim.common.requests import (
+    ConsumeFromWhere,
+    ConsumerData,
+    ConsumeType,
+    ExpressionType,
+    HeartbeatData,
+    MessageModel,
+    MessageSelector,
+    PullMessageRequest,
+    PullMessageResponse,
+    PullStatus,
+    SubscriptionData,
+)
+from broker_sim.common.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
 
-class PushConsumer(ClientBase, RebalanceMixin):
+class PushConsumer(ClientBase):
     """``PushConsumer(broker_or_address, group).subscribe(topic, "*", listener); consumer.start()``."""
 
     def __init__(
@@ -118,9 +121,8 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._listener: MessageListener | None = None
         self._orderly_listener: OrderlyListener | None = None
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
-        self._pq_lock = threading.RLock()
-        self._rebalance_lock = threading.Lock()
-        self._pull_queue: queue.Queue[PullRequest | None] = queue.Queue()
+        self.pq_lock = threading.RLock()
+        self.pull_queue: queue.Queue[PullRequest | None] = queue.Queue()
         self.offset_store: OffsetStore = (
             RemoteBrokerOffsetStore(self.transport, group)
             if message_model is MessageModel.CLUSTERING
@@ -131,11 +133,31 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self.stopped = False
         self._state = "CREATED"
         self.flow_control_times = 0
-        self.rebalance_count = 0
+        self.rebalancer = Rebalancer(self)
+        self.admin = ConsumerAdmin(self)
+        self.start_timestamp_ms = 0
         self._pull_thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"PushConsumer({self.group!r}, {self.client_id!r})"
+
+    @property
+    def is_running(self) -> bool:
+        return self._state == "RUNNING"
+
+    def listener_for_direct_consume(self) -> Callable[[list[MessageExt]], object]:
+        listener = self._orderly_listener or self._listener
+        if listener is None:
+            raise ClientStateError(f"consumer {self.group} has no listener")
+        return listener
+
+    def rebalance_now(self) -> None:
+        """Recompute this client's queues now (also runs at start, every 20 s and on membership change)."""
+        self.rebalancer.rebalance_now()
+
+    @property
+    def rebalance_count(self) -> int:
+        return self.rebalancer.rebalance_count
 
     @property
     def orderly(self) -> bool:
@@ -144,14 +166,19 @@ class PushConsumer(ClientBase, RebalanceMixin):
     # -- configuration --------------------------------------------------------------------------------------
 
     def subscribe(
-        self, topic: str, expression: str = "*", listener: MessageListener | None = None
+        self, topic: str, expression: str | MessageSelector = "*", listener: MessageListener | None = None
     ) -> PushConsumer:
-        """Subscribe to ``topic`` with a tag expression (``"*"``, ``"A || B"``); optionally set the
-        listener."""
+        """Subscribe to ``topic`` with a tag expression (``"*"``, ``"A || B"``) or a
+        ``MessageSelector.by_sql("a > 5")``; optionally set the listener. SQL92 subscriptions are checked with
+        the broker at ``start()`` (CHECK_CLIENT_CONFIG), which raises if the broker cannot serve them."""
         if self._state != "CREATED":
             raise ClientStateError("subscribe before start()")
-        self._tag_filters[topic] = parse_tag_expression(expression)
-        self.subscriptions[topic] = SubscriptionData(topic, expression or "*", self.clock.now_ms())
+        selector = MessageSelector.of(expression)
+        sql = selector.expression_type is ExpressionType.SQL92
+        self._tag_filters[topic] = None if sql else parse_tag_expression(selector.expression)
+        self.subscriptions[topic] = SubscriptionData(
+            topic, selector.expression, self.clock.now_ms(), selector.expression_type
+        )
         if listener is not None:
             self.register_message_listener(listener)
         return self
@@ -177,6 +204,8 @@ class PushConsumer(ClientBase, RebalanceMixin):
             rt = retry_topic(self.group)
             self.subscriptions[rt] = SubscriptionData(rt, "*", self.clock.now_ms())
             self._tag_filters[rt] = None
+        self.admin.check_client_config()
+        self.start_timestamp_ms = self.clock.now_ms()
         self.offset_store.load()
         if self._orderly_listener is not None:
             self.consume_service = OrderlyConsumeService(self, self._orderly_listener, self.consume_threads)
@@ -187,10 +216,13 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._pull_thread = threading.Thread(target=self._pull_loop, name=f"pull-{self.group}", daemon=True)
         self._pull_thread.start()
         self.send_heartbeat()
-        self.rebalance_now()
+        self.rebalancer.rebalance_now()
         s = self.scheduler
         s.schedule_periodic(
-            self.rebalance_interval_ms, self.rebalance_interval_ms, self.rebalance_now, name="rebalance"
+            self.rebalance_interval_ms,
+            self.rebalance_interval_ms,
+            self.rebalancer.rebalance_now,
+            name="rebalance",
         )
         s.schedule_periodic(
             self.heartbeat_interval_ms, self.heartbeat_interval_ms, self.send_heartbeat, name="heartbeat"
@@ -202,7 +234,7 @@ class PushConsumer(ClientBase, RebalanceMixin):
             name="persist-offsets",
         )
         if self.orderly and self.message_model is MessageModel.CLUSTERING:
-            s.schedule_periodic(1000, 20_000, self.lock_all, name="lock-all")
+            s.schedule_periodic(1000, 20_000, self.rebalancer.lock_all, name="lock-all")
         if isinstance(self.consume_service, ConcurrentConsumeService):
             s.schedule_periodic(
                 self.consume_timeout_ms, self.consume_timeout_ms, self._clean_expired, name="clean-expired"
@@ -217,10 +249,10 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._state = "SHUTDOWN"
         self.stopped = True
         self.scheduler.shutdown()
-        self._pull_queue.put(None)
+        self.pull_queue.put(None)
         assert self.consume_service is not None
         self.consume_service.shutdown(wait=True)
-        with self._pq_lock:
+        with self.pq_lock:
             mqs = list(self.process_queues)
             for pq in self.process_queues.values():
                 pq.dropped = True
@@ -242,8 +274,8 @@ class PushConsumer(ClientBase, RebalanceMixin):
         self._state = "KILLED"
         self.stopped = True
         self.scheduler.shutdown(wait=False)
-        self._pull_queue.put(None)
-        with self._pq_lock:
+        self.pull_queue.put(None)
+        with self.pq_lock:
             for pq in self.process_queues.values():
                 pq.dropped = True
         if self.consume_service is not None:
@@ -254,7 +286,7 @@ class PushConsumer(ClientBase, RebalanceMixin):
 
     def notify_consumer_ids_changed(self, consumer_group: str) -> None:
         if consumer_group == self.group and not self.stopped:
-            self.scheduler.schedule(0, self.rebalance_now, name="rebalance-on-notify")
+            self.scheduler.schedule(0, self.rebalancer.rebalance_now, name="rebalance-on-notify")
 
     # -- heartbeat, offsets, locks --------------------------------------------------------------------------
 
@@ -278,52 +310,9 @@ class PushConsumer(ClientBase, RebalanceMixin):
     def persist_offsets(self) -> None:
         if self.stopped:
             return
-        with self._pq_lock:
+        with self.pq_lock:
             mqs = list(self.process_queues)
         self.offset_store.persist_all(mqs)
-
-    def lock_all(self) -> None:
-        with self._pq_lock:
-            mqs = set(self.process_queues)
-        if not mqs or self.stopped:
-            return
-        try:
-            locked = self.transport.lock_batch_mq(self.group, self.client_id, mqs)
-        except (TransportError, BrokerResponseError) as exc:
-            log.warning("%s: lock batch failed: %s", self.group, exc)
-            return
-        now = self.clock.now_ms()
-        with self._pq_lock:
-            for mq, pq in self.process_queues.items():
-                if mq in locked:
-                    if not pq.locked:
-                        log.info("%s: queue %s locked", self.group, mq)
-                    pq.locked, pq.last_lock_ms = True, now
-                else:
-                    pq.locked = False
-
-    def _lock_one(self, mq: MessageQueue) -> bool:
-        try:
-            locked = mq in self.transport.lock_batch_mq(self.group, self.client_id, {mq})
-        except (TransportError, BrokerResponseError) as exc:
-            log.warning("%s: lock %s failed: %s", self.group, mq, exc)
-            return False
-        with self._pq_lock:
-            pq = self.process_queues.get(mq)
-            if pq is not None and locked:
-                pq.locked, pq.last_lock_ms = True, self.clock.now_ms()
-        return locked
-
-    def try_lock_later(self, mq: MessageQueue, then: object) -> None:
-        def attempt() -> None:
-            if self.stopped:
-                return
-            if self._lock_one(mq):
-                self.scheduler.schedule(10, then, name="orderly-resume")  # type: ignore[arg-type]
-            else:
-                self.scheduler.schedule(3000, attempt, name="orderly-relock")
-
-        self.scheduler.schedule(10, attempt, name="orderly-lock")
 
     def send_message_back(self, msg: MessageExt, delay_level: int) -> bool:
         return try_send_back(self, msg, delay_level)
@@ -332,24 +321,24 @@ class PushConsumer(ClientBase, RebalanceMixin):
         svc = self.consume_service
         if not isinstance(svc, ConcurrentConsumeService):
             return
-        with self._pq_lock:
+        with self.pq_lock:
             items = list(self.process_queues.items())
         for mq, pq in items:
             svc.clean_expired(pq, mq)
 
     def assigned_queues(self) -> list[MessageQueue]:
-        with self._pq_lock:
+        with self.pq_lock:
             return sorted(self.process_queues)
 
     # -- pulling --------------------------------------------------------------------------------------------
 
     def _pull_later(self, pr: PullRequest, delay_ms: int) -> None:
         if not self.stopped:
-            self.scheduler.schedule(delay_ms, lambda: self._pull_queue.put(pr), name="pull-later")
+            self.scheduler.schedule(delay_ms, lambda: self.pull_queue.put(pr), name="pull-later")
 
     def _pull_loop(self) -> None:
         while True:
-            pr = self._pull_queue.get()
+            pr = self.pull_queue.get()
             if pr is None or self.stopped:
                 return
             try:
@@ -389,7 +378,7 @@ class PushConsumer(ClientBase, RebalanceMixin):
         )
         req = PullMessageRequest(
             self.group, pr.mq.topic, pr.mq.queue_id, pr.next_offset, self.pull_batch_size, sys_flag, commit,
-            self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version,
+            self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version, sub.expression_type,
         )  # fmt: skip
         self.transport.pull_message_async(req, lambda result: self._on_pull(pr, result))
 
@@ -441,4 +430,4 @@ class PushConsumer(ClientBase, RebalanceMixin):
             log.warning("%s: offset of %s illegal, moving to %d", self.group, pr.mq, pr.next_offset)
             self.offset_store.update_offset(pr.mq, pr.next_offset, False)
             self.offset_store.persist(pr.mq)
-        self._pull_queue.put(pr)
+        self.pull_queue.put(pr)

@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker_sim.broker.api import Perm, TopicRouteData
-from broker_sim.client.message import Message, MessageQueue
+from broker_sim.common.message import Message, MessageQueue
+from broker_sim.common.requests import Perm, TopicRouteData
 
 MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQueue]
 

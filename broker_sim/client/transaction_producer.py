@@ -13,10 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from broker_sim.broker.api import CheckTransactionStateRequest, EndTransactionRequest, TransactionType
-from broker_sim.broker.errors import BrokerResponseError
-from broker_sim.client.errors import SendFailedError, TransportError
-from broker_sim.client.message import (
+from broker_sim.client.producer import Producer
+from broker_sim.common.errors import BrokerResponseError, SendFailedError, TransportError
+from broker_sim.common.message import (
     LocalTransactionState,
     Message,
     MessageExt,
@@ -25,7 +24,7 @@ from broker_sim.client.message import (
     TransactionSendResult,
     decode_offset_msg_id,
 )
-from broker_sim.client.producer import Producer
+from broker_sim.common.requests import CheckTransactionStateRequest, EndTransactionRequest, TransactionType
 
 log = logging.getLogger(__name__)
 

@@ -1,102 +1,21 @@
-"""``broker-sim admin``: mqadmin-style commands against a running ``broker-sim serve``.
-
-Everything goes over the wire (name server, then broker) with :class:`AdminClient`, so the commands work
-against any broker-sim reachable on the network and exercise the same protocol clients use.
-"""
+"""``broker-sim admin``: mqadmin-style commands against a running ``broker-sim serve``, over the wire with
+:class:`~broker_sim.remoting.admin_client.AdminClient`. Each command prints a table (or ``--json``); errors
+are raised as one-line exceptions the CLI prints."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
-import time
+from collections.abc import Callable
 from typing import Any
 
-from broker_sim.broker.api import QueueProgress, ResponseCode
-from broker_sim.broker.errors import error_for_code
-from broker_sim.client.message import MessageExt, MessageQueue
-from broker_sim.remoting import bodies
-from broker_sim.remoting.admin_handlers import READ_QUEUE
-from broker_sim.remoting.client_transport import RemotingTransport
-from broker_sim.remoting.codes import RequestCode
-from broker_sim.remoting.records import decode_records
+from broker_sim.common.errors import BrokerResponseError
+from broker_sim.common.message import MessageExt
+from broker_sim.common.requests import ResponseCode
+from broker_sim.remoting.admin_client import AdminClient
 
 DLQ_PREFIX = "%DLQ%"
-ADMIN_GROUP = "broker_sim_admin"
-
-
-class AdminClient:
-    """Admin requests (topic create/list, consume stats, query by key) on top of a RemotingTransport."""
-
-    def __init__(self, namesrv: str) -> None:
-        self.transport = RemotingTransport(namesrv, request_timeout_ms=5000)
-
-    def close(self) -> None:
-        self.transport.close()
-
-    def _broker_call(self, code: int, fields: dict[str, Any], body: bytes = b"") -> Any:
-        t = self.transport
-        reply = t._invoke(t._broker(), t._req(code, fields, body))
-        if reply.code != ResponseCode.SUCCESS:
-            raise error_for_code(reply.code, reply.remark or f"request {code} failed with code {reply.code}")
-        return reply
-
-    def create_topic(self, name: str, queues: int, perm: int) -> None:
-        fields = {
-            "topic": name,
-            "defaultTopic": "TBW102",
-            "readQueueNums": queues,
-            "writeQueueNums": queues,
-            "perm": perm,
-            "topicFilterType": "SINGLE_TAG",
-            "topicSysFlag": 0,
-            "order": False,
-        }
-        self._broker_call(RequestCode.UPDATE_AND_CREATE_TOPIC, fields)
-
-    def topic_list(self) -> list[str]:
-        t = self.transport
-        reply = t._ok(t._invoke(t.address, t._req(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)))
-        return [str(x) for x in bodies.load_json(reply.body, "topic list").get("topicList", [])]
-
-    def route(self, topic: str) -> dict[str, Any]:
-        return bodies.route_to_json(self.transport.get_route(topic))
-
-    def consumer_progress(self, group: str, topic: str | None = None) -> list[QueueProgress]:
-        reply = self._broker_call(RequestCode.GET_CONSUME_STATS, {"consumerGroup": group, "topic": topic})
-        rows = bodies.load_json(reply.body, "consume stats").get("offsetTable", [])
-        return [
-            QueueProgress(
-                queue=MessageQueue(r["topic"], r["brokerName"], int(r["queueId"])),
-                broker_offset=int(r["brokerOffset"]),
-                consumer_offset=int(r["consumerOffset"]),
-                last_timestamp=int(r.get("lastTimestamp", 0)),
-            )
-            for r in rows
-        ]
-
-    def query_by_key(self, topic: str, key: str, max_num: int) -> list[MessageExt]:
-        fields = {
-            "topic": topic,
-            "key": key,
-            "maxNum": max_num,
-            "beginTimestamp": 0,
-            "endTimestamp": int(time.time() * 1000) + 60_000,
-        }
-        t = self.transport
-        reply = t._invoke(t._broker(), t._req(RequestCode.QUERY_MESSAGE, fields))
-        if reply.code == ResponseCode.QUERY_NOT_FOUND:
-            return []
-        t._ok(reply)
-        return decode_records(reply.body) if reply.body else []
-
-    def view(self, msg_id: str) -> MessageExt:
-        return self.transport.view_message_by_id(msg_id)
-
-    def read_queue(self, topic: str, queue_id: int, max_num: int) -> list[MessageExt]:
-        """Messages of one queue from its start, ignoring permissions and consumer offsets (READ_QUEUE)."""
-        fields = {"topic": topic, "queueId": queue_id, "offset": 0, "maxNum": max_num}
-        reply = self._broker_call(READ_QUEUE, fields)
-        return decode_records(reply.body) if reply.body else []
 
 
 def _message_row(m: MessageExt) -> dict[str, Any]:
@@ -128,52 +47,171 @@ def _print(
         print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols))
 
 
+def parse_time(text: str) -> int:
+    """``--time``: milliseconds since the epoch, ``now``, ``latest`` (-1: the max offset), an ISO time
+    (UTC unless it names a zone) or mqadmin's ``yyyy-MM-dd#HH:mm:ss:SSS``."""
+    value = text.strip()
+    if value.lstrip("-").isdigit():
+        return int(value)
+    if value == "now":
+        return int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+    if value == "latest":
+        return -1
+    try:
+        if "#" in value:
+            when = dt.datetime.strptime(value, "%Y-%m-%d#%H:%M:%S:%f")
+        else:
+            when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(
+            f"--time expects milliseconds since the epoch, 'now', 'latest' or a time such as "
+            f"2026-01-31T12:00:00, got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)
+
+
+def _cluster_list(admin: AdminClient, args: argparse.Namespace) -> None:
+    info = admin.cluster_info()
+    brokers = info.get("brokerAddrTable", {})
+    rows = []
+    for cluster, names in sorted(info.get("clusterAddrTable", {}).items()):
+        for name in sorted(names):
+            for broker_id, addr in sorted(brokers.get(name, {}).get("brokerAddrs", {}).items()):
+                rt = admin.runtime_info(addr)
+                rows.append(
+                    {
+                        "cluster": cluster,
+                        "broker": name,
+                        "id": broker_id,
+                        "addr": addr,
+                        "version": rt.get("brokerVersionDesc", ""),
+                        "commitLogMaxOffset": rt.get("commitLogMaxOffset", ""),
+                        "runtime": rt.get("runtime", ""),
+                    }
+                )
+    _print(args, rows, ["cluster", "broker", "id", "addr", "version", "commitLogMaxOffset", "runtime"])
+
+
+def _topic(admin: AdminClient, args: argparse.Namespace) -> None:
+    if args.action == "create":
+        if not 1 <= args.queues <= 1024:
+            raise ValueError("--queues must be between 1 and 1024")
+        admin.create_topic(args.name, args.queues, args.perm)
+        print(f"created {args.name} with {args.queues} queues (perm {args.perm})")
+    elif args.action == "list":
+        _print(args, [{"topic": t} for t in admin.topic_list()], ["topic"])
+    elif args.action == "route":
+        _print(args, admin.route(args.name))
+    elif args.action == "status":
+        rows = [
+            {"broker": r["brokerName"], "queue": r["queueId"], "minOffset": r["minOffset"],
+             "maxOffset": r["maxOffset"], "lastUpdated": _when(int(r.get("lastUpdateTimestamp", 0)))}
+            for r in admin.topic_stats(args.name)
+        ]  # fmt: skip
+        _print(args, rows, ["broker", "queue", "minOffset", "maxOffset", "lastUpdated"])
+    else:
+        admin.delete_topic(args.name)
+        print(f"deleted {args.name} (broker config, consumer offsets, name server route)")
+
+
+def _when(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds") if ms > 0 else ""
+
+
+def _consumer(admin: AdminClient, args: argparse.Namespace) -> None:
+    if args.action == "progress":
+        progress = admin.consumer_progress(args.group, args.topic)
+        rows: list[dict[str, Any]] = [
+            {"topic": p.queue.topic, "broker": p.queue.broker_name, "queue": p.queue.queue_id,
+             "brokerOffset": p.broker_offset, "consumerOffset": p.consumer_offset, "lag": p.lag,
+             "lastConsumed": _when(p.last_timestamp)}
+            for p in progress
+        ]  # fmt: skip
+        cols = ["topic", "broker", "queue", "brokerOffset", "consumerOffset", "lag", "lastConsumed"]
+        _print(args, rows, cols)
+        if not args.json:
+            print(f"total lag: {sum(p.lag for p in progress)}")
+    elif args.action == "connection":
+        _print(args, admin.consumer_connection(args.group))
+    elif args.action == "reset-offset":
+        _reset_offset(admin, args)
+    elif args.action == "running-info":
+        _print(args, admin.running_info(args.group, args.client))
+    else:
+        _print(args, admin.consume_directly(args.group, args.client, args.id))
+
+
+def _reset_offset(admin: AdminClient, args: argparse.Namespace) -> None:
+    when = parse_time(args.time)
+    try:
+        rows = admin.reset_offset(args.topic, args.group, when, not args.no_force)
+        how = "live consumers reset"
+    except BrokerResponseError as exc:
+        if exc.code != ResponseCode.CONSUMER_NOT_ONLINE:
+            raise
+        rows = admin.reset_offline_offset(args.topic, args.group, when)
+        how = "group offline: offsets committed on the broker"
+    _print(args, [{"broker": r["brokerName"], "queue": r["queueId"], "offset": r["offset"]} for r in rows])
+    if not args.json:
+        print(f"{args.group} on {args.topic}: {how}")
+
+
+def _group(admin: AdminClient, args: argparse.Namespace) -> None:
+    if args.action == "list":
+        rows = list(admin.subscription_groups().values())
+        _print(args, rows, ["groupName", "consumeEnable", "consumeBroadcastEnable", "retryQueueNums",
+                            "retryMaxTimes"])  # fmt: skip
+        return
+    if args.retry_max_times is not None and args.retry_max_times < 0:
+        raise ValueError("--retry-max-times must be >= 0")
+    if args.retry_queues is not None and not 0 <= args.retry_queues <= 64:
+        raise ValueError("--retry-queues must be between 0 and 64")
+    config = admin.subscription_groups().get(args.group, {"groupName": args.group})
+    if args.retry_max_times is not None:
+        config["retryMaxTimes"] = args.retry_max_times
+    if args.retry_queues is not None:
+        config["retryQueueNums"] = args.retry_queues
+    if args.consume_enable is not None:
+        config["consumeEnable"] = args.consume_enable
+    if args.broadcast_enable is not None:
+        config["consumeBroadcastEnable"] = args.broadcast_enable
+    admin.update_subscription_group(config)
+    _print(args, admin.subscription_groups()[args.group])
+
+
+def _message(admin: AdminClient, args: argparse.Namespace) -> None:
+    if args.action == "query":
+        _print(args, [_message_row(m) for m in admin.query_by_key(args.topic, args.key, args.max)])
+    else:
+        _print(args, _message_row(admin.view(args.id)))
+
+
+def _dlq(admin: AdminClient, args: argparse.Namespace) -> None:
+    groups = [t[len(DLQ_PREFIX) :] for t in admin.topic_list() if t.startswith(DLQ_PREFIX)]
+    if args.group:
+        groups = [g for g in groups if g == args.group]
+    rows = []
+    for g in sorted(groups):
+        rows += [dict(_message_row(m), group=g) for m in admin.read_queue(DLQ_PREFIX + g, 0, args.max)]
+    _print(args, rows, ["group", "msgId", "offsetMsgId", "retryTopic", "reconsumeTimes", "keys", "body"])
+
+
+AREAS: dict[str, Callable[[AdminClient, argparse.Namespace], None]] = {
+    "cluster": _cluster_list,
+    "topic": _topic,
+    "consumer": _consumer,
+    "group": _group,
+    "message": _message,
+    "dlq": _dlq,
+}
+
+
 def run_admin(args: argparse.Namespace) -> int:
     admin = AdminClient(args.namesrv)
     try:
-        if args.area == "topic":
-            if args.action == "create":
-                if args.queues < 1 or args.queues > 1024:
-                    raise ValueError("--queues must be between 1 and 1024")
-                admin.create_topic(args.name, args.queues, args.perm)
-                print(f"created {args.name} with {args.queues} queues (perm {args.perm})")
-            elif args.action == "list":
-                _print(args, [{"topic": t} for t in admin.topic_list()], ["topic"])
-            else:
-                _print(args, admin.route(args.name))
-        elif args.area == "consumer":
-            progress = admin.consumer_progress(args.group, args.topic)
-            rows: list[dict[str, Any]] = [
-                {
-                    "topic": p.queue.topic,
-                    "broker": p.queue.broker_name,
-                    "queue": p.queue.queue_id,
-                    "brokerOffset": p.broker_offset,
-                    "consumerOffset": p.consumer_offset,
-                    "lag": p.lag,
-                }
-                for p in progress
-            ]
-            _print(args, rows, ["topic", "broker", "queue", "brokerOffset", "consumerOffset", "lag"])
-            if not args.json:
-                print(f"total lag: {sum(p.lag for p in progress)}")
-        elif args.area == "message":
-            if args.action == "query":
-                _print(args, [_message_row(m) for m in admin.query_by_key(args.topic, args.key, args.max)])
-            else:
-                _print(args, _message_row(admin.view(args.id)))
-        else:
-            groups = [t[len(DLQ_PREFIX) :] for t in admin.topic_list() if t.startswith(DLQ_PREFIX)]
-            if args.group:
-                groups = [g for g in groups if g == args.group]
-            rows = []
-            for g in sorted(groups):
-                rows += [
-                    dict(_message_row(m), group=g) for m in admin.read_queue(DLQ_PREFIX + g, 0, args.max)
-                ]
-            _print(
-                args, rows, ["group", "msgId", "offsetMsgId", "retryTopic", "reconsumeTimes", "keys", "body"]
-            )
+        AREAS[args.area](admin, args)
         return 0
     finally:
         admin.close()

@@ -4,18 +4,18 @@ Replies follow Java's shapes where a client would parse them (UPDATE_AND_CREATE_
 record body, GET_ALL_TOPIC_CONFIG's ``topicConfigTable``). GET_CONSUME_STATS uses a simpler body than
 Java's (whose ``offsetTable`` has JSON objects as map keys): a list of rows, read only by our admin client.
 READ_QUEUE (9001) is a broker_sim extension: it reads any queue without a consumer group or permissions,
-which is how ``dlq list`` shows ``%DLQ%`` topics (write-only for consumers, as in RocketMQ).
+which is how ``dlq list`` shows ``%DLQ%`` topics without a consumer group of its own.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from broker_sim.broker.api import QueueProgress
-from broker_sim.client.message import MessageExt
+from broker_sim.common.message import MessageExt
+from broker_sim.common.requests import QueueProgress
 from broker_sim.remoting import bodies
-from broker_sim.remoting.broker_server import encode_message_ext
 from broker_sim.remoting.codes import RequestCode, ResponseCode
+from broker_sim.remoting.connection_channel import encode_message_ext
 from broker_sim.remoting.frame import RemotingCommand
 from broker_sim.remoting.header import Fields
 from broker_sim.remoting.server import Connection, Handler

@@ -13,19 +13,20 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
 
-from broker_sim.broker.api import (
+from broker_sim.common.message import MessageQueue, properties_to_string, string_to_properties
+from broker_sim.common.requests import (
     BatchEntry,
     BrokerData,
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,
+    ExpressionType,
     HeartbeatData,
     MessageModel,
     QueueData,
     SubscriptionData,
     TopicRouteData,
 )
-from broker_sim.client.message import MessageQueue, properties_to_string, string_to_properties
 from broker_sim.remoting.errors import HeaderFieldError
 
 E = TypeVar("E", bound=IntEnum)
@@ -67,6 +68,16 @@ def _list(value: Any, what: str) -> list[Any]:
     return value
 
 
+def expression_type(value: Any) -> ExpressionType:
+    """``expressionType`` of a subscription or pull (absent: TAG, as older clients send none)."""
+    if value in (None, ""):
+        return ExpressionType.TAG
+    try:
+        return ExpressionType(str(value).upper())
+    except ValueError:
+        raise HeaderFieldError(f"expressionType {value!r} is unknown (TAG or SQL92)") from None
+
+
 # -- heartbeat --
 
 
@@ -83,6 +94,7 @@ def parse_heartbeat(body: bytes) -> HeartbeatData:
                 topic=str(_obj(s, "subscriptionData").get("topic", "")),
                 sub_string=str(s.get("subString") or "*"),
                 sub_version=int(s.get("subVersion") or 0),
+                expression_type=expression_type(s.get("expressionType")),
             )
             for s in _list(c.get("subscriptionDataSet"), "subscriptionDataSet")
         )
@@ -117,7 +129,12 @@ def heartbeat_body(data: HeartbeatData) -> bytes:
                 "consumeFromWhere": int(c.consume_from_where),
                 "unitMode": c.unit_mode,
                 "subscriptionDataSet": [
-                    {"topic": s.topic, "subString": s.sub_string, "subVersion": str(s.sub_version)}
+                    {
+                        "topic": s.topic,
+                        "subString": s.sub_string,
+                        "subVersion": str(s.sub_version),
+                        "expressionType": str(s.expression_type),
+                    }
                     for s in c.subscriptions
                 ],
             }
@@ -126,6 +143,66 @@ def heartbeat_body(data: HeartbeatData) -> bytes:
     if data.producer_groups:
         obj["producerDataSet"] = [{"groupName": g} for g in data.producer_groups]
     return dump_json(obj)
+
+
+# -- CHECK_CLIENT_CONFIG (46) --
+
+
+def check_client_body(group: str, client_id: str, sub: SubscriptionData) -> bytes:
+    """``CheckClientRequestBody``: the client, its group and one subscription."""
+    return dump_json(
+        {
+            "clientId": client_id,
+            "group": group,
+            "subscriptionData": {
+                "topic": sub.topic,
+                "subString": sub.sub_string,
+                "subVersion": sub.sub_version,
+                "expressionType": str(sub.expression_type),
+            },
+        }
+    )
+
+
+def parse_check_client(body: bytes) -> tuple[str, str, SubscriptionData | None]:
+    if not body:
+        return "", "", None
+    obj = _obj(load_json(body, "CHECK_CLIENT_CONFIG"), "CHECK_CLIENT_CONFIG body")
+    raw = obj.get("subscriptionData")
+    if raw is None:
+        return str(obj.get("group", "")), str(obj.get("clientId", "")), None
+    s = _obj(raw, "subscriptionData")
+    sub = SubscriptionData(
+        topic=str(s.get("topic", "")),
+        sub_string=str(s.get("subString") or "*"),
+        sub_version=int(s.get("subVersion") or 0),
+        expression_type=expression_type(s.get("expressionType")),
+    )
+    return str(obj.get("group", "")), str(obj.get("clientId", "")), sub
+
+
+# -- RESET_CONSUMER_CLIENT_OFFSET (220) --
+
+
+def reset_offset_body(offsets: dict[MessageQueue, int]) -> bytes:
+    """``ResetOffsetBody`` as a list of rows (Java's map is keyed by MessageQueue objects: not JSON)."""
+    rows = [
+        {"topic": mq.topic, "brokerName": mq.broker_name, "queueId": mq.queue_id, "offset": off}
+        for mq, off in sorted(offsets.items())
+    ]
+    return dump_json({"offsetTable": rows})
+
+
+def parse_reset_offset(body: bytes) -> dict[MessageQueue, int]:
+    obj = _obj(load_json(body, "RESET_CONSUMER_CLIENT_OFFSET"), "ResetOffsetBody")
+    out: dict[MessageQueue, int] = {}
+    for row in _list(obj.get("offsetTable"), "offsetTable"):
+        r = _obj(row, "offsetTable row")
+        try:
+            out[MessageQueue(str(r["topic"]), str(r["brokerName"]), int(r["queueId"]))] = int(r["offset"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HeaderFieldError(f"bad offsetTable row {r!r}: {exc}") from None
+    return out
 
 
 # -- routes --

@@ -1,5 +1,5 @@
 """Broker request handlers: each wire request becomes one call on the Broker's request-level API
-(:mod:`broker_sim.broker.api`), and its result becomes a reply the real C++ client accepts.
+(:mod:`broker_sim.common.requests`), and its result becomes a reply the real C++ client accepts.
 
 The C++ client is the strictest peer, so replies follow the rules of reference §A: every reply field is a
 string (G2), successful SEND/PULL/offset replies always carry fields (G3), a SUCCESS pull never has an empty
@@ -9,160 +9,32 @@ body (G10), and pulled records carry the broker's current address as STOREHOST (
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Protocol
 
-from broker_sim.broker.api import (
-    BatchEntry,
-    CheckTransactionStateRequest,
-    ClientChannel,
-    ConsumerSendMsgBackRequest,
-    EndTransactionRequest,
-    HeartbeatData,
-    PullMessageRequest,
-    PullMessageResponse,
-    SendMessageRequest,
-    SendMessageResponse,
-    TopicRouteData,
-    TransactionType,
-)
-from broker_sim.client.message import (
-    MessageExt,
-    MessageQueue,
+from broker_sim.common.broker_api import BrokerApi
+from broker_sim.common.message import (
     encode_offset_msg_id,
     properties_to_string,
     string_to_properties,
 )
+from broker_sim.common.requests import (
+    ConsumerSendMsgBackRequest,
+    EndTransactionRequest,
+    PullMessageRequest,
+    PullMessageResponse,
+    SendMessageRequest,
+    SendMessageResponse,
+    TransactionType,
+)
 from broker_sim.faults import SendAckLost
 from broker_sim.remoting import bodies
 from broker_sim.remoting.codes import PullSysFlag, RequestCode, ResponseCode
+from broker_sim.remoting.connection_channel import ConnectionChannel, encode_message_ext
 from broker_sim.remoting.frame import RemotingCommand
 from broker_sim.remoting.header import Fields, expand_send_v2
 from broker_sim.remoting.records import RecordError, with_store_host
 from broker_sim.remoting.server import DEFERRED, Connection, Deferred, Handler
 
 log = logging.getLogger("broker_sim.remoting.broker_server")
-
-
-class BrokerApi(Protocol):
-    """The part of :class:`broker_sim.broker.Broker` the wire handlers call (structural, so this module does
-    not depend on the Broker's construction details)."""
-
-    def get_route_info_by_topic(self, topic: str) -> TopicRouteData: ...
-
-    def send_message(self, request: SendMessageRequest, body: bytes) -> SendMessageResponse: ...
-
-    def send_batch_message(
-        self, request: SendMessageRequest, entries: Sequence[BatchEntry]
-    ) -> SendMessageResponse: ...
-
-    def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None: ...
-
-    def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None: ...
-
-    def unregister_client(
-        self, client_id: str, producer_group: str | None, consumer_group: str | None
-    ) -> None: ...
-
-    def get_consumer_list_by_group(self, consumer_group: str) -> list[str]: ...
-
-    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None: ...
-
-    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None: ...
-
-    def get_max_offset(self, topic: str, queue_id: int) -> int: ...
-
-    def get_min_offset(self, topic: str, queue_id: int) -> int: ...
-
-    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int: ...
-
-    def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None: ...
-
-    def end_transaction(self, request: EndTransactionRequest) -> None: ...
-
-    def lock_batch_mq(
-        self, consumer_group: str, client_id: str, mqs: set[MessageQueue]
-    ) -> set[MessageQueue]: ...
-
-    def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None: ...
-
-    def view_message_by_id(self, offset_msg_id: str) -> MessageExt: ...
-
-    def get_earliest_msg_store_time(self, topic: str, queue_id: int) -> int: ...
-
-    def client_channel_closed(self, client_id: str) -> None: ...
-
-
-class PullCallback(Protocol):
-    def __call__(self, result: PullMessageResponse | BaseException, /) -> None: ...
-
-
-class ConnectionChannel:
-    """:class:`ClientChannel` over a TCP connection: broker → client requests are oneway frames."""
-
-    def __init__(self, conn: Connection, encode_record: RecordEncoder) -> None:
-        self.conn = conn
-        self._encode_record = encode_record
-
-    @property
-    def remote_address(self) -> str:
-        return self.conn.peer
-
-    def check_transaction_state(
-        self, producer_group: str, request: CheckTransactionStateRequest, message: MessageExt
-    ) -> None:
-        fields = {
-            "msgId": request.msg_id,
-            "transactionId": request.transaction_id,
-            "offsetMsgId": request.offset_msg_id,
-            "tranStateTableOffset": request.tran_state_table_offset,
-            "commitLogOffset": request.commit_log_offset,
-            "producerGroup": producer_group,
-        }
-        body = self._encode_record(message)
-        self.conn.send(
-            RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, fields, body, oneway=True)
-        )
-
-    def notify_consumer_ids_changed(self, consumer_group: str) -> None:
-        self.conn.send(
-            RemotingCommand.request(
-                RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": consumer_group}, oneway=True
-            )
-        )
-
-
-class RecordEncoder(Protocol):
-    def __call__(self, message: MessageExt, /) -> bytes: ...
-
-
-def encode_message_ext(message: MessageExt) -> bytes:
-    """A client-side :class:`MessageExt` as a commit-log record (CHECK_TRANSACTION_STATE and VIEW bodies)."""
-    from broker_sim.store.message_record import MessageInner, encode_record, host_bytes
-
-    def split(addr: str) -> tuple[str, int]:
-        host, _, port = addr.rpartition(":")
-        return host or "127.0.0.1", int(port or 0)
-
-    inner = MessageInner(
-        topic=message.topic,
-        body=message.body,
-        queue_id=message.queue_id,
-        flag=message.flag,
-        properties=dict(message.properties),
-        sys_flag=message.sys_flag & ~0x1,  # the client type holds the inflated body
-        born_timestamp=message.born_timestamp,
-        born_host=split(message.born_host),
-        reconsume_times=message.reconsume_times,
-        prepared_transaction_offset=message.prepared_transaction_offset,
-    )
-    return encode_record(
-        inner,
-        message.queue_offset,
-        message.commit_log_offset,
-        message.store_timestamp,
-        host_bytes(split(message.store_host)),
-    )
 
 
 class BrokerHandlers:
@@ -195,6 +67,7 @@ class BrokerHandlers:
             RequestCode.HEART_BEAT: self.heartbeat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.get_consumer_list,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
             RequestCode.QUERY_CONSUMER_OFFSET: self.query_consumer_offset,
             RequestCode.UPDATE_CONSUMER_OFFSET: self.update_consumer_offset,
             RequestCode.GET_MAX_OFFSET: self.get_max_offset,
@@ -279,6 +152,7 @@ class BrokerHandlers:
             suspend_timeout_ms=f.num("suspendTimeoutMillis", 15_000),
             subscription=f.opt("subscription") if sys_flag & PullSysFlag.SUBSCRIPTION else None,
             sub_version=f.num("subVersion", 0),
+            expression_type=bodies.expression_type(f.text("expressionType", "TAG")),
         )
 
         def done(result: PullMessageResponse | BaseException) -> None:
@@ -346,6 +220,12 @@ class BrokerHandlers:
         if not ids:
             return cmd.reply(ResponseCode.SYSTEM_ERROR, "no consumer for this group")
         return cmd.reply(ResponseCode.SUCCESS, body=bodies.dump_json({"consumerIdList": ids}))
+
+    def check_client_config(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+        group, client_id, sub = bodies.parse_check_client(cmd.body)
+        if sub is not None:
+            self.broker.check_client_config(group, client_id, sub)
+        return cmd.reply(ResponseCode.SUCCESS)
 
     # -- offsets --
 

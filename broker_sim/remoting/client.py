@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker_sim.client.errors import RequestTimeoutError, TransportError
+from broker_sim.common.errors import RequestTimeoutError, TransportError
 from broker_sim.remoting.errors import FrameError
 from broker_sim.remoting.frame import (
     MAX_FRAME_BYTES,
@@ -36,7 +36,8 @@ log = logging.getLogger("broker_sim.remoting.client")
 _LEN = struct.Struct(">i")
 
 ReplyCallback = Callable[[RemotingCommand | BaseException], None]
-RequestHook = Callable[[RemotingCommand], None]
+#: Handles a server → client request; a returned command is sent back as the reply.
+RequestHook = Callable[[RemotingCommand], RemotingCommand | None]
 
 
 @dataclass(order=True)
@@ -237,7 +238,21 @@ class RemotingConnection:
         if self._on_request is None:
             log.debug("%s: ignoring server request %d", self.address, cmd.code)
             return
+        if cmd.is_oneway:
+            self._handle(cmd)
+        else:  # a request that wants a reply may take a while (a listener runs): not on the reader thread
+            threading.Thread(target=self._handle, args=(cmd,), name="server-request", daemon=True).start()
+
+    def _handle(self, cmd: RemotingCommand) -> None:
+        assert self._on_request is not None
         try:
-            self._on_request(cmd)
+            reply = self._on_request(cmd)
         except Exception:
             log.exception("%s: handling server request %d failed", self.address, cmd.code)
+            reply = None if cmd.is_oneway else cmd.reply(1, f"the client failed to handle request {cmd.code}")
+        if reply is None or cmd.is_oneway:
+            return
+        try:
+            self.invoke_oneway(reply)
+        except TransportError as exc:
+            log.warning("%s: reply to server request %d not sent: %s", self.address, cmd.code, exc)

@@ -15,9 +15,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from broker_sim.broker.api import (
+from broker_sim.common.errors import TransportError, error_for_code
+from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
+from broker_sim.common.requests import (
     BatchEntry,
-    CheckTransactionStateRequest,
     ClientChannel,
     ConsumerSendMsgBackRequest,
     EndTransactionRequest,
@@ -27,15 +28,14 @@ from broker_sim.broker.api import (
     ResponseCode,
     SendMessageRequest,
     SendMessageResponse,
+    SubscriptionData,
     TopicRouteData,
 )
-from broker_sim.broker.errors import error_for_code
-from broker_sim.client.errors import TransportError
-from broker_sim.client.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
-from broker_sim.client.transport import PullCallback
+from broker_sim.common.transport import PullCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
 from broker_sim.remoting.client import RemotingConnection
+from broker_sim.remoting.client_requests import serve_client_request
 from broker_sim.remoting.codes import RequestCode
 from broker_sim.remoting.errors import RemotingError
 from broker_sim.remoting.frame import RemotingCommand
@@ -161,27 +161,10 @@ class RemotingTransport:
     # -- server -> client requests --
 
     @_reply_errors
-    def _server_request(self, cmd: RemotingCommand) -> None:
-        f = Fields(cmd.ext_fields)
+    def _server_request(self, cmd: RemotingCommand) -> RemotingCommand | None:
         with self._lock:
-            channels = list(self._channels.values())
-        if cmd.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
-            for ch in channels:
-                ch.notify_consumer_ids_changed(f.text("consumerGroup"))
-        elif cmd.code == RequestCode.CHECK_TRANSACTION_STATE:
-            message = decode_record(cmd.body)
-            req = CheckTransactionStateRequest(
-                msg_id=f.text("msgId"),
-                transaction_id=f.opt("transactionId"),
-                offset_msg_id=f.text("offsetMsgId"),
-                tran_state_table_offset=f.num("tranStateTableOffset", 0),
-                commit_log_offset=f.num("commitLogOffset"),
-            )
-            group = f.text("producerGroup", "")
-            for ch in channels:
-                ch.check_transaction_state(group, req, message)
-        else:
-            log.info("ignoring server request code %d", cmd.code)
+            channels = dict(self._channels)
+        return serve_client_request(cmd, channels)
 
     # -- routes --
 
@@ -280,6 +263,7 @@ class RemotingTransport:
             "suspendTimeoutMillis": request.suspend_timeout_ms,
             "subscription": request.subscription,
             "subVersion": request.sub_version,
+            "expressionType": str(request.expression_type),
         }
 
     @_reply_errors
@@ -374,6 +358,15 @@ class RemotingTransport:
             return []
         ids = bodies.load_json(reply.body, "consumer list").get("consumerIdList") or []
         return [str(i) for i in ids]
+
+    @_reply_errors
+    def check_client_config(
+        self, consumer_group: str, client_id: str, subscription: SubscriptionData
+    ) -> None:
+        body = bodies.check_client_body(consumer_group, client_id, subscription)
+        reply = self._invoke(self._broker(), self._req(RequestCode.CHECK_CLIENT_CONFIG, body=body))
+        if reply.code != ResponseCode.SUCCESS:
+            raise error_for_code(reply.code, reply.remark or "")
 
     # -- offsets --
 
@@ -473,6 +466,6 @@ class RemotingTransport:
 
 
 if TYPE_CHECKING:  # mypy proves the TCP transport satisfies the client's transport protocol
-    from broker_sim.client.transport import BrokerTransport
+    from broker_sim.common.transport import BrokerTransport
 
     _conforms: type[BrokerTransport] = RemotingTransport

@@ -21,17 +21,30 @@ before memory is committed to it, so a hostile peer can make us hold at most one
 
 from __future__ import annotations
 
-import itertools
 import json
 import struct
-import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
-from broker_sim.remoting.codes import CommandFlag
+from broker_sim.remoting.command import (
+    LANGUAGE as LANGUAGE,
+)
+from broker_sim.remoting.command import (
+    VERSION as VERSION,
+)
+from broker_sim.remoting.command import (
+    RemotingCommand as RemotingCommand,
+)
+from broker_sim.remoting.command import (
+    SerializeType as SerializeType,
+)
+from broker_sim.remoting.command import (
+    next_opaque as next_opaque,
+)
+from broker_sim.remoting.command import (
+    stringify_fields as stringify_fields,
+)
 from broker_sim.remoting.errors import FrameError, FrameTooLargeError
+from broker_sim.remoting.header import decode_binary_header, encode_binary_header
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 # Sanity bound on the header alone: no legitimate header comes near this, and refusing early keeps a
@@ -41,98 +54,6 @@ MAX_HEADER_BYTES = 1024 * 1024
 _LEN = struct.Struct(">i")  # total length
 _LEN2 = struct.Struct(">ii")  # total length, serType<<24 | headerLen
 
-LANGUAGE = "PYTHON"
-VERSION = 317  # a 4.x Java version number; the server never branches on the peer's version
-
-
-class SerializeType(IntEnum):
-    JSON = 0
-    ROCKETMQ = 1
-
-
-_opaque_counter = itertools.count(1)
-_opaque_lock = threading.Lock()
-
-
-def next_opaque() -> int:
-    """Process-wide request id; replies echo it so a connection can multiplex requests."""
-    with _opaque_lock:
-        return next(_opaque_counter) & 0x7FFFFFFF
-
-
-@dataclass(slots=True)
-class RemotingCommand:
-    """One request or reply. ``ext_fields`` is always ``str → str`` here: requests arrive with numbers and
-    booleans mixed in (G4, G5) and are normalised on decode; replies must be strings only (G2)."""
-
-    code: int
-    opaque: int = 0
-    flag: int = 0
-    remark: str | None = None
-    ext_fields: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    language: str = LANGUAGE
-    version: int = VERSION
-    serialize_type: SerializeType = SerializeType.JSON
-
-    @property
-    def is_response(self) -> bool:
-        return bool(self.flag & CommandFlag.RESPONSE)
-
-    @property
-    def is_oneway(self) -> bool:
-        return bool(self.flag & CommandFlag.ONEWAY)
-
-    @classmethod
-    def request(
-        cls,
-        code: int,
-        ext_fields: Mapping[str, Any] | None = None,
-        body: bytes = b"",
-        *,
-        oneway: bool = False,
-    ) -> RemotingCommand:
-        return cls(
-            code=int(code),
-            opaque=next_opaque(),
-            flag=int(CommandFlag.ONEWAY) if oneway else 0,
-            ext_fields=stringify_fields(ext_fields or {}),
-            body=body,
-        )
-
-    def reply(
-        self,
-        code: int,
-        remark: str | None = None,
-        ext_fields: dict[str, Any] | None = None,
-        body: bytes = b"",
-    ) -> RemotingCommand:
-        """The response to this request: same opaque and serialize type, response bit set."""
-        return RemotingCommand(
-            code=int(code),
-            opaque=self.opaque,
-            flag=int(CommandFlag.RESPONSE),
-            remark=remark,
-            ext_fields=stringify_fields(ext_fields or {}),
-            body=body,
-            serialize_type=self.serialize_type,
-        )
-
-
-def stringify_fields(fields: Mapping[str, Any]) -> dict[str, str]:
-    """Every header value as a string (G2); ``None`` drops the field, booleans become "true"/"false"."""
-    out: dict[str, str] = {}
-    for key, value in fields.items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out[str(key)] = "true" if value else "false"
-        elif isinstance(value, float) and value.is_integer():
-            out[str(key)] = str(int(value))
-        else:
-            out[str(key)] = str(value)
-    return out
-
 
 # ---------------------------------------------------------------------------------------------- encoding
 
@@ -140,8 +61,6 @@ def stringify_fields(fields: Mapping[str, Any]) -> dict[str, str]:
 def encode(cmd: RemotingCommand) -> bytes:
     """The complete frame for ``cmd``, length prefix included."""
     if cmd.serialize_type is SerializeType.ROCKETMQ:
-        from broker_sim.remoting.header import encode_binary_header
-
         header = encode_binary_header(cmd)
     else:
         header = encode_json_header(cmd)
@@ -194,8 +113,6 @@ def decode_payload(payload: bytes) -> RemotingCommand:
     if ser == SerializeType.JSON:
         cmd = decode_json_header(header)
     elif ser == SerializeType.ROCKETMQ:
-        from broker_sim.remoting.header import decode_binary_header
-
         cmd = decode_binary_header(header)
     else:
         raise FrameError(f"unknown serialize type {ser}")

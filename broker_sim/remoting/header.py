@@ -20,8 +20,8 @@ from __future__ import annotations
 import struct
 
 from broker_sim.remoting.codes import LanguageCode
+from broker_sim.remoting.command import RemotingCommand, SerializeType
 from broker_sim.remoting.errors import FrameError, HeaderFieldError
-from broker_sim.remoting.frame import RemotingCommand, SerializeType
 
 _FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
 _I32 = struct.Struct(">i")

@@ -21,7 +21,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 
-from broker_sim.client.message import MessageExt, encode_offset_msg_id, string_to_properties
+from broker_sim.common.message import MessageExt, encode_offset_msg_id, string_to_properties
 from broker_sim.remoting.errors import RemotingError
 
 MAGIC = 0xDAA320A7

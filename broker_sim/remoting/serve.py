@@ -36,6 +36,7 @@ from broker_sim.remoting.acl import AclGuard
 from broker_sim.remoting.admin_handlers import AdminHandlers
 from broker_sim.remoting.broker_server import BrokerHandlers
 from broker_sim.remoting.name_server import BrokerTopics, NameServer
+from broker_sim.remoting.ops_handlers import OpsHandlers
 from broker_sim.remoting.server import Connection, RemotingServer
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ class BrokerSimServer:
         self.broker_server.handlers = {
             **self.handlers.handlers(),
             **AdminHandlers(self.broker, address).handlers(),
+            **OpsHandlers(self.broker).handlers(),
         }
         ns = NameServer(
             BrokerTopics(self.broker),

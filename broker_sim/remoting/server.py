@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from broker_sim.broker.errors import BrokerResponseError
+from broker_sim.common.errors import BrokerResponseError
 from broker_sim.remoting.codes import ResponseCode, code_name
 from broker_sim.remoting.errors import AclError, FrameError, HeaderFieldError
 from broker_sim.remoting.frame import (
@@ -69,6 +69,34 @@ class Connection:
         self.inflight = threading.BoundedSemaphore(max_inflight)
         self.closed = threading.Event()
         self.requests = 0
+        self._replies: dict[int, tuple[threading.Event, list[RemotingCommand]]] = {}
+        self._replies_lock = threading.Lock()
+
+    def invoke(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        """A broker → client request that expects a reply (GET_CONSUMER_RUNNING_INFO,
+        CONSUME_MESSAGE_DIRECTLY): TimeoutError if the client does not answer in time."""
+        done: tuple[threading.Event, list[RemotingCommand]] = (threading.Event(), [])
+        with self._replies_lock:
+            self._replies[cmd.opaque] = done
+        try:
+            if not self.send(cmd):
+                raise ConnectionError(f"client {self.peer} is gone")
+            if not done[0].wait(timeout_s):
+                raise TimeoutError(f"client {self.peer} did not answer request {cmd.code} in {timeout_s} s")
+            return done[1][0]
+        finally:
+            with self._replies_lock:
+                self._replies.pop(cmd.opaque, None)
+
+    def complete(self, reply: RemotingCommand) -> bool:
+        """Hand a client's response frame to the :meth:`invoke` waiting for it; False if none waits."""
+        with self._replies_lock:
+            waiting = self._replies.get(reply.opaque)
+        if waiting is None:
+            return False
+        waiting[1].append(reply)
+        waiting[0].set()
+        return True
 
     def send(self, cmd: RemotingCommand) -> bool:
         """Write one frame; False (and the connection closed) if the peer is gone."""
@@ -251,9 +279,8 @@ class RemotingServer:
                 cmd = decode_payload(payload)
                 conn.requests += 1
                 if cmd.is_response:
-                    log.debug(
-                        "%s: %s sent a response frame (opaque %d); ignored", self.name, conn.peer, cmd.opaque
-                    )
+                    if not conn.complete(cmd):
+                        log.debug("%s: stray response from %s: %d", self.name, conn.peer, cmd.opaque)
                     continue
                 if cmd.code in self.inline_codes:
                     self._reply(conn, cmd)

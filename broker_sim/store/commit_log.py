@@ -93,7 +93,7 @@ class CommitLog:
             if plen > PROPERTIES_MAX_LEN:
                 raise PropertiesSizeExceededError(f"properties are {plen} bytes, more than 32767")
             n = len(props)
-            clean = props_b.count(1) == n and props_b.count(2) == n
+            clean = props_b.count(1) == n and props_b.count(2) == n - 1
             tags = props.get("TAGS") if clean else TAGS_UNKNOWN
         else:
             props_b, plen, tags = b"", 0, None

@@ -5,6 +5,7 @@ Tests shrink the file sizes (KiBs) to force segment rolls, and inject ``disk_usa
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +33,15 @@ def parse_delay_levels(spec: str) -> list[int]:
             raise ValueError(f"bad delay level {token!r} (expected e.g. 5s, 1m, 2h)")
         out.append(int(token[:-1]) * _UNIT_MS[unit])
     return out
+
+
+def physical_memory_bytes() -> int:
+    """The machine's physical memory (Java's ``StoreUtil.TOTAL_PHYSICAL_MEMORY_SIZE``); 24 GiB when the OS
+    does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 24 * 1024**3
 
 
 @dataclass
@@ -64,6 +74,9 @@ class StoreConfig:
     max_transfer_bytes: int = 256 * 1024
     max_transfer_count: int = 32
     max_filter_units: int = 16_000
+    # --- what counts as "in memory" (accessMessageInMemoryMaxRatio × the machine's physical memory) ---
+    access_message_in_memory_max_ratio: int = 40
+    total_physical_memory_bytes: int = field(default_factory=lambda: physical_memory_bytes())
     # --- expiry (CleanCommitLogService) ---
     file_reserved_hours: float = 72
     delete_when: str = "04"

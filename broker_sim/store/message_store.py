@@ -61,7 +61,7 @@ _PUT_OK = PutMessageStatus.PUT_OK
 _MAX_TS = 2**63 - 1
 
 
-class MessageStore(StoreReader):
+class MessageStore:
     """One store directory. Thread-safe: any number of threads may put and get concurrently."""
 
     def __init__(self, store_dir: str | Path, config: StoreConfig | None = None, clock: Clock | None = None):
@@ -102,6 +102,29 @@ class MessageStore(StoreReader):
         self._sync = sync
         self._running = False
         self._crashed = False
+        self.reader = StoreReader(cfg, self.commit_log, self.index, self._cqs, lambda: self._running)
+        r = self.reader
+        self.get_message = r.get_message
+        self.select_one_message_by_offset = r.select_one_message_by_offset
+        self.look_message_by_offset = r.look_message_by_offset
+        self.query_message = r.query_message
+        self.get_max_offset_in_queue = r.get_max_offset_in_queue
+        self.get_min_offset_in_queue = r.get_min_offset_in_queue
+        self.get_commit_log_offset_in_queue = r.get_commit_log_offset_in_queue
+        self.get_message_store_timestamp = r.get_message_store_timestamp
+        self.check_in_disk_by_consume_offset = r.check_in_disk_by_consume_offset
+        self.consume_queue_units = r.consume_queue_units
+        self.get_earliest_message_time = r.get_earliest_message_time
+        self.get_offset_in_queue_by_time = r.get_offset_in_queue_by_time
+        self.topic_queue_ids = r.topic_queue_ids
+
+    @property
+    def max_phy_offset(self) -> int:
+        return self.commit_log.max_offset
+
+    @property
+    def min_phy_offset(self) -> int:
+        return self.commit_log.min_offset
 
     @property
     def config_dir(self) -> Path:

@@ -1,11 +1,11 @@
 """The read side of :class:`~broker_sim.store.message_store.MessageStore`: get by queue offset (with
 RocketMQ's statuses and next-offset rules), get by physical offset, query by key, and the offset/time
-lookups. A mixin, so the facade keeps one public class while each module stays small."""
+lookups. An object the :class:`MessageStore` owns (``store.reader``); the store exposes its methods under the
+same names, so the facade keeps one public surface while each module stays small."""
 
 from __future__ import annotations
 
-import threading
-from pathlib import Path
+from collections.abc import Callable
 
 from broker_sim.store.commit_log import CommitLog
 from broker_sim.store.config import StoreConfig
@@ -25,19 +25,26 @@ _MAX_TS = 2**63 - 1
 
 
 class StoreReader:
-    """Needs the attributes below from the class it is mixed into."""
+    """Reads over the store's commit log, consume queues (the store's own dict, filled as queues appear) and
+    index; ``is_running`` tells whether the store is open."""
 
-    store_dir: Path
-    config: StoreConfig
-    commit_log: CommitLog
-    index: IndexService | None
-    _cqs: dict[tuple[str, int], ConsumeQueue]
-    _cq_lock: threading.Lock
-    _running: bool
+    def __init__(
+        self,
+        config: StoreConfig,
+        commit_log: CommitLog,
+        index: IndexService | None,
+        cqs: dict[tuple[str, int], ConsumeQueue],
+        is_running: Callable[[], bool],
+    ) -> None:
+        self.config = config
+        self.commit_log = commit_log
+        self.index = index
+        self._cqs = cqs
+        self._is_running = is_running
 
     # ================================================================================== get
     def _require_running(self) -> None:
-        if not self._running:
+        if not self._is_running():
             raise StoreNotRunningError("message store is not running")
 
     def get_message(
@@ -48,11 +55,13 @@ class StoreReader:
         offset: int,
         max_msg_nums: int,
         message_filter: MessageFilter = None,
+        *,
+        record_filter: Callable[[bytes], bool] | None = None,
     ) -> GetMessageResult:
         """Read up to ``max_msg_nums`` messages of topic/queue from queue ``offset`` (RocketMQ's getMessage:
         same statuses, same ``next_begin_offset`` rules, same 256 KiB / 32-message batch cap). ``group`` is
         accepted for parity and logging; offsets are the messaging layer's business."""
-        if not self._running:
+        if not self._is_running():
             raise StoreNotRunningError("message store is not running")
         cq = self._cqs.get((topic, queue_id))
         hi = 0 if cq is None else cq.max_offset
@@ -64,7 +73,7 @@ class StoreReader:
         if offset == hi:
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, lo if lo == 0 else hi, lo, hi)
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
         cfg = self.config
         max_units = max(cfg.max_filter_units, max_msg_nums * 20) // 20
         cl = self.commit_log
@@ -111,6 +120,8 @@ class StoreReader:
             except ValueError:  # the segment was deleted and its mapping closed meanwhile
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 continue
+            if record_filter is not None and not record_filter(raw):
+                continue  # the commit-log stage of a property (SQL92) filter
             add(SelectedMessage(raw, phys, qoff - 1, tags))
             total += size
             limit_n -= 1
@@ -169,6 +180,33 @@ class StoreReader:
         unit = None if cq is None else cq.get(cq_offset)
         return 0 if unit is None else unit[0]
 
+    def consume_queue_units(
+        self, topic: str, queue_id: int, start: int, count: int
+    ) -> list[tuple[int, int, int, int]]:
+        """``(queueOffset, commitLogOffset, size, tagsCode)`` of up to ``count`` units from ``start``."""
+        cq = self._cqs.get((topic, queue_id))
+        out = []
+        for offset in range(max(start, 0), max(start, 0) + max(count, 0)):
+            unit = None if cq is None else cq.get(offset)
+            if unit is None:
+                break
+            out.append((offset, *unit))
+        return out
+
+    def check_in_disk_by_consume_offset(self, topic: str, queue_id: int, cq_offset: int) -> bool:
+        """``DefaultMessageStore.checkInDiskByConsumeOffset``: True when the message at ``cq_offset`` lies
+        further behind the commit log's end than the share of memory RocketMQ keeps hot
+        (``total_physical_memory_bytes × access_message_in_memory_max_ratio %``); False when the queue or the
+        unit does not exist."""
+        cq = self._cqs.get((topic, queue_id))
+        unit = None if cq is None else cq.get(cq_offset)
+        if unit is None:
+            return False
+        memory = (
+            self.config.total_physical_memory_bytes * self.config.access_message_in_memory_max_ratio // 100
+        )
+        return self.commit_log.max_offset - unit[0] > memory
+
     def get_message_store_timestamp(self, topic: str, queue_id: int, cq_offset: int) -> int:
         cq = self._cqs.get((topic, queue_id))
         unit = None if cq is None else cq.get(cq_offset)
@@ -189,14 +227,6 @@ class StoreReader:
     def _store_time(self, phys: int, size: int) -> int | None:
         raw = self.commit_log.record_at(phys, size)
         return None if raw is None else int.from_bytes(raw[56:64], "big", signed=True)
-
-    @property
-    def max_phy_offset(self) -> int:
-        return self.commit_log.max_offset
-
-    @property
-    def min_phy_offset(self) -> int:
-        return self.commit_log.min_offset
 
     def topic_queue_ids(self) -> dict[str, list[int]]:
         """Every topic with a consume queue, and its queue ids."""

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker_sim.client.message import ConsumeStatus, MessageExt, Prop
+from broker_sim.common.message import ConsumeStatus, MessageExt, Prop
 from reliable import Reliability
 from reliable.adapters.broker_sim import (
     BrokerSimProbe,
@@ -200,9 +200,9 @@ def broker_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[An
 
 
 def test_guarded_consumption_applies_each_order_once(rel: Reliability, broker_target: Any) -> None:
-    from broker_sim.broker.api import ConsumeFromWhere
     from broker_sim.client.producer import Producer
     from broker_sim.client.push_consumer import PushConsumer
+    from broker_sim.common.requests import ConsumeFromWhere
 
     producer = Producer(broker_target, "adapter_p")
     sender = BrokerSimSender(producer)
@@ -296,10 +296,10 @@ def test_retry_deliveries_move_only_the_retry_queues_watermark(rel: Reliability,
 
 
 def test_dead_letter_goes_to_the_dlq_at_once(rel: Reliability, broker_target: Any) -> None:
-    from broker_sim.broker.api import ConsumeFromWhere
-    from broker_sim.client.message import Message
     from broker_sim.client.producer import Producer
     from broker_sim.client.push_consumer import PushConsumer
+    from broker_sim.common.message import Message
+    from broker_sim.common.requests import ConsumeFromWhere
 
     producer = Producer(broker_target, "adapter_p2")
     producer.send(Message(TOPIC, b"not an order", keys="poison-1"))

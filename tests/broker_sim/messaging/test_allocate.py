@@ -17,7 +17,7 @@ from broker_sim.client.allocate import (
     machine_room,
     strategy,
 )
-from broker_sim.client.message import MessageQueue
+from broker_sim.common.message import MessageQueue
 
 Q8 = [MessageQueue("T", "broker-a", i) for i in range(8)]
 CIDS = ["c1", "c2", "c3"]

@@ -9,7 +9,7 @@ import threading
 from collections import Counter
 
 from broker_sim import Broker, ConsumeStatus, Message, MessageExt, Producer, PushConsumer
-from broker_sim.client.errors import SendFailedError
+from broker_sim.common.errors import SendFailedError
 from broker_sim.faults import FaultInjector, FaultKind
 
 from .conftest import wait_until
@@ -33,13 +33,14 @@ def test_seeded_chaos_loses_nothing_acknowledged(broker: Broker) -> None:
     ]
     p = Producer(broker, "P", retry_times_when_send_failed=4)
     acked: list[str] = []
+    failed: list[str] = []
     for i in range(300):
         key = f"id{i}"
         try:
             p.send(Message("T", b"x", keys=key))
             acked.append(key)
         except SendFailedError:
-            pass  # every attempt lost its ACK: the sender does not know (the message may be stored)
+            failed.append(key)  # the ACK was lost: the budget is spent, the message may well be stored
         if i == 100:
             broker.faults.lose_offset_commits(20, group="G")
         if i == 150:
@@ -50,8 +51,10 @@ def test_seeded_chaos_loses_nothing_acknowledged(broker: Broker) -> None:
     counts = broker.faults.counts
     assert counts[FaultKind.LOST_SEND_ACK] > 0 and counts[FaultKind.CONSUMER_KILLED] == 1
     stored = Counter(m.key_list[0] for q in range(4) for m in broker.messages("T", q))
-    # Producer-side duplicates: exactly one extra stored copy per lost ACK.
-    assert sum(stored.values()) - len(stored) == counts[FaultKind.LOST_SEND_ACK]
+    # RocketMQ 4.9.8 (DefaultMQProducerImpl.sendDefaultImpl) does not retry after a timeout: every lost ACK
+    # is one failed send whose message is stored once — no producer-side duplicate.
+    assert len(failed) == counts[FaultKind.LOST_SEND_ACK]
+    assert set(stored.values()) == {1} and len(stored) == 300
     for c in consumers:
         c.shutdown()
     p.shutdown()

@@ -20,8 +20,8 @@ from broker_sim import (
     PullConsumer,
     PushConsumer,
 )
-from broker_sim.broker.api import PullStatus
-from broker_sim.client.errors import ClientStateError
+from broker_sim.common.errors import ClientStateError
+from broker_sim.common.requests import PullStatus
 
 from .conftest import SMALL_STORE, wait_until
 

@@ -17,8 +17,7 @@ from broker_sim import (
     Producer,
     PushConsumer,
 )
-from broker_sim.broker.errors import ServiceNotAvailableError
-from broker_sim.client.errors import ClientStateError
+from broker_sim.common.errors import ClientStateError, ServiceNotAvailableError
 
 from .conftest import SMALL_STORE, wait_until
 
@@ -126,7 +125,7 @@ class RecordingChannel:
 def test_silent_consumers_expire_after_120_seconds_and_the_group_is_told(
     manual_broker: Broker, clock: ManualClock
 ) -> None:
-    from broker_sim.broker.api import (
+    from broker_sim.common.requests import (
         ConsumeFromWhere,
         ConsumerData,
         ConsumeType,

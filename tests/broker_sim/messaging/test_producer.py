@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from broker_sim import Broker, Message, Producer, SendStatus
-from broker_sim.broker.api import BrokerData, QueueData, TopicRouteData
-from broker_sim.broker.errors import BrokerConfigError
-from broker_sim.client.errors import InvalidMessageError, SendFailedError
-from broker_sim.client.message import Prop
 from broker_sim.client.selectors import LatencyFaultTolerance, TopicPublishInfo, select_by_hash
 from broker_sim.clock import ManualClock
+from broker_sim.common.errors import BrokerConfigError, InvalidMessageError, SendFailedError
+from broker_sim.common.message import Prop
+from broker_sim.common.requests import BrokerData, QueueData, TopicRouteData
 from broker_sim.faults import FaultKind
 
 from .conftest import SMALL_STORE
@@ -95,21 +94,22 @@ def test_async_oneway_batch_and_compression(broker: Broker) -> None:
     p.shutdown()
 
 
-def test_lost_send_ack_duplicates_with_same_uniq_key_at_new_offset(broker: Broker) -> None:
+def test_lost_send_ack_spends_the_budget_and_fails_without_retry(broker: Broker) -> None:
+    """DefaultMQProducerImpl.sendDefaultImpl (4.9.8): a reply that never comes spends the shared 3 s budget,
+    so the send is not retried — the caller gets an error although the message is stored once. A duplicate
+    appears only if the application resends (with the same UNIQ_KEY)."""
     p = Producer(broker, "P")
     broker.faults.lose_send_acks(1)
     msg = Message("T", b"once", keys="order-1")
-    result = p.send(msg)
+    with pytest.raises(SendFailedError, match="call timeout"):
+        p.send(msg)
     copies = broker.query_message_by_key("T", "order-1")
-    assert len(copies) == 2
-    assert {c.uniq_key for c in copies} == {result.msg_id}
-    assert len({(c.queue_id, c.queue_offset) for c in copies}) == 2  # the retry went to another queue
-    assert (result.queue_id, result.queue_offset) in {(c.queue_id, c.queue_offset) for c in copies}
+    assert len(copies) == 1 and copies[0].uniq_key == msg.properties[Prop.UNIQ_KEY]
     assert broker.faults.counts[FaultKind.LOST_SEND_ACK] == 1
-    broker.faults.lose_send_acks(3)  # every attempt times out: the caller sees a failure, 3 copies stored
-    with pytest.raises(SendFailedError):
-        p.send(Message("T", b"x", keys="order-2"))
-    assert len(broker.query_message_by_key("T", "order-2")) == 3
+    again = p.send(msg)  # the application's resend: same client id, new offset
+    copies = broker.query_message_by_key("T", "order-1")
+    assert len(copies) == 2 and {c.uniq_key for c in copies} == {again.msg_id}
+    assert len({(c.queue_id, c.queue_offset) for c in copies}) == 2
     p.shutdown()
 
 
@@ -131,7 +131,7 @@ def test_latency_fault_tolerance_avoids_slow_brokers() -> None:
 
 
 def test_hash_selector_is_stable() -> None:
-    from broker_sim.client.message import MessageQueue
+    from broker_sim.common.message import MessageQueue
 
     mqs = [MessageQueue("T", "a", i) for i in range(4)]
     assert select_by_hash(mqs, Message("T", b"x"), "key-1") == select_by_hash(

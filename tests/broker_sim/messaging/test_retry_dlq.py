@@ -15,8 +15,8 @@ from broker_sim import (
     PullConsumer,
     PushConsumer,
 )
-from broker_sim.broker.constants import parse_delay_levels
-from broker_sim.client.message import Prop
+from broker_sim.common.constants import parse_delay_levels
+from broker_sim.common.message import Prop
 
 from .conftest import wait_until
 
@@ -66,7 +66,7 @@ def test_full_retry_schedule_then_dead_letter(manual_broker: Broker, clock: Manu
     clock.advance(3 * 3600)
     assert len(deliveries) == 17  # nothing more comes back
     tc = b.topics.select("%DLQ%G")
-    assert tc is not None and not tc.readable  # DLQ is write-only for consumers, like RocketMQ's
+    assert tc is not None and tc.readable and tc.writable  # 4.9.8 creates %DLQ% read-write
     c.shutdown()
     p.shutdown()
 

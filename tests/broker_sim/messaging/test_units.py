@@ -9,22 +9,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker_sim.broker.constants import (
+from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.clock import ManualClock
+from broker_sim.common.constants import (
     SendBackTarget,
     parse_delay_levels,
     parse_tag_expression,
     send_back_decision,
 )
-from broker_sim.client.message import (
+from broker_sim.common.message import (
     MessageExt,
     Prop,
     decode_offset_msg_id,
     encode_offset_msg_id,
     new_uniq_key,
 )
-from broker_sim.client.process_queue import ProcessQueue
-from broker_sim.client.scheduler import Scheduler
-from broker_sim.clock import ManualClock
+from broker_sim.common.scheduler import Scheduler
 from broker_sim.faults import FaultInjector, FaultKind, SendAckLost
 
 

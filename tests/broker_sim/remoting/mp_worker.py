@@ -17,8 +17,8 @@ import time
 from typing import Any, TextIO
 
 from broker_sim import ConsumeStatus, Message, Producer, PushConsumer
-from broker_sim.broker.api import ConsumeFromWhere
-from broker_sim.client.message import MessageExt
+from broker_sim.common.message import MessageExt
+from broker_sim.common.requests import ConsumeFromWhere
 
 
 def _writer(path: str) -> tuple[TextIO, threading.Lock]:

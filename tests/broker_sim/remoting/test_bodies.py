@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_sim.broker.api import (
+from broker_sim.common.message import MessageQueue
+from broker_sim.common.requests import (
     BatchEntry,
     ConsumeFromWhere,
     ConsumeType,
     MessageModel,
 )
-from broker_sim.client.message import MessageQueue
 from broker_sim.remoting import bodies
 from broker_sim.remoting.errors import HeaderFieldError
 from broker_sim.remoting.name_server import NameServer, QueueData

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ import pytest
 from broker_sim import Message, Producer
 from broker_sim.cli import main
 from broker_sim.remoting.client_transport import RemotingTransport
+from broker_sim.remoting.serve_process import ServeProcess
 from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,6 +30,16 @@ ROOT = Path(__file__).resolve().parents[3]
         ["admin", "message", "query"],
         ["admin", "dlq"],
         ["admin", "dlq", "list"],
+        ["admin", "cluster", "list"],
+        ["admin", "topic", "status"],
+        ["admin", "topic", "delete"],
+        ["admin", "consumer", "progress"],
+        ["admin", "consumer", "connection"],
+        ["admin", "consumer", "reset-offset"],
+        ["admin", "consumer", "running-info"],
+        ["admin", "consumer", "consume-directly"],
+        ["admin", "group", "update"],
+        ["admin", "group", "list"],
     ],
 )
 def test_help_everywhere(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,8 +88,8 @@ def test_admin_commands(serve: ServerFactory, capsys: pytest.CaptureFixture[str]
     )
 
     # a message sent back with max_reconsume_times=0 goes straight to the DLQ
-    from broker_sim.broker.api import ConsumerSendMsgBackRequest
-    from broker_sim.client.message import decode_offset_msg_id
+    from broker_sim.common.message import decode_offset_msg_id
+    from broker_sim.common.requests import ConsumerSendMsgBackRequest
 
     srv.broker.consumer_send_msg_back(
         ConsumerSendMsgBackRequest("CG", decode_offset_msg_id(sent[1].offset_msg_id)[1])
@@ -123,40 +131,55 @@ def test_serve_rejects_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 1 and "accessKey:secretKey" in err
 
 
+def _bad(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Run the CLI as a new user would; argparse failures exit through SystemExit."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    return code, err
+
+
+def test_port_out_of_range_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --namesrv-port 99999`` used to die with a 14-line OverflowError traceback."""
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--namesrv-port", "99999"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "--namesrv-port" in err and "0-65535" in err and "--help" in err
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--broker-port", "ten"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--broker-port" in err
+
+
+def test_set_value_of_the_wrong_type_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--set max_reconsume_times=abc`` used to answer "'<' not supported between instances of 'str' and
+    'int'"."""
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--set", "max_reconsume_times=abc"], capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert "--set" in err and "max_reconsume_times" in err and "integer" in err and "'abc'" in err
+    code, err = _bad(["serve", "--store", str(tmp_path / "s"), "--set", "enable_property_filter=yes"], capsys)
+    assert code == 1 and "enable_property_filter expects true or false" in err
+    assert not (tmp_path / "s").exists()  # refused before anything was created
+
+
+def test_admin_bad_namesrv_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``admin --namesrv notanaddress`` used to answer "invalid literal for int()"."""
+    code, err = _bad(["admin", "--namesrv", "notanaddress", "topic", "list"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "--namesrv" in err and "HOST:PORT" in err and "'notanaddress'" in err
+
+
 def test_serve_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "broker_sim",
-        "serve",
-        "--store",
-        str(store),
-        "--namesrv-port",
-        "0",
-        "--broker-port",
-        "0",
-        "--set",
-        'topics={"T": 1}',
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("broker-sim ready"), line
-        namesrv = line.split("namesrv=")[1].split()[0]
+    server = ServeProcess(store, "--set", 'topics={"T": 1}', log_level="INFO")
+    with server:
         assert (store / "abort").exists()  # running: an unclean stop now would trigger recovery
-        t = RemotingTransport(namesrv)
+        t = RemotingTransport(server.namesrv)
         t.update_consumer_offset("G", "T", 0, 7)  # oneway: wait until the broker has it, then stop
         assert wait_until(lambda: t.query_consumer_offset("G", "T", 0) == 7)
         t.close()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    _, err = proc.communicate()
+        assert server.stop(signal.SIGTERM) == 0
+        err = server.communicate()
     assert not (store / "abort").exists()
     offsets = json.loads((store / "config" / "consumerOffset.json").read_text())
     assert offsets["offsetTable"]["T@G"] in ({"0": 7}, {0: 7})

@@ -20,6 +20,7 @@ import pytest
 from broker_sim import Message, Producer
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.serve import POWER_CUT_EXIT, POWER_CUT_SIGNAL
+from broker_sim.remoting.serve_process import ServeProcess
 from tests.broker_sim.remoting.conftest import wait_until
 
 pytestmark = pytest.mark.slow
@@ -28,47 +29,19 @@ ROOT = Path(__file__).resolve().parents[3]
 QUEUES = 2
 
 
-class ServeProcess:
-    """One ``broker-sim serve`` child process on port 0; learns its addresses from the ready line."""
+class Server(ServeProcess):
+    """``broker-sim serve`` with a small store whose periodic flushers never run during the test (only a
+    clean stop flushes)."""
 
     def __init__(self, store: Path, *extra: str) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "broker_sim",
-            "serve",
-            "--store",
-            str(store),
-            "--namesrv-port",
-            "0",
-            "--broker-port",
-            "0",
-            "--flush",
-            "ASYNC_FLUSH",
-            "--set",
-            f'topics={{"T": {QUEUES}}}',
-            # the periodic flushers never run during the test: only a clean stop flushes
-            "--set",
-            "flush_interval_commit_log_ms=3600000",
-            "--set",
-            "flush_interval_consume_queue_ms=3600000",
-            # small store files: a default commit-log segment is 1 GiB
-            "--set",
-            "commit_log_file_size=4194304",
-            "--set",
-            "index_hash_slots=1000",
-            "--set",
-            "index_max_entries=4000",
-            "--log-level",
-            "WARNING",
-            *extra,
-        ]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("broker-sim ready"), (line, self.proc.stderr and self.proc.stderr.read())
-        self.namesrv = line.split("namesrv=")[1].split()[0]
+        super().__init__(
+            store, "--flush", "ASYNC_FLUSH", "--set", f'topics={{"T": {QUEUES}}}',
+            "--set", "flush_interval_commit_log_ms=3600000",
+            "--set", "flush_interval_consume_queue_ms=3600000",
+            "--set", "commit_log_file_size=4194304", "--set", "index_hash_slots=1000",
+            "--set", "index_max_entries=4000", *extra,
+        )  # fmt: skip
+        self.start()
 
     def total_max_offset(self) -> int:
         t = RemotingTransport(self.namesrv)
@@ -85,48 +58,38 @@ class ServeProcess:
         finally:
             producer.shutdown()
 
-    def stop(self, sig: int) -> int:
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-        self.proc.communicate()
-
 
 @pytest.fixture
-def servers() -> Iterator[list[ServeProcess]]:
-    started: list[ServeProcess] = []
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
     yield started
     for s in started:
         s.kill()
 
 
 def test_sigterm_keeps_everything_and_sigusr1_loses_the_unflushed(
-    tmp_path: Path, servers: list[ServeProcess]
+    tmp_path: Path, servers: list[Server]
 ) -> None:
     store = tmp_path / "store"
 
-    first = ServeProcess(store, "--fault-signals")
+    first = Server(store, "--fault-signals")
     servers.append(first)
     first.send(6, "kept")
     assert wait_until(lambda: first.total_max_offset() == 6)
     assert first.stop(signal.SIGTERM) == 0  # a clean stop flushes: the restart finds every message
     assert not (store / "abort").exists()
 
-    second = ServeProcess(store, "--fault-signals")
+    second = Server(store, "--fault-signals")
     servers.append(second)
     assert second.total_max_offset() == 6
     second.send(5, "lost")
     assert wait_until(lambda: second.total_max_offset() == 11)
     assert second.stop(POWER_CUT_SIGNAL) == POWER_CUT_EXIT
     assert (store / "abort").exists()  # an unclean stop: the next start runs crash recovery
-    _, err = second.proc.communicate()
+    err = second.communicate()
     assert "power cut" in err and "Traceback" not in err
 
-    third = ServeProcess(store)
+    third = Server(store)
     servers.append(third)
     assert third.total_max_offset() == 6  # the five unflushed messages are gone, the flushed six are not
     third.send(1, "after")  # the recovered store takes new messages at the recovered offsets
@@ -134,16 +97,16 @@ def test_sigterm_keeps_everything_and_sigusr1_loses_the_unflushed(
     assert third.stop(signal.SIGTERM) == 0
 
 
-def test_without_the_flag_sigusr1_is_not_a_power_cut(tmp_path: Path, servers: list[ServeProcess]) -> None:
+def test_without_the_flag_sigusr1_is_not_a_power_cut(tmp_path: Path, servers: list[Server]) -> None:
     """Off by default: SIGUSR1 keeps its default action (terminate), which skips the crash hook entirely,
     so nothing unflushed is discarded and the restart finds every message in the page cache."""
     store = tmp_path / "store"
-    first = ServeProcess(store)
+    first = Server(store)
     servers.append(first)
     first.send(4, "m")
     assert wait_until(lambda: first.total_max_offset() == 4)
     assert first.stop(POWER_CUT_SIGNAL) == -POWER_CUT_SIGNAL
-    second = ServeProcess(store)
+    second = Server(store)
     servers.append(second)
     assert second.total_max_offset() == 4
 
@@ -158,8 +121,7 @@ os._exit(0)  # the parent dies without stopping its child, as a SIGKILLed harnes
 
 def test_exit_with_parent_stops_cleanly_when_the_parent_dies(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    serve = [sys.executable, "-m", "broker_sim", "serve", "--store", str(store)]
-    serve += ["--namesrv-port", "0", "--broker-port", "0", "--exit-with-parent"]
+    serve = ServeProcess(store, "--exit-with-parent").command()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", PARENT, *serve], capture_output=True, text=True, env=env, timeout=60

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from broker_sim import PullConsumer
-from broker_sim.broker.api import PullStatus
+from broker_sim.common.requests import PullStatus
+from broker_sim.remoting.serve_process import ServeProcess
 from tests.broker_sim.remoting.conftest import wait_until
 
 WORKER = Path(__file__).with_name("mp_worker.py")
@@ -29,52 +30,19 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 pytestmark = pytest.mark.slow
 
 
-class Serve:
-    """``broker-sim serve`` in a subprocess; ``start()`` waits for its ready line."""
+class Serve(ServeProcess):
+    """``broker-sim serve`` logging to ``log``; every process started is registered in ``procs``, so the
+    fixture kills it if a test fails. Restarts on fixed ports retry while a port is briefly taken."""
 
     def __init__(self, procs: list[subprocess.Popen[str]], store: Path, log: Path, *extra: str) -> None:
-        self.procs = procs  # every process started is registered, so the fixture kills it if a test fails
-        self.store, self.log, self.extra = store, log, list(extra)
-        self.proc: subprocess.Popen[str] | None = None
-        self.namesrv = self.broker = ""
+        super().__init__(store, *extra, log_level="INFO", stderr_path=log)
+        self.procs = procs
 
-    def start(self, namesrv_port: int = 0, broker_port: int = 0) -> None:
-        cmd = [
-            sys.executable,
-            "-m",
-            "broker_sim",
-            "serve",
-            "--store",
-            str(self.store),
-            "--namesrv-port",
-            str(namesrv_port),
-            "--broker-port",
-            str(broker_port),
-            *self.extra,
-        ]
-        # A restart on fixed ports can briefly find a port taken (e.g. by a client's outgoing connection that
-        # drew it as its ephemeral port): the server then exits with a one-line error, and we try again.
-        for _attempt in range(20):
-            self.proc = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=self.log.open("a"), text=True, env=ENV
-            )
-            self.procs.append(self.proc)
-            assert self.proc.stdout is not None
-            line = self.proc.stdout.readline()  # blocks until ready (or EOF if it failed to start)
-            if line.startswith("broker-sim ready"):
-                break
-            self.proc.wait(timeout=30)
-        assert line.startswith("broker-sim ready"), f"serve did not start: {line!r}, see {self.log}"
-        fields = dict(part.split("=", 1) for part in line.split()[2:])
-        self.namesrv, self.broker = fields["namesrv"], fields["broker"]
-
-    def ports(self) -> tuple[int, int]:
-        return int(self.namesrv.rsplit(":", 1)[1]), int(self.broker.rsplit(":", 1)[1])
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
+    def start(self, namesrv_port: int = 0, broker_port: int = 0, *, attempts: int = 20) -> Serve:
+        super().start(namesrv_port, broker_port, attempts=attempts)
         assert self.proc is not None
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=30)
+        self.procs.append(self.proc)
+        return self
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker_sim.client.errors import RequestTimeoutError, TransportError
+from broker_sim.common.errors import RequestTimeoutError, TransportError
 from broker_sim.remoting.acl import AclGuard, sign, signature
 from broker_sim.remoting.client import RemotingConnection
 from broker_sim.remoting.codes import ResponseCode

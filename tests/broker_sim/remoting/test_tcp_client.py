@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from broker_sim import ConsumeStatus, Message, Producer, PullConsumer, PushConsumer
-from broker_sim.broker.api import ConsumeFromWhere, MessageModel, PullStatus
-from broker_sim.broker.errors import TopicNotExistError
-from broker_sim.client.errors import TransportError
-from broker_sim.client.message import ConsumeOrderlyStatus, LocalTransactionState, MessageExt, MessageQueue
 from broker_sim.client.transaction_producer import TransactionProducer
+from broker_sim.common.errors import TopicNotExistError, TransportError
+from broker_sim.common.message import ConsumeOrderlyStatus, LocalTransactionState, MessageExt, MessageQueue
+from broker_sim.common.requests import ConsumeFromWhere, MessageModel, PullStatus
 from broker_sim.remoting.client_transport import RemotingTransport
 from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, wait_until
 

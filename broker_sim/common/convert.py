@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker_sim.client.message import MessageExt
+from broker_sim.common.message import MessageExt
 from broker_sim.store.message_record import MessageExt as StoredMessage
 from broker_sim.store.message_record import decode_record, host_bytes, offset_msg_id
 

@@ -1,0 +1,168 @@
+"""The client's only way to talk to a broker: a small protocol whose methods mirror RocketMQ requests.
+
+Producers and consumers never touch a :class:`~broker_sim.broker.Broker` directly; they call a
+:class:`BrokerTransport`. Two implementations exist:
+
+* ``broker_sim.broker.in_process.InProcessTransport`` — calls the Broker's request-level methods in this
+  process (a Broker hands it out through :class:`TransportFactory`);
+* ``broker_sim.remoting.client_transport.RemotingTransport`` — the same methods over RocketMQ's TCP remoting
+  protocol (name server route lookup, then the broker master), written by the network side.
+
+Contract for implementations (both must behave the same, tests run against either):
+
+* Broker-side failures raise :class:`broker_sim.common.errors.BrokerResponseError` (use
+  ``error_for_code(code, remark)`` to turn a reply code back into the typed error).
+* No reply in time raises :class:`broker_sim.common.errors.RequestTimeoutError`; for a send that means the
+  outcome is unknown (the message may be stored: RocketMQ's duplicate-on-retry case).
+* Connection problems raise :class:`broker_sim.common.errors.TransportError`.
+* ``query_consumer_offset`` returns ``None`` for QUERY_NOT_FOUND (22).
+* ``pull_message_async`` delivers exactly one callback, with the response or the exception, from any thread.
+* ``heartbeat(data, channel)``: ``channel`` receives broker → client requests (transaction check-back,
+consumer
+  ids changed) for ``data.client_id``; an implementation must route them to it until ``unregister_client``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from broker_sim.clock import Clock
+from broker_sim.common.message import MessageExt, MessageQueue
+from broker_sim.common.requests import (
+    BatchEntry,
+    ClientChannel,
+    ConsumerSendMsgBackRequest,
+    EndTransactionRequest,
+    HeartbeatData,
+    PullMessageRequest,
+    PullMessageResponse,
+    SendMessageRequest,
+    SendMessageResponse,
+    SubscriptionData,
+    TopicRouteData,
+)
+
+log = logging.getLogger(__name__)
+
+PullCallback = Callable[[PullMessageResponse | BaseException], None]
+
+
+@runtime_checkable
+class BrokerTransport(Protocol):
+    """Requests a RocketMQ client sends (request code in brackets)."""
+
+    @property
+    def address(self) -> str:
+        """Where requests go, for logs ("in-process:<store dir>" or "host:port" of the name server)."""
+        ...
+
+    def get_route(self, topic: str) -> TopicRouteData:
+        """GET_ROUTEINFO_BY_TOPIC (105); raises TopicNotExistError (17) for an unknown topic."""
+        ...
+
+    def send_message(
+        self, request: SendMessageRequest, body: bytes, timeout_ms: int = 3000
+    ) -> SendMessageResponse:
+        """SEND_MESSAGE (10/310)."""
+        ...
+
+    def send_message_oneway(self, request: SendMessageRequest, body: bytes) -> None:
+        """SEND_MESSAGE with the oneway flag: no reply, errors are not reported."""
+        ...
+
+    def send_batch_message(
+        self, request: SendMessageRequest, entries: Sequence[BatchEntry], timeout_ms: int = 3000
+    ) -> SendMessageResponse:
+        """SEND_BATCH_MESSAGE (320): all entries to ``request.topic``/``request.queue_id``."""
+        ...
+
+    def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
+        """PULL_MESSAGE (11), blocking; with the SUSPEND bit the broker may hold it up to the suspend
+        timeout."""
+        ...
+
+    def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
+        """PULL_MESSAGE (11) without blocking the caller; ``callback`` gets the response or the error."""
+        ...
+
+    def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
+        """HEART_BEAT (34)."""
+        ...
+
+    def unregister_client(
+        self, client_id: str, producer_group: str | None, consumer_group: str | None
+    ) -> None:
+        """UNREGISTER_CLIENT (35)."""
+        ...
+
+    def get_consumer_list(self, consumer_group: str) -> list[str]:
+        """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat."""
+        ...
+
+    def check_client_config(
+        self, consumer_group: str, client_id: str, subscription: SubscriptionData
+    ) -> None:
+        """CHECK_CLIENT_CONFIG (46): BrokerResponseError if the broker cannot serve the subscription."""
+        ...
+
+    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
+        """QUERY_CONSUMER_OFFSET (14); None = QUERY_NOT_FOUND (22)."""
+        ...
+
+    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
+        """UPDATE_CONSUMER_OFFSET (15, oneway)."""
+        ...
+
+    def get_max_offset(self, topic: str, queue_id: int) -> int:
+        """GET_MAX_OFFSET (30): the next offset to be written."""
+        ...
+
+    def get_min_offset(self, topic: str, queue_id: int) -> int:
+        """GET_MIN_OFFSET (31)."""
+        ...
+
+    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP (29)."""
+        ...
+
+    def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None:
+        """CONSUMER_SEND_MSG_BACK (36)."""
+        ...
+
+    def end_transaction(self, request: EndTransactionRequest) -> None:
+        """END_TRANSACTION (37, oneway)."""
+        ...
+
+    def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ (41): the subset now locked by ``client_id``."""
+        ...
+
+    def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None:
+        """UNLOCK_BATCH_MQ (42)."""
+        ...
+
+    def view_message_by_id(self, offset_msg_id: str) -> MessageExt:
+        """VIEW_MESSAGE_BY_ID (33), by the broker's offset message id."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; later calls raise TransportError."""
+        ...
+
+
+@runtime_checkable
+class TransportFactory(Protocol):
+    """Something a client can be built on directly (an in-process Broker): it hands out its own transport,
+    so the client package never imports the broker."""
+
+    def client_transport(self) -> BrokerTransport: ...
+
+
+@runtime_checkable
+class ClockedTransport(Protocol):
+    """A transport that shares its broker's clock (in-process), which the clients then use too."""
+
+    @property
+    def clock(self) -> Clock: ...
