@@ -6,6 +6,7 @@ there is exactly one spelling of it.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 # --- environment -----------------------------------------------------------------------------------------
@@ -51,6 +52,8 @@ DEFAULT_BACKLOG_CAP_S: Final = 24 * 3600.0
 #: a never-received copy with no broker probe answer (RabbitMQ has none) is re-sent once it is this old.
 DEFAULT_MAX_UNCONFIRMED_AGE_S: Final = 24 * 3600.0
 #: RocketMQ 4.x ``messageDelayLevel`` (1s … 2h): the default fixed backoff list.
+#: RocketMQ 4.9's topic/group language (``Validators.PATTERN``): its senders refuse anything else at staging.
+ROCKETMQ_NAME_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 ROCKETMQ_DELAY_LEVELS: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_BACKOFF: Final = "fixed:" + ",".join(ROCKETMQ_DELAY_LEVELS.split())
 DEFAULT_NOTIFY_TIMEOUT_S: Final = 10.0

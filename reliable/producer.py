@@ -53,8 +53,11 @@ from reliable.types import StubStatus
 
 log = logging.getLogger("reliable.producer")
 
-#: RocketMQ's topic/group character set (``Validators.PATTERN``): what every adapter can carry unchanged.
-_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+#: The broker-neutral name language: RocketMQ's topic/group set (``Validators.PATTERN``) plus Kafka's '.'.
+#: A sender whose broker accepts less says so with a ``name_pattern`` attribute (RocketMQ, broker_sim: no
+#: '.'), checked at staging time so a name the broker will refuse fails in the caller's transaction instead
+#: of leaving a stub no send can ever deliver.
+_NAME_RE = re.compile(r"^[%|a-zA-Z0-9._-]+$")
 _STAGED_KEY = "reliable.staged"
 _LAST_ERROR_MAX = 2000
 
@@ -134,7 +137,21 @@ def _check_name(what: str, value: str, limit: int) -> None:
     if len(value) > limit:
         raise InvalidMessageError(f"{what} longer than {limit} characters: {value[:80]!r}")
     if not _NAME_RE.match(value):
-        raise InvalidMessageError(f"{what} {value!r} may only contain letters, digits, '_', '-', '%' and '|'")
+        raise InvalidMessageError(
+            f"{what} {value!r} may only contain letters, digits, '.', '_', '-', '%' and '|'"
+        )
+
+
+def check_broker_names(sender: object, topic: str, groups: Sequence[str]) -> None:
+    """Refuse names the sender's broker cannot carry (its optional ``name_pattern``)."""
+    pattern = getattr(sender, "name_pattern", None)
+    if not isinstance(pattern, re.Pattern):
+        return
+    for what, name in (("topic", topic), *(("consumer group", g) for g in groups)):
+        if not pattern.match(name):
+            raise InvalidMessageError(
+                f"{what} {name!r} is not a valid name for {type(sender).__name__} (must match {pattern.pattern})"
+            )
 
 
 class StubProducer:
@@ -202,6 +219,7 @@ class StubProducer:
             raise InvalidMessageError(f"body must be bytes, got {type(body).__name__}")
         body = bytes(body)
         validate_message(message_id, topic, chosen, tags)
+        check_broker_names(self.sender, topic, chosen)
         now = self.clock()
         # the grace the after-commit send has before the sweeper may step in (crash after commit)
         due = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)

@@ -96,7 +96,7 @@ class Settings:
         for name in (self.default_group, *(g for gs in self.topic_groups.values() for g in gs)):
             if name and not _NAME_RE.match(name):
                 raise ConfigurationError(
-                    f"consumer group {name!r} may only contain letters, digits, '_', '-'"
+                    f"consumer group {name!r} may only contain letters, digits, '.', '_', '-'"
                 )
         for topic, groups in self.topic_groups.items():
             if not _NAME_RE.match(topic) or not groups or len(set(groups)) != len(groups):
@@ -116,8 +116,9 @@ class Settings:
         return new
 
 
-#: RocketMQ's topic/group character set (``Validators.PATTERN`` without ``%``/``|``, which are reserved).
-_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
+#: RocketMQ's topic/group character set (``Validators.PATTERN`` without ``%``/``|``, which are reserved) plus
+#: Kafka's '.'; a sender narrows it at staging time (``reliable.producer.check_broker_names``).
+_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,255}$")
 
 
 def parse_topic_groups(value: str | Mapping[str, Iterable[str]]) -> dict[str, tuple[str, ...]]:

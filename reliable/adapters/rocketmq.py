@@ -91,6 +91,9 @@ class RocketMQSender:
     """A :class:`~reliable.sender.Sender` over a started ``rocketmq.client.Producer`` (one broker), and the
     sweeper's :class:`~reliable.sender.BrokerProbe` when given a ``probe``."""
 
+    #: names the broker accepts (checked by the producer at staging time)
+    name_pattern = C.ROCKETMQ_NAME_PATTERN
+
     def __init__(self, producer: Any, retry_times: int = 2, probe: RocketMQProbe | None = None) -> None:
         self.producer = producer
         self.retry_times = retry_times
