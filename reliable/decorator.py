@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from reliable import constants as C
+from reliable import otel
 from reliable.decision import Decision, GuardHooks
 from reliable.guard import Guard, Handler
 from reliable.types import ConsumeResult, Envelope
@@ -90,7 +91,7 @@ def idempotent_consumer(
             group,
             handler,
             registry=registry,
-            hooks=hooks,
+            hooks=(*hooks, *otel.guard_hooks(rel, group)),
             redis_retry_after_s=redis_retry_after_s,
             durable_journal=durable_journal,
         )

@@ -29,7 +29,7 @@ import enum
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -38,6 +38,7 @@ from sqlalchemy import CursorResult, Table, bindparam, event, select, update
 from sqlalchemy.orm import Session, SessionTransaction
 
 from reliable import constants as C
+from reliable import otel
 from reliable.errors import (
     DuplicateMessageIdError,
     InvalidMessageError,
@@ -78,6 +79,8 @@ class StagedMessage:
     consumer_group: str
     tags: str | None
     payload_hash: str
+    #: travels with every send (the trace context when telemetry is on)
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def outgoing(self, send_count: int = 0) -> OutgoingMessage:
         return OutgoingMessage(
@@ -87,6 +90,7 @@ class StagedMessage:
             consumer_group=self.consumer_group,
             tags=self.tags,
             send_count=send_count,
+            properties=self.properties,
         )
 
 
@@ -151,7 +155,7 @@ class StubProducer:
         clock: Callable[[], dt.datetime] = utcnow,
     ) -> None:
         self.rel = rel
-        self.sender = sender
+        self.sender = otel.traced_sender(rel, sender)
         self.default_group = default_group
         self.clock = clock
 
@@ -183,7 +187,8 @@ class StubProducer:
         if session.get(MessageStub, message_id) is not None:
             raise DuplicateMessageIdError(f"a stub with message id {message_id!r} already exists")
         now = self.clock()
-        staged = StagedMessage(message_id, topic, body, group, tags, payload_hash(body))
+        properties, trace_context = otel.stage_context(self.rel, message_id, topic, body)
+        staged = StagedMessage(message_id, topic, body, group, tags, payload_hash(body), properties)
         session.add(
             MessageStub(
                 message_id=message_id,
@@ -198,6 +203,7 @@ class StubProducer:
                 resend_at=now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s),
                 created_at=now,
                 updated_at=now,
+                trace_context=trace_context,
             )
         )
         if send_on_commit:

@@ -44,6 +44,10 @@ class Settings:
     journal_flush_rows: int = 256
     #: … or this many milliseconds after the oldest buffered row, whichever comes first.
     journal_flush_ms: int = 200
+    #: emit OpenTelemetry spans (producer, guard, sweeper); needs the ``otel`` extra. Off by default.
+    otel: bool = False
+    #: ``messaging.system`` of those spans (``rocketmq``, ``kafka``, ``rabbitmq``).
+    otel_messaging_system: str = "rocketmq"
 
     @classmethod
     def load(

@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, insert, or_, select, text, tuple_, update
 
+from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, QueueProgress
 from reliable.sweeper.leases import LeaseState, LeaseView
@@ -127,7 +128,7 @@ def send_claimed(
             consumer_group=cand.consumer_group,
             tags=cand.tags,
             send_count=cand.send_count,
-            properties={RESEND_PROPERTY: str(cand.send_count)},
+            properties={**carrier_from_json(cand.trace_context), RESEND_PROPERTY: str(cand.send_count)},
         )
         try:
             receipt: SendReceipt | None = sender.send(message)

@@ -80,6 +80,8 @@ class Candidate:
     #: ``consume_progress.max_offset`` of its group/topic/queue (``None``: the group never consumed there);
     #: selected only by the give-up statement, for the reason a person reads.
     watermark: int | None = None
+    #: the message's stored trace context (JSON), put back into the resend's properties (reliable.otel)
+    trace_context: str | None = None
 
     @property
     def stuck(self) -> bool:
@@ -99,6 +101,7 @@ class Candidate:
             queue_offset=row.queue_offset,
             last_received_at=row.last_received_at,
             watermark=row.watermark if with_watermark else None,
+            trace_context=row.trace_context,
         )
 
 
@@ -150,6 +153,7 @@ def due_statement(
             stub.c.send_count,
             stub.c.queue_id,
             stub.c.queue_offset,
+            stub.c.trace_context,
             last_received.label("last_received_at"),
             *([watermark.label("watermark")] if budget is Budget.EXHAUSTED else []),
         )

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine
 
 from reliable import constants as C
+from reliable import otel
 from reliable.facade import Reliability
 from reliable.models import utcnow
 from reliable.sender import Sender
@@ -98,7 +99,7 @@ class Sweeper:
         s = rel.settings
         self.rel = rel
         self.engine: Engine = rel.engine
-        self.sender = sender
+        self.sender = otel.traced_sender(rel, sender)
         self.backoff = backoff or default_backoff()
         self.estimator = BacklogEstimator(backlog_source, backlog_cap_s)
         self.channels = list(channels)
@@ -135,10 +136,12 @@ class Sweeper:
         started = time.perf_counter()
         summary = RoundSummary()
         try:
-            self._sweep(self.clock(), summary)
-            self._notify(summary)
-            if not self.stopping:
-                summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
+            with otel.sweep_round(self.rel) as record:
+                self._sweep(self.clock(), summary)
+                self._notify(summary)
+                if not self.stopping:
+                    summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
+                record(summary)
         except Exception:
             metrics.ROUND_ERRORS.inc()
             log.exception("sweep round failed")

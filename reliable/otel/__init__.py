@@ -1,0 +1,90 @@
+"""OpenTelemetry for `reliable`: traces that follow a message from the producer's transaction to the handler.
+
+Off by default (setting ``otel`` / ``RELIABLE_OTEL=1`` turns it on) and free when off: the functions below are
+what the producer, the guard and the sweeper call, and each answers with the untraced path after one settings
+test. The API package is an optional extra (``pip install 'reliable[otel]'``); the application installs the
+SDK, its exporter and propagator as usual, and `reliable` uses the global providers.
+
+What is emitted (names in :mod:`reliable.otel.attrs`):
+
+* ``create {topic}`` (PRODUCER) when a stub is staged; its context travels in the message properties and is
+  stored in ``message_stub.trace_context`` so every resend carries the same one;
+* ``send {topic}`` (CLIENT, linked to ``create``) per hand-over to the broker, by the producer or the sweeper;
+* ``process {topic}`` (CONSUMER, linked to ``create``) per delivery the guard decides, with the messaging
+  attributes and ``reliable.outcome`` / ``reliable.reason`` / ``reliable.duplicate``;
+* ``reliable.sweep`` (INTERNAL) per sweeper round, parent of that round's ``send`` spans;
+* the Prometheus counters as OTel metrics (:func:`mirror_prometheus`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+from reliable.decision import GuardHooks
+from reliable.otel import api
+from reliable.otel import attrs as A
+from reliable.otel.metrics import mirror_prometheus
+from reliable.otel.propagation import carrier_json
+from reliable.sender import Sender
+
+__all__ = ["guard_hooks", "mirror_prometheus", "stage_context", "sweep_round", "traced_sender"]
+
+
+def _system(rel: Any) -> str:
+    return str(getattr(rel.settings, "otel_messaging_system", "rocketmq"))
+
+
+def guard_hooks(rel: Any, group: str) -> tuple[GuardHooks, ...]:
+    """The tracing hooks for a guard of ``group`` (none when telemetry is off)."""
+    if not api.enabled(rel):
+        return ()
+    from reliable.otel.consumer import TracingHooks
+
+    return (TracingHooks(group, system=_system(rel)),)
+
+
+def traced_sender(rel: Any, sender: Sender) -> Sender:
+    """``sender`` wrapped with ``send`` spans (itself when telemetry is off or it is wrapped already)."""
+    from reliable.otel.producer import TracingSender
+
+    if not api.enabled(rel) or isinstance(sender, TracingSender):
+        return sender
+    return TracingSender(sender, system=_system(rel))
+
+
+def stage_context(
+    rel: Any, message_id: str, topic: str, body: bytes, properties: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], str | None]:
+    """The outgoing properties with the new message's trace context, and the JSON to store on its stub."""
+    props = dict(properties or {})
+    if not api.enabled(rel):
+        return props, None
+    from reliable.otel.producer import create_context
+
+    carrier = create_context(_system(rel), message_id, topic, len(body))
+    props.update(carrier)
+    return props, carrier_json(carrier)
+
+
+def _no_summary(_summary: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def sweep_round(rel: Any) -> Iterator[Callable[[Any], None]]:
+    """A ``reliable.sweep`` span around one round; call the yielded function with the round's summary."""
+    if not api.enabled(rel):
+        yield _no_summary
+        return
+    with api.tracer().start_as_current_span(A.SWEEP_SPAN, kind=api.trace.SpanKind.INTERNAL) as span:
+
+        def record(summary: Any) -> None:
+            fields = asdict(summary) if is_dataclass(summary) and not isinstance(summary, type) else {}
+            for key, value in fields.items():
+                if isinstance(value, int | float):
+                    span.set_attribute(A.SWEEP_PREFIX + key, value)
+
+        yield record
