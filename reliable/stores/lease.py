@@ -29,6 +29,7 @@ from typing import Any
 import redis as redis_lib
 
 from reliable import constants as C
+from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseAnswer, LeaseState
 
 log = logging.getLogger("reliable.guard")
@@ -93,7 +94,7 @@ class RedisLeaseStore:
 
     def __init__(
         self,
-        client: redis_lib.Redis,
+        client: RedisClient,
         *,
         retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
         on_fallback: FallbackHook | None = None,
@@ -128,7 +129,7 @@ class RedisLeaseStore:
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         try:
             previous = self._set_many(keys, values, lease_ms)
-        except redis_lib.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self._down_until = 0.0
@@ -170,7 +171,7 @@ class RedisLeaseStore:
                 for key, value in items:
                     pipe.set(key, value, ex=ttl_s)
                 pipe.execute()
-        except redis_lib.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed("mark_done", exc)
 
     def release(self, key: str, value: str) -> None:
@@ -179,5 +180,5 @@ class RedisLeaseStore:
             return
         try:
             self._cad(keys=[key], args=[value])
-        except redis_lib.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed("release", exc)

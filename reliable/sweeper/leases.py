@@ -14,9 +14,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import redis as redis_lib
-
 from reliable import constants as C
+from reliable.redis_connect import REDIS_ERRORS, RedisClient
 
 
 class LeaseState(enum.Enum):
@@ -37,7 +36,7 @@ def lease_key(prefix: str, group: str, message_id: str) -> str:
 
 
 def read_leases(
-    client: redis_lib.Redis | None, prefix: str, keys: Sequence[tuple[str, str]], no_ttl_hold: dt.timedelta
+    client: RedisClient | None, prefix: str, keys: Sequence[tuple[str, str]], no_ttl_hold: dt.timedelta
 ) -> list[LeaseView]:
     """One view per ``(group, message_id)``, in order, from one pipelined round trip.
 
@@ -57,7 +56,7 @@ def read_leases(
         pipe.pttl(name)
     try:
         replies = pipe.execute()
-    except redis_lib.RedisError:
+    except REDIS_ERRORS:
         return [LeaseView(LeaseState.UNKNOWN) for _ in keys]
     views: list[LeaseView] = []
     processing = C.LEASE_PROCESSING_PREFIX.encode()
