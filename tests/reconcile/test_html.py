@@ -55,7 +55,8 @@ def test_report_renders_in_chromium_with_headline_numbers(
     for key, value in (("stubs", t["stubs"]), ("lost", t["lost"]), ("duplicate deliveries", 5)):
         assert f'data-key="{key}"><div class="v">{value}</div>' in text, key
     assert "LOST-1" in text and "ORPHAN-1" in text and "producer_double_send" in text
-    assert text.count("<svg") == 5, "five charts"
+    assert text.count('class="bar"') == 5, "five distribution charts"
+    assert 'id="tl-all-deliveries"' in text and 'id="tl-all-backlog"' in text, "the timeline"
     shot = artifacts_dir / "reconcile-report.png"
     shot.unlink(missing_ok=True)
     res = _chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,2200", page.as_uri())
