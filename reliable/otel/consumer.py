@@ -37,14 +37,11 @@ class TracingHooks(GuardHooks):
         self.group = group
         self.system = system
         self.tracer = tracer if tracer is not None else api.tracer()
-        self._local = threading.local()
-
-    # --- span bookkeeping (per thread: a guard call runs on one thread from journal to decision) ---------
-    def _open(self) -> dict[int, list[Any]]:
-        spans: dict[int, list[Any]] | None = getattr(self._local, "spans", None)
-        if spans is None:
-            spans = self._local.spans = {}
-        return spans
+        # open spans and attached contexts by delivery (``id(env)``: unique while the guard holds the env);
+        # not thread-local, so the same hooks serve worker threads and asyncio tasks alike
+        self._lock = threading.Lock()
+        self._spans: dict[int, list[Any]] = {}
+        self._tokens: dict[int, Any] = {}
 
     def _start(self, env: Envelope) -> Any:
         topic = env.topic
@@ -75,37 +72,46 @@ class TracingHooks(GuardHooks):
         )
 
     def _current(self, env: Envelope) -> Any | None:
-        queue = self._open().get(id(env))
-        return queue[0] if queue else None
+        with self._lock:
+            queue = self._spans.get(id(env))
+            return queue[0] if queue else None
+
+    def _take(self, env: Envelope) -> Any | None:
+        with self._lock:
+            queue = self._spans.get(id(env))
+            if not queue:
+                return None
+            span = queue.pop(0)
+            if not queue:
+                del self._spans[id(env)]
+            return span
 
     # --- GuardHooks ---------------------------------------------------------------------------------
     def before_journal(self, envs: Sequence[Envelope]) -> None:
-        spans = self._open()
-        for env in envs:
-            spans.setdefault(id(env), []).append(self._start(env))
+        started = [(id(env), self._start(env)) for env in envs]
+        with self._lock:
+            for key, span in started:
+                self._spans.setdefault(key, []).append(span)
 
     def before_handler(self, env: Envelope) -> None:
         span = self._current(env)
         if span is not None:
-            self._local.token = api.otel_context.attach(api.trace.set_span_in_context(span))
+            token = api.otel_context.attach(api.trace.set_span_in_context(span))
+            with self._lock:
+                self._tokens[id(env)] = token
 
     def after_handler(self, env: Envelope, error: BaseException | None) -> None:
-        token = getattr(self._local, "token", None)
+        with self._lock:
+            token = self._tokens.pop(id(env), None)
         if token is not None:
             api.otel_context.detach(token)
-            self._local.token = None
         span = self._current(env)
         if span is not None and error is not None:
             span.record_exception(error)
 
     def after_decision(self, env: Envelope, decision: Decision) -> None:
-        spans = self._open()
-        queue = spans.get(id(env))
-        if queue:
-            span = queue.pop(0)
-            if not queue:
-                del spans[id(env)]
-        else:
+        span = self._take(env)
+        if span is None:  # decided without a journal step: a zero-length span, but one per delivery
             span = self._start(env)
         span.set_attribute(A.OUTCOME, decision.outcome.value)
         span.set_attribute(A.REASON, decision.reason.value)

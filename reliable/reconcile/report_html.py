@@ -140,37 +140,22 @@ def _timeline(t: TimelineView | None, ident: str, compact: bool = False) -> str:
         Layer(f"duplicate: {cause}", _CAUSE_COLORS[i % len(_CAUSE_COLORS)], values)
         for i, (cause, values) in enumerate(t.duplicates.items())
     ]
-    charts = [
-        timeline_chart(
+    # (id suffix, title, layers, kind); a group's section shows the first two
+    specs: list[tuple[str, str, list[Layer], str]] = [
+        (
+            "deliveries",
             "Deliveries per minute (fresh and duplicates by cause)",
-            t.minutes,
             [Layer("fresh", _FRESH, t.fresh), *dup_layers],
-            chart_id=f"{ident}-deliveries",
+            "bars",
         ),
-        timeline_chart(
-            "Backlog: staged, not yet delivered",
-            t.minutes,
-            [Layer("backlog", "#b00", t.backlog)],
-            kind="line",
-            chart_id=f"{ident}-backlog",
-        ),
+        ("backlog", "Backlog: staged, not yet delivered", [Layer("backlog", "#b00", t.backlog)], "line"),
+        ("resends", "Resends per minute", [Layer("resends", "#8a63c7", t.resends)], "bars"),
+        ("p95", "p95 send → first delivery (ms)", [Layer("p95 ms", "#2e9b6a", t.p95_ms)], "line"),
     ]
-    if not compact:
-        charts += [
-            timeline_chart(
-                "Resends per minute",
-                t.minutes,
-                [Layer("resends", "#8a63c7", t.resends)],
-                chart_id=f"{ident}-resends",
-            ),
-            timeline_chart(
-                "p95 send → first delivery (ms)",
-                t.minutes,
-                [Layer("p95 ms", "#2e9b6a", t.p95_ms)],
-                kind="line",
-                chart_id=f"{ident}-p95",
-            ),
-        ]
+    charts = [
+        timeline_chart(title, t.minutes, layers, kind=kind, chart_id=f"{ident}-{suffix}")
+        for suffix, title, layers, kind in (specs[:2] if compact else specs)
+    ]
     return f"<div class='tlgrid'>{''.join(charts)}</div>"
 
 

@@ -7,6 +7,7 @@ few deliveries decided by the database while the replica is promoted.
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 
@@ -91,6 +92,11 @@ def test_guard_on_a_three_master_cluster(cluster: Cluster, clean_sqlite: str, ke
         assert [handle.decide(env(m)).reason for m in ids[:4]] == [Reason.DUPLICATE_DONE_MARKER] * 4
         assert set(reasons(handle, ids)) == {Reason.DUPLICATE_DONE_MARKER}, "batch of duplicates via Redis"
         assert applied(rel) == len(ids)
+        # the sweeper's lease read pipelines GET + PTTL over keys of every slot
+        from reliable.sweeper.leases import LeaseState, read_leases
+
+        views = read_leases(rel.redis, key_prefix, [("billing", m) for m in ids], dt.timedelta(seconds=1))
+        assert [v.state for v in views] == [LeaseState.FREE] * len(ids), "done markers are not live leases"
         # the keys really are sharded: every master holds some of them
         per_node = [len(n.client().keys(f"{key_prefix}:*")) for n in cluster.nodes]
         assert sum(per_node) == len(ids) and all(per_node), per_node

@@ -8,8 +8,11 @@ fresh work at a glance.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reliability, StubProducer, idempotent_consumer
-from reliable.errors import ConfigurationError
 from reliable.models import MessageStub
-from reliable.otel import api
 from reliable.sender import OutgoingMessage
 from reliable.sweeper import Sweeper
 from reliable.types import ConsumeResult
@@ -188,9 +189,61 @@ def test_off_by_default_nothing_is_emitted_or_stored(
         rel.close()
 
 
-def test_turning_it_on_without_the_api_is_a_configuration_error(
-    rel: Reliability, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.redis
+def test_every_delivery_of_a_batch_gets_one_span_also_those_redis_answers(
+    sqlite_url: str, redis_url: str, key_prefix: str, spans: InMemorySpanExporter
 ) -> None:
-    monkeypatch.setattr(api, "AVAILABLE", False)
-    with pytest.raises(ConfigurationError, match=r"reliable\[otel\]"):
-        StubProducer(rel, QueueSender(), default_group="billing")
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
+    rel = make_rel(sqlite_url, redis_url, key_prefix, otel=True, journal_write_behind=True)
+    try:
+
+        @idempotent_consumer(rel, group="billing", registry=CollectorRegistry())
+        def handle(env: Envelope, session: Session) -> None:
+            apply(env, session)
+
+        ids = [f"b-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+        first = [Envelope(m, "orders", 0, i, b"{}") for i, m in enumerate(ids)]
+        assert handle.batch([*first, Envelope(ids[0], "orders", 0, 9, b"{}")]) == [ConsumeResult.SUCCESS] * 4
+        # the second time Redis answers from its done markers and the journal rows wait in the buffer
+        again = [Envelope(m, "orders", 1, i, b"{}") for i, m in enumerate(ids)]
+        assert handle.batch(again) == [ConsumeResult.SUCCESS] * 3
+        handle.close()
+        process = named(spans, "process orders")
+        reasons = sorted(s.attributes["reliable.reason"] for s in process)
+        assert reasons == sorted(
+            ["processed"] * 3 + ["duplicate_in_batch"] + ["duplicate_done_marker"] * 3
+        ), "one span per delivery, twins and write-behind duplicates included"
+        assert sum(s.attributes["reliable.duplicate"] for s in process) == 4
+    finally:
+        rel.close()
+
+
+def test_without_the_api_installed_reliable_imports_and_runs_untraced(tmp_path: Path) -> None:
+    code = """
+import sys
+sys.modules["opentelemetry"] = None  # as if the extra were not installed
+from reliable import Reliability, StubProducer
+from reliable.errors import ConfigurationError
+from reliable.otel import api
+assert not api.AVAILABLE
+from tests.sweeper.helpers import QueueSender
+rel = Reliability(sys.argv[1]); rel.create_schema()
+sender = QueueSender(queues=1)
+StubProducer(rel, sender, default_group="g").publish("m-1", "orders", b"{}")
+assert sender.sent[0].properties == {}
+try:
+    StubProducer(Reliability(sys.argv[1], otel=True), sender, default_group="g")
+except ConfigurationError as exc:
+    print("refused:", exc)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code, f"sqlite:///{tmp_path / 'x.db'}"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "refused: setting otel is on but the OpenTelemetry API is not installed" in out.stdout
