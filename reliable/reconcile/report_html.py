@@ -25,6 +25,7 @@ from reliable.reconcile.report_view import (
     Tile,
     TimelineView,
     report_view,
+    unit,
 )
 
 __all__ = ["bar_chart", "render_html", "render_view"]
@@ -44,7 +45,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}h3{font-siz
 table{border-collapse:collapse;font-size:13px;width:100%}
 th,td{border-bottom:1px solid #e6e9ef;padding:4px 8px;text-align:right;white-space:nowrap}
 th{background:#eef0f4;position:sticky;top:0}
-td.l,th.l{text-align:left}td.bad{color:#b00;font-weight:600}
+td.l,th.l{text-align:left}td.bad,.warn{color:#b00;font-weight:600}
 .charts{display:flex;flex-wrap:wrap;gap:16px}
 .chart{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:8px;max-width:100%;overflow-x:auto}
 .chart h3{font-size:13px;margin:0 0 4px}
@@ -77,8 +78,8 @@ def _tiles(tiles: Sequence[Tile], ident: str = "") -> str:
     return f"<div class='tiles'{attr}>{cells}</div>"
 
 
+#: after the first column (``stubs`` or ``inbox rows``, by schema version: report_view.unit)
 _QUEUE_COLS = (
-    ("stubs", "stubs"),
     ("pending", "pending"),
     ("confirmed", "confirmed"),
     ("voided", "voided"),
@@ -94,12 +95,13 @@ _QUEUE_COLS = (
     ("orphans", "orphan_logs"),
     ("gaps", "gaps"),
 )
-_BAD_COLS = {"dead", "lost", "stuck", "unsent", "orphan_logs", "gaps"}
+_BAD_COLS = {"dead", "lost", "stuck", "unsent", "orphan_logs", "gaps", "never_consumed_queues"}
 
 
 def _queue_table(queues: Sequence[Mapping[str, Any]], ident: str) -> str:
+    cols = (unit(queues[0]) if queues else ("stubs", "stubs"), *_QUEUE_COLS)
     head = '<tr><th class="l">group</th><th class="l">topic</th><th>queue</th>' + "".join(
-        f"<th>{escape(t)}</th>" for t, _ in _QUEUE_COLS
+        f"<th>{escape(t)}</th>" for t, _ in cols
     )
     head += "<th>p50 first delivery ms</th><th>p99 first delivery ms</th></tr>"
     rows = []
@@ -107,17 +109,16 @@ def _queue_table(queues: Sequence[Mapping[str, Any]], ident: str) -> str:
         lat = q["latency_ms"]["send_to_first_delivery"]
         cells = "".join(
             f'<td class="{"bad" if k in _BAD_COLS and q[k] else ""}" data-col="{k}">{fmt(q[k])}</td>'
-            for _, k in _QUEUE_COLS
+            for _, k in cols
         )
+        never = ' <span class="warn">never consumed</span>' if q.get("never_consumed") else ""
         rows.append(
             f'<tr><td class="l">{escape(str(q["consumer_group"]))}</td>'
             f'<td class="l">{escape(str(q["topic"]))}</td>'
-            f"<td>{fmt(q['queue_id'])}</td>{cells}<td>{fmt(lat['p50'])}</td><td>{fmt(lat['p99'])}</td></tr>"
+            f"<td>{fmt(q['queue_id'])}{never}</td>{cells}<td>{fmt(lat['p50'])}</td><td>{fmt(lat['p99'])}</td></tr>"
         )
     if not rows:
-        rows.append(
-            f'<tr><td class="l" colspan="{len(_QUEUE_COLS) + 5}">no queues: the inputs are empty</td></tr>'
-        )
+        rows.append(f'<tr><td class="l" colspan="{len(cols) + 5}">no queues: the inputs are empty</td></tr>')
     return f'<div class="scroll"><table id="{escape(ident)}">{head}{"".join(rows)}</table></div>'
 
 
@@ -191,6 +192,17 @@ def _attention(items: Sequence[AttentionView]) -> str:
     return f"<div class='cards' id='attention'>{''.join(cards)}</div>"
 
 
+def _never_consumed(entries: Sequence[Mapping[str, Any]]) -> str:
+    if not entries:
+        return ""
+    items = "".join(
+        f"<li>{escape(str(e['consumer_group']))} never consumed {escape(str(e['topic']))} queue "
+        f"{fmt(e['queue_id'])} ({fmt(e.get('pending'))} pending)</li>"
+        for e in entries
+    )
+    return f'<h3>Never consumed</h3><ul id="never-consumed" class="warn">{items}</ul>'
+
+
 def _queue_name(q: Mapping[str, Any]) -> str:
     qid = "unsent" if q["queue_id"] is None else str(q["queue_id"])
     return f"{q['consumer_group']}/{q['topic']}/{qid}"
@@ -203,18 +215,16 @@ def _charts(v: ReportView) -> str:
             "Lag per queue (offsets)", [_queue_name(q) for q in v.queues], [q["lag"] for q in v.queues]
         ),
         bar_chart(
-            "Send → first delivery (stubs per bucket)",
+            "Send → first delivery (per bucket)",
             hist["buckets"],
             hist["send_to_first_delivery"],
             color="#2e9b6a",
         ),
+        bar_chart("Send → confirm (per bucket)", hist["buckets"], hist["send_to_confirm"], color="#2e9b6a"),
         bar_chart(
-            "Send → confirm (stubs per bucket)", hist["buckets"], hist["send_to_confirm"], color="#2e9b6a"
-        ),
-        bar_chart(
-            "Stubs by send count",
+            "Messages by send count",
             [r["label"] for r in v.resend_histogram],
-            [r["stubs"] for r in v.resend_histogram],
+            [r.get("messages", r.get("stubs", 0)) for r in v.resend_histogram],
             color="#8a63c7",
         ),
         bar_chart(
@@ -242,7 +252,7 @@ def render_view(v: ReportView) -> str:
         f"<h2>All queues</h2>{_queue_table(v.queues, 'queues')}"
         f"<h2>Latency</h2>{_latency_table(v.latency_ms)}"
         f"<h2>Distributions</h2>{_charts(v)}"
-        f"<h2>Messages needing attention</h2>{_attention(v.attention)}"
+        f"<h2>Messages needing attention</h2>{_never_consumed(v.never_consumed)}{_attention(v.attention)}"
         f"<p class='meta'>summary.json schema_version {v.schema_version}</p>"
         "</body></html>\n"
     )

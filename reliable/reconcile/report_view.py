@@ -4,8 +4,10 @@ Why a separate step: the HTML is a pure function of this model, and this model i
 the shape of summary.json. When the summary's schema changes (per-group figures in schema_version 2), only
 :func:`report_view` changes; the renderer, its charts and its tests of layout stay as they are.
 
-Today (schema_version 1) the per-group figures are sums over that group's queues; the timeline comes from the
-summary's ``timeline`` key when the run produced one.
+Both shapes are read: schema_version 1 (one stub per message and group; per-group figures are sums over the
+group's queues; attention lists ``message_ids``) and schema_version 2 (per-group inbox rows: a ``groups``
+list with each group's own figures, ``never_consumed`` queues, attention ``pairs`` of group and message id).
+The timeline comes from the summary's ``timeline`` key when the run produced one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 from reliable.reconcile.summary import QUEUE_COUNTERS, headline
 
 #: tile keys shown red when positive
-BAD_WHEN_POSITIVE = frozenset({"lost", "stuck", "dead", "unsent", "orphan logs", "offset gaps"})
+BAD_WHEN_POSITIVE = frozenset(
+    {"lost", "stuck", "dead", "unsent", "never consumed", "orphan logs", "offset gaps"}
+)
 
 #: attention categories, most urgent first, with what each means and what to do about it
 ATTENTION: dict[str, str] = {
@@ -29,9 +33,8 @@ ATTENTION: dict[str, str] = {
     "duplicates": "suppressed extra deliveries (no harm done): the causes show where they come from",
 }
 
-#: the figures of a group's tiles: (tile label, queue counter summed over the group's queues)
+#: the figures of a group's tiles: (tile label, counter); the first one is the unit of the schema version
 GROUP_TILES = (
-    ("stubs", "stubs"),
     ("deliveries", "deliveries"),
     ("lost", "lost"),
     ("stuck", "stuck"),
@@ -39,6 +42,7 @@ GROUP_TILES = (
     ("unsent", "unsent"),
     ("duplicate deliveries", "duplicate_deliveries"),
     ("lag", "lag"),
+    ("never consumed", "never_consumed_queues"),
 )
 
 
@@ -97,6 +101,8 @@ class ReportView:
     resend_histogram: list[Mapping[str, Any]]
     duplicates_by_cause: dict[str, int]
     attention: list[AttentionView]
+    #: queues a group has messages on but never consumed (schema_version 2; empty before)
+    never_consumed: list[Mapping[str, Any]]
     schema_version: int
 
 
@@ -121,29 +127,51 @@ def timeline_view(points: Sequence[Mapping[str, Any]]) -> TimelineView | None:
     )
 
 
-def _group_views(summary: Mapping[str, Any]) -> list[GroupView]:
-    by_group: dict[str, list[Mapping[str, Any]]] = {}
+def unit(row: Mapping[str, Any]) -> tuple[str, str]:
+    """(label, key) of what a row counts: ``inbox rows`` (schema_version 2) or ``stubs`` (1)."""
+    return ("inbox rows", "inbox_rows") if "inbox_rows" in row else ("stubs", "stubs")
+
+
+def _group_rows(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Each group's own figures: the summary's ``groups`` (v2) or its queues summed (v1)."""
+    if "groups" in summary:
+        return {str(g["consumer_group"]): g for g in summary["groups"]}
+    out: dict[str, Mapping[str, Any]] = {}
+    sums: dict[str, dict[str, Any]] = {}
     for q in summary["queues"]:
-        by_group.setdefault(str(q["consumer_group"]), []).append(q)
+        g = sums.setdefault(str(q["consumer_group"]), {"consumer_group": q["consumer_group"]})
+        out[str(q["consumer_group"])] = g
+        for key in (*QUEUE_COUNTERS, "lag"):
+            g[key] = g.get(key, 0) + int(q[key])
+        causes = g.setdefault("duplicates_by_cause", {})
+        for cause, n in q["duplicates_by_cause"].items():
+            causes[cause] = causes.get(cause, 0) + int(n)
+    return out
+
+
+def _group_views(summary: Mapping[str, Any]) -> list[GroupView]:
     timelines = (summary.get("timeline") or {}).get("groups", {})
     out = []
-    for name in sorted(by_group):
-        queues = by_group[name]
-        sums = {c: sum(int(q[c]) for q in queues) for c in (*QUEUE_COUNTERS, "lag")}
-        causes: dict[str, int] = {}
-        for q in queues:
-            for cause, n in q["duplicates_by_cause"].items():
-                causes[cause] = causes.get(cause, 0) + int(n)
+    for name, g in sorted(_group_rows(summary).items()):
+        label, key = unit(g)
+        pairs = [(label, key), *((lb, k) for lb, k in GROUP_TILES if k in g)]
         out.append(
             GroupView(
                 name=name,
-                tiles=_tiles([(label, sums[key]) for label, key in GROUP_TILES]),
-                queues=queues,
-                duplicates_by_cause=causes,
+                tiles=_tiles([(lb, int(g[k])) for lb, k in pairs]),
+                queues=[q for q in summary["queues"] if str(q["consumer_group"]) == name],
+                duplicates_by_cause=dict(g.get("duplicates_by_cause", {})),
                 timeline=timeline_view(timelines.get(name, [])),
             )
         )
     return out
+
+
+def _ids(entry: Mapping[str, Any]) -> list[str]:
+    """The first ids of an attention entry: ``message_ids`` (v1) or ``group  message_id`` pairs (v2)."""
+    if "message_ids" in entry:
+        return [str(i) for i in entry["message_ids"]]
+    return [f"{p['consumer_group']}  {p['message_id']}" for p in entry.get("pairs", [])]
 
 
 def _attention(summary: Mapping[str, Any]) -> list[AttentionView]:
@@ -152,7 +180,7 @@ def _attention(summary: Mapping[str, Any]) -> list[AttentionView]:
     for cause, meaning in ATTENTION.items():
         entry = entries.get(cause) or {"total": 0, "message_ids": []}
         breakdown = dict(summary["duplicates_by_cause"]) if cause == "duplicates" else {}
-        out.append(AttentionView(cause, meaning, int(entry["total"]), list(entry["message_ids"]), breakdown))
+        out.append(AttentionView(cause, meaning, int(entry["total"]), _ids(entry), breakdown))
     return sorted(out, key=lambda a: a.total == 0)  # the ones with something in them first, order kept
 
 
@@ -186,5 +214,6 @@ def report_view(summary: Mapping[str, Any]) -> ReportView:
         resend_histogram=list(summary["resend_histogram"]),
         duplicates_by_cause=dict(summary["duplicates_by_cause"]),
         attention=_attention(summary),
+        never_consumed=list(summary.get("never_consumed", [])),
         schema_version=int(summary["schema_version"]),
     )

@@ -100,3 +100,43 @@ def summary() -> dict[str, Any]:
         source="postgresql://reconcile@db/prod",
         generated_at=T0 + dt.timedelta(hours=1),
     )
+
+
+def summary_v2() -> dict[str, Any]:
+    """The same run in the per-group shape of summary.json schema_version 2 (issue #11): inbox rows per
+    group, a ``groups`` list with each group's own figures, never-consumed queues, attention as pairs."""
+    s = summary()
+    never = {"consumer_group": "audit", "topic": TOPICS[0], "queue_id": 7, "inbox_rows": 4, "pending": 4}
+    for q in s["queues"]:
+        q["inbox_rows"] = q.pop("stubs")
+        q["never_consumed"] = False
+    groups = []
+    for name in sorted(GROUPS):
+        mine = [q for q in s["queues"] if q["consumer_group"] == name]
+        g: dict[str, Any] = {"consumer_group": name}
+        for key in (
+            "inbox_rows",
+            "deliveries",
+            "lost",
+            "stuck",
+            "dead",
+            "unsent",
+            "duplicate_deliveries",
+            "lag",
+        ):
+            g[key] = sum(q[key] for q in mine) + (3 if key == "inbox_rows" else 0)  # a group's own figure
+        g["never_consumed_queues"] = 1 if name == "audit" else 0
+        groups.append(g)
+    s["groups"] = groups
+    s["never_consumed"] = [never]
+    s["totals"] |= {
+        "messages": 500,
+        "inbox_rows": sum(g["inbox_rows"] for g in groups),
+        "never_consumed_queues": 1,
+    }
+    for entry in s["attention"].values():
+        entry["pairs"] = [{"consumer_group": "audit", "message_id": m} for m in entry.pop("message_ids")]
+    for r in s["resend_histogram"]:
+        r["messages"] = r.pop("stubs")
+    s["schema_version"] = 2
+    return s

@@ -191,3 +191,17 @@ def test_page_fits_the_screen_and_is_screenshotted(
     full.write_text(framed(path.read_text(), (width, 2400)) if narrow else path.read_text())
     chromium(tmp_path, (window[0], 2400), f"--screenshot={shot}", full.as_uri())
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+def test_the_per_group_schema_is_shown_from_its_own_figures() -> None:
+    """summary.json schema_version 2: each group's section shows the group's own figures (not queue sums),
+    never-consumed queues are listed, and attention ids name their group."""
+    summary = report_data.summary_v2()
+    html = render_html(summary)
+    for g in summary["groups"]:
+        shown = tiles(section(html, f"group-{g['consumer_group'].replace('_', '-')}"))
+        assert shown["inbox rows"] == g["inbox_rows"] and shown["lost"] == g["lost"]
+        assert shown["never consumed"] == g["never_consumed_queues"]
+    assert 'id="never-consumed"' in html and "audit never consumed DemoOrders queue 7" in html
+    assert "audit  LOST-0" in html
+    assert "<th>inbox rows</th>" in html and "<th>stubs</th>" not in html
