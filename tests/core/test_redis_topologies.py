@@ -10,9 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from redis.cluster import RedisCluster
 from sqlalchemy.orm import Session
@@ -48,6 +52,35 @@ def test_sentinel_and_cluster_urls_parse() -> None:
             parse_topology(bad)
     with pytest.raises(ConfigurationError, match="unknown scheme"):
         Reliability("sqlite://", redis_url="memcached://h:1")
+
+
+_host = st.from_regex(r"[a-z][a-z0-9-]{0,20}(\.[a-z0-9-]{1,10}){0,2}", fullmatch=True)
+_nodes = st.lists(st.tuples(_host, st.integers(1, 65535)), min_size=1, max_size=4)
+
+
+@given(
+    nodes=_nodes,
+    service=st.from_regex(r"[A-Za-z0-9_.-]{1,30}", fullmatch=True),
+    db=st.integers(0, 15),
+    password=st.none() | st.text(min_size=1, max_size=12),
+    tls=st.booleans(),
+)
+def test_sentinel_urls_round_trip(
+    nodes: list[tuple[str, int]], service: str, db: int, password: str | None, tls: bool
+) -> None:
+    auth = f":{quote(password, safe='')}@" if password else ""
+    hosts = ",".join(f"{h}:{p}" for h, p in nodes)
+    url = f"{'rediss' if tls else 'redis'}+sentinel://{auth}{hosts}/{service}/{db}"
+    t = parse_topology(url)
+    assert (t.kind, t.nodes, t.service_name, t.db, t.password, t.tls) == (
+        "sentinel",
+        nodes,
+        service,
+        db,
+        password,
+        tls,
+    )
+    assert parse_topology(f"redis+cluster://{auth}{hosts}").nodes == nodes
 
 
 def guard(rel: Reliability, group: str = "billing") -> GuardedHandler:
@@ -142,3 +175,33 @@ def test_guard_survives_a_sentinel_failover_applying_each_message_once(
             assert applied(rel, mid) == 1, mid
     finally:
         rel.close()
+
+
+def test_asyncio_clients_for_both_topologies(
+    cluster: Cluster, sentinel: SentinelGroup, key_prefix: str
+) -> None:
+    """What the asyncio guard needs from either topology: NX-set with GET, a one-key script, a pipeline."""
+    import asyncio
+
+    from reliable.redis_connect import connect_topology_async
+
+    async def exercise(url: str) -> list[Any]:
+        client = connect_topology_async(parse_topology(url), 2.0)
+        try:
+            keys = [f"{key_prefix}:g:{i}" for i in range(12)]
+            pipe = client.pipeline(transaction=False)
+            for k in keys:
+                pipe.set(k, "processing:me", nx=True, px=60_000, get=True)
+            first = await pipe.execute()
+            again = await client.set(keys[0], "processing:other", nx=True, px=60_000, get=True)
+            cad = client.register_script(
+                "return redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('DEL', KEYS[1]) or 0"
+            )
+            deleted = await cad(keys=[keys[1]], args=["processing:me"])
+            return [first, again, deleted]
+        finally:
+            await client.aclose()
+
+    for url in (cluster.url, sentinel.url):
+        first, again, deleted = asyncio.run(exercise(url))
+        assert first == [None] * 12 and again == b"processing:me" and deleted == 1, url
