@@ -21,14 +21,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reliable.decision import GuardHooks
 from reliable.otel import api
 from reliable.otel import attrs as A
 from reliable.otel.metrics import mirror_prometheus
 from reliable.otel.propagation import carrier_json
-from reliable.sender import Sender
+
+if TYPE_CHECKING:  # the guard's modules are imported only when a guard asks for its hooks (no import cycle)
+    from reliable.decision import GuardHooks
+    from reliable.sender import Sender
 
 __all__ = ["guard_hooks", "mirror_prometheus", "stage_context", "sweep_round", "traced_sender"]
 
