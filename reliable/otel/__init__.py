@@ -18,10 +18,10 @@ What is emitted (names in :mod:`reliable.otel.attrs`):
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, is_dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from reliable.otel import api
 from reliable.otel import attrs as A
@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # the guard's modules are imported only when a guard asks for
     from reliable.decision import GuardHooks
     from reliable.sender import Sender
 
-__all__ = ["guard_hooks", "mirror_prometheus", "stage_context", "sweep_round", "traced_sender"]
+__all__ = ["guard_hooks", "mirror_prometheus", "stage_context", "traced_round", "traced_sender"]
 
 
 def _system(rel: Any) -> str:
@@ -71,22 +71,26 @@ def stage_context(
     return props, carrier_json(carrier)
 
 
-def _no_summary(_summary: Any) -> None:
-    return None
+_Round = TypeVar("_Round", bound=Callable[..., Any])
 
 
-@contextlib.contextmanager
-def sweep_round(rel: Any) -> Iterator[Callable[[Any], None]]:
-    """A ``reliable.sweep`` span around one round; call the yielded function with the round's summary."""
-    if not api.enabled(rel):
-        yield _no_summary
-        return
-    with api.tracer().start_as_current_span(A.SWEEP_SPAN, kind=api.trace.SpanKind.INTERNAL) as span:
+def traced_round(run_once: _Round) -> _Round:
+    """Decorates ``Sweeper.run_once``: a ``reliable.sweep`` span around each round (when telemetry is on).
 
-        def record(summary: Any) -> None:
+    The round's summary (a dataclass of counts) becomes ``reliable.sweep.*`` attributes; a round that
+    raises ends its span with the exception recorded.
+    """
+
+    @functools.wraps(run_once)
+    def traced(sweeper: Any, *args: Any, **kwargs: Any) -> Any:
+        if not api.enabled(sweeper.rel):
+            return run_once(sweeper, *args, **kwargs)
+        with api.tracer().start_as_current_span(A.SWEEP_SPAN, kind=api.trace.SpanKind.INTERNAL) as span:
+            summary = run_once(sweeper, *args, **kwargs)
             fields = asdict(summary) if is_dataclass(summary) and not isinstance(summary, type) else {}
             for key, value in fields.items():
                 if isinstance(value, int | float):
                     span.set_attribute(A.SWEEP_PREFIX + key, value)
+            return summary
 
-        yield record
+    return cast(_Round, traced)

@@ -132,16 +132,15 @@ class Sweeper:
         return self._stop.is_set()
 
     # -- the round --------------------------------------------------------------------------------------
+    @otel.traced_round
     def run_once(self) -> RoundSummary:
         started = time.perf_counter()
         summary = RoundSummary()
         try:
-            with otel.sweep_round(self.rel) as record:
-                self._sweep(self.clock(), summary)
-                self._notify(summary)
-                if not self.stopping:
-                    summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
-                record(summary)
+            self._sweep(self.clock(), summary)
+            self._notify(summary)
+            if not self.stopping:
+                summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
         except Exception:
             metrics.ROUND_ERRORS.inc()
             log.exception("sweep round failed")
