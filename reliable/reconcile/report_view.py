@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reliable.reconcile.summary import QUEUE_COUNTERS, headline
+from reliable.reconcile.summary import headline
 
 #: tile keys shown red when positive
 BAD_WHEN_POSITIVE = frozenset(
@@ -32,6 +32,9 @@ ATTENTION: dict[str, str] = {
     "orphans": "deliveries of an id with no stub in the window: another producer, or a stub deleted early",
     "duplicates": "suppressed extra deliveries (no harm done): the causes show where they come from",
 }
+
+#: schema_version 1 has no per-group figures: these queue counters are summed over the group's queues
+_SUMMED = ("stubs", "deliveries", "lost", "stuck", "dead", "unsent", "duplicate_deliveries", "lag")
 
 #: the figures of a group's tiles: (tile label, counter); the first one is the unit of the schema version
 GROUP_TILES = (
@@ -141,7 +144,7 @@ def _group_rows(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     for q in summary["queues"]:
         g = sums.setdefault(str(q["consumer_group"]), {"consumer_group": q["consumer_group"]})
         out[str(q["consumer_group"])] = g
-        for key in (*QUEUE_COUNTERS, "lag"):
+        for key in _SUMMED:
             g[key] = g.get(key, 0) + int(q[key])
         causes = g.setdefault("duplicates_by_cause", {})
         for cause, n in q["duplicates_by_cause"].items():
