@@ -42,6 +42,8 @@ from reliable.errors import ConfigurationError
 #: what a client of any topology may raise for "Redis did not answer" (the cluster client's own base
 #: exception does not derive from RedisError)
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis_lib.RedisError, RedisClusterException)
+#: the same plus socket errors, which the asyncio clients may raise unwrapped
+REDIS_OR_SOCKET_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
 
 #: any client this module builds (both have the single-key commands, scripts and pipelines the guard uses)
 RedisClient = redis_lib.Redis | RedisCluster
