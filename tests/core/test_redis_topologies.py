@@ -125,11 +125,17 @@ def test_guard_on_a_three_master_cluster(cluster: Cluster, clean_sqlite: str, ke
         assert [handle.decide(env(m)).reason for m in ids[:4]] == [Reason.DUPLICATE_DONE_MARKER] * 4
         assert set(reasons(handle, ids)) == {Reason.DUPLICATE_DONE_MARKER}, "batch of duplicates via Redis"
         assert applied(rel) == len(ids)
-        # the sweeper's lease read pipelines GET + PTTL over keys of every slot
-        from reliable.sweeper.leases import LeaseState, read_leases
+        # the sweeper's lease read pipelines GET + PTTL over keys of every slot: a live lease is seen as
+        # live (with its time left), the done markers as not live, and Redis answered for every key
+        from reliable.sweeper.leases import read_leases
 
-        views = read_leases(rel.redis, key_prefix, [("billing", m) for m in ids], dt.timedelta(seconds=1))
-        assert [v.state for v in views] == [LeaseState.FREE] * len(ids), "done markers are not live leases"
+        held = f"held-{uuid.uuid4().hex[:6]}"
+        rel.redis.set(f"{key_prefix}:billing:{held}", "processing:other-worker", px=60_000)
+        keys = [("billing", m) for m in (held, *ids)]
+        views = read_leases(rel.redis, key_prefix, keys, dt.timedelta(seconds=1))
+        assert views[0].remaining is not None and views[0].remaining.total_seconds() > 0
+        assert all(v.remaining is None for v in views[1:]), "done markers are not live leases"
+        assert not {getattr(v.state, "name", None) for v in views} & {"UNKNOWN", "UNAVAILABLE"}
         # the keys really are sharded: every master holds some of them
         per_node = [len(n.client().keys(f"{key_prefix}:*")) for n in cluster.nodes]
         assert sum(per_node) == len(ids) and all(per_node), per_node
