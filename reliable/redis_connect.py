@@ -39,8 +39,9 @@ from redis.sentinel import Sentinel
 from reliable import constants as C
 from reliable.errors import ConfigurationError
 
-#: what a client of any topology may raise for "Redis did not answer" (the cluster client's own base
-#: exception does not derive from RedisError)
+#: what a client of any topology may raise for "Redis did not answer". The cluster client raises its own
+#: RedisClusterException (not a RedisError) when it re-reads the slot map and no start-up node answers or
+#: the slots are no longer all covered; a dead node on the command path surfaces as ConnectionError.
 REDIS_ERRORS: tuple[type[Exception], ...] = (redis_lib.RedisError, RedisClusterException)
 #: the same plus socket errors, which the asyncio clients may raise unwrapped
 REDIS_OR_SOCKET_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)

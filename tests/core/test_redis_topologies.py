@@ -143,6 +143,29 @@ def test_guard_on_a_three_master_cluster(cluster: Cluster, clean_sqlite: str, ke
         rel.close()
 
 
+def test_a_dead_cluster_master_leaves_the_guard_on_the_database(
+    cluster: Cluster, clean_sqlite: str, key_prefix: str
+) -> None:
+    """Keys of the dead master's slots (and the cluster client's own errors) are "Redis down": the database
+    decides, nothing is applied twice, no exception reaches the caller."""
+    rel = make_rel(clean_sqlite, cluster.url, key_prefix)
+    try:
+        handle = guard(rel)
+        warm = [f"w-{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
+        assert set(reasons(handle, warm)) == {Reason.PROCESSED}
+        cluster.nodes[2].kill()
+        ids = [f"k-{i}-{uuid.uuid4().hex[:6]}" for i in range(12)]
+        assert set(reasons(handle, ids)) == {Reason.PROCESSED}
+        for node in cluster.nodes:  # the whole cluster gone: the client cannot even find a node
+            node.kill()
+        late = [f"l-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+        assert set(reasons(handle, late)) == {Reason.PROCESSED}
+        assert all(d.duplicate for d in handle.decide_batch([env(m) for m in warm + ids + late]))
+        assert applied(rel) == len(warm) + len(ids) + len(late)
+    finally:
+        rel.close()
+
+
 def done_on(server_client: redis.Redis, key_prefix: str) -> Callable[[str], bool]:
     return lambda mid: bool(server_client.get(f"{key_prefix}:billing:{mid}"))
 
