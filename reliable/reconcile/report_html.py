@@ -164,6 +164,25 @@ def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name)
 
 
+def _groups_table(groups: Sequence[GroupView]) -> str:
+    """One row per group, its tiles as columns, the name linking to the group's section."""
+    if not groups:
+        return '<p id="groups">no consumer groups</p>'
+    keys = list(dict.fromkeys(t.key for g in groups for t in g.tiles))
+    head = '<tr><th class="l">group</th>' + "".join(f"<th>{escape(k)}</th>" for k in keys) + "</tr>"
+    rows = []
+    for g in groups:
+        by_key = {t.key: t for t in g.tiles}
+        cells = "".join(
+            f'<td class="{"bad" if k in by_key and by_key[k].bad else ""}" data-col="{escape(k)}">'
+            f"{fmt(by_key[k].value if k in by_key else None)}</td>"
+            for k in keys
+        )
+        link = f'<a href="#group-{escape(_slug(g.name))}">{escape(g.name)}</a>'
+        rows.append(f'<tr><td class="l">{link}</td>{cells}</tr>')
+    return f'<div class="scroll"><table id="groups">{head}{"".join(rows)}</table></div>'
+
+
 def _group(g: GroupView) -> str:
     slug = _slug(g.name)
     return (
@@ -247,6 +266,7 @@ def render_view(v: ReportView) -> str:
         f"<title>Reconciliation report</title><style>{_CSS}</style></head><body>"
         f"<h1>Reconciliation report</h1><div class='meta'>{escape(v.meta)}</div>{status}"
         f"<h2>Headline</h2>{_tiles(v.tiles, 'headline')}"
+        f"<h2>Consumer groups</h2>{_groups_table(v.groups)}"
         f"<h2>Timeline (all groups, per minute)</h2>{_timeline(v.timeline, 'tl-all')}"
         f"{groups}"
         f"<h2>All queues</h2>{_queue_table(v.queues, 'queues')}"

@@ -204,3 +204,16 @@ def test_the_per_group_schema_is_shown_from_its_own_figures() -> None:
     assert 'id="never-consumed"' in html and "audit never consumed DemoOrders queue 7" in html
     assert "audit  LOST-0" in html
     assert "<th>inbox rows</th>" in html and "<th>stubs</th>" not in html
+
+
+def test_groups_at_a_glance_table_links_each_group_to_its_section() -> None:
+    summary = report_data.summary_v2()
+    html = render_html(summary)
+    table = re.search(r'<table id="groups">.*?</table>', html, re.S)
+    assert table
+    for g in summary["groups"]:
+        slug = g["consumer_group"].replace("_", "-")
+        row = re.search(rf'<a href="#group-{slug}">[^<]+</a>.*?</tr>', table.group(0), re.S)
+        assert row and f'id="group-{slug}"' in html
+        cells = dict(re.findall(r'data-col="([^"]+)">([^<]+)</td>', row.group(0)))
+        assert number(cells["inbox rows"]) == g["inbox_rows"] and number(cells["lag"]) == g["lag"]
