@@ -46,6 +46,7 @@ table{border-collapse:collapse;font-size:13px;width:100%}
 th,td{border-bottom:1px solid #e6e9ef;padding:4px 8px;text-align:right;white-space:nowrap}
 th{background:#eef0f4;position:sticky;top:0}
 td.l,th.l{text-align:left}td.bad,.warn{color:#b00;font-weight:600}
+tr>td:first-child{position:sticky;left:0;background:#fff}tr>th:first-child{left:0;z-index:1}
 .charts{display:flex;flex-wrap:wrap;gap:16px}
 .chart{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:8px;max-width:100%;overflow-x:auto}
 .chart h3{font-size:13px;margin:0 0 4px}
