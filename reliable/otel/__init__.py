@@ -13,7 +13,8 @@ What is emitted (names in :mod:`reliable.otel.attrs`):
 * ``process {topic}`` (CONSUMER, linked to ``create``) per delivery the guard decides, with the messaging
   attributes and ``reliable.outcome`` / ``reliable.reason`` / ``reliable.duplicate``;
 * ``reliable.sweep`` (INTERNAL) per sweeper round, parent of that round's ``send`` spans;
-* the Prometheus counters as OTel metrics (:func:`mirror_prometheus`).
+* the Prometheus counters as OTel metrics (:func:`mirror_prometheus`, installed on the global meter provider
+  by the first traced guard, producer or sweeper).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def guard_hooks(rel: Any, group: str) -> tuple[GuardHooks, ...]:
         return ()
     from reliable.otel.consumer import TracingHooks
 
+    mirror_prometheus()
     return (TracingHooks(group, system=_system(rel)),)
 
 
@@ -54,6 +56,7 @@ def traced_sender(rel: Any, sender: Sender) -> Sender:
 
     if not api.enabled(rel) or isinstance(sender, TracingSender):
         return sender
+    mirror_prometheus()
     return TracingSender(sender, system=_system(rel))
 
 

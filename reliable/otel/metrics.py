@@ -53,20 +53,31 @@ def _observer(registry: CollectorRegistry, name: str, kind: str) -> Any:
     return observe
 
 
+def _register_known(registry: CollectorRegistry) -> None:
+    """Make every `reliable` family exist on ``registry`` before mirroring (they register lazily)."""
+    from reliable.metrics import guard_metrics
+
+    guard_metrics(registry)
+    if registry is REGISTRY:  # the producer's and the sweeper's counters live on the process registry
+        import reliable.producer
+        import reliable.sweeper.metrics  # noqa: F401
+
+
 def mirror_prometheus(registry: CollectorRegistry | None = None, meter: Any | None = None) -> list[str]:
     """Expose every `reliable` counter/gauge of ``registry`` through ``meter``; returns the OTel names.
 
-    Idempotent per (registry, meter). Call it after the guards and sweepers of the process exist (their
-    counters register when they are built); the default arguments are the process registry and the global
-    meter provider's `reliable` meter.
+    Idempotent per (registry, meter). The defaults are the process registry and the global meter provider
+    (a proxy until the application installs its provider); with telemetry on, the first guard, producer or
+    sweeper calls it so. A test or an application with its own registry calls it with that registry.
     """
     reg = REGISTRY if registry is None else registry
-    m = api.meter() if meter is None else meter
     with _lock:
-        key = (id(reg), id(m))
+        key = (id(reg), 0 if meter is None else id(meter))
         if key in _installed:
             return []
         _installed.add(key)
+    _register_known(reg)
+    m = api.meter() if meter is None else meter
     names = []
     for name, (kind, help_text) in sorted(_families(reg).items()):
         callbacks = [_observer(reg, name, kind)]

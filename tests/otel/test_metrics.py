@@ -63,3 +63,35 @@ def test_messages_and_duplicates_are_exported_with_outcome_and_source(rel: Relia
     assert points(reader, "reliable.duplicates_suppressed") == {
         (("group", "billing"), ("source", "database")): 1
     }
+
+
+def test_with_telemetry_on_the_first_guard_mirrors_the_process_counters(
+    sqlite_url: str, key_prefix: str, global_metrics: InMemoryMetricReader
+) -> None:
+    """No set-up call: turning telemetry on is enough for the counters to reach the OTel meter provider."""
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
+    group = f"g{uuid.uuid4().hex[:8]}"
+    rel = make_rel(sqlite_url, None, key_prefix, otel=True)
+    try:
+
+        @idempotent_consumer(rel, group=group)  # the process registry, as in production
+        def handle(e: Envelope, session: Session) -> None:
+            apply(e, session)
+
+        mid = f"m-{uuid.uuid4().hex[:6]}"
+        handle(env(mid))
+        handle(env(mid))
+    finally:
+        rel.close()
+    messages = points(global_metrics, "reliable.messages")
+    mine = {dict(k)["outcome"]: v for k, v in messages.items() if dict(k)["group"] == group}
+    assert mine == {"SUCCESS": 1, "DUPLICATE": 1}
+    assert "reliable.sweeper_resent" in {m for m in names(global_metrics)}, "the sweeper's counters too"
+
+
+def names(reader: InMemoryMetricReader) -> set[str]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
