@@ -7,7 +7,7 @@ reliable/otel). Nullable and purely additive: stubs staged with telemetry off, o
 none.
 
 Revision ID: 0005
-Revises: 0002 (re-chain onto 0004 when the per-group 0003 and the Kafka 0004 revisions are merged)
+Revises: 0003
 Create Date: 2026-11-23
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005"
-down_revision: str | None = "0002"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
