@@ -32,6 +32,14 @@ def fmt(value: Any) -> str:
     return escape(str(value))
 
 
+def compact(value: float) -> str:
+    """An axis figure in at most ~6 characters: 950, 12.5k, 3.4M."""
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def fit_label(label: str, max_px: float) -> str:
     """``label`` if it fits ``max_px``, else its head with an ellipsis (the full text goes in a tooltip)."""
     room = int(max_px / _CHAR_PX)
@@ -103,7 +111,7 @@ def timeline_chart(
     parts = [
         f'<svg viewBox="0 0 {width:.0f} {height:.0f}" class="tl" role="img" aria-label="{escape(title)}">',
         f'<line x1="{left}" y1="{top_pad + plot_h}" x2="{width - 8}" y2="{top_pad + plot_h}" stroke="#aab"/>',
-        f'<text x="{left - 4}" y="{top_pad + 10}" font-size="11" text-anchor="end">{fmt(top)}</text>',
+        f'<text x="{left - 4}" y="{top_pad + 10}" font-size="11" text-anchor="end">{compact(top)}</text>',
         f'<text x="{left - 4}" y="{top_pad + plot_h}" font-size="11" text-anchor="end">0</text>',
     ]
     if minutes:
@@ -115,6 +123,7 @@ def timeline_chart(
     else:
         parts.append(f'<text x="{left + 4}" y="{top_pad + 20}" font-size="12" fill="#5b6475">no data</text>')
     base = [0.0] * len(minutes)
+    radius = 2.5 if len(minutes) <= 60 else 1.2
     for layer in layers:
         points: list[str] = []
         for i, minute in enumerate(minutes):
@@ -137,7 +146,8 @@ def timeline_chart(
                 cx, cy = x + step / 2, top_pad + plot_h - plot_h * value / top
                 points.append(f"{cx:.2f},{cy:.2f}")
                 parts.append(
-                    f'<g {attrs}>{tip}<circle cx="{cx:.2f}" cy="{cy:.2f}" r="2.5" fill="{layer.color}"/></g>'
+                    f'<g {attrs}>{tip}<circle cx="{cx:.2f}" cy="{cy:.2f}" r="{radius}" '
+                    f'fill="{layer.color}"/></g>'
                 )
         if kind == "line" and len(points) > 1:
             parts.append(
