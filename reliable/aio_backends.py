@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from sqlalchemy.engine import URL, make_url
 
 from reliable import constants as C
+from reliable import redis_connect
 from reliable.errors import ConfigurationError
+from reliable.redis_connect import RedisClient
 
 if TYPE_CHECKING:  # the asyncio extra is optional: imported only when an async API is used
-    import redis as redis_lib
     import redis.asyncio as aioredis
     from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -83,9 +84,22 @@ def make_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     return create_async_engine(u, **kwargs)
 
 
-def async_redis_like(client: redis_lib.Redis, url: str | None, socket_timeout_s: float) -> aioredis.Redis:
-    """A ``redis.asyncio`` client for the server ``client`` (or ``url``) talks to, with a blocking pool."""
+def async_redis_like(client: RedisClient, url: str | None, socket_timeout_s: float) -> aioredis.Redis:
+    """A ``redis.asyncio`` client for the server ``client`` (or ``url``) talks to, with a blocking pool.
+
+    A Sentinel or Cluster URL gets ``redis.asyncio``'s client of that topology (reliable.redis_connect).
+    """
     import redis.asyncio as aioredis
+
+    if url and redis_connect.is_topology_url(url):
+        client_of_topology: aioredis.Redis = redis_connect.connect_topology_async(
+            redis_connect.parse_topology(url), socket_timeout_s
+        )
+        return client_of_topology
+    import redis
+
+    if not isinstance(client, redis.Redis):
+        raise ConfigurationError("the asyncio guard needs the Redis URL of a cluster client")
 
     t = socket_timeout_s
     common: dict[str, Any] = {
@@ -157,7 +171,7 @@ class AsyncBackends:
         self,
         db_url: URL,
         *,
-        redis: redis_lib.Redis | None,
+        redis: RedisClient | None,
         redis_url: str | None,
         redis_socket_timeout_s: float,
     ) -> None:

@@ -22,6 +22,8 @@ DEFAULT_KEY_PREFIX: Final = "reliable"
 LEASE_KEY_FORMAT: Final = "{prefix}:{group}:{message_id}"
 LEASE_PROCESSING_PREFIX: Final = "processing:"
 LEASE_DONE_VALUE: Final = "done"
+#: the Sentinel service of a hand-built topology without one (a ``redis+sentinel://`` URL always names it)
+DEFAULT_SENTINEL_SERVICE: Final = "mymaster"
 
 # --- consumer guard defaults ----------------------------------------------------------------------------
 DEFAULT_LEASE_MS: Final = 60_000  # how long a worker may hold a message before another may take it

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 from prometheus_client import CollectorRegistry
 
 from reliable import constants as C
+from reliable import otel
 from reliable.guard import Guard, Handler
 from reliable.guard.decision import Decision, GuardHooks
 from reliable.types import ConsumeResult, Envelope
@@ -99,7 +100,7 @@ def idempotent_consumer(
 
     options: dict[str, Any] = {
         "registry": registry,
-        "hooks": hooks,
+        "hooks": (*hooks, *otel.guard_hooks(rel, group)),
         "redis_retry_after_s": redis_retry_after_s,
         "durable_journal": durable_journal,
     }

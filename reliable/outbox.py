@@ -71,6 +71,7 @@ def stage(
     tags: str | None,
     now: dt.datetime,
     resend_at: dt.datetime,
+    trace_context: str | None = None,
 ) -> str:
     """Add the PENDING stub and one PENDING inbox row per group to ``session``; returns the payload hash."""
     if session.get(MessageStub, message_id) is not None:
@@ -88,6 +89,7 @@ def stage(
             resend_at=resend_at,
             created_at=now,
             updated_at=now,
+            trace_context=trace_context,
         )
     )
     for group in dict.fromkeys(groups):

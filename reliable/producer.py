@@ -43,7 +43,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
 from reliable import constants as C
-from reliable import outbox
+from reliable import otel, outbox
 from reliable.errors import InvalidMessageError, InvalidStubStateError, StubNotFoundError
 from reliable.facade import Reliability
 from reliable.models import MessageStub, utcnow
@@ -178,7 +178,7 @@ class StubProducer:
         clock: Callable[[], dt.datetime] = utcnow,
     ) -> None:
         self.rel = rel
-        self.sender = sender
+        self.sender = otel.traced_sender(rel, sender)
         #: used for a topic without ``topic_groups`` entry (before ``settings.default_group``)
         self.default_group = default_group
         self.clock = clock
@@ -223,10 +223,19 @@ class StubProducer:
         now = self.clock()
         # the grace the after-commit send has before the sweeper may step in (crash after commit)
         due = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
+        properties, trace_context = otel.stage_context(self.rel, message_id, topic, body, properties)
         digest = outbox.stage(
-            session, message_id, topic, body, groups=chosen, tags=tags, now=now, resend_at=due
+            session,
+            message_id,
+            topic,
+            body,
+            groups=chosen,
+            tags=tags,
+            now=now,
+            resend_at=due,
+            trace_context=trace_context,
         )
-        staged = StagedMessage(message_id, topic, body, chosen, tags, digest, dict(properties or {}))
+        staged = StagedMessage(message_id, topic, body, chosen, tags, digest, properties)
         if send_on_commit:
             self._hook(session).append(staged)
         return staged

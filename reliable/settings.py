@@ -52,6 +52,11 @@ class Settings:
     #: the group of a topic missing from ``topic_groups`` (empty: none; the producer then needs ``groups=``).
     default_group: str = ""
 
+    #: emit OpenTelemetry spans (producer, guard, sweeper); needs the ``otel`` extra. Off by default.
+    otel: bool = False
+    #: ``messaging.system`` of those spans (``rocketmq``, ``kafka``, ``rabbitmq``).
+    otel_messaging_system: str = "rocketmq"
+
     @classmethod
     def load(
         cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None

@@ -26,6 +26,7 @@ from reliable.reconcile import transforms as T
 from reliable.reconcile.config import ReconcileConfig, Thresholds
 from reliable.reconcile.report_html import render_html
 from reliable.reconcile.summary import ATTENTION_KINDS, Collected, build_summary, headline
+from reliable.reconcile.timeline import timeline_frame
 
 DETAIL_TABLES = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans", "gaps")
 
@@ -138,6 +139,7 @@ def reconcile(
         c.targeted_resends = _rows(A.targeted_resend_histogram(enriched))
         c.never_consumed = _rows(A.never_consumed(enriched))
         c.progress = _rows(inputs.progress)
+        c.timeline = _rows(timeline_frame(classified, enriched))
 
         p.step("lost, stuck, dead and unsent pairs")
         for name in ("lost", "stuck", "dead", "unsent"):

@@ -23,6 +23,7 @@ from reliable.reconcile.aggregates import (
     RESEND_CAP,
 )
 from reliable.reconcile.config import SCHEMA_VERSION, DuplicateCause, ReconcileConfig, Thresholds
+from reliable.reconcile.timeline import timeline_summary
 from reliable.reconcile.transforms import STATUSES
 
 Row = Mapping[str, Any]
@@ -66,6 +67,7 @@ class Collected:
     never_consumed: list[Row] = field(default_factory=list)  # queue key, inbox_rows, pending, max_stub_offset
     attention: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # kind → (group, message_id)
     attention_totals: dict[str, int] = field(default_factory=dict)
+    timeline: list[Row] = field(default_factory=list)  # timeline.timeline_frame
 
 
 def _key(row: Row) -> QueueKey:
@@ -281,6 +283,7 @@ def build_summary(
             }
             for name in ATTENTION_KINDS
         },
+        "timeline": timeline_summary(c.timeline),
         "thresholds": thresholds.as_dict(),
         "breaches": breaches,
         "ok": not breaches,

@@ -19,6 +19,7 @@ import redis as redis_lib
 from sqlalchemy.util import await_only
 
 from reliable import constants as C
+from reliable.redis_connect import REDIS_OR_SOCKET_ERRORS
 from reliable.stores import LeaseAnswer, LeaseState
 from reliable.stores.breaker import FallbackHook, RedisBreaker
 from reliable.stores.lease import COMPARE_AND_DELETE, classify
@@ -60,7 +61,7 @@ class AsyncRedisLeaseStore:
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         try:
             previous = await self._set_many(keys, values, lease_ms)
-        except (redis_lib.RedisError, OSError) as exc:
+        except REDIS_OR_SOCKET_ERRORS as exc:
             self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
@@ -98,7 +99,7 @@ class AsyncRedisLeaseStore:
             for key, value in items:
                 pipe.set(key, value, ex=ttl_s)
             await pipe.execute()
-        except (redis_lib.RedisError, OSError) as exc:
+        except REDIS_OR_SOCKET_ERRORS as exc:
             self.breaker.failed("mark_done", exc)
 
     async def release(self, key: str, value: str) -> None:
@@ -107,7 +108,7 @@ class AsyncRedisLeaseStore:
             return
         try:
             await self._cad(keys=[key], args=[value])
-        except (redis_lib.RedisError, OSError) as exc:
+        except REDIS_OR_SOCKET_ERRORS as exc:
             self.breaker.failed("release", exc)
 
 

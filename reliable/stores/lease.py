@@ -28,6 +28,7 @@ from typing import Any
 import redis as redis_lib
 
 from reliable import constants as C
+from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseAnswer, LeaseState
 from reliable.stores.breaker import FallbackHook, RedisBreaker
 
@@ -93,7 +94,7 @@ class RedisLeaseStore:
 
     def __init__(
         self,
-        client: redis_lib.Redis,
+        client: RedisClient,
         *,
         retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
         on_fallback: FallbackHook | None = None,
@@ -112,7 +113,7 @@ class RedisLeaseStore:
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         try:
             previous = self._set_many(keys, values, lease_ms)
-        except redis_lib.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
@@ -154,7 +155,7 @@ class RedisLeaseStore:
                 for key, value in items:
                     pipe.set(key, value, ex=ttl_s)
                 pipe.execute()
-        except redis_lib.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.breaker.failed("mark_done", exc)
 
     def release(self, key: str, value: str) -> None:
@@ -163,5 +164,5 @@ class RedisLeaseStore:
             return
         try:
             self._cad(keys=[key], args=[value])
-        except redis_lib.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self.breaker.failed("release", exc)

@@ -18,9 +18,8 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import redis as redis_lib
-
 from reliable import constants as C
+from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseState
 from reliable.stores.lease import lease_key
 
@@ -43,7 +42,7 @@ FREE = LeaseView(None)
 
 
 def read_leases(
-    client: redis_lib.Redis | None, prefix: str, keys: Sequence[tuple[str, str]], no_ttl_hold: dt.timedelta
+    client: RedisClient | None, prefix: str, keys: Sequence[tuple[str, str]], no_ttl_hold: dt.timedelta
 ) -> list[LeaseView]:
     """One view per ``(group, message_id)``, in order, from one pipelined round trip.
 
@@ -62,7 +61,7 @@ def read_leases(
         pipe.pttl(name)
     try:
         replies = pipe.execute()
-    except redis_lib.RedisError:
+    except REDIS_ERRORS:
         return [LeaseView(LeaseState.UNAVAILABLE) for _ in keys]
     views: list[LeaseView] = []
     processing = C.LEASE_PROCESSING_PREFIX.encode()

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
 
 from reliable import outbox
+from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, QueueProgress
 from reliable.sweeper.notify import DeadNotice
@@ -125,7 +126,7 @@ def send_claimed(
             body=cand.content,
             tags=cand.tags,
             send_count=cand.sends,
-            properties={RESEND_PROPERTY: str(cand.sends)},
+            properties={**carrier_from_json(cand.trace_context), RESEND_PROPERTY: str(cand.sends)},
             target_group=cand.consumer_group,
         )
         sent.append((cand, outbox.attempt_send(sender, message)))

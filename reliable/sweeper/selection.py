@@ -96,6 +96,8 @@ class Candidate:
     stub_queue_id: int | None = None
     stub_queue_offset: int | None = None
     stub_last_sent_at: dt.datetime | None = None
+    #: the message's stored trace context (JSON), put back into the resend's properties (reliable.otel)
+    trace_context: str | None = None
 
     @property
     def sends(self) -> int:
@@ -222,6 +224,7 @@ def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candid
             stub.c.queue_id,
             stub.c.queue_offset,
             stub.c.last_sent_at,
+            stub.c.trace_context,
         ).where(stub.c.message_id.in_(ids))
     ).all()
     by_id = {r.message_id: r for r in rows}
@@ -239,6 +242,7 @@ def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candid
                 stub_queue_id=r.queue_id,
                 stub_queue_offset=r.queue_offset,
                 stub_last_sent_at=r.last_sent_at,
+                trace_context=r.trace_context,
             )
         )
     return out

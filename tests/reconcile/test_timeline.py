@@ -1,0 +1,100 @@
+"""The timeline: per minute, what arrived, which arrivals were duplicates and why, what was re-sent, the
+latency and the backlog (Spark, local[2]).
+
+The inputs are the two frames the job already has — classified deliveries and the enriched (group, message)
+rows — built here from plain rows with only the columns the timeline reads; the full pipeline (those frames
+from the tables) runs in test_report.py / test_html.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from reliable.reconcile.timeline import timeline_summary
+
+T0 = dt.datetime(2026, 11, 20, 11, 30, tzinfo=dt.UTC)
+G1, G2 = "billing", "audit"
+
+
+def at(minute: int, second: int) -> dt.datetime:
+    return T0 + dt.timedelta(minutes=minute, seconds=second)
+
+
+def delivery(group: str, received: dt.datetime, cause: str | None = None) -> dict[str, Any]:
+    return {"consumer_group": group, "received_at": received, "cause": cause}
+
+
+def row(
+    group: str,
+    created: dt.datetime,
+    first: dt.datetime | None,
+    sends: int = 1,
+    last_sent: dt.datetime | None = None,
+) -> dict[str, Any]:
+    ms = None if first is None else (first - created).total_seconds() * 1000
+    return {
+        "consumer_group": group,
+        "created_at": created,
+        "first_received_at": first,
+        "first_delivery_ms": ms,
+        "send_count": sends,
+        "last_sent_at": last_sent or created,
+    }
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_per_minute_figures(spark: Any) -> None:
+    from reliable.reconcile.timeline import timeline_frame
+
+    classified = spark.createDataFrame(
+        [
+            delivery(G1, at(0, 10)),  # A, first delivery 5 s after creation
+            delivery(G1, at(1, 20), "retry"),  # A again: the consumer asked for a retry
+            delivery(G1, at(2, 5)),  # B, 95 s after creation
+            delivery(G1, at(2, 30), "producer_double_send"),  # B at another offset
+            delivery(G2, at(0, 41)),  # E, another group
+        ],
+        "consumer_group string, received_at timestamp, cause string",
+    )
+    enriched = spark.createDataFrame(
+        [
+            row(G1, at(0, 5), at(0, 10)),  # A
+            row(G1, at(0, 30), at(2, 5), sends=2, last_sent=at(2, 0)),  # B, re-sent at minute 2
+            row(G1, at(1, 0), None),  # C, never delivered: the backlog stays up
+            row(G2, at(0, 40), at(0, 41)),  # E
+        ],
+        "consumer_group string, created_at timestamp, first_received_at timestamp, first_delivery_ms double, "
+        "send_count int, last_sent_at timestamp",
+    )
+    timeline = timeline_summary(r.asDict() for r in timeline_frame(classified, enriched).collect())
+
+    g1 = timeline["groups"][G1]
+    assert [p["minute"][-6:] for p in g1] == ["11:30Z", "11:31Z", "11:32Z"]
+    assert [p["deliveries"] for p in g1] == [1, 1, 2]
+    assert [p["duplicates"]["retry"] for p in g1] == [0, 1, 0]
+    assert [p["duplicates"]["producer_double_send"] for p in g1] == [0, 0, 1]
+    assert [p["resends"] for p in g1] == [0, 0, 1]
+    assert [p["backlog"] for p in g1] == [1, 2, 1], "A and B staged, A delivered; C staged; B delivered"
+    assert [p["p95_ms"] for p in g1] == [5000.0, None, 95000.0]
+    everything = timeline["all"]
+    assert [p["deliveries"] for p in everything] == [2, 1, 2], "all groups: E counts at minute 0"
+    assert [p["backlog"] for p in everything] == [1, 2, 1]
+    assert [p["deliveries"] for p in timeline["groups"][G2]] == [1]
+
+
+def test_quiet_minutes_are_zero_and_only_the_newest_are_kept() -> None:
+    from reliable.reconcile.timeline import MAX_MINUTES
+
+    start = dt.datetime(2026, 11, 20, 0, 0)
+    rows = [
+        {"consumer_group": "*", "minute": start, "deliveries": 3, "staged": 5, "first_delivered": 3},
+        {"consumer_group": "*", "minute": start + dt.timedelta(minutes=MAX_MINUTES + 9), "deliveries": 1},
+    ]
+    points = timeline_summary(rows)["all"]
+    assert len(points) == MAX_MINUTES and points[-1]["deliveries"] == 1
+    assert all(p["deliveries"] == 0 for p in points[:-1]), "the quiet minutes in between are zeros"
+    assert {p["backlog"] for p in points} == {2}, "the backlog carries over the quiet minutes"

@@ -1,0 +1,201 @@
+"""Real Redis topologies for tests, started from the machine's ``redis-server`` on free loopback ports.
+
+* :func:`redis_cluster` — three masters (no replicas) joined with ``redis-cli --cluster create``, every slot
+  covered; yields the ``redis+cluster://`` URL and the node ports.
+* :func:`redis_sentinel` — a master, a replica and one sentinel (quorum 1, 1 s down-after), so a test can
+  kill the master and watch the replica be promoted.
+
+Every process belongs to the test and is killed at the end; data lives in a temporary directory. Waiting is
+poll-with-timeout on the servers' own state (``CLUSTER INFO``, ``INFO replication``, the sentinel's view).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from tests import services
+
+SERVICE = "reliable-test"
+
+
+def redis_server() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        services.unavailable("redis-server binary (apt-get install redis-server)")
+    return str(binary)
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll ``check`` until it is true; fail the test with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():
+                return
+        except (redis.RedisError, OSError):
+            pass  # not up yet: that is what we are waiting for
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        port = services.free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+@dataclass
+class Server:
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=2)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def start(stack: ExitStack, port: int, workdir: Path, *args: str) -> Server:
+    proc = subprocess.Popen(
+        [redis_server(), *args, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    server = Server(port, proc)
+    stack.callback(server.kill)
+    wait_for(f"redis-server on port {port}", lambda: services.port_open("127.0.0.1", port, 0.1), 10)
+    return server
+
+
+@dataclass
+class Cluster:
+    nodes: list[Server]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:2])
+
+
+@contextmanager
+def redis_cluster(masters: int = 3) -> Iterator[Cluster]:
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="reliable-cluster-") as d:
+        nodes = []
+        for _ in range(masters):
+            port = cluster_port()
+            workdir = Path(d) / str(port)
+            workdir.mkdir()
+            nodes.append(
+                start(
+                    stack,
+                    port,
+                    workdir,
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                )
+            )
+        cli = shutil.which("redis-cli") or services.unavailable("redis-cli binary")
+        created = subprocess.run(
+            [str(cli), "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes), "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert created.returncode == 0, created.stdout + created.stderr
+        for n in nodes:
+            wait_for(
+                f"cluster_state:ok on {n.port}",
+                lambda n=n: n.client().cluster("info").get("cluster_state") == "ok",
+            )
+        yield Cluster(nodes)
+
+
+@dataclass
+class SentinelGroup:
+    master: Server
+    replica: Server
+    sentinel: Server
+    killed: list[Server] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{SERVICE}/0"
+
+    def master_port(self) -> int:
+        addr = self.sentinel.client().execute_command("SENTINEL", "get-master-addr-by-name", SERVICE)
+        return int(addr[1])
+
+    def fail_over(self, timeout_s: float = 60.0) -> Server:
+        """Kill the master and wait until the sentinel has promoted the replica; returns the new master."""
+        self.master.kill()
+        self.killed.append(self.master)
+        wait_for(
+            "the sentinel to promote the replica", lambda: self.master_port() == self.replica.port, timeout_s
+        )
+        wait_for(
+            "the promoted replica to accept writes",
+            lambda: self.replica.client().info("replication")["role"] == "master",
+            timeout_s,
+        )
+        return self.replica
+
+
+@contextmanager
+def redis_sentinel() -> Iterator[SentinelGroup]:
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="reliable-sentinel-") as d:
+        common = ["--save", "", "--appendonly", "no"]
+        mport, rport, sport = (services.free_port() for _ in range(3))
+        dirs = {p: Path(d) / str(p) for p in (mport, rport, sport)}
+        for path in dirs.values():
+            path.mkdir()
+        master = start(stack, mport, dirs[mport], *common)
+        replica = start(stack, rport, dirs[rport], *common, "--replicaof", "127.0.0.1", str(mport))
+        wait_for(
+            "the replica to sync",
+            lambda: replica.client().info("replication").get("master_link_status") == "up",
+        )
+        conf = dirs[sport] / "sentinel.conf"
+        conf.write_text(
+            f"sentinel monitor {SERVICE} 127.0.0.1 {mport} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+            f"sentinel failover-timeout {SERVICE} 10000\n"
+            f"sentinel parallel-syncs {SERVICE} 1\n"
+        )
+        sentinel = start(stack, sport, dirs[sport], str(conf), "--sentinel")
+        group = SentinelGroup(master, replica, sentinel)
+        wait_for(
+            "the sentinel to discover the replica",
+            lambda: len(sentinel.client().execute_command("SENTINEL", "replicas", SERVICE)) == 1,
+        )
+        yield group
