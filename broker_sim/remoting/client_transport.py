@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from broker_sim.common.errors import TransportError, error_for_code
+from broker_sim.common.errors import BrokerResponseError, TransportError, error_for_code
 from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
 from broker_sim.common.requests import (
     BatchEntry,
@@ -61,6 +61,13 @@ def _reply_errors(fn: Callable[P, R]) -> Callable[P, R]:
             raise TransportError(f"undecodable reply: {exc}") from exc
 
     return wrapper
+
+
+def _by_broker(mqs: set[MessageQueue]) -> dict[str, set[MessageQueue]]:
+    out: dict[str, set[MessageQueue]] = {}
+    for mq in mqs:
+        out.setdefault(mq.broker_name, set()).add(mq)
+    return out
 
 
 class RemotingTransport:
@@ -141,12 +148,42 @@ class RemotingTransport:
         reply = self._ok(self._invoke(self._namesrv_addr, self._req(RequestCode.GET_BROKER_CLUSTER_INFO)))
         info = bodies.load_json(reply.body, "cluster info")
         table = info.get("brokerAddrTable", {}) if isinstance(info, dict) else {}
+        masters: dict[str, str] = {}
+        for name, data in table.items():
+            addrs = data.get("brokerAddrs", {}) if isinstance(data, dict) else {}
+            master = addrs.get("0", addrs.get(0))
+            if master:
+                masters[str(name)] = str(master)
+        with self._lock:  # the name server's view replaces ours: a master that left is forgotten
+            self._broker_addrs = masters
+
+    def _broker_of(self, broker_name: str, topic: str) -> str:
+        """The master of ``broker_name``; without a name, a broker of ``topic`` (single-broker callers)."""
+        return self._broker(broker_name) if broker_name else self._broker_for_topic(topic)
+
+    def _masters(self) -> list[str]:
+        """Every group's master address (heartbeats and client unregistration go to all, as Java's
+        ``sendHeartbeatToAllBroker``)."""
+        self._refresh_brokers()
         with self._lock:
-            for name, data in table.items():
-                addrs = data.get("brokerAddrs", {}) if isinstance(data, dict) else {}
-                master = addrs.get("0", addrs.get(0))
-                if master:
-                    self._broker_addrs[str(name)] = str(master)
+            masters = sorted(set(self._broker_addrs.values()))
+        if not masters:
+            raise TransportError("no broker registered with the name server")
+        return masters
+
+    def _to_all_masters(self, request: Callable[[], RemotingCommand]) -> None:
+        """Send to every master; a group that does not answer is skipped (logged), as Java's client does,
+        unless none answers."""
+        failures: list[Exception] = []
+        masters = self._masters()
+        for addr in masters:
+            try:
+                self._ok(self._invoke(addr, request()))
+            except (TransportError, BrokerResponseError) as exc:
+                log.debug("request to broker %s failed: %s", addr, exc)
+                failures.append(exc)
+        if len(failures) == len(masters):
+            raise failures[-1]
 
     def _broker_for_topic(self, topic: str) -> str:
         with self._lock:
@@ -181,6 +218,8 @@ class RemotingTransport:
             for b in route.broker_datas:
                 if 0 in b.broker_addrs:
                     self._broker_addrs[b.broker_name] = b.broker_addrs[0]
+                else:  # the group's master is down (its slave may still serve reads)
+                    self._broker_addrs.pop(b.broker_name, None)
         return route
 
     # -- send --
@@ -227,13 +266,13 @@ class RemotingTransport:
     ) -> SendMessageResponse:
         cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body)
         return self._send_response(
-            self._invoke(self._broker_for_topic(request.topic), cmd, timeout_ms / 1000)
+            self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
 
     def send_message_oneway(self, request: SendMessageRequest, body: bytes) -> None:
         cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body, oneway=True)
         try:
-            self._conn(self._broker_for_topic(request.topic)).invoke_oneway(cmd)
+            self._conn(self._broker_of(request.broker_name, request.topic)).invoke_oneway(cmd)
         except TransportError:
             log.debug("oneway send to %s failed", request.topic, exc_info=True)
 
@@ -245,7 +284,7 @@ class RemotingTransport:
             RequestCode.SEND_BATCH_MESSAGE, self._send_fields(request), bodies.encode_batch(entries)
         )
         return self._send_response(
-            self._invoke(self._broker_for_topic(request.topic), cmd, timeout_ms / 1000)
+            self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
 
     # -- pull --
@@ -293,19 +332,21 @@ class RemotingTransport:
 
     @_reply_errors
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
-        addr = self._broker_for_topic(request.topic)
+        addr = self._broker_of(request.broker_name, request.topic)
         cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
         timeout = max(timeout_ms / 1000, self._pull_timeout_s(request))
-        return self._pull_response(self._invoke(addr, cmd, timeout), self._name_of(addr))
+        return self._pull_response(
+            self._invoke(addr, cmd, timeout), request.broker_name or self._name_of(addr)
+        )
 
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
         try:
-            addr = self._broker_for_topic(request.topic)
+            addr = self._broker_of(request.broker_name, request.topic)
             conn = self._conn(addr)
         except Exception as exc:  # delivered to the callback, as the transport contract says
             callback(exc)
             return
-        name = self._name_of(addr)
+        name = request.broker_name or self._name_of(addr)
 
         def on_reply(result: RemotingCommand | BaseException) -> None:
             if isinstance(result, BaseException):
@@ -333,8 +374,8 @@ class RemotingTransport:
     def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
         with self._lock:
             self._channels[data.client_id] = channel
-        cmd = self._req(RequestCode.HEART_BEAT, body=bodies.heartbeat_body(data))
-        self._ok(self._invoke(self._broker(), cmd))
+        body = bodies.heartbeat_body(data)
+        self._to_all_masters(lambda: self._req(RequestCode.HEART_BEAT, body=body))
 
     def unregister_client(
         self, client_id: str, producer_group: str | None, consumer_group: str | None
@@ -345,7 +386,7 @@ class RemotingTransport:
             "consumerGroup": consumer_group or "",
         }
         try:
-            self._ok(self._invoke(self._broker(), self._req(RequestCode.UNREGISTER_CLIENT, fields)))
+            self._to_all_masters(lambda: self._req(RequestCode.UNREGISTER_CLIENT, fields))
         finally:
             with self._lock:
                 self._channels.pop(client_id, None)
@@ -371,16 +412,20 @@ class RemotingTransport:
     # -- offsets --
 
     @_reply_errors
-    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
+    def query_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, broker_name: str = ""
+    ) -> int | None:
         fields = {"consumerGroup": consumer_group, "topic": topic, "queueId": queue_id}
         reply = self._invoke(
-            self._broker_for_topic(topic), self._req(RequestCode.QUERY_CONSUMER_OFFSET, fields)
+            self._broker_of(broker_name, topic), self._req(RequestCode.QUERY_CONSUMER_OFFSET, fields)
         )
         if reply.code == ResponseCode.QUERY_NOT_FOUND:
             return None
         return Fields(self._ok(reply).ext_fields).num("offset")
 
-    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
+    def update_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, offset: int, broker_name: str = ""
+    ) -> None:
         fields = {
             "consumerGroup": consumer_group,
             "topic": topic,
@@ -388,22 +433,25 @@ class RemotingTransport:
             "commitOffset": offset,
         }
         cmd = self._req(RequestCode.UPDATE_CONSUMER_OFFSET, fields, oneway=True)
-        self._conn(self._broker_for_topic(topic)).invoke_oneway(cmd)
+        self._conn(self._broker_of(broker_name, topic)).invoke_oneway(cmd)
 
     @_reply_errors
-    def _offset_request(self, code: int, topic: str, queue_id: int, **extra: int) -> int:
+    def _offset_request(self, code: int, topic: str, queue_id: int, broker_name: str, **extra: int) -> int:
         cmd = self._req(code, {"topic": topic, "queueId": queue_id, **extra})
-        return Fields(self._ok(self._invoke(self._broker_for_topic(topic), cmd)).ext_fields).num("offset")
+        reply = self._invoke(self._broker_of(broker_name, topic), cmd)
+        return Fields(self._ok(reply).ext_fields).num("offset")
 
-    def get_max_offset(self, topic: str, queue_id: int) -> int:
-        return self._offset_request(RequestCode.GET_MAX_OFFSET, topic, queue_id)
+    def get_max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
+        return self._offset_request(RequestCode.GET_MAX_OFFSET, topic, queue_id, broker_name)
 
-    def get_min_offset(self, topic: str, queue_id: int) -> int:
-        return self._offset_request(RequestCode.GET_MIN_OFFSET, topic, queue_id)
+    def get_min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
+        return self._offset_request(RequestCode.GET_MIN_OFFSET, topic, queue_id, broker_name)
 
-    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    def search_offset_by_timestamp(
+        self, topic: str, queue_id: int, timestamp_ms: int, broker_name: str = ""
+    ) -> int:
         return self._offset_request(
-            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, timestamp=timestamp_ms
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, broker_name, timestamp=timestamp_ms
         )
 
     # -- messages --
@@ -419,7 +467,7 @@ class RemotingTransport:
             "maxReconsumeTimes": request.max_reconsume_times,
         }
         cmd = self._req(RequestCode.CONSUMER_SEND_MSG_BACK, fields)
-        self._ok(self._invoke(self._broker(), cmd))
+        self._ok(self._invoke(self._broker(request.broker_name or None), cmd))
 
     def end_transaction(self, request: EndTransactionRequest) -> None:
         fields = {
@@ -431,18 +479,32 @@ class RemotingTransport:
             "commitOrRollback": int(request.commit_or_rollback),
             "fromTransactionCheck": request.from_transaction_check,
         }
-        self._conn(self._broker()).invoke_oneway(self._req(RequestCode.END_TRANSACTION, fields, oneway=True))
+        cmd = self._req(RequestCode.END_TRANSACTION, fields, oneway=True)
+        try:  # the half message's own broker: its address is in the offset message id
+            addr = decode_offset_msg_id(request.msg_id)[0]
+        except ValueError:
+            addr = self._broker(request.broker_name or None)
+        self._conn(addr).invoke_oneway(cmd)
 
     @_reply_errors
     def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
-        cmd = self._req(RequestCode.LOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
-        reply = self._ok(self._invoke(self._broker(), cmd))
-        locked = bodies.load_json(reply.body, "lock reply").get("lockOKMQSet") or []
-        return {bodies.mq_from_json(m) for m in locked}
+        """LOCK_BATCH_MQ to each queue's own broker group (RebalanceImpl.lockAll groups them by broker)."""
+        out: set[MessageQueue] = set()
+        for name, group in _by_broker(mqs).items():
+            body = bodies.lock_body(consumer_group, client_id, group)
+            reply = self._ok(
+                self._invoke(self._broker(name or None), self._req(RequestCode.LOCK_BATCH_MQ, body=body))
+            )
+            locked = bodies.load_json(reply.body, "lock reply").get("lockOKMQSet") or []
+            out |= {bodies.mq_from_json(m) for m in locked}
+        return out
 
     def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None:
-        cmd = self._req(RequestCode.UNLOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
-        self._ok(self._invoke(self._broker(), cmd))
+        for name, group in _by_broker(mqs).items():
+            body = bodies.lock_body(consumer_group, client_id, group)
+            self._ok(
+                self._invoke(self._broker(name or None), self._req(RequestCode.UNLOCK_BATCH_MQ, body=body))
+            )
 
     @_reply_errors
     def view_message_by_id(self, offset_msg_id: str) -> MessageExt:
