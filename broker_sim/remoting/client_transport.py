@@ -82,6 +82,9 @@ class RemotingTransport:
         secret_key: str | None = None,
     ) -> None:
         self._namesrv_addr = namesrv_addr
+        #: ``"a:9876;b:9876"``: several name servers, used one at a time, the next one after a failure
+        self._namesrvs = [a for a in namesrv_addr.split(";") if a]
+        self._namesrv_index = 0
         self._credentials = (access_key, secret_key or "") if access_key else None
         self._timeout_s = request_timeout_ms / 1000
         self._lock = threading.Lock()
@@ -120,6 +123,24 @@ class RemotingTransport:
                 self._conns[address] = conn
             return conn
 
+    def _ask_namesrv(self, code: int, fields: Mapping[str, object] | None = None) -> RemotingCommand:
+        """A name-server request to the current name server; on a connection failure the next one is
+        tried (NettyRemotingClient.getAndCreateNameserverChannel rotates the same way)."""
+        last: TransportError | None = None
+        for _ in range(len(self._namesrvs)):
+            with self._lock:
+                addr = self._namesrvs[self._namesrv_index % len(self._namesrvs)]
+            try:
+                return self._invoke(addr, self._req(code, fields))
+            except TransportError as exc:
+                log.info("name server %s failed (%s); trying the next one", addr, exc)
+                last = exc
+                with self._lock:
+                    if self._namesrvs[self._namesrv_index % len(self._namesrvs)] == addr:
+                        self._namesrv_index += 1
+        assert last is not None
+        raise last
+
     def _invoke(self, address: str, cmd: RemotingCommand, timeout_s: float | None = None) -> RemotingCommand:
         return self._conn(address).invoke(cmd, self._timeout_s if timeout_s is None else timeout_s)
 
@@ -145,7 +166,7 @@ class RemotingTransport:
 
     @_reply_errors
     def _refresh_brokers(self) -> None:
-        reply = self._ok(self._invoke(self._namesrv_addr, self._req(RequestCode.GET_BROKER_CLUSTER_INFO)))
+        reply = self._ok(self._ask_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO))
         info = bodies.load_json(reply.body, "cluster info")
         table = info.get("brokerAddrTable", {}) if isinstance(info, dict) else {}
         masters: dict[str, str] = {}
@@ -207,12 +228,7 @@ class RemotingTransport:
 
     @_reply_errors
     def get_route(self, topic: str) -> TopicRouteData:
-        reply = self._ok(
-            self._invoke(
-                self._namesrv_addr,
-                self._req(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}),
-            )
-        )
+        reply = self._ok(self._ask_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
         route = bodies.parse_route(reply.body)
         with self._lock:
             for b in route.broker_datas:
