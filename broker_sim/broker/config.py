@@ -10,7 +10,7 @@ from typing import Any
 
 from broker_sim.clock import Clock, SystemClock
 from broker_sim.common.errors import BrokerConfigError
-from broker_sim.store.config import FlushDiskType, StoreConfig
+from broker_sim.store.config import BrokerRole, FlushDiskType, StoreConfig
 
 
 @dataclass
@@ -108,6 +108,13 @@ def split_config(config: dict[str, Any]) -> tuple[BrokerConfig, StoreConfig]:
         except ValueError:
             raise BrokerConfigError(
                 f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, got {store_kw['flush_disk_type']!r}"
+            ) from None
+    if isinstance(store_kw.get("broker_role"), str):
+        try:
+            store_kw["broker_role"] = BrokerRole(store_kw["broker_role"])
+        except ValueError:
+            raise BrokerConfigError(
+                f"broker_role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, got {store_kw['broker_role']!r}"
             ) from None
     check_types(BrokerConfig, broker_kw)
     check_types(StoreConfig, store_kw)
