@@ -154,6 +154,24 @@ def _build_rest(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser
     b.add_argument("--name", default="broker-a", help="brokerName: the broker group (default broker-a)")
     b.add_argument("--cluster", default="DefaultCluster", help="cluster name (default DefaultCluster)")
     b.add_argument("--port", type=port_number, default=10911, help="broker port (0: any free port)")
+    b.add_argument(
+        "--role",
+        choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"],
+        default="ASYNC_MASTER",
+        help="ASYNC_MASTER acknowledges at once, SYNC_MASTER once a slave has the message; SLAVE replicates",
+    )
+    b.add_argument(
+        "--id", type=int, default=None, help="brokerId: 0 for a master (default), 1.. for a slave (default 1)"
+    )
+    b.add_argument(
+        "--ha-port", type=port_number, default=0, help="a master's replication (HA) port (0: any free port)"
+    )
+    b.add_argument(
+        "--master-ha",
+        type=host_port,
+        default="",
+        help="a slave's master HA address (default: learnt from the name server)",
+    )
     _broker_options(b)
 
     a = sub.add_parser(
@@ -280,6 +298,17 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    broker_opts: dict[str, Any] = {}
+    if args.command == "broker":
+        slave = args.role == "SLAVE"
+        broker_id = args.id if args.id is not None else int(slave)
+        if slave != (broker_id > 0):
+            raise ValueError(f"--id {broker_id}: a master has id 0, a slave an id above 0")
+        broker_opts = {"broker_role": args.role, "broker_id": broker_id}
+        if slave:
+            broker_opts["ha_master_address"] = args.master_ha
+        else:
+            broker_opts["ha_listen_port"] = args.ha_port
     if args.command == "namesrv":
         config = ServeConfig(
             store_dir=Path("."),
@@ -298,7 +327,7 @@ def _serve(args: argparse.Namespace) -> int:
             broker_name=args.name if is_broker else args.broker_name,
             cluster=args.cluster if is_broker else "DefaultCluster",
             acl_accounts=parse_accounts(args.acl),
-            broker_config=_broker_config(args),
+            broker_config={**_broker_config(args), **broker_opts},
             fault_signals=args.fault_signals,
             exit_with_parent=args.exit_with_parent,
             run_namesrv=not is_broker,

@@ -34,6 +34,7 @@ from broker_sim.common.requests import (
 from broker_sim.common.transport import PullCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
+from broker_sim.remoting.broker_directory import BrokerDirectory
 from broker_sim.remoting.client import RemotingConnection
 from broker_sim.remoting.client_requests import serve_client_request
 from broker_sim.remoting.codes import RequestCode
@@ -89,7 +90,7 @@ class RemotingTransport:
         self._timeout_s = request_timeout_ms / 1000
         self._lock = threading.Lock()
         self._conns: dict[str, RemotingConnection] = {}
-        self._broker_addrs: dict[str, str] = {}  # broker name -> master address
+        self._brokers = BrokerDirectory()
         self._channels: dict[str, ClientChannel] = {}
         self._closed = False
 
@@ -142,7 +143,11 @@ class RemotingTransport:
         raise last
 
     def _invoke(self, address: str, cmd: RemotingCommand, timeout_s: float | None = None) -> RemotingCommand:
-        return self._conn(address).invoke(cmd, self._timeout_s if timeout_s is None else timeout_s)
+        try:
+            return self._conn(address).invoke(cmd, self._timeout_s if timeout_s is None else timeout_s)
+        except TransportError:
+            self._brokers.forget(address)
+            raise
 
     @staticmethod
     def _ok(reply: RemotingCommand, *accepted: int) -> RemotingCommand:
@@ -150,44 +155,44 @@ class RemotingTransport:
             raise error_for_code(reply.code, reply.remark or f"request failed with code {reply.code}")
         return reply
 
-    def _broker(self, broker_name: str | None = None) -> str:
-        """Master address of ``broker_name`` (or of any broker), asking the name server if unknown."""
-        with self._lock:
-            known = dict(self._broker_addrs)
-        if not known or (broker_name is not None and broker_name not in known):
+    def _broker(self, broker_name: str | None = None, *, read: bool = False) -> str:
+        """The master of ``broker_name`` (of any group for ``None``; with ``read``, its slave when the
+        master is not listed), asking the name server when it is not known."""
+
+        def find() -> str | None:
+            if read and broker_name:
+                return self._brokers.reader(broker_name)
+            return self._brokers.master(broker_name)
+
+        addr = find()
+        if addr is None:
             self._refresh_brokers()
-            with self._lock:
-                known = dict(self._broker_addrs)
-        if broker_name is not None and broker_name in known:
-            return known[broker_name]
-        if broker_name is None and known:
-            return known[sorted(known)[0]]
-        raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
+            addr = find()
+        if addr is None:
+            raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
+        return addr
 
     @_reply_errors
     def _refresh_brokers(self) -> None:
         reply = self._ok(self._ask_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO))
         info = bodies.load_json(reply.body, "cluster info")
         table = info.get("brokerAddrTable", {}) if isinstance(info, dict) else {}
-        masters: dict[str, str] = {}
+        groups: dict[str, dict[int, str]] = {}
         for name, data in table.items():
             addrs = data.get("brokerAddrs", {}) if isinstance(data, dict) else {}
-            master = addrs.get("0", addrs.get(0))
-            if master:
-                masters[str(name)] = str(master)
-        with self._lock:  # the name server's view replaces ours: a master that left is forgotten
-            self._broker_addrs = masters
+            groups[str(name)] = {int(i): str(a) for i, a in addrs.items()}
+        self._brokers.replace(groups)
 
-    def _broker_of(self, broker_name: str, topic: str) -> str:
-        """The master of ``broker_name``; without a name, a broker of ``topic`` (single-broker callers)."""
-        return self._broker(broker_name) if broker_name else self._broker_for_topic(topic)
+    def _broker_of(self, broker_name: str, topic: str, *, read: bool = False) -> str:
+        """Where a request about a queue of ``broker_name`` goes (its master; with ``read``, its slave while
+        the master is down); without a name, a broker of ``topic`` (single-broker callers)."""
+        return self._broker(broker_name, read=read) if broker_name else self._broker_for_topic(topic)
 
     def _masters(self) -> list[str]:
         """Every group's master address (heartbeats and client unregistration go to all, as Java's
         ``sendHeartbeatToAllBroker``)."""
         self._refresh_brokers()
-        with self._lock:
-            masters = sorted(set(self._broker_addrs.values()))
+        masters = self._brokers.masters()
         if not masters:
             raise TransportError("no broker registered with the name server")
         return masters
@@ -207,9 +212,7 @@ class RemotingTransport:
             raise failures[-1]
 
     def _broker_for_topic(self, topic: str) -> str:
-        with self._lock:
-            known = bool(self._broker_addrs)
-        if not known:
+        if self._brokers.empty():
             try:
                 self.get_route(topic)
             except RemotingError:
@@ -230,12 +233,8 @@ class RemotingTransport:
     def get_route(self, topic: str) -> TopicRouteData:
         reply = self._ok(self._ask_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
         route = bodies.parse_route(reply.body)
-        with self._lock:
-            for b in route.broker_datas:
-                if 0 in b.broker_addrs:
-                    self._broker_addrs[b.broker_name] = b.broker_addrs[0]
-                else:  # the group's master is down (its slave may still serve reads)
-                    self._broker_addrs.pop(b.broker_name, None)
+        for b in route.broker_datas:
+            self._brokers.update(b.broker_name, b.broker_addrs)
         return route
 
     # -- send --
@@ -348,7 +347,7 @@ class RemotingTransport:
 
     @_reply_errors
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
-        addr = self._broker_of(request.broker_name, request.topic)
+        addr = self._broker_of(request.broker_name, request.topic, read=True)
         cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
         timeout = max(timeout_ms / 1000, self._pull_timeout_s(request))
         return self._pull_response(
@@ -357,7 +356,7 @@ class RemotingTransport:
 
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
         try:
-            addr = self._broker_of(request.broker_name, request.topic)
+            addr = self._broker_of(request.broker_name, request.topic, read=True)
             conn = self._conn(addr)
         except Exception as exc:  # delivered to the callback, as the transport contract says
             callback(exc)
@@ -366,6 +365,8 @@ class RemotingTransport:
 
         def on_reply(result: RemotingCommand | BaseException) -> None:
             if isinstance(result, BaseException):
+                if isinstance(result, TransportError):
+                    self._brokers.forget(addr)
                 callback(result)
                 return
             try:
@@ -379,11 +380,7 @@ class RemotingTransport:
         conn.invoke_async(cmd, on_reply, self._pull_timeout_s(request))
 
     def _name_of(self, addr: str) -> str:
-        with self._lock:
-            for name, a in self._broker_addrs.items():
-                if a == addr:
-                    return name
-        return ""
+        return self._brokers.name_of(addr)
 
     # -- clients --
 
@@ -433,7 +430,8 @@ class RemotingTransport:
     ) -> int | None:
         fields = {"consumerGroup": consumer_group, "topic": topic, "queueId": queue_id}
         reply = self._invoke(
-            self._broker_of(broker_name, topic), self._req(RequestCode.QUERY_CONSUMER_OFFSET, fields)
+            self._broker_of(broker_name, topic, read=True),
+            self._req(RequestCode.QUERY_CONSUMER_OFFSET, fields),
         )
         if reply.code == ResponseCode.QUERY_NOT_FOUND:
             return None
@@ -449,12 +447,17 @@ class RemotingTransport:
             "commitOffset": offset,
         }
         cmd = self._req(RequestCode.UPDATE_CONSUMER_OFFSET, fields, oneway=True)
-        self._conn(self._broker_of(broker_name, topic)).invoke_oneway(cmd)
+        addr = self._broker_of(broker_name, topic, read=True)
+        try:
+            self._conn(addr).invoke_oneway(cmd)
+        except TransportError:
+            self._brokers.forget(addr)
+            raise
 
     @_reply_errors
     def _offset_request(self, code: int, topic: str, queue_id: int, broker_name: str, **extra: int) -> int:
         cmd = self._req(code, {"topic": topic, "queueId": queue_id, **extra})
-        reply = self._invoke(self._broker_of(broker_name, topic), cmd)
+        reply = self._invoke(self._broker_of(broker_name, topic, read=True), cmd)
         return Fields(self._ok(reply).ext_fields).num("offset")
 
     def get_max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:

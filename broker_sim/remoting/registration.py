@@ -72,6 +72,8 @@ class NameServerRegistrar:
         #: what the last successful registration answered (a slave learns its master here)
         self.master_addr = ""
         self.master_ha_addr = ""
+        #: called with (master address, master HA address) after each registration that named them
+        self.on_master: Callable[[str, str], None] | None = None
 
     def _header(self) -> dict[str, object]:
         i = self.identity
@@ -112,8 +114,12 @@ class NameServerRegistrar:
                     log.warning("name server %s refused the registration: %s", addr, reply.remark)
                     continue
                 ok += 1
-                self.master_addr = reply.ext_fields.get("masterAddr", "")
-                self.master_ha_addr = reply.ext_fields.get("haServerAddr", "")
+                master = reply.ext_fields.get("masterAddr", "")
+                if master:
+                    self.master_addr = master
+                    self.master_ha_addr = reply.ext_fields.get("haServerAddr", "")
+            if self.master_addr and self.on_master is not None:
+                self.on_master(self.master_addr, self.master_ha_addr)
             return ok
 
     def unregister_all(self) -> None:

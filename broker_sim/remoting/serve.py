@@ -40,13 +40,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from broker_sim.namesrv.processor import NameServerProcessor
-from broker_sim.namesrv.route_info import MASTER_ID
 from broker_sim.remoting.acl import AclGuard
 from broker_sim.remoting.admin_handlers import AdminHandlers
 from broker_sim.remoting.broker_server import BrokerHandlers
 from broker_sim.remoting.ops_handlers import OpsHandlers
 from broker_sim.remoting.registration import BrokerIdentity, NameServerRegistrar
 from broker_sim.remoting.server import Connection, RemotingServer
+from broker_sim.remoting.slave_sync import SlaveSynchronize, SyncHandlers
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
@@ -108,6 +108,7 @@ class BrokerSimServer:
         self.broker: Broker | None = None
         self.handlers: BrokerHandlers | None = None
         self.registrar: NameServerRegistrar | None = None
+        self.slave_sync: SlaveSynchronize | None = None
         self._stopped = threading.Event()
         #: set by SIGTERM/SIGINT once :meth:`install_stop_signals` ran; :meth:`serve_forever` waits on it
         self._stop_requested = threading.Event()
@@ -164,18 +165,40 @@ class BrokerSimServer:
             **self.handlers.handlers(),
             **AdminHandlers(broker, address).handlers(),
             **OpsHandlers(broker).handlers(),
+            **SyncHandlers(broker).handlers(),
         }
         sync_flush = broker.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.broker_server.inline_codes = frozenset(self.handlers.non_blocking_codes(sync_flush))
         self.broker_server.start()
         own = [self.namesrv_server.address] if self.config.run_namesrv else []
+        replication = broker.store.replication
+        identity = BrokerIdentity(
+            self.config.cluster,
+            self.config.broker_name,
+            broker.config.broker_id,
+            address,
+            replication.ha_address,
+        )
         registrar = self.registrar = NameServerRegistrar(
-            BrokerIdentity(self.config.cluster, self.config.broker_name, MASTER_ID, address),
+            identity,
             [*own, *self.config.namesrv_addrs],
             lambda: {tc.topic_name: tc.to_json() for tc in broker.topics.topics()},
         )
+        if replication.is_slave:
+            configured = bool(replication.master_ha_address)
+            self.slave_sync = SlaveSynchronize(broker, lambda: registrar.master_addr)
+
+            def learn_master(master: str, ha: str) -> None:
+                # BrokerController.registerBrokerAll: a slave follows the master the name server names
+                if not configured and ha:
+                    replication.master_ha_address = ha
+
+            registrar.on_master = learn_master
         registrar.start()
         broker.topics.on_change = registrar.register_all
+        if self.slave_sync is not None:
+            self.slave_sync.sync_all()
+            self.slave_sync.start()
 
     def _on_disconnect(self, conn: Connection) -> None:
         if self.handlers is not None and self.broker is not None and self.broker.running:
@@ -186,6 +209,8 @@ class BrokerSimServer:
             if self._stopped.is_set():
                 return
             log.info("broker-sim shutting down")
+            if self.slave_sync is not None:
+                self.slave_sync.stop()
             if self.registrar is not None:
                 if self.broker is not None:
                     self.broker.topics.on_change = None
