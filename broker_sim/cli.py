@@ -84,6 +84,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--broker-port", type=port_number, default=10911, help="broker port (0: any free port)")
     s.add_argument("--broker-name", default="broker-a")
+    s.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="broker groups (broker-a, broker-b, …); above 1, or with --slaves, every broker and the name "
+        "server run as child processes on free ports",
+    )
+    s.add_argument("--slaves", type=int, default=0, help="slaves per broker group (default 0)")
+    s.add_argument(
+        "--replication",
+        choices=["sync", "async"],
+        default="async",
+        help="masters acknowledge once a slave has the message (sync, SYNC_MASTER) or at once (async)",
+    )
     _broker_options(s)
     return _build_rest(p, sub)
 
@@ -169,7 +183,7 @@ def _build_rest(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser
     b.add_argument(
         "--master-ha",
         type=host_port,
-        default="",
+        default=None,
         help="a slave's master HA address (default: learnt from the name server)",
     )
     _broker_options(b)
@@ -290,6 +304,39 @@ def _broker_config(args: argparse.Namespace) -> dict[str, Any]:
     return config
 
 
+def _serve_cluster(args: argparse.Namespace) -> int:
+    """``serve --brokers N --slaves M``: the name server and every broker as child processes."""
+    import signal
+    import threading
+
+    from broker_sim.remoting.cluster_process import ClusterProcess
+
+    if args.brokers < 1 or args.slaves < 0:
+        raise ValueError("--brokers must be at least 1 and --slaves at least 0")
+    extra = [f"--set={item}" for item in args.set]
+    if args.auto_create_topics:
+        extra.append("--auto-create-topics")
+    cluster = ClusterProcess(
+        args.store,
+        brokers=args.brokers,
+        slaves=args.slaves,
+        replication=args.replication,
+        flush=args.flush or "ASYNC_FLUSH",
+        extra=tuple(extra),
+        log_level=args.log_level,
+    )
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda signum, frame: stop.set())
+    args.store.mkdir(parents=True, exist_ok=True)
+    with cluster:
+        nodes = ",".join(f"{n.name}/{n.broker_id}={n.address}" for n in cluster.nodes)
+        print(f"broker-sim ready namesrv={cluster.namesrv} broker={cluster.nodes[0].address} nodes={nodes}")
+        sys.stdout.flush()
+        stop.wait()
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     """``serve`` (name server + broker), ``namesrv`` (name server only) and ``broker`` (broker only)."""
     from broker_sim.remoting.acl import parse_accounts
@@ -298,6 +345,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    if args.command == "serve" and (args.brokers > 1 or args.slaves > 0):
+        return _serve_cluster(args)
     broker_opts: dict[str, Any] = {}
     if args.command == "broker":
         slave = args.role == "SLAVE"
@@ -306,7 +355,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--id {broker_id}: a master has id 0, a slave an id above 0")
         broker_opts = {"broker_role": args.role, "broker_id": broker_id}
         if slave:
-            broker_opts["ha_master_address"] = args.master_ha
+            broker_opts["ha_master_address"] = args.master_ha or ""
         else:
             broker_opts["ha_listen_port"] = args.ha_port
     if args.command == "namesrv":
