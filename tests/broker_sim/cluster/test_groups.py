@@ -91,7 +91,9 @@ def test_clients_spread_over_both_groups_and_rotate_past_a_dead_name_server(clus
             assert srv.broker is not None
             want = sum(1 for r in results if r.broker_name == name)
             assert wait_until(
-                lambda b=srv.broker: sum(p.consumer_offset for p in b.consumer_progress("CG", "T")) == want
+                lambda b=srv.broker, w=want: (
+                    sum(p.consumer_offset for p in b.consumer_progress("CG", "T")) == w
+                )
             )
     finally:
         consumer.shutdown()
