@@ -175,7 +175,9 @@ def test_sync_master_without_its_slave_reports_slave_not_available(tmp_path: Pat
                     slave._invoke(
                         c.node("broker-a", 1).address,
                         slave._req(
-                            10, RemotingTransport._send_fields(SendMessageRequest("P", TOPIC, 0)), b"x"
+                            RequestCode.SEND_MESSAGE,
+                            RemotingTransport._send_fields(SendMessageRequest("P", TOPIC, 0)),
+                            b"x",
                         ),
                     )
                 )
