@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from broker_sim.common.errors import BrokerResponseError, TransportError, error_for_code
-from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
+from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id
 from broker_sim.common.requests import (
     BatchEntry,
     ClientChannel,
@@ -34,14 +34,15 @@ from broker_sim.common.requests import (
 from broker_sim.common.transport import PullCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
-from broker_sim.remoting.broker_directory import BrokerDirectory
 from broker_sim.remoting.client import RemotingConnection
+from broker_sim.remoting.client_codec import check, pull_fields, pull_response, send_fields, send_response
 from broker_sim.remoting.client_requests import serve_client_request
 from broker_sim.remoting.codes import RequestCode
 from broker_sim.remoting.errors import RemotingError
 from broker_sim.remoting.frame import RemotingCommand
 from broker_sim.remoting.header import Fields
-from broker_sim.remoting.records import decode_record, decode_records, split_records
+from broker_sim.remoting.locator import BrokerLocator
+from broker_sim.remoting.records import decode_record
 
 log = logging.getLogger("broker_sim.remoting.client_transport")
 
@@ -83,16 +84,19 @@ class RemotingTransport:
         secret_key: str | None = None,
     ) -> None:
         self._namesrv_addr = namesrv_addr
-        #: ``"a:9876;b:9876"``: several name servers, used one at a time, the next one after a failure
-        self._namesrvs = [a for a in namesrv_addr.split(";") if a]
-        self._namesrv_index = 0
         self._credentials = (access_key, secret_key or "") if access_key else None
         self._timeout_s = request_timeout_ms / 1000
         self._lock = threading.Lock()
         self._conns: dict[str, RemotingConnection] = {}
-        self._brokers = BrokerDirectory()
         self._channels: dict[str, ClientChannel] = {}
         self._closed = False
+        #: where the name servers and each group's master and slaves are
+        self.locator = BrokerLocator(namesrv_addr, self._invoke, self._req)
+        self._brokers = self.locator.directory
+        self._ask_namesrv = self.locator.ask_namesrv
+        self._broker = self.locator.broker
+        self._broker_of = self.locator.broker_of
+        self._masters = self.locator.masters
 
     @property
     def address(self) -> str:
@@ -124,24 +128,6 @@ class RemotingTransport:
                 self._conns[address] = conn
             return conn
 
-    def _ask_namesrv(self, code: int, fields: Mapping[str, object] | None = None) -> RemotingCommand:
-        """A name-server request to the current name server; on a connection failure the next one is
-        tried (NettyRemotingClient.getAndCreateNameserverChannel rotates the same way)."""
-        last: TransportError | None = None
-        for _ in range(len(self._namesrvs)):
-            with self._lock:
-                addr = self._namesrvs[self._namesrv_index % len(self._namesrvs)]
-            try:
-                return self._invoke(addr, self._req(code, fields))
-            except TransportError as exc:
-                log.info("name server %s failed (%s); trying the next one", addr, exc)
-                last = exc
-                with self._lock:
-                    if self._namesrvs[self._namesrv_index % len(self._namesrvs)] == addr:
-                        self._namesrv_index += 1
-        assert last is not None
-        raise last
-
     def _invoke(self, address: str, cmd: RemotingCommand, timeout_s: float | None = None) -> RemotingCommand:
         try:
             return self._conn(address).invoke(cmd, self._timeout_s if timeout_s is None else timeout_s)
@@ -149,53 +135,7 @@ class RemotingTransport:
             self._brokers.forget(address)
             raise
 
-    @staticmethod
-    def _ok(reply: RemotingCommand, *accepted: int) -> RemotingCommand:
-        if reply.code not in (ResponseCode.SUCCESS, *accepted):
-            raise error_for_code(reply.code, reply.remark or f"request failed with code {reply.code}")
-        return reply
-
-    def _broker(self, broker_name: str | None = None, *, read: bool = False) -> str:
-        """The master of ``broker_name`` (of any group for ``None``; with ``read``, its slave when the
-        master is not listed), asking the name server when it is not known."""
-
-        def find() -> str | None:
-            if read and broker_name:
-                return self._brokers.reader(broker_name)
-            return self._brokers.master(broker_name)
-
-        addr = find()
-        if addr is None:
-            self._refresh_brokers()
-            addr = find()
-        if addr is None:
-            raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
-        return addr
-
-    @_reply_errors
-    def _refresh_brokers(self) -> None:
-        reply = self._ok(self._ask_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO))
-        info = bodies.load_json(reply.body, "cluster info")
-        table = info.get("brokerAddrTable", {}) if isinstance(info, dict) else {}
-        groups: dict[str, dict[int, str]] = {}
-        for name, data in table.items():
-            addrs = data.get("brokerAddrs", {}) if isinstance(data, dict) else {}
-            groups[str(name)] = {int(i): str(a) for i, a in addrs.items()}
-        self._brokers.replace(groups)
-
-    def _broker_of(self, broker_name: str, topic: str, *, read: bool = False) -> str:
-        """Where a request about a queue of ``broker_name`` goes (its master; with ``read``, its slave while
-        the master is down); without a name, a broker of ``topic`` (single-broker callers)."""
-        return self._broker(broker_name, read=read) if broker_name else self._broker_for_topic(topic)
-
-    def _masters(self) -> list[str]:
-        """Every group's master address (heartbeats and client unregistration go to all, as Java's
-        ``sendHeartbeatToAllBroker``)."""
-        self._refresh_brokers()
-        masters = self._brokers.masters()
-        if not masters:
-            raise TransportError("no broker registered with the name server")
-        return masters
+    _ok = staticmethod(check)
 
     def _to_all_masters(self, request: Callable[[], RemotingCommand]) -> None:
         """Send to every master; a group that does not answer is skipped (logged), as Java's client does,
@@ -211,14 +151,6 @@ class RemotingTransport:
         if len(failures) == len(masters):
             raise failures[-1]
 
-    def _broker_for_topic(self, topic: str) -> str:
-        if self._brokers.empty():
-            try:
-                self.get_route(topic)
-            except RemotingError:
-                log.debug("route lookup for %s failed", topic, exc_info=True)
-        return self._broker()
-
     # -- server -> client requests --
 
     @_reply_errors
@@ -229,63 +161,22 @@ class RemotingTransport:
 
     # -- routes --
 
-    @_reply_errors
     def get_route(self, topic: str) -> TopicRouteData:
-        reply = self._ok(self._ask_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
-        route = bodies.parse_route(reply.body)
-        for b in route.broker_datas:
-            self._brokers.update(b.broker_name, b.broker_addrs)
-        return route
+        return self.locator.get_route(topic)
 
     # -- send --
-
-    @staticmethod
-    def _send_fields(request: SendMessageRequest) -> dict[str, object]:
-        return {
-            "producerGroup": request.producer_group,
-            "topic": request.topic,
-            "defaultTopic": request.default_topic,
-            "defaultTopicQueueNums": request.default_topic_queue_nums,
-            "queueId": request.queue_id,
-            "sysFlag": request.sys_flag,
-            "bornTimestamp": request.born_timestamp,
-            "flag": request.flag,
-            "properties": properties_to_string(request.properties),
-            "reconsumeTimes": request.reconsume_times,
-            "unitMode": request.unit_mode,
-            "maxReconsumeTimes": request.max_reconsume_times,
-            "batch": request.batch,
-        }
-
-    @staticmethod
-    def _send_response(reply: RemotingCommand) -> SendMessageResponse:
-        accepted = (
-            ResponseCode.FLUSH_DISK_TIMEOUT,
-            ResponseCode.FLUSH_SLAVE_TIMEOUT,
-            ResponseCode.SLAVE_NOT_AVAILABLE,
-        )
-        RemotingTransport._ok(reply, *accepted)
-        f = Fields(reply.ext_fields)
-        return SendMessageResponse(
-            code=ResponseCode(reply.code),
-            msg_id=f.text("msgId"),
-            queue_id=f.num("queueId"),
-            queue_offset=f.num("queueOffset"),
-            transaction_id=f.opt("transactionId"),
-            remark=reply.remark or "",
-        )
 
     @_reply_errors
     def send_message(
         self, request: SendMessageRequest, body: bytes, timeout_ms: int = 3000
     ) -> SendMessageResponse:
-        cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body)
-        return self._send_response(
+        cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body)
+        return send_response(
             self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
 
     def send_message_oneway(self, request: SendMessageRequest, body: bytes) -> None:
-        cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body, oneway=True)
+        cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body, oneway=True)
         try:
             self._conn(self._broker_of(request.broker_name, request.topic)).invoke_oneway(cmd)
         except TransportError:
@@ -295,52 +186,12 @@ class RemotingTransport:
     def send_batch_message(
         self, request: SendMessageRequest, entries: Sequence[BatchEntry], timeout_ms: int = 3000
     ) -> SendMessageResponse:
-        cmd = self._req(
-            RequestCode.SEND_BATCH_MESSAGE, self._send_fields(request), bodies.encode_batch(entries)
-        )
-        return self._send_response(
+        cmd = self._req(RequestCode.SEND_BATCH_MESSAGE, send_fields(request), bodies.encode_batch(entries))
+        return send_response(
             self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
 
     # -- pull --
-
-    @staticmethod
-    def _pull_fields(request: PullMessageRequest) -> dict[str, object]:
-        return {
-            "consumerGroup": request.consumer_group,
-            "topic": request.topic,
-            "queueId": request.queue_id,
-            "queueOffset": request.queue_offset,
-            "maxMsgNums": request.max_msg_nums,
-            "sysFlag": request.sys_flag,
-            "commitOffset": request.commit_offset,
-            "suspendTimeoutMillis": request.suspend_timeout_ms,
-            "subscription": request.subscription,
-            "subVersion": request.sub_version,
-            "expressionType": str(request.expression_type),
-        }
-
-    @_reply_errors
-    def _pull_response(self, reply: RemotingCommand, broker_name: str) -> PullMessageResponse:
-        pull_codes = (
-            ResponseCode.PULL_NOT_FOUND,
-            ResponseCode.PULL_RETRY_IMMEDIATELY,
-            ResponseCode.PULL_OFFSET_MOVED,
-        )
-        self._ok(reply, *pull_codes)
-        f = Fields(reply.ext_fields)
-        messages = decode_records(reply.body, broker_name=broker_name) if reply.body else []
-        records = [reply.body[s : s + n] for s, n in split_records(reply.body)] if reply.body else []
-        return PullMessageResponse(
-            code=ResponseCode(reply.code),
-            next_begin_offset=f.num("nextBeginOffset"),
-            min_offset=f.num("minOffset", 0),
-            max_offset=f.num("maxOffset", 0),
-            messages=messages,
-            records=records,
-            suggest_which_broker_id=f.num("suggestWhichBrokerId", 0),
-            remark=reply.remark or "",
-        )
 
     def _pull_timeout_s(self, request: PullMessageRequest) -> float:
         return request.suspend_timeout_ms / 1000 + self._timeout_s + 5.0
@@ -348,11 +199,9 @@ class RemotingTransport:
     @_reply_errors
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
         addr = self._broker_of(request.broker_name, request.topic, read=True)
-        cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
+        cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
         timeout = max(timeout_ms / 1000, self._pull_timeout_s(request))
-        return self._pull_response(
-            self._invoke(addr, cmd, timeout), request.broker_name or self._name_of(addr)
-        )
+        return pull_response(self._invoke(addr, cmd, timeout), request.broker_name or self._name_of(addr))
 
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
         try:
@@ -370,13 +219,16 @@ class RemotingTransport:
                 callback(result)
                 return
             try:
-                response = self._pull_response(result, name)
-            except Exception as exc:
+                response = pull_response(result, name)
+            except RemotingError as exc:
+                callback(TransportError(f"undecodable reply: {exc}"))
+                return
+            except Exception as exc:  # a typed broker error, delivered as the contract says
                 callback(exc)
                 return
             callback(response)
 
-        cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
+        cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
         conn.invoke_async(cmd, on_reply, self._pull_timeout_s(request))
 
     def _name_of(self, addr: str) -> str:

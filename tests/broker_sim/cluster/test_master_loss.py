@@ -23,6 +23,8 @@ from broker_sim.client.message import SendStatus
 from broker_sim.common.errors import ServiceNotAvailableError
 from broker_sim.common.message import MessageExt
 from broker_sim.common.requests import ConsumeFromWhere, SendMessageRequest
+from broker_sim.remoting.admin_client import AdminClient
+from broker_sim.remoting.client_codec import send_fields, send_response
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.cluster_process import ClusterProcess
 from broker_sim.remoting.codes import RequestCode
@@ -89,7 +91,13 @@ def test_master_power_cut(tmp_path: Path, flush: str, replication: str) -> None:
             assert {where[0] for where in acked.values()} == {"broker-a", "broker-b"}
             cut = time.monotonic()
             cluster.power_cut("broker-a")
-            # what the slave holds is all a consumer can still read of broker-a
+            # what the slave holds is all a consumer can still read of broker-a (once it dispatched it all)
+            admin = AdminClient(cluster.namesrv)
+            slave_addr = cluster.node("broker-a", 1).address
+            try:
+                assert wait_until(lambda: admin.runtime_info(slave_addr)["dispatchBehindBytes"] == "0")
+            finally:
+                admin.close()
             slave_max = {q: probe.get_max_offset(TOPIC, q, "broker-a") for q in range(4)}
             unreplicated = {
                 b for b, (name, q, off) in acked.items() if name == "broker-a" and off >= slave_max[q]
@@ -171,12 +179,12 @@ def test_sync_master_without_its_slave_reports_slave_not_available(tmp_path: Pat
         slave = RemotingTransport(c.node("broker-a", 1).address)
         try:
             with pytest.raises(ServiceNotAvailableError):
-                slave._send_response(
+                send_response(
                     slave._invoke(
                         c.node("broker-a", 1).address,
                         slave._req(
                             RequestCode.SEND_MESSAGE,
-                            RemotingTransport._send_fields(SendMessageRequest("P", TOPIC, 0)),
+                            send_fields(SendMessageRequest("P", TOPIC, 0)),
                             b"x",
                         ),
                     )
