@@ -311,8 +311,6 @@ def _serve_cluster(args: argparse.Namespace) -> int:
 
     from broker_sim.remoting.cluster_process import ClusterProcess
 
-    if args.brokers < 1 or args.slaves < 0:
-        raise ValueError("--brokers must be at least 1 and --slaves at least 0")
     extra = [f"--set={item}" for item in args.set]
     if args.auto_create_topics:
         extra.append("--auto-create-topics")
@@ -345,8 +343,11 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    if args.command == "serve" and (args.brokers > 1 or args.slaves > 0):
-        return _serve_cluster(args)
+    if args.command == "serve":
+        if args.brokers < 1 or args.slaves < 0:
+            raise ValueError("--brokers must be at least 1 and --slaves at least 0")
+        if args.brokers > 1 or args.slaves > 0:
+            return _serve_cluster(args)
     broker_opts: dict[str, Any] = {}
     if args.command == "broker":
         slave = args.role == "SLAVE"
