@@ -23,6 +23,7 @@ from broker_sim.client.message import SendStatus
 from broker_sim.common.errors import ServiceNotAvailableError
 from broker_sim.common.message import MessageExt
 from broker_sim.common.requests import ConsumeFromWhere, SendMessageRequest
+from broker_sim.faults import FaultInjector
 from broker_sim.remoting.admin_client import AdminClient
 from broker_sim.remoting.client_codec import send_fields, send_response
 from broker_sim.remoting.client_transport import RemotingTransport
@@ -105,7 +106,9 @@ def test_master_power_cut(tmp_path: Path, flush: str, replication: str) -> None:
             burst_thread.start()
             assert wait_until(lambda: len(burst_acked) >= 20)
             cut = time.monotonic()
-            cluster.power_cut("broker-a")
+            faults = FaultInjector()
+            faults.lose_master(cluster, "broker-a")
+            assert faults.summary() == {"MASTER_LOST": 1}
             stop_burst.set()
             burst_thread.join(timeout=60)
             burster.shutdown()
