@@ -52,7 +52,16 @@ class NameServerProcessor:
 
     # -- broker lifecycle --
 
-    def register_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def handle(self, cmd: RemotingCommand) -> RemotingCommand:
+        """A registration from a broker in this process (no connection: it leaves only by unregistering
+        or expiring)."""
+        handler = {
+            RequestCode.REGISTER_BROKER: self.register_broker,
+            RequestCode.UNREGISTER_BROKER: self.unregister_broker,
+        }[RequestCode(cmd.code)]
+        return handler(cmd, None)
+
+    def register_broker(self, cmd: RemotingCommand, conn: Connection | None) -> RemotingCommand:
         """REGISTER_BROKER (103): header RegisterBrokerRequestHeader, body RegisterBrokerBody JSON
         (``topicConfigSerializeWrapper`` {``topicConfigTable``, ``dataVersion``}, ``filterServerList``)."""
         f = Fields(cmd.ext_fields)
@@ -80,7 +89,7 @@ class NameServerProcessor:
         fields = {"masterAddr": result.master_addr, "haServerAddr": result.ha_server_addr}
         return cmd.reply(ResponseCode.SUCCESS, ext_fields={k: v for k, v in fields.items() if v})
 
-    def unregister_broker(self, cmd: RemotingCommand, conn: Connection) -> RemotingCommand:
+    def unregister_broker(self, cmd: RemotingCommand, conn: Connection | None) -> RemotingCommand:
         """UNREGISTER_BROKER (104): a broker shutting down cleanly leaves at once."""
         f = Fields(cmd.ext_fields)
         self.routes.unregister(

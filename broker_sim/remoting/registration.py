@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from broker_sim.clock import Clock, SystemClock
 from broker_sim.common.errors import TransportError
@@ -36,6 +36,10 @@ log = logging.getLogger("broker_sim.remoting.registration")
 REGISTER_PERIOD_S = 30.0
 #: BrokerConfig.registerBrokerTimeoutMills
 REGISTER_TIMEOUT_S = 6.0
+
+
+class LocalNameServer(Protocol):
+    def handle(self, cmd: RemotingCommand) -> RemotingCommand: ...
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class NameServerRegistrar:
         *,
         period_s: float = REGISTER_PERIOD_S,
         clock: Clock | None = None,
+        local: LocalNameServer | None = None,
     ) -> None:
         self.identity = identity
         self.namesrv_addrs = list(namesrv_addrs)
@@ -65,6 +70,9 @@ class NameServerRegistrar:
         self.period_s = period_s
         self.clock: Clock = clock or SystemClock()
         self._conns = {a: RemotingConnection(a) for a in self.namesrv_addrs}
+        #: a name server in this process (``broker-sim serve``), called directly: registered before it
+        #: accepts its first client, so no client ever sees it without this broker
+        self.local = local
         self._lock = threading.Lock()
         self._last_table: dict[str, dict[str, Any]] | None = None
         self._version = {"timestamp": 0, "counter": 0}
@@ -92,6 +100,15 @@ class NameServerRegistrar:
         wrapper = {"topicConfigTable": table, "dataVersion": self._version}
         return json.dumps({"topicConfigSerializeWrapper": wrapper, "filterServerList": []}).encode()
 
+    def _targets(self) -> list[tuple[str, Callable[[RemotingCommand], RemotingCommand]]]:
+        def remote(conn: RemotingConnection) -> Callable[[RemotingCommand], RemotingCommand]:
+            return lambda cmd: conn.invoke(cmd, REGISTER_TIMEOUT_S)
+
+        out = [(addr, remote(conn)) for addr, conn in self._conns.items()]
+        if self.local is not None:
+            out.insert(0, ("(this process)", self.local.handle))
+        return out
+
     def register_all(self) -> int:
         """REGISTER_BROKER to every name server; returns how many accepted it."""
         with self._lock:
@@ -103,10 +120,10 @@ class NameServerRegistrar:
                 "bodyCrc32": body_crc32(body),
             }
             ok = 0
-            for addr, conn in self._conns.items():
+            for addr, invoke in self._targets():
                 cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, fields, body)
                 try:
-                    reply = conn.invoke(cmd, REGISTER_TIMEOUT_S)
+                    reply = invoke(cmd)
                 except (TransportError, RemotingError) as exc:
                     log.warning("register with name server %s failed: %s", addr, exc)
                     continue
@@ -124,10 +141,10 @@ class NameServerRegistrar:
 
     def unregister_all(self) -> None:
         with self._lock:
-            for addr, conn in self._conns.items():
+            for addr, invoke in self._targets():
                 cmd = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, self._header())
                 try:
-                    conn.invoke(cmd, REGISTER_TIMEOUT_S)
+                    invoke(cmd)
                 except (TransportError, RemotingError) as exc:
                     log.warning("unregister from name server %s failed: %s", addr, exc)
 

@@ -135,10 +135,11 @@ class BrokerSimServer:
             signal.signal(POWER_CUT_SIGNAL, self._on_power_cut)
         if self.config.run_namesrv:
             self.namesrv_server.bind()
-            self.namesrv_server.start()
-            self.namesrv.start_scan()
         if self.config.run_broker:
             self._start_broker()
+        if self.config.run_namesrv:  # accepts clients only once the broker here has registered
+            self.namesrv_server.start()
+            self.namesrv.start_scan()
         log.info(
             "broker-sim serving: namesrv %s, broker %s, store %s",
             self.namesrv_address,
@@ -170,7 +171,6 @@ class BrokerSimServer:
         sync_flush = broker.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.broker_server.inline_codes = frozenset(self.handlers.non_blocking_codes(sync_flush))
         self.broker_server.start()
-        own = [self.namesrv_server.address] if self.config.run_namesrv else []
         replication = broker.store.replication
         identity = BrokerIdentity(
             self.config.cluster,
@@ -181,8 +181,9 @@ class BrokerSimServer:
         )
         registrar = self.registrar = NameServerRegistrar(
             identity,
-            [*own, *self.config.namesrv_addrs],
+            self.config.namesrv_addrs,
             lambda: {tc.topic_name: tc.to_json() for tc in broker.topics.topics()},
+            local=self.namesrv if self.config.run_namesrv else None,
         )
         if replication.is_slave:
             configured = bool(replication.master_ha_address)
