@@ -306,15 +306,12 @@ def _broker_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def _serve_cluster(args: argparse.Namespace) -> int:
     """``serve --brokers N --slaves M``: the name server and every broker as child processes."""
-    import signal
-    import threading
-
-    from broker_sim.remoting.cluster_process import ClusterProcess
+    from broker_sim.remoting.cluster_process import serve_cluster
 
     extra = [f"--set={item}" for item in args.set]
     if args.auto_create_topics:
         extra.append("--auto-create-topics")
-    cluster = ClusterProcess(
+    serve_cluster(
         args.store,
         brokers=args.brokers,
         slaves=args.slaves,
@@ -323,15 +320,6 @@ def _serve_cluster(args: argparse.Namespace) -> int:
         extra=tuple(extra),
         log_level=args.log_level,
     )
-    stop = threading.Event()
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, lambda signum, frame: stop.set())
-    args.store.mkdir(parents=True, exist_ok=True)
-    with cluster:
-        nodes = ",".join(f"{n.name}/{n.broker_id}={n.address}" for n in cluster.nodes)
-        print(f"broker-sim ready namesrv={cluster.namesrv} broker={cluster.nodes[0].address} nodes={nodes}")
-        sys.stdout.flush()
-        stop.wait()
     return 0
 
 

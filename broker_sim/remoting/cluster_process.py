@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker_sim.remoting.serve_process import ServeProcess
 
@@ -118,3 +121,17 @@ class ClusterProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve_cluster(store: Path, **options: Any) -> None:
+    """Run a :class:`ClusterProcess` until SIGTERM/SIGINT (``broker-sim serve --brokers N --slaves M``):
+    one ready line on stdout (``broker-sim ready namesrv=… broker=<first master> nodes=name/id=addr,…``)."""
+    stop = threading.Event()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, lambda signum, frame: stop.set())
+    store.mkdir(parents=True, exist_ok=True)
+    with ClusterProcess(store, **options) as cluster:
+        nodes = ",".join(f"{n.name}/{n.broker_id}={n.address}" for n in cluster.nodes)
+        print(f"broker-sim ready namesrv={cluster.namesrv} broker={cluster.nodes[0].address} nodes={nodes}")
+        sys.stdout.flush()
+        stop.wait()
