@@ -1,6 +1,8 @@
 """``broker-sim``: run the simulator as a network server, and administer it like ``mqadmin``.
 
     broker-sim serve --store DIR [--namesrv-port 9876] [--broker-port 10911] [--flush SYNC_FLUSH] ...
+    broker-sim namesrv [--port 9876]
+    broker-sim broker --store DIR --namesrv HOST:PORT [--namesrv HOST:PORT] --name broker-b [--port 10921]
     broker-sim admin [--namesrv HOST:PORT] topic create|list|route ...
     broker-sim admin cluster list
     broker-sim admin topic status|delete NAME
@@ -82,6 +84,26 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--broker-port", type=port_number, default=10911, help="broker port (0: any free port)")
     s.add_argument("--broker-name", default="broker-a")
+    s.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="broker groups (broker-a, broker-b, …); above 1, or with --slaves, every broker and the name "
+        "server run as child processes on free ports",
+    )
+    s.add_argument("--slaves", type=int, default=0, help="slaves per broker group (default 0)")
+    s.add_argument(
+        "--replication",
+        choices=["sync", "async"],
+        default="async",
+        help="masters acknowledge once a slave has the message (sync, SYNC_MASTER) or at once (async)",
+    )
+    _broker_options(s)
+    return _build_rest(p, sub)
+
+
+def _broker_options(s: argparse.ArgumentParser) -> None:
+    """Options every command that runs a broker takes (``serve``, ``broker``)."""
     s.add_argument("--flush", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], help="flush mode of the commit log")
     s.add_argument(
         "--auto-create-topics", action="store_true", help="create unknown topics on first send (TBW102)"
@@ -111,6 +133,60 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop cleanly (as on SIGTERM) when the process that started this one exits",
     )
+
+
+def _build_rest(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser:
+    n = sub.add_parser(
+        "namesrv",
+        help="run a name server only (brokers register with it)",
+        description="Run a name server: brokers started with 'broker-sim broker --namesrv' register with it.",
+    )
+    n.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    n.add_argument("--port", type=port_number, default=9876, help="name server port (0: any free port)")
+    n.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    n.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop cleanly (as on SIGTERM) when the process that started this one exits",
+    )
+
+    b = sub.add_parser(
+        "broker",
+        help="run a broker only, registering with one or more name servers",
+        description="Run one broker of a cluster; it registers with every --namesrv every 30 s.",
+    )
+    b.add_argument(
+        "--namesrv",
+        required=True,
+        type=host_port,
+        action="append",
+        metavar="HOST:PORT",
+        help="a name server to register with (repeatable)",
+    )
+    b.add_argument("--store", required=True, type=Path, help="store directory (created if missing)")
+    b.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    b.add_argument("--name", default="broker-a", help="brokerName: the broker group (default broker-a)")
+    b.add_argument("--cluster", default="DefaultCluster", help="cluster name (default DefaultCluster)")
+    b.add_argument("--port", type=port_number, default=10911, help="broker port (0: any free port)")
+    b.add_argument(
+        "--role",
+        choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"],
+        default="ASYNC_MASTER",
+        help="ASYNC_MASTER acknowledges at once, SYNC_MASTER once a slave has the message; SLAVE replicates",
+    )
+    b.add_argument(
+        "--id", type=int, default=None, help="brokerId: 0 for a master (default), 1.. for a slave (default 1)"
+    )
+    b.add_argument(
+        "--ha-port", type=port_number, default=0, help="a master's replication (HA) port (0: any free port)"
+    )
+    b.add_argument(
+        "--master-ha",
+        type=host_port,
+        default=None,
+        help="a slave's master HA address (default: learnt from the name server)",
+    )
+    _broker_options(b)
 
     a = sub.add_parser(
         "admin",
@@ -206,14 +282,11 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _broker_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The Broker options of ``--set``, ``--flush`` and ``--auto-create-topics``, checked before any port
+    is bound."""
     from broker_sim.broker.config import split_config
-    from broker_sim.remoting.acl import parse_accounts
-    from broker_sim.remoting.serve import BrokerSimServer, ServeConfig
 
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
     config: dict[str, Any] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -225,22 +298,80 @@ def _serve(args: argparse.Namespace) -> int:
     if args.auto_create_topics:
         config["auto_create_topic_enable"] = True
     try:
-        split_config(dict(config))  # reject unknown or malformed options before any port is bound
+        split_config(dict(config))
     except BrokerSimError as exc:
         raise ValueError(f"--set: {exc}") from exc
-    server = BrokerSimServer(
-        ServeConfig(
-            store_dir=args.store,
+    return config
+
+
+def _serve_cluster(args: argparse.Namespace) -> int:
+    """``serve --brokers N --slaves M``: the name server and every broker as child processes."""
+    from broker_sim.remoting.cluster_process import serve_cluster
+
+    extra = [f"--set={item}" for item in args.set]
+    if args.auto_create_topics:
+        extra.append("--auto-create-topics")
+    serve_cluster(
+        args.store,
+        brokers=args.brokers,
+        slaves=args.slaves,
+        replication=args.replication,
+        flush=args.flush or "ASYNC_FLUSH",
+        extra=tuple(extra),
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """``serve`` (name server + broker), ``namesrv`` (name server only) and ``broker`` (broker only)."""
+    from broker_sim.remoting.acl import parse_accounts
+    from broker_sim.remoting.serve import BrokerSimServer, ServeConfig
+
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if args.command == "serve":
+        if args.brokers < 1 or args.slaves < 0:
+            raise ValueError("--brokers must be at least 1 and --slaves at least 0")
+        if args.brokers > 1 or args.slaves > 0:
+            return _serve_cluster(args)
+    broker_opts: dict[str, Any] = {}
+    if args.command == "broker":
+        slave = args.role == "SLAVE"
+        broker_id = args.id if args.id is not None else int(slave)
+        if slave != (broker_id > 0):
+            raise ValueError(f"--id {broker_id}: a master has id 0, a slave an id above 0")
+        broker_opts = {"broker_role": args.role, "broker_id": broker_id}
+        if slave:
+            broker_opts["ha_master_address"] = args.master_ha or ""
+        else:
+            broker_opts["ha_listen_port"] = args.ha_port
+    if args.command == "namesrv":
+        config = ServeConfig(
+            store_dir=Path("."),
             host=args.host,
-            namesrv_port=args.namesrv_port,
-            broker_port=args.broker_port,
-            broker_name=args.broker_name,
-            acl_accounts=parse_accounts(args.acl),
-            broker_config=config,
-            fault_signals=args.fault_signals,
+            namesrv_port=args.port,
+            run_broker=False,
             exit_with_parent=args.exit_with_parent,
         )
-    )
+    else:
+        is_broker = args.command == "broker"
+        config = ServeConfig(
+            store_dir=args.store,
+            host=args.host,
+            namesrv_port=0 if is_broker else args.namesrv_port,
+            broker_port=args.port if is_broker else args.broker_port,
+            broker_name=args.name if is_broker else args.broker_name,
+            cluster=args.cluster if is_broker else "DefaultCluster",
+            acl_accounts=parse_accounts(args.acl),
+            broker_config={**_broker_config(args), **broker_opts},
+            fault_signals=args.fault_signals,
+            exit_with_parent=args.exit_with_parent,
+            run_namesrv=not is_broker,
+            namesrv_addrs=list(args.namesrv) if is_broker else [],
+        )
+    server = BrokerSimServer(config)
     server.install_stop_signals()  # before start(): a SIGTERM right after the ports open still stops cleanly
     server.start()
     # One machine-readable line on stdout, so scripts and tests using port 0 learn the addresses.
@@ -252,7 +383,7 @@ def _serve(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
-        if args.command == "serve":
+        if args.command in ("serve", "namesrv", "broker"):
             return _serve(args)
         from broker_sim.remoting.admin_cli import run_admin
 

@@ -29,6 +29,7 @@ class FaultKind(enum.StrEnum):
     BROKER_CRASHED = "BROKER_CRASHED"
     FORCED_REBALANCE = "FORCED_REBALANCE"
     QUEUE_DELAYED = "QUEUE_DELAYED"
+    MASTER_LOST = "MASTER_LOST"
 
 
 class FaultInjected(BrokerSimError):
@@ -60,6 +61,12 @@ class Rebalanceable(Protocol):
 
 class Crashable(Protocol):
     def crash(self) -> None: ...
+
+
+class Cluster(Protocol):
+    """A cluster whose brokers are processes (``broker_sim.remoting.cluster_process.ClusterProcess``)."""
+
+    def power_cut(self, name: str, broker_id: int = 0) -> int: ...
 
 
 class FaultInjector:
@@ -161,6 +168,13 @@ class FaultInjector:
         with self._lock:
             self._record(FaultKind.BROKER_CRASHED, repr(broker))
         broker.crash()
+
+    def lose_master(self, cluster: Cluster, group: str) -> None:
+        """Cut the power of ``group``'s master (its slave stays): producers move to other groups, consumers
+        read the group from the slave, unreplicated (ASYNC_MASTER) and unflushed data are gone."""
+        with self._lock:
+            self._record(FaultKind.MASTER_LOST, group)
+        cluster.power_cut(group, 0)
 
     def force_rebalance(self, consumer: Rebalanceable) -> None:
         with self._lock:

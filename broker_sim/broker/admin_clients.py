@@ -44,6 +44,7 @@ class ClientAdminService:
             "runtime": f"[ {(int(time.time() * 1000) - self.boot_ms) // 1000} seconds ]",
             "commitLogMinOffset": str(store.min_phy_offset),
             "commitLogMaxOffset": str(store.max_phy_offset),
+            "dispatchBehindBytes": str(store.dispatch_behind_bytes()),
             "brokerName": b.config.broker_name,
             "clusterName": b.config.cluster_name,
             "topicCount": str(len(b.topics.topics())),

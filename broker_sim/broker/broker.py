@@ -183,8 +183,9 @@ class Broker:
                 cfg.scan_not_active_channel_interval_ms, cfg.scan_not_active_channel_interval_ms,
                 self.scan_not_active_channels, name="scan-channels",
             )  # fmt: skip
-            self.schedule_service.start()
-            self.transactions.start()
+            if not self.store.replication.is_slave:  # a slave neither delivers delayed messages nor checks
+                self.schedule_service.start()  # transactions: its master does (BrokerController)
+                self.transactions.start()
             self._state = "RUNNING"
         log.info("broker %s started on %s (store %s)", cfg.broker_name, cfg.broker_addr, self.store_dir)
         return self

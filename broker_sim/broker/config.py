@@ -10,12 +10,14 @@ from typing import Any
 
 from broker_sim.clock import Clock, SystemClock
 from broker_sim.common.errors import BrokerConfigError
-from broker_sim.store.config import FlushDiskType, StoreConfig
+from broker_sim.store.config import BrokerRole, FlushDiskType, StoreConfig
 
 
 @dataclass
 class BrokerConfig:
     broker_name: str = "broker-a"
+    #: 0 = the group's master; > 0 = a slave (then the store's broker_role must be SLAVE)
+    broker_id: int = 0
     cluster_name: str = "DefaultCluster"
     #: the address clients reach the broker at; also the store host written into every record (G7)
     broker_addr: str = "127.0.0.1:10911"
@@ -109,8 +111,18 @@ def split_config(config: dict[str, Any]) -> tuple[BrokerConfig, StoreConfig]:
             raise BrokerConfigError(
                 f"flush_disk_type must be ASYNC_FLUSH or SYNC_FLUSH, got {store_kw['flush_disk_type']!r}"
             ) from None
+    if isinstance(store_kw.get("broker_role"), str):
+        try:
+            store_kw["broker_role"] = BrokerRole(store_kw["broker_role"])
+        except ValueError:
+            raise BrokerConfigError(
+                f"broker_role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, got {store_kw['broker_role']!r}"
+            ) from None
     check_types(BrokerConfig, broker_kw)
     check_types(StoreConfig, store_kw)
+    slave = store_kw.get("broker_role") is BrokerRole.SLAVE
+    if slave != (broker_kw.get("broker_id", 0) > 0):
+        raise BrokerConfigError("broker_id must be 0 for a master and > 0 for a SLAVE (broker_role)")
     try:
         bc = BrokerConfig(**broker_kw)
         store_kw.setdefault("store_host", bc.store_host)

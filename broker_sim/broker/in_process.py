@@ -128,19 +128,25 @@ class InProcessTransport:
     ) -> None:
         self._check().check_client_config(consumer_group, client_id, subscription)
 
-    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
+    def query_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, broker_name: str = ""
+    ) -> int | None:
         return self._check().query_consumer_offset(consumer_group, topic, queue_id)
 
-    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
+    def update_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, offset: int, broker_name: str = ""
+    ) -> None:
         self._check().update_consumer_offset(consumer_group, topic, queue_id, offset)
 
-    def get_max_offset(self, topic: str, queue_id: int) -> int:
+    def get_max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
         return self._check().get_max_offset(topic, queue_id)
 
-    def get_min_offset(self, topic: str, queue_id: int) -> int:
+    def get_min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
         return self._check().get_min_offset(topic, queue_id)
 
-    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    def search_offset_by_timestamp(
+        self, topic: str, queue_id: int, timestamp_ms: int, broker_name: str = ""
+    ) -> int:
         return self._check().search_offset_by_timestamp(topic, queue_id, timestamp_ms)
 
     def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None:

@@ -54,6 +54,18 @@ class ConsumerOffsetManager:
         with self._lock:
             return self._table.get(self.key(topic, group), {}).get(queue_id, -1)
 
+    def snapshot(self) -> dict[str, dict[int, int]]:
+        """The whole table, ``"<topic>@<group>" -> {queue id: offset}`` (GET_ALL_CONSUMER_OFFSET)."""
+        with self._lock:
+            return {k: dict(v) for k, v in self._table.items()}
+
+    def put_all(self, table: dict[str, dict[int, int]]) -> None:
+        """A slave takes its master's table over, entry by entry (SlaveSynchronize.syncConsumerOffset:
+        ``offsetTable.putAll``); entries only the slave has are kept."""
+        with self._lock:
+            for key, queues in table.items():
+                self._table[key] = dict(queues)
+
     def table(self, group: str, topic: str) -> dict[int, int]:
         with self._lock:
             return dict(self._table.get(self.key(topic, group), {}))

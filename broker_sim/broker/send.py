@@ -27,6 +27,16 @@ if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
 
 
+#: SendMessageProcessor.handlePutMessageResult: a stored message whose flush or replication is late still gets
+#: its message id, with one of these codes (the client reports them as a SendStatus, not an error)
+_SEND_CODES = {
+    PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+}
+
+
 class SendMessageService:
     """The Broker's send requests (``broker.sender``)."""
 
@@ -90,11 +100,7 @@ class SendMessageService:
         raise_for_put(result)
         app = result.append_result
         assert app is not None
-        code = (
-            ResponseCode.SUCCESS
-            if result.status is PutMessageStatus.PUT_OK
-            else ResponseCode.FLUSH_DISK_TIMEOUT
-        )
+        code = _SEND_CODES[result.status]
         self.broker.faults.on_send_stored(req.topic, inner.queue_id, app.queue_offset)
         return SendMessageResponse(
             code,
@@ -126,11 +132,7 @@ class SendMessageService:
         app = result.append_result
         assert app is not None
         self.broker.faults.on_send_stored(req.topic, queue_id, app.queue_offset)
-        code = (
-            ResponseCode.SUCCESS
-            if result.status is PutMessageStatus.PUT_OK
-            else ResponseCode.FLUSH_DISK_TIMEOUT
-        )
+        code = _SEND_CODES[result.status]
         return SendMessageResponse(code, ",".join(app.msg_ids), queue_id, app.queue_offset)
 
     def ensure_topic_for_delivery(self, topic: str, queue_id: int) -> None:

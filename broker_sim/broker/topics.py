@@ -9,6 +9,7 @@ production cluster does and what catches typos. With ``auto_create_topic_enable`
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,9 @@ class TopicConfigManager:
         self.auto_create_topic_enable = auto_create_topic_enable
         self._lock = threading.RLock()
         self._table: dict[str, TopicConfig] = {}
+        #: called after every change of the table (the name-server registration re-registers at once, as
+        #: Java's ``registerBrokerAll`` after a topic is created or updated)
+        self.on_change: Callable[[], object] | None = None
         system = [
             TopicConfig(SCHEDULE_TOPIC, schedule_levels, schedule_levels, int(Perm.READ_WRITE)),
             TopicConfig(TRANS_HALF_TOPIC, 1, 1, int(Perm.READ_WRITE)),
@@ -115,6 +119,11 @@ class TopicConfigManager:
             data = {"topicConfigTable": {k: v.to_json() for k, v in sorted(self._table.items())}}
         write_json_atomic(self.path, data)
 
+    def _changed(self) -> None:
+        self.persist()
+        if self.on_change is not None:
+            self.on_change()
+
     def select(self, topic: str) -> TopicConfig | None:
         with self._lock:
             return self._table.get(topic)
@@ -128,14 +137,14 @@ class TopicConfigManager:
             raise InvalidTopicError(f"topic {tc.topic_name}: queue counts must be within 1..1024")
         with self._lock:
             self._table[tc.topic_name] = tc
-        self.persist()
+        self._changed()
         return tc
 
     def delete(self, topic: str) -> bool:
         with self._lock:
             found = self._table.pop(topic, None) is not None
         if found:
-            self.persist()
+            self._changed()
         return found
 
     def create_in_send(
@@ -152,7 +161,7 @@ class TopicConfigManager:
             nums = max(1, min(client_queue_nums, template.write_queue_nums))
             tc = TopicConfig(topic, nums, nums, int(template.perm & ~Perm.INHERIT), sys_flag)
             self._table[topic] = tc
-        self.persist()
+        self._changed()
         return tc
 
     def create_in_send_back(self, topic: str, queue_nums: int, perm: int) -> TopicConfig:
@@ -163,7 +172,7 @@ class TopicConfigManager:
                 return existing
             tc = TopicConfig(topic, queue_nums, queue_nums, perm)
             self._table[topic] = tc
-        self.persist()
+        self._changed()
         return tc
 
     def check_writable(self, tc: TopicConfig) -> None:

@@ -233,6 +233,7 @@ def send_back_request(
         origin_msg_id=msg.msg_id,
         origin_topic=msg.topic,
         max_reconsume_times=max_reconsume_times,
+        broker_name=msg.broker_name or "",
     )
 
 

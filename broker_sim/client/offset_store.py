@@ -88,7 +88,7 @@ class RemoteBrokerOffsetStore(_MemoryTable):
             if off >= 0 or how is ReadOffsetType.READ_FROM_MEMORY:
                 return off
         try:
-            found = self.transport.query_consumer_offset(self.group, mq.topic, mq.queue_id)
+            found = self.transport.query_consumer_offset(self.group, mq.topic, mq.queue_id, mq.broker_name)
         except (TransportError, BrokerResponseError) as exc:
             log.warning("query offset of %s for %s failed: %s", mq, self.group, exc)
             return -2
@@ -102,7 +102,7 @@ class RemoteBrokerOffsetStore(_MemoryTable):
         if off < 0:
             return
         try:
-            self.transport.update_consumer_offset(self.group, mq.topic, mq.queue_id, off)
+            self.transport.update_consumer_offset(self.group, mq.topic, mq.queue_id, off, mq.broker_name)
         except (TransportError, BrokerResponseError) as exc:
             log.warning("commit offset %d of %s for %s failed: %s", off, mq, self.group, exc)
 
@@ -111,7 +111,9 @@ class RemoteBrokerOffsetStore(_MemoryTable):
         for mq, off in self.snapshot().items():
             if mq in wanted and off >= 0:
                 try:
-                    self.transport.update_consumer_offset(self.group, mq.topic, mq.queue_id, off)
+                    self.transport.update_consumer_offset(
+                        self.group, mq.topic, mq.queue_id, off, mq.broker_name
+                    )
                 except (TransportError, BrokerResponseError) as exc:
                     log.warning("commit offset %d of %s for %s failed: %s", off, mq, self.group, exc)
 

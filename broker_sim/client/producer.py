@@ -220,6 +220,7 @@ class Producer(ClientBase):
             born_timestamp=self.clock.now_ms(),
             flag=msg.flag,
             default_topic_queue_nums=self.default_topic_queue_nums,
+            broker_name=mq.broker_name,
         )
 
     def _result(self, msg: Message, mq: MessageQueue, resp: SendMessageResponse) -> SendResult:
@@ -391,7 +392,7 @@ class Producer(ClientBase):
         def request(mq: MessageQueue) -> SendMessageRequest:
             return SendMessageRequest(
                 self.group, topic, mq.queue_id, {}, born_timestamp=self.clock.now_ms(), batch=True,
-                default_topic_queue_nums=self.default_topic_queue_nums,
+                default_topic_queue_nums=self.default_topic_queue_nums, broker_name=mq.broker_name,
             )  # fmt: skip
 
         def call(mq: MessageQueue, left: int) -> SendMessageResponse:

@@ -155,7 +155,7 @@ class PullConsumer(ClientBase):
         sys_flag = SysFlag.PULL_SUBSCRIPTION | (SysFlag.PULL_SUSPEND if suspend_ms > 0 else 0)
         req = PullMessageRequest(
             self.group, mq.topic, mq.queue_id, offset, max_nums, sys_flag, 0, suspend_ms, selector.expression,
-            expression_type=selector.expression_type,
+            expression_type=selector.expression_type, broker_name=mq.broker_name,
         )  # fmt: skip
         resp = self.transport.pull_message(req, timeout_ms=suspend_ms + 30_000)
         msgs = [m for m in resp.messages if tags is None or m.tags in tags]
@@ -179,13 +179,13 @@ class PullConsumer(ClientBase):
         return self.offset_store.read_offset(mq, how)
 
     def max_offset(self, mq: MessageQueue) -> int:
-        return self.transport.get_max_offset(mq.topic, mq.queue_id)
+        return self.transport.get_max_offset(mq.topic, mq.queue_id, mq.broker_name)
 
     def min_offset(self, mq: MessageQueue) -> int:
-        return self.transport.get_min_offset(mq.topic, mq.queue_id)
+        return self.transport.get_min_offset(mq.topic, mq.queue_id, mq.broker_name)
 
     def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return self.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, timestamp_ms)
+        return self.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, timestamp_ms, mq.broker_name)
 
     def send_message_back(self, msg: MessageExt, delay_level: int = 0) -> None:
         """Hand a failed message to the broker's retry path (``%RETRY%`` or, past the maximum, ``%DLQ%``)."""

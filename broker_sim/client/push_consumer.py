@@ -379,6 +379,7 @@ class PushConsumer(ClientBase):
         req = PullMessageRequest(
             self.group, pr.mq.topic, pr.mq.queue_id, pr.next_offset, self.pull_batch_size, sys_flag, commit,
             self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version, sub.expression_type,
+            pr.mq.broker_name,
         )  # fmt: skip
         self.transport.pull_message_async(req, lambda result: self._on_pull(pr, result))
 

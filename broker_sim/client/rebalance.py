@@ -236,8 +236,10 @@ class Rebalancer:
                     if self.host.consume_timestamp_ms is not None
                     else self.host.clock.now_ms() - 1_800_000
                 )
-                return self.host.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, ts)
-            return self.host.transport.get_max_offset(mq.topic, mq.queue_id)
+                return self.host.transport.search_offset_by_timestamp(
+                    mq.topic, mq.queue_id, ts, mq.broker_name
+                )
+            return self.host.transport.get_max_offset(mq.topic, mq.queue_id, mq.broker_name)
         except (TransportError, BrokerResponseError) as exc:
             log.warning("%s: start offset of %s unknown: %s", self.host.group, mq, exc)
             return -1

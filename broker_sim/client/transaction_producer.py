@@ -76,6 +76,7 @@ class TransactionProducer(Producer):
                 result.queue_offset,
                 commit_log_offset,
                 _TYPES[state],
+                broker_name=result.broker_name or "",
             )
         )
         return TransactionSendResult(

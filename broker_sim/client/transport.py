@@ -19,13 +19,15 @@ from broker_sim.common.transport import (
 
 
 def transport_for(broker_or_address: object) -> BrokerTransport:
-    """The transport for what a user passed: a Broker, a ready transport, or a ``"host:port"`` name server."""
+    """The transport for what a user passed: a Broker, a ready transport, or a ``"host:port"`` name server
+    (several as ``"host:port;host:port"``, as RocketMQ's ``namesrvAddr``)."""
     if isinstance(broker_or_address, TransportFactory):
         return broker_or_address.client_transport()
     if isinstance(broker_or_address, str):
-        host, sep, port = broker_or_address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"broker address must be 'host:port', got {broker_or_address!r}")
+        for addr in broker_or_address.split(";"):
+            host, sep, port = addr.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"broker address must be 'host:port[;host:port]', got {broker_or_address!r}")
         # Imported lazily (and by name, so this module never depends on the network layer being present).
         module = importlib.import_module("broker_sim.remoting.client_transport")
         transport: BrokerTransport = module.RemotingTransport(broker_or_address)

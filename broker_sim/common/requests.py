@@ -174,6 +174,8 @@ class SendMessageRequest:
     default_topic: str = "TBW102"
     default_topic_queue_nums: int = 4
     born_host: str = "127.0.0.1:0"
+    #: the broker group of the chosen queue (routing only, not on the wire); "" = the only/any broker
+    broker_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ class PullMessageRequest:
     subscription: str | None = None  # tag expression ("*", "A || B"); None: use the registered one
     sub_version: int = 0
     expression_type: ExpressionType = ExpressionType.TAG
+    #: the broker group of the queue (routing only); "" = the only/any broker
+    broker_name: str = ""
 
 
 class PullMessageResponse:
@@ -303,6 +307,8 @@ class ConsumerSendMsgBackRequest:
     origin_topic: str | None = None
     unit_mode: bool = False
     max_reconsume_times: int | None = None
+    #: the broker group that stored the message (routing only); "" = the only/any broker
+    broker_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -316,6 +322,8 @@ class EndTransactionRequest:
     commit_log_offset: int
     commit_or_rollback: TransactionType
     from_transaction_check: bool = False
+    #: the broker group that stored the half message (routing only); "" = the only/any broker
+    broker_name: str = ""
 
 
 @dataclass(frozen=True)

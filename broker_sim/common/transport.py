@@ -17,6 +17,8 @@ Contract for implementations (both must behave the same, tests run against eithe
 * Connection problems raise :class:`broker_sim.common.errors.TransportError`.
 * ``query_consumer_offset`` returns ``None`` for QUERY_NOT_FOUND (22).
 * ``pull_message_async`` delivers exactly one callback, with the response or the exception, from any thread.
+* ``broker_name`` (on requests and the per-queue offset calls) names the queue's broker group; ``""`` means
+  the only broker (in-process) or any broker of the topic. A multi-group transport routes by it.
 * ``heartbeat(data, channel)``: ``channel`` receives broker → client requests (transaction check-back,
 consumer
   ids changed) for ``data.client_id``; an implementation must route them to it until ``unregister_client``.
@@ -107,23 +109,29 @@ class BrokerTransport(Protocol):
         """CHECK_CLIENT_CONFIG (46): BrokerResponseError if the broker cannot serve the subscription."""
         ...
 
-    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
+    def query_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, broker_name: str = ""
+    ) -> int | None:
         """QUERY_CONSUMER_OFFSET (14); None = QUERY_NOT_FOUND (22)."""
         ...
 
-    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
+    def update_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, offset: int, broker_name: str = ""
+    ) -> None:
         """UPDATE_CONSUMER_OFFSET (15, oneway)."""
         ...
 
-    def get_max_offset(self, topic: str, queue_id: int) -> int:
+    def get_max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
         """GET_MAX_OFFSET (30): the next offset to be written."""
         ...
 
-    def get_min_offset(self, topic: str, queue_id: int) -> int:
+    def get_min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
         """GET_MIN_OFFSET (31)."""
         ...
 
-    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    def search_offset_by_timestamp(
+        self, topic: str, queue_id: int, timestamp_ms: int, broker_name: str = ""
+    ) -> int:
         """SEARCH_OFFSET_BY_TIMESTAMP (29)."""
         ...
 

@@ -48,7 +48,7 @@ class AdminClient:
 
     def topic_list(self) -> list[str]:
         t = self.transport
-        reply = t._ok(t._invoke(t.address, t._req(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)))
+        reply = t._ok(t._ask_namesrv(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))
         return [str(x) for x in bodies.load_json(reply.body, "topic list").get("topicList", [])]
 
     def route(self, topic: str) -> dict[str, Any]:
@@ -95,7 +95,7 @@ class AdminClient:
 
     def _namesrv_call(self, code: int, fields: dict[str, Any] | None = None) -> Any:
         t = self.transport
-        reply = t._invoke(t.address, t._req(code, fields or {}))
+        reply = t._ask_namesrv(code, fields or {})
         if reply.code != ResponseCode.SUCCESS:
             raise error_for_code(reply.code, reply.remark or f"request {code} failed with code {reply.code}")
         return reply

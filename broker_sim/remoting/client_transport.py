@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from broker_sim.common.errors import TransportError, error_for_code
-from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id, properties_to_string
+from broker_sim.common.errors import BrokerResponseError, TransportError, error_for_code
+from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id
 from broker_sim.common.requests import (
     BatchEntry,
     ClientChannel,
@@ -35,12 +35,14 @@ from broker_sim.common.transport import PullCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
 from broker_sim.remoting.client import RemotingConnection
+from broker_sim.remoting.client_codec import check, pull_fields, pull_response, send_fields, send_response
 from broker_sim.remoting.client_requests import serve_client_request
 from broker_sim.remoting.codes import RequestCode
 from broker_sim.remoting.errors import RemotingError
 from broker_sim.remoting.frame import RemotingCommand
 from broker_sim.remoting.header import Fields
-from broker_sim.remoting.records import decode_record, decode_records, split_records
+from broker_sim.remoting.locator import BrokerLocator
+from broker_sim.remoting.records import decode_record
 
 log = logging.getLogger("broker_sim.remoting.client_transport")
 
@@ -63,6 +65,13 @@ def _reply_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+def _by_broker(mqs: set[MessageQueue]) -> dict[str, set[MessageQueue]]:
+    out: dict[str, set[MessageQueue]] = {}
+    for mq in mqs:
+        out.setdefault(mq.broker_name, set()).add(mq)
+    return out
+
+
 class RemotingTransport:
     """All requests of a RocketMQ client, over TCP, starting from a name server address."""
 
@@ -79,9 +88,15 @@ class RemotingTransport:
         self._timeout_s = request_timeout_ms / 1000
         self._lock = threading.Lock()
         self._conns: dict[str, RemotingConnection] = {}
-        self._broker_addrs: dict[str, str] = {}  # broker name -> master address
         self._channels: dict[str, ClientChannel] = {}
         self._closed = False
+        #: where the name servers and each group's master and slaves are
+        self.locator = BrokerLocator(namesrv_addr, self._invoke, self._req)
+        self._brokers = self.locator.directory
+        self._ask_namesrv = self.locator.ask_namesrv
+        self._broker = self.locator.broker
+        self._broker_of = self.locator.broker_of
+        self._masters = self.locator.masters
 
     @property
     def address(self) -> str:
@@ -114,49 +129,27 @@ class RemotingTransport:
             return conn
 
     def _invoke(self, address: str, cmd: RemotingCommand, timeout_s: float | None = None) -> RemotingCommand:
-        return self._conn(address).invoke(cmd, self._timeout_s if timeout_s is None else timeout_s)
+        try:
+            return self._conn(address).invoke(cmd, self._timeout_s if timeout_s is None else timeout_s)
+        except TransportError:
+            self._brokers.forget(address)
+            raise
 
-    @staticmethod
-    def _ok(reply: RemotingCommand, *accepted: int) -> RemotingCommand:
-        if reply.code not in (ResponseCode.SUCCESS, *accepted):
-            raise error_for_code(reply.code, reply.remark or f"request failed with code {reply.code}")
-        return reply
+    _ok = staticmethod(check)
 
-    def _broker(self, broker_name: str | None = None) -> str:
-        """Master address of ``broker_name`` (or of any broker), asking the name server if unknown."""
-        with self._lock:
-            known = dict(self._broker_addrs)
-        if not known or (broker_name is not None and broker_name not in known):
-            self._refresh_brokers()
-            with self._lock:
-                known = dict(self._broker_addrs)
-        if broker_name is not None and broker_name in known:
-            return known[broker_name]
-        if broker_name is None and known:
-            return known[sorted(known)[0]]
-        raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
-
-    @_reply_errors
-    def _refresh_brokers(self) -> None:
-        reply = self._ok(self._invoke(self._namesrv_addr, self._req(RequestCode.GET_BROKER_CLUSTER_INFO)))
-        info = bodies.load_json(reply.body, "cluster info")
-        table = info.get("brokerAddrTable", {}) if isinstance(info, dict) else {}
-        with self._lock:
-            for name, data in table.items():
-                addrs = data.get("brokerAddrs", {}) if isinstance(data, dict) else {}
-                master = addrs.get("0", addrs.get(0))
-                if master:
-                    self._broker_addrs[str(name)] = str(master)
-
-    def _broker_for_topic(self, topic: str) -> str:
-        with self._lock:
-            known = bool(self._broker_addrs)
-        if not known:
+    def _to_all_masters(self, request: Callable[[], RemotingCommand]) -> None:
+        """Send to every master; a group that does not answer is skipped (logged), as Java's client does,
+        unless none answers."""
+        failures: list[Exception] = []
+        masters = self._masters()
+        for addr in masters:
             try:
-                self.get_route(topic)
-            except RemotingError:
-                log.debug("route lookup for %s failed", topic, exc_info=True)
-        return self._broker()
+                self._ok(self._invoke(addr, request()))
+            except (TransportError, BrokerResponseError) as exc:
+                log.debug("request to broker %s failed: %s", addr, exc)
+                failures.append(exc)
+        if len(failures) == len(masters):
+            raise failures[-1]
 
     # -- server -> client requests --
 
@@ -168,72 +161,24 @@ class RemotingTransport:
 
     # -- routes --
 
-    @_reply_errors
     def get_route(self, topic: str) -> TopicRouteData:
-        reply = self._ok(
-            self._invoke(
-                self._namesrv_addr,
-                self._req(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}),
-            )
-        )
-        route = bodies.parse_route(reply.body)
-        with self._lock:
-            for b in route.broker_datas:
-                if 0 in b.broker_addrs:
-                    self._broker_addrs[b.broker_name] = b.broker_addrs[0]
-        return route
+        return self.locator.get_route(topic)
 
     # -- send --
-
-    @staticmethod
-    def _send_fields(request: SendMessageRequest) -> dict[str, object]:
-        return {
-            "producerGroup": request.producer_group,
-            "topic": request.topic,
-            "defaultTopic": request.default_topic,
-            "defaultTopicQueueNums": request.default_topic_queue_nums,
-            "queueId": request.queue_id,
-            "sysFlag": request.sys_flag,
-            "bornTimestamp": request.born_timestamp,
-            "flag": request.flag,
-            "properties": properties_to_string(request.properties),
-            "reconsumeTimes": request.reconsume_times,
-            "unitMode": request.unit_mode,
-            "maxReconsumeTimes": request.max_reconsume_times,
-            "batch": request.batch,
-        }
-
-    @staticmethod
-    def _send_response(reply: RemotingCommand) -> SendMessageResponse:
-        accepted = (
-            ResponseCode.FLUSH_DISK_TIMEOUT,
-            ResponseCode.FLUSH_SLAVE_TIMEOUT,
-            ResponseCode.SLAVE_NOT_AVAILABLE,
-        )
-        RemotingTransport._ok(reply, *accepted)
-        f = Fields(reply.ext_fields)
-        return SendMessageResponse(
-            code=ResponseCode(reply.code),
-            msg_id=f.text("msgId"),
-            queue_id=f.num("queueId"),
-            queue_offset=f.num("queueOffset"),
-            transaction_id=f.opt("transactionId"),
-            remark=reply.remark or "",
-        )
 
     @_reply_errors
     def send_message(
         self, request: SendMessageRequest, body: bytes, timeout_ms: int = 3000
     ) -> SendMessageResponse:
-        cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body)
-        return self._send_response(
-            self._invoke(self._broker_for_topic(request.topic), cmd, timeout_ms / 1000)
+        cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body)
+        return send_response(
+            self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
 
     def send_message_oneway(self, request: SendMessageRequest, body: bytes) -> None:
-        cmd = self._req(RequestCode.SEND_MESSAGE, self._send_fields(request), body, oneway=True)
+        cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body, oneway=True)
         try:
-            self._conn(self._broker_for_topic(request.topic)).invoke_oneway(cmd)
+            self._conn(self._broker_of(request.broker_name, request.topic)).invoke_oneway(cmd)
         except TransportError:
             log.debug("oneway send to %s failed", request.topic, exc_info=True)
 
@@ -241,100 +186,61 @@ class RemotingTransport:
     def send_batch_message(
         self, request: SendMessageRequest, entries: Sequence[BatchEntry], timeout_ms: int = 3000
     ) -> SendMessageResponse:
-        cmd = self._req(
-            RequestCode.SEND_BATCH_MESSAGE, self._send_fields(request), bodies.encode_batch(entries)
-        )
-        return self._send_response(
-            self._invoke(self._broker_for_topic(request.topic), cmd, timeout_ms / 1000)
+        cmd = self._req(RequestCode.SEND_BATCH_MESSAGE, send_fields(request), bodies.encode_batch(entries))
+        return send_response(
+            self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
 
     # -- pull --
-
-    @staticmethod
-    def _pull_fields(request: PullMessageRequest) -> dict[str, object]:
-        return {
-            "consumerGroup": request.consumer_group,
-            "topic": request.topic,
-            "queueId": request.queue_id,
-            "queueOffset": request.queue_offset,
-            "maxMsgNums": request.max_msg_nums,
-            "sysFlag": request.sys_flag,
-            "commitOffset": request.commit_offset,
-            "suspendTimeoutMillis": request.suspend_timeout_ms,
-            "subscription": request.subscription,
-            "subVersion": request.sub_version,
-            "expressionType": str(request.expression_type),
-        }
-
-    @_reply_errors
-    def _pull_response(self, reply: RemotingCommand, broker_name: str) -> PullMessageResponse:
-        pull_codes = (
-            ResponseCode.PULL_NOT_FOUND,
-            ResponseCode.PULL_RETRY_IMMEDIATELY,
-            ResponseCode.PULL_OFFSET_MOVED,
-        )
-        self._ok(reply, *pull_codes)
-        f = Fields(reply.ext_fields)
-        messages = decode_records(reply.body, broker_name=broker_name) if reply.body else []
-        records = [reply.body[s : s + n] for s, n in split_records(reply.body)] if reply.body else []
-        return PullMessageResponse(
-            code=ResponseCode(reply.code),
-            next_begin_offset=f.num("nextBeginOffset"),
-            min_offset=f.num("minOffset", 0),
-            max_offset=f.num("maxOffset", 0),
-            messages=messages,
-            records=records,
-            suggest_which_broker_id=f.num("suggestWhichBrokerId", 0),
-            remark=reply.remark or "",
-        )
 
     def _pull_timeout_s(self, request: PullMessageRequest) -> float:
         return request.suspend_timeout_ms / 1000 + self._timeout_s + 5.0
 
     @_reply_errors
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
-        addr = self._broker_for_topic(request.topic)
-        cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
+        addr = self._broker_of(request.broker_name, request.topic, read=True)
+        cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
         timeout = max(timeout_ms / 1000, self._pull_timeout_s(request))
-        return self._pull_response(self._invoke(addr, cmd, timeout), self._name_of(addr))
+        return pull_response(self._invoke(addr, cmd, timeout), request.broker_name or self._name_of(addr))
 
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
         try:
-            addr = self._broker_for_topic(request.topic)
+            addr = self._broker_of(request.broker_name, request.topic, read=True)
             conn = self._conn(addr)
         except Exception as exc:  # delivered to the callback, as the transport contract says
             callback(exc)
             return
-        name = self._name_of(addr)
+        name = request.broker_name or self._name_of(addr)
 
         def on_reply(result: RemotingCommand | BaseException) -> None:
             if isinstance(result, BaseException):
+                if isinstance(result, TransportError):
+                    self._brokers.forget(addr)
                 callback(result)
                 return
             try:
-                response = self._pull_response(result, name)
-            except Exception as exc:
+                response = pull_response(result, name)
+            except RemotingError as exc:
+                callback(TransportError(f"undecodable reply: {exc}"))
+                return
+            except Exception as exc:  # a typed broker error, delivered as the contract says
                 callback(exc)
                 return
             callback(response)
 
-        cmd = self._req(RequestCode.PULL_MESSAGE, self._pull_fields(request))
+        cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
         conn.invoke_async(cmd, on_reply, self._pull_timeout_s(request))
 
     def _name_of(self, addr: str) -> str:
-        with self._lock:
-            for name, a in self._broker_addrs.items():
-                if a == addr:
-                    return name
-        return ""
+        return self._brokers.name_of(addr)
 
     # -- clients --
 
     def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
         with self._lock:
             self._channels[data.client_id] = channel
-        cmd = self._req(RequestCode.HEART_BEAT, body=bodies.heartbeat_body(data))
-        self._ok(self._invoke(self._broker(), cmd))
+        body = bodies.heartbeat_body(data)
+        self._to_all_masters(lambda: self._req(RequestCode.HEART_BEAT, body=body))
 
     def unregister_client(
         self, client_id: str, producer_group: str | None, consumer_group: str | None
@@ -345,7 +251,7 @@ class RemotingTransport:
             "consumerGroup": consumer_group or "",
         }
         try:
-            self._ok(self._invoke(self._broker(), self._req(RequestCode.UNREGISTER_CLIENT, fields)))
+            self._to_all_masters(lambda: self._req(RequestCode.UNREGISTER_CLIENT, fields))
         finally:
             with self._lock:
                 self._channels.pop(client_id, None)
@@ -371,16 +277,21 @@ class RemotingTransport:
     # -- offsets --
 
     @_reply_errors
-    def query_consumer_offset(self, consumer_group: str, topic: str, queue_id: int) -> int | None:
+    def query_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, broker_name: str = ""
+    ) -> int | None:
         fields = {"consumerGroup": consumer_group, "topic": topic, "queueId": queue_id}
         reply = self._invoke(
-            self._broker_for_topic(topic), self._req(RequestCode.QUERY_CONSUMER_OFFSET, fields)
+            self._broker_of(broker_name, topic, read=True),
+            self._req(RequestCode.QUERY_CONSUMER_OFFSET, fields),
         )
         if reply.code == ResponseCode.QUERY_NOT_FOUND:
             return None
         return Fields(self._ok(reply).ext_fields).num("offset")
 
-    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
+    def update_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, offset: int, broker_name: str = ""
+    ) -> None:
         fields = {
             "consumerGroup": consumer_group,
             "topic": topic,
@@ -388,22 +299,30 @@ class RemotingTransport:
             "commitOffset": offset,
         }
         cmd = self._req(RequestCode.UPDATE_CONSUMER_OFFSET, fields, oneway=True)
-        self._conn(self._broker_for_topic(topic)).invoke_oneway(cmd)
+        addr = self._broker_of(broker_name, topic, read=True)
+        try:
+            self._conn(addr).invoke_oneway(cmd)
+        except TransportError:
+            self._brokers.forget(addr)
+            raise
 
     @_reply_errors
-    def _offset_request(self, code: int, topic: str, queue_id: int, **extra: int) -> int:
+    def _offset_request(self, code: int, topic: str, queue_id: int, broker_name: str, **extra: int) -> int:
         cmd = self._req(code, {"topic": topic, "queueId": queue_id, **extra})
-        return Fields(self._ok(self._invoke(self._broker_for_topic(topic), cmd)).ext_fields).num("offset")
+        reply = self._invoke(self._broker_of(broker_name, topic, read=True), cmd)
+        return Fields(self._ok(reply).ext_fields).num("offset")
 
-    def get_max_offset(self, topic: str, queue_id: int) -> int:
-        return self._offset_request(RequestCode.GET_MAX_OFFSET, topic, queue_id)
+    def get_max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
+        return self._offset_request(RequestCode.GET_MAX_OFFSET, topic, queue_id, broker_name)
 
-    def get_min_offset(self, topic: str, queue_id: int) -> int:
-        return self._offset_request(RequestCode.GET_MIN_OFFSET, topic, queue_id)
+    def get_min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
+        return self._offset_request(RequestCode.GET_MIN_OFFSET, topic, queue_id, broker_name)
 
-    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    def search_offset_by_timestamp(
+        self, topic: str, queue_id: int, timestamp_ms: int, broker_name: str = ""
+    ) -> int:
         return self._offset_request(
-            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, timestamp=timestamp_ms
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, topic, queue_id, broker_name, timestamp=timestamp_ms
         )
 
     # -- messages --
@@ -419,7 +338,7 @@ class RemotingTransport:
             "maxReconsumeTimes": request.max_reconsume_times,
         }
         cmd = self._req(RequestCode.CONSUMER_SEND_MSG_BACK, fields)
-        self._ok(self._invoke(self._broker(), cmd))
+        self._ok(self._invoke(self._broker(request.broker_name or None), cmd))
 
     def end_transaction(self, request: EndTransactionRequest) -> None:
         fields = {
@@ -431,18 +350,32 @@ class RemotingTransport:
             "commitOrRollback": int(request.commit_or_rollback),
             "fromTransactionCheck": request.from_transaction_check,
         }
-        self._conn(self._broker()).invoke_oneway(self._req(RequestCode.END_TRANSACTION, fields, oneway=True))
+        cmd = self._req(RequestCode.END_TRANSACTION, fields, oneway=True)
+        try:  # the half message's own broker: its address is in the offset message id
+            addr = decode_offset_msg_id(request.msg_id)[0]
+        except ValueError:
+            addr = self._broker(request.broker_name or None)
+        self._conn(addr).invoke_oneway(cmd)
 
     @_reply_errors
     def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
-        cmd = self._req(RequestCode.LOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
-        reply = self._ok(self._invoke(self._broker(), cmd))
-        locked = bodies.load_json(reply.body, "lock reply").get("lockOKMQSet") or []
-        return {bodies.mq_from_json(m) for m in locked}
+        """LOCK_BATCH_MQ to each queue's own broker group (RebalanceImpl.lockAll groups them by broker)."""
+        out: set[MessageQueue] = set()
+        for name, group in _by_broker(mqs).items():
+            body = bodies.lock_body(consumer_group, client_id, group)
+            reply = self._ok(
+                self._invoke(self._broker(name or None), self._req(RequestCode.LOCK_BATCH_MQ, body=body))
+            )
+            locked = bodies.load_json(reply.body, "lock reply").get("lockOKMQSet") or []
+            out |= {bodies.mq_from_json(m) for m in locked}
+        return out
 
     def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None:
-        cmd = self._req(RequestCode.UNLOCK_BATCH_MQ, body=bodies.lock_body(consumer_group, client_id, mqs))
-        self._ok(self._invoke(self._broker(), cmd))
+        for name, group in _by_broker(mqs).items():
+            body = bodies.lock_body(consumer_group, client_id, group)
+            self._ok(
+                self._invoke(self._broker(name or None), self._req(RequestCode.UNLOCK_BATCH_MQ, body=body))
+            )
 
     @_reply_errors
     def view_message_by_id(self, offset_msg_id: str) -> MessageExt:

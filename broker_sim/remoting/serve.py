@@ -1,4 +1,11 @@
-"""``broker-sim serve``: a name server and one broker over the same store, in one process.
+"""``broker-sim serve``: a name server and one broker over the same store, in one process; also the body
+of ``broker-sim namesrv`` (name server only) and ``broker-sim broker`` (broker only, registering with name
+servers that run elsewhere).
+
+The broker finds its way into routes the way a RocketMQ broker does: it registers (REGISTER_BROKER) with
+every name server it is given — its own, when this process runs one, plus ``namesrv_addrs`` — before the
+ready line, every 30 s after, and at once when a topic is created or changed
+(:mod:`broker_sim.remoting.registration`).
 
 Start-up order matters: the broker's listening socket is bound first (so ``--broker-port 0`` resolves to a
 real port), then the Broker is built with that address as its store host — message ids and the STOREHOST
@@ -32,12 +39,14 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from broker_sim.namesrv.processor import NameServerProcessor
 from broker_sim.remoting.acl import AclGuard
 from broker_sim.remoting.admin_handlers import AdminHandlers
 from broker_sim.remoting.broker_server import BrokerHandlers
-from broker_sim.remoting.name_server import BrokerTopics, NameServer
 from broker_sim.remoting.ops_handlers import OpsHandlers
+from broker_sim.remoting.registration import BrokerIdentity, NameServerRegistrar
 from broker_sim.remoting.server import Connection, RemotingServer
+from broker_sim.remoting.slave_sync import SlaveSynchronize, SyncHandlers
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
@@ -65,6 +74,12 @@ class ServeConfig:
     fault_signals: bool = False
     #: stop cleanly when the parent process exits
     exit_with_parent: bool = False
+    #: run a name server in this process (``namesrv_port``); False for ``broker-sim broker``
+    run_namesrv: bool = True
+    #: run a broker in this process; False for ``broker-sim namesrv``
+    run_broker: bool = True
+    #: other name servers the broker registers with (besides this process's own)
+    namesrv_addrs: list[str] = field(default_factory=list)
 
 
 class BrokerSimServer:
@@ -80,9 +95,20 @@ class BrokerSimServer:
             guard=guard,
             on_disconnect=self._on_disconnect,
         )
-        self.namesrv_server = RemotingServer({}, config.host, config.namesrv_port, name="namesrv", workers=8)
+        self.namesrv = NameServerProcessor()
+        self.namesrv_server = RemotingServer(
+            self.namesrv.handlers(),
+            config.host,
+            config.namesrv_port,
+            name="namesrv",
+            workers=8,
+            on_disconnect=self.namesrv.connection_closed,
+        )
+        self.namesrv_server.inline_codes = frozenset(self.namesrv_server.handlers)
         self.broker: Broker | None = None
         self.handlers: BrokerHandlers | None = None
+        self.registrar: NameServerRegistrar | None = None
+        self.slave_sync: SlaveSynchronize | None = None
         self._stopped = threading.Event()
         #: set by SIGTERM/SIGINT once :meth:`install_stop_signals` ran; :meth:`serve_forever` waits on it
         self._stop_requested = threading.Event()
@@ -92,22 +118,40 @@ class BrokerSimServer:
 
     @property
     def namesrv_address(self) -> str:
-        return self.namesrv_server.address
+        """This process's name server, or (``broker-sim broker``) the first one the broker registers with."""
+        if self.config.run_namesrv:
+            return self.namesrv_server.address
+        return self.config.namesrv_addrs[0] if self.config.namesrv_addrs else ""
 
     @property
     def broker_address(self) -> str:
-        return self.broker_server.address
+        return self.broker_server.address if self.config.run_broker else ""
 
     def start(self) -> None:
-        """Bind, build the Broker, start serving. With ``fault_signals`` the power-cut handler is installed
-        first (so this must then run on the main thread): a harness may send SIGUSR1 as soon as the ports
-        answer, before :meth:`serve_forever` runs."""
-        from broker_sim.broker.broker import Broker
-
+        """Bind, build the Broker, start serving, register with the name servers. With ``fault_signals`` the
+        power-cut handler is installed first (so this must then run on the main thread): a harness may send
+        SIGUSR1 as soon as the ports answer, before :meth:`serve_forever` runs."""
         if self.config.fault_signals:
             signal.signal(POWER_CUT_SIGNAL, self._on_power_cut)
+        if self.config.run_namesrv:
+            self.namesrv_server.bind()
+        if self.config.run_broker:
+            self._start_broker()
+        if self.config.run_namesrv:  # accepts clients only once the broker here has registered
+            self.namesrv_server.start()
+            self.namesrv.start_scan()
+        log.info(
+            "broker-sim serving: namesrv %s, broker %s, store %s",
+            self.namesrv_address,
+            self.broker_address,
+            self.config.store_dir,
+        )
+
+    def _start_broker(self) -> None:
+        from broker_sim.broker.broker import Broker
+        from broker_sim.store.config import FlushDiskType
+
         self.broker_server.bind()
-        self.namesrv_server.bind()
         address = self.broker_server.address
         options = {
             "broker_name": self.config.broker_name,
@@ -115,35 +159,47 @@ class BrokerSimServer:
             "broker_addr": address,
             **self.config.broker_config,
         }
-        self.broker = Broker(self.config.store_dir, **options)
-        self.broker.start()
-        self.handlers = BrokerHandlers(self.broker, address)
+        broker = self.broker = Broker(self.config.store_dir, **options)
+        broker.start()
+        self.handlers = BrokerHandlers(broker, address)
         self.broker_server.handlers = {
             **self.handlers.handlers(),
-            **AdminHandlers(self.broker, address).handlers(),
-            **OpsHandlers(self.broker).handlers(),
+            **AdminHandlers(broker, address).handlers(),
+            **OpsHandlers(broker).handlers(),
+            **SyncHandlers(broker).handlers(),
         }
-        ns = NameServer(
-            BrokerTopics(self.broker),
-            address,
-            broker_name=self.config.broker_name,
-            cluster=self.config.cluster,
-            auto_create_topics=bool(options.get("auto_create_topic_enable", False)),
-        )
-        self.namesrv_server.handlers = ns.handlers()
-        from broker_sim.store.config import FlushDiskType
-
-        sync_flush = self.broker.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        sync_flush = broker.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.broker_server.inline_codes = frozenset(self.handlers.non_blocking_codes(sync_flush))
-        self.namesrv_server.inline_codes = frozenset(self.namesrv_server.handlers)
         self.broker_server.start()
-        self.namesrv_server.start()
-        log.info(
-            "broker-sim serving: namesrv %s, broker %s, store %s",
-            self.namesrv_address,
+        replication = broker.store.replication
+        identity = BrokerIdentity(
+            self.config.cluster,
+            self.config.broker_name,
+            broker.config.broker_id,
             address,
-            self.config.store_dir,
+            replication.ha_address,
         )
+        registrar = self.registrar = NameServerRegistrar(
+            identity,
+            self.config.namesrv_addrs,
+            lambda: {tc.topic_name: tc.to_json() for tc in broker.topics.topics()},
+            local=self.namesrv if self.config.run_namesrv else None,
+        )
+        if replication.is_slave:
+            configured = bool(replication.master_ha_address)
+            self.slave_sync = SlaveSynchronize(broker, lambda: registrar.master_addr)
+
+            def learn_master(master: str, ha: str) -> None:
+                # BrokerController.registerBrokerAll: a slave follows the master the name server names
+                if not configured and ha:
+                    replication.master_ha_address = ha
+
+            registrar.on_master = learn_master
+        registrar.start()
+        broker.topics.on_change = registrar.register_all
+        if self.slave_sync is not None:
+            self.slave_sync.sync_all()
+            self.slave_sync.start()
 
     def _on_disconnect(self, conn: Connection) -> None:
         if self.handlers is not None and self.broker is not None and self.broker.running:
@@ -154,6 +210,13 @@ class BrokerSimServer:
             if self._stopped.is_set():
                 return
             log.info("broker-sim shutting down")
+            if self.slave_sync is not None:
+                self.slave_sync.stop()
+            if self.registrar is not None:
+                if self.broker is not None:
+                    self.broker.topics.on_change = None
+                self.registrar.shutdown()
+            self.namesrv.stop()
             self.namesrv_server.shutdown()
             self.broker_server.shutdown()
             if self.broker is not None:

@@ -3,9 +3,10 @@ SIGKILL, restarts on the same ports, clients in other processes).
 
 ``ServeProcess(store, "--set", "topics={...}").start()`` runs ``python -m broker_sim serve`` on port 0 (or
 given ports), waits for its ``broker-sim ready namesrv=… broker=…`` line and records both addresses;
-``stop(sig)`` signals it and returns its exit code, ``kill()`` ends it by pid whatever its state. Used as a
-context manager it starts on entry and stops (SIGTERM, then SIGKILL if needed) on exit. The child's stderr
-goes to ``stderr_path`` (appended) or a pipe (read it with :meth:`communicate`).
+``command="namesrv"`` / ``"broker"`` runs those commands instead (a broker's ``extra`` names its
+``--namesrv``). ``stop(sig)`` signals it and returns its exit code, ``kill()`` ends it by pid whatever
+its state. Used as a context manager it starts on entry and stops (SIGTERM, then SIGKILL if needed) on
+exit. The child's stderr goes to ``stderr_path`` (appended) or a pipe (read it with :meth:`communicate`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ class ServeProcess:
         *extra: str,
         log_level: str = "WARNING",
         stderr_path: Path | None = None,
+        command: str = "serve",
     ) -> None:
         self.store = store
+        self.subcommand = command
         self.extra = list(extra)
         self.log_level = log_level
         self.stderr_path = stderr_path
@@ -40,10 +43,14 @@ class ServeProcess:
         self.namesrv = self.broker = ""
 
     def command(self, namesrv_port: int = 0, broker_port: int = 0) -> list[str]:
+        head = [sys.executable, "-m", "broker_sim", self.subcommand, "--log-level", self.log_level]
+        if self.subcommand == "namesrv":
+            return [*head, "--port", str(namesrv_port), *self.extra]
+        if self.subcommand == "broker":
+            return [*head, "--store", str(self.store), "--port", str(broker_port), *self.extra]
         return [
-            sys.executable, "-m", "broker_sim", "serve", "--store", str(self.store),
-            "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port),
-            "--log-level", self.log_level, *self.extra,
+            *head, "--store", str(self.store),
+            "--namesrv-port", str(namesrv_port), "--broker-port", str(broker_port), *self.extra,
         ]  # fmt: skip
 
     def start(self, namesrv_port: int = 0, broker_port: int = 0, *, attempts: int = 1) -> ServeProcess:
@@ -82,7 +89,10 @@ class ServeProcess:
         return self.proc.pid
 
     def ports(self) -> tuple[int, int]:
-        return int(self.namesrv.rsplit(":", 1)[1]), int(self.broker.rsplit(":", 1)[1])
+        def port(addr: str) -> int:
+            return int(addr.rsplit(":", 1)[1]) if addr else 0
+
+        return port(self.namesrv), port(self.broker)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Send ``sig`` and return the exit code (negative: killed by a signal)."""

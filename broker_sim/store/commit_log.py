@@ -218,3 +218,42 @@ class CommitLog:
 
     def flush(self) -> int:
         return self.mfq.flush()
+
+    # ------------------------------------------------------------------------------------------ replication
+    def read_for_replica(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records (and a segment's closing BLANK marker) from ``offset``, at most ``max_bytes`` unless
+        the first record alone is larger; empty when nothing is written there yet. The master's HA
+        connection sends these; stopping at record boundaries means a slave never holds half a record."""
+        mf = self.mfq.find(offset)
+        if mf is None:
+            return b""
+        pos = start = offset - mf.file_from_offset
+        mm = mf.mm
+        try:
+            while pos + 8 <= mf.wrote:
+                size, magic = SIZE_MAGIC.unpack_from(mm, pos)
+                if magic == BLANK_MAGIC:
+                    pos = self.file_size
+                    break
+                if magic != MESSAGE_MAGIC or size <= 0 or pos + size > mf.wrote:
+                    break
+                if pos > start and pos + size - start > max_bytes:
+                    break
+                pos += size
+            return bytes(mm[start:pos])
+        except ValueError:
+            return b""  # the segment was deleted (and its mapping closed) by expiry meanwhile
+
+    def append_replica(self, offset: int, data: bytes) -> None:
+        """Write bytes a master sent, at ``offset`` (the end of this log, or anywhere when it is empty)."""
+        with self.lock:
+            end = self.mfq.max_offset
+            if self.mfq.files and offset != end:
+                raise MessageIllegalError(f"replica data at {offset} does not continue this log at {end}")
+            mf = self.mfq.file_for_write(offset)
+            pos = offset - mf.file_from_offset
+            if pos + len(data) > self.file_size:
+                raise MessageIllegalError(f"replica data at {offset} crosses a segment end")
+            mf.mm[pos : pos + len(data)] = data
+            mf.wrote = pos + len(data)
+            self.last_append = (offset + len(data), self.clock.now_ms())

@@ -44,6 +44,15 @@ def physical_memory_bytes() -> int:
         return 24 * 1024**3
 
 
+class BrokerRole(enum.Enum):
+    """MessageStoreConfig.brokerRole: a master acknowledges sends at once (ASYNC) or after a slave has them
+    (SYNC); a slave only replicates and refuses sends."""
+
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+
+
 @dataclass
 class StoreConfig:
     """Everything the storage engine can be tuned with. All sizes in bytes, times in ms unless named."""
@@ -87,6 +96,13 @@ class StoreConfig:
     clean_resource_interval_ms: int = 10_000
     # Returns the used fraction (0..1) of the disk holding the store; None = measure with shutil.disk_usage.
     disk_usage: Callable[[], float] | None = None
+    # --- replication (HAService) ---
+    broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
+    #: a master's HA port (haListenPort; 0 = any free port); None = no replication service (a lone broker)
+    ha_listen_port: int | None = None
+    #: a slave's master HA address "host:port" (haMasterAddress); "" = learnt from the name server
+    ha_master_address: str = ""
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024
     # --- recovery ---
     truncate_corrupt_middle: bool = False
     normal_recover_segments: int = 3

@@ -37,6 +37,8 @@ from broker_sim.store.dispatcher import Dispatcher, TagsCodeHook
 from broker_sim.store.errors import MessageIllegalError, PropertiesSizeExceededError
 from broker_sim.store.expiry import ExpiryService, default_disk_usage
 from broker_sim.store.flush import GroupCommitService, PeriodicFlusher
+from broker_sim.store.ha.master import ReplicaResult
+from broker_sim.store.ha.replication import Replication
 from broker_sim.store.index_service import IndexService
 from broker_sim.store.message_record import (
     PROPERTY_DELAY,
@@ -102,6 +104,7 @@ class MessageStore:
         self._sync = sync
         self._running = False
         self._crashed = False
+        self.replication = Replication(cfg, self.commit_log, self.dispatcher.wake)
         self.reader = StoreReader(cfg, self.commit_log, self.index, self._cqs, lambda: self._running)
         r = self.reader
         self.get_message = r.get_message
@@ -156,6 +159,7 @@ class MessageStore:
         self.group_commit.start()
         self.flusher.start()
         self.expiry.start()
+        self.replication.start()
         return report
 
     def _recover(self) -> RecoveryReport:
@@ -216,6 +220,7 @@ class MessageStore:
         if not self._running:
             return
         self._running = False
+        self.replication.stop()
         self.expiry.stop()
         self.flusher.stop()
         self.group_commit.stop()
@@ -232,6 +237,7 @@ class MessageStore:
             return
         self._running = False
         self._crashed = True
+        self.replication.stop()
         self.expiry.stop()
         self.flusher.stop()
         self.group_commit.abandon()
@@ -303,6 +309,8 @@ class MessageStore:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="store is not running")
         if self.expiry.disk_full:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="disk full")
+        if self.replication.is_slave:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="this broker is a slave")
         return None
 
     def _schedule(self, msg: MessageInner) -> MessageInner:
@@ -327,7 +335,7 @@ class MessageStore:
         """Append one message. Expected failures come back as a status (MESSAGE_ILLEGAL for a bad topic or
         an oversized body, PROPERTIES_SIZE_EXCEEDED, SERVICE_NOT_AVAILABLE when stopped or the disk is
         full, FLUSH_DISK_TIMEOUT when a sync flush is late — the message is stored all the same)."""
-        if not self._running or self.expiry.disk_full:
+        if not self._running or self.expiry.disk_full or self.replication.is_slave:
             return self._refusal() or PutMessageResult(PutMessageStatus.UNKNOWN_ERROR)
         try:
             if PROPERTY_DELAY in msg.properties:
@@ -340,7 +348,7 @@ class MessageStore:
         except OSError as exc:
             log.exception("cannot create a commit-log segment")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, remark=str(exc))
-        if self._sync or not self.config.dispatch_async:
+        if self._sync or not self.config.dispatch_async or self.replication.service is not None:
             return self._after_append(result)
         self.dispatcher.wake()  # the common ASYNC_FLUSH case, inlined: nothing to wait for
         return PutMessageResult(_PUT_OK, result)
@@ -377,6 +385,9 @@ class MessageStore:
                 return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, result, "store crashed")
             if not flushed:
                 return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, result, "sync flush timed out")
+        replicated = self.replication.wait(result.wrote_offset + result.wrote_bytes)
+        if replicated is not ReplicaResult.OK:
+            return PutMessageResult(PutMessageStatus[replicated.value], result, "not on a slave")
         return PutMessageResult(_PUT_OK, result)
 
     # ================================================================================== queues

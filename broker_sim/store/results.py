@@ -14,14 +14,24 @@ from broker_sim.store.message_record import MessageExt, decode_record, offset_ms
 class PutMessageStatus(enum.Enum):
     PUT_OK = "PUT_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"  # written, but the sync flush did not finish in time
-    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"  # never produced (no slaves); kept for RocketMQ parity
-    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"  # never produced
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"  # SYNC_MASTER: written, no slave acknowledged in time
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"  # SYNC_MASTER: written, no slave (or one far behind)
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"  # not running, or disk above the warning ratio
     CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"  # bad topic, body too large, field out of range
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"  # the append lock was held too long
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+_STORED = frozenset(
+    {
+        PutMessageStatus.PUT_OK,
+        PutMessageStatus.FLUSH_DISK_TIMEOUT,
+        PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+        PutMessageStatus.SLAVE_NOT_AVAILABLE,
+    }
+)
 
 
 class AppendMessageStatus(enum.Enum):
@@ -75,8 +85,9 @@ class PutMessageResult:
 
     @property
     def ok(self) -> bool:
-        """True when the message is in the commit log (PUT_OK or FLUSH_DISK_TIMEOUT: written, flush late)."""
-        return self.status in (PutMessageStatus.PUT_OK, PutMessageStatus.FLUSH_DISK_TIMEOUT)
+        """True when the message is in the commit log (PUT_OK, or written but its flush or replication is
+        late or impossible: FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE)."""
+        return self.status in _STORED
 
 
 class SelectedMessage:

@@ -211,6 +211,7 @@ def send_back_to_dlq(transport: BrokerTransport, group: str) -> DeadLetterFn:
                 delay_level=-1,
                 origin_msg_id=msg.msg_id,
                 origin_topic=msg.properties.get(Prop.RETRY_TOPIC, msg.topic),
+                broker_name=msg.broker_name or "",  # the group that stored it (several in a cluster)
             )
         )
 

@@ -89,12 +89,14 @@ class ChaosTransport:
             raise RequestTimeoutError(f"send ACK lost (chaos) for {where}")
         return response
 
-    def update_consumer_offset(self, consumer_group: str, topic: str, queue_id: int, offset: int) -> None:
+    def update_consumer_offset(
+        self, consumer_group: str, topic: str, queue_id: int, offset: int, broker_name: str = ""
+    ) -> None:
         if self._commits_lost():
             with self._lock:
                 self.commits_dropped += 1
             return
-        self._inner.update_consumer_offset(consumer_group, topic, queue_id, offset)
+        self._inner.update_consumer_offset(consumer_group, topic, queue_id, offset, broker_name)
 
     def _strip_commit(self, request: PullMessageRequest) -> PullMessageRequest:
         if request.sys_flag & SysFlag.PULL_COMMIT_OFFSET and self._commits_lost():

@@ -18,6 +18,7 @@ FORBIDDEN = {
     "common": {"broker", "client", "remoting"},
     "store": {"broker", "client", "remoting", "common", "filter"},
     "filter": {"broker", "client", "remoting", "common", "store"},
+    "namesrv": {"broker", "client", "store"},
 }
 
 

@@ -19,7 +19,6 @@ from broker_sim.common.requests import (
 )
 from broker_sim.remoting import bodies
 from broker_sim.remoting.errors import HeaderFieldError
-from broker_sim.remoting.name_server import NameServer, QueueData
 from broker_sim.remoting.records import RecordError, decode_records, split_records, with_store_host
 from broker_sim.store.message_record import MessageInner, encode_record, host_bytes
 
@@ -76,27 +75,6 @@ def test_cpp_heartbeat_parses() -> None:
 def test_bad_heartbeats_are_typed_errors(body: bytes) -> None:
     with pytest.raises(HeaderFieldError):
         bodies.parse_heartbeat(body)
-
-
-class _Topics:
-    def queue_data(self, topic: str) -> QueueData | None:
-        return QueueData(4, 4) if topic == "T" else None
-
-    def topic_names(self) -> list[str]:
-        return ["T"]
-
-
-def test_routes_include_retry_topics_and_tbw102_only_with_auto_create() -> None:
-    ns = NameServer(_Topics(), "127.0.0.1:10911")
-    route = ns.route("T")
-    assert route is not None
-    parsed = bodies.parse_route(json.dumps(route).encode())
-    assert parsed.broker_datas[0].broker_addrs == {0: "127.0.0.1:10911"}
-    assert parsed.queue_datas[0].write_queue_nums == 4
-    retry = ns.route("%RETRY%G")
-    assert retry is not None and retry["queueDatas"][0]["readQueueNums"] == 1  # G11
-    assert ns.route("TBW102") is None and ns.route("Unknown") is None
-    assert NameServer(_Topics(), "127.0.0.1:10911", auto_create_topics=True).route("TBW102") is not None
 
 
 def test_lock_body_round_trip() -> None:

@@ -1,0 +1,130 @@
+"""How a client finds brokers: the name servers it was given (``"a:9876;b:9876"``, used one at a time, the
+next one after a connection failure — NettyRemotingClient rotates the same way), and through them each
+broker group's master and slaves (:class:`~broker_sim.remoting.broker_directory.BrokerDirectory`).
+
+Writes go to a group's master; reads (``read=True``: pulls, offsets) to its slave while no master is listed.
+Without a group name (single-broker callers) the first group that serves the topic is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import ParamSpec, TypeVar
+
+from broker_sim.common.errors import TransportError, error_for_code
+from broker_sim.common.requests import ResponseCode, TopicRouteData
+from broker_sim.remoting import bodies
+from broker_sim.remoting.broker_directory import BrokerDirectory
+from broker_sim.remoting.codes import RequestCode
+from broker_sim.remoting.errors import RemotingError
+from broker_sim.remoting.frame import RemotingCommand
+
+log = logging.getLogger("broker_sim.remoting.locator")
+
+Invoke = Callable[[str, RemotingCommand], RemotingCommand]
+Request = Callable[[int, Mapping[str, object] | None], RemotingCommand]
+
+
+def ok(reply: RemotingCommand) -> RemotingCommand:
+    if reply.code != ResponseCode.SUCCESS:
+        raise error_for_code(reply.code, reply.remark or f"request failed with code {reply.code}")
+    return reply
+
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _decoded(parse: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """A reply that does not parse is a transport fault for the caller (the transport contract)."""
+    try:
+        return parse(*args, **kwargs)
+    except RemotingError as exc:
+        raise TransportError(f"undecodable reply: {exc}") from exc
+
+
+class BrokerLocator:
+    def __init__(self, namesrv_addr: str, invoke: Invoke, request: Request) -> None:
+        self._namesrvs = [a for a in namesrv_addr.split(";") if a]
+        self._namesrv_index = 0
+        self._invoke = invoke
+        self._request = request
+        self._lock = threading.Lock()
+        self.directory = BrokerDirectory()
+
+    def ask_namesrv(self, code: int, fields: Mapping[str, object] | None = None) -> RemotingCommand:
+        """A name-server request to the current name server; on a connection failure the next one is
+        tried (NettyRemotingClient.getAndCreateNameserverChannel rotates the same way)."""
+        last: TransportError | None = None
+        for _ in range(len(self._namesrvs)):
+            with self._lock:
+                addr = self._namesrvs[self._namesrv_index % len(self._namesrvs)]
+            try:
+                return self._invoke(addr, self._request(code, fields))
+            except TransportError as exc:
+                log.info("name server %s failed (%s); trying the next one", addr, exc)
+                last = exc
+                with self._lock:
+                    if self._namesrvs[self._namesrv_index % len(self._namesrvs)] == addr:
+                        self._namesrv_index += 1
+        assert last is not None
+        raise last
+
+    def broker(self, broker_name: str | None = None, *, read: bool = False) -> str:
+        """The master of ``broker_name`` (of any group for ``None``; with ``read``, its slave when the
+        master is not listed), asking the name server when it is not known."""
+
+        def find() -> str | None:
+            if read and broker_name:
+                return self.directory.reader(broker_name)
+            return self.directory.master(broker_name)
+
+        addr = find()
+        if addr is None:
+            self.refresh()
+            addr = find()
+        if addr is None:
+            raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
+        return addr
+
+    def refresh(self) -> None:
+        """Replace the directory with the name server's cluster info (GET_BROKER_CLUSTER_INFO)."""
+        reply = ok(self.ask_namesrv(RequestCode.GET_BROKER_CLUSTER_INFO))
+        info = _decoded(bodies.load_json, reply.body, "cluster info")
+        table = info.get("brokerAddrTable", {}) if isinstance(info, dict) else {}
+        groups: dict[str, dict[int, str]] = {}
+        for name, data in table.items():
+            addrs = data.get("brokerAddrs", {}) if isinstance(data, dict) else {}
+            groups[str(name)] = {int(i): str(a) for i, a in addrs.items()}
+        self.directory.replace(groups)
+
+    def broker_of(self, broker_name: str, topic: str, *, read: bool = False) -> str:
+        """Where a request about a queue of ``broker_name`` goes (its master; with ``read``, its slave while
+        the master is down); without a name, a broker of ``topic`` (single-broker callers)."""
+        return self.broker(broker_name, read=read) if broker_name else self.broker_for_topic(topic)
+
+    def masters(self) -> list[str]:
+        """Every group's master address (heartbeats and client unregistration go to all, as Java's
+        ``sendHeartbeatToAllBroker``)."""
+        self.refresh()
+        masters = self.directory.masters()
+        if not masters:
+            raise TransportError("no broker registered with the name server")
+        return masters
+
+    def broker_for_topic(self, topic: str) -> str:
+        if self.directory.empty():
+            try:
+                self.get_route(topic)
+            except RemotingError:
+                log.debug("route lookup for %s failed", topic, exc_info=True)
+        return self.broker()
+
+    def get_route(self, topic: str) -> TopicRouteData:
+        reply = ok(self.ask_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
+        route = _decoded(bodies.parse_route, reply.body)
+        for b in route.broker_datas:
+            self.directory.update(b.broker_name, b.broker_addrs)
+        return route
