@@ -1,29 +1,38 @@
-"""d1–d2: the Spark reconciliation on 10M stubs / ~10.5M logs (Parquet) vs the same report in DuckDB.
+"""d1–d3: the Spark reconciliation (``local[2]``) vs the same report in DuckDB, on a two-group fan-out.
 
-d1: warm Spark job time (``local[2]``, second run in the same session) ÷ DuckDB (2 threads) on the same
-files in the same run; target ≤ 3×. d2: Spark session start-up ÷ (start-up + first job); target ≤ 25 %.
-Also printed: the driver JVM's peak resident memory (VmHWM) with ``--driver-memory`` (default 4g), and a
-cross-check that both engines found the same counts.
+d1: Spark job time ÷ DuckDB (2 threads) on the same Parquet files, in the same round; *cold* = the first job
+of a fresh driver process (new JVM), *warm* = the second job in that session; targets ≤ 5× cold, ≤ 3× warm.
+d2: Spark session start-up ÷ (start-up + first job); target ≤ 25 %. d3 (two invocations): warm time at 10 M
+messages ÷ at 1 M; target ≤ 10. Rounds are interleaved (DuckDB, then a fresh Spark process, per round) and
+the medians reported, each round with the load average it started under. Every round also checks that both
+engines found the same counts — totals, duplicates by cause and every group's figures — and prints both
+engines' percentiles (approximate in both, so not compared for equality).
 
-    .venv/bin/python -m bench.bench_reconcile [--rows 10000000] [--driver-memory 4g] [--runs 2]
+    .venv/bin/python -m bench.bench_reconcile [--rows 3000000] [--rounds 3] [--driver-memory 4g]
 
-The generated inputs are cached in ``bench/results/reconcile-<rows>/`` (git-ignored).
+``--rows`` is the number of *messages* (``message_stub`` rows); with two groups per topic the report's
+subject, the (group, message) pairs, is twice that, and the log about 2.1× (``bench/reconcile_data.py``).
+The generated inputs are cached in ``bench/results/reconcile-v2-<rows>/`` (git-ignored).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
+import os
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bench import reconcile_data as data
 from bench import reconcile_duckdb as ref
 
 RESULTS = Path(__file__).resolve().parent / "results"
+RUNS_PER_SESSION = 2  # cold, then warm
 
 
 def _peak_rss_mib(pid: int) -> float | None:
@@ -36,90 +45,158 @@ def _peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_reconcile")
-    ap.add_argument("--rows", type=int, default=10_000_000, help="stubs to generate (logs ≈ 1.05×)")
-    ap.add_argument("--driver-memory", default="4g")
-    ap.add_argument("--runs", type=int, default=2, help="Spark runs in one session (the last is 'warm')")
-    ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--json", type=Path, help="also write the figures here")
-    args = ap.parse_args(argv)
-
-    data = RESULTS / f"reconcile-{args.rows}"
-    if not (data / "message_log.parquet").exists():
-        t = time.perf_counter()
-        counts = ref.generate(data, args.rows)
-        print(f"generated {counts} in {time.perf_counter() - t:.1f}s → {data}", flush=True)
-    as_of = ref.BASE + dt.timedelta(milliseconds=args.rows) + dt.timedelta(days=1)
-
+def spark_round(directory: Path, rows: int, master: str, driver_memory: str) -> dict[str, Any]:
+    """One fresh Spark session: start-up, a cold and a warm job; the figures and the report's counts."""
     from reliable.reconcile import io
     from reliable.reconcile.config import ReconcileConfig, Thresholds
     from reliable.reconcile.runner import Progress, reconcile
 
-    cfg = ReconcileConfig(as_of=as_of)
-    # DuckDB first: it is quick, so a Spark run that is cut short still leaves the baseline on record
-    t = time.perf_counter()
-    duck = ref.reference_report(
-        data, RESULTS / f"reconcile-{args.rows}-out-duckdb", as_of, cfg.grace_s, cfg.stuck_after_s
-    )
-    duck_s = time.perf_counter() - t
-    print(f"duckdb: {duck_s:.1f}s {duck['totals']}", flush=True)
-
+    cfg = ReconcileConfig(as_of=data.as_of(rows))
     t0 = time.perf_counter()
-    spark = io.build_session(args.master, driver_memory=args.driver_memory)
+    spark = io.build_session(master, driver_memory=driver_memory)
     startup = time.perf_counter() - t0
     jvm_pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())  # type: ignore[union-attr]
-    print(f"spark start-up {startup:.1f}s (driver pid {jvm_pid})", flush=True)
     runs: list[float] = []
+    stages: list[dict[str, float]] = []
     summary: dict[str, Any] = {}
-    for i in range(args.runs):
-        out = RESULTS / f"reconcile-{args.rows}-out-spark"
+    for _ in range(RUNS_PER_SESSION):
+        out = RESULTS / f"reconcile-v2-{rows}-out-spark"
         shutil.rmtree(out, ignore_errors=True)
+        progress = Progress(8, stream=sys.stderr)
         t = time.perf_counter()
         result = reconcile(
             spark,
-            io.read_parquet(spark, data, cfg),
+            io.read_parquet(spark, directory, cfg),
             out,
             cfg,
             Thresholds(),
-            source=str(data),
-            progress=Progress(8),
+            source=str(directory),
+            progress=progress,
         )
         runs.append(time.perf_counter() - t)
+        stages.append({k: round(v, 2) for k, v in progress.timings.items()})
         summary = result.summary
-        print(f"spark run {i + 1}: {runs[-1]:.1f}s", flush=True)
     peak = _peak_rss_mib(jvm_pid)
     spark.stop()
+    return {
+        "startup_s": startup,
+        "runs_s": runs,
+        "stages_s": stages,
+        "peak_rss_mib": peak,
+        "report": ref.spark_view(summary),
+    }
 
-    spark_totals = {k: summary["totals"][k] for k in duck["totals"]}
-    agree = spark_totals == duck["totals"]
-    warm = runs[-1]
+
+def _duck_round(directory: Path, rows: int) -> tuple[float, dict[str, Any]]:
+    from reliable.reconcile.config import ReconcileConfig
+
+    cfg = ReconcileConfig(as_of=data.as_of(rows))
+    out = RESULTS / f"reconcile-v2-{rows}-out-duckdb"
+    shutil.rmtree(out, ignore_errors=True)
+    t = time.perf_counter()
+    report = ref.reference_report(directory, out, cfg.as_of, cfg.grace_s, cfg.stuck_after_s)
+    return time.perf_counter() - t, report
+
+
+def _spark_subprocess(args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.bench_reconcile",
+        "--spark-round",
+        "--rows",
+        str(args.rows),
+        "--master",
+        args.master,
+        "--driver-memory",
+        args.driver_memory,
+    ]
+    done = subprocess.run(
+        cmd, check=True, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent
+    )
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _same(spark: dict[str, Any], duck: dict[str, Any]) -> bool:
+    return all(spark[k] == duck[k] for k in ("totals", "duplicates_by_cause", "groups"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_reconcile")
+    ap.add_argument(
+        "--rows", type=int, default=3_000_000, help="messages (stubs); inbox rows = 2×, logs ≈ 2.1×"
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved DuckDB + fresh-Spark rounds (median)")
+    ap.add_argument("--driver-memory", default="4g")
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--spark-round", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    directory = RESULTS / f"reconcile-v2-{args.rows}"
+    if args.spark_round:
+        print(json.dumps(spark_round(directory, args.rows, args.master, args.driver_memory)))
+        return 0
+    if not (directory / "message_log.parquet").exists():
+        t = time.perf_counter()
+        counts = data.generate(directory, args.rows)
+        print(f"generated {counts} in {time.perf_counter() - t:.1f}s → {directory}", flush=True)
+
+    rounds: list[dict[str, Any]] = []
+    agree = True
+    for i in range(args.rounds):
+        load = os.getloadavg()[0]
+        duck_s, duck = _duck_round(directory, args.rows)
+        spark = _spark_subprocess(args)
+        cold, warm = spark["runs_s"][0], spark["runs_s"][-1]
+        same = _same(spark["report"], duck)
+        agree = agree and same
+        rounds.append(
+            {
+                "load_1m": round(load, 2),
+                "duckdb_s": round(duck_s, 2),
+                "spark_startup_s": round(spark["startup_s"], 2),
+                "spark_cold_s": round(cold, 2),
+                "spark_warm_s": round(warm, 2),
+                "d1_cold": round(cold / duck_s, 2),
+                "d1_warm": round(warm / duck_s, 2),
+                "stages_warm_s": spark["stages_s"][-1],
+                "peak_rss_mib": spark["peak_rss_mib"],
+                "same_counts": same,
+            }
+        )
+        print(f"round {i + 1}: {json.dumps(rounds[-1])}", flush=True)
+        if not same:
+            print(f"  spark:  {json.dumps(spark['report'])}\n  duckdb: {json.dumps(duck, default=str)}")
+        last = (spark["report"], duck)
+
+    def med(key: str) -> float:
+        return round(statistics.median(r[key] for r in rounds), 2)
+
     figures = {
-        "rows_stubs": summary["totals"]["stubs"],
-        "rows_logs": summary["totals"]["deliveries"] + summary["totals"]["orphan_logs"],
+        "messages": args.rows,
         "master": args.master,
         "driver_memory": args.driver_memory,
-        "spark_startup_s": round(startup, 2),
-        "spark_runs_s": [round(r, 2) for r in runs],
-        "duckdb_s": round(duck_s, 2),
-        "d1_ratio_cold": round(runs[0] / duck_s, 2),
-        "d1_ratio_warm": round(warm / duck_s, 2) if len(runs) > 1 else None,
-        "d2_startup_share": round(startup / (startup + runs[0]), 3),
-        "driver_peak_rss_mib": None if peak is None else round(peak),
+        "rounds": rounds,
+        "load_1m": [r["load_1m"] for r in rounds],
+        **{
+            f"median_{k}": med(k)
+            for k in ("duckdb_s", "spark_startup_s", "spark_cold_s", "spark_warm_s", "d1_cold", "d1_warm")
+        },
+        "d2_startup_share": round(med("spark_startup_s") / (med("spark_startup_s") + med("spark_cold_s")), 3),
         "same_counts": agree,
-        "spark_totals": spark_totals,
-        "duckdb_totals": duck["totals"],
+        "totals": last[1]["totals"],
+        "duplicates_by_cause": last[1]["duplicates_by_cause"],
+        "percentiles_ms": {"spark": last[0]["percentiles_ms"], "duckdb": last[1]["percentiles_ms"]},
     }
-    print(json.dumps(figures, indent=2))
+    print(json.dumps(figures, indent=2, default=str))
     print(
-        f"d1 spark/duckdb = {figures['d1_ratio_warm']}x warm, {figures['d1_ratio_cold']}x cold "
-        "(target <= 3x warm); "
-        f"d2 start-up share = {figures['d2_startup_share']:.1%} (target <= 25%); "
-        f"driver peak RSS {figures['driver_peak_rss_mib']} MiB with {args.driver_memory}; "
-        f"counts agree: {agree}"
+        f"d1 spark/duckdb = {figures['median_d1_warm']}x warm, {figures['median_d1_cold']}x cold "
+        f"(targets <= 3x, <= 5x), median of {args.rounds} rounds, load {figures['load_1m']}; "
+        f"warm {figures['median_spark_warm_s']}s at {args.rows} messages; counts agree: {agree}"
     )
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        args.json.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     return 0 if agree else 1
 
 

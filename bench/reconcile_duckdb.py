@@ -1,7 +1,13 @@
-"""The reconciliation report in DuckDB SQL: baseline of benchmark d1 (not shipped), and its data generator.
+"""The reconciliation report in DuckDB SQL, per consumer group: baseline of benchmarks d1/d3 (not shipped).
 
-Same definitions as ``reliable/reconcile/transforms.py`` (docs/reconcile.md), written independently in SQL,
-so the benchmark also cross-checks the Spark job: both must report the same counts on the same files.
+Why a second implementation: d1 compares the Spark job with a single-process engine doing the *same* work,
+and the benchmark's equality check is only meaningful if the definitions are the same. They are written here
+independently, from docs/reconcile.md (schema_version 2: the subject is the (group, message) pair), not by
+translating ``reliable/reconcile/transforms.py``; the benchmark then checks both engines report the same
+counts — totals, duplicates by cause and every group's figures. Percentiles are not compared for equality
+(both engines approximate them, with different sketches); the benchmark prints both.
+
+Only the unwindowed report (no ``--since/--until``), which is what the benchmark runs.
 """
 
 from __future__ import annotations
@@ -13,218 +19,216 @@ from typing import Any
 
 import duckdb
 
-BASE = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-QUEUES = 16
+from reliable.reconcile.summary import COUNTERS
+
+TABLES = ("message_stub", "message_inbox", "message_log", "consume_progress")
+#: the per-group figures both engines must agree on (summary.json ``groups[]``; names from the job's summary,
+#: definitions written here independently)
+GROUP_COUNTS = (*COUNTERS, "lag", "never_consumed_queues")
+CAUSES = ("redelivery", "retry", "producer_double_send", "targeted_resend")
 
 
-def generate(directory: Path, stubs: int, threads: int = 2) -> dict[str, int]:
-    """Write message_stub/message_log/consume_progress Parquet files with planted anomalies at known rates.
+def _sql_views(
+    con: duckdb.DuckDBPyConnection, directory: Path, as_of: dt.datetime, grace_s: float, stuck_after_s: float
+) -> None:
+    for t in TABLES:
+        con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{directory / t}.parquet')")
+    now = as_of.strftime("%Y-%m-%d %H:%M:%S.%f+00")
+    # d: every delivery, numbered per pair and per (pair, delivered position), with its cause
+    con.execute(
+        """
+        CREATE TEMP TABLE d AS
+        SELECT *,
+               CASE WHEN delivery_no = 1 THEN NULL
+                    WHEN reconsume_times > 0 THEN 'retry'
+                    WHEN position_no > 1 THEN 'redelivery'
+                    WHEN topic = '%RETRY%' || consumer_group THEN 'targeted_resend'
+                    ELSE 'producer_double_send' END AS cause
+        FROM (SELECT id, message_id, consumer_group, topic, queue_id, queue_offset,
+                     coalesce(reconsume_times, 0) AS reconsume_times, received_at,
+                     row_number() OVER (PARTITION BY message_id, consumer_group ORDER BY received_at, id)
+                       AS delivery_no,
+                     count(*) OVER (PARTITION BY message_id, consumer_group) AS deliveries,
+                     min(received_at) OVER (PARTITION BY message_id, consumer_group) AS first_received_at,
+                     max(received_at) OVER (PARTITION BY message_id, consumer_group) AS last_received_at,
+                     row_number() OVER (PARTITION BY message_id, consumer_group, topic, queue_id, queue_offset
+                                        ORDER BY received_at, id) AS position_no
+              FROM message_log)
+        """
+    )
+    # e: the (group, message) pairs with their last send, watermarks, flags and latencies
+    con.execute(
+        f"""
+        CREATE TEMP TABLE e AS
+        WITH pr AS (
+          SELECT i.consumer_group, i.message_id, upper(i.status) AS status, s.topic, s.queue_id,
+                 s.queue_offset, s.created_at, s.last_sent_at, i.confirmed_at,
+                 coalesce(i.resend_count, 0) > 0 AND i.queue_offset IS NOT NULL AS targeted,
+                 i.queue_id AS r_queue_id, i.queue_offset AS r_queue_offset
+          FROM message_inbox i JOIN message_stub s USING (message_id)
+        ), sent AS (
+          SELECT *,
+                 CASE WHEN targeted THEN '%RETRY%' || consumer_group ELSE topic END AS send_topic,
+                 CASE WHEN targeted THEN r_queue_id ELSE queue_id END AS send_queue_id,
+                 CASE WHEN targeted THEN r_queue_offset ELSE queue_offset END AS send_offset
+          FROM pr
+        )
+        SELECT x.consumer_group, x.message_id, x.status, x.topic, x.queue_id, x.queue_offset,
+               w.max_offset AS watermark, coalesce(f.deliveries, 0) AS deliveries,
+               x.status = 'PENDING' AND f.deliveries IS NULL AND x.send_offset IS NOT NULL
+                 AND coalesce(x.send_offset <= sw.max_offset, false)
+                 AND coalesce(x.last_sent_at, x.created_at) < TIMESTAMPTZ '{now}' - to_seconds({grace_s})
+                 AS is_lost,
+               x.status = 'PENDING' AND f.deliveries IS NOT NULL
+                 AND f.last_received_at < TIMESTAMPTZ '{now}' - to_seconds({stuck_after_s}) AS is_stuck,
+               x.status = 'PENDING' AND f.deliveries IS NULL AND x.send_offset IS NULL
+                 AND coalesce(x.last_sent_at, x.created_at) < TIMESTAMPTZ '{now}' - to_seconds({grace_s})
+                 AS is_unsent,
+               x.queue_id IS NOT NULL AND w.max_offset IS NULL AS is_never_consumed,
+               CASE WHEN f.deliveries IS NOT NULL
+                    THEN (epoch_us(f.first_received_at) - epoch_us(x.created_at)) / 1000.0 END
+                 AS first_delivery_ms,
+               CASE WHEN x.status = 'CONFIRMED' AND x.confirmed_at IS NOT NULL
+                    THEN (epoch_us(x.confirmed_at) - epoch_us(x.created_at)) / 1000.0 END AS confirm_ms
+        FROM sent x
+        LEFT JOIN (SELECT * FROM d WHERE delivery_no = 1) f USING (message_id, consumer_group)
+        LEFT JOIN consume_progress w
+          ON w.consumer_group = x.consumer_group AND w.topic = x.topic AND w.queue_id = x.queue_id
+        LEFT JOIN consume_progress sw
+          ON sw.consumer_group = x.consumer_group AND sw.topic = x.send_topic
+         AND sw.queue_id = x.send_queue_id
+        """
+    )
 
-    Message ``i`` goes to queue ``i % 16`` at offset ``i // 16``. One in 1 000 is lost (pending, never
-    logged), one in 1 000 stuck (pending, logged long ago), one in 2 000 dead, one in 5 000 unsent; every
-    20th message is delivered twice (cause rotating: redelivery, retry, producer double-send) which brings
-    the log to ~1.05 × the stubs; one log row in 100 000 is an orphan.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect()
-    con.execute(f"SET threads={threads}")
-    con.execute("SET enable_progress_bar=false")
-    con.execute("SET TimeZone='UTC'")
-    base = BASE.strftime("%Y-%m-%d %H:%M:%S+00")
+
+def _detail_tables(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
+    """The detail tables the job writes, so both engines do the same amount of output work."""
+    for name in ("lost", "stuck", "unsent"):
+        con.execute(f"COPY (SELECT * FROM e WHERE is_{name}) TO '{out_dir / name}.parquet' (FORMAT parquet)")
     con.execute(
-        f"""
-        CREATE TEMP TABLE s AS
-        SELECT i,
-               'm' || lpad(CAST(i AS VARCHAR), 10, '0') AS message_id,
-               CASE WHEN i % 1000 = 1 THEN 'lost' WHEN i % 1000 = 2 THEN 'stuck' WHEN i % 2000 = 3 THEN 'dead'
-                    WHEN i % 5000 = 4 THEN 'unsent' ELSE 'ok' END AS kind,
-               TIMESTAMPTZ '{base}' + to_milliseconds(i) AS created_at
-        FROM range({stubs}) t(i)
-        """
+        f"COPY (SELECT * FROM e WHERE status = 'DEAD') TO '{out_dir / 'dead'}.parquet' (FORMAT parquet)"
+    )
+    con.execute(
+        f"COPY (SELECT * FROM d WHERE delivery_no > 1) TO '{out_dir / 'duplicates'}.parquet' (FORMAT parquet)"
     )
     con.execute(
         f"""
-        COPY (
-          SELECT message_id, 'orders' AS topic, NULL::VARCHAR AS tags, 'g-orders' AS consumer_group,
-                 NULL::VARCHAR AS payload_hash,
-                 CASE kind WHEN 'ok' THEN 'CONFIRMED' WHEN 'dead' THEN 'DEAD' ELSE 'PENDING' END AS status,
-                 CASE WHEN kind = 'dead' THEN 8 WHEN i % 20 = 0 AND (i // 20) % 3 = 2 THEN 2 ELSE 1 END
-                   ::INTEGER AS send_count,
-                 CASE WHEN kind = 'unsent' THEN NULL ELSE (i % {QUEUES})::INTEGER END AS queue_id,
-                 CASE WHEN kind = 'unsent' THEN NULL ELSE (i // {QUEUES})::BIGINT END AS queue_offset,
-                 NULL::TIMESTAMPTZ AS resend_at, created_at, created_at AS updated_at,
-                 created_at AS last_sent_at,
-                 CASE WHEN kind = 'ok' THEN created_at + to_milliseconds(50 + i % 2000) END AS confirmed_at,
-                 NULL::VARCHAR AS last_error
-          FROM s ORDER BY i
-        ) TO '{directory / "message_stub.parquet"}' (FORMAT parquet, COMPRESSION zstd)
+        CREATE TEMP TABLE o AS SELECT d.* FROM d ANTI JOIN message_stub s USING (message_id);
+        COPY o TO '{out_dir / "orphans"}.parquet' (FORMAT parquet);
+        CREATE TEMP TABLE gp AS
+        SELECT consumer_group, topic, queue_id, prev + 1 AS gap_start, queue_offset - 1 AS gap_end,
+               queue_offset - prev - 1 AS missing
+        FROM (SELECT *, lag(queue_offset) OVER (PARTITION BY consumer_group, topic, queue_id
+                                                ORDER BY queue_offset) AS prev
+              FROM (SELECT DISTINCT consumer_group, topic, queue_id, queue_offset FROM d))
+        WHERE queue_offset - prev > 1;
+        COPY gp TO '{out_dir / "gaps"}.parquet' (FORMAT parquet);
         """
     )
-    con.execute(
-        f"""
-        CREATE TEMP TABLE l AS
-        SELECT message_id, i % {QUEUES} AS queue_id, i // {QUEUES} AS queue_offset, 0 AS reconsume_times,
-               created_at + to_milliseconds(5 + i % 1000) AS received_at, i AS seq
-        FROM s WHERE kind IN ('ok', 'stuck')
-        UNION ALL
-        SELECT message_id, i % {QUEUES},
-               CASE (i // 20) % 3 WHEN 2 THEN 1000000000 + i // {QUEUES} ELSE i // {QUEUES} END,
-               CASE (i // 20) % 3 WHEN 1 THEN 1 ELSE 0 END,
-               created_at + to_milliseconds(2000 + i % 1000), i
-        FROM s WHERE kind = 'ok' AND i % 20 = 0
-        UNION ALL
-        SELECT 'orphan-' || CAST(i AS VARCHAR), i % {QUEUES}, 2000000000 + i, 0, created_at, i
-        FROM s WHERE i % 100000 = 7
+
+
+def _groups(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
+    """Every group's figures, each computed from its own table (no reuse of the per-queue sums)."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def put(sql: str) -> None:
+        cur = con.execute(sql)
+        names = [c[0] for c in cur.description or ()]
+        for row in cur.fetchall():
+            g = out.setdefault(
+                str(row[0]), {**dict.fromkeys(GROUP_COUNTS, 0), "by_cause": dict.fromkeys(CAUSES, 0)}
+            )
+            for name, value in zip(names[1:], row[1:], strict=True):
+                g[name] = int(value or 0)
+
+    put(
+        """
+        SELECT consumer_group, count(*) AS inbox_rows,
+               count(*) FILTER (WHERE status = 'PENDING') AS pending,
+               count(*) FILTER (WHERE status = 'CONFIRMED') AS confirmed,
+               count(*) FILTER (WHERE status = 'VOIDED') AS voided,
+               count(*) FILTER (WHERE status = 'DEAD') AS dead,
+               count(*) FILTER (WHERE is_lost) AS lost, count(*) FILTER (WHERE is_stuck) AS stuck,
+               count(*) FILTER (WHERE is_unsent) AS unsent, sum(deliveries) AS deliveries
+        FROM e GROUP BY 1
         """
     )
-    con.execute(
-        f"""
-        COPY (
-          SELECT row_number() OVER (ORDER BY received_at, seq)::BIGINT AS id, message_id,
-                 'g-orders' AS consumer_group, 'orders' AS topic, queue_id::INTEGER AS queue_id,
-                 queue_offset::BIGINT AS queue_offset, reconsume_times::INTEGER AS reconsume_times,
-                 received_at,
-                 'SUCCESS' AS outcome, 'w1' AS worker, NULL::VARCHAR AS reason
-          FROM l
-        ) TO '{directory / "message_log.parquet"}' (FORMAT parquet, COMPRESSION zstd)
+    put("SELECT consumer_group, count(*) AS duplicate_deliveries FROM d WHERE delivery_no > 1 GROUP BY 1")
+    put("SELECT consumer_group, count(*) AS orphan_logs FROM o GROUP BY 1")
+    put("SELECT consumer_group, count(*) AS gaps, sum(missing) AS missing_offsets FROM gp GROUP BY 1")
+    put(
+        """
+        SELECT consumer_group, sum(greatest(0, top - coalesce(watermark, -1))) AS lag,
+               count(*) FILTER (WHERE never) AS never_consumed_queues
+        FROM (SELECT consumer_group, topic, queue_id, max(queue_offset) AS top, max(watermark) AS watermark,
+                     bool_or(is_never_consumed) AS never
+              FROM e WHERE queue_id IS NOT NULL GROUP BY ALL)
+        GROUP BY 1
         """
     )
-    con.execute(
-        f"""
-        COPY (
-          SELECT 'g-orders' AS consumer_group, 'orders' AS topic, queue_id::INTEGER AS queue_id,
-                 max(queue_offset)::BIGINT AS max_offset, min(queue_offset)::BIGINT AS min_offset,
-                 min(received_at) AS created_at, max(received_at) AS updated_at,
-                 count(*)::BIGINT AS received_count
-          FROM l WHERE queue_offset < 1000000000 GROUP BY queue_id
-        ) TO '{directory / "consume_progress.parquet"}' (FORMAT parquet)
-        """
-    )
-    counts = {
-        "stubs": int(con.execute("SELECT count(*) FROM s").fetchone()[0]),  # type: ignore[index]
-        "logs": int(con.execute("SELECT count(*) FROM l").fetchone()[0]),  # type: ignore[index]
-    }
-    con.close()
-    return counts
+    for group, cause, n in con.execute(
+        "SELECT consumer_group, cause, count(*) FROM d WHERE delivery_no > 1 GROUP BY ALL"
+    ).fetchall():
+        out[str(group)]["by_cause"][str(cause)] = int(n)
+    return dict(sorted(out.items()))
 
 
 def reference_report(
     directory: Path, out_dir: Path, as_of: dt.datetime, grace_s: float, stuck_after_s: float, threads: int = 2
 ) -> dict[str, Any]:
-    """Compute the report's totals and write its detail tables with DuckDB; returns totals and timing."""
+    """Compute the report and write its detail tables with DuckDB; returns totals, groups and percentiles."""
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     con = duckdb.connect()
-    con.execute(f"SET threads={threads}")
-    con.execute("SET enable_progress_bar=false")
-    con.execute("SET memory_limit='4GB'")
-    con.execute("SET TimeZone='UTC'")
-    con.execute("SET preserve_insertion_order=false")
-    asof = as_of.strftime("%Y-%m-%d %H:%M:%S.%f+00")
-    p = {t: str(directory / f"{t}.parquet") for t in ("message_stub", "message_log", "consume_progress")}
-    con.execute(
-        f"""
-        CREATE TEMP TABLE d AS
-        SELECT id, message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at,
-               row_number() OVER m AS delivery_no,
-               count(*) OVER (PARTITION BY message_id, consumer_group) AS deliveries,
-               min(received_at) OVER (PARTITION BY message_id, consumer_group) AS first_received_at,
-               max(received_at) OVER (PARTITION BY message_id, consumer_group) AS last_received_at,
-               row_number() OVER (PARTITION BY message_id, consumer_group, queue_id, queue_offset
-                                  ORDER BY received_at, id) AS offset_no
-        FROM read_parquet('{p["message_log"]}')
-        WINDOW m AS (PARTITION BY message_id, consumer_group ORDER BY received_at, id)
-        """
-    )
-    con.execute(
-        f"""
-        CREATE TEMP TABLE e AS
-        SELECT s.message_id, s.consumer_group, s.topic AS topic, s.queue_id, s.queue_offset, s.status,
-               s.send_count,
-               s.created_at, s.last_sent_at, s.confirmed_at, w.max_offset AS watermark,
-               coalesce(f.deliveries, 0) AS deliveries, f.first_received_at, f.last_received_at,
-               coalesce(s.status = 'PENDING' AND f.deliveries IS NULL AND s.queue_offset < w.max_offset
-                 AND coalesce(s.last_sent_at, s.created_at) < TIMESTAMPTZ '{asof}' - to_seconds({grace_s}),
-                 false) AS is_lost,
-               coalesce(s.status = 'PENDING' AND f.deliveries > 0
-                 AND f.last_received_at < TIMESTAMPTZ '{asof}' - to_seconds({stuck_after_s}), false)
-                 AS is_stuck,
-               coalesce(s.status = 'PENDING' AND f.deliveries IS NULL AND s.queue_offset IS NULL
-                 AND coalesce(s.last_sent_at, s.created_at) < TIMESTAMPTZ '{asof}' - to_seconds({grace_s}),
-                 false) AS is_unsent,
-               s.status = 'DEAD' AS is_dead,
-               CASE WHEN f.deliveries > 0 THEN epoch_us(f.first_received_at) - epoch_us(s.created_at) END
-                 / 1000.0 AS first_delivery_ms,
-               CASE WHEN s.status = 'CONFIRMED' THEN epoch_us(s.confirmed_at) - epoch_us(s.created_at) END
-                 / 1000.0 AS confirm_ms
-        FROM read_parquet('{p["message_stub"]}') s
-        LEFT JOIN (SELECT message_id, consumer_group, deliveries, first_received_at, last_received_at
-                   FROM d WHERE delivery_no = 1) f USING (message_id, consumer_group)
-        LEFT JOIN read_parquet('{p["consume_progress"]}') w
-          ON w.consumer_group = s.consumer_group AND w.topic = s.topic AND w.queue_id = s.queue_id
-        """
-    )
-    for name, cond in (
-        ("lost", "is_lost"),
-        ("stuck", "is_stuck"),
-        ("dead", "is_dead"),
-        ("unsent", "is_unsent"),
+    for setting in (
+        "threads=" + str(threads),
+        "enable_progress_bar=false",
+        "memory_limit='4GB'",
+        "TimeZone='UTC'",
+        "preserve_insertion_order=false",
     ):
-        con.execute(f"COPY (SELECT * FROM e WHERE {cond}) TO '{out_dir / name}.parquet' (FORMAT parquet)")
-    con.execute(
-        f"""
-        COPY (SELECT message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at,
-                     id AS log_id, delivery_no, deliveries,
-                     CASE WHEN offset_no = 1 THEN 'producer_double_send'
-                          WHEN reconsume_times > 0 THEN 'retry' ELSE 'redelivery' END AS cause
-              FROM d WHERE delivery_no > 1) TO '{out_dir / "duplicates"}.parquet' (FORMAT parquet)
+        con.execute(f"SET {setting}")
+    _sql_views(con, directory, as_of, grace_s, stuck_after_s)
+    _detail_tables(con, out_dir)
+    groups = _groups(con)
+    row = con.execute(
         """
-    )
-    con.execute(
-        f"""
-        COPY (SELECT d.* FROM d ANTI JOIN read_parquet('{p["message_stub"]}') s USING (message_id))
-        TO '{out_dir / "orphans"}.parquet' (FORMAT parquet)
+        SELECT (SELECT count(*) FROM message_stub),
+               (SELECT count(DISTINCT (consumer_group, message_id)) FROM d WHERE delivery_no > 1),
+               approx_quantile(first_delivery_ms, [0.5, 0.95, 0.99]),
+               approx_quantile(confirm_ms, [0.5, 0.95, 0.99])
+        FROM e
         """
-    )
-    con.execute(
-        f"""
-        COPY (SELECT consumer_group, topic, queue_id, prev + 1 AS gap_start, queue_offset - 1 AS gap_end,
-                     queue_offset - prev - 1 AS missing
-              FROM (SELECT *, lag(queue_offset) OVER (PARTITION BY consumer_group, topic, queue_id
-                                                      ORDER BY queue_offset) AS prev
-                    FROM (SELECT DISTINCT consumer_group, topic, queue_id, queue_offset FROM d))
-              WHERE queue_offset - prev > 1) TO '{out_dir / "gaps"}.parquet' (FORMAT parquet)
-        """
-    )
-    per_queue = con.execute(
-        """
-        SELECT consumer_group, topic, queue_id, count(*) AS stubs, sum(deliveries) AS deliveries,
-               count(*) FILTER (WHERE is_lost) AS lost, count(*) FILTER (WHERE is_stuck) AS stuck,
-               count(*) FILTER (WHERE is_unsent) AS unsent, count(*) FILTER (WHERE is_dead) AS dead,
-               max(queue_offset) AS max_stub_offset, max(watermark) AS watermark,
-               approx_quantile(first_delivery_ms, [0.5, 0.95, 0.99]) AS first_delivery_pct,
-               approx_quantile(confirm_ms, [0.5, 0.95, 0.99]) AS confirm_pct
-        FROM e GROUP BY GROUPING SETS ((consumer_group, topic, queue_id), ())
-        """
-    ).fetchall()
-    resend = con.execute("SELECT least(send_count, 10), count(*) FROM e GROUP BY 1").fetchall()
-
-    def n(path: str) -> int:
-        return int(con.execute(f"SELECT count(*) FROM '{out_dir / path}.parquet'").fetchone()[0])  # type: ignore[index]
-
-    totals = {
-        "lost": n("lost"),
-        "stuck": n("stuck"),
-        "dead": n("dead"),
-        "unsent": n("unsent"),
-        "duplicate_deliveries": n("duplicates"),
-        "orphan_logs": n("orphans"),
-        "gaps": n("gaps"),
-    }
+    ).fetchone()
     con.close()
+    assert row is not None
+    totals: dict[str, int] = {"messages": int(row[0])}
+    totals.update({k: sum(g[k] for g in groups.values()) for k in GROUP_COUNTS})
+    totals["duplicate_pairs"] = int(row[1])
+    by_cause = {c: sum(g["by_cause"][c] for g in groups.values()) for c in CAUSES}
     return {
         "totals": totals,
-        "queues": len(per_queue) - 1,
-        "resend_buckets": len(resend),
+        "duplicates_by_cause": by_cause,
+        "groups": groups,
+        "percentiles_ms": {"send_to_first_delivery": row[2], "send_to_confirm": row[3]},
         "elapsed_s": time.perf_counter() - t0,
+    }
+
+
+def spark_view(summary: dict[str, Any]) -> dict[str, Any]:
+    """The same figures out of a ``summary.json`` (schema_version 2), for the equality check."""
+    groups = {
+        g["consumer_group"]: {
+            **{k: int(g[k]) for k in GROUP_COUNTS},
+            "by_cause": dict(g["duplicates_by_cause"]),
+        }
+        for g in summary["groups"]
+    }
+    totals = {k: int(summary["totals"][k]) for k in ("messages", *GROUP_COUNTS, "duplicate_pairs")}
+    lat = summary["latency_ms"]
+    return {
+        "totals": totals,
+        "duplicates_by_cause": dict(summary["duplicates_by_cause"]),
+        "groups": dict(sorted(groups.items())),
+        "percentiles_ms": {k: [lat[k]["p50"], lat[k]["p95"], lat[k]["p99"]] for k in lat},
     }

@@ -234,8 +234,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def write_detail(df: DataFrame, out_dir: Path, name: str, files: int = 1) -> None:
-    """One Parquet detail table as ``out_dir/name.parquet`` (a directory of ``files`` part files)."""
-    df.coalesce(files).write.mode("overwrite").parquet(str(out_dir / f"{name}.parquet"))
+    """One Parquet detail table as ``out_dir/name.parquet`` (a directory of ``files`` part files).
+
+    ``repartition``, not ``coalesce``: a coalesce to one file would also run the stage that computes ``df``
+    (a cache scan, a window) in one task, on one core; a shuffle of the few result rows is cheaper.
+    """
+    df.repartition(files).write.mode("overwrite").parquet(str(out_dir / f"{name}.parquet"))
 
 
 def write_json(summary: Mapping[str, Any], path: Path) -> None:

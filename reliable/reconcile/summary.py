@@ -15,14 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reliable.reconcile.aggregates import (
-    LATENCY_LABELS,
-    LEVEL_GROUP,
-    LEVEL_TOTAL,
-    PERCENTILES,
-    RESEND_CAP,
-)
+from reliable.reconcile.aggregates import LATENCY_LABELS, RESEND_CAP
 from reliable.reconcile.config import SCHEMA_VERSION, DuplicateCause, ReconcileConfig, Thresholds
+from reliable.reconcile.rollup import LATENCY_METRICS, LEVEL_GROUP, LEVEL_TOTAL, PERCENTILES
 from reliable.reconcile.timeline import timeline_summary
 from reliable.reconcile.transforms import STATUSES
 
@@ -45,7 +40,6 @@ COUNTERS = (
     "gaps",
     "missing_offsets",
 )
-LATENCY_METRICS = ("first_delivery_ms", "confirm_ms")
 LATENCY_NAMES = {"first_delivery_ms": "send_to_first_delivery", "confirm_ms": "send_to_confirm"}
 #: the lists of (group, message id) pairs that need a person
 ATTENTION_KINDS = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
@@ -55,7 +49,7 @@ ATTENTION_KINDS = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
 class Collected:
     """What the driver brought back from Spark; every list holds plain dicts keyed like the DataFrames."""
 
-    pair_stats: list[Row] = field(default_factory=list)  # aggregates.pair_stats (level queue/group/total)
+    pair_stats: list[Row] = field(default_factory=list)  # rollup.roll_up (level queue/group/total)
     messages: int = 0
     message_resends: list[Row] = field(default_factory=list)  # send_count, messages
     targeted_resends: list[Row] = field(default_factory=list)  # consumer_group, resend_count, inbox_rows

@@ -1,10 +1,10 @@
 """The reconciliation as pure DataFrame → DataFrame functions (no I/O, no actions), per consumer group.
 
 Every anomaly the report names is defined here, once, as a column expression; ``docs/reconcile.md`` repeats
-the definitions in prose (``bench/reconcile_duckdb.py`` still holds schema 1's in SQL). Functions take and
-return Spark DataFrames and never collect, so the caller decides what is cached, written or brought to the
-driver. The aggregations over these rows are in :mod:`.aggregates`. Only built-in Spark SQL expressions: no
-Python UDF runs on an executor.
+the definitions in prose, and ``bench/reconcile_duckdb.py`` writes them again, independently, in SQL (the
+benchmark's cross-check). Functions take and return Spark DataFrames and never collect, so the caller
+decides what is cached, written or brought to the driver. The aggregations over these rows are in
+:mod:`.aggregates`. Only built-in Spark SQL expressions: no Python UDF runs on an executor.
 
 Shapes (column names are the contract tables' names, DESIGN.md §1):
 
@@ -310,6 +310,15 @@ _DETAIL = (
     "deliveries",
     "last_received_at",
 )
+
+
+_FLAGS = ("lost", "stuck", "dead", "unsent")
+
+
+def needs_attention(enriched: DataFrame) -> DataFrame:
+    """The pairs with any finding (lost, stuck, dead, unsent): the few rows the detail tables are cut from."""
+    any_flag = F.col("is_lost") | F.col("is_stuck") | F.col("is_dead") | F.col("is_unsent")
+    return enriched.where(any_flag).select(*_DETAIL, *(f"is_{f}" for f in _FLAGS))
 
 
 def flagged(enriched: DataFrame, flag: str) -> DataFrame:
