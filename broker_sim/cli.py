@@ -50,6 +50,19 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--namesrv-port", type=int, default=9876, help="name server port (0: any free port)")
     s.add_argument("--broker-port", type=int, default=10911, help="broker port (0: any free port)")
     s.add_argument("--broker-name", default="broker-a")
+    s.add_argument(
+        "--grpc-port",
+        type=int,
+        help="also serve RocketMQ 5.x gRPC (MessagingService) on this port (0: any free port); needs grpcio "
+        "and the protocol modules of rocketmq-python-client (see BROKER_SIM_RMQ5_PROTOCOL)",
+    )
+    s.add_argument(
+        "--grpc-group",
+        action="append",
+        default=[],
+        metavar="NAME:OPTIONS",
+        help="5.x consumer group policy, e.g. 'orders:fifo,max_attempts=3,backoff=1s;5s' (repeatable)",
+    )
     s.add_argument("--flush", choices=["SYNC_FLUSH", "ASYNC_FLUSH"], help="flush mode of the commit log")
     s.add_argument(
         "--auto-create-topics", action="store_true", help="create unknown topics on first send (TBW102)"
@@ -145,6 +158,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.auto_create_topics:
         config["auto_create_topic_enable"] = True
     split_config(dict(config))  # reject unknown or malformed options before any port is bound
+    from broker_sim.grpc.policy import GroupPolicy
+
+    grpc_groups = dict(GroupPolicy.parse(spec) for spec in args.grpc_group)
+    if args.grpc_port is not None:
+        from broker_sim.grpc.protocol import load_protocol
+
+        load_protocol()  # a missing protocol module is a one-line error before any port is bound
     server = BrokerSimServer(
         ServeConfig(
             store_dir=args.store,
@@ -156,12 +176,17 @@ def _serve(args: argparse.Namespace) -> int:
             broker_config=config,
             fault_signals=args.fault_signals,
             exit_with_parent=args.exit_with_parent,
+            grpc_port=args.grpc_port,
+            grpc_groups=grpc_groups,
         )
     )
     server.install_stop_signals()  # before start(): a SIGTERM right after the ports open still stops cleanly
     server.start()
     # One machine-readable line on stdout, so scripts and tests using port 0 learn the addresses.
-    print(f"broker-sim ready namesrv={server.namesrv_address} broker={server.broker_address}", flush=True)
+    grpc = f" grpc={server.grpc.address}" if server.grpc is not None else ""
+    print(
+        f"broker-sim ready namesrv={server.namesrv_address} broker={server.broker_address}{grpc}", flush=True
+    )
     server.serve_forever()
     return 0
 

@@ -40,6 +40,7 @@ from broker_sim.remoting.server import Connection, RemotingServer
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
+    from broker_sim.grpc.server import GrpcFrontEnd
 
 log = logging.getLogger("broker_sim.remoting.serve")
 
@@ -64,6 +65,10 @@ class ServeConfig:
     fault_signals: bool = False
     #: stop cleanly when the parent process exits
     exit_with_parent: bool = False
+    #: also serve RocketMQ 5.x gRPC (``apache.rocketmq.v2.MessagingService``) on this port (0: any free port)
+    grpc_port: int | None = None
+    #: 5.x consumer group policies (retry, FIFO) by group name: ``broker_sim.grpc.policy.GroupPolicy``
+    grpc_groups: dict[str, Any] = field(default_factory=dict)
 
 
 class BrokerSimServer:
@@ -82,6 +87,7 @@ class BrokerSimServer:
         self.namesrv_server = RemotingServer({}, config.host, config.namesrv_port, name="namesrv", workers=8)
         self.broker: Broker | None = None
         self.handlers: BrokerHandlers | None = None
+        self.grpc: GrpcFrontEnd | None = None
         self._stopped = threading.Event()
         #: set by SIGTERM/SIGINT once :meth:`install_stop_signals` ran; :meth:`serve_forever` waits on it
         self._stop_requested = threading.Event()
@@ -134,6 +140,12 @@ class BrokerSimServer:
         sync_flush = self.broker.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.broker_server.inline_codes = frozenset(self.handlers.non_blocking_codes(sync_flush))
         self.namesrv_server.inline_codes = frozenset(self.namesrv_server.handlers)
+        if self.config.grpc_port is not None:
+            from broker_sim.grpc.server import GrpcFrontEnd
+
+            self.grpc = GrpcFrontEnd(
+                self.broker, self.config.host, self.config.grpc_port, groups=self.config.grpc_groups
+            ).start()
         self.broker_server.start()
         self.namesrv_server.start()
         log.info(
@@ -154,6 +166,8 @@ class BrokerSimServer:
             log.info("broker-sim shutting down")
             self.namesrv_server.shutdown()
             self.broker_server.shutdown()
+            if self.grpc is not None:
+                self.grpc.stop()
             if self.broker is not None:
                 self.broker.shutdown()
             self._stopped.set()
