@@ -24,6 +24,8 @@ class OutgoingMessage:
     #: 0 for the producer's first send, then 1, 2, … for each resend by the sweeper.
     send_count: int = 0
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: None: to the topic (every subscribed group); a group name: a resend for that group only (contracts.md)
+    target_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +42,10 @@ class Sender(Protocol):
     """Hands a message to a broker and returns where it landed; raises on any failure."""
 
     def send(self, message: OutgoingMessage) -> SendReceipt: ...
+
+
+@runtime_checkable
+class BrokerProbe(Protocol):
+    """The loss probe: one past the last stored message of a queue; None = cannot tell (contracts.md)."""
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None: ...

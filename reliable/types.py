@@ -55,3 +55,9 @@ class Envelope:
     tags: str | None = None
     reconsume_times: int = 0
     properties: Mapping[str, str] = field(default_factory=dict)
+    #: the topic this delivery came from (``%RETRY%g``, ...); None = ``topic`` (contracts.md)
+    delivered_topic: str | None = None
+
+    @property
+    def source_topic(self) -> str:
+        return self.delivered_topic or self.topic

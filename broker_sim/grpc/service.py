@@ -3,8 +3,9 @@
 The servicer is a plain object whose method names are the service's (the generated
 ``add_MessagingServiceServicer_to_server`` only looks them up). Errors are answered the 5.x way — a
 ``Status`` with a ``Code`` in the response — not as gRPC errors, because the client decides retry versus
-give-up from that code. RPCs broker_sim does not serve (PullMessage and the offset calls of the 5.x pull
-consumer, RecallMessage, lite topics) answer gRPC ``UNIMPLEMENTED``.
+give-up from that code. RPCs broker_sim does not serve (PullMessage, UpdateOffset and GetOffset of the 5.x
+pull consumer, RecallMessage, lite topics) answer gRPC ``UNIMPLEMENTED``; QueryOffset is served because
+it is the 5.x way to ask a queue's max offset (the ``reliable`` loss probe).
 """
 
 from __future__ import annotations
@@ -283,11 +284,28 @@ class MessagingService:
             return self._status(resp, self._error_code(exc), str(exc))
         return self._status(resp, d.OK)
 
+    def QueryOffset(self, request: Any, context: Any) -> Any:
+        """A queue's first or next-to-write offset (or the offset at a time): the 5.x loss probe."""
+        d, s = self.pb.definition, self.pb.service
+        resp = s.QueryOffsetResponse()
+        mq = request.message_queue
+        if self.broker.topics.select(mq.topic.name) is None:
+            return self._status(resp, d.TOPIC_NOT_FOUND, f"topic {mq.topic.name} does not exist")
+        if request.query_offset_policy == d.BEGINNING:
+            resp.offset = self.broker.get_min_offset(mq.topic.name, mq.id)
+        elif request.query_offset_policy == d.END:
+            resp.offset = self.broker.get_max_offset(mq.topic.name, mq.id)
+        else:
+            ts = request.timestamp
+            resp.offset = self.broker.search_offset_by_timestamp(
+                mq.topic.name, mq.id, ts.seconds * 1000 + ts.nanos // 1_000_000
+            )
+        return self._status(resp, d.OK)
+
     # -- not served ----------------------------------------------------------------------------------------
 
     def _unimplemented(self, request: Any, context: Any) -> Any:
         context.abort(grpc.StatusCode.UNIMPLEMENTED, "not served by broker_sim's gRPC front end")
 
-    PullMessage = UpdateOffset = GetOffset = QueryOffset = RecallMessage = SyncLiteSubscription = (
-        _unimplemented
-    )
+    PullMessage = UpdateOffset = GetOffset = _unimplemented
+    RecallMessage = SyncLiteSubscription = _unimplemented

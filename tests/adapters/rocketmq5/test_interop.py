@@ -24,7 +24,8 @@ def served(rmq5_python: Path, tmp_path: Path) -> Iterator[tuple[BrokerServer, st
     grpc_port = free_port()
     srv = BrokerServer(
         tmp_path / "store", tmp_path / "logs",
-        ["--grpc-port", str(grpc_port), "--set", f"topics={json.dumps({TOPIC: 2})}", "--log-level", "WARNING"],
+        ["--grpc-port", str(grpc_port), "--set", f"topics={json.dumps({TOPIC: 2})}",
+         "--log-level", "WARNING"],
     )  # fmt: skip
     srv.start()
     assert srv.process is not None
