@@ -302,12 +302,12 @@ class RocketMQ5Probe:
     def max_offset(self, topic: str, queue_id: int) -> int | None:
         if queue_id < 0:
             return None
-        from rocketmq.grpc_protocol import QueryOffsetPolicy, service_pb2
+        from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
         req = service_pb2.QueryOffsetRequest()
         req.message_queue.topic.name = topic
         req.message_queue.id = queue_id
-        req.query_offset_policy = QueryOffsetPolicy.END
+        req.query_offset_policy = definition_pb2.QueryOffsetPolicy.END
         try:
             res = self._stub.QueryOffset(req, timeout=self.timeout_s)
         except Exception:

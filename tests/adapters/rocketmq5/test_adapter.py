@@ -50,8 +50,8 @@ class Worker:
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
         )  # fmt: skip
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # "ready" / "done" (the process ends if it fails)
-        assert line.strip() in ("ready", "done"), f"worker failed to start; see {log}"
+        self.first_line = self.proc.stdout.readline()  # "ready" / "done" / JSON; ends early if it fails
+        assert self.first_line.strip(), f"worker failed to start; see {log}"
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -190,3 +190,50 @@ def test_fan_out_to_two_groups_applies_every_message_once_per_group(
         w.stop()
     assert_nothing_left(broker, billing)
     assert all(sorted(g for g, _ in applied(db, m)) == sorted([audit, billing]) for m in ids)
+
+
+def test_reconsume_later_comes_back_after_the_guard_backoff(
+    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    from reliable.adapters.rocketmq5 import retry_delay_s
+
+    broker = make_broker()
+    group, key, control = f"flaky{uuid.uuid4().hex[:6]}", f"flaky-{uuid.uuid4().hex[:8]}", tmp_path / "c"
+    start(broker, db, workers, control, group=group)
+    send(broker, "flaky", key)
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+    backoff_ms = retry_delay_s(1) * 1000
+
+    def hidden_for_backoff() -> bool:
+        handles = list(pop.inflight(group, TOPIC).values())
+        return bool(handles) and handles[0].invisible_ms == backoff_ms
+
+    wait_until(hidden_for_backoff, what="the invisible duration set to the retry backoff")
+    assert applied(db, key) == []
+    broker.advance(backoff_ms / 1000 + 1)
+    wait_until(lambda: applied(db, key), what="the second attempt")
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT reconsume_times, outcome FROM message_log WHERE message_id = :m ORDER BY id"),
+            {"m": key},
+        ).all()
+    engine.dispose()
+    assert [(r[0], r[1]) for r in rows] == [(0, "RETRY"), (1, "SUCCESS")]
+
+
+def test_sender_receipts_and_the_query_offset_probe(make_broker: Any, tmp_path: Path) -> None:
+    """The 5.x send reports the offset but not the queue; QueryOffset(END) is each queue's max offset."""
+    broker = make_broker()
+    ids = [f"snd-{i}" for i in range(6)]
+    spec = {"endpoint": broker.endpoint, "topic": TOPIC, "mode": "send", "ids": ids}
+    w = Worker(venv5.python(), spec, tmp_path / "send.log")
+    w.stop()
+    out = json.loads(w.first_line)
+    assert all(queue_id == -1 and offset >= 0 for queue_id, offset, _ in out["receipts"])
+    assert out["max_offsets"][0] is None  # an unknown queue cannot be probed
+    b = broker.server.broker
+    assert b is not None
+    assert out["max_offsets"][1:] == [b.get_max_offset(TOPIC, q) for q in range(4)]
+    assert sum(out["max_offsets"][1:]) == len(ids)

@@ -1,14 +1,17 @@
 """Runs in the 5.x venv: a ``reliable`` consumer (or stub producer) over the official 5.x client.
 
 ``worker.py '<json spec>'``. Modes: ``simple`` (``run_simple_consumer``), ``push`` (``GuardedListener``)
-until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ5Sender`` and exits. The
+until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ5Sender`` and exits;
+``send`` uses the Sender and the probe alone and prints their answers as JSON. The
 business handler records each application in ``applied5`` (one row per group and message, in the guard's
 transaction) and leaves a ``started-<id>-<pid>`` file in the control directory before its work; a message
-whose body is ``slow`` waits until the control file ``release`` exists (a handler that runs for a while).
+whose body is ``slow`` waits until the control file ``release`` exists (a handler that runs for a while);
+the first attempt at a message whose body is ``flaky`` raises.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -22,14 +25,32 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleC
 from sqlalchemy import text
 
 from reliable import Reliability
-from reliable.adapters.rocketmq5 import RocketMQ5Sender, guarded_push_consumer, run_simple_consumer
+from reliable.adapters.rocketmq5 import (
+    RocketMQ5Probe,
+    RocketMQ5Sender,
+    guarded_push_consumer,
+    run_simple_consumer,
+)
 from reliable.decorator import idempotent_consumer
 from reliable.producer import StubProducer
+from reliable.sender import OutgoingMessage
 from reliable.types import Envelope
 
 
 def main() -> None:
     spec: dict[str, Any] = json.loads(sys.argv[1])
+    if spec["mode"] == "send":  # the Sender and the probe alone, no database
+        sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
+        fields = {f.name for f in dataclasses.fields(OutgoingMessage)}
+        receipts = []
+        for mid in spec["ids"]:
+            kw = {"message_id": mid, "topic": spec["topic"], "body": mid.encode(), "consumer_group": "g"}
+            r = sender.send(OutgoingMessage(**{k: v for k, v in kw.items() if k in fields}))
+            receipts.append([r.queue_id, r.queue_offset, r.broker_message_id])
+        probe = RocketMQ5Probe(spec["endpoint"])
+        offsets = [probe.max_offset(spec["topic"], q) for q in (-1, 0, 1, 2, 3)]
+        print(json.dumps({"receipts": receipts, "max_offsets": offsets}), flush=True)
+        return
     rel = Reliability(spec["db_url"], None, lease_ms=2000)
     if spec["mode"] == "produce":
         sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
@@ -44,6 +65,10 @@ def main() -> None:
 
     def business(env: Envelope, session: Any) -> None:
         (control / f"started-{env.message_id}-{os.getpid()}").touch()
+        failed = control / f"failed-{env.message_id}"
+        if env.body == b"flaky" and not failed.exists():
+            failed.touch()
+            raise RuntimeError("the first attempt of a flaky message fails")
         if env.body == b"slow":
             while not (control / "release").exists():
                 time.sleep(0.05)  # the work itself: this handler runs until the test releases it
