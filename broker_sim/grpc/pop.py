@@ -10,11 +10,12 @@ extend or shorten the time (ChangeInvisibleDuration: a new handle, the old one i
 State per (group, topic, queue): ``floor`` — the smallest offset not yet acked, committed as the group's
 consumer offset (so ``broker-sim admin consumer progress`` and a 4.x ``GET_MAX_OFFSET``-based loss probe
 see the same position) — plus the acked offsets above it and the latest delivery of each in-flight offset.
-Messages are read through ``Broker.pull_message``, so they come from the same store the remoting front end
-writes. FIFO groups deliver a message group's next message only after the earlier one is acked (or
-dead-lettered); other message groups of the queue are not held up.
+Messages are read from the same store the remoting front end writes (``MessageStore.get_message``, as the
+Broker's own transaction check does: no permission check, no long-poll hold). FIFO groups deliver a
+message group's next message only after the earlier one is acked (or dead-lettered); other message groups
+of the queue are not held up.
 
-Limits (stated in docs/broker-sim.md): in-flight state is memory only — after a broker restart delivery
+Limits (stated in docs/rocketmq5.md): in-flight state is memory only — after a broker restart delivery
 resumes at the committed floor with attempt 1 (at-least-once; already-acked messages above the floor come
 again); a brand-new group starts at the queue's first offset.
 """
@@ -27,10 +28,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import ConsumerSendMsgBackRequest, PullMessageRequest, PullStatus
-from broker_sim.client.message import MessageExt, SysFlag
+from broker_sim.broker.api import ConsumerSendMsgBackRequest
+from broker_sim.broker.convert import to_client
+from broker_sim.client.message import MessageExt
 from broker_sim.grpc.policy import GroupPolicies
 from broker_sim.grpc.receipt import InvalidReceiptHandleError, ReceiptHandle
+from broker_sim.store.results import GetMessageStatus
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
@@ -131,28 +134,24 @@ class PopService:
             offset, scanned = st.floor, 0
             blocked: set[str] = set()  # FIFO message groups with an earlier message still unfinished
             while len(out) < max_n and scanned < SCAN_LIMIT:
-                resp = self.broker.pull_message(
-                    PullMessageRequest(
-                        group, topic, queue_id, offset, _PULL_BATCH, sys_flag=SysFlag.PULL_SUBSCRIPTION,
-                        subscription="*",
-                    )
-                )  # fmt: skip
-                if resp.status is PullStatus.OFFSET_ILLEGAL and resp.next_begin_offset > offset:
-                    offset = resp.next_begin_offset
+                r = self.broker.store.get_message(group, topic, queue_id, offset, _PULL_BATCH, None)
+                if r.status is GetMessageStatus.OFFSET_TOO_SMALL and r.next_begin_offset > offset:
+                    offset = r.next_begin_offset  # expired from the store: nothing left to deliver there
                     self._advance(st, group, topic, queue_id, to=offset)
                     continue
-                if resp.status is not PullStatus.FOUND:
+                if r.status is not GetMessageStatus.FOUND:
                     break
-                for msg in resp.messages:
+                for sel in r.messages:
                     scanned += 1
                     if len(out) >= max_n:
                         break
+                    msg = to_client(sel.ext, self.broker.config.broker_name)
                     delivery = self._consider(st, msg, group, policy.fifo, blocked, tags, now, invisible_ms)
                     if delivery is not None:
                         out.append(delivery)
-                if resp.next_begin_offset <= offset:
+                if r.next_begin_offset <= offset:
                     break
-                offset = resp.next_begin_offset
+                offset = r.next_begin_offset
         return out
 
     def _consider(

@@ -17,11 +17,13 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from broker_sim.broker.api import PullMessageRequest, PullStatus, SendMessageRequest
+from broker_sim.broker.api import SendMessageRequest
+from broker_sim.broker.convert import to_client
 from broker_sim.broker.topics import TopicConfig
-from broker_sim.client.message import MessageExt, Prop, SysFlag
+from broker_sim.client.message import MessageExt, Prop
 from broker_sim.errors import BrokerSimError
 from broker_sim.grpc.convert import TIMER_DELIVER_MS
+from broker_sim.store.results import GetMessageStatus
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
@@ -74,20 +76,18 @@ class TimerService:
 
     def _read_new(self) -> None:
         while True:
-            resp = self.broker.pull_message(
-                PullMessageRequest(TIMER_GROUP, TIMER_TOPIC, 0, self._read, 32, SysFlag.PULL_SUBSCRIPTION,
-                                   subscription="*")
-            )  # fmt: skip
-            if resp.status is not PullStatus.FOUND or resp.next_begin_offset <= self._read:
-                if resp.status is PullStatus.OFFSET_ILLEGAL and resp.next_begin_offset > self._read:
-                    self._read = resp.next_begin_offset
-                    continue
+            r = self.broker.store.get_message(TIMER_GROUP, TIMER_TOPIC, 0, self._read, 32, None)
+            if r.status is GetMessageStatus.OFFSET_TOO_SMALL and r.next_begin_offset > self._read:
+                self._read = r.next_begin_offset
+                continue
+            if r.status is not GetMessageStatus.FOUND or r.next_begin_offset <= self._read:
                 return
-            for msg in resp.messages:
+            for sel in r.messages:
+                msg = to_client(sel.ext, self.broker.config.broker_name)
                 deliver = int(msg.properties.get(TIMER_DELIVER_MS, "0"))
                 heapq.heappush(self._due, (deliver, msg.queue_offset))
                 self._messages[msg.queue_offset] = msg
-            self._read = resp.next_begin_offset
+            self._read = r.next_begin_offset
 
     def _deliver(self, msg: MessageExt) -> bool:
         props = dict(msg.properties)

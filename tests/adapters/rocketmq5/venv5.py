@@ -4,8 +4,8 @@
 package, so the project venv keeps 0.4.4 and the 5.x client lives in a venv built here, once, under the
 tree's ``var/`` (``var/rmq5-venv/5.1.2``, rebuilt when the client version or pyproject.toml changes), with
 this project installed editable (``pip install -e .``: no extras, so no 4.x client) — the 5.x driver and
-the ``reliable`` workers run in it as subprocesses. The broker (and its gRPC front end) runs in the project venv and loads the
-generated protocol modules from this venv's site-packages (``BROKER_SIM_RMQ5_PROTOCOL``).
+the ``reliable`` workers run in it as subprocesses. The broker (and its gRPC front end) runs in the project
+venv and loads the generated protocol modules from this venv's site-packages (``BROKER_SIM_RMQ5_PROTOCOL``).
 """
 
 from __future__ import annotations
