@@ -9,6 +9,8 @@ Broker's half-message path (``TRAN_MSG`` + ``PGROUP``).
 
 from __future__ import annotations
 
+import gzip
+import re
 import zlib
 from typing import Any
 
@@ -22,6 +24,7 @@ from broker_sim.grpc.protocol import Protocol
 PRODUCER_GROUP_PREFIX = "GRPC_PRODUCER_"
 #: property holding the delivery time (ms) of a 5.x delay message while it waits in the timer topic
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+_IPV4 = re.compile(r"(\d{1,3}\.){3}\d{1,3}")
 _SYSTEM = frozenset(
     {Prop.UNIQ_KEY, Prop.KEYS, Prop.TAGS, MESSAGE_GROUP, Prop.TRAN_MSG, Prop.PRODUCER_GROUP, Prop.REAL_TOPIC,
      Prop.REAL_QID, Prop.TRANSACTION_CHECK_TIMES, TIMER_DELIVER_MS, "MSG_TYPE"}
@@ -57,12 +60,18 @@ def to_send_request(pb: Protocol, msg: Any, queue_id: int) -> tuple[SendMessageR
         props[Prop.TRAN_MSG] = "true"
         props[Prop.PRODUCER_GROUP] = producer_group(msg.topic.name)
     deliver_ms = _ms(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
+    host = sp.born_host if _IPV4.fullmatch(sp.born_host or "") else "127.0.0.1"  # the store keeps IPv4 hosts
     req = SendMessageRequest(
         producer_group=producer_group(msg.topic.name), topic=msg.topic.name, queue_id=queue_id,
-        properties=props, sys_flag=sys_flag, born_timestamp=_ms(sp.born_timestamp),
-        born_host=f"{sp.born_host or '127.0.0.1'}:0",
+        properties=props, sys_flag=sys_flag, born_timestamp=_ms(sp.born_timestamp), born_host=f"{host}:0",
     )  # fmt: skip
-    return req, bytes(msg.body), deliver_ms
+    body = bytes(msg.body)
+    if sp.body_encoding == pb.definition.GZIP:
+        try:
+            body = gzip.decompress(body)
+        except (OSError, EOFError) as exc:
+            raise ValueError(f"message {sp.message_id}: body is not valid gzip ({exc})") from exc
+    return req, body, deliver_ms
 
 
 def message_type(pb: Protocol, ext: MessageExt) -> int:

@@ -91,11 +91,14 @@ class TelemetryHub:
         return channel
 
     def close(self, channel: TelemetryChannel) -> None:
+        """The stream ended. Unregister the client only if this was its current stream: a client that
+        rebuilt its stream must keep the registration the new one made."""
         with self._lock:
-            if self._channels.get(channel.client_id) is channel:
+            current = self._channels.get(channel.client_id) is channel
+            if current:
                 del self._channels[channel.client_id]
         channel.close()
-        if self.broker.running:
+        if current and self.broker.running:
             self.broker.client_channel_closed(channel.client_id)
 
     def heartbeat(self, client_id: str) -> None:

@@ -22,7 +22,8 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
   Without a stub's queue it cannot prove a 5.x-sent stub lost, so for those the sweeper's
   ``max_unconfirmed_age`` is what re-sends (docs/adapters.md).
 
-Envelope: ``message_id`` = the first *key*, else the 5.x message id; ``queue_id``/``queue_offset`` from the
+Envelope: ``message_id`` = the *key* (of several, the alphabetically first: the client keeps keys as a set),
+else the 5.x message id; ``queue_id``/``queue_offset`` from the
 receipt handle (RocketMQ's handle layout names them; the client drops the system properties that carry
 them); ``reconsume_times`` = delivery attempt − 1.
 """
@@ -113,6 +114,14 @@ def forward_to_dlq(consumer: Any, message: Any, max_attempts: int = 0) -> None:
         raise SendError(f"forward to DLQ refused: {res.status.code} {res.status.message}")
 
 
+def check_timing(invisible_s: int, every_s: float) -> None:
+    """The extension must come before the invisible time runs out, or another consumer gets the message."""
+    if not 0 < every_s < invisible_s:
+        raise ConfigurationError(
+            f"extend every {every_s} s: must be more often than the invisible duration ({invisible_s} s)"
+        )
+
+
 class InvisibilityExtender:
     """Keeps one received message invisible while its handler runs (use as a context manager).
 
@@ -121,6 +130,7 @@ class InvisibilityExtender:
     consumer's change-invisible-duration call (``SimpleConsumer.change_invisible_duration``)."""
 
     def __init__(self, change: Callable[[Any, int], None], message: Any, invisible_s: int, every_s: float):
+        check_timing(invisible_s, every_s)
         self.change, self.message = change, message
         self.invisible_s, self.every_s = invisible_s, every_s
         self._stop = threading.Event()
@@ -181,6 +191,7 @@ def run_simple_consumer(
     messages were handled. A failed ack / change leaves the message to come back after its invisible time
     (the guard absorbs the redelivery)."""
     every = extend_every_s if extend_every_s is not None else invisible_s / 3
+    check_timing(invisible_s, every)
     handled = 0
     while not stop.is_set():
         try:
@@ -215,6 +226,7 @@ class GuardedListener:
         self.handler = handler
         self.invisible_s = invisible_s
         self.extend_every_s = extend_every_s if extend_every_s is not None else invisible_s / 3
+        check_timing(invisible_s, self.extend_every_s)
         self.consumer: Any = None
 
     def consume(self, message: Any) -> Any:
