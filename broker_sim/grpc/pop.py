@@ -25,7 +25,8 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from broker_sim.broker.api import ConsumerSendMsgBackRequest
@@ -58,6 +59,9 @@ class Delivery:
 class _Inflight:
     handle: ReceiptHandle
     attempt: int
+    #: client id of a push consumer whose delivery the broker renews while that client is connected
+    owner: str | None = None
+    first_retrieve_ms: int = 0
 
 
 @dataclass
@@ -77,6 +81,7 @@ class PopService:
         self._serial = itertools.count(1)
         self._rotation = itertools.count()
         self.dead_lettered = 0
+        self.renew_rounds = 0
 
     def start(self) -> None:
         self.broker.store.add_dispatch_listener(lambda _req: self.wake())
@@ -93,9 +98,11 @@ class PopService:
     # -- receive ----------------------------------------------------------------------------------------
 
     def pop(
-        self, group: str, topic: str, max_n: int, invisible_ms: int, tags: frozenset[str] | None = None
-    ) -> list[Delivery]:
-        """Up to ``max_n`` visible messages of ``topic`` for ``group``; ``tags`` None = every tag."""
+        self, group: str, topic: str, max_n: int, invisible_ms: int, tags: frozenset[str] | None = None,
+        owner: str | None = None,
+    ) -> list[Delivery]:  # fmt: skip
+        """Up to ``max_n`` visible messages of ``topic`` for ``group``; ``tags`` None = every tag. With
+        ``owner`` (an auto-renew receive) the deliveries are renewed by :meth:`renew` while it is alive."""
         tc = self.broker.topics.select(topic)
         if tc is None:
             return []
@@ -105,7 +112,8 @@ class PopService:
         for i in range(n):
             if len(out) >= max_n:
                 break
-            out.extend(self._pop_queue(group, topic, (start + i) % n, max_n - len(out), invisible_ms, tags))
+            queue_id = (start + i) % n
+            out.extend(self._pop_queue(group, topic, queue_id, max_n - len(out), invisible_ms, tags, owner))
         return out
 
     def _state(self, group: str, topic: str, queue_id: int) -> _QueueState:
@@ -125,6 +133,7 @@ class PopService:
         max_n: int,
         invisible_ms: int,
         tags: frozenset[str] | None,
+        owner: str | None,
     ) -> list[Delivery]:
         policy = self.policies.get(group)
         out: list[Delivery] = []
@@ -148,6 +157,7 @@ class PopService:
                     msg = to_client(sel.ext, self.broker.config.broker_name)
                     delivery = self._consider(st, msg, group, policy.fifo, blocked, tags, now, invisible_ms)
                     if delivery is not None:
+                        st.inflight[delivery.handle.queue_offset].owner = owner
                         out.append(delivery)
                 if r.next_begin_offset <= offset:
                     break
@@ -179,7 +189,7 @@ class PopService:
             st.floor, now, invisible_ms, self.broker.config.broker_name, msg.queue_id, o,
             msg.commit_log_offset, next(self._serial),
         )  # fmt: skip
-        st.inflight[o] = _Inflight(handle, attempt)
+        st.inflight[o] = _Inflight(handle, attempt, first_retrieve_ms=now)
         return Delivery(msg, handle, attempt)
 
     # -- ack, change invisible duration, dead letter -------------------------------------------------------
@@ -246,6 +256,30 @@ class PopService:
         st.floor = to
         st.acked = {o for o in st.acked if o >= to}
         self.broker.commit_consumer_offset(group, topic, queue_id, to)
+
+    # -- auto-renew (push consumers) ---------------------------------------------------------------------
+
+    def renew(self, alive: Callable[[str], bool], ahead_ms: int, slice_ms: int, max_ms: int) -> int:
+        """Extend push-consumer deliveries that expire within ``ahead_ms`` by ``slice_ms``, while their
+        client is connected and for at most ``max_ms`` in all (the 5.x proxy's renewal). The receipt handle
+        the client holds stays valid (same serial). Returns how many were renewed."""
+        renewed = 0
+        with self._changed:
+            now = self.broker.clock.now_ms()
+            for st in self._queues.values():
+                for fl in st.inflight.values():
+                    h = fl.handle
+                    if (
+                        fl.owner is None
+                        or not now < h.expires_ms <= now + ahead_ms
+                        or now - fl.first_retrieve_ms >= max_ms
+                        or not alive(fl.owner)
+                    ):
+                        continue
+                    fl.handle = replace(h, retrieve_ms=now, invisible_ms=slice_ms)
+                    renewed += 1
+            self.renew_rounds += 1
+        return renewed
 
     # -- inspection (tests, admin) -----------------------------------------------------------------------
 

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker_sim.grpc.server")
 
 POLICY_FILE = "grpcGroupPolicy.json"
+#: push-consumer renewal, as the 5.x proxy does it: every second look for deliveries expiring within 10 s and
+#: give them another 60 s, for at most 3 h after they were received
+RENEW_EVERY_MS, RENEW_AHEAD_MS, RENEW_SLICE_MS, RENEW_MAX_MS = 1000, 10_000, 60_000, 3 * 3600_000
 
 
 class GrpcFrontEnd:
@@ -63,6 +66,9 @@ class GrpcFrontEnd:
             self.policies.set(name, policy)
         self.pop.start()
         self.timer.start()
+        self.broker.scheduler.schedule_periodic(
+            RENEW_EVERY_MS, RENEW_EVERY_MS, self._renew, name="grpc-renew"
+        )
         server = grpc.server(
             ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="grpc"),
             options=[("grpc.so_reuseport", 0)],
@@ -75,6 +81,9 @@ class GrpcFrontEnd:
         self._server = server
         log.info("gRPC MessagingService on %s", self.address)
         return self
+
+    def _renew(self) -> None:
+        self.pop.renew(self.hub.is_open, RENEW_AHEAD_MS, RENEW_SLICE_MS, RENEW_MAX_MS)
 
     def stop(self, grace_s: float = 1.0) -> None:
         self.service.stop()

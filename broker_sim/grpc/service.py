@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker_sim.grpc.service")
 
-#: invisible duration of push-consumer deliveries (they ask for none; the 5.x proxy default is 60 s)
+#: invisible duration of push-consumer (auto-renew) deliveries: they ask for none; the broker renews them
+#: while the client is connected (see PopService.renew and server.GrpcFrontEnd)
 AUTO_RENEW_INVISIBLE_MS = 60_000
 _MARGIN_S = 1.0  # answer a long poll this long before the client's deadline
 
@@ -225,8 +226,9 @@ class MessagingService:
             poll_s = min(poll_s, remaining - _MARGIN_S)
         deadline = time.monotonic() + poll_s
         batch = max(1, request.batch_size)
+        owner = _metadata(context, "x-mq-client-id") if request.auto_renew else None
         while True:
-            found = self.pop.pop(group, topic, batch, invisible_ms, tags)
+            found = self.pop.pop(group, topic, batch, invisible_ms, tags, owner)
             if found or time.monotonic() >= deadline or not context.is_active() or self._stopping.is_set():
                 break
             self.pop.wait(min(0.1, max(0.0, deadline - time.monotonic())))

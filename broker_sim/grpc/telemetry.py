@@ -101,6 +101,15 @@ class TelemetryHub:
         if current and self.broker.running:
             self.broker.client_channel_closed(channel.client_id)
 
+    def is_open(self, client_id: str) -> bool:
+        """Whether the client has a Telemetry stream open (the 5.x sign of a live client)."""
+        with self._lock:
+            return client_id in self._channels
+
+    def open_clients(self) -> set[str]:
+        with self._lock:
+            return set(self._channels)
+
     def heartbeat(self, client_id: str) -> None:
         """Keep a producer's registration alive (5.x heartbeats carry no topics; the settings did)."""
         with self._lock:

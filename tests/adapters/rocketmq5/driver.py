@@ -3,7 +3,7 @@
 One command per line (``{"op": ..., ...}``), one JSON reply per line on stdout, so a test in the project
 venv steps the official Producer / SimpleConsumer / PushConsumer exactly when it wants (between steps it
 moves the broker's manual clock). Push-consumer deliveries and transaction checks are queued as events and
-fetched with ``{"op": "events"}``.
+fetched with ``{"op": "events"}``; a push delivery whose body is ``hold`` blocks until ``{"op": "release"}``.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Driver(TransactionChecker, MessageListener):
         self.events: list[dict[str, Any]] = []
         self.answers: dict[str, str] = {}  # transaction message keys -> COMMIT / ROLLBACK
         self.fail_bodies: set[str] = set()
+        self.release = threading.Event()  # a push delivery with body "hold" waits for it
         self.lock = threading.Lock()
 
     # official client callbacks
@@ -62,6 +63,8 @@ class Driver(TransactionChecker, MessageListener):
         failed = info["body"] in self.fail_bodies
         with self.lock:
             self.events.append({"event": "push", "result": "FAILURE" if failed else "SUCCESS", **info})
+        if info["body"] == "hold":
+            self.release.wait(300)
         return ConsumeResult.FAILURE if failed else ConsumeResult.SUCCESS
 
     # commands
@@ -134,6 +137,10 @@ class Driver(TransactionChecker, MessageListener):
         self.push = PushConsumer(self.config, group, self, subscription, consumption_thread_count=4)
         self.push.startup()
         return {"fifo": self.push.fifo}
+
+    def op_release(self) -> dict[str, Any]:
+        self.release.set()
+        return {}
 
     def op_events(self) -> dict[str, Any]:
         with self.lock:

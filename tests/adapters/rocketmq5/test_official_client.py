@@ -196,3 +196,32 @@ def test_push_consumer_gets_everything_and_retries_a_failure_by_the_group_backof
     broker.advance(6)
     assert wait_until(lambda: stored(broker, "%DLQ%P1"), what="the DLQ copy")[0].body == b"bad"
     assert sorted(e["attempt"] for e in events if e["body"] == "a") == [1]
+
+
+def test_push_deliveries_are_renewed_while_the_client_lives_then_come_back(make_broker: Any) -> None:
+    """The 5.x proxy renews a push consumer's invisible time while that client is connected; a killed
+    client's message is delivered again (attempt 2) one invisible duration later."""
+    broker = make_broker()
+    producer, pusher, other = broker.client(), broker.client(), broker.client()
+    producer.call("producer", topics=[TOPIC])
+    pusher.call("push", group="R1", topic=TOPIC)
+    mid = producer.call("send", topic=TOPIC, body="hold", keys="kh")["id"]
+    wait_until(lambda: any(e["body"] == "hold" for e in pusher.call("events")["events"]), what="delivery")
+    other.call("simple", group="R1", topic=TOPIC, await_s=1)
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+    for _ in range(30):  # 150 s, far past the 60 s invisible duration
+        rounds = pop.renew_rounds
+        broker.advance(5)
+        wait_until(lambda r=rounds: pop.renew_rounds > r, what="a renewal round")
+        [handle] = pop.inflight("R1", TOPIC).values()
+        assert handle.expires_ms > broker.clock.now_ms()
+    assert other.call("receive", max=8, invisible_s=30)["messages"] == []
+    hub = broker.server.grpc.hub
+    alive = len(hub.open_clients())
+    pusher.proc.kill()  # the client dies holding the message: no more renewals
+    pusher.proc.wait()
+    wait_until(lambda: len(hub.open_clients()) < alive, what="the dead client's stream to close")
+    broker.advance(61)
+    [again] = receive_ids(other, 1)
+    assert (again["id"], again["attempt"]) == (mid, 2)
