@@ -225,3 +225,23 @@ def test_push_deliveries_are_renewed_while_the_client_lives_then_come_back(make_
     broker.advance(61)
     [again] = receive_ids(other, 1)
     assert (again["id"], again["attempt"]) == (mid, 2)
+
+
+def test_fifo_push_consumer_consumes_each_message_group_in_order(make_broker: Any) -> None:
+    broker = make_broker(groups={"F2": GroupPolicy(fifo=True)})
+    producer, consumer = broker.client(), broker.client()
+    producer.call("producer", topics=[TOPIC])
+    assert consumer.call("push", group="F2", topic=TOPIC)["fifo"] is True  # the settings said so
+    groups = ("ga", "gb", "gc")
+    for i in range(5):
+        for g in groups:
+            producer.call("send", topic=TOPIC, body=f"{g}-{i}", group=g)
+    events: list[dict[str, Any]] = []
+
+    def all_in() -> bool:
+        events.extend(consumer.call("events")["events"])
+        return len(events) >= 15
+
+    wait_until(all_in, what="15 FIFO deliveries")
+    for g in groups:
+        assert [e["body"] for e in events if e["group"] == g] == [f"{g}-{i}" for i in range(5)]
