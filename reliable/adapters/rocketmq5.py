@@ -257,10 +257,15 @@ def guarded_push_consumer(config: Any, group: str, topic: str, handler: Handler,
 
 
 class RocketMQ5Sender:
-    """A :class:`~reliable.sender.Sender` over a started ``rocketmq.Producer``."""
+    """A :class:`~reliable.sender.Sender` over a started ``rocketmq.Producer``; with a ``probe`` (as
+    :meth:`connect` gives it) also the :class:`~reliable.sender.BrokerProbe` the sweeper asks."""
 
-    def __init__(self, producer: Any) -> None:
+    def __init__(self, producer: Any, probe: RocketMQ5Probe | None = None) -> None:
         self.producer = producer
+        self.probe = probe
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None:
+        return self.probe.max_offset(topic, queue_id) if self.probe is not None else None
 
     @classmethod
     def connect(
@@ -272,10 +277,12 @@ class RocketMQ5Sender:
         )
         producer = rocketmq.Producer(config, topics)
         producer.startup()
-        return cls(producer)
+        return cls(producer, RocketMQ5Probe(endpoint, timeout_s=request_timeout_s))
 
     def close(self) -> None:
         self.producer.shutdown()
+        if self.probe is not None:
+            self.probe.close()
 
     def send(self, message: OutgoingMessage) -> SendReceipt:
         rocketmq, _ = _client()

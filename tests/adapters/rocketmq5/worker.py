@@ -26,14 +26,13 @@ from sqlalchemy import text
 
 from reliable import Reliability
 from reliable.adapters.rocketmq5 import (
-    RocketMQ5Probe,
     RocketMQ5Sender,
     guarded_push_consumer,
     run_simple_consumer,
 )
 from reliable.decorator import idempotent_consumer
 from reliable.producer import StubProducer
-from reliable.sender import OutgoingMessage
+from reliable.sender import BrokerProbe, OutgoingMessage
 from reliable.types import Envelope
 
 
@@ -47,8 +46,9 @@ def main() -> None:
             kw = {"message_id": mid, "topic": spec["topic"], "body": mid.encode(), "consumer_group": "g"}
             r = sender.send(OutgoingMessage(**{k: v for k, v in kw.items() if k in fields}))
             receipts.append([r.queue_id, r.queue_offset, r.broker_message_id])
-        probe = RocketMQ5Probe(spec["endpoint"])
-        offsets = [probe.max_offset(spec["topic"], q) for q in (-1, 0, 1, 2, 3)]
+        assert isinstance(sender, BrokerProbe)  # the sweeper gets sender and probe in one object
+        offsets = [sender.max_offset(spec["topic"], q) for q in (-1, 0, 1, 2, 3)]
+        sender.close()
         print(json.dumps({"receipts": receipts, "max_offsets": offsets}), flush=True)
         return
     rel = Reliability(spec["db_url"], None, lease_ms=2000)
