@@ -231,6 +231,8 @@ class GuardedListener:
 
     def consume(self, message: Any) -> Any:
         rocketmq, _ = _client()
+        if self.consumer is None:
+            raise ConfigurationError("GuardedListener.consumer is not set (use guarded_push_consumer)")
         change = self.consumer._change_invisible_duration
         with InvisibilityExtender(change, message, self.invisible_s, self.extend_every_s):
             result = _decide(self.handler, to_envelope(message))
