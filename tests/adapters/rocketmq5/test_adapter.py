@@ -136,19 +136,20 @@ def test_a_handler_longer_than_the_invisible_duration_is_applied_once(
     assert len(started_files(control, key)) == 1
 
 
+@pytest.mark.parametrize("mode", ["simple", "push"])
 def test_a_consumer_killed_mid_handler_is_replaced_and_the_message_applied_once(
-    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path, mode: str
 ) -> None:
     broker = make_broker()
     group, key, control = f"kill{uuid.uuid4().hex[:6]}", f"kill-{uuid.uuid4().hex[:8]}", tmp_path / "c"
-    victim = start(broker, db, workers, control, group=group)
+    victim = start(broker, db, workers, control, group=group, mode=mode)
     send(broker, "slow", key)
     wait_until(lambda: started_files(control, key), what="the handler to start")
     victim.proc.kill()  # mid-handler: its transaction never commits, its extensions stop
     victim.proc.wait()
     (control / "release").touch()
-    heir = start(broker, db, workers, control, group=group)
-    broker.advance(11)  # one invisible duration after the victim's last extension
+    heir = start(broker, db, workers, control, group=group, mode=mode)
+    broker.advance(61)  # past the invisible duration of the victim's delivery (push: 60 s, simple: 10 s)
     wait_until(lambda: applied(db, key), what="the heir to apply it")
     assert applied(db, key) == [(group, heir.proc.pid)]
     assert len(started_files(control, key)) == 2
