@@ -43,7 +43,7 @@ log = logging.getLogger("broker_sim.grpc.pop")
 
 #: the user property that carries a 5.x FIFO message group through the store
 MESSAGE_GROUP = "__SHARDINGKEY"
-#: at most this many queue offsets are looked at per queue and receive
+#: at most this many unacked messages are looked at per queue and receive (acked ones are skipped unread)
 SCAN_LIMIT = 2048
 _PULL_BATCH = 32
 
@@ -143,6 +143,8 @@ class PopService:
             offset, scanned = st.floor, 0
             blocked: set[str] = set()  # FIFO message groups with an earlier message still unfinished
             while len(out) < max_n and scanned < SCAN_LIMIT:
+                while offset in st.acked:  # acked above the floor: nothing to read there
+                    offset += 1
                 r = self.broker.store.get_message(group, topic, queue_id, offset, _PULL_BATCH, None)
                 if r.status is GetMessageStatus.OFFSET_TOO_SMALL and r.next_begin_offset > offset:
                     offset = r.next_begin_offset  # expired from the store: nothing left to deliver there
@@ -151,6 +153,8 @@ class PopService:
                 if r.status is not GetMessageStatus.FOUND:
                     break
                 for sel in r.messages:
+                    if sel.queue_offset in st.acked:
+                        continue
                     scanned += 1
                     if len(out) >= max_n:
                         break
