@@ -2,8 +2,8 @@
 
 * b1 — ``@idempotent_consumer`` msgs/s ÷ a bare loop issuing the same work by hand on the same engine and
   Redis client: ``SET NX PX``, journal insert + watermark upsert (committed), then ``SELECT … FOR UPDATE``
-  of the stub, the business insert, the conditional confirm and the journal outcome (committed), then
-  ``SET done``.
+  of the group's inbox row, the business insert, the conditional confirm, the stub's status (confirmed once
+  no other group owes it) and the journal outcome (committed), then ``SET done``.
   Producer stubs exist (PENDING). Target ≥ 0.85 (the framework costs at most 15 %).
 * b2 — the guard ÷ AWS Powertools ``idempotent_function`` with ``RedisCachePersistenceLayer``, both running
   the same business insert in a database transaction; first delivery of new ids, then the same ids again
@@ -88,7 +88,6 @@ def add_stubs(rel: Reliability, ids: Sequence[str], group: str) -> None:
         {
             "message_id": m,
             "topic": "bench",
-            "consumer_group": group,
             "content": b"{}",
             "payload_hash": h,
             "status": "PENDING",
@@ -98,10 +97,24 @@ def add_stubs(rel: Reliability, ids: Sequence[str], group: str) -> None:
         }
         for m in ids
     ]
-    from reliable.models import MessageStub
+    inbox = [
+        {
+            "consumer_group": group,
+            "message_id": m,
+            "status": "PENDING",
+            "attempts": 0,
+            "payload_hash": h,
+            "resend_count": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for m in ids
+    ]
+    from reliable.models import MessageInbox, MessageStub
 
     with rel.engine.begin() as conn:
         conn.execute(insert(MessageStub), rows)
+        conn.execute(insert(MessageInbox), inbox)
 
 
 def envelopes(ids: Sequence[str]) -> list[Envelope]:
@@ -210,11 +223,17 @@ def bare_loop(rel: Reliability, group: str) -> Callable[[Sequence[Envelope]], No
     )
     if not pg:
         upsert = upsert.replace("GREATEST(", "max(")
-    select = f"SELECT status FROM message_stub WHERE message_id = {q}{lock}"
+    select = f"SELECT status FROM message_inbox WHERE consumer_group = {q} AND message_id = {q}{lock}"
     business = _ledger_sql(rel)
     confirm = (
+        f"UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = {q}, updated_at = {q} "
+        f"WHERE consumer_group = {q} AND message_id = {q} AND status IN ('PENDING', 'DEAD')"
+    )
+    settle = (
         f"UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = {q}, updated_at = {q} "
-        f"WHERE message_id = {q} AND status IN ('PENDING', 'DEAD')"
+        f"WHERE message_id = {q} AND status IN ('PENDING', 'DEAD') AND NOT EXISTS (SELECT 1 "
+        f"FROM message_inbox i WHERE i.message_id = message_stub.message_id AND i.consumer_group <> {q} "
+        "AND i.status IN ('PENDING', 'DEAD'))"
     )
     outcome = f"UPDATE message_log SET outcome = 'SUCCESS' WHERE id = {q}"
     engine = rel.engine
@@ -234,10 +253,11 @@ def bare_loop(rel: Reliability, group: str) -> Callable[[Sequence[Envelope]], No
                         upsert, (group, e.topic, e.queue_id, e.queue_offset, e.queue_offset, now, now)
                     )
                 with conn.begin():
-                    conn.exec_driver_sql(select, (e.message_id,)).fetchone()
+                    conn.exec_driver_sql(select, (group, e.message_id)).fetchone()
                     conn.exec_driver_sql(business, (e.message_id,))
-                    if conn.exec_driver_sql(confirm, (now, now, e.message_id)).rowcount != 1:
+                    if conn.exec_driver_sql(confirm, (now, now, group, e.message_id)).rowcount != 1:
                         raise RuntimeError("stub not confirmed")
+                    conn.exec_driver_sql(settle, (now, now, e.message_id, group))
                     conn.exec_driver_sql(outcome, (log_id,))
             r.set(key, "done", ex=3600)
 

@@ -10,9 +10,10 @@ c2: one sweep round with 1,000,000 stubs (1 % due) ÷ the same round with 10,000
 
     .venv/bin/python -m bench.bench_sweeper [--c1-due 20000] [--big 1000000] [--small 10000] [--explain]
 
-Data: 95 % CONFIRMED stubs with a log row each, 4 % PENDING not yet due, 1 % PENDING due (half with no
-offset, half below the consumer watermark); bulk-loaded with COPY into a scratch database that is dropped
-at the end. Needs PostgreSQL (``RELIABLE_TEST_POSTGRES_URL`` or postgresql+psycopg://postgres@127.0.0.1/test).
+Data: one consumer group; 95 % CONFIRMED inbox rows with a log row each, 4 % PENDING not yet due, 1 % PENDING
+due (half never sent, half below the consumer watermark); bulk-loaded with COPY (stub + inbox row per
+message) into a scratch database that is dropped at the end. Needs PostgreSQL (``RELIABLE_TEST_POSTGRES_URL``
+or postgresql+psycopg://postgres@127.0.0.1/test).
 """
 
 from __future__ import annotations
@@ -84,23 +85,29 @@ def load(rel: Reliability, total: int) -> int:
     try:
         cur = raw.cursor()
         stub_cols = (
-            "message_id, topic, consumer_group, content, status, send_count, queue_id, queue_offset, "
+            "message_id, topic, content, status, send_count, queue_id, queue_offset, "
             "resend_at, created_at, updated_at, last_sent_at"
         )
+        inbox_cols = (
+            "consumer_group, message_id, status, attempts, resend_count, resend_at, created_at, updated_at"
+        )
+        rows = []
+        for i in range(total):
+            created = NOW - dt.timedelta(hours=2, seconds=i % 3600)
+            if i < due:
+                status, resend = "PENDING", NOW - dt.timedelta(seconds=1 + i % 600)
+                offset = None if i % 2 else i // QUEUES  # below the watermark (set high below)
+            elif i < due + not_due:
+                status, resend, offset = "PENDING", NOW + dt.timedelta(minutes=5), i // QUEUES
+            else:
+                status, resend, offset = "CONFIRMED", None, i // QUEUES
+            rows.append((f"m{i:09d}", i % QUEUES, offset, status, resend, created))
         with cur.copy(f"COPY message_stub ({stub_cols}) FROM STDIN") as cp:
-            for i in range(total):
-                q = i % QUEUES
-                created = NOW - dt.timedelta(hours=2, seconds=i % 3600)
-                if i < due:
-                    status, resend = "PENDING", NOW - dt.timedelta(seconds=1 + i % 600)
-                    offset = None if i % 2 else i // QUEUES  # below the watermark (set high below)
-                elif i < due + not_due:
-                    status, resend, offset = "PENDING", NOW + dt.timedelta(minutes=5), i // QUEUES
-                else:
-                    status, resend, offset = "CONFIRMED", None, i // QUEUES
-                cp.write_row(
-                    (f"m{i:09d}", TOPIC, GROUP, body, status, 1, q, offset, resend, created, created, created)
-                )
+            for m, q, offset, status, resend, created in rows:
+                cp.write_row((m, TOPIC, body, status, 1, q, offset, resend, created, created, created))
+        with cur.copy(f"COPY message_inbox ({inbox_cols}) FROM STDIN") as cp:
+            for m, _, _, status, resend, created in rows:
+                cp.write_row((GROUP, m, status, 0, 0, resend, created, created))
         log_cols = (
             "message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at, outcome"
         )
@@ -131,52 +138,53 @@ def load(rel: Reliability, total: int) -> int:
 def vacuum(rel: Reliability) -> None:
     with rel.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(text("VACUUM ANALYZE message_stub"))
+        c.execute(text("VACUUM ANALYZE message_inbox"))
         c.execute(text("VACUUM ANALYZE message_log"))
         c.execute(text("VACUUM ANALYZE consume_progress"))
 
 
 def reset(rel: Reliability, due: int) -> None:
-    """Put the due stubs back to their loaded state, so every run re-sends the same rows."""
+    """Put the due rows back to their loaded state, so every run re-sends the same rows."""
     with rel.engine.begin() as c:
         c.execute(
             text(
-                "UPDATE message_stub SET send_count = 1, "
-                "resend_at = :t - make_interval(secs => 1 + (substr(message_id, 2)::int % 600)), "
-                "queue_id = substr(message_id, 2)::int % :q, "
-                "queue_offset = CASE WHEN substr(message_id, 2)::int % 2 = 1 THEN NULL "
-                "ELSE substr(message_id, 2)::int / :q END, "
-                "last_error = NULL WHERE message_id < :hi"
+                "UPDATE message_inbox SET resend_count = 0, attempts = 0, queue_id = NULL, "
+                "queue_offset = NULL, last_error = NULL, "
+                "resend_at = :t - make_interval(secs => 1 + (substr(message_id, 2)::int % 600)) "
+                "WHERE message_id < :hi"
             ),
-            {"t": NOW, "q": QUEUES, "hi": f"m{due:09d}"},
+            {"t": NOW, "hi": f"m{due:09d}"},
         )
     vacuum(rel)
 
 
+#: the least work that finds the same rows: one joined statement, the watermark rule in SQL, no probe
 BASELINE_SELECT = """
-SELECT s.message_id, s.topic, s.tags, s.consumer_group, s.content, s.send_count
-FROM message_stub s
-WHERE s.status = 'PENDING' AND s.send_count < %(max)s AND s.resend_at <= %(now)s
+SELECT i.message_id, s.topic, s.tags, i.consumer_group, s.content, i.resend_count
+FROM message_inbox i JOIN message_stub s ON s.message_id = i.message_id
+WHERE i.status = 'PENDING' AND i.resend_count + 1 < %(max)s AND i.resend_at <= %(now)s
   AND ((NOT EXISTS (SELECT 1 FROM message_log l
-                    WHERE l.message_id = s.message_id AND l.consumer_group = s.consumer_group)
+                    WHERE l.message_id = i.message_id AND l.consumer_group = i.consumer_group)
         AND (s.queue_offset IS NULL
              OR s.queue_offset <= (SELECT p.max_offset FROM consume_progress p
-                                   WHERE p.consumer_group = s.consumer_group AND p.topic = s.topic
+                                   WHERE p.consumer_group = i.consumer_group AND p.topic = s.topic
                                      AND p.queue_id = s.queue_id)))
        OR (SELECT max(l.received_at) FROM message_log l
-           WHERE l.message_id = s.message_id AND l.consumer_group = s.consumer_group) < %(stuck)s)
-ORDER BY s.resend_at
+           WHERE l.message_id = i.message_id AND l.consumer_group = i.consumer_group) < %(stuck)s)
+ORDER BY i.resend_at
 LIMIT %(k)s
 """
 BASELINE_UPDATE = (
-    "UPDATE message_stub SET send_count = %s, queue_id = %s, queue_offset = %s, last_sent_at = %s, "
-    "resend_at = %s, last_error = NULL WHERE message_id = %s"
+    "UPDATE message_inbox SET resend_count = %s, queue_id = %s, queue_offset = %s, updated_at = %s, "
+    "resend_at = %s, last_error = NULL WHERE message_id = %s AND consumer_group = %s"
 )
 
 
 BASELINE_UNNEST = (
-    "UPDATE message_stub AS s SET send_count = v.c, queue_id = v.q, queue_offset = v.o, last_sent_at = v.t, "
+    "UPDATE message_inbox AS i SET resend_count = v.c, queue_id = v.q, queue_offset = v.o, updated_at = v.t, "
     "resend_at = v.r, last_error = NULL FROM unnest(%s::varchar[], %s::int[], %s::int[], %s::bigint[], "
-    "%s::timestamptz[], %s::timestamptz[]) AS v(id, c, q, o, t, r) WHERE s.message_id = v.id"
+    "%s::timestamptz[], %s::timestamptz[], %s::varchar[]) AS v(id, c, q, o, t, r, g) "
+    "WHERE i.message_id = v.id AND i.consumer_group = v.g"
 )
 
 
@@ -200,13 +208,24 @@ def baseline(rel: Reliability, k: int, unnest: bool = False) -> int:
                 break
             updates: list[tuple[Any, ...]] = []
             for message_id, topic, tags, group, content, count in rows:
-                r = sender.send(OutgoingMessage(message_id, topic, bytes(content), group, tags, count))
+                out = OutgoingMessage(message_id, topic, bytes(content), tags, count + 1, target_group=group)
+                r = sender.send(out)
                 updates.append(
-                    (count + 1, r.queue_id, r.queue_offset, NOW, NOW + dt.timedelta(seconds=60), message_id)
+                    (
+                        count + 1,
+                        r.queue_id,
+                        r.queue_offset,
+                        NOW,
+                        NOW + dt.timedelta(seconds=60),
+                        message_id,
+                        group,
+                    )
                 )
             if unnest:
-                cols = [list(c) for c in zip(*updates, strict=True)]  # count, queue, offset, sent, resend, id
-                cur.execute(BASELINE_UNNEST, [cols[5], *cols[:5]])
+                cols = [
+                    list(c) for c in zip(*updates, strict=True)
+                ]  # count, q, offset, sent, resend, id, group
+                cur.execute(BASELINE_UNNEST, [cols[5], *cols[:5], cols[6]])
             else:
                 cur.executemany(BASELINE_UPDATE, updates)
             raw.commit()

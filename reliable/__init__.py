@@ -7,13 +7,13 @@ Public API (DESIGN.md §6)::
 
 from __future__ import annotations
 
-from reliable.decision import Decision, GuardHooks, Reason
 from reliable.decorator import GuardedHandler, idempotent_consumer
 from reliable.errors import ReliableError
 from reliable.facade import Reliability
+from reliable.guard.decision import Decision, GuardHooks, Reason
 from reliable.producer import StagedMessage, StubProducer
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
-from reliable.types import ConsumeResult, Envelope, LogOutcome, StubStatus
+from reliable.types import ConsumeResult, Envelope, InboxStatus, LogOutcome, StubStatus
 
 __all__ = [
     "ConsumeResult",
@@ -21,6 +21,7 @@ __all__ = [
     "Envelope",
     "GuardHooks",
     "GuardedHandler",
+    "InboxStatus",
     "LogOutcome",
     "OutgoingMessage",
     "Reason",

@@ -44,6 +44,8 @@ TAGS_MAX: Final = 255
 # --- resend sweeper (reliable.sweeper) ------------------------------------------------------------------
 #: the backlog estimate never pushes a resend further out than this.
 DEFAULT_BACKLOG_CAP_S: Final = 24 * 3600.0
+#: a never-received copy with no broker probe answer (RabbitMQ has none) is re-sent once it is this old.
+DEFAULT_MAX_UNCONFIRMED_AGE_S: Final = 24 * 3600.0
 #: RocketMQ 4.x ``messageDelayLevel`` (1s … 2h): the default fixed backoff list.
 ROCKETMQ_DELAY_LEVELS: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_BACKOFF: Final = "fixed:" + ",".join(ROCKETMQ_DELAY_LEVELS.split())
@@ -69,6 +71,11 @@ DEFAULT_REDIS_RETRY_AFTER_S: Final = 1.0
 #: logger of the per-decision structured line (message id, group, outcome, reason).
 GUARD_LOGGER: Final = "reliable.guard"
 
+# --- asyncio flavour (reliable.aio_backends, reliable.guard.aio) ------------------------------------------
+#: connections of one event loop's ``redis.asyncio`` pool; a task beyond it waits (up to the socket timeout,
+#: then the guard continues on the database alone) instead of failing at once.
+DEFAULT_ASYNC_REDIS_CONNECTIONS: Final = 64
+
 # --- broker adapters (reliable.adapters.broker_sim / .rocketmq) --------------------------------------------
 #: name server of broker-sim serve / RocketMQ for the adapters' ``sweeper_sender(rel)`` factories.
 ENV_BROKER_SIM_NAMESRV: Final = "RELIABLE_BROKER_SIM_NAMESRV"
@@ -91,3 +98,6 @@ ROCKETMQ5_RETRY_BACKOFF: Final = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m
 #: broker URL and exchange of ``reliable.adapters.rabbitmq:sweeper_sender`` (routing key = the stub's topic).
 ENV_RABBITMQ_URL: Final = "RELIABLE_RABBITMQ_URL"
 ENV_RABBITMQ_EXCHANGE: Final = "RELIABLE_RABBITMQ_EXCHANGE"
+#: the queue a resend targeted at one group goes to: a format with ``{group}`` and ``{topic}``
+ENV_RABBITMQ_GROUP_QUEUE: Final = "RELIABLE_RABBITMQ_GROUP_QUEUE"
+DEFAULT_RABBITMQ_GROUP_QUEUE: Final = "{group}"

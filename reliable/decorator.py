@@ -21,15 +21,19 @@ errors propagate rather than swallow them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from typing import Any
+import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from prometheus_client import CollectorRegistry
 
 from reliable import constants as C
-from reliable.decision import Decision, GuardHooks
 from reliable.guard import Guard, Handler
+from reliable.guard.decision import Decision, GuardHooks
 from reliable.types import ConsumeResult, Envelope
+
+if TYPE_CHECKING:
+    from reliable.guard.aio import AsyncGuardedHandler, AsyncHandler
 
 
 class GuardedHandler:
@@ -66,6 +70,15 @@ class GuardedHandler:
         self.guard.close()
 
 
+class ConsumerDecorator(Protocol):
+    """What ``idempotent_consumer(rel, group=…)`` returns: sync handler in, sync out; ``async def`` alike."""
+
+    @overload
+    def __call__(self, handler: AsyncHandler) -> AsyncGuardedHandler: ...
+    @overload
+    def __call__(self, handler: Handler) -> GuardedHandler: ...
+
+
 def idempotent_consumer(
     rel: Any,
     group: str,
@@ -74,7 +87,7 @@ def idempotent_consumer(
     hooks: Sequence[GuardHooks] = (),
     redis_retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
     durable_journal: bool = False,
-) -> Callable[[Handler], GuardedHandler]:
+) -> ConsumerDecorator:
     """Guard ``handler(env, session)`` for consumer ``group`` with the stores and settings of ``rel``.
 
     ``registry``: the Prometheus registry for the guard's counters (default: the process registry).
@@ -84,16 +97,18 @@ def idempotent_consumer(
     journal is observability, not part of the exactly-once guarantee; see :meth:`SqlStore.journal`).
     """
 
-    def wrap(handler: Handler) -> GuardedHandler:
-        guard = Guard(
-            rel,
-            group,
-            handler,
-            registry=registry,
-            hooks=hooks,
-            redis_retry_after_s=redis_retry_after_s,
-            durable_journal=durable_journal,
-        )
-        return GuardedHandler(guard)
+    options: dict[str, Any] = {
+        "registry": registry,
+        "hooks": hooks,
+        "redis_retry_after_s": redis_retry_after_s,
+        "durable_journal": durable_journal,
+    }
+
+    def wrap(handler: Any) -> Any:
+        if inspect.iscoroutinefunction(handler):  # the same guard, its I/O awaited (reliable.guard.aio)
+            from reliable.guard.aio import AsyncGuard, AsyncGuardedHandler
+
+            return AsyncGuardedHandler(AsyncGuard(rel, group, handler, **options))
+        return GuardedHandler(Guard(rel, group, handler, **options))
 
     return wrap

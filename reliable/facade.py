@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import redis as redis_lib
 from sqlalchemy import Engine, create_engine, event
@@ -19,6 +19,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from reliable import constants as C
 from reliable.errors import ConfigurationError
 from reliable.settings import Settings
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+    from reliable.aio_backends import AsyncBackends
 
 log = logging.getLogger("reliable")
 
@@ -53,6 +59,8 @@ class Reliability:
             redis_url = redis_url if redis_url is not None else os.environ.get(C.ENV_REDIS_URL) or None
             redis = make_redis(redis_url, self.settings.redis_socket_timeout_s) if redis_url else None
         self.redis: redis_lib.Redis | None = redis
+        self._redis_url = redis_url
+        self._aio: AsyncBackends | None = None  # asyncio flavour, created on first use
 
     @property
     def dialect(self) -> str:
@@ -69,6 +77,46 @@ class Reliability:
         """A bare session (the caller manages the transaction)."""
         return self._sessions()
 
+    # --- asyncio flavour (the same database and Redis through their asyncio drivers) ---------------------
+    @property
+    def aio(self) -> AsyncBackends:
+        """The async engine and ``redis.asyncio`` client derived from this object's URLs (one per loop)."""
+        if self._aio is None:
+            from reliable.aio_backends import AsyncBackends
+
+            self._aio = AsyncBackends(
+                self.engine.url,
+                redis=self.redis,
+                redis_url=self._redis_url,
+                redis_socket_timeout_s=self.settings.redis_socket_timeout_s,
+            )
+        return self._aio
+
+    @property
+    def async_engine(self) -> AsyncEngine:
+        """The running event loop's async engine (``sqlite+aiosqlite``, ``postgresql+psycopg``, …)."""
+        return self.aio.engine()
+
+    @property
+    def async_redis(self) -> aioredis.Redis | None:
+        """The running event loop's ``redis.asyncio`` client, ``None`` for a database-only guard."""
+        return self.aio.redis()
+
+    @contextlib.asynccontextmanager
+    async def async_session(self) -> AsyncIterator[AsyncSession]:
+        """An ``AsyncSession`` that commits on a clean exit and rolls back on an exception."""
+        async with self.aio.sessions()() as s, s.begin():
+            yield s
+
+    def new_async_session(self) -> AsyncSession:
+        """A bare ``AsyncSession`` (the caller manages the transaction)."""
+        return self.aio.sessions()()
+
+    async def aclose(self) -> None:
+        """Release the running loop's async connections; :meth:`close` does the rest."""
+        if self._aio is not None:
+            await self._aio.aclose()
+
     def create_schema(self) -> None:
         """Create or upgrade the tables: the same schema as ``alembic upgrade head``."""
         from reliable import migrate
@@ -78,6 +126,8 @@ class Reliability:
     def close(self) -> None:
         """Release pooled connections (and the Redis pool)."""
         self.engine.dispose()
+        if self._aio is not None:
+            self._aio.close_sync()
         if self.redis is not None:
             self.redis.close()
 
@@ -97,24 +147,28 @@ def make_engine(db_url: str, **kwargs: Any) -> Engine:
     if db_url.startswith("sqlite"):
         kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
         engine = create_engine(db_url, **kwargs)
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN
-            cur = dbapi_conn.cursor()
-            if ":memory:" not in db_url and db_url not in ("sqlite://", "sqlite:///"):
-                cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
+        configure_sqlite(engine, db_url)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(db_url, **kwargs)
+
+
+def configure_sqlite(engine: Engine, db_url: str) -> None:
+    """WAL, busy timeout and ``BEGIN IMMEDIATE`` (sync and aiosqlite engines: ``AsyncEngine.sync_engine``)."""
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event issue BEGIN
+        cur = dbapi_conn.cursor()
+        if ":memory:" not in db_url and db_url.split("://", 1)[-1] not in ("", "/"):
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _sqlite_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_redis(url: str, socket_timeout_s: float) -> redis_lib.Redis:

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from reliable import constants as C
-from reliable.decision import Decision, Reason
+from reliable.guard.decision import Decision, Reason
 from reliable.types import ConsumeResult
 
 #: where a suppressed duplicate was recognised (label ``source``)

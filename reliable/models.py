@@ -1,4 +1,9 @@
-"""SQLAlchemy 2.0 models of the three contract tables (DESIGN.md §1).
+"""SQLAlchemy 2.0 models of the contract tables (DESIGN.md §1).
+
+Fan-out is the normal case (several consumer groups on one topic), so the producer's record of a message
+(``message_stub``, one row per message) and each group's processing state (``message_inbox``, one row per
+``(consumer_group, message_id)``) are separate rows. Statuses of both use :class:`reliable.types.StubStatus`
+(one vocabulary); the stub's status is derived from its inbox rows (see :mod:`reliable.outbox`).
 
 Table and column names are a contract (the Spark job, DBAs and dashboards read them); change them only with a
 migration and a note in ``docs/``. Every timestamp is UTC-aware in Python on every backend: PostgreSQL stores
@@ -99,14 +104,19 @@ class Base(DeclarativeBase):
 
 
 class MessageStub(Base):
-    """One row per message a producer intends to deliver (written before the send)."""
+    """One row per message a producer intends to deliver (written before the send): the outbox.
+
+    ``status`` is derived from the message's inbox rows: ``CONFIRMED`` once every expected group confirmed,
+    ``DEAD`` once some group's resends are exhausted, else ``PENDING`` (``VOIDED``: cancelled). The send
+    columns are the topic-wide history (where the last send *to the topic* landed); a group's targeted
+    resends are recorded on its inbox row.
+    """
 
     __tablename__ = "message_stub"
 
     message_id: Mapped[str] = mapped_column(String(C.MESSAGE_ID_MAX), primary_key=True)
     topic: Mapped[str] = mapped_column(String(C.TOPIC_MAX))
     tags: Mapped[str | None] = mapped_column(String(C.TAGS_MAX))
-    consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX))
     content: Mapped[bytes] = mapped_column(Body)
     #: SHA-256 hex of ``content``; lets the consumer refuse a different body under the same id.
     payload_hash: Mapped[str | None] = mapped_column(String(64))
@@ -130,6 +140,44 @@ class MessageStub(Base):
     )
 
 
+class MessageInbox(Base):
+    """One row per ``(consumer_group, message_id)``: that group's processing state (added by migration 0003).
+
+    Created ``PENDING`` by the producer for every group it expects, or ``CONFIRMED`` by the guard on first
+    processing when no row exists (the inbox pattern: the primary key admits one writer per group). The
+    guard locks and confirms this row in the transaction of the handler's writes.
+    """
+
+    __tablename__ = "message_inbox"
+
+    consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX), primary_key=True)
+    message_id: Mapped[str] = mapped_column(String(C.MESSAGE_ID_MAX), primary_key=True)
+    status: Mapped[StubStatus] = mapped_column(_enum(StubStatus, "inbox_status"), default=StubStatus.PENDING)
+    #: handler failures of this group only (not lease conflicts, not database outages); reset by revive and
+    #: by a targeted resend.
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: SHA-256 hex of the body this group expects (producer) or first processed (inbox pattern).
+    payload_hash: Mapped[str | None] = mapped_column(String(64))
+    first_received_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    confirmed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    #: the group's own targeted-resend history: how many, when the next is due, where the last one landed
+    #: (the ``%RETRY%{group}`` queue on RocketMQ/broker_sim).
+    resend_count: Mapped[int] = mapped_column(Integer, default=0)
+    resend_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    queue_id: Mapped[int | None] = mapped_column(Integer)
+    queue_offset: Mapped[int | None] = mapped_column(BigInteger)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (
+        # the sweeper's selection: PENDING rows of any group that are due
+        Index(None, "status", "resend_at"),
+        # every group of one message: deriving the stub's status, reconciliation joins
+        Index(None, "message_id", "status"),
+    )
+
+
 class MessageLog(Base):
     """One row per delivery received (append-only journal: duplicates stay visible)."""
 
@@ -138,6 +186,7 @@ class MessageLog(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     message_id: Mapped[str] = mapped_column(String(C.MESSAGE_ID_MAX))
     consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX))
+    #: the *delivered* position: a retry delivery keeps its ``%RETRY%{group}`` topic, queue and offset.
     topic: Mapped[str] = mapped_column(String(C.TOPIC_MAX))
     queue_id: Mapped[int] = mapped_column(Integer)
     queue_offset: Mapped[int] = mapped_column(BigInteger)
@@ -148,6 +197,9 @@ class MessageLog(Base):
     worker: Mapped[str | None] = mapped_column(String(128))
     #: why the outcome is what it is (e.g. the dead-letter reason).
     reason: Mapped[str | None] = mapped_column(Text)
+    #: the message's business topic (``RETRY_TOPIC`` of a retry delivery); migration 0003 back-filled it from
+    #: ``topic`` (older adapters journaled the original topic there).
+    original_topic: Mapped[str | None] = mapped_column(String(C.TOPIC_MAX))
 
     __table_args__ = (
         # "was it ever logged?" (sweeper anti-join) and "newest delivery" (stuck detection)
@@ -158,7 +210,10 @@ class MessageLog(Base):
 
 
 class ConsumeProgress(Base):
-    """Highest offset each (group, topic, queue) has received: the consumer's position survives log purges."""
+    """Highest offset each (group, topic, queue) has received: the consumer's position survives log purges.
+
+    ``topic`` is the delivered topic: a retry delivery raises the watermark of its ``%RETRY%`` queue only.
+    """
 
     __tablename__ = "consume_progress"
 
@@ -175,9 +230,10 @@ class ConsumeProgress(Base):
 
 
 class StubNotification(Base):
-    """Give-up notices owed to people: one row per (DEAD stub, channel), added by migration 0002.
+    """Give-up notices owed to people: one row per (message, consumer group, channel).
 
-    Written in the transaction that marks the stub ``DEAD``; ``notified_at`` stays NULL until the channel
+    Added by migration 0002 per (message, channel); 0003 added the group. Written in the transaction that
+    marks a group's inbox row ``DEAD``; ``notified_at`` stays NULL until the channel
     accepted the notice, so a channel that fails (SMTP down, webhook 500) is retried on the next sweep round
     and a notice is delivered once rather than once per round. Owned by :mod:`reliable.sweeper`.
     """
@@ -185,6 +241,7 @@ class StubNotification(Base):
     __tablename__ = "stub_notification"
 
     message_id: Mapped[str] = mapped_column(String(C.MESSAGE_ID_MAX), primary_key=True)
+    consumer_group: Mapped[str] = mapped_column(String(C.GROUP_MAX), primary_key=True)
     channel: Mapped[str] = mapped_column(String(32), primary_key=True)
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

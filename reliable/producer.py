@@ -6,15 +6,20 @@ the message, and sending first risks announcing an order that was rolled back. W
 only after that transaction commits, and if it fails (or the process dies before it runs) the resend sweeper
 finds the stub by ``status='PENDING' AND resend_at <= now AND queue_offset IS NULL`` and sends it again.
 
+Fan-out: one stub per message, plus one ``message_inbox`` row ``PENDING`` per consumer group that must process
+it — the ``groups`` the caller names, else the topic's subscribers from settings ``topic_groups``
+(``RELIABLE_TOPIC_GROUPS``), else the default group. The rows are written by :func:`reliable.outbox.stage`,
+the send results by :func:`reliable.outbox.record_sends` (the sweeper records its resends there too).
+
 Life of a stub written here::
 
     stage()          PENDING  send_count=0  queue_offset=NULL  resend_at=now+first_resend_delay
-      | caller commits                         (rollback: the row never existed, nothing is sent)
+      | caller commits                         (rollback: the rows never existed, nothing is sent)
     send ok          PENDING  send_count=1  queue_id/offset=receipt  last_sent_at=now
                               resend_at=now+first_resend_delay  last_error=NULL
     send failed      PENDING  send_count=1  queue_offset unchanged  last_error=reason  resend_at=now
-      | consumer commits its work
-    CONFIRMED        (the guard's conditional UPDATE)
+      | each group's consumer commits its work (the guard confirms that group's inbox row)
+    CONFIRMED        once every group's inbox row is CONFIRMED
 
 ``send_count`` counts hand-overs *attempted*: a send that raised may still have reached the broker (a lost
 send ACK), so it is counted against ``max_sends`` like any other.
@@ -26,26 +31,21 @@ import contextlib
 import dataclasses
 import datetime as dt
 import enum
-import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client import Counter
-from sqlalchemy import CursorResult, Table, bindparam, event, select, update
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session, SessionTransaction
 
 from reliable import constants as C
-from reliable.errors import (
-    DuplicateMessageIdError,
-    InvalidMessageError,
-    InvalidStubStateError,
-    StubNotFoundError,
-)
+from reliable import outbox
+from reliable.errors import InvalidMessageError, InvalidStubStateError, StubNotFoundError
 from reliable.facade import Reliability
 from reliable.models import MessageStub, utcnow
+from reliable.outbox import payload_hash as payload_hash  # re-exported: part of this module's API
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.types import StubStatus
 
@@ -75,18 +75,20 @@ class StagedMessage:
     message_id: str
     topic: str
     body: bytes
-    consumer_group: str
+    #: the consumer groups with a PENDING inbox row (each must process the message once)
+    groups: tuple[str, ...]
     tags: str | None
     payload_hash: str
+    properties: Mapping[str, str] = field(default_factory=dict)
 
     def outgoing(self, send_count: int = 0) -> OutgoingMessage:
         return OutgoingMessage(
             message_id=self.message_id,
             topic=self.topic,
             body=self.body,
-            consumer_group=self.consumer_group,
             tags=self.tags,
             send_count=send_count,
+            properties=self.properties,
         )
 
 
@@ -100,12 +102,7 @@ class SendResult:
     error: str | None = None
 
 
-def payload_hash(body: bytes) -> str:
-    """SHA-256 hex of a body: what the guard compares to refuse a different body under the same id."""
-    return hashlib.sha256(body).hexdigest()
-
-
-def validate_message(message_id: str, topic: str, group: str, tags: str | None) -> None:
+def validate_message(message_id: str, topic: str, groups: Sequence[str], tags: str | None) -> None:
     """Raise :class:`InvalidMessageError` for input no broker adapter or table column can carry."""
     if not isinstance(message_id, str) or not message_id.strip():
         raise InvalidMessageError("message id must be a non-empty string")
@@ -114,7 +111,12 @@ def validate_message(message_id: str, topic: str, group: str, tags: str | None) 
             f"message id longer than {C.MESSAGE_ID_MAX} characters: {message_id[:80]!r}"
         )
     _check_name("topic", topic, C.TOPIC_MAX)
-    _check_name("consumer group", group, C.GROUP_MAX)
+    if not groups:
+        raise InvalidMessageError(
+            f"no consumer group for topic {topic!r}: pass groups=, or set topic_groups / default_group"
+        )
+    for group in groups:
+        _check_name("consumer group", group, C.GROUP_MAX)
     if tags is not None and (len(tags) > C.TAGS_MAX or "||" in tags):
         raise InvalidMessageError(f"tags must be at most {C.TAGS_MAX} characters without '||': {tags[:80]!r}")
 
@@ -133,7 +135,8 @@ class StubProducer:
 
     Three ways to use it, from most to least control::
 
-        staged = producer.stage(session, "order-1", "orders", body)   # sent by an after-commit hook
+        staged = producer.stage(session, "order-1", "orders", body, groups=["billing", "audit"])
+                                                                      # sent by an after-commit hook
         with producer.transaction() as tx:                            # own session; results in tx.results
             tx.session.add(order); tx.stage("order-1", "orders", body)
         producer.publish("order-1", "orders", body)                   # a stub and a send, nothing else
@@ -152,8 +155,18 @@ class StubProducer:
     ) -> None:
         self.rel = rel
         self.sender = sender
+        #: used for a topic without ``topic_groups`` entry (before ``settings.default_group``)
         self.default_group = default_group
         self.clock = clock
+
+    def groups_for(self, topic: str) -> tuple[str, ...]:
+        """The groups a message of ``topic`` is staged for when the caller names none."""
+        settings = self.rel.settings
+        if settings.topic_groups.get(topic):
+            return tuple(settings.topic_groups[topic])
+        if self.default_group:
+            return (self.default_group,)
+        return settings.groups_for(topic)
 
     # --- staging ---------------------------------------------------------------------------------------
 
@@ -163,43 +176,32 @@ class StubProducer:
         message_id: str,
         topic: str,
         body: bytes,
-        group: str | None = None,
-        tags: str | None = None,
         *,
+        tags: str | None = None,
+        groups: Sequence[str] | None = None,
+        properties: Mapping[str, str] | None = None,
         send_on_commit: bool = True,
     ) -> StagedMessage:
-        """Write a PENDING stub through ``session`` (the caller's transaction) and return what was staged.
+        """Write a PENDING stub and a PENDING inbox row per group in ``session`` (the caller's transaction).
 
-        With ``send_on_commit`` (the default) the message is sent when ``session`` commits; a rollback drops
-        it. Without, the caller passes the result to :meth:`send_staged` after its own commit.
+        ``groups=None``: the topic's subscribers (settings ``topic_groups``), else the default group. With
+        ``send_on_commit`` (the default) the message is sent when ``session`` commits; a rollback drops it.
+        Without, the caller passes the result to :meth:`send_staged` after its own commit.
         """
-        group = group if group is not None else self.default_group
-        if group is None:
-            raise InvalidMessageError("no consumer group: pass group= or set default_group on the producer")
+        if isinstance(groups, str):
+            raise InvalidMessageError("groups must be a list of consumer groups, not one string")
+        chosen = tuple(dict.fromkeys(groups)) if groups is not None else self.groups_for(topic)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise InvalidMessageError(f"body must be bytes, got {type(body).__name__}")
         body = bytes(body)
-        validate_message(message_id, topic, group, tags)
-        if session.get(MessageStub, message_id) is not None:
-            raise DuplicateMessageIdError(f"a stub with message id {message_id!r} already exists")
+        validate_message(message_id, topic, chosen, tags)
         now = self.clock()
-        staged = StagedMessage(message_id, topic, body, group, tags, payload_hash(body))
-        session.add(
-            MessageStub(
-                message_id=message_id,
-                topic=topic,
-                tags=tags,
-                consumer_group=group,
-                content=body,
-                payload_hash=staged.payload_hash,
-                status=StubStatus.PENDING,
-                send_count=0,
-                # the grace the after-commit send has before the sweeper may step in (crash after commit)
-                resend_at=now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s),
-                created_at=now,
-                updated_at=now,
-            )
+        # the grace the after-commit send has before the sweeper may step in (crash after commit)
+        due = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
+        digest = outbox.stage(
+            session, message_id, topic, body, groups=chosen, tags=tags, now=now, resend_at=due
         )
+        staged = StagedMessage(message_id, topic, body, chosen, tags, digest, dict(properties or {}))
         if send_on_commit:
             self._hook(session).append(staged)
         return staged
@@ -261,11 +263,18 @@ class StubProducer:
         tx.results = self.send_staged(tx.staged, verify=savepoint_rolled_back)
 
     def publish(
-        self, message_id: str, topic: str, body: bytes, group: str | None = None, tags: str | None = None
+        self,
+        message_id: str,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        groups: Sequence[str] | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> SendResult:
         """Stage and send one message with no business write of the caller's (its own transaction)."""
         with self.transaction() as tx:
-            tx.stage(message_id, topic, body, group, tags)
+            tx.stage(message_id, topic, body, tags=tags, groups=groups, properties=properties)
         return tx.results[0]
 
     # --- sending ---------------------------------------------------------------------------------------
@@ -307,50 +316,28 @@ class StubProducer:
         return results
 
     def _send_one(self, msg: StagedMessage, send_count: int) -> SendResult:
-        try:
-            receipt = self.sender.send(msg.outgoing(send_count))
-        except Exception as exc:  # any failure means "not accepted": recorded on the stub, not swallowed
-            reason = f"{type(exc).__name__}: {exc}"[:_LAST_ERROR_MAX]
-            log.warning("message %s: send failed (%s); left PENDING for the sweeper", msg.message_id, reason)
-            return SendResult(msg.message_id, SendOutcome.FAILED, error=reason)
-        return SendResult(msg.message_id, SendOutcome.SENT, receipt=receipt)
+        attempt = outbox.attempt_send(self.sender, msg.outgoing(send_count))
+        if attempt.receipt is None:
+            log.warning("message %s: left PENDING for the sweeper", msg.message_id)
+            return SendResult(msg.message_id, SendOutcome.FAILED, error=attempt.error)
+        return SendResult(msg.message_id, SendOutcome.SENT, receipt=attempt.receipt)
 
     def _record(self, results: Iterable[SendResult]) -> None:
         """Write send results in one transaction (a crash before it only makes the sweeper resend early).
 
-        One executemany per kind of result. No status filter: a consumer may already have confirmed the stub;
-        the receipt still belongs to the row (the report's send→confirm latency and offset lag read it).
+        A landed send is due again after ``first_resend_delay_s``, a failed one at once (see
+        :func:`reliable.outbox.record_sends` for exactly what is written).
         """
         now = self.clock()
-        t = cast(Table, MessageStub.__table__)
-        sent = [
-            {"mid": r.message_id, "qid": r.receipt.queue_id, "qoff": r.receipt.queue_offset}
+        later = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
+        attempts = [
+            (outbox.SendAttempt(_topic_send(r.message_id), r.receipt, r.error), later if r.receipt else now)
             for r in results
-            if r.receipt is not None and r.outcome is SendOutcome.SENT
+            if r.outcome is not SendOutcome.SKIPPED
         ]
-        failed = [{"mid": r.message_id, "err": r.error} for r in results if r.outcome is SendOutcome.FAILED]
-        if not sent and not failed:
-            return
-        common = {"send_count": t.c.send_count + 1, "last_sent_at": now, "updated_at": now}
-        with self.rel.session() as s:
-            conn = s.connection()
-            if sent:
-                resend_at = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
-                conn.execute(
-                    update(t)
-                    .where(t.c.message_id == bindparam("mid"))
-                    .values(
-                        queue_id=bindparam("qid"),
-                        queue_offset=bindparam("qoff"),
-                        resend_at=resend_at,
-                        last_error=None,
-                        **common,
-                    ),
-                    sent,
-                )
-            if failed:
-                stmt = update(t).where(t.c.message_id == bindparam("mid"))
-                conn.execute(stmt.values(resend_at=now, last_error=bindparam("err"), **common), failed)
+        if attempts:
+            with self.rel.session() as s:
+                outbox.record_sends(s.connection(), attempts, now)
 
     # --- cancelling ------------------------------------------------------------------------------------
 
@@ -368,25 +355,21 @@ class StubProducer:
             self._void(session, message_id)
 
     def _void(self, s: Session, message_id: str) -> None:
-        now = self.clock()
-        result: CursorResult[Any] = s.execute(  # type: ignore[assignment]
-            update(MessageStub)
-            .where(
-                MessageStub.message_id == message_id,
-                MessageStub.status.in_([StubStatus.PENDING, StubStatus.DEAD]),
-            )
-            .values(status=StubStatus.VOIDED, updated_at=now, resend_at=None)
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount == 1:
+        conn = s.connection()
+        if outbox.void(conn, message_id, self.clock()) == 1:
             return
-        status = s.execute(select(MessageStub.status).where(MessageStub.message_id == message_id)).scalar()
+        status = outbox.stub_status(conn, message_id)
         if status is None:
             raise StubNotFoundError(f"no stub with message id {message_id!r}")
         if status is not StubStatus.VOIDED:
             raise InvalidStubStateError(
                 f"stub {message_id!r} is {status.value}; only PENDING or DEAD can be voided"
             )
+
+
+def _topic_send(message_id: str) -> OutgoingMessage:
+    """What :func:`reliable.outbox.record_sends` needs of a producer send: the id, and no target group."""
+    return OutgoingMessage(message_id=message_id, topic="", body=b"")
 
 
 @dataclasses.dataclass
@@ -407,8 +390,24 @@ class ProducerTransaction:
     results: list[SendResult] = dataclasses.field(default_factory=list)
 
     def stage(
-        self, message_id: str, topic: str, body: bytes, group: str | None = None, tags: str | None = None
+        self,
+        message_id: str,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        groups: Sequence[str] | None = None,
+        properties: Mapping[str, str] | None = None,
     ) -> StagedMessage:
-        staged = self.producer.stage(self.session, message_id, topic, body, group, tags, send_on_commit=False)
+        staged = self.producer.stage(
+            self.session,
+            message_id,
+            topic,
+            body,
+            tags=tags,
+            groups=groups,
+            properties=properties,
+            send_on_commit=False,
+        )
         self.staged.append(staged)
         return staged

@@ -1,30 +1,36 @@
 """The one seam between `reliable` and a broker on the sending side.
 
 The stub-first producer and the resend sweeper both hand an :class:`OutgoingMessage` to a :class:`Sender` and
-record the :class:`SendReceipt`. Adapters (broker_sim in-process or over TCP, RocketMQ, RabbitMQ) implement it
-in a few lines; any exception from ``send`` means "not accepted" and leaves the stub PENDING for the sweeper.
+record the :class:`SendReceipt` (through :mod:`reliable.outbox`). Adapters (broker_sim in-process or over TCP,
+RocketMQ, RabbitMQ) implement it in a few lines; any exception from ``send`` means "not accepted" and leaves
+the row PENDING for the sweeper. An adapter may also be a :class:`BrokerProbe`: the broker's own offsets are
+what proves a message lost on a quiet queue (DESIGN.md §3).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
-    """What a broker needs to deliver one stub. ``message_id`` should travel as the message *keys*."""
+    """What a broker needs to deliver one stub. ``message_id`` should travel as the message *keys*.
+
+    ``target_group=None``: a send to the topic (every subscribed group gets it). ``target_group="billing"``:
+    the sweeper's targeted resend for that group only — RocketMQ/broker_sim send to ``%RETRY%billing`` with
+    property ``RETRY_TOPIC=<topic>``, RabbitMQ publishes to that group's queue, a broker that cannot target
+    (Kafka) sends to the topic and the other groups' guards absorb the duplicate.
+    """
 
     message_id: str
     topic: str
     body: bytes
-    consumer_group: str
     tags: str | None = None
     #: 0 for the producer's first send, then 1, 2, … for each resend by the sweeper.
     send_count: int = 0
     properties: Mapping[str, str] = field(default_factory=dict)
-    #: None: to the topic (every subscribed group); a group name: a resend for that group only (contracts.md)
     target_group: str | None = None
 
 
@@ -46,6 +52,18 @@ class Sender(Protocol):
 
 @runtime_checkable
 class BrokerProbe(Protocol):
-    """The loss probe: one past the last stored message of a queue; None = cannot tell (contracts.md)."""
+    """The broker's own view of a queue, which an adapter may implement next to :class:`Sender`.
+
+    ``max_offset`` is one past the last stored message of the queue (RocketMQ *maxOffset*, Kafka high
+    watermark); ``None`` when the broker cannot tell (unknown topic, broker unreachable). A stub whose offset
+    is at or above it was lost by the broker.
+    """
 
     def max_offset(self, topic: str, queue_id: int) -> int | None: ...
+
+
+@runtime_checkable
+class AsyncSender(Protocol):
+    """The asyncio flavour of :class:`Sender` (aio-pika, aiokafka): same message, same receipt, awaited."""
+
+    def send(self, message: OutgoingMessage) -> Awaitable[SendReceipt]: ...

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from reliable import constants as C
@@ -44,6 +45,11 @@ class Settings:
     journal_flush_rows: int = 256
     #: … or this many milliseconds after the oldest buffered row, whichever comes first.
     journal_flush_ms: int = 200
+    #: the consumer groups that subscribe to each topic: the producer stages one inbox row per group when the
+    #: caller names none. Environment: ``RELIABLE_TOPIC_GROUPS="orders=billing,audit;payments=ledger"``.
+    topic_groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: the group of a topic missing from ``topic_groups`` (empty: none; the producer then needs ``groups=``).
+    default_group: str = ""
 
     @classmethod
     def load(
@@ -86,6 +92,21 @@ class Settings:
                 raise ConfigurationError(f"setting {name} must be >= 0, got {getattr(self, name)!r}")
         if not self.key_prefix or ":" in self.key_prefix:
             raise ConfigurationError("setting key_prefix must be non-empty and contain no ':'")
+        for name in (self.default_group, *(g for gs in self.topic_groups.values() for g in gs)):
+            if name and not _NAME_RE.match(name):
+                raise ConfigurationError(
+                    f"consumer group {name!r} may only contain letters, digits, '_', '-'"
+                )
+        for topic, groups in self.topic_groups.items():
+            if not _NAME_RE.match(topic) or not groups or len(set(groups)) != len(groups):
+                raise ConfigurationError(f"setting topic_groups: topic {topic!r} needs distinct groups")
+
+    def groups_for(self, topic: str) -> tuple[str, ...]:
+        """The groups expected to process a message of ``topic``: its subscribers, else the default group."""
+        groups = self.topic_groups.get(topic)
+        if groups:
+            return groups
+        return (self.default_group,) if self.default_group else ()
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied and validated."""
@@ -94,9 +115,34 @@ class Settings:
         return new
 
 
+#: RocketMQ's topic/group character set (``Validators.PATTERN`` without ``%``/``|``, which are reserved).
+_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,255}$")
+
+
+def parse_topic_groups(value: str | Mapping[str, Iterable[str]]) -> dict[str, tuple[str, ...]]:
+    """``"orders=billing,audit;payments=ledger"`` (or a mapping) → ``{"orders": ("billing", "audit"), …}``."""
+    if isinstance(value, Mapping):
+        items = [(str(t), [str(g) for g in gs]) for t, gs in value.items()]
+    else:
+        items = []
+        for part in filter(None, (p.strip() for p in str(value).split(";"))):
+            topic, sep, groups = part.partition("=")
+            if not sep:
+                raise ValueError(part)
+            items.append((topic.strip(), [g.strip() for g in groups.split(",") if g.strip()]))
+    return {topic: tuple(groups) for topic, groups in items}
+
+
 def _coerce(name: str, value: Any, type_name: Any) -> Any:
     """Parse ``value`` as the field's declared type (annotations are strings under ``from __future__``)."""
     t = str(type_name)
+    if name == "topic_groups":
+        try:
+            return parse_topic_groups(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"setting topic_groups: cannot read {value!r}; write 'orders=billing,audit;payments=ledger'"
+            ) from None
     try:
         if t == "bool":
             if isinstance(value, bool):

@@ -12,12 +12,20 @@ from dataclasses import dataclass, field
 
 
 class StubStatus(enum.StrEnum):
-    """Life cycle of a ``message_stub`` row (DESIGN.md §1)."""
+    """Life cycle of a ``message_stub`` row and of a group's ``message_inbox`` row (DESIGN.md §1).
 
-    PENDING = "PENDING"  # written by the producer; not yet confirmed by the consumer group
+    One vocabulary for both: an inbox row is one group's view of the message, and the stub's status is
+    derived from its inbox rows (every group ``CONFIRMED`` → ``CONFIRMED``; some ``DEAD`` → ``DEAD``).
+    """
+
+    PENDING = "PENDING"  # staged by the producer; not yet confirmed (by every expected group, for a stub)
     CONFIRMED = "CONFIRMED"  # the consumer committed its work together with this status
     VOIDED = "VOIDED"  # cancelled by the producer; consumers skip it
     DEAD = "DEAD"  # resends exhausted: a person must look at it
+
+
+#: the status of a ``message_inbox`` row: the same values as a stub's (one vocabulary, two names for readers)
+InboxStatus = StubStatus
 
 
 class LogOutcome(enum.StrEnum):
@@ -44,6 +52,11 @@ class Envelope:
     ``message_id`` is the business id that links producer and consumer (RocketMQ best practice: also the
     message *keys*). Adapters fill it from the broker's message; ``None``/empty means the delivery carries no
     usable id, which the guard treats as bad input (dead letter with a reason), never as a silent ack.
+
+    ``topic`` is the message's original (business) topic — for a ``%RETRY%{group}`` delivery, the
+    ``RETRY_TOPIC`` property. ``queue_id``/``queue_offset`` are the position of *this delivery* in
+    ``delivered_topic`` (``None``: the same as ``topic``). The guard journals that delivered position and
+    raises only that queue's watermark.
     """
 
     message_id: str | None
@@ -55,9 +68,10 @@ class Envelope:
     tags: str | None = None
     reconsume_times: int = 0
     properties: Mapping[str, str] = field(default_factory=dict)
-    #: the topic this delivery came from (``%RETRY%g``, ...); None = ``topic`` (contracts.md)
+    #: the topic the delivery came from (``%RETRY%billing``, ``orders.retry.1`` …); ``None``: ``topic``.
     delivered_topic: str | None = None
 
     @property
     def source_topic(self) -> str:
+        """The topic of ``queue_id``/``queue_offset``: where this delivery actually came from."""
         return self.delivered_topic or self.topic

@@ -188,7 +188,6 @@ def test_timestamps_round_trip_utc_aware(db_url: str) -> None:
                 MessageStub(
                     message_id="ts-1",
                     topic="t",
-                    consumer_group="g",
                     content=b"",
                     status=StubStatus.PENDING,
                     send_count=0,
@@ -248,13 +247,23 @@ def test_hot_queries_are_index_lookups_on_postgres(
     with fresh("postgres") as url, engine_for(url) as engine:
         upgrade(engine)
         with engine.begin() as conn:
-            # 20k stubs, 1% PENDING (the sweeper's working set), 40k log rows, 4 queues of progress
+            # 20k stubs, each with an inbox row for one of 3 groups, 1% PENDING (the sweeper's working set),
+            # 40k log rows, 4 queues of progress
             conn.execute(
                 text(
-                    "INSERT INTO message_stub (message_id, topic, consumer_group, content, status,"
+                    "INSERT INTO message_stub (message_id, topic, content, status,"
                     " send_count, queue_id, queue_offset, resend_at, created_at, updated_at)"
-                    " SELECT 'm-' || i, 'orders', 'g' || (i % 3), '\\x00'::bytea,"
+                    " SELECT 'm-' || i, 'orders', '\\x00'::bytea,"
                     " CASE WHEN i % 100 = 0 THEN 'PENDING' ELSE 'CONFIRMED' END, 1, i % 4, i,"
+                    " now() - (i || ' seconds')::interval, now(), now() FROM generate_series(1, 20000) i"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count,"
+                    " resend_at, created_at, updated_at)"
+                    " SELECT 'g' || (i % 3), 'm-' || i,"
+                    " CASE WHEN i % 100 = 0 THEN 'PENDING' ELSE 'CONFIRMED' END, 0, 0,"
                     " now() - (i || ' seconds')::interval, now(), now() FROM generate_series(1, 20000) i"
                 )
             )
@@ -285,19 +294,33 @@ def test_hot_queries_are_index_lookups_on_postgres(
                 "SELECT * FROM message_stub WHERE message_id = :m FOR UPDATE",
                 {"m": "m-5"},
             ) == {"pk_message_stub"}
-            sweep = (
-                "SELECT message_id FROM message_stub WHERE status = 'PENDING' AND resend_at <= :now"
-                " ORDER BY resend_at LIMIT 500"
+            # the guard: lock one group's inbox row
+            guard = (
+                "SELECT status FROM message_inbox WHERE consumer_group = :g AND message_id = :m FOR UPDATE"
             )
-            assert "ix_message_stub_status_resend_at" in _indexes_used(conn, sweep, {"now": now})
+            # (the planner may prefer the message_id index: ids are nearly unique; either is one lookup)
+            assert _indexes_used(conn, guard, {"g": "g2", "m": "m-5"}) <= {
+                "pk_message_inbox",
+                "ix_message_inbox_message_id_status",
+            }
+            # deriving a stub's status from its inbox rows
+            derive = "SELECT status FROM message_inbox WHERE message_id = :m"
+            assert _indexes_used(conn, derive, {"m": "m-5"}) == {"ix_message_inbox_message_id_status"}
+            sweep = (
+                "SELECT consumer_group, message_id FROM message_inbox WHERE status = 'PENDING'"
+                " AND resend_at <= :now ORDER BY resend_at LIMIT 500"
+            )
+            assert "ix_message_inbox_status_resend_at" in _indexes_used(conn, sweep, {"now": now})
             anti_join = (
-                "SELECT s.message_id FROM message_stub s WHERE s.status = 'PENDING' AND s.resend_at <= :now"
-                " AND NOT EXISTS (SELECT 1 FROM message_log l WHERE l.message_id = s.message_id"
-                " AND l.consumer_group = s.consumer_group) LIMIT 500"
+                "SELECT i.message_id FROM message_inbox i JOIN message_stub s ON s.message_id = i.message_id"
+                " WHERE i.status = 'PENDING' AND i.resend_at <= :now"
+                " AND NOT EXISTS (SELECT 1 FROM message_log l WHERE l.message_id = i.message_id"
+                " AND l.consumer_group = i.consumer_group) LIMIT 500"
             )
             used = _indexes_used(conn, anti_join, {"now": now})
             assert {
-                "ix_message_stub_status_resend_at",
+                "ix_message_inbox_status_resend_at",
+                "pk_message_stub",
                 "ix_message_log_message_id_consumer_group_received_at",
             } <= used
             newest = "SELECT max(received_at) FROM message_log WHERE message_id = :m AND consumer_group = :g"
@@ -314,3 +337,161 @@ def test_hot_queries_are_index_lookups_on_postgres(
             assert _indexes_used(conn, progress, {"g": "g1", "t": "orders", "q": 2}) == {
                 "pk_consume_progress"
             }
+
+
+# --- 0003: data moved forward and back -------------------------------------------------------------------
+
+T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def _rows(engine: Engine, table: str, *, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every row of ``table``, key-sorted, timestamps as UTC-aware values (backend-neutral)."""
+    with engine.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(text(f"SELECT * FROM {table}"))]
+    out = []
+    for r in rows:
+        for k, v in list(r.items()):
+            if k in skip:
+                del r[k]
+            elif isinstance(v, dt.datetime):
+                r[k] = v if v.tzinfo else v.replace(tzinfo=dt.UTC)
+            elif isinstance(v, str) and k.endswith("_at") and v:
+                r[k] = dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC)
+            elif isinstance(v, memoryview):
+                r[k] = bytes(v)
+        out.append(r)
+    return sorted(out, key=lambda r: sorted((k, str(v)) for k, v in r.items()))
+
+
+def _unordered(schema: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot with columns sorted: a downgrade re-adds a dropped column last (no backend can place it)."""
+    return {t: {**v, "columns": sorted(v["columns"])} for t, v in schema.items()}
+
+
+def _seed_0002(engine: Engine) -> None:
+    """A 0002 database as the one-group code left it: producer stubs, a guard-made stub, failures, notices."""
+    stub = (
+        "INSERT INTO message_stub (message_id, topic, tags, consumer_group, content, payload_hash, status,"
+        " send_count, queue_id, queue_offset, resend_at, created_at, updated_at, last_sent_at, confirmed_at,"
+        " last_error) VALUES (:m, 'orders', NULL, :g, :c, :h, :s, :n, :q, :o, :r, :t0, :t1, :ls, :ca, :e)"
+    )
+    later = T0 + dt.timedelta(seconds=5)
+    cols = ("m", "g", "c", "h", "s", "n", "q", "o", "r", "t0", "t1", "ls", "ca", "e")
+    rows = [
+        dict(zip(cols, values, strict=True))
+        for values in (
+            # producer stub, resent twice, handler failed twice in g1
+            ("a", "g1", b"A", "ha", "PENDING", 3, 1, 7, later, T0, later, later, None, "timeout"),
+            # producer stub, sent once, confirmed later
+            ("b", "g2", b"B", "hb", "CONFIRMED", 1, 0, 3, later, T0, later, T0, later, None),
+            # the old guard's own row (inbox pattern): confirmed when created, never sent
+            ("c", "g1", b"C", "hc", "CONFIRMED", 0, None, None, None, T0, T0, None, T0, None),
+            # resends exhausted
+            ("d", "g1", b"D", "hd", "DEAD", 8, 2, 9, None, T0, later, later, None, "gave up"),
+        )
+    ]
+    log = (
+        "INSERT INTO message_log (message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times,"
+        " received_at, outcome, reason) VALUES (:m, :g, 'orders', 1, :o, 0, :t, :out, :why)"
+    )
+    logs = [
+        dict(m="a", g="g1", o=7, t=T0 + dt.timedelta(seconds=1), out="RETRY", why="handler_failed: boom"),
+        dict(m="a", g="g1", o=7, t=T0 + dt.timedelta(seconds=2), out="RETRY", why="handler_failed: boom"),
+        dict(m="a", g="g1", o=7, t=T0 + dt.timedelta(seconds=3), out="RETRY", why="lease_conflict"),
+        dict(m="c", g="g1", o=4, t=T0, out="SUCCESS", why="processed"),
+    ]
+    notice = (
+        "INSERT INTO stub_notification (message_id, channel, reason, created_at, attempts)"
+        " VALUES ('d', :ch, 'resends exhausted', :t, 0)"
+    )
+    with engine.begin() as conn:
+        conn.execute(text(stub), rows)
+        conn.execute(text(log), logs)
+        conn.execute(text(notice), [dict(ch="log", t=T0), dict(ch="email", t=T0)])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_0003_moves_data_forward_and_back(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    with fresh(kind) as url, engine_for(url) as engine:
+        upgrade(engine, "0002")
+        schema_0002 = _unordered(snapshot(engine))
+        _seed_0002(engine)
+        before = {
+            t: _rows(engine, t, skip=("id",)) for t in ("message_stub", "message_log", "stub_notification")
+        }
+
+        upgrade(engine, "0003")
+        inbox = {(r["consumer_group"], r["message_id"]): r for r in _rows(engine, "message_inbox")}
+        assert set(inbox) == {("g1", "a"), ("g2", "b"), ("g1", "c"), ("g1", "d")}
+        a = inbox["g1", "a"]
+        # attempts: journaled handler failures only (not the lease conflict); resends: send_count - 1
+        assert (a["status"], a["attempts"], a["resend_count"], a["last_error"]) == (
+            "PENDING",
+            2,
+            2,
+            "timeout",
+        )
+        assert a["resend_at"] == T0 + dt.timedelta(seconds=5) and a["payload_hash"] == "ha"
+        assert a["first_received_at"] == T0 + dt.timedelta(seconds=1)
+        assert inbox["g2", "b"]["status"] == "CONFIRMED" and inbox["g2", "b"]["confirmed_at"] is not None
+        assert inbox["g1", "d"]["status"] == "DEAD"
+        # the guard-made row is an inbox row now, not a producer stub; the rest keep their send history
+        stubs = {r["message_id"]: r for r in _rows(engine, "message_stub")}
+        assert set(stubs) == {"a", "b", "d"}
+        assert (stubs["a"]["send_count"], stubs["a"]["queue_id"], stubs["a"]["queue_offset"]) == (3, 1, 7)
+        assert {r["original_topic"] for r in _rows(engine, "message_log")} == {"orders"}
+        notices = _rows(engine, "stub_notification")
+        assert {(n["message_id"], n["consumer_group"], n["channel"]) for n in notices} == {
+            ("d", "g1", "log"),
+            ("d", "g1", "email"),
+        }
+        after_up = {t: _rows(engine, t, skip=("id",)) for t in TABLES}
+
+        downgrade(engine, "0002")
+        assert _unordered(snapshot(engine)) == schema_0002
+        back = {t: _rows(engine, t, skip=("id",)) for t in before}
+        # the guard-made row comes back as the old guard's stub, with an empty body (0003 keeps no body)
+        expected_stubs = [
+            {**r, "content": b"", "tags": None} if r["message_id"] == "c" else r
+            for r in before["message_stub"]
+        ]
+        assert back["message_stub"] == expected_stubs
+        assert back["message_log"] == before["message_log"]
+        assert back["stub_notification"] == before["stub_notification"]
+
+        upgrade(engine, "0003")
+        assert {t: _rows(engine, t, skip=("id",)) for t in TABLES} == after_up
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_0003_downgrade_keeps_one_group_of_a_fan_out(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    """The 0002 schema holds one group per message: the group that still owes work is the one kept."""
+    with fresh(kind) as url, engine_for(url) as engine:
+        upgrade(engine, "0003")
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO message_stub (message_id, topic, content, payload_hash, status, send_count,"
+                    " created_at, updated_at) VALUES ('f', 'orders', :c, 'hf', 'PENDING', 1, :t, :t)"
+                ),
+                dict(c=b"F", t=T0),
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count,"
+                    " created_at, updated_at) VALUES (:g, 'f', :s, 0, :n, :t, :t)"
+                ),
+                [
+                    dict(g="audit", s="CONFIRMED", n=0, t=T0),
+                    dict(g="billing", s="PENDING", n=4, t=T0),
+                    dict(g="search", s="PENDING", n=0, t=T0),
+                ],
+            )
+        downgrade(engine, "0002")
+        (stub,) = _rows(engine, "message_stub")
+        # billing: the first group still owing work; its 4 targeted resends count against the old budget
+        assert (stub["consumer_group"], stub["status"], stub["send_count"]) == ("billing", "PENDING", 5)

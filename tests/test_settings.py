@@ -49,6 +49,11 @@ def test_empty_environment_value_means_unset() -> None:
         ({"key_prefix": ""}, {}, "key_prefix"),
         ({"lease_ms": True}, {}, "lease_ms"),
         ({"no_such_setting": 1}, {}, "unknown setting(s): no_such_setting"),
+        ({}, {"RELIABLE_TOPIC_GROUPS": "orders"}, "write 'orders=billing,audit;payments=ledger'"),
+        ({}, {"RELIABLE_TOPIC_GROUPS": "orders="}, "topic 'orders' needs distinct groups"),
+        ({}, {"RELIABLE_TOPIC_GROUPS": "orders=a,a"}, "topic 'orders' needs distinct groups"),
+        ({}, {"RELIABLE_TOPIC_GROUPS": "orders=bad group"}, "consumer group 'bad group'"),
+        ({"default_group": "a:b"}, {}, "consumer group 'a:b'"),
     ],
 )
 def test_bad_values_are_configuration_errors(
@@ -102,3 +107,34 @@ def test_facade_without_database_url_is_a_configuration_error(monkeypatch: pytes
         Reliability()
     with pytest.raises(ConfigurationError, match="unknown setting"):
         Reliability("sqlite://", leese_ms=5)
+
+
+def test_topic_groups_from_the_environment_or_an_argument() -> None:
+    env = {
+        "RELIABLE_TOPIC_GROUPS": " orders = billing, audit ; payments=ledger;",
+        "RELIABLE_DEFAULT_GROUP": "g",
+    }
+    s = Settings.load(environ=env)
+    assert s.topic_groups == {"orders": ("billing", "audit"), "payments": ("ledger",)}
+    assert (s.groups_for("orders"), s.groups_for("payments"), s.groups_for("other")) == (
+        ("billing", "audit"),
+        ("ledger",),
+        ("g",),
+    )
+    # an argument wins, as a mapping or in the environment's syntax
+    assert Settings.load({"topic_groups": {"t": ["x"]}}, environ=env).topic_groups == {"t": ("x",)}
+    assert Settings.load({"topic_groups": "t=y,z"}, environ=env).groups_for("t") == ("y", "z")
+    assert Settings.load(environ={}).groups_for("orders") == ()  # nothing configured: the caller must say
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True),
+        st.lists(st.from_regex(r"[a-z][a-z0-9_-]{0,8}", fullmatch=True), min_size=1, max_size=3, unique=True),
+        max_size=4,
+    )
+)
+def test_topic_groups_round_trip_through_the_environment_syntax(mapping: dict[str, list[str]]) -> None:
+    text = ";".join(f"{t}={','.join(gs)}" for t, gs in mapping.items())
+    loaded = Settings.load(environ={"RELIABLE_TOPIC_GROUPS": text}).topic_groups
+    assert loaded == {t: tuple(gs) for t, gs in mapping.items()}

@@ -10,10 +10,19 @@ Mapping of a delivery to an :class:`~reliable.types.Envelope`:
   there, RocketMQ's recommended practice), else the client ``UNIQ_KEY`` (a producer that does not use stubs:
   RocketMQ keeps the UNIQ_KEY across its own send retries, so it still identifies the message). No id at all
   becomes ``None``, which the guard dead-letters as bad input.
-* ``topic`` — the topic the application subscribed to. Retries arrive from ``%RETRY%{group}``; like the
-  RocketMQ clients we report the original topic (``RETRY_TOPIC``), and ``reconsume_times`` > 0 tells the
-  journal that the delivery is a retry.
-* ``queue_id``/``queue_offset`` — where this copy was stored.
+* ``topic`` — the message's original (business) topic. Retries, and the sweeper's targeted resends, arrive
+  from ``%RETRY%{group}`` with the original topic in ``RETRY_TOPIC``; the push consumer has already put that
+  back as the message's topic (listeners never see ``%RETRY%``), so ``RETRY_TOPIC`` is how we know.
+* ``delivered_topic`` — where this copy was actually stored: ``%RETRY%{group}`` for such a delivery (the
+  group comes from the guarded handler, ``handler.group``), ``None`` for a delivery from the topic itself.
+* ``queue_id``/``queue_offset`` — the position of this copy *in the delivered topic*. The guard journals
+  it and raises the watermark of that queue only, so a retry never moves the watermark of an unrelated
+  queue of the original topic (which would make the sweeper re-send messages merely queued there).
+
+Sending: :class:`BrokerSimSender` honours ``OutgoingMessage.target_group`` — the sweeper's resend for one
+group goes to ``%RETRY%{group}`` with ``RETRY_TOPIC`` = the topic, so only that group receives it (every
+clustering consumer subscribes to its retry topic). It is also the sweeper's
+:class:`~reliable.sender.BrokerProbe`: the queue's max offset (GET_MAX_OFFSET) proves a loss.
 
 Mapping of :class:`~reliable.types.ConsumeResult` back to the broker: ``SUCCESS`` → ``CONSUME_SUCCESS``;
 ``RECONSUME_LATER`` → ``RECONSUME_LATER`` (the broker's ``%RETRY%`` path with its delay levels);
@@ -47,11 +56,21 @@ class _BrokerSimProducer(Protocol):
     def send(self, msg: Message) -> Any: ...
 
 
+def retry_topic(group: str) -> str:
+    """``%RETRY%{group}``: the topic a group's retries (and the sweeper's targeted resends) live on."""
+    return RETRY_PREFIX + group
+
+
 def to_message(message: OutgoingMessage) -> Message:
-    """The broker_sim message for an outgoing stub: the stub id travels as the message *keys*."""
+    """The broker_sim message for an outgoing stub: the stub id travels as the message *keys*; a targeted
+    send goes to the group's retry topic with the original topic in ``RETRY_TOPIC``."""
     props = dict(message.properties)
+    topic = message.topic
+    if message.target_group is not None:
+        topic = retry_topic(message.target_group)
+        props[Prop.RETRY_TOPIC] = message.topic
     return Message(
-        topic=message.topic,
+        topic=topic,
         body=message.body,
         keys=message.message_id,
         tags=message.tags,
@@ -87,11 +106,14 @@ class BrokerSimSender:
             broker_message_id=str(result.offset_msg_id or result.msg_id),
         )
 
+    def resend_topic(self, topic: str, group: str) -> str:
+        """Where a resend targeted at ``group`` lands (the sweeper compares its offset there)."""
+        return retry_topic(group)
+
     def max_offset(self, topic: str, queue_id: int) -> int | None:
-        """The sweeper's ``BacklogSource`` (``reliable sweep`` uses a sender that has it), over the
-        producer's own connection."""
+        """The sweeper's :class:`~reliable.sender.BrokerProbe`, over the producer's own connection."""
         transport = getattr(self.producer, "transport", None)
-        return None if transport is None else BrokerSimBacklog(transport).max_offset(topic, queue_id)
+        return None if transport is None else BrokerSimProbe(transport).max_offset(topic, queue_id)
 
 
 def sweeper_sender(rel: object) -> BrokerSimSender:
@@ -105,11 +127,13 @@ def sweeper_sender(rel: object) -> BrokerSimSender:
     return BrokerSimSender(Producer(namesrv, group))
 
 
-class BrokerSimBacklog:
-    """The sweeper's optional ``BacklogSource``: a queue's max offset (the next offset to be assigned).
+class BrokerSimProbe:
+    """A :class:`~reliable.sender.BrokerProbe` over a broker_sim transport (in-process or TCP): a queue's max
+    offset, one past its last stored message (GET_MAX_OFFSET).
 
-    With it the sweeper estimates how long a consumer group needs to reach a message that is merely queued,
-    and does not re-send it meanwhile.
+    With it the sweeper proves a loss (the broker's max offset at or below the copy's offset: it does not
+    have it — found on a quiet queue too), tells a merely queued message from a lost one, and estimates how
+    long a group needs to reach a queued one.
     """
 
     def __init__(self, transport: BrokerTransport) -> None:
@@ -131,11 +155,30 @@ def message_id_of(msg: MessageExt) -> str | None:
     return msg.properties.get(Prop.UNIQ_KEY) or None
 
 
-def to_envelope(msg: MessageExt) -> Envelope:
-    """The broker-neutral view of one broker_sim delivery (see the module docstring for the mapping)."""
-    topic = msg.topic
-    if topic.startswith(RETRY_PREFIX):
-        topic = msg.properties.get(Prop.RETRY_TOPIC, topic)
+def delivered_topic_of(msg: MessageExt, group: str | None) -> str | None:
+    """The topic this copy was stored on when it is not the message's own topic (a ``%RETRY%`` delivery).
+
+    A pull consumer sees ``%RETRY%{group}`` itself; the push consumer has already restored the original topic
+    and left ``RETRY_TOPIC`` (which only messages stored on a retry topic carry): the copy came from the
+    consuming group's retry topic.
+    """
+    if msg.topic.startswith(RETRY_PREFIX):
+        return msg.topic
+    if msg.properties.get(Prop.RETRY_TOPIC):
+        if group is None:
+            raise ValueError(
+                f"message {msg.msg_id} is a %RETRY% delivery: its consumer group is needed to name the "
+                "delivered topic (GuardedListener(group=...) or a handler with .group)"
+            )
+        return retry_topic(group)
+    return None
+
+
+def to_envelope(msg: MessageExt, group: str | None = None) -> Envelope:
+    """The broker-neutral view of one broker_sim delivery (see the module docstring for the mapping);
+    ``group`` is the consuming group (needed for ``%RETRY%`` deliveries)."""
+    delivered = delivered_topic_of(msg, group)
+    topic = msg.properties.get(Prop.RETRY_TOPIC, msg.topic) if delivered else msg.topic
     keys = msg.properties.get(Prop.KEYS) or None
     return Envelope(
         message_id=message_id_of(msg),
@@ -147,6 +190,7 @@ def to_envelope(msg: MessageExt) -> Envelope:
         tags=msg.properties.get(Prop.TAGS) or None,
         reconsume_times=int(msg.reconsume_times),
         properties=dict(msg.properties),
+        delivered_topic=delivered,
     )
 
 
@@ -184,10 +228,11 @@ class GuardedListener:
     """A broker_sim concurrent listener (``listener(msgs) -> ConsumeStatus``) around a guarded handler.
 
     ``handler`` is what ``@idempotent_consumer`` returns: ``handler(envelope) -> ConsumeResult``, with
-    ``handler.batch(envelopes)`` used for batches of more than one message. The batch is answered
-    ``RECONSUME_LATER`` if any message needs it (broker_sim then sends every message of the batch back;
-    the guard turns the already-applied ones into duplicates). An exception from the handler propagates:
-    broker_sim treats a raising listener as ``RECONSUME_LATER``, never as an ack.
+    ``handler.batch(envelopes)`` used for batches of more than one message. ``group`` is the consumer
+    group (default: ``handler.group``); it names the delivered topic of ``%RETRY%`` deliveries. The batch
+    is answered ``RECONSUME_LATER`` if any message needs it (broker_sim then sends every message of the
+    batch back; the guard turns the already-applied ones into duplicates). An exception from the handler
+    propagates: broker_sim treats a raising listener as ``RECONSUME_LATER``, never as an ack.
     """
 
     def __init__(
@@ -196,9 +241,12 @@ class GuardedListener:
         dead_letter: DeadLetterFn | None = None,
         *,
         batch: bool = True,
+        group: str | None = None,
     ) -> None:
         self.handler = handler
         self.dead_letter = dead_letter
+        handler_group = getattr(handler, "group", None)
+        self.group = group or (handler_group if isinstance(handler_group, str) else None)
         #: use the handler's ``batch(envs)`` (one journal and one work transaction per batch) when it has one
         self.batch_handler: Callable[[Sequence[Envelope]], list[ConsumeResult]] | None = (
             getattr(handler, "batch", None) if batch else None
@@ -206,7 +254,7 @@ class GuardedListener:
         self.stats = ListenerStats()
 
     def _results(self, msgs: Sequence[MessageExt]) -> list[ConsumeResult]:
-        envs = [to_envelope(m) for m in msgs]
+        envs = [to_envelope(m, self.group) for m in msgs]
         if self.batch_handler is not None and len(envs) > 1:
             results = list(self.batch_handler(envs))
             if len(results) != len(envs):

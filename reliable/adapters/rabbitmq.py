@@ -38,15 +38,12 @@ offsets. The reconciliation report's offset-gap view is meaningless for RabbitMQ
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
 
 import pika
 import pika.exceptions
@@ -54,78 +51,59 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 from pika.spec import Basic, BasicProperties
 
 from reliable import constants as C
+from reliable.adapters import amqp
+from reliable.adapters.amqp import (  # re-exported: the header names are part of this module's API
+    DELIVERY_COUNT,
+    HEADER_DEAD_REASON,
+    HEADER_GROUP,
+    HEADER_ORIGINAL_QUEUE,
+    HEADER_SEND_COUNT,
+    HEADER_SEQ,
+    HEADER_TAGS,
+    HEADER_TOPIC,
+    ID_HEADERS,
+    Action,
+)
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult, Envelope
 
 log = logging.getLogger("reliable.adapters.rabbitmq")
 
-HEADER_TOPIC = "x-reliable-topic"
-HEADER_GROUP = "x-reliable-group"
-HEADER_TAGS = "x-reliable-tags"
-HEADER_SEQ = "x-reliable-seq"
-HEADER_SEND_COUNT = "x-reliable-send-count"
-HEADER_DEAD_REASON = "x-reliable-dead-reason"
-HEADER_ORIGINAL_QUEUE = "x-reliable-original-queue"
-ID_HEADERS = ("message-id", "x-message-id")
-DELIVERY_COUNT = "x-delivery-count"
-_REASON_MAX = 1000
+__all__ = [
+    "DELIVERY_COUNT",
+    "HEADER_DEAD_REASON",
+    "HEADER_GROUP",
+    "HEADER_ORIGINAL_QUEUE",
+    "HEADER_SEND_COUNT",
+    "HEADER_SEQ",
+    "HEADER_TAGS",
+    "HEADER_TOPIC",
+    "ID_HEADERS",
+    "RabbitMQConsumer",
+    "RabbitMQSender",
+    "Topology",
+    "sweeper_sender",
+    "to_envelope",
+]
 
-#: one sequence per process, shared by every sender instance, so "offsets" never repeat within a process
-_seq = itertools.count(1)
-_seq_lock = threading.Lock()
-
-
-def _next_seq() -> int:
-    with _seq_lock:
-        return next(_seq)
-
-
-class _HasResult(Protocol):
-    """A guard ``Decision``: the result plus why."""
-
-    @property
-    def result(self) -> ConsumeResult: ...
+GuardedHandler = Callable[[Envelope], "ConsumeResult | amqp.HasResult"]
 
 
-GuardedHandler = Callable[[Envelope], "ConsumeResult | _HasResult"]
+class Topology(amqp.Topology):
+    """The names of :class:`reliable.adapters.amqp.Topology`, declared and removed over a pika channel."""
 
-
-@dataclass(frozen=True, slots=True)
-class Topology:
-    """The names the adapter declares for one consumer queue, and how to create and remove them."""
-
-    queue: str
-    #: an exchange to bind ``queue`` to (``None``: publishers use the default exchange and the queue name)
-    exchange: str | None = None
-    binding_key: str | None = None
-    exchange_type: str = "direct"
-    queue_type: str = "classic"
-    queue_arguments: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def dead_letter_exchange(self) -> str:
-        return f"{self.queue}.dlx"
-
-    @property
-    def dead_letter_queue(self) -> str:
-        return f"{self.queue}.dlq"
+    __slots__ = ()
 
     def declare(self, ch: BlockingChannel) -> None:
         """Create (idempotently) the DLX, the DLQ, the queue with its dead-letter arguments, the binding."""
         ch.exchange_declare(self.dead_letter_exchange, exchange_type="direct", durable=True)
         ch.queue_declare(self.dead_letter_queue, durable=True)
         ch.queue_bind(self.dead_letter_queue, self.dead_letter_exchange, routing_key=self.queue)
-        args: dict[str, Any] = {
-            "x-queue-type": self.queue_type,
-            "x-dead-letter-exchange": self.dead_letter_exchange,
-            "x-dead-letter-routing-key": self.queue,
-            **self.queue_arguments,
-        }
-        ch.queue_declare(self.queue, durable=True, arguments=args)
+        ch.queue_declare(self.queue, durable=True, arguments=self.declared_arguments())
         if self.exchange:
             ch.exchange_declare(self.exchange, exchange_type=self.exchange_type, durable=True)
-            ch.queue_bind(self.queue, self.exchange, routing_key=self.binding_key or self.queue)
+            ch.queue_bind(self.queue, self.exchange, routing_key=self.routing_key)
 
     def delete(self, ch: BlockingChannel) -> None:
         """Remove everything :meth:`declare` created (tests; decommissioning)."""
@@ -155,38 +133,17 @@ def to_envelope(
     method: Basic.Deliver, props: BasicProperties, body: bytes, default_topic: str | None = None
 ) -> Envelope:
     """The broker-neutral view of one delivery (see the module doc for where each field comes from)."""
-    headers: dict[str, Any] = dict(props.headers or {})
-    message_id = props.message_id or next((str(headers[h]) for h in ID_HEADERS if headers.get(h)), None)
-    topic = _text(headers.get(HEADER_TOPIC)) or default_topic or method.routing_key or ""
-    redelivered = 1 if method.redelivered else 0
-    reconsume = int(headers[DELIVERY_COUNT]) if DELIVERY_COUNT in headers else redelivered
-    seq = headers.get(HEADER_SEQ)
-    offset = int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else int(method.delivery_tag)
-    properties = {k: _text(v) for k, v in headers.items() if isinstance(v, str | bytes | int | float)}
-    properties |= {
-        "amqp.exchange": method.exchange or "",
-        "amqp.routing_key": method.routing_key or "",
-        "amqp.redelivered": str(bool(method.redelivered)).lower(),
-    }
-    return Envelope(
-        message_id=message_id or None,
-        topic=topic,
-        queue_id=0,
-        queue_offset=offset,
-        body=bytes(body),
-        keys=message_id or None,
-        tags=_text(headers.get(HEADER_TAGS)) or props.type or None,
-        reconsume_times=reconsume,
-        properties=properties,
+    return amqp.envelope_from(
+        message_id=props.message_id,
+        headers=props.headers,
+        exchange=method.exchange,
+        routing_key=method.routing_key,
+        redelivered=bool(method.redelivered),
+        delivery_tag=int(method.delivery_tag),
+        type_=props.type,
+        body=body,
+        default_topic=default_topic,
     )
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
 
 
 class RabbitMQConsumer:
@@ -272,14 +229,14 @@ class RabbitMQConsumer:
             log.exception("handler raised for message %s; requeued", env.message_id)
             self._requeue(ch, method.delivery_tag, f"handler raised {type(exc).__name__}")
             return
-        result = answer if isinstance(answer, ConsumeResult) else answer.result
-        if result is ConsumeResult.SUCCESS:
+        action = amqp.action_for(amqp.result_of(answer))
+        if action is Action.ACK:
             ch.basic_ack(method.delivery_tag)
             self.counts["ack"] += 1
-        elif result is ConsumeResult.RECONSUME_LATER:
+        elif action is Action.REQUEUE:
             self._requeue(ch, method.delivery_tag, "RECONSUME_LATER")
         else:
-            self._dead_letter(ch, method, props, body, _reason(answer, env))
+            self._dead_letter(ch, method, props, body, amqp.dead_reason(answer, env))
 
     def _requeue(self, ch: BlockingChannel, tag: int, why: str) -> None:
         self.counts["requeue"] += 1
@@ -297,19 +254,7 @@ class RabbitMQConsumer:
     def _dead_letter(
         self, ch: BlockingChannel, method: Basic.Deliver, props: BasicProperties, body: bytes, reason: str
     ) -> None:
-        headers = dict(props.headers or {})
-        headers[HEADER_DEAD_REASON] = reason[:_REASON_MAX]
-        headers[HEADER_ORIGINAL_QUEUE] = self.topology.queue
-        copy = BasicProperties(
-            content_type=props.content_type,
-            content_encoding=props.content_encoding,
-            headers=headers,
-            delivery_mode=2,
-            correlation_id=props.correlation_id,
-            message_id=props.message_id,
-            timestamp=props.timestamp,
-            type=props.type,
-        )
+        copy = BasicProperties(**amqp.dead_letter_properties(props, reason, self.topology.queue))
         try:
             if self._dlx_channel is None or not self._dlx_channel.is_open:
                 self._dlx_channel = self.connection.channel()
@@ -334,17 +279,6 @@ class RabbitMQConsumer:
         )
 
 
-def _reason(answer: object, env: Envelope) -> str:
-    """The dead-letter reason: the guard decision's reason and detail when we have them."""
-    reason = getattr(answer, "reason", None)
-    detail = getattr(answer, "detail", None)
-    if reason is not None:
-        return f"{reason}: {detail}" if detail else str(reason)
-    if not env.message_id:
-        return "missing message id"
-    return "handler answered DEAD_LETTER"
-
-
 class RabbitMQSender:
     """A :class:`~reliable.sender.Sender` publishing persistent messages with publisher confirms.
 
@@ -361,6 +295,7 @@ class RabbitMQSender:
         *,
         exchange: str = "",
         routing_key: Callable[[OutgoingMessage], str] | None = None,
+        group_queue: Callable[[str, str], str] | None = None,
         mandatory: bool = True,
         connection_name: str | None = None,
     ) -> None:
@@ -369,6 +304,8 @@ class RabbitMQSender:
         self.connection_name = connection_name
         self.exchange = exchange
         self.routing_key = routing_key or (lambda m: m.topic)
+        #: ``(topic, group) -> queue``: where a resend targeted at one group goes (default: the group's name)
+        self.group_queue = group_queue or amqp.default_group_queue
         self.mandatory = mandatory
         self._lock = threading.Lock()
         self._conn: BlockingConnection | None = None
@@ -383,25 +320,17 @@ class RabbitMQSender:
         return self._ch
 
     def send(self, message: OutgoingMessage) -> SendReceipt:
-        seq = _next_seq()
-        headers: dict[str, Any] = dict(message.properties)
-        headers |= {
-            HEADER_TOPIC: message.topic,
-            HEADER_GROUP: message.consumer_group,
-            HEADER_SEQ: seq,
-            HEADER_SEND_COUNT: message.send_count,
-        }
-        if message.tags:
-            headers[HEADER_TAGS] = message.tags
+        pub = amqp.publication(message, self.routing_key(message))
+        seq = pub.seq
         props = BasicProperties(
-            message_id=message.message_id,
-            delivery_mode=2,
-            content_type="application/octet-stream",
-            headers=headers,
-            type=message.tags,
-            timestamp=int(time.time()),
+            message_id=pub.message_id,
+            delivery_mode=amqp.PERSISTENT,
+            content_type=amqp.CONTENT_TYPE,
+            headers=pub.headers,
+            type=pub.type_,
+            timestamp=pub.timestamp,
         )
-        key = self.routing_key(message)
+        exchange, key = amqp.destination(message, self.exchange, pub.routing_key, self.group_queue)
         with self._lock:
             # two tries: a connection left idle past the heartbeat timeout is closed by the broker and only
             # noticed on the next publish; one fresh connection turns that into a normal send. (A publish
@@ -409,7 +338,7 @@ class RabbitMQSender:
             for attempt in (1, 2):
                 try:
                     channel = self._channel()
-                    channel.basic_publish(self.exchange, key, message.body, props, mandatory=self.mandatory)
+                    channel.basic_publish(exchange, key, message.body, props, mandatory=self.mandatory)
                     break
                 except pika.exceptions.UnroutableError:
                     raise SendError(f"message {message.message_id}: unroutable (no queue bound)") from None
@@ -420,7 +349,7 @@ class RabbitMQSender:
                     if attempt == 2 or isinstance(exc, pika.exceptions.AMQPChannelError):
                         raise SendError(f"message {message.message_id}: {type(exc).__name__}: {exc}") from exc
                     log.info("send of %s: %r; reconnecting once", message.message_id, exc)
-        return SendReceipt(queue_id=0, queue_offset=seq, broker_message_id=f"{self.exchange}/{seq}")
+        return SendReceipt(queue_id=0, queue_offset=seq, broker_message_id=f"{exchange}/{seq}")
 
     def _drop(self) -> None:
         conn, self._conn, self._ch = self._conn, None, None
@@ -444,12 +373,24 @@ class RabbitMQSender:
 def sweeper_sender(rel: object = None) -> RabbitMQSender:
     """``reliable sweep --sender reliable.adapters.rabbitmq:sweeper_sender``: a sender from the environment.
 
-    ``RELIABLE_RABBITMQ_URL`` (required) and ``RELIABLE_RABBITMQ_EXCHANGE`` (default: the default exchange,
-    so the stub's topic must be the queue name); ``rel`` is accepted for the factory signature and unused.
+    ``RELIABLE_RABBITMQ_URL`` (required), ``RELIABLE_RABBITMQ_EXCHANGE`` (default: the default exchange, so
+    the stub's topic must be the queue name) and ``RELIABLE_RABBITMQ_GROUP_QUEUE`` (the queue a resend for
+    one group goes to, a format with ``{group}`` and ``{topic}``; default ``{group}``); ``rel`` is accepted
+    for the factory signature and unused.
     """
     url = os.environ.get(C.ENV_RABBITMQ_URL)
     if not url:
         raise ConfigurationError(f"no RabbitMQ URL: set {C.ENV_RABBITMQ_URL}")
+    queue_format = os.environ.get(C.ENV_RABBITMQ_GROUP_QUEUE) or C.DEFAULT_RABBITMQ_GROUP_QUEUE
+    try:
+        queue_format.format(group="g", topic="t")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigurationError(
+            f"{C.ENV_RABBITMQ_GROUP_QUEUE}: bad format {queue_format!r}: {exc}"
+        ) from None
     return RabbitMQSender(
-        url, exchange=os.environ.get(C.ENV_RABBITMQ_EXCHANGE, ""), connection_name="reliable-sweeper"
+        url,
+        exchange=os.environ.get(C.ENV_RABBITMQ_EXCHANGE, ""),
+        group_queue=lambda topic, group: queue_format.format(group=group, topic=topic),
+        connection_name="reliable-sweeper",
     )

@@ -19,9 +19,17 @@ Two parts, both tested against ``broker-sim serve`` (tests/adapters/test_rocketm
   somewhere yourself and acknowledge at once instead.
 
 Envelope mapping: ``message_id`` = first token of the message *keys*, else the client message id
-(UNIQ_KEY); topic = the message's topic (the C++ client restores the original topic of a retry);
-``queue_id``/``queue_offset``/``reconsume_times`` as delivered. The 0.4.4 wrapper reads bodies as C strings,
-so bodies must not contain NUL bytes (JSON, text: fine).
+(UNIQ_KEY); ``topic`` = the original topic (the C++ client puts ``RETRY_TOPIC`` back as the topic of a
+``%RETRY%`` delivery); ``delivered_topic`` = ``%RETRY%{group}`` when the copy came from the group's retry
+topic (it carries ``RETRY_TOPIC``), else ``None``; ``queue_id``/``queue_offset`` = the position of this copy
+in the delivered topic, so the guard raises that queue's watermark only; ``reconsume_times`` as delivered.
+The 0.4.4 wrapper reads bodies as C strings, so bodies must not contain NUL bytes (JSON, text: fine).
+
+Targeted resends and the loss probe: :class:`RocketMQSender` sends a message with
+``OutgoingMessage.target_group`` to ``%RETRY%{group}`` with ``RETRY_TOPIC`` = the topic (only that group
+consumes it), and is the sweeper's :class:`~reliable.sender.BrokerProbe` through :class:`RocketMQProbe`:
+GET_MAX_OFFSET over RocketMQ's remoting protocol (the 0.4.4 client has no call for it), spoken by
+broker_sim's wire client (``broker_sim.remoting``), which resolves the broker through the name server.
 """
 
 from __future__ import annotations
@@ -34,11 +42,15 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable import constants as C
+from reliable.adapters.broker_sim import BrokerSimProbe
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult, Envelope
 
 log = logging.getLogger("reliable.adapters.rocketmq")
+
+RETRY_PREFIX = "%RETRY%"
+RETRY_TOPIC_PROPERTY = "RETRY_TOPIC"
 
 
 def _client() -> Any:
@@ -57,36 +69,69 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-class RocketMQSender:
-    """A :class:`~reliable.sender.Sender` over a started ``rocketmq.client.Producer`` (one broker)."""
+def retry_topic(group: str) -> str:
+    """``%RETRY%{group}``: the topic a group's retries (and the sweeper's targeted resends) live on."""
+    return RETRY_PREFIX + group
 
-    def __init__(self, producer: Any, retry_times: int = 2) -> None:
+
+class RocketMQProbe(BrokerSimProbe):
+    """A :class:`~reliable.sender.BrokerProbe`: a queue's max offset (GET_MAX_OFFSET) via the name server
+    ``namesrv``, over broker_sim's RocketMQ 4.x wire client; ``None`` when the broker cannot tell."""
+
+    def __init__(self, namesrv: str, timeout_ms: int = 3000) -> None:
+        from broker_sim.remoting.client_transport import RemotingTransport
+
+        super().__init__(RemotingTransport(namesrv, request_timeout_ms=timeout_ms))
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class RocketMQSender:
+    """A :class:`~reliable.sender.Sender` over a started ``rocketmq.client.Producer`` (one broker), and the
+    sweeper's :class:`~reliable.sender.BrokerProbe` when given a ``probe``."""
+
+    def __init__(self, producer: Any, retry_times: int = 2, probe: RocketMQProbe | None = None) -> None:
         self.producer = producer
         self.retry_times = retry_times
+        self.probe = probe
         self._next = itertools.count()
         self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, namesrv: str, group: str, timeout_ms: int = 3000) -> RocketMQSender:
-        """Create and start a producer of ``group`` against the name server ``namesrv`` ("host:port")."""
+        """Create and start a producer of ``group`` against the name server ``namesrv`` ("host:port"), with
+        a probe on the same name server."""
         client = _client()
         producer = client.Producer(group, timeout=timeout_ms)
         producer.set_namesrv_addr(namesrv)
         producer.start()
-        return cls(producer)
+        return cls(producer, probe=RocketMQProbe(namesrv, timeout_ms))
 
     def close(self) -> None:
         self.producer.shutdown()
+        if self.probe is not None:
+            self.probe.close()
+
+    def resend_topic(self, topic: str, group: str) -> str:
+        """Where a resend targeted at ``group`` lands (the sweeper compares its offset there)."""
+        return retry_topic(group)
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None:
+        return None if self.probe is None else self.probe.max_offset(topic, queue_id)
 
     def _message(self, message: OutgoingMessage) -> Any:
         client = _client()
-        msg = client.Message(message.topic)
+        targeted = message.target_group is not None
+        msg = client.Message(retry_topic(message.target_group) if message.target_group else message.topic)
         msg.set_keys(message.message_id)
         if message.tags:
             msg.set_tags(message.tags)
         msg.set_body(message.body)
         for key, value in message.properties.items():
             msg.set_property(key, value)
+        if targeted:
+            msg.set_property(RETRY_TOPIC_PROPERTY, message.topic)
         return msg
 
     def send(self, message: OutgoingMessage) -> SendReceipt:
@@ -126,21 +171,32 @@ def sweeper_sender(rel: object) -> RocketMQSender:
     return RocketMQSender.connect(namesrv, group)
 
 
-def to_envelope(msg: Any) -> Envelope:
-    """A ``rocketmq.client.RecvMessage`` as an :class:`~reliable.types.Envelope`."""
+def to_envelope(msg: Any, group: str | None = None) -> Envelope:
+    """A ``rocketmq.client.RecvMessage`` as an :class:`~reliable.types.Envelope`; ``group`` is the consuming
+    group (it names the delivered topic of a ``%RETRY%`` delivery)."""
     keys = _text(msg.keys) or None
     tokens = keys.split() if keys else []
     message_id = tokens[0] if tokens else (_text(msg.id) or None)
     body = msg.body
+    topic = _text(msg.topic) or ""
+    original = _text(msg.get_property(RETRY_TOPIC_PROPERTY)) or None
+    delivered: str | None = None
+    if topic.startswith(RETRY_PREFIX):
+        delivered, topic = topic, original or topic
+    elif original:
+        if group is None:
+            raise ValueError(f"message {message_id} is a %RETRY% delivery: its consumer group is needed")
+        delivered = retry_topic(group)
     return Envelope(
         message_id=message_id,
-        topic=_text(msg.topic) or "",
+        topic=topic,
         queue_id=int(msg.queue_id),
         queue_offset=int(msg.queue_offset),
         body=body if isinstance(body, bytes) else str(body).encode(),
         keys=keys,
         tags=_text(msg.tags) or None,
         reconsume_times=int(msg.reconsume_times),
+        delivered_topic=delivered,
     )
 
 
@@ -173,19 +229,22 @@ def subscribe_guarded(
     handler: Callable[[Envelope], ConsumeResult],
     expression: str = "*",
     dead_letter: DeadLetterFn | None = None,
+    group: str | None = None,
 ) -> None:
     """Subscribe ``consumer`` (a ``rocketmq.client.PushConsumer``, not started) to ``topic`` with ``handler``.
 
-    ``handler`` is what ``@idempotent_consumer`` returns. Must be called once per consumer (0.4.4 has one
-    callback per consumer).
+    ``handler`` is what ``@idempotent_consumer`` returns; ``group`` is the consumer's group (default:
+    ``handler.group``). Must be called once per consumer (0.4.4 has one callback per consumer).
     """
     client = _client()
+    handler_group = getattr(handler, "group", None)
+    group = group or (handler_group if isinstance(handler_group, str) else None)
     from rocketmq.exceptions import ffi_check
     from rocketmq.ffi import dll
 
     def on_message(_consumer: Any, handle: Any) -> int:
         try:
-            env = to_envelope(client.RecvMessage(handle))
+            env = to_envelope(client.RecvMessage(handle), group)
         except Exception:
             log.exception("undecodable RocketMQ delivery; reconsume later")
             return 1

@@ -1,12 +1,20 @@
-"""Options shared by several subcommands (database and Redis URLs from flags or environment)."""
+"""Options shared by several subcommands (database and Redis URLs from flags or environment), and the
+check that the database is there and migrated before a command touches it."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from reliable import constants as C
-from reliable.errors import ConfigurationError
+from reliable import migrate
+from reliable.errors import ConfigurationError, ReliableError
+from reliable.facade import make_engine
 
 
 def add_db_options(parser: argparse.ArgumentParser, redis: bool = False) -> None:
@@ -29,3 +37,37 @@ def require_db(args: argparse.Namespace) -> str:
     if not args.db:
         raise ConfigurationError(f"no database: pass --db URL or set {C.ENV_DB_URL}")
     return str(args.db)
+
+
+class DatabaseNotReadyError(ReliableError):
+    """The database is missing, unreachable, or not migrated to the schema this version needs."""
+
+
+UPGRADE_HINT = "run `reliable db upgrade --db URL` first"
+
+
+def ready_engine(url: str) -> Engine:
+    """An engine on ``url`` whose schema is at the head revision; anything else is ONE line with a hint.
+
+    Checked before any work, so a command against a missing or un-migrated database says what to do instead
+    of failing half-way with a driver traceback. A SQLite file that does not exist is not created.
+    """
+    path = make_url(url).database if make_url(url).get_backend_name() == "sqlite" else None
+    if path not in (None, "", ":memory:") and not Path(str(path)).exists():
+        raise DatabaseNotReadyError(f"no database file {path}: {UPGRADE_HINT}")
+    engine = make_engine(url)
+    try:
+        at = migrate.current(engine)
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()
+        raise DatabaseNotReadyError(
+            f"cannot open the database ({reason[0] if reason else type(exc).__name__}); "
+            f"check --db, create the database, then {UPGRADE_HINT}"
+        ) from None
+    head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
+    if at != head:
+        engine.dispose()
+        state = "has no reliable schema" if at is None else f"is at schema revision {at}, not {head}"
+        raise DatabaseNotReadyError(f"the database {state}: {UPGRADE_HINT}")
+    return engine

@@ -1,7 +1,9 @@
 """``reliable demo``: the whole pipeline on embedded defaults, optionally under seeded chaos.
 
-Exit code 0 only when the ledger balances and no order was lost or applied twice; 1 when the run completed
-but that promise was broken (the summary says where); 2 for bad flags or a part that could not start.
+Every order fans out to ``--groups N`` consumer groups (default 2: the ledger group and an audit group).
+Exit code 0 only when the ledger balances and every group applied every order exactly once (nothing lost or
+applied twice in any group); 1 when the run completed but that promise was broken (the summary says which
+group and where); 2 for bad flags or a part that could not start.
 """
 
 from __future__ import annotations
@@ -33,12 +35,20 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo",
         help="run the whole pipeline (producer, broker, consumers, sweeper, report) and check the ledger",
-        description="Produce N money transfers through the stub-first producer into broker_sim, consume "
-        "them with K guarded consumer processes, run the sweeper, optionally inject seeded faults, then "
-        "check that the ledger balances and every order was applied exactly once. See docs/demo.md.",
+        description="Produce N money transfers through the stub-first producer into broker_sim, staged for "
+        "G consumer groups (a ledger group and audit groups); consume them with K guarded consumer processes "
+        "(each consuming in every group), run the sweeper, optionally inject seeded faults, then check that "
+        "the ledger balances and every group applied every order exactly once. See docs/demo.md.",
     )
     p.add_argument("--messages", type=_positive, default=2000, metavar="N", help="orders to produce (2000)")
     p.add_argument("--consumers", type=_positive, default=3, metavar="K", help="consumer processes (3)")
+    p.add_argument(
+        "--groups",
+        type=_positive,
+        default=2,
+        metavar="G",
+        help="consumer groups on the topic: the ledger group, then audit groups (2)",
+    )
     p.add_argument("--db", metavar="URL", help="SQLAlchemy URL (default: sqlite file in the work directory)")
     p.add_argument(
         "--redis",
@@ -48,7 +58,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--chaos", action="store_true", help="inject the seeded fault schedule")
     p.add_argument("--seed", type=int, default=1, help="seed of the orders and of the chaos schedule (1)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--json", action="store_true", help="print the summary (per group) as JSON on stdout")
     p.add_argument(
         "--workdir", type=Path, default=Path("var"), metavar="DIR", help="broker store, logs, report"
     )
@@ -98,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     options = DemoOptions(
         messages=args.messages,
         consumers=args.consumers,
+        groups=args.groups,
         db=args.db,
         redis=args.redis,
         chaos=args.chaos,

@@ -1,4 +1,4 @@
-"""``reliable export --to DIR --db URL``: the three tables as Parquet (how SQLite feeds the Spark job)."""
+"""``reliable export --to DIR --db URL``: the report's four tables as Parquet (how SQLite feeds Spark)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from reliable.facade import make_engine
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "export",
-        help="write message_stub, message_log and consume_progress as Parquet files",
-        description="Stream the three tables into DIR/<table>.parquet (chunked: memory stays flat).",
+        help="write message_stub, message_inbox, message_log and consume_progress as Parquet files",
+        description="Stream the four tables into DIR/<table>.parquet (chunked: memory stays flat).",
     )
     p.add_argument("--to", required=True, metavar="DIR", type=Path, help="output directory")
     add_db_options(p)

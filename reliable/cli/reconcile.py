@@ -30,7 +30,9 @@ EXIT_OK = 0
 EXIT_THRESHOLD = 2
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-THRESHOLD_OPTIONS = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans", "gaps", "lag")
+THRESHOLD_OPTIONS = (
+    "lost", "stuck", "dead", "unsent", "duplicates", "orphans", "gaps", "lag", "never_consumed",
+)  # fmt: skip
 
 
 def duration(text: str) -> float:
@@ -80,24 +82,25 @@ def add_arguments(p: argparse.ArgumentParser, default_master: str | None) -> Non
         type=duration,
         default=DEFAULT_GRACE_S,
         metavar="DURATION",
-        help="a pending stub below the watermark is lost after this long (default 5m)",
+        help="a group's pending inbox row below its watermark is lost after this long (default 5m)",
     )
     p.add_argument(
         "--stuck-after",
         type=duration,
         default=C.DEFAULT_STUCK_AFTER_S,
         metavar="DURATION",
-        help="a delivered, unconfirmed stub is stuck after this long (default 15m)",
+        help="a delivered, unconfirmed inbox row is stuck after this long (default 15m)",
     )
     p.add_argument(
         "--attention-limit",
         type=count,
         default=DEFAULT_ATTENTION_LIMIT,
         metavar="N",
-        help="message ids per list in summary.json and report.html (default 100)",
+        help="(group, message id) pairs per list in summary.json and report.html (default 100)",
     )
     for name in THRESHOLD_OPTIONS:
-        p.add_argument(f"--max-{name}", type=count, metavar="N", help=f"exit 2 when {name} exceeds N")
+        what = name.replace("_", "-")
+        p.add_argument(f"--max-{what}", type=count, metavar="N", help=f"exit 2 when {what} exceeds N")
     p.add_argument(
         "--master",
         default=default_master,
@@ -112,9 +115,9 @@ def add_arguments(p: argparse.ArgumentParser, default_master: str | None) -> Non
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "reconcile",
-        help="report lost, stuck, dead and duplicated messages (PySpark)",
-        description="Reconcile stubs, deliveries and consumer offsets; write summary.json, Parquet detail "
-        "tables and report.html. Exit 2 when a --max-* threshold is crossed.",
+        help="report lost, stuck, dead and duplicated messages per consumer group (PySpark)",
+        description="Reconcile stubs, each group's inbox rows, deliveries and consumer offsets; write "
+        "summary.json, Parquet detail tables and report.html. Exit 2 when a --max-* threshold is crossed.",
     )
     add_arguments(p, default_master="local[*]")
     p.set_defaults(func=run)

@@ -1,16 +1,22 @@
-"""``reliable stubs list|show|revive``: look at message stubs and put DEAD ones back to PENDING."""
+"""``reliable stubs list|show|revive``: look at messages per consumer group and put DEAD rows back to PENDING.
+
+A message has one stub (the producer's record) and one inbox row per consumer group that must process it;
+``list`` shows one line per (message, group), ``show`` the stub, every group's row, their deliveries and the
+notices owed, ``revive`` puts DEAD rows (all groups', or ``--group``'s) back to PENDING. The database is
+checked first: missing or un-migrated → one line with the hint to run ``reliable db upgrade``.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
 
-from reliable.cli.common import add_db_options, require_db
+from reliable.cli.common import add_db_options, ready_engine, require_db
 from reliable.errors import StubNotFoundError
-from reliable.facade import make_engine
-from reliable.models import MessageLog, MessageStub, StubNotification, utcnow
+from reliable.models import MessageInbox, MessageLog, MessageStub, StubNotification, utcnow
 from reliable.sweeper.retention import revive
 from reliable.types import StubStatus
 
@@ -18,21 +24,25 @@ from reliable.types import StubStatus
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser("stubs", help="list, show and revive message stubs")
     ssub = p.add_subparsers(dest="stubs_command", metavar="ACTION", required=True)
-    ls = ssub.add_parser("list", help="list stubs (newest first)")
+    ls = ssub.add_parser("list", help="one line per (message, consumer group), newest first")
     ls.add_argument(
-        "--status", type=str.upper, choices=[s.value for s in StubStatus], help="only this status"
+        "--status",
+        type=str.upper,
+        choices=[s.value for s in StubStatus],
+        help="only rows of this status (the group's)",
     )
     ls.add_argument("--topic")
     ls.add_argument("--group")
     ls.add_argument("--limit", type=int, default=50)
     add_db_options(ls)
     ls.set_defaults(func=_list)
-    show = ssub.add_parser("show", help="every column of one stub, its deliveries and owed notices")
+    show = ssub.add_parser("show", help="the stub, every group's row, deliveries and owed notices")
     show.add_argument("message_id")
     add_db_options(show)
     show.set_defaults(func=_show)
-    rv = ssub.add_parser("revive", help="put DEAD stubs back to PENDING (new send budget, due now)")
+    rv = ssub.add_parser("revive", help="put DEAD rows back to PENDING (new send budget, due now)")
     rv.add_argument("message_ids", nargs="+", metavar="ID")
+    rv.add_argument("--group", help="only this group's row (default: every DEAD row of the message)")
     add_db_options(rv)
     rv.set_defaults(func=_revive)
 
@@ -44,76 +54,101 @@ def _clip(text: str | None, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _engine(args: argparse.Namespace) -> Engine:
+    return ready_engine(require_db(args))
+
+
 def _list(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise ValueError("--limit must be > 0")
-    engine = make_engine(require_db(args))
-    stmt = select(MessageStub).order_by(MessageStub.created_at.desc()).limit(args.limit)
+    stmt = (
+        select(MessageInbox, MessageStub.topic, MessageStub.queue_id, MessageStub.queue_offset)
+        .join(MessageStub, MessageStub.message_id == MessageInbox.message_id)
+        .order_by(MessageInbox.created_at.desc(), MessageInbox.consumer_group)
+        .limit(args.limit)
+    )
     if args.status:
-        stmt = stmt.where(MessageStub.status == StubStatus(args.status))
+        stmt = stmt.where(MessageInbox.status == StubStatus(args.status))
     if args.topic:
         stmt = stmt.where(MessageStub.topic == args.topic)
     if args.group:
-        stmt = stmt.where(MessageStub.consumer_group == args.group)
+        stmt = stmt.where(MessageInbox.consumer_group == args.group)
+    engine = _engine(args)
     try:
-        from sqlalchemy.orm import Session
-
         with Session(engine) as s:
-            rows = s.scalars(stmt).all()
+            rows = s.execute(stmt).all()
             print(
-                f"{'MESSAGE_ID':<32} {'STATUS':<9} {'SENDS':>5} {'TOPIC':<16} {'GROUP':<16} {'Q':>3} "
+                f"{'MESSAGE_ID':<32} {'GROUP':<16} {'STATUS':<9} {'SENDS':>5} {'TOPIC':<16} {'Q':>3} "
                 f"{'OFFSET':>8} {'RESEND_AT':<25} LAST_ERROR"
             )
-            for r in rows:
-                resend = r.resend_at.isoformat(timespec="seconds") if r.resend_at else "-"
+            for row, topic, stub_q, stub_off in rows:
+                targeted = row.queue_offset is not None
+                q, off = (row.queue_id, row.queue_offset) if targeted else (stub_q, stub_off)
+                resend = row.resend_at.isoformat(timespec="seconds") if row.resend_at else "-"
                 print(
-                    f"{r.message_id:<32} {r.status.value:<9} {r.send_count:>5} {_clip(r.topic, 16):<16} "
-                    f"{_clip(r.consumer_group, 16):<16} {'' if r.queue_id is None else r.queue_id:>3} "
-                    f"{'' if r.queue_offset is None else r.queue_offset:>8} {resend:<25} "
-                    f"{_clip(r.last_error, 60)}"
+                    f"{row.message_id:<32} {_clip(row.consumer_group, 16):<16} {row.status.value:<9} "
+                    f"{1 + row.resend_count:>5} {_clip(topic, 16):<16} {'' if q is None else q:>3} "
+                    f"{'' if off is None else off:>8} {resend:<25} {_clip(row.last_error, 60)}"
                 )
-            print(f"({len(rows)} stub(s))")
+            print(f"({len(rows)} row(s))")
     finally:
         engine.dispose()
     return 0
 
 
-def _show(args: argparse.Namespace) -> int:
-    engine = make_engine(require_db(args))
-    try:
-        from sqlalchemy.orm import Session
+def _value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return f"{len(value)} bytes"
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat())
+    return str(value)
 
+
+def _show(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    try:
         with Session(engine) as s:
-            row = s.get(MessageStub, args.message_id)
-            if row is None:
+            stub = s.get(MessageStub, args.message_id)
+            if stub is None:
                 raise StubNotFoundError(f"no such stub: {args.message_id}")
             for col in MessageStub.__table__.columns:
-                value = getattr(row, col.key)
-                if col.key == "content":
-                    value = f"{len(value)} bytes"
-                elif hasattr(value, "isoformat"):
-                    value = value.isoformat()
-                print(f"{col.key:<15} {'' if value is None else value}")
-            deliveries = s.execute(
-                select(func.count(), func.max(MessageLog.received_at)).where(
-                    MessageLog.message_id == row.message_id, MessageLog.consumer_group == row.consumer_group
-                )
-            ).one()
-            last = deliveries[1].isoformat() if deliveries[1] else "-"
-            print(f"{'deliveries':<15} {deliveries[0]} (newest {last})")
-            for n in s.scalars(select(StubNotification).where(StubNotification.message_id == row.message_id)):
+                print(f"{col.key:<15} {_value(getattr(stub, col.key))}")
+            groups = s.scalars(
+                select(MessageInbox)
+                .where(MessageInbox.message_id == stub.message_id)
+                .order_by(MessageInbox.consumer_group)
+            ).all()
+            for row in groups:
+                deliveries = s.execute(
+                    select(func.count(), func.max(MessageLog.received_at)).where(
+                        MessageLog.message_id == row.message_id,
+                        MessageLog.consumer_group == row.consumer_group,
+                    )
+                ).one()
+                last = deliveries[1].isoformat() if deliveries[1] else "-"
+                print(f"\ngroup {row.consumer_group}")
+                for col in MessageInbox.__table__.columns:
+                    if col.key not in ("consumer_group", "message_id", "payload_hash"):
+                        print(f"  {col.key:<17} {_value(getattr(row, col.key))}")
+                print(f"  {'deliveries':<17} {deliveries[0]} (newest {last})")
+            notices = s.scalars(
+                select(StubNotification).where(StubNotification.message_id == stub.message_id)
+            ).all()
+            for n in notices:
                 state = f"sent {n.notified_at.isoformat()}" if n.notified_at else f"OWED ({n.attempts} tries)"
-                print(f"{'notify ' + n.channel:<15} {state} {_clip(n.last_error, 80)}")
+                print(f"notify {n.consumer_group}/{n.channel}: {state} {_clip(n.last_error or n.reason, 80)}")
     finally:
         engine.dispose()
     return 0
 
 
 def _revive(args: argparse.Namespace) -> int:
-    engine = make_engine(require_db(args))
+    engine = _engine(args)
     try:
-        count = revive(engine, args.message_ids, now=utcnow())
+        count = revive(engine, args.message_ids, now=utcnow(), group=args.group)
     finally:
         engine.dispose()
-    print(f"revived {count} stub(s): PENDING, send budget reset, due at the next sweep round")
+    print(f"revived {count} row(s): PENDING, send budget reset, due at the next sweep round")
     return 0

@@ -2,9 +2,11 @@
 
 The sender: broker adapters live outside this package, so the command imports one by name —
 ``--sender MODULE:FACTORY`` (or ``RELIABLE_SWEEP_SENDER``) names a callable ``factory(rel) -> Sender``. If
-the object it returns also has ``max_offset(topic, queue_id)`` (the
-:class:`~reliable.sweeper.backoff.BacklogSource` protocol) it feeds the backlog estimate, and if it has
-``close()`` that is called on exit.
+the object it returns also has ``max_offset(topic, queue_id)`` (the :class:`~reliable.sender.BrokerProbe`
+protocol) it proves losses and feeds the backlog estimate, and if it has ``close()`` that is called on exit.
+
+The database is checked first: missing, unreachable or not at the head revision → one line with the hint to
+run ``reliable db upgrade`` (exit 2), never a traceback.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable import constants as C
-from reliable.cli.common import add_db_options, require_db
+from reliable.cli.common import add_db_options, ready_engine, require_db
 from reliable.facade import Reliability
 from reliable.sender import Sender
 from reliable.sweeper import EmailChannel, SmtpConfig, Sweeper, WebhookChannel, metrics
-from reliable.sweeper.backoff import BacklogSource, parse_backoff, parse_duration
+from reliable.sweeper.backoff import parse_backoff, parse_duration
 from reliable.sweeper.errors import SenderLoadError, SweeperConfigError
 from reliable.sweeper.notify import Channel
 from reliable.sweeper.scheduler import make_trigger, run_scheduled
@@ -59,6 +61,12 @@ def register(sub: Any) -> None:
         help="fixed:1s,5s,… or exp:base=30s,factor=2,cap=1h,jitter=0.2,seed=1 (default: RocketMQ levels)",
     )
     p.add_argument("--backlog-cap", metavar="DURATION", default="1d", help="bound of the backlog estimate")
+    p.add_argument(
+        "--max-unconfirmed-age",
+        metavar="DURATION",
+        default="1d",
+        help="without a broker probe answer (RabbitMQ), re-send a never-received copy this old",
+    )
     p.add_argument(
         "--claim-ttl",
         metavar="DURATION",
@@ -132,7 +140,7 @@ def build_sweeper(args: argparse.Namespace, rel: Reliability, sender: Sender) ->
         rel,
         sender,
         backoff=parse_backoff(args.backoff) if args.backoff else None,
-        backlog_source=sender if isinstance(sender, BacklogSource) else None,
+        max_unconfirmed_age_s=parse_duration(args.max_unconfirmed_age),
         backlog_cap_s=parse_duration(args.backlog_cap),
         channels=channels,
         batch=args.batch,
@@ -150,6 +158,7 @@ def _sweep(args: argparse.Namespace) -> int:
     swlog = logging.getLogger("reliable.sweeper")
     if swlog.getEffectiveLevel() > logging.INFO:
         swlog.setLevel(logging.INFO)  # the one summary line per round is the point of a scheduled sweeper
+    ready_engine(db).dispose()
     rel = Reliability(db, redis_url=args.redis or "")
     sender: Sender | None = None
     try:

@@ -171,6 +171,16 @@ class ChaosController:
     def pending(self) -> int:
         return len(self.schedule)
 
+    def send_side_due(self, produced: float) -> bool:
+        """True while a send-side fault whose trigger point ``produced`` has passed has not fired yet.
+
+        The producer waits on this between batches: a short run produces faster than the chaos thread polls,
+        and a lost-ACK fault armed after the last send would bite nothing.
+        """
+        return not self._stop.is_set() and any(
+            f.kind in SEND_SIDE and f.at <= produced for f in list(self.schedule)
+        )
+
     def _run(self) -> None:
         while self.schedule and not self._stop.is_set():
             fault = self.schedule[0]

@@ -19,9 +19,10 @@ The two tables are the demo's own (``demo_account``, ``demo_ledger``), created i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import (
@@ -152,6 +153,37 @@ def make_business_handler(worker: str) -> Callable[[Envelope, Session], None]:
 
 
 @dataclass(frozen=True, slots=True)
+class ExactlyOnce:
+    """How often each produced order was applied by one group: the part of every group's check that is the
+    same (the ledger adds the money invariant)."""
+
+    applied: int
+    lost: int
+    double_applied: int
+    lost_ids: tuple[str, ...]
+    double_applied_ids: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.double_applied == 0
+
+
+def exactly_once(counts: Mapping[str, int], order_ids: Iterable[str], show: int = 50) -> ExactlyOnce:
+    """``counts``: rows per order id of one group; ``order_ids``: the orders that were produced. Missing =
+    lost, more than one row = applied twice (the first ``show`` ids of each are kept)."""
+    wanted = list(order_ids)
+    lost_ids = tuple(oid for oid in wanted if counts.get(oid, 0) == 0)
+    double_ids = tuple(sorted(oid for oid, n in counts.items() if n > 1))
+    return ExactlyOnce(
+        applied=sum(1 for oid in wanted if counts.get(oid, 0) > 0),
+        lost=len(lost_ids),
+        double_applied=len(double_ids),
+        lost_ids=lost_ids[:show],
+        double_applied_ids=double_ids[:show],
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class LedgerCheck:
     """The outcome of the invariant check."""
 
@@ -196,16 +228,9 @@ def check(engine: Engine, order_ids: Iterable[str], n_accounts: int) -> LedgerCh
         for src, dst, amount in conn.execute(select(ledger.c.src, ledger.c.dst, ledger.c.amount)):
             expected[int(src)] -= int(amount)
             expected[int(dst)] += int(amount)
-    wanted = list(order_ids)
-    lost_ids = tuple(oid for oid in wanted if counts.get(oid, 0) == 0)
-    double_ids = tuple(sorted(oid for oid, n in counts.items() if n > 1))
     return LedgerCheck(
         total_expected=n_accounts * OPENING_BALANCE,
         total_actual=total,
         accounts_consistent=balances == expected,
-        applied=sum(1 for oid in wanted if counts.get(oid, 0) > 0),
-        lost=len(lost_ids),
-        double_applied=len(double_ids),
-        lost_ids=lost_ids[:50],
-        double_applied_ids=double_ids[:50],
+        **dataclasses.asdict(exactly_once(counts, order_ids)),
     )

@@ -68,14 +68,18 @@ def producer(transport: Any, group: str) -> Any:
 DEMO_BACKOFF = "fixed:2s,3s,4s,5s,5s,5s,5s,5s,5s,5s"
 
 
-def sweeper(rel: Reliability, sender: Sender, backlog_source: Any | None = None) -> Any:
-    """The resend sweeper of the demo (``run_once()`` is one round), with demo-scale timings."""
+def sweeper(rel: Reliability, sender: Sender, probe: Any | None = None) -> Any:
+    """The resend sweeper of the demo (``run_once()`` is one round), with demo-scale timings.
+
+    ``probe`` is the broker's view of its queues (default: the sender, when it is one): it proves a loss
+    on a quiet queue and sizes the backlog estimate.
+    """
     mod = _import("reliable.sweeper", "the resend sweeper")
     return mod.Sweeper(
         rel,
         sender,
         backoff=mod.parse_backoff(DEMO_BACKOFF),
-        backlog_source=backlog_source,
+        probe=probe,
         claim_ttl_s=10.0,
     )
 

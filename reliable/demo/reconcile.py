@@ -6,8 +6,9 @@ demo exercises the shipped entry points and a JVM start-up problem cannot take t
 * SQLite: ``reliable export --to WORKDIR/export`` then ``reliable reconcile --parquet WORKDIR/export``;
 * PostgreSQL / MariaDB: ``reliable reconcile --db URL`` (JDBC).
 
-The grace period is 0: the demo only reconciles after every stub settled, so a pending stub below the
-watermark at that point is lost, not late. ``--max-lost 0`` makes the report itself flag a loss.
+The grace period is 0: the demo only reconciles after every group's inbox row settled, so a pending row
+below the watermark at that point is lost, not late. ``--max-lost 0`` and ``--max-never-consumed 0`` make the
+report itself flag a loss or a group that never consumed a queue.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Any
 log = logging.getLogger("reliable.demo")
 
 #: the report's numbers the demo summary repeats (the whole file stays next to report.html)
-SUMMARY_KEYS = ("totals", "duplicates_by_cause", "latency_ms", "ok", "breaches", "elapsed_s")
+SUMMARY_KEYS = (
+    "totals", "groups", "never_consumed", "duplicates_by_cause", "latency_ms", "ok", "breaches", "elapsed_s",
+)  # fmt: skip
 
 
 def _reliable(*args: str) -> list[str]:
@@ -40,7 +43,7 @@ def run_reconciliation(
     out = workdir / "report"
     log_path = log_dir / "reconcile.log"
     commands: list[list[str]] = []
-    common = ["--out", str(out), "--grace", "0s", "--max-lost", "0"]
+    common = ["--out", str(out), "--grace", "0s", "--max-lost", "0", "--max-never-consumed", "0"]
     if db_url.startswith("sqlite"):
         export = workdir / "export"
         commands.append(_reliable("export", "--to", str(export), "--db", db_url, "-q"))

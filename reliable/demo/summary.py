@@ -2,11 +2,15 @@
 
 The JSON keys are a stable schema (tests and docs/demo.md rely on them)::
 
-    produced, confirmed, deliveries, duplicates_delivered, duplicates_suppressed, resent, dead,
-    ledger_ok, lost, double_applied, faults{kind: count}, fault_log[...], duplicate_causes{cause: count},
-    report, reconciliation{...}|null, wall_time_s, ok, plus run details (mode, db, redis, seed, ...)
+    produced, groups{name: GroupResult}, confirmed, deliveries, duplicates_delivered, duplicates_suppressed,
+    resent, dead, ledger_ok, lost, double_applied, faults{kind: count}, fault_log[...],
+    duplicate_causes{cause: count}, report, reconciliation{...}|null, wall_time_s, ok, plus run details
+    (mode, db, redis, seed, ...)
 
-``ok`` is what decides the exit code: the ledger balances and nothing is lost or applied twice.
+Every order is consumed by every group, so the counters are per group (``groups``); the top-level
+``confirmed``, ``dead``, ``deliveries``, ``duplicates_*``, ``lost``, ``double_applied`` and
+``duplicate_causes`` are sums over the groups (``confirmed`` counts (group, order) pairs). ``ok`` is what
+decides the exit code: the ledger balances and *every* group applied every order exactly once.
 """
 
 from __future__ import annotations
@@ -23,10 +27,35 @@ from reliable.demo.chaos import FaultRecord
 
 
 @dataclass
+class GroupResult:
+    """One consumer group's share of the run: its inbox rows, deliveries and its own exactly-once check."""
+
+    confirmed: int = 0
+    dead: int = 0
+    pending: int = 0
+    deliveries: int = 0
+    duplicates_delivered: int = 0
+    duplicates_suppressed: int = 0
+    duplicate_causes: dict[str, int] = field(default_factory=dict)
+    applied: int = 0
+    lost: int = 0
+    double_applied: int = 0
+    lost_ids: list[str] = field(default_factory=list)
+    double_applied_ids: list[str] = field(default_factory=list)
+    #: the group's own invariant held (ledger: money conserved and balances = ledger; audit: the counts)
+    check_ok: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.check_ok and self.lost == 0 and self.double_applied == 0
+
+
+@dataclass
 class DemoSummary:
     """Everything the demo reports about one run."""
 
     produced: int = 0
+    groups: dict[str, GroupResult] = field(default_factory=dict)
     confirmed: int = 0
     deliveries: int = 0
     duplicates_delivered: int = 0
@@ -67,9 +96,27 @@ class DemoSummary:
 
     @property
     def ok(self) -> bool:
-        """Every order was produced and settled, the ledger balances, nothing lost or applied twice."""
-        complete = self.produced == self.messages and self.settled
-        return complete and self.ledger_ok and self.lost == 0 and self.double_applied == 0
+        """Every order was produced and settled, the ledger balances, and every group applied every order
+        exactly once (lost = 0 and double_applied = 0 per group)."""
+        complete = self.produced == self.messages and self.settled and bool(self.groups)
+        every_group = all(g.ok for g in self.groups.values())
+        return complete and self.ledger_ok and every_group and self.lost == 0 and self.double_applied == 0
+
+    def set_groups(self, groups: dict[str, GroupResult]) -> None:
+        """Per-group results, and the top-level sums over them."""
+        self.groups = dict(groups)
+        results = list(groups.values())
+        for name in ("confirmed", "dead", "pending", "deliveries", "duplicates_delivered"):
+            setattr(self, name, sum(int(getattr(g, name)) for g in results))
+        self.duplicates_suppressed = sum(g.duplicates_suppressed for g in results)
+        self.lost = sum(g.lost for g in results)
+        self.double_applied = sum(g.double_applied for g in results)
+        causes: Counter[str] = Counter()
+        for g in results:
+            causes.update(g.duplicate_causes)
+        self.duplicate_causes = dict(causes)
+        self.lost_ids = [f"{n}:{i}" for n, g in groups.items() for i in g.lost_ids][:50]
+        self.double_applied_ids = [f"{n}:{i}" for n, g in groups.items() for i in g.double_applied_ids][:50]
 
     def set_faults(self, records: list[FaultRecord]) -> None:
         injected = Counter(r.kind.value for r in records if r.injected)
@@ -90,6 +137,8 @@ class DemoSummary:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["ok"] = self.ok
+        for name, g in self.groups.items():
+            data["groups"][name]["ok"] = g.ok
         return data
 
     def to_json(self) -> str:
@@ -99,25 +148,30 @@ class DemoSummary:
         """The human summary: the headline, the counters, and what went wrong if anything did."""
         verdict = "[bold green]OK[/]" if self.ok else "[bold red]FAILED[/]"
         console.print(
-            f"\n{verdict}  {self.produced} orders, {self.consumers} consumers, "
+            f"\n{verdict}  {self.produced} orders × {len(self.groups)} groups, {self.consumers} consumers, "
             f"{'chaos seed ' + str(self.seed) if self.chaos else 'no chaos'}, {self.wall_time_s:.1f} s "
             f"({self.mode})"
         )
         t = Table(show_header=False, box=None, padding=(0, 2))
         rows: list[tuple[str, object]] = [
             ("produced", self.produced),
-            ("confirmed", self.confirmed),
-            ("dead", self.dead),
-            ("deliveries", self.deliveries),
-            ("duplicates delivered", self.duplicates_delivered),
-            ("duplicates suppressed", self.duplicates_suppressed),
             ("resent by the sweeper", self.resent),
-            ("lost", self.lost),
-            ("applied twice", self.double_applied),
             ("ledger balances", self.ledger_ok),
         ]
-        for cause, n in self.duplicate_causes.items():
-            rows.append((f"  duplicates: {cause}", n))
+        for name, g in self.groups.items():
+            rows.append((f"[bold]{name}[/]", "[green]ok[/]" if g.ok else "[red]FAILED[/]"))
+            rows += [
+                ("  confirmed / dead", f"{g.confirmed} / {g.dead}"),
+                ("  deliveries", g.deliveries),
+                (
+                    "  duplicates delivered / suppressed",
+                    f"{g.duplicates_delivered} / {g.duplicates_suppressed}",
+                ),
+                ("  lost / applied twice", f"{g.lost} / {g.double_applied}"),
+            ]
+            causes = ", ".join(f"{c} {n}" for c, n in g.duplicate_causes.items() if n)
+            if causes:
+                rows.append(("  duplicate causes", causes))
         for kind, n in self.faults.items():
             rows.append((f"  fault: {kind}", n))
         for kind, n in self.faults_skipped.items():
@@ -127,6 +181,22 @@ class DemoSummary:
         console.print(t)
         if self.report:
             console.print(f"reconciliation report: [bold]{self.report}[/]")
+        rec = (self.reconciliation or {}).get("totals")
+        if rec:
+            console.print(
+                "reconciliation: "
+                + ", ".join(
+                    f"{k.replace('_', ' ')} {rec.get(k, 0)}"
+                    for k in (
+                        "inbox_rows",
+                        "lost",
+                        "stuck",
+                        "dead",
+                        "never_consumed_queues",
+                        "duplicate_deliveries",
+                    )
+                )
+            )
         for note in self.notes:
             console.print(f"note: {note}")
         if self.lost_ids:

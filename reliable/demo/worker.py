@@ -1,9 +1,10 @@
-"""A demo consumer: a broker_sim ``PushConsumer`` whose listener calls the ``@idempotent_consumer`` handler.
+"""A demo consumer process: per consumer group, a broker_sim ``PushConsumer`` whose listener calls that
+group's ``@idempotent_consumer`` handler (the ledger group moves money, an audit group writes its audit row).
 
 Run as a process by the demo (``python -m reliable.demo.worker '<json config>'``) so that the chaos faults
 are real: SIGKILL leaves a Redis lease, an uncommitted offset and an open transaction behind, exactly as a
-crashed production consumer would. The same :class:`Worker` class runs on a thread in the in-process
-fallback mode.
+crashed production consumer would — for every group at once, as when a service that consumes a topic in
+several groups dies. The same :class:`Worker` class runs on a thread in the in-process fallback mode.
 
 Signals (installed only when run as a process):
 
@@ -19,11 +20,12 @@ import logging
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from reliable.adapters.broker_sim import GuardedListener, send_back_to_dlq
-from reliable.demo import ledger, parts
+from reliable.demo import groups, parts
 from reliable.demo.services import SIG_DROP_DB, SIG_LOSE_COMMITS, WorkerConfig, on_orphaned
 from reliable.demo.transport import ChaosTransport
 from reliable.facade import Reliability
@@ -34,46 +36,65 @@ log = logging.getLogger("reliable.demo.worker")
 LOST_COMMIT_WINDOW_S = 4.0
 
 
+@dataclass
+class GroupConsumer:
+    """One group's share of a worker: its guarded listener and its push consumer (with its own transport,
+    which the consumer closes on shutdown)."""
+
+    group: str
+    transport: ChaosTransport
+    listener: GuardedListener
+    consumer: Any
+
+
 class Worker:
-    """One consumer of the demo group: guard + ledger handler + broker_sim push consumer."""
+    """One consumer of every demo group: per group a guard + its handler + a broker_sim push consumer."""
 
     def __init__(self, config: WorkerConfig, broker: Any | None = None) -> None:
         self.config = config
         self.rel = Reliability(config.db_url, config.redis_url, **config.settings)
-        handler = parts.guard(self.rel, config.group, ledger.make_business_handler(config.name))
-        self.transport = ChaosTransport.wrap(broker if broker is not None else config.address)
-        self.listener = GuardedListener(
-            handler, send_back_to_dlq(self.transport.as_transport(), config.group)
-        )
-        self.consumer = parts.push_consumer(
-            self.transport.as_transport(), config.group, dict(config.consumer_options)
-        )
-        self.consumer.subscribe(config.topic, "*", self.listener)
+        target = broker if broker is not None else config.address
+        self.members = [self._member(group, target) for group in config.groups]
+
+    def _member(self, group: str, target: Any) -> GroupConsumer:
+        handler = parts.guard(self.rel, group, groups.business_handler(group, self.config.name))
+        transport = ChaosTransport.wrap(target)
+        # the group names the delivered topic of %RETRY% deliveries (retries and targeted resends)
+        listener = GuardedListener(handler, send_back_to_dlq(transport.as_transport(), group), group=group)
+        consumer = parts.push_consumer(transport.as_transport(), group, dict(self.config.consumer_options))
+        consumer.subscribe(self.config.topic, "*", listener)
+        return GroupConsumer(group, transport, listener, consumer)
 
     def start(self) -> None:
-        self.consumer.start()
-        log.info("worker %s consuming %s as %s", self.config.name, self.config.topic, self.config.group)
+        for m in self.members:
+            m.consumer.start()
+        log.info(
+            "worker %s consuming %s as %s", self.config.name, self.config.topic, ", ".join(self.config.groups)
+        )
 
     def stop(self) -> None:
-        """Clean stop: offsets persisted, client unregistered, connections closed."""
+        """Clean stop: offsets persisted, clients unregistered, connections closed."""
         try:
-            self.consumer.shutdown()
+            for m in self.members:
+                m.consumer.shutdown()
         finally:
             self.rel.close()
 
     def kill(self) -> None:
-        """Thread-mode SIGKILL: the consumer stops without persisting offsets (leases stay in Redis)."""
-        kill = getattr(self.consumer, "kill", None)
-        if kill is None:
-            self.consumer.shutdown()
-        else:
-            kill()
+        """Thread-mode SIGKILL: the consumers stop without persisting offsets (leases stay in Redis)."""
+        for m in self.members:
+            kill = getattr(m.consumer, "kill", None)
+            if kill is None:
+                m.consumer.shutdown()
+            else:
+                kill()
 
     def drop_db_connections(self) -> None:
         self.rel.engine.dispose()
 
     def lose_offset_commits(self, seconds: float = LOST_COMMIT_WINDOW_S) -> None:
-        self.transport.lose_offset_commits(seconds)
+        for m in self.members:
+            m.transport.lose_offset_commits(seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,15 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(1.0):
         pass
     worker.stop()
-    stats = worker.listener.stats
-    log.warning(
-        "worker %s stopped: delivered=%d success=%d later=%d dead=%d",
-        config.name,
-        stats.delivered,
-        stats.success,
-        stats.reconsume_later,
-        stats.dead_lettered,
-    )
+    for m in worker.members:
+        stats = m.listener.stats
+        log.warning(
+            "worker %s (%s) stopped: delivered=%d success=%d later=%d dead=%d",
+            config.name,
+            m.group,
+            stats.delivered,
+            stats.success,
+            stats.reconsume_later,
+            stats.dead_lettered,
+        )
     return 0
 
 

@@ -1,10 +1,12 @@
-"""The reconciliation report: stubs vs deliveries vs consumer offsets (DESIGN.md §4).
+"""The reconciliation report, per consumer group: stubs and inboxes vs deliveries vs offsets (DESIGN.md §4).
 
 Layout, so each part can be used and tested alone:
 
 * :mod:`.config` — the anomaly parameters and thresholds (plain dataclasses, no Spark);
-* :mod:`.transforms` — pure DataFrame → DataFrame functions (no I/O), the definitions of *lost*, *stuck*,
-  *duplicate* and the rest;
+* :mod:`.inputs` — the contract tables projected, typed and windowed;
+* :mod:`.transforms` — pure DataFrame → DataFrame functions (no I/O), the (group, message) pairs and the
+  definitions of *lost*, *stuck*, *duplicate*, *never consumed* and the rest;
+* :mod:`.aggregates` — the small per-queue, per-group and overall results the driver collects;
 * :mod:`.summary` — the stable ``summary.json`` dictionary built from the small aggregated results;
 * :mod:`.report_html` — the self-contained ``report.html`` rendered from that dictionary (no Spark);
 * :mod:`.io` — the SparkSession, JDBC / Parquet readers and the writers;

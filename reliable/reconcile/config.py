@@ -11,7 +11,8 @@ from reliable import constants as C
 from reliable.reconcile.errors import InputError, OptionError
 
 #: bump when a key of summary.json is removed or changes meaning (adding keys keeps the version).
-SCHEMA_VERSION = 1
+#: 2: figures per consumer group (inbox rows, not stubs), never-consumed queues, targeted resends.
+SCHEMA_VERSION = 2
 
 #: how long a PENDING stub may wait for its first delivery before "below the watermark, never logged"
 #: means lost
@@ -23,8 +24,11 @@ DEFAULT_ATTENTION_LIMIT = 100
 CLOCK_SKEW_S = 5 * 60
 
 
-#: the three contract tables, which is also the file layout of a Parquet input directory
-TABLES = ("message_stub", "message_log", "consume_progress")
+#: the contract tables the report reads, which is also the file layout of a Parquet input directory
+TABLES = ("message_stub", "message_inbox", "message_log", "consume_progress")
+#: RocketMQ (and broker_sim) deliver a group's retries, and the sweeper's resends targeted at one group,
+#: from this topic + the group's name (DESIGN.md §3); another broker's retry topic is never matched.
+RETRY_TOPIC_PREFIX = "%RETRY%"
 
 
 def parquet_inputs(directory: Path) -> dict[str, Path]:
@@ -39,12 +43,14 @@ def parquet_inputs(directory: Path) -> dict[str, Path]:
 class DuplicateCause(enum.StrEnum):
     """Why a message was delivered more than once, judged per extra delivery."""
 
-    #: the same (queue, offset) came again with reconsume_times 0: a rebalance or a lost offset commit
+    #: the same delivered (topic, queue, offset) came again without a retry: a rebalance or a lost commit
     REDELIVERY = "redelivery"
-    #: the same (queue, offset) came again with reconsume_times > 0: the consumer asked for a retry
+    #: reconsume_times > 0: the broker re-delivered it because the consumer asked for a retry
     RETRY = "retry"
-    #: the same message id arrived at a different (queue, offset): the producer sent it twice
+    #: a new position in the topic: the producer (or a topic-wide resend) stored a second copy
     PRODUCER_DOUBLE_SEND = "producer_double_send"
+    #: a new position in the group's ``%RETRY%{group}`` topic: the sweeper re-sent it to this group alone
+    TARGETED_RESEND = "targeted_resend"
 
 
 class Anomaly(enum.StrEnum):
@@ -57,6 +63,7 @@ class Anomaly(enum.StrEnum):
     DUPLICATES = "duplicates"
     ORPHANS = "orphans"
     GAPS = "gaps"
+    NEVER_CONSUMED = "never_consumed"
 
 
 @dataclass(frozen=True)
@@ -64,9 +71,10 @@ class ReconcileConfig:
     """What the report looks at and how old is "too old".
 
     ``as_of`` is the instant the ages are measured from (default: now); tests pin it so a planted anomaly is
-    one for certain. ``since``/``until`` select *messages* by the stub's ``created_at``; every delivery of a
-    selected message is counted whenever it happened (so a window never cuts a message's deliveries in half),
-    while orphan logs and offset gaps look at the deliveries received inside the window.
+    one for certain. ``since``/``until`` select *messages* by the stub's ``created_at`` (with every group's
+    inbox row of them); every delivery of a selected message is counted whenever it happened (so a window
+    never cuts a message's deliveries in half), while orphan logs and offset gaps look at the deliveries
+    received inside the window.
     """
 
     as_of: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
@@ -107,6 +115,7 @@ class Thresholds:
     max_orphans: int | None = None
     max_gaps: int | None = None
     max_lag: int | None = None
+    max_never_consumed: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,4 +1,4 @@
-"""Export the three contract tables to Parquet with pyarrow (the input of the Spark job for SQLite users).
+"""Export the four tables the report reads to Parquet with pyarrow (the Spark job's input for SQLite users).
 
 Rows stream from the database in chunks (server-side cursor where the driver has one) and each chunk becomes
 one Parquet row group, so memory stays flat whatever the table size. The message bodies (``content``) are
@@ -17,7 +17,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from sqlalchemy import Engine, Table, select
 
-from reliable.models import ConsumeProgress, MessageLog, MessageStub
+from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub
 from reliable.reconcile.errors import InputError
 
 TS = pa.timestamp("us", tz="UTC")
@@ -29,7 +29,6 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("message_id", pa.string()),
             ("topic", pa.string()),
             ("tags", pa.string()),
-            ("consumer_group", pa.string()),
             ("content", pa.binary()),
             ("payload_hash", pa.string()),
             ("status", pa.string()),
@@ -44,12 +43,31 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("last_error", pa.string()),
         ]
     ),
+    "message_inbox": pa.schema(
+        [
+            ("consumer_group", pa.string()),
+            ("message_id", pa.string()),
+            ("status", pa.string()),
+            ("attempts", pa.int32()),
+            ("payload_hash", pa.string()),
+            ("first_received_at", TS),
+            ("confirmed_at", TS),
+            ("resend_count", pa.int32()),
+            ("resend_at", TS),
+            ("queue_id", pa.int32()),
+            ("queue_offset", pa.int64()),
+            ("last_error", pa.string()),
+            ("created_at", TS),
+            ("updated_at", TS),
+        ]
+    ),
     "message_log": pa.schema(
         [
             ("id", pa.int64()),
             ("message_id", pa.string()),
             ("consumer_group", pa.string()),
             ("topic", pa.string()),
+            ("original_topic", pa.string()),
             ("queue_id", pa.int32()),
             ("queue_offset", pa.int64()),
             ("reconsume_times", pa.int32()),
@@ -74,6 +92,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 _TABLES: dict[str, Table] = {
     "message_stub": MessageStub.__table__,  # type: ignore[dict-item]
+    "message_inbox": MessageInbox.__table__,  # type: ignore[dict-item]
     "message_log": MessageLog.__table__,  # type: ignore[dict-item]
     "consume_progress": ConsumeProgress.__table__,  # type: ignore[dict-item]
 }

@@ -2,9 +2,10 @@
 
 JDBC reads are split into ``numPartitions`` range queries on a numeric or time column (``message_log.id``,
 ``message_stub.created_at``) whose bounds come from one ``min``/``max`` query, so a large table streams
-through several connections in parallel instead of one cursor. Parquet inputs are a directory holding
-``message_stub.parquet``, ``message_log.parquet`` and ``consume_progress.parquet`` (each a file or a
-directory of part files), as written by ``reliable export``.
+through several connections in parallel instead of one cursor; ``message_inbox`` is read joined with the
+window's stubs, ranged on the stub's ``created_at``. Parquet inputs are a directory holding
+``message_stub.parquet``, ``message_inbox.parquet``, ``message_log.parquet`` and ``consume_progress.parquet``
+(each a file or a directory of part files), as written by ``reliable export``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from reliable.reconcile import transforms as T
+from reliable.reconcile import inputs as I
 from reliable.reconcile.config import CLOCK_SKEW_S, ReconcileConfig, parquet_inputs
 from reliable.reconcile.errors import InputError
 from reliable.reconcile.jdbc import JdbcTarget, jdbc_target, range_bounds_sql, range_predicates, window_sql
@@ -99,9 +100,10 @@ def build_session(
 
 @dataclass(frozen=True)
 class Inputs:
-    """The three tables as DataFrames (normalized), plus the unwindowed stub ids for the orphan check."""
+    """The tables as DataFrames (normalized), plus the unwindowed stub ids for the orphan check."""
 
     stubs: DataFrame
+    inbox: DataFrame
     logs: DataFrame
     progress: DataFrame
     all_stub_ids: DataFrame
@@ -111,16 +113,18 @@ def read_parquet(spark: SparkSession, directory: str | Path, cfg: ReconcileConfi
     base = Path(directory)
     paths = parquet_inputs(base)
     try:
-        stubs_all = T.normalize_stubs(spark.read.parquet(str(paths["message_stub"])))
-        logs = T.normalize_logs(spark.read.parquet(str(paths["message_log"])))
-        progress = T.normalize_progress(spark.read.parquet(str(paths["consume_progress"])))
+        stubs_all = I.normalize_stubs(spark.read.parquet(str(paths["message_stub"])))
+        inbox = I.normalize_inbox(spark.read.parquet(str(paths["message_inbox"])))
+        logs = I.normalize_logs(spark.read.parquet(str(paths["message_log"])))
+        progress = I.normalize_progress(spark.read.parquet(str(paths["consume_progress"])))
     except Exception as exc:
         if type(exc).__name__ in ("AnalysisException", "AnalysisExceptionWrapper"):
             raise InputError(f"cannot read Parquet input {base}: {_first_line(exc)}") from exc
         raise
     return Inputs(
-        stubs=T.window_stubs(stubs_all, cfg),
-        logs=T.window_logs_for_messages(logs, cfg),
+        stubs=I.window_stubs(stubs_all, cfg),
+        inbox=inbox,
+        logs=I.window_logs_for_messages(logs, cfg),
         progress=progress,
         all_stub_ids=stubs_all.select("message_id"),
     )
@@ -129,22 +133,29 @@ def read_parquet(spark: SparkSession, directory: str | Path, cfg: ReconcileConfi
 def read_jdbc(
     spark: SparkSession, db_url: str, cfg: ReconcileConfig, partitions: int | None = None
 ) -> Inputs:
-    """Read the three tables over JDBC, windowed in the database, in ``partitions`` parallel range queries."""
+    """Read the tables over JDBC, windowed in the database, in ``partitions`` parallel range queries."""
     target = jdbc_target(db_url)
     parts = partitions or max(2, spark.sparkContext.defaultParallelism)
-    stub_cols = ", ".join(T.STUB_COLUMNS)
-    log_cols = ", ".join(T.LOG_COLUMNS)
+    stub_cols = ", ".join(I.STUB_COLUMNS)
+    log_cols = ", ".join(I.LOG_COLUMNS)
     log_since = cfg.since - dt.timedelta(seconds=CLOCK_SKEW_S) if cfg.since is not None else None
     stub_where = window_sql("created_at", cfg.since, cfg.until, target.dialect)
+    inbox_cols = ", ".join(f"i.{c}" for c in I.INBOX_COLUMNS)
+    inbox_sql = (
+        f"SELECT {inbox_cols}, s.created_at AS stub_created_at FROM message_inbox i "
+        f"JOIN message_stub s ON s.message_id = i.message_id "
+        f"WHERE {window_sql('s.created_at', cfg.since, cfg.until, target.dialect)}"
+    )
     log_where = window_sql("received_at", log_since, None, target.dialect)
     try:
         stubs = _read_ranged(
             spark, target, f"SELECT {stub_cols} FROM message_stub WHERE {stub_where}", "created_at", parts
         )
+        inbox = _read_ranged(spark, target, inbox_sql, "stub_created_at", parts)
         logs = _read_ranged(
             spark, target, f"SELECT {log_cols} FROM message_log WHERE {log_where}", "id", parts
         )
-        progress = _read_query(spark, target, f"SELECT {', '.join(T.PROGRESS_COLUMNS)} FROM consume_progress")
+        progress = _read_query(spark, target, f"SELECT {', '.join(I.PROGRESS_COLUMNS)} FROM consume_progress")
         all_ids = (
             _read_ranged(
                 spark, target, "SELECT message_id, created_at FROM message_stub", "created_at", parts
@@ -157,12 +168,13 @@ def read_jdbc(
     except Exception as exc:
         raise InputError(f"cannot read {target.url}: {_first_line(exc)}") from exc
     if target.dialect == "mysql":
-        stubs, logs = _utc(stubs), _utc(logs)
-    n_stubs = T.normalize_stubs(stubs)
+        stubs, inbox, logs = _utc(stubs), _utc(inbox), _utc(logs)
+    n_stubs = I.normalize_stubs(stubs)
     return Inputs(
         stubs=n_stubs,
-        logs=T.normalize_logs(logs),
-        progress=T.normalize_progress(progress),
+        inbox=I.normalize_inbox(inbox),
+        logs=I.normalize_logs(logs),
+        progress=I.normalize_progress(progress),
         all_stub_ids=all_ids.select("message_id") if all_ids is not None else n_stubs.select("message_id"),
     )
 

@@ -76,7 +76,7 @@ def window_sql(column: str, since: dt.datetime | None, until: dt.datetime | None
 
 
 #: columns read in ranges, and whether they hold time (``created_at``) or whole numbers (``id``)
-TIME_COLUMNS = frozenset({"created_at", "received_at"})
+TIME_COLUMNS = frozenset({"created_at", "received_at", "stub_created_at"})
 _TEXT_FMT = "%Y-%m-%d %H:%M:%S.%f"
 
 

@@ -25,7 +25,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}
 .status.ok{background:#e3f6e8;color:#17692d}.status.fail{background:#fde4e4;color:#a01010}
 table{border-collapse:collapse;background:#fff;font-size:13px}
 th,td{border:1px solid #dde1e8;padding:4px 8px;text-align:right}th{background:#eef0f4}
-td.l,th.l{text-align:left}td.bad{color:#b00;font-weight:600}
+td.l,th.l{text-align:left}td.bad,.bad{color:#b00;font-weight:600}
 .charts{display:flex;flex-wrap:wrap;gap:16px}
 .chart{background:#fff;border:1px solid #dde1e8;border-radius:6px;padding:8px}
 .chart h3{font-size:13px;margin:0 0 4px}
@@ -33,7 +33,9 @@ td.l,th.l{text-align:left}td.bad{color:#b00;font-weight:600}
 max-height:160px;overflow:auto;white-space:pre-wrap}
 """
 
-_BAD_WHEN_POSITIVE = {"lost", "stuck", "dead", "unsent", "orphan logs", "offset gaps"}
+_BAD_WHEN_POSITIVE = {"lost", "stuck", "dead", "unsent", "never consumed", "orphan logs", "offset gaps"}
+#: counters that are a finding (shown in red when not zero) in the group and queue tables
+_BAD = {"dead", "lost", "stuck", "unsent", "orphan_logs", "gaps", "never_consumed_queues"}
 
 
 def _fmt(value: Any) -> str:
@@ -74,9 +76,47 @@ def _queue_name(q: Mapping[str, Any]) -> str:
     return f"{q['consumer_group']}/{q['topic']}/{qid}"
 
 
+def _cell(row: Mapping[str, Any], key: str) -> str:
+    return f'<td class="{"bad" if key in _BAD and row[key] else ""}">{_fmt(row[key])}</td>'
+
+
+_GROUP_COLS = [
+    ("inbox rows", "inbox_rows"),
+    ("pending", "pending"),
+    ("confirmed", "confirmed"),
+    ("voided", "voided"),
+    ("dead", "dead"),
+    ("lost", "lost"),
+    ("stuck", "stuck"),
+    ("unsent", "unsent"),
+    ("never consumed queues", "never_consumed_queues"),
+    ("lag", "lag"),
+    ("deliveries", "deliveries"),
+    ("duplicates", "duplicate_deliveries"),
+    ("orphans", "orphan_logs"),
+    ("gaps", "gaps"),
+]
+
+
+def _group_table(groups: Sequence[Mapping[str, Any]]) -> str:
+    head = '<tr><th class="l">group</th>' + "".join(f"<th>{escape(t)}</th>" for t, _ in _GROUP_COLS)
+    head += "<th>p50 confirm ms</th><th>p99 confirm ms</th></tr>"
+    rows = []
+    for g in groups:
+        lat = g["latency_ms"]["send_to_confirm"]
+        cells = "".join(_cell(g, k) for _, k in _GROUP_COLS)
+        rows.append(
+            f'<tr><td class="l">{escape(g["consumer_group"])}</td>{cells}'
+            f"<td>{_fmt(lat['p50'])}</td><td>{_fmt(lat['p99'])}</td></tr>"
+        )
+    if not rows:
+        rows.append(f'<tr><td class="l" colspan="{len(_GROUP_COLS) + 3}">no consumer groups</td></tr>')
+    return f'<table id="groups">{head}{"".join(rows)}</table>'
+
+
 def _queue_table(queues: Sequence[Mapping[str, Any]]) -> str:
     cols = [
-        ("stubs", "stubs"),
+        ("inbox rows", "inbox_rows"),
         ("pending", "pending"),
         ("confirmed", "confirmed"),
         ("voided", "voided"),
@@ -92,7 +132,6 @@ def _queue_table(queues: Sequence[Mapping[str, Any]]) -> str:
         ("orphans", "orphan_logs"),
         ("gaps", "gaps"),
     ]
-    bad = {"dead", "lost", "stuck", "unsent", "orphan_logs", "gaps"}
     head = '<tr><th class="l">group</th><th class="l">topic</th><th>queue</th>' + "".join(
         f"<th>{escape(t)}</th>" for t, _ in cols
     )
@@ -100,16 +139,27 @@ def _queue_table(queues: Sequence[Mapping[str, Any]]) -> str:
     rows = []
     for q in queues:
         lat = q["latency_ms"]["send_to_first_delivery"]
-        cells = "".join(
-            f'<td class="{"bad" if k in bad and q[k] else ""}">{_fmt(q[k])}</td>' for _, k in cols
-        )
+        cells = "".join(_cell(q, k) for _, k in cols)
+        never = ' <span class="bad">never consumed</span>' if q.get("never_consumed") else ""
         rows.append(
             f'<tr><td class="l">{escape(q["consumer_group"])}</td><td class="l">{escape(q["topic"])}</td>'
-            f"<td>{_fmt(q['queue_id'])}</td>{cells}<td>{_fmt(lat['p50'])}</td><td>{_fmt(lat['p99'])}</td></tr>"
+            f"<td>{_fmt(q['queue_id'])}{never}</td>{cells}<td>{_fmt(lat['p50'])}</td>"
+            f"<td>{_fmt(lat['p99'])}</td></tr>"
         )
     if not rows:
         rows.append(f'<tr><td class="l" colspan="{len(cols) + 5}">no queues: the inputs are empty</td></tr>')
     return f'<table id="queues">{head}{"".join(rows)}</table>'
+
+
+def _never_consumed(entries: Sequence[Mapping[str, Any]]) -> str:
+    if not entries:
+        return '<p id="never-consumed">none: every group has consumed every queue it has messages on</p>'
+    items = "".join(
+        f"<li>{escape(e['consumer_group'])} never consumed {escape(e['topic'])} queue {_fmt(e['queue_id'])}"
+        f" ({_fmt(e['inbox_rows'])} inbox rows, {_fmt(e['pending'])} pending)</li>"
+        for e in entries
+    )
+    return f'<ul id="never-consumed" class="bad">{items}</ul>'
 
 
 def _latency_table(latency: Mapping[str, Mapping[str, Any]]) -> str:
@@ -152,21 +202,21 @@ def render_html(summary: Mapping[str, Any]) -> str:
     charts = [
         bar_chart("Lag per queue (offsets)", [_queue_name(q) for q in queues], [q["lag"] for q in queues]),
         bar_chart(
-            "Send → first delivery (stubs per bucket)",
+            "Send → first delivery (inbox rows per bucket)",
             summary["latency_histogram"]["buckets"],
             summary["latency_histogram"]["send_to_first_delivery"],
             color="#2e9b6a",
         ),
         bar_chart(
-            "Send → confirm (stubs per bucket)",
+            "Send → confirm (inbox rows per bucket)",
             summary["latency_histogram"]["buckets"],
             summary["latency_histogram"]["send_to_confirm"],
             color="#2e9b6a",
         ),
         bar_chart(
-            "Stubs by send count",
+            "Messages by send count",
             [r["label"] for r in summary["resend_histogram"]],
-            [r["stubs"] for r in summary["resend_histogram"]],
+            [r["messages"] for r in summary["resend_histogram"]],
             color="#8a63c7",
         ),
         bar_chart(
@@ -178,13 +228,13 @@ def render_html(summary: Mapping[str, Any]) -> str:
     ]
     lists = []
     for name, entry in summary["attention"].items():
-        ids = entry["message_ids"]
+        ids = [f"{p['consumer_group']}  {p['message_id']}" for p in entry["pairs"]]
         more = entry["total"] - len(ids)
         body = "\n".join(escape(i) for i in ids) or "none"
         if more > 0:
             body += f"\n… and {more:,} more (see {escape(name)}.parquet)"
         lists.append(
-            f"<h3>{escape(name)} ({entry['total']:,})</h3>"
+            f"<h3>{escape(name)} ({entry['total']:,} group/message pairs)</h3>"
             f'<div class="ids" id="ids-{escape(name)}">{body}</div>'
         )
     return (
@@ -193,6 +243,8 @@ def render_html(summary: Mapping[str, Any]) -> str:
         f"<title>Reconciliation report</title><style>{_CSS}</style></head><body>"
         f"<h1>Reconciliation report</h1><div class='meta'>{meta}</div>{status}"
         f"<h2>Headline</h2><div class='tiles' id='headline'>{tiles}</div>"
+        f"<h2>Per consumer group</h2>{_group_table(summary['groups'])}"
+        f"<h2>Never consumed</h2>{_never_consumed(summary['never_consumed'])}"
         f"<h2>Per queue</h2>{_queue_table(queues)}"
         f"<h2>Latency</h2>{_latency_table(summary['latency_ms'])}"
         f"<h2>Charts</h2><div class='charts'>{''.join(charts)}</div>"

@@ -1,8 +1,8 @@
 """One reconciliation run: transforms → detail Parquet → collected aggregates → summary.json → report.html.
 
-The three intermediate DataFrames every output depends on (classified deliveries, the stub/delivery join and
-the enriched stubs) are persisted once, so the ten small actions that follow reuse them instead of reading
-and shuffling the inputs again. Detail tables are written first and their counts and attention lists are
+The intermediate DataFrames every output depends on (classified deliveries, the pair/delivery join) are
+persisted once, so the small actions that follow reuse them instead of reading and shuffling the inputs
+again. Detail tables are written first and their counts and attention lists are
 read back from the (small) written files.
 """
 
@@ -20,14 +20,14 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from reliable.reconcile import aggregates as A
 from reliable.reconcile import io
 from reliable.reconcile import transforms as T
 from reliable.reconcile.config import ReconcileConfig, Thresholds
 from reliable.reconcile.report_html import render_html
-from reliable.reconcile.summary import Collected, build_summary, headline
+from reliable.reconcile.summary import ATTENTION_KINDS, Collected, build_summary, headline
 
 DETAIL_TABLES = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans", "gaps")
-ATTENTION_TABLES = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,30 @@ def _rows(df: DataFrame) -> list[Mapping[str, Any]]:
     return [r.asDict() for r in df.collect()]
 
 
+def _attention(back: Mapping[str, DataFrame], cfg: ReconcileConfig, c: Collected) -> None:
+    """How many (group, message) pairs each list holds, and the first ``attention_limit`` of them.
+
+    Distinct pairs once; the first N per kind by a ranked window (Spark keeps only N rows per kind while
+    sorting), never a set of every id in one task.
+    """
+    ids = None
+    for name in ATTENTION_KINDS:
+        part = back[name].select(F.lit(name).alias("kind"), "consumer_group", "message_id")
+        ids = part if ids is None else ids.unionByName(part)
+    assert ids is not None
+    distinct_ids = ids.distinct().persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        for found in distinct_ids.groupBy("kind").count().collect():
+            c.attention_totals[found["kind"]] = int(found["count"])
+        rank = F.row_number().over(Window.partitionBy("kind").orderBy("consumer_group", "message_id"))
+        first = distinct_ids.withColumn("rank", rank).where(F.col("rank") <= cfg.attention_limit)
+        for found in first.orderBy("kind", "rank").collect():
+            c.attention.setdefault(found["kind"], []).append((found["consumer_group"], found["message_id"]))
+    finally:
+        distinct_ids.unpersist()
+    c.duplicate_pairs = c.attention_totals.get("duplicates", 0)
+
+
 def reconcile(
     spark: SparkSession,
     inputs: io.Inputs,
@@ -102,24 +126,22 @@ def reconcile(
     try:
         p.step("classifying deliveries (duplicates and their causes)")
         classified = keep(T.classify_deliveries(inputs.logs))
-        joined = keep(T.join_stubs_deliveries(inputs.stubs, T.delivery_stats(classified)))
-        enriched = T.enrich_stubs(joined, inputs.progress, cfg)  # narrow: recomputed cheaply from `joined`
+        rows = T.pairs(inputs.stubs, inputs.inbox)
+        joined = keep(T.join_pairs_deliveries(rows, T.delivery_stats(classified)))
+        enriched = T.enrich_pairs(joined, inputs.progress, cfg)  # narrow: recomputed cheaply from `joined`
 
-        p.step("per-queue counts, lag and latency percentiles")
+        p.step("per-group and per-queue counts, lag and latency percentiles")
         c = Collected()
-        c.queue_stats = _rows(T.queue_stub_stats(enriched))
-        c.resend = _rows(T.resend_histogram(enriched))
+        c.pair_stats = _rows(A.pair_stats(enriched))
+        c.messages = inputs.stubs.count()
+        c.message_resends = _rows(A.message_resend_histogram(inputs.stubs))
+        c.targeted_resends = _rows(A.targeted_resend_histogram(enriched))
+        c.never_consumed = _rows(A.never_consumed(enriched))
         c.progress = _rows(inputs.progress)
 
-        p.step("lost, stuck, dead and unsent messages")
-        details: dict[str, DataFrame] = {
-            "lost": T.lost_messages(enriched),
-            "stuck": T.stuck_messages(enriched),
-            "dead": T.dead_messages(enriched),
-            "unsent": T.unsent_messages(enriched),
-        }
-        for name, df in details.items():
-            io.write_detail(df, out_dir, name)
+        p.step("lost, stuck, dead and unsent pairs")
+        for name in ("lost", "stuck", "dead", "unsent"):
+            io.write_detail(T.flagged(enriched, name), out_dir, name)
 
         p.step("duplicate deliveries")
         io.write_detail(T.duplicate_deliveries(classified), out_dir, "duplicates")
@@ -136,8 +158,8 @@ def reconcile(
 
     p.step("reading back the detail tables")
     back = {name: spark.read.parquet(str(out_dir / f"{name}.parquet")) for name in DETAIL_TABLES}
-    c.duplicates = _rows(T.duplicate_counts(back["duplicates"]))
-    per_queue = T.per_queue_counts(back["orphans"], "n").withColumn("kind", F.lit("orphans"))
+    c.duplicates = _rows(A.duplicate_counts(back["duplicates"]))
+    per_queue = A.per_queue_counts(back["orphans"], "n").withColumn("kind", F.lit("orphans"))
     per_queue = per_queue.withColumn("missing", F.lit(0).cast("long")).unionByName(
         back["gaps"]
         .groupBy(*T.QUEUE_KEY)
@@ -149,24 +171,7 @@ def reconcile(
             c.orphans.append({**row, "orphan_logs": row["n"]})
         else:
             c.gaps.append({**row, "gaps": row["n"], "missing_offsets": row["missing"]})
-    ids = None
-    for name in ATTENTION_TABLES:
-        part = back[name].select(F.lit(name).alias("kind"), "message_id")
-        ids = part if ids is None else ids.unionByName(part)
-    assert ids is not None
-    # distinct ids once; the first N per kind by a ranked window (Spark keeps only N rows per kind while
-    # sorting), never a set of every id in one task
-    distinct_ids = ids.distinct().persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        for found in distinct_ids.groupBy("kind").count().collect():
-            c.attention_totals[found["kind"]] = int(found["count"])
-        rank = F.row_number().over(Window.partitionBy("kind").orderBy("message_id"))
-        first = distinct_ids.withColumn("rank", rank).where(F.col("rank") <= cfg.attention_limit)
-        for found in first.orderBy("kind", "rank").collect():
-            c.attention.setdefault(found["kind"], []).append(found["message_id"])
-    finally:
-        distinct_ids.unpersist()
-    c.duplicate_messages = c.attention_totals.get("duplicates", 0)
+    _attention(back, cfg, c)
 
     p.step("summary.json and report.html")
     elapsed = time.perf_counter() - t0

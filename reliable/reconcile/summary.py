@@ -1,9 +1,11 @@
 """``summary.json``: the stable, documented result of one reconciliation run (schema in docs/reconcile.md).
 
-Built from small lists of plain dicts the driver collected (one per queue, per cause, per bucket), so this
-module needs no Spark and is easy to test. Keys are only ever added; removing or re-defining one bumps
-:data:`reliable.reconcile.config.SCHEMA_VERSION`. Every count is an ``int`` (never null), every queue
-appears once, sorted by (consumer_group, topic, queue_id) with the null queue_id (unsent) first.
+Built from small lists of plain dicts the driver collected (one per queue, per group, per cause, per
+bucket), so this module needs no Spark and is easy to test. Keys are only ever added; removing or
+re-defining one bumps :data:`reliable.reconcile.config.SCHEMA_VERSION`. Every count is an ``int`` (never
+null); queues are sorted by (consumer_group, topic, queue_id) with the null queue_id (unsent) first, groups
+by name. Figures are per consumer group first: a message several groups consume is one *message* and one
+*inbox row* (pair) per group.
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from reliable.reconcile.aggregates import (
+    LATENCY_LABELS,
+    LEVEL_GROUP,
+    LEVEL_TOTAL,
+    PERCENTILES,
+    RESEND_CAP,
+)
 from reliable.reconcile.config import SCHEMA_VERSION, DuplicateCause, ReconcileConfig, Thresholds
-from reliable.reconcile.transforms import LATENCY_LABELS, PERCENTILES, RESEND_CAP, STATUSES
+from reliable.reconcile.transforms import STATUSES
 
 Row = Mapping[str, Any]
 QueueKey = tuple[str, str, int | None]
 
-#: per-queue counters, in the order the summary and the HTML table show them
-QUEUE_COUNTERS = (
-    "stubs",
+#: counters of a queue and of a group, in the order the summary and the HTML tables show them
+COUNTERS = (
+    "inbox_rows",
     "pending",
     "confirmed",
     "voided",
@@ -37,20 +46,25 @@ QUEUE_COUNTERS = (
 )
 LATENCY_METRICS = ("first_delivery_ms", "confirm_ms")
 LATENCY_NAMES = {"first_delivery_ms": "send_to_first_delivery", "confirm_ms": "send_to_confirm"}
+#: the lists of (group, message id) pairs that need a person
+ATTENTION_KINDS = ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
 
 
 @dataclass
 class Collected:
     """What the driver brought back from Spark; every list holds plain dicts keyed like the DataFrames."""
 
-    queue_stats: list[Row] = field(default_factory=list)  # transforms.queue_stub_stats
-    resend: list[Row] = field(default_factory=list)  # send_count, stubs
+    pair_stats: list[Row] = field(default_factory=list)  # aggregates.pair_stats (level queue/group/total)
+    messages: int = 0
+    message_resends: list[Row] = field(default_factory=list)  # send_count, messages
+    targeted_resends: list[Row] = field(default_factory=list)  # consumer_group, resend_count, inbox_rows
     duplicates: list[Row] = field(default_factory=list)  # queue key, cause, deliveries, messages
-    duplicate_messages: int = 0
+    duplicate_pairs: int = 0
     orphans: list[Row] = field(default_factory=list)  # queue key, orphan_logs
     gaps: list[Row] = field(default_factory=list)  # queue key, gaps, missing_offsets
     progress: list[Row] = field(default_factory=list)  # queue key, max_offset
-    attention: dict[str, list[str]] = field(default_factory=dict)
+    never_consumed: list[Row] = field(default_factory=list)  # queue key, inbox_rows, pending, max_stub_offset
+    attention: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # kind → (group, message_id)
     attention_totals: dict[str, int] = field(default_factory=dict)
 
 
@@ -81,11 +95,36 @@ def _latency(row: Row | None, metric: str) -> dict[str, Any]:
     return out
 
 
+def _latencies(row: Row | None) -> dict[str, Any]:
+    return {LATENCY_NAMES[m]: _latency(row, m) for m in LATENCY_METRICS}
+
+
 def _lag(max_stub_offset: int | None, watermark: int | None) -> int:
-    """Offsets the consumer has not reached: max stub offset − watermark (−1 when nothing consumed), ≥ 0."""
+    """Offsets the group has not reached: max stub offset − watermark (−1 when nothing consumed), ≥ 0."""
     if max_stub_offset is None:
         return 0
     return max(0, int(max_stub_offset) - (-1 if watermark is None else int(watermark)))
+
+
+def _causes() -> dict[str, int]:
+    return {c.value: 0 for c in DuplicateCause}
+
+
+def _queue(table: dict[QueueKey, dict[str, Any]], key: QueueKey) -> dict[str, Any]:
+    if key not in table:
+        table[key] = {
+            "consumer_group": key[0],
+            "topic": key[1],
+            "queue_id": key[2],
+            **dict.fromkeys(COUNTERS, 0),
+            "duplicates_by_cause": _causes(),
+            "max_stub_offset": None,
+            "watermark": None,
+            "lag": 0,
+            "never_consumed": False,
+            "latency_ms": _latencies(None),
+        }
+    return table[key]
 
 
 def _add(table: dict[QueueKey, dict[str, Any]], rows: Iterable[Row], mapping: Mapping[str, str]) -> None:
@@ -95,20 +134,79 @@ def _add(table: dict[QueueKey, dict[str, Any]], rows: Iterable[Row], mapping: Ma
             q[dst] += int(row.get(src) or 0)
 
 
-def _queue(table: dict[QueueKey, dict[str, Any]], key: QueueKey) -> dict[str, Any]:
-    if key not in table:
-        table[key] = {
-            "consumer_group": key[0],
-            "topic": key[1],
-            "queue_id": key[2],
-            **dict.fromkeys(QUEUE_COUNTERS, 0),
-            "duplicates_by_cause": {c.value: 0 for c in DuplicateCause},
-            "max_stub_offset": None,
-            "watermark": None,
-            "lag": 0,
-            "latency_ms": {LATENCY_NAMES[m]: _latency(None, m) for m in LATENCY_METRICS},
+def _queues(c: Collected) -> list[dict[str, Any]]:
+    queues: dict[QueueKey, dict[str, Any]] = {}
+    for row in c.pair_stats:
+        if row.get("level") not in (None, "queue"):
+            continue
+        q = _queue(queues, _key(row))
+        for name in ("inbox_rows", "deliveries", *(s.lower() for s in STATUSES), "lost", "stuck", "unsent"):
+            q[name] = int(row.get(name) or 0)
+        q["max_stub_offset"] = None if row.get("max_stub_offset") is None else int(row["max_stub_offset"])
+        q["latency_ms"] = _latencies(row)
+    for row in c.progress:
+        _queue(queues, _key(row))["watermark"] = int(row["max_offset"])
+    for row in c.never_consumed:
+        _queue(queues, _key(row))["never_consumed"] = True
+    _add(queues, c.orphans, {"orphan_logs": "orphan_logs"})
+    _add(queues, c.gaps, {"gaps": "gaps", "missing_offsets": "missing_offsets"})
+    for row in c.duplicates:
+        q = _queue(queues, _key(row))
+        n = int(row.get("deliveries") or 0)
+        q["duplicate_deliveries"] += n
+        q["duplicates_by_cause"][str(row["cause"])] += n
+    for q in queues.values():
+        q["lag"] = _lag(q["max_stub_offset"], q["watermark"])
+    return [queues[k] for k in sorted(queues, key=_sort_key)]
+
+
+def _resend_hist(counts: Mapping[int, int], key: str, unit: str) -> list[dict[str, Any]]:
+    return [
+        {key: k, "label": f"{k}+" if k == RESEND_CAP else str(k), unit: counts[k]} for k in sorted(counts)
+    ]
+
+
+def _never_consumed_entry(row: Row) -> dict[str, Any]:
+    k = _key(row)
+    return {
+        "consumer_group": k[0],
+        "topic": k[1],
+        "queue_id": k[2],
+        "inbox_rows": int(row.get("inbox_rows") or 0),
+        "pending": int(row.get("pending") or 0),
+        "max_stub_offset": None if row.get("max_stub_offset") is None else int(row["max_stub_offset"]),
+    }
+
+
+def _groups(c: Collected, queues: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per consumer group: its queues summed, its own percentiles, its never-consumed queues."""
+    stats = {str(r["consumer_group"]): r for r in c.pair_stats if r.get("level") == LEVEL_GROUP}
+    names = sorted({str(q["consumer_group"]) for q in queues} | set(stats))
+    out = []
+    for name in names:
+        mine = [q for q in queues if q["consumer_group"] == name]
+        by_cause = _causes()
+        for q in mine:
+            for cause, n in q["duplicates_by_cause"].items():
+                by_cause[cause] += n
+        resends = {
+            int(r["resend_count"]): int(r["inbox_rows"])
+            for r in c.targeted_resends
+            if str(r["consumer_group"]) == name
         }
-    return table[key]
+        never = [_never_consumed_entry(r) for r in c.never_consumed if str(r["consumer_group"]) == name]
+        out.append(
+            {
+                "consumer_group": name,
+                **{k: sum(int(q[k]) for q in mine) for k in COUNTERS},
+                "lag": sum(int(q["lag"]) for q in mine),
+                "never_consumed_queues": len(never),
+                "duplicates_by_cause": by_cause,
+                "latency_ms": _latencies(stats.get(name)),
+                "targeted_resend_histogram": _resend_hist(resends, "resend_count", "inbox_rows"),
+            }
+        )
+    return out
 
 
 def build_summary(
@@ -121,36 +219,19 @@ def build_summary(
     elapsed_s: float | None = None,
 ) -> dict[str, Any]:
     """The summary dictionary (schema_version :data:`SCHEMA_VERSION`), with ``breaches`` evaluated."""
-    queues: dict[QueueKey, dict[str, Any]] = {}
-    total_row: Row | None = None
-    for row in collected.queue_stats:
-        if row.get("is_total"):
-            total_row = row
-            continue
-        q = _queue(queues, _key(row))
-        for name in ("stubs", "deliveries", *(s.lower() for s in STATUSES), "lost", "stuck", "unsent"):
-            q[name] = int(row.get(name) or 0)
-        q["max_stub_offset"] = None if row.get("max_stub_offset") is None else int(row["max_stub_offset"])
-        q["latency_ms"] = {LATENCY_NAMES[m]: _latency(row, m) for m in LATENCY_METRICS}
-    for row in collected.progress:
-        _queue(queues, _key(row))["watermark"] = int(row["max_offset"])
-    _add(queues, collected.orphans, {"orphan_logs": "orphan_logs"})
-    _add(queues, collected.gaps, {"gaps": "gaps", "missing_offsets": "missing_offsets"})
-    by_cause = {c.value: 0 for c in DuplicateCause}
-    for row in collected.duplicates:
-        q = _queue(queues, _key(row))
-        n = int(row.get("deliveries") or 0)
-        q["duplicate_deliveries"] += n
-        q["duplicates_by_cause"][str(row["cause"])] += n
-        by_cause[str(row["cause"])] += n
-    for q in queues.values():
-        q["lag"] = _lag(q["max_stub_offset"], q["watermark"])
-
-    ordered = [queues[k] for k in sorted(queues, key=_sort_key)]
-    totals: dict[str, int] = {name: sum(int(q[name]) for q in ordered) for name in QUEUE_COUNTERS}
-    totals["duplicate_messages"] = int(collected.duplicate_messages)
-    totals["lag"] = sum(int(q["lag"]) for q in ordered)
-    latency = {LATENCY_NAMES[m]: _latency(total_row, m) for m in LATENCY_METRICS}
+    c = collected
+    queues = _queues(c)
+    total_row = next((r for r in c.pair_stats if r.get("level") == LEVEL_TOTAL), None)
+    never = sorted((_never_consumed_entry(r) for r in c.never_consumed), key=lambda e: _sort_key(_key(e)))
+    totals: dict[str, int] = {"messages": int(c.messages)}
+    totals.update({name: sum(int(q[name]) for q in queues) for name in COUNTERS})
+    totals["duplicate_pairs"] = int(c.duplicate_pairs)
+    totals["lag"] = sum(int(q["lag"]) for q in queues)
+    totals["never_consumed_queues"] = len(never)
+    by_cause = _causes()
+    for q in queues:
+        for cause, n in q["duplicates_by_cause"].items():
+            by_cause[cause] += n
     histogram = {
         "buckets": list(LATENCY_LABELS),
         **{
@@ -160,11 +241,7 @@ def build_summary(
             for m in LATENCY_METRICS
         },
     }
-    resend = {int(r["send_count"]): int(r["stubs"]) for r in collected.resend}
-    resend_hist = [
-        {"send_count": k, "label": f"{k}+" if k == RESEND_CAP else str(k), "stubs": resend[k]}
-        for k in sorted(resend)
-    ]
+    message_resends = {int(r["send_count"]): int(r["messages"]) for r in c.message_resends}
     counts_for_threshold = {
         "max_lost": totals["lost"],
         "max_stuck": totals["stuck"],
@@ -174,6 +251,7 @@ def build_summary(
         "max_orphans": totals["orphan_logs"],
         "max_gaps": totals["gaps"],
         "max_lag": totals["lag"],
+        "max_never_consumed": totals["never_consumed_queues"],
     }
     breaches = evaluate_thresholds(counts_for_threshold, thresholds)
     return {
@@ -190,16 +268,18 @@ def build_summary(
         "elapsed_s": None if elapsed_s is None else round(elapsed_s, 3),
         "totals": totals,
         "duplicates_by_cause": by_cause,
-        "latency_ms": latency,
+        "latency_ms": _latencies(total_row),
         "latency_histogram": histogram,
-        "resend_histogram": resend_hist,
-        "queues": ordered,
+        "resend_histogram": _resend_hist(message_resends, "send_count", "messages"),
+        "groups": _groups(c, queues),
+        "never_consumed": never,
+        "queues": queues,
         "attention": {
             name: {
-                "total": int(collected.attention_totals.get(name, 0)),
-                "message_ids": list(collected.attention.get(name, [])),
+                "total": int(c.attention_totals.get(name, 0)),
+                "pairs": [{"consumer_group": g, "message_id": m} for g, m in c.attention.get(name, [])],
             }
-            for name in ("lost", "stuck", "dead", "unsent", "duplicates", "orphans")
+            for name in ATTENTION_KINDS
         },
         "thresholds": thresholds.as_dict(),
         "breaches": breaches,
@@ -220,12 +300,14 @@ def headline(summary: Mapping[str, Any]) -> Sequence[tuple[str, int]]:
     """The numbers a person looks at first (the console line and the HTML tiles show these)."""
     t = summary["totals"]
     return (
-        ("stubs", t["stubs"]),
+        ("messages", t["messages"]),
+        ("inbox rows", t["inbox_rows"]),
         ("deliveries", t["deliveries"]),
         ("lost", t["lost"]),
         ("stuck", t["stuck"]),
         ("dead", t["dead"]),
         ("unsent", t["unsent"]),
+        ("never consumed", t["never_consumed_queues"]),
         ("duplicate deliveries", t["duplicate_deliveries"]),
         ("orphan logs", t["orphan_logs"]),
         ("offset gaps", t["gaps"]),

@@ -3,9 +3,9 @@
 The guard (:mod:`reliable.guard`) is a state machine; everything it needs from the outside world is a handful
 of primitives, in the spirit of AWS Powertools' idempotency persistence layers:
 
-* :class:`reliable.stores.sql.SqlStore` — the source of truth: journal + watermark, stub lock, conditional
-  confirm, inbox insert, outcome updates. Each primitive is one or two pre-rendered statements so the hot path
-  pays for round trips, not for an ORM.
+* :class:`reliable.stores.sql.SqlStore` — the source of truth: journal + watermark, the group's inbox row
+  (lock, conditional confirm, insert), outcome updates. Each primitive is one or two pre-rendered statements
+  so the hot path pays for round trips, not for an ORM.
 * :class:`reliable.stores.lease.RedisLeaseStore` / :class:`reliable.stores.lease.NoLeaseStore` — the fast
   path: ``SET NX PX`` lease, ``done`` marker, compare-and-delete. Redis is an optimisation; every answer it
   gives that matters for correctness is re-checked in the database.
@@ -41,17 +41,21 @@ class LeaseAnswer:
 
 
 @dataclass(frozen=True, slots=True)
-class StubRow:
-    """The columns of ``message_stub`` the guard decides on."""
+class InboxState:
+    """The columns of one group's ``message_inbox`` row the guard decides on."""
 
     status: StubStatus
     payload_hash: str | None
-    consumer_group: str
+    attempts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
-    """One ``message_log`` row to insert (``outcome`` ``None`` while the delivery is being processed)."""
+    """One ``message_log`` row to insert (``outcome`` ``None`` while the delivery is being processed).
+
+    ``topic``/``queue_id``/``queue_offset``: the delivered position (``Envelope.source_topic``);
+    ``original_topic``: the message's business topic (``Envelope.topic``).
+    """
 
     message_id: str
     consumer_group: str
@@ -63,6 +67,7 @@ class JournalEntry:
     worker: str
     outcome: LogOutcome | None = None
     reason: str | None = None
+    original_topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +81,7 @@ class OutcomeUpdate:
 
 @dataclass(frozen=True, slots=True)
 class InboxRow:
-    """A ``message_stub`` row the consumer writes itself (producer without stubs): born ``CONFIRMED``."""
+    """A ``message_inbox`` row the guard writes itself (inbox pattern, no producer row): born CONFIRMED."""
 
     message_id: str
-    topic: str
-    tags: str | None
-    consumer_group: str
-    content: bytes
     payload_hash: str | None

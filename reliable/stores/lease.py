@@ -21,7 +21,6 @@ costs one timeout per interval rather than one per message.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ import redis as redis_lib
 
 from reliable import constants as C
 from reliable.stores import LeaseAnswer, LeaseState
+from reliable.stores.breaker import FallbackHook, RedisBreaker
 
 log = logging.getLogger("reliable.guard")
 
@@ -40,11 +40,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+#: public name for the asyncio store (:mod:`reliable.stores.aio_lease`), which runs the very same script
+COMPARE_AND_DELETE = _COMPARE_AND_DELETE
 
 _DONE = C.LEASE_DONE_VALUE.encode()
 _DONE_PREFIX = _DONE + b":"
-
-FallbackHook = Callable[[str, BaseException], None]
 
 
 def lease_key(prefix: str, group: str, message_id: str) -> str:
@@ -100,38 +100,22 @@ class RedisLeaseStore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
-        self.retry_after_s = retry_after_s
-        self.on_fallback = on_fallback
-        self._clock = clock
-        self._down_until = 0.0
-        self._lock = threading.Lock()
+        self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
         self._cad = client.register_script(_COMPARE_AND_DELETE)
         self._set_get = True  # SET … NX GET needs Redis 7; flipped off once on an older server
-
-    # --- circuit breaker ----------------------------------------------------------------------------
-    def _skipping(self) -> bool:
-        return self._down_until > 0.0 and self._clock() < self._down_until
-
-    def _failed(self, operation: str, exc: BaseException) -> None:
-        with self._lock:
-            self._down_until = self._clock() + self.retry_after_s
-        log.warning("redis unavailable during %s, continuing on the database alone: %r", operation, exc)
-        if self.on_fallback is not None:
-            self.on_fallback(operation, exc)
 
     # --- primitives ---------------------------------------------------------------------------------
     def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
         """``SET key processing:{owner} NX PX lease`` for each key, pipelined into one round trip."""
-        if self._skipping():
-            if self.on_fallback is not None:
-                self.on_fallback("acquire", ConnectionError("redis marked down (circuit open)"))
+        if self.breaker.open():
+            self.breaker.skipped("acquire")
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         try:
             previous = self._set_many(keys, values, lease_ms)
         except redis_lib.RedisError as exc:
-            self._failed("acquire", exc)
+            self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
-        self._down_until = 0.0
+        self.breaker.succeeded()
         return [classify(p) for p in previous]
 
     def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
@@ -160,7 +144,7 @@ class RedisLeaseStore:
 
     def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
         """Replace leases by ``done`` markers after the commit (losing them only costs a database check)."""
-        if not items or self._skipping():
+        if not items or self.breaker.open():
             return
         try:
             if len(items) == 1:
@@ -171,13 +155,13 @@ class RedisLeaseStore:
                     pipe.set(key, value, ex=ttl_s)
                 pipe.execute()
         except redis_lib.RedisError as exc:
-            self._failed("mark_done", exc)
+            self.breaker.failed("mark_done", exc)
 
     def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key for a redelivery only if it still holds our own lease value."""
-        if self._skipping():
+        if self.breaker.open():
             return
         try:
             self._cad(keys=[key], args=[value])
         except redis_lib.RedisError as exc:
-            self._failed("release", exc)
+            self.breaker.failed("release", exc)

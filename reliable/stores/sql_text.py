@@ -14,15 +14,20 @@ from reliable.stores import JournalEntry
 
 LOG_COLS = (
     "message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at, outcome, "
-    "worker, reason"
+    "worker, reason, original_topic"
 )
+LOG_WIDTH = 11
 PROGRESS_COLS = (
     "consumer_group, topic, queue_id, max_offset, min_offset, created_at, updated_at, received_count"
 )
+#: a ``message_inbox`` row the guard inserts itself (inbox pattern): status is bound (CONFIRMED, or PENDING
+#: for a first handler failure), attempts and resends start at 0 or 1.
 INBOX_COLS = (
-    "message_id, topic, tags, consumer_group, content, payload_hash, status, send_count, created_at, "
-    "updated_at, confirmed_at"
+    "consumer_group, message_id, status, attempts, payload_hash, first_received_at, confirmed_at, "
+    "resend_count, created_at, updated_at"
 )
+INBOX_WIDTH = 10
+_OPEN = "('PENDING', 'DEAD')"
 
 
 OUTCOME_SQL = "UPDATE message_log SET outcome = ?, reason = ? WHERE id = ?"
@@ -53,7 +58,8 @@ def aggregate_progress(entries: Sequence[JournalEntry]) -> dict[tuple[str, str, 
 def pg_journal(n: int, m: int, durable: bool) -> str:
     lazy = "" if durable else "s AS (SELECT set_config('synchronous_commit', 'off', true) AS v), "
     return (
-        f"WITH {lazy}j AS (INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(n, 10)} RETURNING id), "
+        f"WITH {lazy}j AS (INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(n, LOG_WIDTH)} "
+        "RETURNING id), "
         f"p AS (INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, 8)} "
         "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
         "max_offset = GREATEST(consume_progress.max_offset, EXCLUDED.max_offset), "
@@ -64,18 +70,102 @@ def pg_journal(n: int, m: int, durable: bool) -> str:
     )
 
 
+def select_inbox(n: int, lock: str) -> str:
+    """One group's inbox rows of ``n`` ids, in id order (a fixed lock order: two batches cannot deadlock)."""
+    return (
+        "SELECT message_id, status, payload_hash, attempts FROM message_inbox "
+        f"WHERE consumer_group = ? AND message_id IN ({marks(n)}) ORDER BY message_id{lock}"
+    )
+
+
+def confirm_inbox(n: int) -> str:
+    """Conditional confirm of one group's PENDING/DEAD rows; params: now, now, group, *ids."""
+    return (
+        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+        f"WHERE consumer_group = ? AND message_id IN ({marks(n)}) AND status IN {_OPEN}"
+    )
+
+
+def settle_stubs(n: int) -> str:
+    """Stubs of ``n`` ids whose *other* groups have all confirmed → CONFIRMED; params: now, now, *ids, group.
+
+    The confirming group is excluded rather than read, so the statement gives the same answer before and
+    after this transaction's own confirm (a sibling CTE on PostgreSQL does not see it).
+    """
+    return (
+        "UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+        f"WHERE message_id IN ({marks(n)}) AND status IN {_OPEN} AND NOT EXISTS (SELECT 1 FROM message_inbox "
+        f"i WHERE i.message_id = message_stub.message_id AND i.consumer_group <> ? AND i.status IN {_OPEN})"
+    )
+
+
+def claim_inbox(n: int, mariadb: bool, returning: str = " RETURNING message_id") -> str:
+    """Insert inbox rows unless one exists (the primary key admits one writer per group)."""
+    head, tail = ("INSERT IGNORE INTO", "") if mariadb else ("INSERT INTO", " ON CONFLICT DO NOTHING")
+    return f"{head} message_inbox ({INBOX_COLS}) VALUES {rows_sql(n, INBOX_WIDTH)}{tail}{returning}"
+
+
+def confirm_first(pg: bool) -> str:
+    """Single-message happy case: confirm one group's row if PENDING/DEAD and the body matches."""
+    return (
+        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+        f"WHERE consumer_group = ? AND message_id = ? AND status IN {_OPEN} "
+        f"AND (payload_hash IS NULL OR {'?::varchar' if pg else '?'} IS NULL OR payload_hash = ?)"
+    )
+
+
+def pg_with_outcome(first: str, settle: bool) -> str:
+    """``first`` (returning 1 when it changed the row) + the journal outcome (+ the stub) in one statement.
+
+    Selects how many rows ``first`` changed (and, with ``settle``, how many stubs became CONFIRMED).
+    """
+    stub = f", s AS ({settle_stubs(1)} AND EXISTS (SELECT 1 FROM c) RETURNING 1)" if settle else ""
+    counts = "(SELECT count(*) FROM c), (SELECT count(*) FROM s)" if settle else "count(*) FROM c"
+    return (
+        f"WITH c AS ({first} RETURNING 1){stub}, o AS (UPDATE message_log SET outcome = ?, "
+        f"reason = ? WHERE id = ? AND EXISTS (SELECT 1 FROM c)) SELECT {counts}"
+    )
+
+
 def pg_confirm_record(n: int, m: int) -> str:
+    """Batch confirm + stub settle + outcomes; params: confirm's, settle's, then (id, outcome, reason) × m."""
     values = ", ".join(["(?::bigint, ?::varchar, ?::text)"] * m)
     record = (
         "o AS (UPDATE message_log AS l SET outcome = v.o, reason = v.r "
         f"FROM (VALUES {values}) AS v(i, o, r) WHERE l.id = v.i)"
     )
     if n == 0:
-        return f"WITH {record} SELECT 0"
+        return f"WITH {record} SELECT 0, 0"
     return (
-        "WITH c AS (UPDATE message_stub SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
-        f"WHERE message_id IN ({marks(n)}) AND status IN ('PENDING', 'DEAD') RETURNING 1), "
-        f"{record} SELECT count(*) FROM c"
+        f"WITH c AS ({confirm_inbox(n)} RETURNING 1), s AS ({settle_stubs(n)} RETURNING 1), "
+        f"{record} SELECT (SELECT count(*) FROM c), (SELECT count(*) FROM s)"
+    )
+
+
+def lock_open_stubs(n: int, lock: str) -> str:
+    """The still-open stubs of ``n`` ids, locked in id order (the exact second step of a settle)."""
+    return (
+        f"SELECT message_id FROM message_stub WHERE message_id IN ({marks(n)}) AND status IN {_OPEN} "
+        f"ORDER BY message_id{lock}"
+    )
+
+
+def upsert_failure(mariadb: bool) -> str:
+    """Count one handler failure on the group's inbox row, creating it PENDING when there is none.
+
+    Params: the INBOX_COLS values (status PENDING, attempts 1), then last_error and updated_at.
+    """
+    values = rows_sql(1, INBOX_WIDTH)
+    if mariadb:
+        return (
+            f"INSERT INTO message_inbox ({INBOX_COLS}, last_error) VALUES {values[:-1]}, ?) "
+            "ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_error = VALUES(last_error), "
+            "updated_at = VALUES(updated_at)"
+        )
+    return (
+        f"INSERT INTO message_inbox ({INBOX_COLS}, last_error) VALUES {values[:-1]}, ?) "
+        "ON CONFLICT (consumer_group, message_id) DO UPDATE SET attempts = message_inbox.attempts + 1, "
+        "last_error = excluded.last_error, updated_at = excluded.updated_at RETURNING attempts"
     )
 
 

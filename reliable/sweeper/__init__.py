@@ -1,5 +1,6 @@
-"""The resend sweeper (DESIGN.md §3): re-sends stubs a consumer never received, recovers stuck ones, gives
-up on what cannot be delivered and tells a person.
+"""The resend sweeper (DESIGN.md §3): re-sends, per consumer group, what the group never received (proving
+the loss with the broker's own offsets where the adapter can ask), recovers stuck rows, gives up on what
+cannot be delivered and tells a person.
 
     from reliable.sweeper import Sweeper
     summary = Sweeper(rel, sender).run_once()
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from reliable.sweeper.backoff import (
     BacklogEstimator,
-    BacklogSource,
     BackoffPolicy,
     ExponentialBackoff,
     FixedBackoff,
@@ -22,10 +22,10 @@ from reliable.sweeper.errors import NotifyError, SenderLoadError, SweeperConfigE
 from reliable.sweeper.notify import Channel, DeadNotice, EmailChannel, SmtpConfig, WebhookChannel
 from reliable.sweeper.retention import purge_logs, revive
 from reliable.sweeper.sweeper import RoundSummary, Sweeper
+from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule, Verdict
 
 __all__ = [
     "BacklogEstimator",
-    "BacklogSource",
     "BackoffPolicy",
     "Channel",
     "DeadNotice",
@@ -33,12 +33,15 @@ __all__ = [
     "ExponentialBackoff",
     "FixedBackoff",
     "NotifyError",
+    "RetrySchedule",
+    "RocketMQRetrySchedule",
     "RoundSummary",
     "SenderLoadError",
     "SmtpConfig",
     "Sweeper",
     "SweeperConfigError",
     "SweeperError",
+    "Verdict",
     "WebhookChannel",
     "parse_backoff",
     "parse_duration",

@@ -22,9 +22,10 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from reliable import constants as C
+from reliable.sender import BrokerProbe
 from reliable.sweeper.errors import SweeperConfigError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -127,17 +128,6 @@ def default_backoff() -> BackoffPolicy:
     return parse_backoff(C.DEFAULT_BACKOFF)
 
 
-@runtime_checkable
-class BacklogSource(Protocol):
-    """Optional broker-side view that a broker adapter may implement next to its Sender.
-
-    ``max_offset`` is RocketMQ's *maxOffset* of a queue: the offset the next message will get (one past the
-    last stored message); ``None`` when the broker cannot tell (unknown topic, broker unreachable).
-    """
-
-    def max_offset(self, topic: str, queue_id: int) -> int | None: ...
-
-
 @dataclass(frozen=True)
 class QueueProgress:
     """The ``consume_progress`` row of one (group, topic, queue); one object serves a whole batch, so the
@@ -167,15 +157,16 @@ class BacklogEstimator:
     """``lag ÷ rate``: how long the consumer group needs to reach the message just sent.
 
     ``lag = broker next offset − (watermark + 1)``: the messages of that queue the group has not received.
-    The broker's next offset comes from the :class:`BacklogSource` when one is given and answers; otherwise
+    The broker's next offset comes from the :class:`~reliable.sender.BrokerProbe` when one is given and
+    answers; otherwise
     from the send receipt (``receipt offset + 1``), which is exactly the queue's end as our message saw it.
-    No ``consume_progress`` row, or no measurable rate yet: the estimate is 0 — the selection's offset rule
-    (``queue_offset <= watermark``) still keeps a queued message from being re-sent, the estimate only saves
-    the sweeper from looking at it early. Capped at ``cap``.
+    No ``consume_progress`` row, or no measurable rate yet: the estimate is 0 — the verdict's offset rules
+    (:mod:`reliable.sweeper.verdict`) still keep a queued message from being re-sent, the estimate only
+    saves the sweeper from looking at it early. Capped at ``cap``.
     """
 
-    def __init__(self, source: BacklogSource | None = None, cap_s: float = C.DEFAULT_BACKLOG_CAP_S) -> None:
-        self.source = source
+    def __init__(self, probe: BrokerProbe | None = None, cap_s: float = C.DEFAULT_BACKLOG_CAP_S) -> None:
+        self.probe = probe
         self.cap_s = cap_s
 
     def estimate(
@@ -186,7 +177,7 @@ class BacklogEstimator:
         rate = progress.rate_per_s
         if rate is None:
             return dt.timedelta(0)
-        next_offset = self.source.max_offset(topic, queue_id) if self.source is not None else None
+        next_offset = self.probe.max_offset(topic, queue_id) if self.probe is not None else None
         if next_offset is None:
             if receipt_offset is None:
                 return dt.timedelta(0)
@@ -209,7 +200,6 @@ def describe(policy: BackoffPolicy) -> str:
 
 __all__: Sequence[str] = [
     "BacklogEstimator",
-    "BacklogSource",
     "BackoffPolicy",
     "ExponentialBackoff",
     "FixedBackoff",

@@ -1,8 +1,8 @@
-"""Claiming due stubs so that several sweepers never send the same stub in one round.
+"""Claiming due inbox rows so that several sweepers never send the same (group, message) in one round.
 
 Every claim starts with the selection statement plus a row-locking clause::
 
-    SELECT <due_statement> FOR UPDATE [OF message_stub] SKIP LOCKED
+    SELECT <due_statement> FOR UPDATE [OF message_inbox] SKIP LOCKED
 
 Rows another sweeper has locked are skipped, not waited on. Two strategies use it
 (``Sweeper(claim_ttl_s=…)``):
@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, String, any_, bindparam, update
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import ColumnElement, Connection, Select, and_, or_, tuple_, update
 
-from reliable.sweeper.selection import Candidate, stub
+from reliable.sweeper.selection import Candidate, inbox
 
 
 class LockMode(enum.Enum):
@@ -66,11 +66,11 @@ def lock_mode(conn: Connection) -> LockMode:
 
 
 def locking(stmt: Select[Any], mode: LockMode) -> Select[Any]:
-    """``stmt`` with the row-locking clause of ``mode`` (MySQL's compiler drops ``OF message_stub``)."""
+    """``stmt`` with the row-locking clause of ``mode`` (MySQL's compiler drops ``OF message_inbox``)."""
     if mode is LockMode.SKIP_LOCKED:
-        return stmt.with_for_update(skip_locked=True, of=stub)
+        return stmt.with_for_update(skip_locked=True, of=inbox)
     if mode is LockMode.BLOCKING:
-        return stmt.with_for_update(of=stub)
+        return stmt.with_for_update(of=inbox)
     return stmt
 
 
@@ -78,20 +78,19 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
     """Lock and return the rows of ``stmt``; with ``until`` also move their ``resend_at`` there.
 
     Runs inside the caller's transaction: the rows are claimed when the caller commits. ``until=None`` keeps
-    the row locks only (used by give-up, which finishes its work inside the same transaction).
+    the row locks only (the sweeper then finishes its work inside the same transaction).
     """
     rows = conn.execute(locking(stmt, lock_mode(conn))).all()
-    with_watermark = bool(rows) and "watermark" in rows[0]._fields
-    candidates = [Candidate.from_row(r, with_watermark) for r in rows]
+    candidates = [Candidate.from_row(r) for r in rows]
     if candidates and until is not None:
-        ids = [c.message_id for c in candidates]
-        conn.execute(update(stub).where(_id_in(conn, ids)).values(resend_at=until))
+        keys = [(c.consumer_group, c.message_id) for c in candidates]
+        conn.execute(update(inbox).where(pair_in(conn, keys)).values(resend_at=until))
     return candidates
 
 
-def _id_in(conn: Connection, ids: list[str]) -> ColumnElement[bool]:
-    """``message_id IN (…)``; on PostgreSQL ``= ANY(array)``: one bind instead of one per id (the IN list
-    costs more Python time to render than the UPDATE costs the server)."""
-    if conn.dialect.name == "postgresql":
-        return stub.c.message_id == any_(bindparam("claim_ids", ids, type_=postgresql.ARRAY(String)))
-    return stub.c.message_id.in_(ids)
+def pair_in(conn: Connection, keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
+    """``(consumer_group, message_id) IN (…)``; an OR of pairs on SQLite, where row values do not work
+    through every driver."""
+    if conn.dialect.name == "sqlite":
+        return or_(*[and_(inbox.c.consumer_group == g, inbox.c.message_id == m) for g, m in keys])
+    return tuple_(inbox.c.consumer_group, inbox.c.message_id).in_(list(keys))

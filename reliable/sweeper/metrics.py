@@ -10,8 +10,16 @@ from prometheus_client import Counter, Gauge, start_http_server
 
 ROUNDS = Counter("reliable_sweeper_rounds", "Sweep rounds completed")
 ROUND_ERRORS = Counter("reliable_sweeper_round_errors", "Sweep rounds that ended with an error")
-SELECTED = Counter("reliable_sweeper_selected", "Stubs selected as due (resend and give-up)")
-RESENT = Counter("reliable_sweeper_resent", "Stubs re-sent and accepted by the broker")
+SELECTED = Counter("reliable_sweeper_selected", "Inbox rows selected as due (resend, hold and give-up)")
+RESENT = Counter("reliable_sweeper_resent", "Inbox rows re-sent and accepted by the broker")
+#: why rows were re-sent or held: never_sent, overtaken, lost, too_old, stuck, queued, broker_retry, …
+VERDICTS = Counter("reliable_sweeper_verdicts", "Selected rows by verdict", ["verdict"])
+#: the never-consumed alarm: a group has stubs on a queue it has never consumed (the broker has them)
+NEVER_CONSUMED = Counter(
+    "reliable_sweeper_never_consumed",
+    "Rows found on a queue their group never consumed (alarm, no resend)",
+    ["group", "topic", "queue_id"],
+)
 SEND_FAILURES = Counter("reliable_sweeper_send_failures", "Resends the broker did not accept")
 STUCK_RECOVERED = Counter(
     "reliable_sweeper_stuck_recovered", "Stuck stubs (received, never confirmed) re-sent"

@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass, field
 from email.message import EmailMessage
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, and_, func, or_, select, update
 
 from reliable import constants as C
 from reliable.sweeper.claim import LockMode, lock_mode
 from reliable.sweeper.errors import NotifyError, SweeperConfigError
-from reliable.sweeper.selection import notif, stub
+from reliable.sweeper.selection import inbox, notif, stub
 
 log = logging.getLogger("reliable.sweeper")
 
@@ -230,19 +230,22 @@ def deliver_owed(
 
 
 def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch: int) -> tuple[int, bool]:
+    group_row = and_(
+        inbox.c.message_id == notif.c.message_id, inbox.c.consumer_group == notif.c.consumer_group
+    )
     stmt = (
         select(
             notif.c.message_id,
+            notif.c.consumer_group,
             notif.c.reason,
             notif.c.created_at,
             notif.c.attempts,
             stub.c.topic,
-            stub.c.consumer_group,
-            stub.c.send_count,
-            stub.c.queue_id,
-            stub.c.queue_offset,
+            inbox.c.resend_count,
+            func.coalesce(inbox.c.queue_id, stub.c.queue_id).label("queue_id"),
+            func.coalesce(inbox.c.queue_offset, stub.c.queue_offset).label("queue_offset"),
         )
-        .select_from(notif.join(stub, stub.c.message_id == notif.c.message_id))
+        .select_from(notif.join(stub, stub.c.message_id == notif.c.message_id).outerjoin(inbox, group_row))
         .where(notif.c.channel == channel.name, notif.c.notified_at.is_(None))
         .order_by(notif.c.created_at)
         .limit(batch)
@@ -261,7 +264,7 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
                 message_id=r.message_id,
                 topic=r.topic,
                 consumer_group=r.consumer_group,
-                send_count=r.send_count,
+                send_count=1 + int(r.resend_count or 0),
                 queue_id=r.queue_id,
                 queue_offset=r.queue_offset,
                 reason=r.reason,
@@ -269,13 +272,16 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
             )
             for r in rows
         ]
-        ids = [r.message_id for r in rows]
-        where = (notif.c.channel == channel.name) & notif.c.message_id.in_(ids)
+        keys = [(r.message_id, r.consumer_group) for r in rows]
+        where = and_(
+            notif.c.channel == channel.name,
+            or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys]),
+        )
         try:
             channel.deliver(notices)
         except NotifyError as exc:
             log.warning(
-                "notify via %s failed for %d stub(s), retried next round: %s", channel.name, len(ids), exc
+                "notify via %s failed for %d notice(s), retried next round: %s", channel.name, len(keys), exc
             )
             conn.execute(
                 update(notif).where(where).values(attempts=notif.c.attempts + 1, last_error=str(exc)[:2000])
@@ -284,22 +290,23 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
         conn.execute(
             update(notif).where(where).values(attempts=notif.c.attempts + 1, notified_at=now, last_error=None)
         )
-        return len(ids), False
+        return len(keys), False
 
 
 def notification_rows(
-    message_ids: Sequence[str], reasons: Sequence[str], channels: Sequence[Channel], now: dt.datetime
+    keys: Sequence[tuple[str, str]], reasons: Sequence[str], channels: Sequence[str], now: dt.datetime
 ) -> list[dict[str, Any]]:
-    """The ``stub_notification`` rows a give-up inserts: one per stub and configured channel."""
+    """The ``stub_notification`` rows owed: one per ``(message_id, consumer_group)`` and channel name."""
     return [
         {
             "message_id": m,
-            "channel": ch.name,
+            "consumer_group": g,
+            "channel": ch,
             "reason": r,
             "created_at": now,
             "notified_at": None,
             "attempts": 0,
         }
-        for m, r in zip(message_ids, reasons, strict=True)
+        for (m, g), r in zip(keys, reasons, strict=True)
         for ch in channels
     ]

@@ -1,51 +1,60 @@
-"""Which stubs are due: the one SQL statement per batch (DESIGN.md §3).
+"""Which inbox rows the sweeper looks at: the one SQL statement per batch (DESIGN.md §3).
 
-A stub is *due for a resend* when all of these hold::
+The unit of work is a group's inbox row, ``message_inbox (consumer_group, message_id)``: in a fan-out every
+group must receive the message, and a group that lacks it gets its own (targeted) resend. The statement
+selects the rows that *may* need one::
 
-    status = 'PENDING'                        it is still unconfirmed
-    send_count < max_sends                    the budget is not spent (else: give-up, same predicate)
-    resend_at <= now                          its backoff (+ backlog estimate) has elapsed
+    message_inbox.status = 'PENDING'                       that group has not confirmed it
+    1 + resend_count < max_sends                           the group's budget is not spent (the producer's
+                                                           send plus the group's own resends; Budget.ANY
+                                                           also returns spent rows, which go DEAD)
+    resend_at <= now                                       its backoff (+ backlog estimate) has elapsed
+    NOT EXISTS a DEAD_LETTER journal row of the group      the guard dead-lettered it (max attempts,
+                                                           payload mismatch): re-sending cannot help
     and either
-      NOT EXISTS message_log (message_id, consumer_group)        never received by its group …
-      and (queue_offset IS NULL                                  … and the send never got a result,
-           OR queue_offset <= consume_progress.max_offset)       … or its group has received that offset
-                                                                   of the SAME topic/queue_id
+      NOT EXISTS message_log (message_id, consumer_group)  the group never received it …
     or
-      max(message_log.received_at) < now - stuck_after           received, still pending, and the newest
-                                                                   delivery is old: a worker died mid-way
-                                                                   (the Redis lease is checked afterwards)
+      max(message_log.received_at) < now - stuck_after     … or received it, and the newest delivery is old:
+                                                           a worker may have died mid-way
 
-``<=`` and not ``<`` (a correction to the literal text of DESIGN.md §3, which reads like RocketMQ's
-"next offset to consume"): ``consume_progress.max_offset`` is the highest offset the group has *received*,
-and the consumer journals the ``message_log`` row and raises that watermark in one transaction. So when the
-watermark equals the stub's offset and there is no log row, the message received at that offset was a
-different one — the broker lost ours and reused the offset (crash before flush). With ``<`` such a stub
-would wait until another message arrives on that queue, which on a quiet queue is never. A stub whose
-offset is above the watermark is waiting in the backlog and is not touched; a stub whose group has no
-``consume_progress`` row for the queue is also treated as queued (the group never consumed there).
+Whether a never-received row is *lost* (never sent, overtaken by the group's watermark, proven lost by the
+broker's max offset, or too old) or merely *queued* is decided per row afterwards, in Python
+(:mod:`reliable.sweeper.verdict`): the broker probe is a call to the broker, not a column, and the
+watermark to compare with belongs to the topic the group's copy went to (``%RETRY%{group}`` after a
+targeted resend), which only the sender knows. Rows found queued are postponed (their ``resend_at`` moves),
+so they do not take batch slots every round.
 
-``resend_at IS NULL`` is never due: the producer sets it when it writes the stub (``first_resend_delay_s``),
-so a stub whose first send is still in flight is not raced by the sweeper.
+``resend_at IS NULL`` is never due: the producer sets it when it writes the inbox rows
+(``first_resend_delay_s``), so a send still in flight is not raced by the sweeper.
 
-Both log conditions are correlated subqueries on ``ix_message_log_message_id_consumer_group_received_at``
-and the watermark is a primary-key lookup on ``consume_progress``, so the statement is an ordered range scan
-of ``ix_message_stub_status_resend_at`` that stops after ``limit`` matching rows (see docs/sweeper.md for the
-PostgreSQL plan). Subqueries instead of joins also keep ``FOR UPDATE`` from locking the log and progress
-rows on MariaDB, which has no ``FOR UPDATE OF``.
+The log conditions are correlated subqueries on ``ix_message_log_message_id_consumer_group_received_at``,
+the budget is a comparison on the inbox row itself, so the statement is an ordered range scan of
+``ix_message_inbox_status_resend_at`` that stops after ``limit`` rows. The stub (topic, body, topic-wide
+send) is read afterwards by primary key, without a lock: subqueries and a second statement instead of a
+join keep ``FOR UPDATE`` from locking stub and log rows on MariaDB, which has no ``FOR UPDATE OF``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from sqlalchemy import Select, Table, and_, exists, func, or_, select, true
+from sqlalchemy import Connection, Select, Table, and_, exists, func, or_, select, true
 
-from reliable.models import ConsumeProgress, MessageLog, MessageStub, StubNotification, UTCDateTime
-from reliable.types import StubStatus
+from reliable.models import (
+    ConsumeProgress,
+    MessageInbox,
+    MessageLog,
+    MessageStub,
+    StubNotification,
+    UTCDateTime,
+)
+from reliable.types import LogOutcome, StubStatus
 
+inbox = cast(Table, MessageInbox.__table__)
 stub = cast(Table, MessageStub.__table__)
 log = cast(Table, MessageLog.__table__)
 progress = cast(Table, ConsumeProgress.__table__)
@@ -55,55 +64,86 @@ notif = cast(Table, StubNotification.__table__)
 class Budget(enum.Enum):
     """Which side of ``max_sends`` a statement looks at."""
 
-    RESEND = "resend"  # send_count < max_sends: send again
-    EXHAUSTED = "exhausted"  # send_count >= max_sends: would be re-sent, but must go DEAD instead
-    #: both at once: what the sweeper runs, so ONE index scan per batch serves resend and give-up (a
-    #: separate give-up statement would scan every due stub each round only to find the few at budget);
-    #: the sweeper splits the rows on ``send_count`` and never re-sends one at budget.
+    RESEND = "resend"  # 1 + resend_count < max_sends: send again
+    #: both at once: what the sweeper runs, so ONE index scan per batch serves resend and give-up; the
+    #: sweeper splits the rows on ``sends`` and never re-sends one at budget.
     ANY = "any"
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A due stub as the selection statement returns it."""
+    """A group's inbox row as the selection returns it, completed with its stub by :func:`load_stubs`."""
 
-    message_id: str
-    topic: str
-    tags: str | None
     consumer_group: str
-    content: bytes
-    send_count: int
-    queue_id: int | None
-    queue_offset: int | None
-    #: newest ``message_log.received_at`` of its group; ``None`` = never received (not a stuck stub).
+    message_id: str
+    #: the group's targeted resends so far (``message_inbox.resend_count``)
+    resend_count: int
+    #: where the group's last targeted resend landed (``None``: none yet, the stub's send is the copy)
+    inbox_queue_id: int | None
+    inbox_queue_offset: int | None
+    created_at: dt.datetime
+    #: when the last targeted resend was recorded (``message_inbox.updated_at``; see verdict.py)
+    inbox_updated_at: dt.datetime
+    #: newest ``message_log.received_at`` of its group; ``None`` = never received (not a stuck row).
     last_received_at: dt.datetime | None
-    #: ``consume_progress.max_offset`` of its group/topic/queue (``None``: the group never consumed there);
-    #: selected only by the give-up statement, for the reason a person reads.
-    watermark: int | None = None
+    #: ``reconsume_times`` and outcome of that newest delivery (the broker's retry schedule, verdict.py)
+    last_reconsume_times: int | None
+    last_outcome: LogOutcome | None
+    # --- from the stub (load_stubs) ---
+    topic: str = ""
+    tags: str | None = None
+    content: bytes = b""
+    stub_queue_id: int | None = None
+    stub_queue_offset: int | None = None
+    stub_last_sent_at: dt.datetime | None = None
+
+    @property
+    def sends(self) -> int:
+        """The group's sends: the producer's plus its own resends (compared with ``max_sends``)."""
+        return 1 + self.resend_count
 
     @property
     def stuck(self) -> bool:
         """Received but never confirmed: the re-send needs a look at the Redis lease first."""
         return self.last_received_at is not None
 
+    @property
+    def targeted(self) -> bool:
+        """The group's newest copy is a targeted resend (its position is on the inbox row)."""
+        return self.inbox_queue_offset is not None
+
+    @property
+    def queue_id(self) -> int | None:
+        return self.inbox_queue_id if self.targeted else self.stub_queue_id
+
+    @property
+    def queue_offset(self) -> int | None:
+        return self.inbox_queue_offset if self.targeted else self.stub_queue_offset
+
+    @property
+    def last_sent_at(self) -> dt.datetime | None:
+        """When the group's newest copy was sent (the stub's first send before any resend)."""
+        return self.inbox_updated_at if self.targeted else self.stub_last_sent_at
+
     @classmethod
-    def from_row(cls, row: Any, with_watermark: bool = False) -> Candidate:
+    def from_row(cls, row: Any) -> Candidate:
+        outcome = row.last_outcome
         return cls(
-            message_id=row.message_id,
-            topic=row.topic,
-            tags=row.tags,
             consumer_group=row.consumer_group,
-            content=bytes(row.content),
-            send_count=int(row.send_count),
-            queue_id=row.queue_id,
-            queue_offset=row.queue_offset,
+            message_id=row.message_id,
+            resend_count=int(row.resend_count),
+            inbox_queue_id=row.queue_id,
+            inbox_queue_offset=row.queue_offset,
+            created_at=row.created_at,
+            inbox_updated_at=row.updated_at,
             last_received_at=row.last_received_at,
-            watermark=row.watermark if with_watermark else None,
+            last_reconsume_times=row.last_reconsume_times,
+            last_outcome=LogOutcome(outcome) if outcome is not None else None,
         )
 
 
-#: the index the selection walks (named by the models' naming convention; created by migration 0001)
-STATUS_RESEND_INDEX = "ix_message_stub_status_resend_at"
+#: the index the selection walks (named by the models' naming convention; created by migration 0003)
+STATUS_RESEND_INDEX = "ix_message_inbox_status_resend_at"
 
 
 def due_statement(
@@ -116,54 +156,89 @@ def due_statement(
 ) -> Select[Any]:
     """The selection statement (without locking clauses: :mod:`reliable.sweeper.claim` adds them)."""
     same_group_log = and_(
-        log.c.message_id == stub.c.message_id, log.c.consumer_group == stub.c.consumer_group
+        log.c.message_id == inbox.c.message_id, log.c.consumer_group == inbox.c.consumer_group
     )
     last_received = (
         select(func.max(log.c.received_at, type_=UTCDateTime())).where(same_group_log).scalar_subquery()
     )
-    watermark = (
-        select(progress.c.max_offset)
-        .where(
-            progress.c.consumer_group == stub.c.consumer_group,
-            progress.c.topic == stub.c.topic,
-            progress.c.queue_id == stub.c.queue_id,
-        )
-        .scalar_subquery()
+    newest_first = (log.c.received_at.desc(), log.c.id.desc())
+    last_reconsume = (
+        select(log.c.reconsume_times).where(same_group_log).order_by(*newest_first).limit(1).scalar_subquery()
     )
-    never_received_and_passed = and_(
-        ~exists().where(same_group_log),
-        or_(stub.c.queue_offset.is_(None), stub.c.queue_offset <= watermark),
+    last_outcome = (
+        select(log.c.outcome).where(same_group_log).order_by(*newest_first).limit(1).scalar_subquery()
     )
-    stuck = last_received < now - stuck_after
+    dead_lettered = exists().where(same_group_log, log.c.outcome == LogOutcome.DEAD_LETTER)
     budget_clause = {
-        Budget.RESEND: stub.c.send_count < max_sends,
-        Budget.EXHAUSTED: stub.c.send_count >= max_sends,
+        Budget.RESEND: inbox.c.resend_count + 1 < max_sends,
         Budget.ANY: true(),
     }[budget]
     return (
         select(
-            stub.c.message_id,
-            stub.c.topic,
-            stub.c.tags,
-            stub.c.consumer_group,
-            stub.c.content,
-            stub.c.send_count,
-            stub.c.queue_id,
-            stub.c.queue_offset,
+            inbox.c.consumer_group,
+            inbox.c.message_id,
+            inbox.c.resend_count,
+            inbox.c.queue_id,
+            inbox.c.queue_offset,
+            inbox.c.created_at,
+            inbox.c.updated_at,
             last_received.label("last_received_at"),
-            *([watermark.label("watermark")] if budget is Budget.EXHAUSTED else []),
+            last_reconsume.label("last_reconsume_times"),
+            last_outcome.label("last_outcome"),
         )
         .where(
-            stub.c.status == StubStatus.PENDING,
+            inbox.c.status == StubStatus.PENDING,
             budget_clause,
-            stub.c.resend_at <= now,
-            or_(never_received_and_passed, stuck),
+            inbox.c.resend_at <= now,
+            ~dead_lettered,
+            or_(~exists().where(same_group_log), last_received < now - stuck_after),
         )
-        .order_by(stub.c.resend_at)
+        .order_by(inbox.c.resend_at)
         .limit(limit)
         # MariaDB/MySQL may pick a full scan + filesort on a small or freshly loaded table; under
         # FOR UPDATE that locks every row it reads, so a second sweeper's SKIP LOCKED finds nothing. The
         # (status, resend_at) index keeps the scan, and the locks, to the due rows in order.
-        .with_hint(stub, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mysql")
-        .with_hint(stub, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mariadb")
+        .with_hint(inbox, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mysql")
+        .with_hint(inbox, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mariadb")
     )
+
+
+def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates completed with their stub's topic, body and topic-wide send (one plain SELECT).
+
+    A row whose stub is missing (the inbox pattern: the guard created it, nobody staged the message) cannot
+    be re-sent — there is no body — and is left out here (the sweeper postpones it); such rows are born
+    ``CONFIRMED`` anyway.
+    """
+    ids = sorted({c.message_id for c in candidates})
+    if not ids:
+        return []
+    rows = conn.execute(
+        select(
+            stub.c.message_id,
+            stub.c.topic,
+            stub.c.tags,
+            stub.c.content,
+            stub.c.queue_id,
+            stub.c.queue_offset,
+            stub.c.last_sent_at,
+        ).where(stub.c.message_id.in_(ids))
+    ).all()
+    by_id = {r.message_id: r for r in rows}
+    out: list[Candidate] = []
+    for c in candidates:
+        r = by_id.get(c.message_id)
+        if r is None:
+            continue
+        out.append(
+            replace(
+                c,
+                topic=r.topic,
+                tags=r.tags,
+                content=bytes(r.content),
+                stub_queue_id=r.queue_id,
+                stub_queue_offset=r.queue_offset,
+                stub_last_sent_at=r.last_sent_at,
+            )
+        )
+    return out

@@ -27,18 +27,21 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine
 
 from reliable import constants as C
+from reliable import outbox
 from reliable.facade import Reliability
 from reliable.models import utcnow
-from reliable.sender import Sender
+from reliable.sender import BrokerProbe, Sender
 from reliable.sweeper import metrics
-from reliable.sweeper.backoff import BacklogEstimator, BacklogSource, BackoffPolicy, default_backoff
+from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, default_backoff
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
-from reliable.sweeper.leases import LeaseState, LeaseView, read_leases
+from reliable.sweeper.leases import FREE, LeaseView, read_leases
 from reliable.sweeper.notify import Channel, deliver_owed
-from reliable.sweeper.resend import BatchResult, mark_dead, send_claimed
+from reliable.sweeper.resend import BatchResult, send_claimed
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
+from reliable.sweeper.triage import Triage, triage
+from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule
 
 log = logging.getLogger("reliable.sweeper")
 
@@ -52,6 +55,8 @@ class RoundSummary:
     stuck_recovered: int = 0
     lease_held: int = 0
     lease_unknown: int = 0
+    held: int = 0
+    never_consumed: int = 0
     purged: int = 0
     notified: int = 0
     notify_failures: int = 0
@@ -61,21 +66,35 @@ class RoundSummary:
         return (
             f"sweep round: selected={self.selected} resent={self.resent} send_failures={self.send_failures} "
             f"dead={self.dead} stuck_recovered={self.stuck_recovered} lease_held={self.lease_held} "
-            f"lease_unknown={self.lease_unknown} purged={self.purged} notified={self.notified} "
-            f"notify_failures={self.notify_failures} duration={self.duration_s:.3f}s"
+            f"lease_unknown={self.lease_unknown} held={self.held} never_consumed={self.never_consumed} "
+            f"purged={self.purged} notified={self.notified} notify_failures={self.notify_failures} "
+            f"duration={self.duration_s:.3f}s"
         )
+
+    def add(self, result: BatchResult) -> None:
+        self.resent += result.resent
+        self.send_failures += result.send_failures
+        self.stuck_recovered += result.stuck_recovered
+        self.lease_held += result.lease_held
+        self.lease_unknown += result.lease_unknown
+        self.held += result.held
+        self.never_consumed += result.never_consumed
+        self.dead += len(result.dead)
 
 
 class Sweeper:
-    """Re-sends lost stubs of one database through ``sender``; ``run_once()`` is one round.
+    """Re-sends what each consumer group lacks, through ``sender``; ``run_once()`` is one round.
 
     Defaults come from ``rel.settings`` (``max_sends``, ``stuck_after_s``, ``log_retention_s``,
-    ``sweep_batch``, ``lease_ms``); keyword arguments override them. ``clock`` is the time source of every
-    due-time decision (tests pass a controllable one). ``channels`` are the notification channels besides
-    the log (see :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches of each kind per round
-    (``None``: until nothing is due). ``claim_ttl_s`` chooses the claim strategy
-    (:mod:`reliable.sweeper.claim`): ``None`` (default) holds row locks for the batch; a number claims by
-    moving ``resend_at`` that far ahead and sends with no transaction open.
+    ``sweep_batch``, ``lease_ms``); keyword arguments override them. ``probe`` is the broker's view of its
+    queues (:class:`~reliable.sender.BrokerProbe`; default: the sender itself when it is one) — it proves
+    a loss on a quiet queue; without it ``max_unconfirmed_age_s`` is the last resort. ``retry_schedule`` is
+    the broker's own redelivery delay (default RocketMQ's). ``clock`` is the time source of every due-time
+    decision (tests pass a controllable one). ``channels`` are the notification channels besides the log
+    (see :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches per round (``None``: until
+    nothing is due). ``claim_ttl_s`` chooses the claim strategy (:mod:`reliable.sweeper.claim`): ``None``
+    (default) holds row locks for the batch; a number claims by moving ``resend_at`` that far ahead and
+    sends with no transaction open.
     """
 
     def __init__(
@@ -84,12 +103,14 @@ class Sweeper:
         sender: Sender,
         *,
         backoff: BackoffPolicy | None = None,
-        backlog_source: BacklogSource | None = None,
+        probe: BrokerProbe | None = None,
         backlog_cap_s: float = C.DEFAULT_BACKLOG_CAP_S,
         channels: Sequence[Channel] = (),
         batch: int | None = None,
         max_sends: int | None = None,
         stuck_after_s: float | None = None,
+        max_unconfirmed_age_s: float = C.DEFAULT_MAX_UNCONFIRMED_AGE_S,
+        retry_schedule: RetrySchedule | None = None,
         log_retention_s: float | None = None,
         claim_ttl_s: float | None = None,
         max_batches: int | None = None,
@@ -100,7 +121,10 @@ class Sweeper:
         self.engine: Engine = rel.engine
         self.sender = sender
         self.backoff = backoff or default_backoff()
-        self.estimator = BacklogEstimator(backlog_source, backlog_cap_s)
+        if probe is None and isinstance(sender, BrokerProbe):
+            probe = sender
+        self.probe = probe
+        self.estimator = BacklogEstimator(probe, backlog_cap_s)
         self.channels = list(channels)
         names = [c.name for c in self.channels]
         if len(set(names)) != len(names) or C.NOTIFY_CHANNEL_LOG in names:
@@ -110,6 +134,8 @@ class Sweeper:
         self.stuck_after = dt.timedelta(
             seconds=stuck_after_s if stuck_after_s is not None else s.stuck_after_s
         )
+        self.max_unconfirmed_age = dt.timedelta(seconds=max_unconfirmed_age_s)
+        self.retry_schedule: RetrySchedule = retry_schedule or RocketMQRetrySchedule()
         retention = log_retention_s if log_retention_s is not None else s.log_retention_s
         self.log_retention = dt.timedelta(seconds=retention)
         self.claim_ttl = dt.timedelta(seconds=claim_ttl_s) if claim_ttl_s is not None else None
@@ -120,6 +146,8 @@ class Sweeper:
             raise SweeperConfigError("batch, max_sends and claim_ttl must be > 0")
         if max_batches is not None and max_batches <= 0:
             raise SweeperConfigError("max_batches must be > 0")
+        if max_unconfirmed_age_s <= 0:
+            raise SweeperConfigError("max_unconfirmed_age must be > 0")
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -136,6 +164,8 @@ class Sweeper:
         summary = RoundSummary()
         try:
             self._sweep(self.clock(), summary)
+            with self.engine.begin() as conn:  # stubs whose last groups confirmed at the same instant
+                outbox.settle(conn, self.clock())
             self._notify(summary)
             if not self.stopping:
                 summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
@@ -152,13 +182,26 @@ class Sweeper:
     def _leases(self, candidates: Sequence[Candidate]) -> list[LeaseView]:
         stuck = [(c.consumer_group, c.message_id) for c in candidates if c.stuck]
         views = iter(read_leases(self.rel.redis, self.rel.settings.key_prefix, stuck, self.stuck_after))
-        return [next(views) if c.stuck else LeaseView(LeaseState.FREE) for c in candidates]
+        return [next(views) if c.stuck else FREE for c in candidates]
 
     def _batches(self) -> range:
         return range(self.max_batches) if self.max_batches is not None else range(2**62)
 
+    def _triage(self) -> Triage:
+        return Triage(
+            sender=self.sender,
+            probe=self.probe,
+            policy=self.backoff,
+            max_sends=self.max_sends,
+            stuck_after=self.stuck_after,
+            max_unconfirmed_age=self.max_unconfirmed_age,
+            retry_schedule=self.retry_schedule,
+            lease_hold=self.lease_hold,
+            channels=[c.name for c in self.channels],
+        )
+
     def _sweep(self, now: dt.datetime, summary: RoundSummary) -> None:
-        """Batches of (claim → give up the ones at budget → send the rest → record) until nothing is due."""
+        """Batches of (claim → triage: hold, give up, alarm → send the rest → record) until nothing is due."""
         stmt = due_statement(
             now=now,
             stuck_after=self.stuck_after,
@@ -166,69 +209,40 @@ class Sweeper:
             limit=self.batch,
             budget=Budget.ANY,
         )
+        t = self._triage()
         for _ in self._batches():
             if self.stopping:
                 return
             if self.claim_ttl is None:  # row-lock claim: one transaction around claim, sends and record
                 with self.engine.begin() as conn:
-                    candidates = claim(conn, stmt, until=None)
-                    if not candidates:
+                    claimed = claim(conn, stmt, until=None)
+                    if not claimed:
                         return
-                    fresh, leases = self._give_up(conn, candidates, summary)
-                    result = self._send(fresh, leases, lambda: contextlib.nullcontext(conn))
+                    send, triaged = triage(t, conn, claimed, self._leases, self.clock())
+                    result = self._send(send, lambda: contextlib.nullcontext(conn))
             else:  # lease claim: short claim transaction, sends outside any transaction, then record
                 with self.engine.begin() as conn:
-                    candidates = claim(conn, stmt, until=self.clock() + self.claim_ttl)
-                    if not candidates:
+                    claimed = claim(conn, stmt, until=self.clock() + self.claim_ttl)
+                    if not claimed:
                         return
-                    fresh, leases = self._give_up(conn, candidates, summary)
-                result = self._send(fresh, leases, self.engine.begin)
-            summary.selected += len(candidates)
-            summary.resent += result.resent
-            summary.send_failures += result.send_failures
-            summary.stuck_recovered += result.stuck_recovered
-            summary.lease_held += result.lease_held
-            summary.lease_unknown += result.lease_unknown
-            if len(candidates) < self.batch:
+                    send, triaged = triage(t, conn, claimed, self._leases, self.clock())
+                result = self._send(send, self.engine.begin)
+            summary.selected += len(claimed)
+            summary.add(triaged)
+            summary.add(result)
+            if len(claimed) < self.batch:
                 return
 
-    def _give_up(
-        self, conn: Connection, candidates: Sequence[Candidate], summary: RoundSummary
-    ) -> tuple[list[Candidate], list[LeaseView]]:
-        """Mark the claimed stubs at budget DEAD (in the claim transaction); return the rest to send."""
-        leases = self._leases(candidates)
-        spent = [(c, v) for c, v in zip(candidates, leases, strict=True) if c.send_count >= self.max_sends]
-        if spent:
-            result = mark_dead(
-                conn,
-                [c for c, _ in spent],
-                [v for _, v in spent],
-                max_sends=self.max_sends,
-                channels=self.channels,
-                now=self.clock(),
-                lease_unknown_hold=self.lease_hold,
-            )
-            summary.dead += len(result.dead)
-            summary.lease_held += result.lease_held
-            summary.lease_unknown += result.lease_unknown
-        rest = [(c, v) for c, v in zip(candidates, leases, strict=True) if c.send_count < self.max_sends]
-        return [c for c, _ in rest], [v for _, v in rest]
-
     def _send(
-        self,
-        candidates: Sequence[Candidate],
-        leases: Sequence[LeaseView],
-        recorder: Callable[[], AbstractContextManager[Connection]],
+        self, candidates: Sequence[Candidate], recorder: Callable[[], AbstractContextManager[Connection]]
     ) -> BatchResult:
         return send_claimed(
             recorder,
             self.sender,
             candidates,
-            leases,
             policy=self.backoff,
             estimator=self.estimator,
             clock=self.clock,
-            lease_unknown_hold=self.lease_hold,
             should_stop=self._stop.is_set,
         )
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from broker_sim.client.message import ConsumeStatus, MessageExt, Prop
 from reliable import Reliability
 from reliable.adapters.broker_sim import (
-    BrokerSimBacklog,
+    BrokerSimProbe,
     BrokerSimSender,
     GuardedListener,
     message_id_of,
@@ -27,7 +27,7 @@ from reliable.decorator import idempotent_consumer
 from reliable.demo import ledger
 from reliable.demo.services import BrokerServer
 from reliable.errors import SendError
-from reliable.models import MessageLog, MessageStub
+from reliable.models import ConsumeProgress, MessageLog, MessageStub
 from reliable.producer import StubProducer
 from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope, StubStatus
@@ -49,17 +49,43 @@ def test_message_id_prefers_keys_then_uniq_key() -> None:
     assert message_id_of(ext({})) is None
 
 
-def test_envelope_of_a_retry_reports_the_original_topic_and_reconsume_times() -> None:
-    msg = ext(
-        {Prop.KEYS: "m-1", Prop.RETRY_TOPIC: TOPIC, Prop.TAGS: "A"},
-        topic=f"%RETRY%{GROUP}",
-        queue_id=0,
-        queue_offset=7,
-        reconsume_times=2,
-    )
-    env = to_envelope(msg)
-    assert (env.message_id, env.topic, env.queue_id, env.queue_offset) == ("m-1", TOPIC, 0, 7)
-    assert env.reconsume_times == 2 and env.tags == "A" and env.keys == "m-1"
+RETRY = f"%RETRY%{GROUP}"
+
+
+def test_a_retry_delivery_keeps_its_delivered_position_and_reports_the_original_topic() -> None:
+    props = {Prop.KEYS: "m-1", Prop.RETRY_TOPIC: TOPIC, Prop.TAGS: "A"}
+    # as a pull consumer sees it: the %RETRY% topic itself
+    pulled = ext(props, topic=RETRY, queue_id=0, queue_offset=7, reconsume_times=2)
+    # as the push consumer hands it to a listener: original topic restored, RETRY_TOPIC left in place
+    pushed = ext(props, topic=TOPIC, queue_id=0, queue_offset=7, reconsume_times=2)
+    for env in (to_envelope(pulled), to_envelope(pushed, GROUP)):
+        assert (env.message_id, env.topic, env.reconsume_times, env.tags) == ("m-1", TOPIC, 2, "A")
+        # the position is the retry queue's, and says so: it must never pass for queue 0 of the topic
+        assert (env.delivered_topic, env.source_topic, env.queue_id, env.queue_offset) == (RETRY, RETRY, 0, 7)
+    with pytest.raises(ValueError, match="consumer group"):
+        to_envelope(pushed)  # without the group the delivered topic cannot be named: never guess
+    plain = to_envelope(ext({Prop.KEYS: "m-2"}, queue_id=3, queue_offset=9))
+    assert (plain.topic, plain.delivered_topic, plain.source_topic, plain.queue_id) == (TOPIC, None, TOPIC, 3)
+
+
+def test_targeted_send_goes_to_the_groups_retry_topic_with_the_original_topic() -> None:
+    sent: list[Any] = []
+
+    class Recording:
+        def send(self, msg: Any) -> Any:
+            sent.append(msg)
+            from broker_sim.client.message import SendResult, SendStatus
+
+            return SendResult(SendStatus.SEND_OK, "id", 0, 5, "off")
+
+    sender = BrokerSimSender(Recording())
+    sender.send(OutgoingMessage("m-1", TOPIC, b"x", target_group="audit"))
+    sender.send(OutgoingMessage("m-2", TOPIC, b"x"))
+    assert [(m.topic, m.properties.get(Prop.RETRY_TOPIC)) for m in sent] == [
+        ("%RETRY%audit", TOPIC),
+        (TOPIC, None),
+    ]
+    assert sender.resend_topic(TOPIC, "audit") == "%RETRY%audit"
 
 
 def _listener(
@@ -126,7 +152,7 @@ def test_sender_failure_is_a_send_error() -> None:
             raise ConnectionRefusedError("no broker")
 
     with pytest.raises(SendError, match="no broker"):
-        BrokerSimSender(Down()).send(OutgoingMessage("m", TOPIC, b"x", GROUP))
+        BrokerSimSender(Down()).send(OutgoingMessage("m", TOPIC, b"x"))
 
 
 # --- through a real broker -----------------------------------------------------------------------------
@@ -142,11 +168,10 @@ def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condi
 
 @pytest.fixture
 def rel(sqlite_url: str) -> Iterator[Reliability]:
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
     r = Reliability(sqlite_url, None, lease_ms=2000)
-    r.create_schema()
-    with r.session() as s:
-        s.query(MessageLog).delete()
-        s.query(MessageStub).delete()
     ledger.reset(r.engine, 10)
     yield r
     r.close()
@@ -190,7 +215,7 @@ def test_guarded_consumption_applies_each_order_once(rel: Reliability, broker_ta
     assert all(r is not None for r in receipts.values())
     assert {r.queue_id for r in receipts.values() if r is not None} == {0, 1, 2, 3}
     # the same message, sent again (a producer double-send): a second copy the guard must suppress
-    sender.send(OutgoingMessage(orders[0].order_id, TOPIC, orders[0].to_body(), GROUP, send_count=1))
+    sender.send(OutgoingMessage(orders[0].order_id, TOPIC, orders[0].to_body(), send_count=1))
 
     handler = idempotent_consumer(rel, group=GROUP)(ledger.make_business_handler("t"))
     consumer = PushConsumer(
@@ -212,13 +237,62 @@ def test_guarded_consumption_applies_each_order_once(rel: Reliability, broker_ta
 
         wait_for(lambda: confirmed() == 60, what="60 confirmed stubs")
         wait_for(lambda: listener.stats.delivered >= 61, what="the duplicate copy")
+        probe = BrokerSimProbe(consumer.transport)  # the sweeper's view: what the broker holds
+        assert sum(probe.max_offset(TOPIC, q) or 0 for q in range(4)) == 61
+        assert probe.max_offset("NoSuchTopic", 0) in (0, None)
     finally:
         consumer.shutdown()
         producer.shutdown()
     check = ledger.check(rel.engine, [o.order_id for o in orders], 10)
     assert check.ok, check
-    backlog = BrokerSimBacklog(consumer.transport if broker_target is not None else None)  # type: ignore[arg-type]
-    assert backlog is not None
+
+
+def test_retry_deliveries_move_only_the_retry_queues_watermark(rel: Reliability, tmp_path: Path) -> None:
+    """Four messages, one per queue at offset 0, each failing once: the retries come back from
+    %RETRY% queue 0 at offsets 0..3. Journaled under the topic they would claim the topic's queue 0 reached
+    offset 3 — and the sweeper would take messages queued there for lost."""
+    from broker_sim.broker.api import ConsumeFromWhere
+    from broker_sim.broker.broker import Broker
+    from broker_sim.client.producer import Producer
+    from broker_sim.client.push_consumer import PushConsumer
+
+    broker = Broker(
+        str(tmp_path / "store"),
+        topics={TOPIC: 4},
+        message_delay_level="1s 1s 1s",
+        commit_log_file_size=8 << 20,
+    )
+    broker.start()
+    producer = Producer(broker, "adapter_p3")
+    sender = BrokerSimSender(producer)
+    receipts = [sender.send(OutgoingMessage(f"r-{i}", TOPIC, b"{}")) for i in range(4)]
+    assert sorted((r.queue_id, r.queue_offset) for r in receipts) == [(q, 0) for q in range(4)]
+    failed_once: set[str] = set()
+
+    def flaky(env: Envelope, session: Session) -> None:
+        if env.message_id not in failed_once:
+            failed_once.add(env.message_id or "")
+            raise RuntimeError("first attempt fails")
+
+    handler = idempotent_consumer(rel, group=GROUP)(flaky)
+    consumer = PushConsumer(broker, GROUP, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    listener = GuardedListener(handler, send_back_to_dlq(consumer.transport, GROUP), batch=False)
+    consumer.subscribe(TOPIC, "*", listener)
+    consumer.start()
+    try:
+        wait_for(lambda: listener.stats.success == 4, what="4 messages applied on their retry")
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+        broker.shutdown()
+    with Session(rel.engine) as s:
+        marks = {(p.topic, p.queue_id): p.max_offset for p in s.scalars(select(ConsumeProgress))}
+        journal = {
+            (m.topic, m.original_topic, m.queue_id, m.queue_offset) for m in s.scalars(select(MessageLog))
+        }
+    assert marks == {**{(TOPIC, q): 0 for q in range(4)}, (RETRY, 0): 3}
+    assert {(t, o) for t, o, _, _ in journal} == {(TOPIC, TOPIC), (RETRY, TOPIC)}
+    assert {(q, off) for t, _, q, off in journal if t == RETRY} == {(0, k) for k in range(4)}
 
 
 def test_dead_letter_goes_to_the_dlq_at_once(rel: Reliability, broker_target: Any) -> None:

@@ -37,7 +37,7 @@ from reliable.adapters.rabbitmq import (
     to_envelope,
 )
 from reliable.errors import ConfigurationError, SendError
-from reliable.models import MessageLog, MessageStub
+from reliable.models import MessageInbox, MessageLog, MessageStub
 from reliable.producer import SendOutcome
 from reliable.sender import OutgoingMessage
 from tests import services
@@ -141,7 +141,7 @@ def test_publish_with_confirms_then_consume_applies_each_effect_once(
                 with rel.session() as s:
                     row = s.get(MessageStub, mid)
                     assert row is not None
-                    sender.send(OutgoingMessage(mid, TOPIC, row.content, GROUP, send_count=1))
+                    sender.send(OutgoingMessage(mid, TOPIC, row.content, send_count=1))
         assert all(r.outcome is SendOutcome.SENT for r in results)
         offsets = [r.receipt.queue_offset for r in results if r.receipt is not None]
         assert offsets == sorted(offsets) and len(set(offsets)) == 20  # monotonic per process
@@ -263,7 +263,8 @@ def test_consumer_process_killed_before_ack_is_redelivered_and_suppressed(
 def test_lost_send_is_resent_by_reliable_sweep_through_rabbitmq(
     rel: Reliability, topology: Topology, rabbitmq_url: str, postgres_url: str, admin: Any
 ) -> None:
-    """The producer crashed between its commit and its send; `reliable sweep --once` delivers the stub."""
+    """The producer crashed between its commit and its send; `reliable sweep --once` delivers the message,
+    targeted: straight into the group's queue (RELIABLE_RABBITMQ_GROUP_QUEUE), not through the exchange."""
     topology.declare(admin)
     with RabbitMQSender(rabbitmq_url, exchange=topology.exchange or "") as sender:
         lazy = StubProducer(rel, sender, default_group=GROUP)
@@ -274,12 +275,13 @@ def test_lost_send_is_resent_by_reliable_sweep_through_rabbitmq(
         **{k: v for k, v in os.environ.items() if not k.startswith("RELIABLE_")},
         "RELIABLE_RABBITMQ_URL": rabbitmq_url,
         "RELIABLE_RABBITMQ_EXCHANGE": topology.exchange or "",
+        "RELIABLE_RABBITMQ_GROUP_QUEUE": topology.queue,
     }
     # the stub's grace period (first_resend_delay_s) is over as far as this sweeper is concerned
     with rel.session() as s:
-        row = s.get(MessageStub, "lost-1")
-        assert row is not None
-        row.resend_at = row.created_at - dt.timedelta(seconds=1)
+        inbox = s.get(MessageInbox, (GROUP, "lost-1"))
+        assert inbox is not None
+        inbox.resend_at = inbox.created_at - dt.timedelta(seconds=1)
     cmd = [
         str(Path(sys.executable).parent / "reliable"),
         "sweep",
@@ -297,7 +299,9 @@ def test_lost_send_is_resent_by_reliable_sweep_through_rabbitmq(
     assert effect_counts(rel) == {"lost-1": 1}
     with rel.session() as s:
         row = s.get(MessageStub, "lost-1")
-        assert row is not None and row.status is StubStatus.CONFIRMED and row.send_count == 1
+        assert row is not None and row.status is StubStatus.CONFIRMED and row.send_count == 0
+        inbox = s.get(MessageInbox, (GROUP, "lost-1"))
+        assert inbox is not None and inbox.status is StubStatus.CONFIRMED and inbox.resend_count == 1
 
 
 def test_sweeper_sender_factory_needs_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -409,7 +413,7 @@ def test_unroutable_send_is_a_send_error_and_the_stub_stays_pending(
     try:
         with RabbitMQSender(rabbitmq_url, exchange=exchange) as sender:
             with pytest.raises(SendError, match="unroutable"):
-                sender.send(OutgoingMessage("u-0", TOPIC, b"x", GROUP))
+                sender.send(OutgoingMessage("u-0", TOPIC, b"x"))
             result = StubProducer(rel, sender, default_group=GROUP).publish("u-1", TOPIC, b"x")
         assert result.outcome is SendOutcome.FAILED
         with rel.session() as s:
@@ -449,9 +453,9 @@ def test_sender_reconnects_after_the_broker_closed_its_idle_connection(
     topology.declare(admin)
     name = f"reliable-test-{uuid.uuid4().hex[:8]}"
     with RabbitMQSender(rabbitmq_url, exchange=topology.exchange or "", connection_name=name) as sender:
-        first = sender.send(OutgoingMessage("r-1", TOPIC, b"1", GROUP))
+        first = sender.send(OutgoingMessage("r-1", TOPIC, b"1"))
         _close_connection_on_the_server(name)
-        second = sender.send(OutgoingMessage("r-2", TOPIC, b"2", GROUP))  # noticed, reconnected, sent
+        second = sender.send(OutgoingMessage("r-2", TOPIC, b"2"))  # noticed, reconnected, sent
     assert "reconnecting once" in caplog.text  # the stale connection was really hit, then replaced
     assert second.queue_offset > first.queue_offset
     assert queue_depth(admin, topology.queue) == 2
@@ -461,7 +465,7 @@ def test_sender_reports_unreachable_broker_and_bad_url() -> None:
     port = services.free_port()
     sender = RabbitMQSender(f"amqp://guest:guest@127.0.0.1:{port}/%2F?connection_attempts=1&socket_timeout=1")
     with pytest.raises(SendError):
-        sender.send(OutgoingMessage("x", TOPIC, b"x", GROUP))
+        sender.send(OutgoingMessage("x", TOPIC, b"x"))
     bad = "amqp://guest:guest@127.0.0.1:5672/%2F?heartbeat=notanumber"
     with pytest.raises(ConfigurationError, match="bad AMQP URL"):
         RabbitMQSender(bad)
@@ -507,3 +511,24 @@ def test_envelope_mapping(
     assert env.reconsume_times == expected_times
     assert env.queue_offset == (seq if seq is not None else tag)
     assert env.properties["amqp.redelivered"] == str(redelivered).lower()
+
+
+def test_targeted_resend_reaches_only_that_groups_queue(rabbitmq_url: str, admin: Any) -> None:
+    """Fan-out: two groups' queues bound to one exchange; the sweeper's resend for one group goes to its queue
+    alone (the other group is not handed a duplicate), a topic send still reaches both."""
+    name = f"rt-{uuid.uuid4().hex[:12]}"
+    queues = {"billing": Topology(f"{name}.billing", f"{name}.x", TOPIC), "audit": Topology(f"{name}.audit")}
+    queues["billing"].declare(admin)
+    queues["audit"].declare(admin)
+    admin.queue_bind(queues["audit"].queue, f"{name}.x", routing_key=TOPIC)
+    try:
+        with RabbitMQSender(
+            rabbitmq_url, exchange=f"{name}.x", group_queue=lambda topic, group: queues[group].queue
+        ) as sender:
+            sender.send(OutgoingMessage("t-1", TOPIC, b"x", target_group="audit"))
+            assert [queue_depth(admin, q.queue) for q in queues.values()] == [0, 1]
+            sender.send(OutgoingMessage("t-2", TOPIC, b"x"))
+            assert [queue_depth(admin, q.queue) for q in queues.values()] == [1, 2]
+    finally:
+        for topo in queues.values():
+            topo.delete(admin)

@@ -108,9 +108,13 @@ def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -
             assert admin.get_max_offset(TOPIC, qid) == len(offsets)
         admin.close()
         # a second copy of one order (a producer double-send): the guard must suppress it
-        sender.send(
-            OutgoingMessage(orders[0].order_id, TOPIC, orders[0].to_body(), "rmq_adapter_g", send_count=1)
+        sender.send(OutgoingMessage(orders[0].order_id, TOPIC, orders[0].to_body(), send_count=1))
+        # the sweeper's targeted resend of another order: to the group's retry topic, seen by the probe
+        targeted = sender.send(
+            OutgoingMessage(orders[1].order_id, TOPIC, orders[1].to_body(), target_group="rmq_adapter_g")
         )
+        assert sender.max_offset(RETRY, targeted.queue_id) == targeted.queue_offset + 1
+        assert sum(sender.max_offset(TOPIC, q) or 0 for q in range(4)) == 24 + 1  # + the double-send
 
         failed_once: set[str] = set()
         guarded = idempotent_consumer(rel, group="rmq_adapter_g")(ledger.make_business_handler("rmq"))
@@ -123,7 +127,7 @@ def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -
             return guarded(env)
 
         consumer = push_consumer(server.address, "rmq_adapter_g", thread_count=2)
-        subscribe_guarded(consumer, TOPIC, handler)
+        subscribe_guarded(consumer, TOPIC, handler, group="rmq_adapter_g")
         consumer.start()
 
         def confirmed() -> int:
@@ -147,6 +151,10 @@ def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -
                 select(func.count()).where(MessageLog.message_id == orders[0].order_id)
             ).scalar_one()
         assert 1 in retried
+        # the retry (its first delivery never reached the guard) and the targeted copy are journaled where
+        # they were delivered from, with the original topic beside it
+        assert _delivered(rel, orders[5].order_id) == {(RETRY, TOPIC)}
+        wait_for(lambda: (RETRY, TOPIC) in _delivered(rel, orders[1].order_id), what="the targeted copy")
         wait_for(lambda: _log_count(rel, orders[0].order_id) == 2, what="the duplicate copy")
         assert copies >= 1
         assert ledger.check(rel.engine, [o.order_id for o in orders], 10).ok
@@ -159,3 +167,41 @@ def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -
 def _log_count(rel: Reliability, message_id: str) -> int:
     with rel.engine.connect() as conn:
         return int(conn.execute(select(func.count()).where(MessageLog.message_id == message_id)).scalar_one())
+
+
+RETRY = "%RETRY%rmq_adapter_g"
+
+
+def _delivered(rel: Reliability, message_id: str) -> set[tuple[str, str | None]]:
+    with rel.engine.connect() as conn:
+        rows = conn.execute(
+            select(MessageLog.topic, MessageLog.original_topic).where(MessageLog.message_id == message_id)
+        ).all()
+    return {(t, o) for t, o in rows}
+
+
+class Received:
+    """The attributes of a ``rocketmq.client.RecvMessage`` as the C++ client fills them (bytes, ints)."""
+
+    def __init__(self, topic: str, queue_id: int, queue_offset: int, props: dict[str, str]) -> None:
+        self.topic, self.queue_id, self.queue_offset = topic, queue_id, queue_offset
+        self.keys, self.id, self.tags, self.body, self.reconsume_times = b"m-1", "U1", b"", b"{}", 1
+        self._props = props
+
+    def get_property(self, name: str) -> bytes | None:
+        value = self._props.get(name)
+        return None if value is None else value.encode()
+
+
+def test_envelope_of_a_retry_delivery_names_its_delivered_topic() -> None:
+    from reliable.adapters.rocketmq import to_envelope
+
+    # the C++ client restores RETRY_TOPIC as the topic; the copy was stored on the group's retry topic
+    restored = to_envelope(Received(TOPIC, 0, 7, {"RETRY_TOPIC": TOPIC}), "g")
+    raw = to_envelope(Received("%RETRY%g", 0, 7, {"RETRY_TOPIC": TOPIC}))
+    for env in (restored, raw):
+        assert (env.topic, env.delivered_topic, env.queue_id, env.queue_offset) == (TOPIC, "%RETRY%g", 0, 7)
+    plain = to_envelope(Received(TOPIC, 2, 9, {}), "g")
+    assert (plain.topic, plain.delivered_topic, plain.source_topic) == (TOPIC, None, TOPIC)
+    with pytest.raises(ValueError):
+        to_envelope(Received(TOPIC, 0, 7, {"RETRY_TOPIC": TOPIC}))

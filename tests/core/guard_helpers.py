@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select, text
 from sqlalchemy.orm import Session
@@ -87,32 +87,58 @@ def stub_status(rel: Reliability, message_id: str) -> StubStatus | None:
     return None if v is None else StubStatus(v)
 
 
+def inbox_status(rel: Reliability, group: str, message_id: str) -> StubStatus | None:
+    """The status of ``group``'s inbox row of ``message_id`` (``None``: the group has none)."""
+    v = _inbox_column(rel, "status", group, message_id)
+    return None if v is None else StubStatus(v)
+
+
+def inbox_attempts(rel: Reliability, group: str, message_id: str) -> int | None:
+    v = _inbox_column(rel, "attempts", group, message_id)
+    return None if v is None else int(str(v))
+
+
+def _inbox_column(rel: Reliability, column: str, group: str, message_id: str) -> object:
+    with rel.engine.connect() as conn:
+        return conn.execute(
+            text(f"SELECT {column} FROM message_inbox WHERE consumer_group = :g AND message_id = :m"),
+            {"g": group, "m": message_id},
+        ).scalar()
+
+
 def add_stub(
     rel: Reliability,
     message_id: str,
-    group: str,
+    group: str | Sequence[str],
     *,
     body: bytes = b"{}",
     status: StubStatus = StubStatus.PENDING,
     payload_hash: str | None = None,
 ) -> None:
-    """A producer-side stub, written the way the stub-first producer writes it."""
+    """A producer-side stub plus a PENDING inbox row per group, as the stub-first producer stages them.
+
+    ``status`` other than PENDING is written on the stub and on every inbox row.
+    """
     import hashlib
 
-    from reliable.models import MessageStub
+    from reliable import outbox
+    from reliable.models import MessageInbox, MessageStub, utcnow
 
+    groups = [group] if isinstance(group, str) else list(group)
+    now = utcnow()
     with rel.session() as s:
-        s.add(
-            MessageStub(
-                message_id=message_id,
-                topic="orders",
-                consumer_group=group,
-                content=body,
-                payload_hash=payload_hash or hashlib.sha256(body).hexdigest(),
-                status=status,
-                send_count=1,
-            )
-        )
+        outbox.stage(s, message_id, "orders", body, groups=groups, tags=None, now=now, resend_at=now)
+        s.flush()
+        stub = s.get(MessageStub, message_id)
+        assert stub is not None
+        stub.send_count = 1
+        stub.status = status
+        for g in groups:
+            row = s.get(MessageInbox, (g, message_id))
+            assert row is not None
+            row.status = status
+            if payload_hash is not None:
+                row.payload_hash = stub.payload_hash = payload_hash or hashlib.sha256(body).hexdigest()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.02) -> None:
@@ -179,3 +205,38 @@ def child_die_in_handler(
         os._exit(3)
 
     idempotent_consumer(rel, group="g")(handler)(env(message_id))
+
+
+def child_fan_out(
+    db_url: str, redis_url: str | None, key_prefix: str, ids: list[str], groups: list[str], barrier: object
+) -> None:
+    """A worker process consuming every id for every group (as one process hosting three consumers)."""
+    from reliable import idempotent_consumer
+
+    rel = Reliability(db_url, redis_url, key_prefix=key_prefix)
+    handlers = [idempotent_consumer(rel, group=g)(ledger_writer(g)) for g in groups]
+    barrier.wait()  # type: ignore[attr-defined]
+    for m in ids:
+        for handle in handlers:
+            settled(handle, env(m))
+    rel.close()
+
+
+def ledger_writer(group: str) -> Callable[[Envelope, Session], None]:
+    """A handler whose effect is one ledger row noted with its group."""
+
+    def handle(e: Envelope, session: Session) -> None:
+        apply(e, session, note=group)
+
+    return handle
+
+
+def per_group(rel: Reliability) -> dict[tuple[str, str], int]:
+    """(group, message id) → ledger rows."""
+    with rel.engine.connect() as conn:
+        rows = conn.execute(
+            select(ledger.c.note, ledger.c.message_id, func.count()).group_by(
+                ledger.c.note, ledger.c.message_id
+            )
+        ).all()
+    return {(str(r[0]), str(r[1])): int(r[2]) for r in rows}

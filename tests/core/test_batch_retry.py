@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reliability, idempotent_consumer
-from reliable.decision import Reason
+from reliable.guard.decision import Reason
 from reliable.types import StubStatus
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import add_stub, applied, apply, env, make_rel, stub_status

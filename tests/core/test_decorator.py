@@ -5,17 +5,17 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import reliable
 from reliable import ConsumeResult, Envelope, Reason, idempotent_consumer
-from reliable.decision import OUTCOMES, Verdict, judge
-from reliable.stores import StubRow
-from reliable.types import LogOutcome, StubStatus
-from tests.core.guard_helpers import apply, env, make_rel
+from reliable.guard.decision import OUTCOMES
+from reliable.types import LogOutcome
+from tests.core.guard_helpers import add_stub, apply, env, ledger, make_rel
 
 
 def test_public_api_and_wrapper(sqlite_url: str, key_prefix: str) -> None:
@@ -66,35 +66,86 @@ def test_every_reason_has_an_outcome() -> None:
         assert (result is ConsumeResult.RECONSUME_LATER) == (outcome is LogOutcome.RETRY)
 
 
-_stub = st.one_of(
-    st.none(),
-    st.builds(
-        StubRow,
-        st.sampled_from(list(StubStatus)),
-        st.one_of(st.none(), st.sampled_from(["h1", "h2"])),
-        st.sampled_from(["g", "other"]),
-    ),
+# --- the ledger model: an oracle that knows nothing of judge() -------------------------------------------
+# Deliveries of a few ids to two groups, some staged by a producer, some with a tampered body, some whose
+# handler raises. The model states only what a user is promised: each group applies each message at most
+# once, and only with the producer's body (without a producer: the first body its handler saw); a SUCCESS
+# answer means the effect is in the ledger; a handler failure leaves no effect and never answers SUCCESS.
+
+_delivery = st.tuples(
+    st.sampled_from(["g1", "g2"]),  # group
+    st.sampled_from(["m0", "m1", "m2"]),  # message
+    st.sampled_from([b"A", b"B"]),  # body (A is what a producer stages)
+    st.booleans(),  # the handler raises
 )
 
 
-@given(stub=_stub, claimed=st.booleans(), payload=st.one_of(st.none(), st.sampled_from(["h1", "h2"])))
-def test_handler_runs_only_on_an_unconfirmed_matching_stub_of_our_group(
-    stub: StubRow | None, claimed: bool, payload: str | None
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    staged=st.dictionaries(
+        st.sampled_from(["m0", "m1", "m2"]), st.sets(st.sampled_from(["g1", "g2"]), min_size=1)
+    ),
+    deliveries=st.lists(_delivery, min_size=1, max_size=12),
+)
+def test_ledger_model_each_group_applies_each_message_once_with_its_body(
+    sqlite_url: str, staged: dict[str, set[str]], deliveries: list[tuple[str, str, bytes, bool]]
 ) -> None:
-    v = judge(stub, claimed, "g", payload)
-    if claimed:
-        assert v is Verdict.RUN_INBOX
-        return
-    runs = v is Verdict.RUN
-    expected = (
-        stub is not None
-        and stub.consumer_group == "g"
-        and stub.status in (StubStatus.PENDING, StubStatus.DEAD)
-        and (payload is None or stub.payload_hash is None or stub.payload_hash == payload)
-    )
-    assert runs == expected
-    if stub is not None and stub.status is StubStatus.CONFIRMED and v is not Verdict.DUPLICATE:
-        assert v in (Verdict.MISMATCH, Verdict.FOREIGN_GROUP)
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
+    rel = make_rel(sqlite_url, None, f"p{uuid.uuid4().hex[:8]}", max_attempts=1000)
+    run = uuid.uuid4().hex[:6]
+    effects: list[tuple[str, str, bytes]] = []  # the ledger: (group, message, body applied)
+
+    def handler_for(group: str) -> object:
+        def handle(e: Envelope, session: Session) -> None:
+            apply(e, session, note=group)
+            if e.properties.get("fail") == "1":
+                raise RuntimeError("handler failed")
+            effects.append((group, str(e.message_id), e.body))
+
+        return idempotent_consumer(rel, group=group, registry=CollectorRegistry())(handle)
+
+    handlers = {g: handler_for(g) for g in ("g1", "g2")}
+    reference: dict[tuple[str, str], bytes] = {}  # the body a group may apply
+    for m, groups in staged.items():
+        add_stub(rel, f"{run}{m}", sorted(groups), body=b"A")
+        for g in groups:
+            reference[g, m] = b"A"
+    try:
+        for group, m, body, fails in deliveries:
+            e = Envelope(f"{run}{m}", "orders", 0, 0, body, properties={"fail": "1" if fails else "0"})
+            before = effects.count((group, f"{run}{m}", body))
+            done = any(x[:2] == (group, f"{run}{m}") for x in effects)
+            result = handlers[group](e)  # type: ignore[operator]
+            applied_now = effects.count((group, f"{run}{m}", body)) - before
+            ref = reference.get((group, m))
+            if ref is not None and body != ref:  # not the body this group may apply: refused, never acked
+                assert (result, applied_now) == (ConsumeResult.DEAD_LETTER, 0)
+            elif done:  # applied before: acknowledged, not applied again
+                assert (result, applied_now) == (ConsumeResult.SUCCESS, 0)
+            elif fails:  # no effect, redelivery wanted; without a producer this body is now the one
+                assert (result, applied_now) == (ConsumeResult.RECONSUME_LATER, 0)
+                reference.setdefault((group, m), body)
+            else:
+                assert (result, applied_now) == (ConsumeResult.SUCCESS, 1)
+                reference.setdefault((group, m), body)
+            if result is ConsumeResult.SUCCESS:
+                assert any(x == (group, f"{run}{m}", reference[group, m]) for x in effects)
+        # the invariant over the whole run: at most one effect per (group, message), with its reference body
+        for group, mid, body in effects:
+            assert effects.count((group, mid, body)) == 1
+            assert body == reference[group, mid.removeprefix(run)]
+        assert len({(g, mid) for g, mid, _ in effects}) == len(effects)
+        with rel.engine.connect() as conn:
+            rows = conn.execute(
+                select(ledger.c.note, ledger.c.message_id, func.count())
+                .where(ledger.c.message_id.like(f"{run}%"))
+                .group_by(ledger.c.note, ledger.c.message_id)
+            ).all()
+        assert {(r[0], r[1]): r[2] for r in rows} == {(g, mid): 1 for g, mid, _ in effects}
+    finally:
+        rel.close()
 
 
 def test_hooks_see_every_step_in_order(sqlite_url: str, key_prefix: str) -> None:

@@ -24,6 +24,8 @@ from tests.core.guard_helpers import (
     applied,
     apply,
     env,
+    inbox_attempts,
+    inbox_status,
     log_rows,
     make_rel,
     per_message,
@@ -140,25 +142,35 @@ def test_inbox_row_rolled_back_with_failed_handler(rel: Reliability, registry: C
 
     m = uid("m")
     assert handle(env(m)) is ConsumeResult.RECONSUME_LATER
-    assert stub_status(rel, m) is None  # the CONFIRMED inbox row did not survive the rollback
+    # the CONFIRMED inbox row did not survive the rollback; the failure is counted on a PENDING one
+    assert inbox_status(rel, "g", m) is StubStatus.PENDING and inbox_attempts(rel, "g", m) == 1
+    assert stub_status(rel, m) is None  # the guard never writes a producer's stub
     assert applied(rel, m) == 0
 
 
-@pytest.mark.parametrize("broker_counts", [True, False], ids=["reconsume_times", "journal"])
+@pytest.mark.parametrize("reconsume_base", [0, 15], ids=["first_delivery", "after_15_redeliveries"])
 def test_max_attempts_dead_letters(
-    rel: Reliability, registry: CollectorRegistry, broker_counts: bool
+    rel: Reliability, registry: CollectorRegistry, reconsume_base: int
 ) -> None:
-    """RocketMQ counts redeliveries for us; a broker that does not (RabbitMQ) is counted from the journal."""
+    """Attempts are this group's handler failures, whatever the broker's redelivery count says.
+
+    A message redelivered 15 times for lease conflicts or outages has not failed in a handler once: its
+    first real failure is attempt 1, not an instant dead letter.
+    """
 
     @idempotent_consumer(rel, group="g", registry=registry)
     def handle(e: Envelope, session: Session) -> None:
         raise RuntimeError("always")
 
     m = uid("m")
-    reasons = [
-        handle.decide(env(m, reconsume_times=n if broker_counts else 0)).reason for n in range(3)
+    decisions = [
+        handle.decide(env(m, reconsume_times=reconsume_base + n)) for n in range(3)
     ]  # max_attempts=3
-    assert reasons == [Reason.HANDLER_FAILED, Reason.HANDLER_FAILED, Reason.MAX_ATTEMPTS]
+    assert [(d.reason, d.attempts) for d in decisions] == [
+        (Reason.HANDLER_FAILED, 1),
+        (Reason.HANDLER_FAILED, 2),
+        (Reason.MAX_ATTEMPTS, 3),
+    ]
     last = log_rows(rel, m)[-1]
     assert last[1] == LogOutcome.DEAD_LETTER and last[2] is not None and last[2].startswith("max_attempts")
 
@@ -174,7 +186,7 @@ def test_handler_that_rolls_back_the_session_is_a_failure(
     m = uid("m")
     d = handle.decide(env(m))
     assert d.reason is Reason.HANDLER_FAILED
-    assert applied(rel, m) == 0 and stub_status(rel, m) is None
+    assert applied(rel, m) == 0 and inbox_status(rel, "g", m) is StubStatus.PENDING
 
 
 # --- bad input -------------------------------------------------------------------------------------------
@@ -230,12 +242,34 @@ def test_dead_stub_is_processed_and_confirmed(rel: Reliability, registry: Collec
     assert stub_status(rel, m) is StubStatus.CONFIRMED
 
 
-def test_stub_of_another_group_dead_letters(rel: Reliability, registry: CollectorRegistry) -> None:
-    handle, calls = counting(rel, registry)
+def test_every_group_processes_a_message_staged_for_several(
+    rel: Reliability, registry: CollectorRegistry
+) -> None:
+    """Fan-out: a message staged for two groups is processed once by each (it used to dead-letter group 2)."""
+    seen: list[str] = []
+
+    def handler_for(group: str):  # type: ignore[no-untyped-def]
+        def handle(e: Envelope, session: Session) -> None:
+            seen.append(group)
+            apply(e, session, note=group)
+
+        return idempotent_consumer(rel, group=group, registry=registry)(handle)
+
+    billing, audit, late = handler_for("billing"), handler_for("audit"), handler_for("late")
     m = uid("m")
-    add_stub(rel, m, "other")
-    d = handle.decide(env(m))
-    assert d.reason is Reason.BAD_MESSAGE and "other" in str(d.detail) and calls == []
+    add_stub(rel, m, ["billing", "audit"])
+    assert [billing.decide(env(m)).reason for _ in range(2)] == [
+        Reason.PROCESSED,
+        Reason.DUPLICATE_DONE_MARKER,
+    ]
+    assert stub_status(rel, m) is StubStatus.PENDING  # audit has not confirmed yet
+    assert audit.decide(env(m)).reason is Reason.PROCESSED
+    assert stub_status(rel, m) is StubStatus.CONFIRMED  # every expected group confirmed
+    # a group the producer did not expect (it joined later) processes it too: inbox pattern, its own row
+    assert late.decide(env(m)).reason is Reason.PROCESSED
+    assert late.decide(env(m)).result is ConsumeResult.SUCCESS
+    assert inbox_status(rel, "late", m) is StubStatus.CONFIRMED
+    assert sorted(seen) == ["audit", "billing", "late"] and applied(rel, m) == 3
 
 
 # --- leases ------------------------------------------------------------------------------------------------
@@ -252,7 +286,9 @@ def test_live_foreign_lease_means_reconsume_later(rel: Reliability, registry: Co
     assert calls == [] and rel.redis.get(key) == b"processing:someone-else"  # not ours: not deleted
     # the holder committed but had not yet written `done`: the stub says CONFIRMED, so it is a duplicate
     with rel.engine.begin() as conn:
-        conn.exec_driver_sql(f"UPDATE message_stub SET status = 'CONFIRMED' WHERE message_id = '{m}'")
+        conn.exec_driver_sql(
+            f"UPDATE message_inbox SET status = 'CONFIRMED' WHERE consumer_group = 'g' AND message_id = '{m}'"
+        )
     assert handle.decide(env(m)).reason is Reason.DUPLICATE_CONFIRMED
     assert calls == []
 

@@ -25,7 +25,7 @@ from reliable.errors import (
     ReliableError,
     StubNotFoundError,
 )
-from reliable.models import MessageStub
+from reliable.models import MessageInbox, MessageStub
 from reliable.producer import SendOutcome, StagedMessage, payload_hash, validate_message
 from reliable.sender import OutgoingMessage, SendReceipt
 from tests.conftest import _ensure_clean_schema
@@ -94,6 +94,13 @@ def stub(rel: Reliability, message_id: str) -> MessageStub | None:
         return s.get(MessageStub, message_id)
 
 
+def inbox(rel: Reliability, message_id: str) -> dict[str, tuple[StubStatus, dt.datetime | None]]:
+    """group → (status, resend_at) of the message's inbox rows."""
+    with rel.session() as s:
+        rows = s.scalars(select(MessageInbox).where(MessageInbox.message_id == message_id)).all()
+        return {r.consumer_group: (r.status, r.resend_at) for r in rows}
+
+
 def test_stage_commits_with_business_write_and_sends_after_commit(
     rel: Reliability, producer: StubProducer, sender: RecordingSender, clock: Clock
 ) -> None:
@@ -104,13 +111,15 @@ def test_stage_commits_with_business_write_and_sends_after_commit(
         clock.now = T0 + dt.timedelta(seconds=5)
     assert [m.message_id for m in sender.sent] == ["order-1"]
     out = sender.sent[0]
-    assert (out.topic, out.body, out.consumer_group, out.tags, out.send_count) == (
+    assert (out.topic, out.body, out.target_group, out.tags, out.send_count) == (
         "orders",
         b'{"id": 1}',
-        "billing",
+        None,  # a send to the topic: every subscribed group gets it
         "created",
         0,
     )
+    # the default group's inbox row, PENDING, due when the stub is
+    assert inbox(rel, "order-1") == {"billing": (StubStatus.PENDING, T0 + dt.timedelta(seconds=5 + DELAY_S))}
     row = stub(rel, "order-1")
     assert row is not None
     assert row.status is StubStatus.PENDING
@@ -212,9 +221,7 @@ def test_failed_send_leaves_stub_pending_for_the_sweeper(
 
 def _restage(row: MessageStub) -> StagedMessage:
     assert row.payload_hash is not None
-    return StagedMessage(
-        row.message_id, row.topic, row.content, row.consumer_group, row.tags, row.payload_hash
-    )
+    return StagedMessage(row.message_id, row.topic, row.content, ("billing",), row.tags, row.payload_hash)
 
 
 def test_crash_between_commit_and_send_leaves_a_row_the_sweeper_selects(
@@ -240,13 +247,11 @@ def test_transaction_context_manager_sends_after_commit_and_not_after_error(
     with producer.transaction() as tx:
         tx.session.execute(orders.insert().values(id=5, item="cup"))
         tx.stage("order-5", "orders", b"a")
-        tx.stage("order-6", "orders", b"b", group="audit")
+        tx.stage("order-6", "orders", b"b", groups=["audit"])
         assert sender.sent == []
     assert [r.outcome for r in tx.results] == [SendOutcome.SENT, SendOutcome.SENT]
-    assert [(m.message_id, m.consumer_group) for m in sender.sent] == [
-        ("order-5", "billing"),
-        ("order-6", "audit"),
-    ]
+    assert [m.message_id for m in sender.sent] == ["order-5", "order-6"]
+    assert list(inbox(rel, "order-5")) == ["billing"] and list(inbox(rel, "order-6")) == ["audit"]
 
     with pytest.raises(KeyError), producer.transaction() as tx2:
         tx2.stage("order-7", "orders", b"c")
@@ -295,7 +300,7 @@ def test_invalid_input_raises_before_anything_is_written(
     with Reliability(sqlite_url) as rel:
         producer = StubProducer(rel, RecordingSender())
         with pytest.raises(InvalidMessageError), rel.session() as s:
-            producer.stage(s, message_id, topic, b"x", group=group, tags=tags)
+            producer.stage(s, message_id, topic, b"x", groups=[group], tags=tags)
         with rel.session() as s:
             assert s.scalar(select(MessageStub.message_id)) is None
 
@@ -306,7 +311,9 @@ def test_body_must_be_bytes_and_group_must_be_known(rel: Reliability, sender: Re
         with pytest.raises(InvalidMessageError, match="consumer group"):
             no_default.stage(s, "a", "orders", b"x")
         with pytest.raises(InvalidMessageError, match="bytes"):
-            no_default.stage(s, "a", "orders", "text", group="g")  # type: ignore[arg-type]
+            no_default.stage(s, "a", "orders", "text", groups=["g"])  # type: ignore[arg-type]
+        with pytest.raises(InvalidMessageError, match="list"):
+            no_default.stage(s, "a", "orders", b"x", groups="g")
     assert issubclass(InvalidMessageError, ReliableError)
 
 
@@ -319,6 +326,7 @@ def test_void_pending_and_refuse_confirmed(
     producer.void("v-1")  # voiding twice is a no-op, not an error
     row = stub(rel, "v-1")
     assert row is not None and row.status is StubStatus.VOIDED and row.resend_at is None
+    assert inbox(rel, "v-1") == {"billing": (StubStatus.VOIDED, None)}  # consumers skip it too
     [result] = producer.send_staged(staged)
     assert result.outcome is SendOutcome.SKIPPED
     assert sender.sent == []
@@ -363,7 +371,7 @@ def test_validation_accepts_exactly_the_documented_language(message_id: str, top
     ok_id = bool(message_id.strip()) and len(message_id) <= 64
     ok_topic = 0 < len(topic) <= 127 and all(c.isascii() and (c.isalnum() or c in "_-%|") for c in topic)
     try:
-        validate_message(message_id, topic, "group", None)
+        validate_message(message_id, topic, ["group"], None)
     except InvalidMessageError:
         assert not (ok_id and ok_topic)
     else:
@@ -392,3 +400,54 @@ def test_after_commit_failure_never_reaches_the_caller_and_is_counted(
         row = stub(rel, "h-1")
         assert row is not None and row.status is StubStatus.PENDING and row.queue_offset is None
         assert row.send_count == 0
+
+
+# --- fan-out: one stub, one inbox row per expected group ------------------------------------------------
+def test_stage_for_several_groups_writes_one_inbox_row_each(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    with rel.session() as s:
+        staged = producer.stage(s, "f-1", "orders", b"x", groups=["billing", "audit", "search", "audit"])
+    assert staged.groups == ("billing", "audit", "search")  # in order, each once
+    assert len(sender.sent) == 1  # one send to the topic, whatever the number of groups
+    assert set(inbox(rel, "f-1")) == {"billing", "audit", "search"}
+    assert {st for st, _ in inbox(rel, "f-1").values()} == {StubStatus.PENDING}
+    with pytest.raises(DuplicateMessageIdError):  # one message, one stub: fan-out is groups=, not a 2nd stub
+        producer.publish("f-1", "orders", b"x", groups=["ledger"])
+
+
+def test_topic_subscribers_come_from_settings_then_the_default_group(
+    db_url: str, sender: RecordingSender, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RELIABLE_TOPIC_GROUPS", "orders=billing,audit;payments=ledger")
+    with Reliability(db_url) as rel:
+        assert rel.settings.topic_groups == {"orders": ("billing", "audit"), "payments": ("ledger",)}
+        producer = StubProducer(rel, sender, default_group="fallback")
+        producer.publish("s-1", "orders", b"1")
+        producer.publish("s-2", "payments", b"2")
+        producer.publish("s-3", "refunds", b"3")  # not configured: the producer's default group
+        producer.publish("s-4", "orders", b"4", groups=["only-me"])  # explicit groups win
+        assert set(inbox(rel, "s-1")) == {"billing", "audit"}
+        assert set(inbox(rel, "s-2")) == {"ledger"}
+        assert set(inbox(rel, "s-3")) == {"fallback"}
+        assert set(inbox(rel, "s-4")) == {"only-me"}
+    with Reliability(db_url, topic_groups={}, default_group="settings-default") as rel:
+        StubProducer(rel, sender).publish("s-5", "orders", b"5")
+        assert set(inbox(rel, "s-5")) == {"settings-default"}
+
+
+def test_void_before_every_group_confirmed_voids_the_open_rows_only(
+    rel: Reliability, producer: StubProducer
+) -> None:
+    producer.publish("v-3", "orders", b"x", groups=["billing", "audit"])
+    with rel.session() as s:
+        s.execute(
+            update(MessageInbox)
+            .where(MessageInbox.message_id == "v-3", MessageInbox.consumer_group == "billing")
+            .values(status=StubStatus.CONFIRMED)
+        )
+    producer.void("v-3")
+    assert {g: st for g, (st, _) in inbox(rel, "v-3").items()} == {
+        "billing": StubStatus.CONFIRMED,  # done is done
+        "audit": StubStatus.VOIDED,
+    }

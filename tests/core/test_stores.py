@@ -6,6 +6,7 @@ import contextlib
 import datetime as dt
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis as redis_lib
@@ -15,7 +16,7 @@ from sqlalchemy import Engine, text
 
 from reliable.facade import make_engine
 from reliable.models import utcnow
-from reliable.stores import InboxRow, JournalEntry, LeaseState, OutcomeUpdate, StubRow
+from reliable.stores import InboxRow, InboxState, JournalEntry, LeaseState, OutcomeUpdate
 from reliable.stores.lease import RedisLeaseStore, classify, done_value, lease_key, processing_value
 from reliable.stores.sql import SqlStore, reason_text
 from reliable.types import LogOutcome, StubStatus
@@ -71,36 +72,87 @@ def test_received_at_round_trips_as_utc(engine: Engine) -> None:
         assert conn.execute(select(MessageLog.received_at)).scalar_one() == at
 
 
-def test_lock_claim_confirm_and_outcomes(engine: Engine) -> None:
+def add_inbox(conn: Any, group: str, mid: str, status: str, h: str | None = None) -> None:
+    conn.execute(
+        text(
+            "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, payload_hash, "
+            "resend_count, created_at, updated_at) VALUES (:g, :m, :s, 0, :h, 0, :t, :t)"
+        ),
+        {"g": group, "m": mid, "s": status, "h": h, "t": utcnow().replace(tzinfo=None)},
+    )
+
+
+def add_stub_row(conn: Any, mid: str, status: str = "PENDING") -> None:
+    conn.execute(
+        text(
+            "INSERT INTO message_stub (message_id, topic, content, status, send_count, created_at,"
+            " updated_at) VALUES (:m, 'orders', :c, :s, 1, :t, :t)"
+        ),
+        {"m": mid, "c": b"", "s": status, "t": utcnow().replace(tzinfo=None)},
+    )
+
+
+def stub_statuses(conn: Any) -> dict[str, str]:
+    return dict(conn.execute(text("SELECT message_id, status FROM message_stub")).all())
+
+
+def test_lock_claim_confirm_per_group(engine: Engine) -> None:
     store = SqlStore(engine)
     now = utcnow()
     with engine.begin() as conn:
-        assert store.lock_stub(conn, "x") is None
-        claimed = store.claim_inbox(conn, [InboxRow("x", "orders", None, "g", b"b", "h")], now)
-        assert claimed == {"x"}
-        assert store.claim_inbox(conn, [InboxRow("x", "orders", None, "g", b"b", "h")], now) == set()
-        assert store.lock_stub(conn, "x") == StubRow(StubStatus.CONFIRMED, "h", "g")
-        conn.execute(
-            text(
-                "INSERT INTO message_stub (message_id, topic, consumer_group, content, status, send_count, "
-                "created_at, updated_at) VALUES ('p', 'orders', 'g', :c, 'PENDING', 1, :t, :t)"
-            ),
-            {"c": b"", "t": now.replace(tzinfo=None)},
-        )
-        assert store.confirm(conn, ["p", "x"], now) == 1  # x is already CONFIRMED: the condition excludes it
-        assert store.confirm(conn, ["p"], now) == 0
-        ids = store.journal(conn, [entry("p", 1), entry("x", 2)])
+        assert store.lock_inbox(conn, "g", ["x"]) == {}
+        assert store.claim_inbox(conn, "g", [InboxRow("x", "h")], now) == {"x"}
+        assert store.claim_inbox(conn, "g", [InboxRow("x", "h")], now) == set()  # one writer per group …
+        assert store.claim_inbox(conn, "g2", [InboxRow("x", "h")], now) == {"x"}  # … and every group has one
+        assert store.lock_inbox(conn, "g", ["x"]) == {"x": InboxState(StubStatus.CONFIRMED, "h", 0)}
+        # a producer's message for two groups: the stub is CONFIRMED only when the last group confirms
+        add_stub_row(conn, "p")
+        add_inbox(conn, "g", "p", "PENDING")
+        add_inbox(conn, "g2", "p", "PENDING")
+        # x is already CONFIRMED: the condition excludes it; p's stub waits for g2
+        assert store.confirm(conn, "g", ["p", "x"], now) == (1, 0)
+        assert store.confirm(conn, "g", ["p"], now) == (0, 0)
+        assert stub_statuses(conn) == {"p": "PENDING"}
+        assert store.confirm(conn, "g2", ["p"], now) == (1, 1)
+        assert stub_statuses(conn) == {"p": "CONFIRMED"}
+        store.unclaim_inbox(conn, "g", ["x"])
+        assert store.lock_inbox(conn, "g", ["x", "p"]) == {"p": InboxState(StubStatus.CONFIRMED, None, 0)}
+        assert set(store.lock_inbox(conn, "g2", ["x", "p"])) == {"x", "p"}
+
+
+def test_handler_failures_count_on_the_groups_inbox_row(engine: Engine) -> None:
+    store = SqlStore(engine)
+    now = utcnow()
+    with engine.begin() as conn:
+        # no row yet (no producer): the first failure creates it PENDING, so the next delivery runs again
+        assert store.record_failure(conn, "g", InboxRow("q", "hq"), now, "boom") == 1
+        assert store.record_failure(conn, "g", InboxRow("q", "hq"), now, "boom") == 2
+        assert store.record_failure(conn, "other", InboxRow("q", "hq"), now, "boom") == 1
+        assert store.lock_inbox(conn, "g", ["q"]) == {"q": InboxState(StubStatus.PENDING, "hq", 2)}
+        last_error = conn.execute(
+            text("SELECT last_error FROM message_inbox WHERE consumer_group = 'g'")
+        ).scalar()
+    assert last_error == "boom"
+
+
+def test_outcomes_and_original_topic_are_journaled(engine: Engine) -> None:
+    store = SqlStore(engine)
+    retry = JournalEntry("r", "g", "%RETRY%g", 3, 40, 1, utcnow(), "w", original_topic="orders")
+    with engine.begin() as conn:
+        ids = store.journal(conn, [entry("p", 1), retry])
         store.set_outcomes(
-            conn,
-            [
-                OutcomeUpdate(ids[0], LogOutcome.RETRY, reason_text("handler_failed", "boom")),
-                OutcomeUpdate(ids[1], LogOutcome.RETRY, "lease_conflict"),
-            ],
+            conn, [OutcomeUpdate(ids[0], LogOutcome.RETRY, reason_text("handler_failed", "boom"))]
         )
-        assert store.count_handler_failures(conn, "p", "g") == 1
-        assert store.count_handler_failures(conn, "x", "g") == 0
-        store.unclaim_inbox(conn, ["x"])
-        assert store.lock_stubs(conn, ["x", "p"]) == {"p": StubRow(StubStatus.CONFIRMED, None, "g")}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT message_id, topic, queue_id, original_topic, outcome FROM message_log ORDER BY id")
+        ).all()
+        marks = conn.execute(text("SELECT topic, queue_id, max_offset FROM consume_progress")).all()
+    assert [tuple(r) for r in rows] == [
+        ("p", "orders", 0, None, "RETRY"),
+        ("r", "%RETRY%g", 3, "orders", None),
+    ]
+    assert sorted(tuple(m) for m in marks) == [("%RETRY%g", 3, 40), ("orders", 0, 1)]
 
 
 @pytest.fixture(params=["postgres", "mariadb"])
@@ -114,48 +166,86 @@ def server_engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
 
 
 def test_concurrent_inbox_claims_admit_one(server_engine: Engine) -> None:
-    """The primary key is the lock: the second claim waits for the first and then gets nothing."""
+    """The primary key is the lock: the second claim waits for the first and then gets nothing.
+
+    Blocking is proven, not assumed: the server shows the second connection *running its INSERT* (its own
+    session id, so no other test's lock wait counts) while the first transaction is open, and the thread has
+    not returned; only our commit lets it finish, with no row.
+    """
     engine = server_engine
     store = SqlStore(engine)
     first_in = threading.Event()
     second_in = threading.Event()
-    results: dict[str, set[str]] = {}
+    results: dict[str, Any] = {}
 
     def second() -> None:
         first_in.wait(10)
         with engine.begin() as conn:
+            results["session"] = session_id(conn)
             second_in.set()
-            results["second"] = store.claim_inbox(conn, [InboxRow("k", "o", None, "g", b"", None)], utcnow())
+            results["second"] = store.claim_inbox(conn, "g", [InboxRow("k", None)], utcnow())
 
     t = threading.Thread(target=second)
     with engine.begin() as conn:
-        results["first"] = store.claim_inbox(conn, [InboxRow("k", "o", None, "g", b"", None)], utcnow())
+        results["first"] = store.claim_inbox(conn, "g", [InboxRow("k", None)], utcnow())
         t.start()
         first_in.set()
         assert second_in.wait(10)
-        # The server reports the second insert as a lock wait on our key; where its lock view lags (seen on
-        # a busy MariaDB), a second insert that is *not* blocked finishes inside this window and fails below.
-        with contextlib.suppress(AssertionError):
-            wait_until(lambda: lock_waits(engine) > 0 or not t.is_alive(), timeout=5)
-        assert t.is_alive() and "second" not in results  # still waiting for our commit
+        wait_until(lambda: inserting(engine, results["session"]), timeout=10)
+        assert t.is_alive() and "second" not in results  # its INSERT is on the server and has not returned
     t.join(30)
-    assert results == {"first": {"k"}, "second": set()}
+    assert (results["first"], results["second"]) == ({"k"}, set())
 
 
-def lock_waits(engine: Engine) -> int:
-    """Sessions of this database currently waiting for a row lock (seen from a separate connection)."""
-    if engine.dialect.name == "postgresql":
-        sql = (
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database()"
-        )
-    else:
-        sql = (
-            "SELECT count(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p "
-            "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
-        )
+def test_two_groups_confirming_at_once_leave_the_stub_confirmed(server_engine: Engine) -> None:
+    """Each group's first settle sees the other's row still open (neither has committed); the exact step
+    under the stub's lock makes the one that commits last see the other's confirm."""
+    engine = server_engine
+    store = SqlStore(engine)
+    with engine.begin() as conn:
+        add_stub_row(conn, "p")
+        add_inbox(conn, "a", "p", "PENDING")
+        add_inbox(conn, "b", "p", "PENDING")
+    done: dict[str, int] = {}
+    # as the guard's work transaction runs on MariaDB (see reliable.guard.work)
+    rc = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED" if engine.dialect.name != "postgresql" else None
+
+    def group_b() -> None:
+        with engine.connect() as conn:
+            if rc:
+                store.execute(conn, rc)
+            with conn.begin():
+                assert store.confirm(conn, "b", ["p"], utcnow()) == (1, 0)  # a's confirm is not committed yet
+                done["b"] = store.settle_exact(conn, "b", ["p"], utcnow())
+
+    with engine.connect() as conn, contextlib.ExitStack() as stack:
+        if rc:
+            store.execute(conn, rc)
+        stack.enter_context(conn.begin())
+        assert store.confirm(conn, "a", ["p"], utcnow()) == (1, 0)  # b's row is still PENDING
+        t = threading.Thread(target=group_b)
+        t.start()
+        t.join(30)
+        assert not t.is_alive() and done == {"b": 0}  # b committed, still seeing a as open
+        assert store.settle_exact(conn, "a", ["p"], utcnow()) == 1  # a, under the stub lock, sees b's commit
     with engine.connect() as conn:
-        return int(conn.execute(text(sql)).scalar_one())
+        assert stub_statuses(conn) == {"p": "CONFIRMED"}
+
+
+def session_id(conn: Any) -> int:
+    sql = "SELECT pg_backend_pid()" if conn.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
+    return int(conn.execute(text(sql)).scalar_one())
+
+
+def inserting(engine: Engine, session: int) -> bool:
+    """Whether server session ``session`` is executing an INSERT into message_inbox right now."""
+    if engine.dialect.name == "postgresql":
+        sql = "SELECT query FROM pg_stat_activity WHERE pid = :s AND state = 'active'"
+    else:
+        sql = "SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = :s"
+    with engine.connect() as conn:
+        query = conn.execute(text(sql), {"s": session}).scalar()
+    return bool(query) and "INSERT" in str(query).upper() and "MESSAGE_INBOX" in str(query).upper()
 
 
 def test_reason_text_is_bounded() -> None:
@@ -247,32 +337,29 @@ def test_confirm_first_only_takes_the_happy_case(engine: Engine) -> None:
             ("dead", "DEAD", "g", None),
             ("done", "CONFIRMED", "g", "h1"),
             ("void", "VOIDED", "g", "h1"),
-            ("other", "PENDING", "x", "h1"),
+            ("other", "PENDING", "x", "h1"),  # another group's row: not ours to confirm
         ):
-            conn.execute(
-                text(
-                    "INSERT INTO message_stub (message_id, topic, consumer_group, content, payload_hash, "
-                    "status, send_count, created_at, updated_at) VALUES (:m, 'o', :g, :c, :h, :s, 1, :t, :t)"
-                ),
-                {"m": mid, "g": group, "c": b"", "h": h, "s": status, "t": now.replace(tzinfo=None)},
-            )
+            add_inbox(conn, group, mid, status, h)
         ids = store.journal(
             conn, [entry(m, n) for n, m in enumerate(["ok", "dead", "done", "void", "other", "no"])]
         )
         rec = [OutcomeUpdate(i, LogOutcome.SUCCESS, "processed") for i in ids]
-        assert store.confirm_first(conn, "ok", "g", "h2", now, rec[0]) is False  # other body
-        assert store.confirm_first(conn, "ok", "g", "h1", now, rec[0]) is True
-        assert store.confirm_first(conn, "dead", "g", "h9", now, rec[1]) is True  # no recorded hash
+        assert store.confirm_first(conn, "ok", "g", "h2", now, rec[0]) == (False, False)  # other body
+        assert store.confirm_first(conn, "ok", "g", "h1", now, rec[0]) == (True, False)  # (no stub to settle)
+        assert store.confirm_first(conn, "dead", "g", "h9", now, rec[1]) == (True, False)  # no recorded hash
         for mid, r in zip(["done", "void", "other", "no"], rec[2:], strict=True):
-            assert store.confirm_first(conn, mid, "g", "h1", now, r) is False
-        statuses = dict(conn.execute(text("SELECT message_id, status FROM message_stub")).all())
+            assert store.confirm_first(conn, mid, "g", "h1", now, r) == (False, False)
+        statuses = {
+            (g, m): st
+            for g, m, st in conn.execute(text("SELECT consumer_group, message_id, status FROM message_inbox"))
+        }
         outcomes = dict(conn.execute(text("SELECT message_id, outcome FROM message_log")).all())
     assert statuses == {
-        "ok": "CONFIRMED",
-        "dead": "CONFIRMED",
-        "done": "CONFIRMED",
-        "void": "VOIDED",
-        "other": "PENDING",
+        ("g", "ok"): "CONFIRMED",
+        ("g", "dead"): "CONFIRMED",
+        ("g", "done"): "CONFIRMED",
+        ("g", "void"): "VOIDED",
+        ("x", "other"): "PENDING",
     }
     assert outcomes == {
         "ok": "SUCCESS",

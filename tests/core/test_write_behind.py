@@ -9,8 +9,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reliability, idempotent_consumer
-from reliable.decision import Reason
 from reliable.errors import ConfigurationError
+from reliable.guard.decision import Reason
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import applied, apply, env, log_rows, make_rel
 

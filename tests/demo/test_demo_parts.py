@@ -1,4 +1,5 @@
-"""The demo's own building blocks: the ledger invariant, the chaos schedule, the duplicate attribution."""
+"""The demo's own building blocks: the ledger invariant, the audit groups, the chaos schedule, the per-group
+counters and duplicate attribution."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, update
 
-from reliable.demo import chaos, ledger, stats
+from reliable.demo import audit, chaos, groups, ledger, stats
 from reliable.demo.errors import BadOrderError
 from reliable.facade import make_engine
 from reliable.migrate import upgrade
-from reliable.models import MessageLog, utcnow
+from reliable.models import MessageInbox, MessageLog, MessageStub, utcnow
 from reliable.types import Envelope
 
 
@@ -22,7 +23,8 @@ def engine(sqlite_url: str):  # type: ignore[no-untyped-def]
     eng = make_engine(sqlite_url)
     upgrade(eng)
     with eng.begin() as conn:
-        conn.execute(MessageLog.__table__.delete())
+        for model in (MessageLog, MessageInbox, MessageStub):
+            conn.execute(model.__table__.delete())
     yield eng
     eng.dispose()
 
@@ -168,34 +170,105 @@ def test_controller_records_injected_skipped_and_failed_faults() -> None:
     assert ctl.records[1].detail.startswith("skipped") and ctl.records[2].detail.startswith("failed")
 
 
-def _log(engine, mid: str, q: int, off: int, rt: int = 0) -> None:  # type: ignore[no-untyped-def]
+def _log(engine, group: str, mid: str, pos: tuple[str, int, int], rt: int = 0) -> None:  # type: ignore[no-untyped-def]
     with engine.begin() as conn:
         conn.execute(
             insert(MessageLog).values(
                 message_id=mid,
-                consumer_group="g",
-                topic="T",
-                queue_id=q,
-                queue_offset=off,
+                consumer_group=group,
+                topic=pos[0],
+                original_topic="T",
+                queue_id=pos[1],
+                queue_offset=pos[2],
                 reconsume_times=rt,
                 received_at=utcnow(),
             )
         )
 
 
-def test_duplicate_causes(engine) -> None:  # type: ignore[no-untyped-def]
-    _log(engine, "a", 0, 10)
-    _log(engine, "a", 0, 10)  # same position again: redelivery
-    _log(engine, "b", 1, 5)
-    _log(engine, "b", 0, 0, rt=1)  # came back through %RETRY%
-    _log(engine, "c", 2, 7)
-    _log(engine, "c", 3, 9)  # a second copy at a new offset: double send
-    _log(engine, "d", 2, 8)  # delivered once
+def test_duplicate_causes_per_group(engine) -> None:  # type: ignore[no-untyped-def]
+    _log(engine, "g", "a", ("T", 0, 10))
+    _log(engine, "g", "a", ("T", 0, 10))  # same position again: redelivery
+    _log(engine, "g", "b", ("T", 1, 5))
+    _log(engine, "g", "b", ("%RETRY%g", 0, 0), rt=1)  # came back through %RETRY%g: the broker's retry
+    _log(engine, "g", "c", ("T", 2, 7))
+    _log(engine, "g", "c", ("T", 3, 9))  # a second copy at a new offset: double send
+    _log(engine, "g", "d", ("T", 2, 8))  # delivered once to g …
+    _log(engine, "h", "d", ("T", 2, 8))  # … and once to h: fan-out, not a duplicate
+    _log(engine, "h", "d", ("%RETRY%h", 0, 3))  # the sweeper's resend to h alone
     causes = stats.duplicate_causes(engine, "T")
     assert causes == {
-        stats.DuplicateCause.REDELIVERY: 1,
-        stats.DuplicateCause.RETRY: 1,
-        stats.DuplicateCause.DOUBLE_SEND: 1,
+        "g": {"redelivery": 1, "retry": 1, "producer_double_send": 1, "targeted_resend": 0},
+        "h": {"redelivery": 0, "retry": 0, "producer_double_send": 0, "targeted_resend": 1},
     }
     snap = stats.snapshot(engine, "T")
-    assert snap.deliveries == 7 and snap.duplicates_delivered == 3
+    assert snap.group("g").deliveries == 7 and snap.group("g").duplicates_delivered == 3
+    assert snap.group("h").deliveries == 2 and snap.group("h").duplicates_delivered == 1
+    assert snap.deliveries == 9 and snap.duplicates_delivered == 4
+
+
+def test_snapshot_counts_each_groups_inbox_rows(engine) -> None:  # type: ignore[no-untyped-def]
+    now = utcnow()
+    with engine.begin() as conn:
+        for mid in ("m1", "m2"):
+            conn.execute(
+                insert(MessageStub).values(
+                    message_id=mid, topic="T", content=b"{}", status="PENDING", send_count=2,
+                    created_at=now, updated_at=now,
+                )
+            )  # fmt: skip
+        conn.execute(
+            insert(MessageInbox),
+            [
+                {"consumer_group": "ledger", "message_id": "m1", "status": "CONFIRMED"},
+                {"consumer_group": "ledger", "message_id": "m2", "status": "DEAD"},
+                {"consumer_group": "audit", "message_id": "m1", "status": "CONFIRMED"},
+                {"consumer_group": "audit", "message_id": "m2", "status": "PENDING"},
+            ],
+        )
+    snap = stats.snapshot(engine, "T")
+    assert (snap.messages, snap.resent) == (2, 2)
+    assert (snap.group("ledger").confirmed, snap.group("ledger").dead) == (1, 1)
+    assert (snap.group("audit").confirmed, snap.group("audit").pending) == (1, 1)
+    assert (snap.settled, snap.confirmed, snap.pending, snap.dead) == (3, 2, 1, 1)
+
+
+def test_group_names_start_with_the_ledger_group() -> None:
+    assert groups.group_names(1) == ["demo_ledger"]
+    assert groups.group_names(3) == ["demo_ledger", "demo_audit", "demo_audit_2"]
+    with pytest.raises(ValueError):
+        groups.group_names(0)
+
+
+def test_each_audit_group_must_apply_each_order_once(engine) -> None:  # type: ignore[no-untyped-def]
+    from sqlalchemy.orm import Session
+
+    groups.reset(engine, 3)
+    orders = ledger.make_orders("run", 5, 3, seed=2)
+    a1, a2 = groups.business_handler("demo_audit", "w"), groups.business_handler("demo_audit_2", "w")
+    with Session(engine) as s, s.begin():
+        for o in orders:
+            a1(Envelope(o.order_id, "T", 0, 0, o.to_body()), s)
+        for o in orders[1:]:  # audit_2 never got the first order …
+            a2(Envelope(o.order_id, "T", 0, 0, o.to_body()), s)
+        a2(Envelope(orders[2].order_id, "T", 0, 0, orders[2].to_body()), s)  # … and applied the third twice
+    ids = [o.order_id for o in orders]
+    ok = groups.check(engine, "demo_audit", ids, 3)
+    assert ok.ok and ok.applied == 5
+    bad = audit.check(engine, "demo_audit_2", ids)
+    assert not bad.ok
+    assert bad.lost_ids == (orders[0].order_id,) and bad.double_applied_ids == (orders[2].order_id,)
+    # the ledger group is judged by the ledger, not by audit rows
+    assert groups.check(engine, "demo_ledger", ids, 3).lost == 5
+
+
+def test_summary_is_ok_only_when_every_group_is() -> None:
+    from reliable.demo.summary import DemoSummary, GroupResult
+
+    s = DemoSummary(messages=3, produced=3, settled=True, ledger_ok=True)
+    good = GroupResult(confirmed=3, applied=3, check_ok=True, duplicate_causes={"retry": 1})
+    s.set_groups({"demo_ledger": good, "demo_audit": dataclasses.replace(good)})
+    assert s.ok and s.confirmed == 6 and s.duplicate_causes == {"retry": 2}
+    s.set_groups({"demo_ledger": good, "demo_audit": dataclasses.replace(good, lost=1, lost_ids=["o-1"])})
+    assert not s.ok and s.lost == 1 and s.lost_ids == ["demo_audit:o-1"]
+    assert s.to_dict()["groups"]["demo_audit"]["ok"] is False

@@ -43,7 +43,7 @@ def planted() -> D.Dataset:
 
 
 def write_parquet(ds: D.Dataset, directory: Path) -> Path:
-    """The dataset as the three Parquet files `reliable export` writes (same schemas)."""
+    """The dataset as the four Parquet files `reliable export` writes (same schemas)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -52,6 +52,7 @@ def write_parquet(ds: D.Dataset, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for name, rows in (
         ("message_stub", ds.stubs),
+        ("message_inbox", ds.inbox),
         ("message_log", ds.logs),
         ("consume_progress", ds.progress),
     ):
@@ -64,16 +65,18 @@ def write_database(ds: D.Dataset, url: str) -> None:
     from sqlalchemy import delete, insert
 
     from reliable import Reliability
-    from reliable.models import ConsumeProgress, MessageLog, MessageStub
+    from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub
 
     rel = Reliability(url)
     try:
         rel.create_schema()
         with rel.session() as s:
-            for model in (MessageLog, ConsumeProgress, MessageStub):
+            for model in (MessageLog, ConsumeProgress, MessageInbox, MessageStub):
                 s.execute(delete(model))
             if ds.stubs:
                 s.execute(insert(MessageStub), ds.stubs)
+            if ds.inbox:
+                s.execute(insert(MessageInbox), ds.inbox)
             if ds.logs:
                 s.execute(insert(MessageLog), ds.logs)
             if ds.progress:

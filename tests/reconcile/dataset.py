@@ -1,19 +1,29 @@
-"""A small dataset with one planted anomaly of every kind, and the report it must produce.
+"""A small fan-out dataset with one planted anomaly of every kind, and the report it must produce.
+
+Topic ``orders`` has three consumer groups (billing, audit, search) and topic ``payments`` two (billing,
+audit), as the producer stages them (one stub per message, one inbox row per group). Planted per group: audit
+*loses* one message and *lags* on queue 0; search *never consumed* queue 3; billing has a stuck, a dead, a
+redelivered, a retried message; search receives a *targeted resend*; every group sees a producer
+double-send; the broker loses a message and reuses its offset. Each planted row sits next to a decoy that
+must *not* be reported.
 
 Everything is relative to ``AS_OF``; with the default grace (5 min) and stuck_after (15 min) each planted
-row is an anomaly for certain and each decoy (the row next to it that must *not* be reported) is certainly
-not one. ``EXPECTED`` is what the report must find, and nothing else.
+row is an anomaly for certain and each decoy certainly not one. ``EXPECTED`` is what the report must find,
+and nothing else; it is written out by hand, not computed from the rows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 AS_OF = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)
-G1, T1 = "g-orders", "orders"
-G2, T2 = "g-audit", "orders-audit"
+A, B, C = "billing", "audit", "search"
+LATE = "late-joiner"
+T1, T2 = "orders", "payments"
+ALL = (A, B, C)
 #: a window that contains W-SPLIT's creation and first delivery but not its second delivery
 WINDOW = (AS_OF - dt.timedelta(minutes=110), AS_OF - dt.timedelta(minutes=90))
 
@@ -22,9 +32,14 @@ def ago(minutes: float) -> dt.datetime:
     return AS_OF - dt.timedelta(minutes=minutes)
 
 
+def retry(group: str) -> str:
+    return f"%RETRY%{group}"
+
+
 @dataclass
 class Dataset:
     stubs: list[dict[str, Any]] = field(default_factory=list)
+    inbox: list[dict[str, Any]] = field(default_factory=list)
     logs: list[dict[str, Any]] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
     _next_log_id: int = 1
@@ -38,16 +53,14 @@ class Dataset:
         status: str = "CONFIRMED",
         created: dt.datetime | None = None,
         send_count: int = 1,
-        group: str = G1,
         topic: str = T1,
-    ) -> None:
+    ) -> dt.datetime:
         created = created or ago(120)
         self.stubs.append(
             {
                 "message_id": mid,
                 "topic": topic,
                 "tags": None,
-                "consumer_group": group,
                 "content": b"{}",
                 "payload_hash": None,
                 "status": status,
@@ -62,24 +75,58 @@ class Dataset:
                 "last_error": None,
             }
         )
+        return created
+
+    def row(
+        self,
+        group: str,
+        mid: str,
+        status: str,
+        created: dt.datetime,
+        *,
+        resend_count: int = 0,
+        resend_at: tuple[int, int] | None = None,
+    ) -> None:
+        """One group's inbox row (confirmed 250 ms after the message was created)."""
+        self.inbox.append(
+            {
+                "consumer_group": group,
+                "message_id": mid,
+                "status": status,
+                "attempts": 0,
+                "payload_hash": None,
+                "first_received_at": None,
+                "confirmed_at": created + dt.timedelta(milliseconds=250) if status == "CONFIRMED" else None,
+                "resend_count": resend_count,
+                "resend_at": None,
+                "queue_id": None if resend_at is None else resend_at[0],
+                "queue_offset": None if resend_at is None else resend_at[1],
+                "last_error": None,
+                "created_at": created,
+                "updated_at": created,
+            }
+        )
 
     def log(
         self,
+        group: str,
         mid: str,
         queue: int,
         offset: int,
         received: dt.datetime,
         *,
         reconsume: int = 0,
-        group: str = G1,
         topic: str = T1,
+        original: str | None = None,
     ) -> None:
+        """One delivery; ``topic`` is the delivered topic (``%RETRY%…`` for retries and targeted resends)."""
         self.logs.append(
             {
                 "id": self._next_log_id,
                 "message_id": mid,
                 "consumer_group": group,
                 "topic": topic,
+                "original_topic": original or topic,
                 "queue_id": queue,
                 "queue_offset": offset,
                 "reconsume_times": reconsume,
@@ -92,7 +139,8 @@ class Dataset:
         self._next_log_id += 1
 
     def finish_progress(self) -> None:
-        """consume_progress = highest offset logged per (group, topic, queue), as the consumer keeps it."""
+        """consume_progress = highest offset logged per (group, delivered topic, queue), as the guard keeps
+        it."""
         best: dict[tuple[str, str, int], dict[str, Any]] = {}
         for row in self.logs:
             key = (row["consumer_group"], row["topic"], row["queue_id"])
@@ -115,88 +163,174 @@ class Dataset:
         self.progress = list(best.values())
 
 
-def normal(ds: Dataset, mid: str, queue: int, offset: int, *, group: str = G1, topic: str = T1) -> None:
-    """A message that went right: stub confirmed, delivered once 50 ms after creation."""
-    ds.stub(mid, queue, offset, group=group, topic=topic)
-    ds.log(mid, queue, offset, ago(120) + dt.timedelta(milliseconds=50), group=group, topic=topic)
+def normal(
+    ds: Dataset,
+    mid: str,
+    queue: int,
+    offset: int,
+    *,
+    groups: Sequence[str] = ALL,
+    topic: str = T1,
+    pending: Sequence[str] = (),
+) -> dt.datetime:
+    """A message that went right for ``groups``: each delivered once 50 ms after creation and confirmed;
+    the groups in ``pending`` expect it too but never received it."""
+    created = ds.stub(mid, queue, offset, topic=topic, status="PENDING" if pending else "CONFIRMED")
+    for g in groups:
+        ds.row(g, mid, "CONFIRMED", created)
+        ds.log(g, mid, queue, offset, created + dt.timedelta(milliseconds=50), topic=topic)
+    for g in pending:
+        ds.row(g, mid, "PENDING", created)
+    return created
 
 
 def build() -> Dataset:
     ds = Dataset()
-    # queue 0: offsets 0..9 all fine
+    # --- orders, queue 0: offsets 0..9 fine for everyone; 10..13 not yet reached by audit (its lag: 4)
     for off in range(10):
         normal(ds, f"ok-0-{off}", 0, off)
-    # queue 1: offsets 0..9 fine except the planted ones
+    for off in range(10, 14):
+        normal(ds, f"LAG-{off}", 0, off, groups=(A, C), pending=(B,))
+    ds.log(A, "ORPHAN-1", 0, 14, ago(119))  # a delivery nobody wrote a stub for
+
+    # --- orders, queue 1: audit loses one message; a stuck one, and their decoys
     for off in (0, 1, 2, 4, 6, 8, 9):
         normal(ds, f"ok-1-{off}", 1, off)
-    ds.stub("LOST-1", 1, 3, status="PENDING", created=ago(60))  # below watermark 9, old, never logged → lost
-    ds.stub("FRESH-1", 1, 5, status="PENDING", created=ago(1))  # below watermark but within grace → not lost
-    ds.stub("STUCK-1", 1, 7, status="PENDING", created=ago(60))  # logged 30 min ago, never confirmed → stuck
-    ds.log("STUCK-1", 1, 7, ago(30))
-    ds.stub("BUSY-1", 1, 10, status="PENDING", created=ago(2))  # logged 1 min ago → not stuck (yet)
-    ds.log("BUSY-1", 1, 10, ago(1))
-    ds.stub("BACKLOG-1", 1, 12, status="PENDING", created=ago(60))  # above the watermark: lag, not lost
-    # queue 2: duplicates of every cause, a gap, a dead message
-    for off in (0, 1, 2, 5, 6):
+    # below audit's watermark 9, old, never delivered to audit (billing and search got it) → lost for audit
+    created = ds.stub("LOST-1", 1, 3, status="PENDING", created=ago(60))
+    for g in (A, C):
+        ds.row(g, "LOST-1", "CONFIRMED", created)
+        ds.log(g, "LOST-1", 1, 3, ago(59))
+    ds.row(B, "LOST-1", "PENDING", created)
+    # below every watermark but within grace → not lost
+    created = ds.stub("FRESH-1", 1, 5, status="PENDING", created=ago(1))
+    for g in ALL:
+        ds.row(g, "FRESH-1", "PENDING", created)
+    # billing took it 30 min ago and never confirmed → stuck for billing; the others confirmed it
+    created = ds.stub("STUCK-1", 1, 7, status="PENDING", created=ago(60))
+    ds.row(A, "STUCK-1", "PENDING", created)
+    ds.log(A, "STUCK-1", 1, 7, ago(30))
+    for g in (B, C):
+        ds.row(g, "STUCK-1", "CONFIRMED", created)
+        ds.log(g, "STUCK-1", 1, 7, ago(59))
+    # billing took it 1 min ago → not stuck (yet); above audit's and search's watermark → lag, not lost
+    created = ds.stub("BUSY-1", 1, 10, status="PENDING", created=ago(2))
+    for g in ALL:
+        ds.row(g, "BUSY-1", "PENDING", created)
+    ds.log(A, "BUSY-1", 1, 10, ago(1))
+    # above every watermark: lag, not lost
+    created = ds.stub("BACKLOG-1", 1, 12, status="PENDING", created=ago(60))
+    for g in ALL:
+        ds.row(g, "BACKLOG-1", "PENDING", created)
+
+    # --- orders, queue 2: duplicates of every cause, a gap, a dead pair
+    for off in (0, 1, 2, 5, 6, 13):
         normal(ds, f"ok-2-{off}", 2, off)
-    # offsets 3 and 4 never journaled: the planted gap (3..4)
-    ds.stub("REDELIVER-1", 2, 7)
-    ds.log("REDELIVER-1", 2, 7, ago(119))
-    ds.log("REDELIVER-1", 2, 7, ago(118))  # same offset again, reconsume 0: rebalance
-    ds.stub("RETRY-1", 2, 8)
-    ds.log("RETRY-1", 2, 8, ago(119))
-    ds.log("RETRY-1", 2, 8, ago(117), reconsume=1)  # same offset, reconsume 1: retry
-    ds.log("RETRY-1", 2, 8, ago(115), reconsume=2)  # and once more
-    ds.stub("DOUBLE-1", 2, 10, send_count=2)  # the stub remembers the second send's offset
-    ds.log("DOUBLE-1", 2, 9, ago(119))
-    ds.log("DOUBLE-1", 2, 10, ago(118))  # other offset: producer double-send
-    ds.stub("DEAD-1", 2, 11, status="DEAD", send_count=8)  # resends exhausted
-    ds.log("ok-2-12", 2, 12, ago(119))
-    ds.stub("ok-2-12", 2, 12)
-    # never sent successfully: no queue, no offset
-    ds.stub("UNSENT-1", None, None, status="PENDING", created=ago(60))
-    ds.stub("VOID-1", 0, 10, status="VOIDED")
-    ds.log("VOID-1", 0, 10, ago(119))
-    # a delivery nobody wrote a stub for
-    ds.log("ORPHAN-1", 0, 11, ago(119))
-    # the window case: created and first delivered inside WINDOW, delivered again after it
-    ds.stub("W-SPLIT", 3, 0, created=ago(100))
-    ds.log("W-SPLIT", 3, 0, ago(95))
-    ds.log("W-SPLIT", 3, 0, ago(60))  # after the window's end: still this message's second delivery
+    # offsets 3 and 4 were never journaled by anyone: the planted gap (3..4) in each group's log
+    created = normal(ds, "REDELIVER-1", 2, 7, groups=(B, C))
+    ds.row(A, "REDELIVER-1", "CONFIRMED", created)
+    ds.log(A, "REDELIVER-1", 2, 7, ago(119))
+    ds.log(A, "REDELIVER-1", 2, 7, ago(118))  # same position again, reconsume 0: rebalance
+    created = normal(ds, "RETRY-1", 2, 8, groups=(B, C))
+    ds.row(A, "RETRY-1", "CONFIRMED", created)
+    ds.log(A, "RETRY-1", 2, 8, ago(119))  # the handler failed: RECONSUME_LATER
+    ds.log(A, "RETRY-1", 0, 0, ago(117), reconsume=1, topic=retry(A), original=T1)  # the broker's retry
+    ds.log(A, "RETRY-1", 0, 1, ago(115), reconsume=2, topic=retry(A), original=T1)  # and once more
+    created = ds.stub("DOUBLE-1", 2, 10, send_count=2)  # the stub remembers the second send's offset
+    for g in ALL:
+        ds.row(g, "DOUBLE-1", "CONFIRMED", created)
+        ds.log(g, "DOUBLE-1", 2, 9, ago(119))
+        ds.log(g, "DOUBLE-1", 2, 10, ago(118))  # other offset: producer double-send, seen by every group
+    # search's worker died after taking it (stuck); the sweeper re-sent it to search alone
+    created = normal(ds, "TARGETED-1", 2, 11, groups=(A, B))
+    ds.row(C, "TARGETED-1", "CONFIRMED", created, resend_count=1, resend_at=(0, 0))
+    ds.log(C, "TARGETED-1", 2, 11, ago(119))
+    ds.log(C, "TARGETED-1", 0, 0, ago(100), topic=retry(C), original=T1)
+    # billing's resends exhausted: DEAD for billing (a gap at 12 in billing's log), fine for the others
+    created = normal(ds, "DEAD-1", 2, 12, groups=(B, C))
+    ds.row(A, "DEAD-1", "DEAD", created, resend_count=7, resend_at=(0, 2))
+    ds.stubs[-1]["status"] = "DEAD"
+
+    # --- orders, queue 3: search never consumed it (no position at all); the others did
+    for off in (0, 1):
+        normal(ds, f"NC-{off}", 3, off, groups=(A, B), pending=(C,))
+
+    # --- never sent successfully (no queue, no offset), for billing and audit only (explicit groups)
+    created = ds.stub("UNSENT-1", None, None, status="PENDING", created=ago(60))
+    for g in (A, B):
+        ds.row(g, "UNSENT-1", "PENDING", created)
+
+    # --- payments: two groups
+    for off in range(5):
+        normal(ds, f"pay-{off}", 0, off, groups=(A, B), topic=T2)
+    # the broker lost REUSED-1 (power cut before flush) and stored pay-6 at the same offset after its restart:
+    # both groups received offset 6, never REUSED-1 → lost for both (the watermark is *at* its offset)
+    created = ds.stub("REUSED-1", 0, 6, status="PENDING", created=ago(60), topic=T2)
+    for g in (A, B):
+        ds.row(g, "REUSED-1", "PENDING", created)
+    normal(ds, "pay-6", 0, 6, groups=(A, B), topic=T2)
+    created = ds.stub("VOID-1", 0, 5, status="VOIDED", topic=T2)
+    for g in (A, B):
+        ds.row(g, "VOID-1", "VOIDED", created)
+        ds.log(g, "VOID-1", 0, 5, ago(119), topic=T2)
+    # a group the producer did not list: the guard gave it its own inbox row (not an orphan)
+    ds.row(LATE, "pay-0", "CONFIRMED", ago(120))
+    ds.log(LATE, "pay-0", 0, 0, ago(119), topic=T2)
+    # the window case: created and first delivered inside WINDOW, delivered again after it (billing)
+    created = ds.stub("W-SPLIT", 1, 0, created=ago(100), topic=T2)
+    for g in (A, B):
+        ds.row(g, "W-SPLIT", "CONFIRMED", created)
+        ds.log(g, "W-SPLIT", 1, 0, ago(95), topic=T2)
+    ds.log(A, "W-SPLIT", 1, 0, ago(60), topic=T2)  # after the window's end: still billing's 2nd delivery
     # created before the window, delivered inside it: not in the windowed report, and not an orphan
-    ds.stub("EARLY-1", 3, 1, created=ago(240))
-    ds.log("EARLY-1", 3, 1, ago(100))
-    # a second group reading the same topic: its delivery of a g-orders message is not an orphan
-    normal(ds, "ok-audit-0", 0, 0, group=G2, topic=T2)
-    ds.log("ok-0-1", 0, 1, ago(119), group=G2, topic=T2)
+    created = ds.stub("EARLY-1", 1, 1, created=ago(240), topic=T2)
+    for g in (A, B):
+        ds.row(g, "EARLY-1", "CONFIRMED", created)
+        ds.log(g, "EARLY-1", 1, 1, ago(100), topic=T2)
     ds.finish_progress()
     return ds
 
 
-#: what the unwindowed report must find
-EXPECTED = {
-    "lost": {"LOST-1"},
-    "stuck": {"STUCK-1"},
-    "dead": {"DEAD-1"},
-    "unsent": {"UNSENT-1"},
-    "orphans": {"ORPHAN-1"},
-    # (message_id, cause) per extra delivery
+#: what the unwindowed report must find: (group, message_id) pairs, by hand
+EXPECTED: dict[str, Any] = {
+    "lost": {(B, "LOST-1"), (A, "REUSED-1"), (B, "REUSED-1")},
+    "stuck": {(A, "STUCK-1")},
+    "dead": {(A, "DEAD-1")},
+    "unsent": {(A, "UNSENT-1"), (B, "UNSENT-1")},
+    "orphans": {(A, "ORPHAN-1")},
+    # (group, message_id, cause) per extra delivery
     "duplicates": sorted(
         [
-            ("DOUBLE-1", "producer_double_send"),
-            ("REDELIVER-1", "redelivery"),
-            ("RETRY-1", "retry"),
-            ("RETRY-1", "retry"),
-            ("W-SPLIT", "redelivery"),
+            (A, "DOUBLE-1", "producer_double_send"),
+            (B, "DOUBLE-1", "producer_double_send"),
+            (C, "DOUBLE-1", "producer_double_send"),
+            (A, "REDELIVER-1", "redelivery"),
+            (A, "RETRY-1", "retry"),
+            (A, "RETRY-1", "retry"),
+            (C, "TARGETED-1", "targeted_resend"),
+            (A, "W-SPLIT", "redelivery"),
         ]
     ),
-    # (group, topic, queue, start, end): the planted hole, and the holes the lost/fresh stubs leave
+    # (group, topic, queue, start, end): the planted hole, and the holes the lost/fresh/dead pairs leave
     "gaps": sorted(
         [
-            (G1, T1, 1, 3, 3),
-            (G1, T1, 1, 5, 5),
-            (G1, T1, 2, 3, 4),
-            (G1, T1, 2, 11, 11),
+            (A, T1, 1, 5, 5),
+            (B, T1, 1, 3, 3),
+            (B, T1, 1, 5, 5),
+            (C, T1, 1, 5, 5),
+            (A, T1, 2, 3, 4),
+            (B, T1, 2, 3, 4),
+            (C, T1, 2, 3, 4),
+            (A, T1, 2, 12, 12),
         ]
     ),
+    "never_consumed": [(C, T1, 3, 2, 2)],  # (group, topic, queue, inbox rows, pending)
+    # lag per (group, topic, queue) where not 0: max stub offset − watermark (−1 when none)
+    "lag": {
+        (A, T1, 1): 2,  # BACKLOG-1 at 12, billing's watermark 10 (BUSY-1)
+        (B, T1, 0): 4,  # LAG-10..13, audit's watermark 9
+        (B, T1, 1): 3,  # BACKLOG-1 at 12, audit's watermark 9
+        (C, T1, 1): 3,
+        (C, T1, 3): 2,  # never consumed: offsets 0 and 1
+    },
 }

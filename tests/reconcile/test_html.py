@@ -52,9 +52,13 @@ def test_report_renders_in_chromium_with_headline_numbers(
     text = dom.stdout
     assert 'id="headline"' in text
     t = parquet_report.summary["totals"]
-    for key, value in (("stubs", t["stubs"]), ("lost", t["lost"]), ("duplicate deliveries", 5)):
+    for key, value in (
+        ("inbox rows", t["inbox_rows"]), ("lost", t["lost"]),
+        ("duplicate deliveries", 8), ("never consumed", 1),
+    ):  # fmt: skip
         assert f'data-key="{key}"><div class="v">{value}</div>' in text, key
-    assert "LOST-1" in text and "ORPHAN-1" in text and "producer_double_send" in text
+    assert "LOST-1" in text and "ORPHAN-1" in text and "targeted_resend" in text
+    assert 'id="groups"' in text and "search never consumed orders queue 3" in text
     assert text.count("<svg") == 5, "five charts"
     shot = artifacts_dir / "reconcile-report.png"
     shot.unlink(missing_ok=True)
@@ -69,7 +73,7 @@ def test_values_from_producers_are_escaped() -> None:
     from reliable.reconcile.report_html import render_html
     from reliable.reconcile.summary import Collected, build_summary
 
-    row = {"consumer_group": "<g>", "topic": "t&<script>", "queue_id": 0, "is_total": False, "stubs": 1}
-    summary = build_summary(Collected(queue_stats=[row]), ReconcileConfig(), Thresholds(), source="<db>")
+    row = {"consumer_group": "<g>", "topic": "t&<script>", "queue_id": 0, "level": "queue", "inbox_rows": 1}
+    summary = build_summary(Collected(pair_stats=[row]), ReconcileConfig(), Thresholds(), source="<db>")
     html = render_html(summary)
     assert "<script>" not in html and "t&amp;&lt;script&gt;" in html and "&lt;db&gt;" in html

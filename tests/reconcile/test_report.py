@@ -1,4 +1,5 @@
-"""The report finds exactly the planted anomalies: from Parquet, PostgreSQL, MariaDB, SQLite (via export)."""
+"""The report finds exactly the planted anomalies, per consumer group: from Parquet, PostgreSQL, MariaDB and
+SQLite (via export)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from tests.reconcile.conftest import write_database, write_parquet
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def _ids(out: Path, name: str) -> list[str]:
+def _pairs(out: Path, name: str) -> list[tuple[str, str]]:
     import pyarrow.parquet as pq
 
-    return sorted(pq.read_table(out / f"{name}.parquet").column("message_id").to_pylist())
+    t = pq.read_table(out / f"{name}.parquet")
+    return sorted(
+        zip(t.column("consumer_group").to_pylist(), t.column("message_id").to_pylist(), strict=True)
+    )
 
 
 def _table(out: Path, name: str) -> list[dict[str, Any]]:
@@ -29,12 +33,18 @@ def _table(out: Path, name: str) -> list[dict[str, Any]]:
     return list(pq.read_table(out / f"{name}.parquet").to_pylist())
 
 
+def _by_group(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["consumer_group"]: g for g in summary["groups"]}
+
+
 def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
     exp = D.EXPECTED
+    ds = D.build()
     for name in ("lost", "stuck", "dead", "unsent", "orphans"):
-        assert set(_ids(out, name)) == exp[name], name
-        assert len(_ids(out, name)) == len(exp[name]), f"{name}: one row each"
-    dups = sorted((r["message_id"], r["cause"]) for r in _table(out, "duplicates"))
+        found = _pairs(out, name)
+        assert set(found) == exp[name], name
+        assert len(found) == len(exp[name]), f"{name}: one row each"
+    dups = sorted((r["consumer_group"], r["message_id"], r["cause"]) for r in _table(out, "duplicates"))
     assert dups == exp["duplicates"]
     gaps = sorted(
         (r["consumer_group"], r["topic"], r["queue_id"], r["gap_start"], r["gap_end"])
@@ -43,37 +53,78 @@ def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
     assert gaps == exp["gaps"]
 
     t = summary["totals"]
-    assert (t["lost"], t["stuck"], t["dead"], t["unsent"], t["orphan_logs"]) == (1, 1, 1, 1, 1)
-    assert t["duplicate_deliveries"] == 5 and t["duplicate_messages"] == 4
-    assert summary["duplicates_by_cause"] == {"redelivery": 2, "retry": 2, "producer_double_send": 1}
-    assert (t["gaps"], t["missing_offsets"]) == (4, 5)
-    assert t["stubs"] == 37
-    assert (t["pending"], t["confirmed"], t["voided"], t["dead"]) == (6, 29, 1, 1)
-    # only queue 1 has a stub beyond the watermark (BACKLOG-1 at 12, watermark 10)
-    lags = {(q["consumer_group"], q["queue_id"]): q["lag"] for q in summary["queues"] if q["lag"]}
-    assert lags == {(D.G1, 1): 2}
-    assert t["lag"] == 2
-    q1 = next(q for q in summary["queues"] if (q["consumer_group"], q["queue_id"]) == (D.G1, 1))
-    assert (q1["max_stub_offset"], q1["watermark"], q1["lost"], q1["stuck"]) == (12, 10, 1, 1)
-    unsent = next(q for q in summary["queues"] if q["queue_id"] is None)
-    assert unsent["unsent"] == 1 and unsent["stubs"] == 1
-    assert {k: v["message_ids"] for k, v in summary["attention"].items()} == {
-        "lost": ["LOST-1"],
-        "stuck": ["STUCK-1"],
-        "dead": ["DEAD-1"],
-        "unsent": ["UNSENT-1"],
-        "duplicates": ["DOUBLE-1", "REDELIVER-1", "RETRY-1", "W-SPLIT"],
-        "orphans": ["ORPHAN-1"],
+    assert (t["lost"], t["stuck"], t["dead"], t["unsent"], t["orphan_logs"]) == (3, 1, 1, 2, 1)
+    assert t["duplicate_deliveries"] == 8 and t["duplicate_pairs"] == 7
+    assert summary["duplicates_by_cause"] == {
+        "redelivery": 2, "retry": 2, "producer_double_send": 3, "targeted_resend": 1,
+    }  # fmt: skip
+    assert (t["gaps"], t["missing_offsets"]) == (8, 11)
+    assert t["messages"] == len(ds.stubs) == 50
+    assert t["inbox_rows"] == len(ds.inbox) == 140
+    assert (t["pending"], t["confirmed"], t["voided"], t["dead"]) == (21, 116, 2, 1)
+    assert t["deliveries"] == len(ds.logs) - 1, "every delivery but the orphan belongs to a pair"
+    # lag per (group, topic, queue): audit lags on queue 0, search never consumed queue 3
+    lags = {(q["consumer_group"], q["topic"], q["queue_id"]): q["lag"] for q in summary["queues"] if q["lag"]}
+    assert lags == exp["lag"]
+    assert t["lag"] == 14
+    q1 = next(
+        q for q in summary["queues"] if (q["consumer_group"], q["topic"], q["queue_id"]) == (D.B, D.T1, 1)
+    )
+    assert (q1["max_stub_offset"], q1["watermark"], q1["lost"], q1["stuck"]) == (12, 9, 1, 0)
+    unsent = [q for q in summary["queues"] if q["queue_id"] is None]
+    assert [(q["consumer_group"], q["unsent"], q["inbox_rows"]) for q in unsent] == sorted(
+        [(D.A, 1, 1), (D.B, 1, 1)]
+    )
+    # the never-consumed alarm: search has two pending inbox rows on a queue it has no position on
+    never = [
+        (e["consumer_group"], e["topic"], e["queue_id"], e["inbox_rows"], e["pending"])
+        for e in summary["never_consumed"]
+    ]
+    assert never == exp["never_consumed"] and t["never_consumed_queues"] == 1
+    assert [q["never_consumed"] for q in summary["queues"]].count(True) == 1
+    # every figure by group
+    g = _by_group(summary)
+    assert sorted(g) == sorted([D.A, D.B, D.C, D.LATE])
+    figures = {
+        name: (x["lost"], x["stuck"], x["dead"], x["unsent"], x["lag"], x["never_consumed_queues"])
+        for name, x in g.items()
     }
-    # latency: every normal message was first delivered 50 ms and confirmed 250 ms after creation
+    assert figures == {
+        D.A: (1, 1, 1, 1, 2, 0),
+        D.B: (2, 0, 0, 1, 7, 0),
+        D.C: (0, 0, 0, 0, 5, 1),
+        D.LATE: (0, 0, 0, 0, 0, 0),
+    }
+    assert {n: x["inbox_rows"] for n, x in g.items()} == {D.A: 50, D.B: 50, D.C: 39, D.LATE: 1}
+    assert g[D.C]["duplicates_by_cause"] == {
+        "redelivery": 0, "retry": 0, "producer_double_send": 1, "targeted_resend": 1,
+    }  # fmt: skip
+    assert g[D.A]["duplicates_by_cause"]["retry"] == 2 and g[D.B]["duplicate_deliveries"] == 1
+    hist = {
+        n: {r["resend_count"]: r["inbox_rows"] for r in x["targeted_resend_histogram"]} for n, x in g.items()
+    }
+    assert hist == {D.A: {0: 49, 7: 1}, D.B: {0: 50}, D.C: {0: 38, 1: 1}, D.LATE: {0: 1}}
+    assert {k: v["pairs"] for k, v in summary["attention"].items()} == {
+        k: [{"consumer_group": gr, "message_id": m} for gr, m in pairs]
+        for k, pairs in {
+            "lost": sorted([(D.B, "LOST-1"), (D.A, "REUSED-1"), (D.B, "REUSED-1")]),
+            "stuck": [(D.A, "STUCK-1")],
+            "dead": [(D.A, "DEAD-1")],
+            "unsent": sorted([(D.A, "UNSENT-1"), (D.B, "UNSENT-1")]),
+            "duplicates": sorted({(gr, m) for gr, m, _ in exp["duplicates"]}),
+            "orphans": [(D.A, "ORPHAN-1")],
+        }.items()
+    }
+    # latency: every normal pair was first delivered 50 ms and confirmed 250 ms after its message's creation
     lat = summary["latency_ms"]
     assert lat["send_to_first_delivery"]["p50"] == pytest.approx(50.0)
     assert lat["send_to_confirm"]["p50"] == pytest.approx(250.0)
-    assert lat["send_to_confirm"]["count"] == 29
-    assert sum(summary["latency_histogram"]["send_to_confirm"]) == 29
-    assert {r["send_count"]: r["stubs"] for r in summary["resend_histogram"]} == {1: 35, 2: 1, 8: 1}
+    assert lat["send_to_confirm"]["count"] == 116
+    assert g[D.C]["latency_ms"]["send_to_confirm"]["count"] == 39 - 5, "FRESH, BUSY, BACKLOG, NC-0, NC-1"
+    assert sum(summary["latency_histogram"]["send_to_confirm"]) == 116
+    assert {r["send_count"]: r["messages"] for r in summary["resend_histogram"]} == {1: 49, 2: 1}
     on_disk = json.loads((out / "summary.json").read_text())
-    assert on_disk["totals"] == t and on_disk["schema_version"] == 1
+    assert on_disk["totals"] == t and on_disk["schema_version"] == 2
 
 
 def test_parquet_input_finds_exactly_the_planted_anomalies(parquet_report: Any) -> None:
@@ -96,7 +147,7 @@ def test_jdbc_input_finds_exactly_the_planted_anomalies(
 
 
 def test_window_keeps_a_messages_deliveries_together(spark: Any, planted: D.Dataset, tmp_path: Path) -> None:
-    """W-SPLIT is created and first delivered inside the window and delivered again after it."""
+    """W-SPLIT is created and first delivered inside the window and delivered again (to billing) after it."""
     from reliable.reconcile import io
     from reliable.reconcile.config import ReconcileConfig
 
@@ -104,14 +155,16 @@ def test_window_keeps_a_messages_deliveries_together(spark: Any, planted: D.Data
     src = write_parquet(planted, tmp_path / "in")
     result = _run(spark, io.read_parquet(spark, src, cfg), tmp_path / "out", cfg)
     t = result.summary["totals"]
-    assert t["stubs"] == 1
-    assert t["deliveries"] == 2, "the delivery after `until` still belongs to the message"
-    assert sorted((r["message_id"], r["cause"]) for r in _table(tmp_path / "out", "duplicates")) == [
-        ("W-SPLIT", "redelivery")
+    assert (t["messages"], t["inbox_rows"]) == (1, 2)
+    assert t["deliveries"] == 3, "billing's delivery after `until` still belongs to the message"
+    dups = _table(tmp_path / "out", "duplicates")
+    assert sorted((r["consumer_group"], r["message_id"], r["cause"]) for r in dups) == [
+        (D.A, "W-SPLIT", "redelivery")
     ]
     # EARLY-1 (created before the window, delivered inside it) is neither reported nor an orphan
-    assert t["orphan_logs"] == 0 and _ids(tmp_path / "out", "orphans") == []
+    assert t["orphan_logs"] == 0 and _pairs(tmp_path / "out", "orphans") == []
     assert (t["lost"], t["stuck"], t["dead"], t["unsent"], t["gaps"]) == (0, 0, 0, 0, 0)
+    assert t["never_consumed_queues"] == 0
     assert result.summary["window"] == {"since": "2026-11-20T10:10:00Z", "until": "2026-11-20T10:30:00Z"}
 
 
@@ -131,15 +184,20 @@ def test_cli_on_sqlite_exits_2_when_a_threshold_is_crossed(
     out = tmp_path / "out"
     args = _cli_args(
         "--db", sqlite_url, "--out", str(out), "--as-of", D.AS_OF.isoformat(),
-        "--max-lost", "0", "--max-stuck", "5", "--max-duplicates", "4",
+        "--max-lost", "0", "--max-stuck", "5", "--max-duplicates", "7", "--max-never-consumed", "0",
     )  # fmt: skip
     assert run(args, spark=spark) == 2
     summary = json.loads((out / "summary.json").read_text())
     assert_exactly_planted(out, summary)
-    assert [b["threshold"] for b in summary["breaches"]] == ["max_lost", "max_duplicates"]
+    assert [b["threshold"] for b in summary["breaches"]] == [
+        "max_lost",
+        "max_duplicates",
+        "max_never_consumed",
+    ]
     err = capsys.readouterr().err
-    assert "threshold crossed: max_lost = 1 > 0" in err
-    assert "threshold crossed: max_duplicates = 5 > 4" in err
+    assert "threshold crossed: max_lost = 3 > 0" in err
+    assert "threshold crossed: max_duplicates = 8 > 7" in err
+    assert "threshold crossed: max_never_consumed = 1 > 0" in err
     assert "reconcile [1/9]" in err, "progress is shown on the console"
     assert (out / "report.html").read_text().count("ALERT") == 1
 
@@ -156,7 +214,8 @@ def test_empty_database_reports_zeros_and_exits_0(
     assert run(args, spark=spark) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert all(v == 0 for v in summary["totals"].values())
-    assert summary["queues"] == [] and summary["breaches"] == [] and summary["ok"] is True
+    assert summary["queues"] == [] and summary["groups"] == [] and summary["never_consumed"] == []
+    assert summary["breaches"] == [] and summary["ok"] is True
     assert summary["latency_ms"]["send_to_first_delivery"] == {
         "count": 0, "p50": None, "p95": None, "p99": None, "max": None,
     }  # fmt: skip

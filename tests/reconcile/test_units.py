@@ -78,30 +78,40 @@ def test_a_threshold_is_breached_exactly_when_the_count_exceeds_it(
 
 def test_summary_of_nothing_has_every_key_and_zero_counts() -> None:
     s = build_summary(Collected(), ReconcileConfig(as_of=D.AS_OF), Thresholds(max_lost=0), source="x")
-    assert s["schema_version"] == 1 and s["ok"] is True and s["as_of"] == "2026-11-20T12:00:00Z"
+    assert s["schema_version"] == 2 and s["ok"] is True and s["as_of"] == "2026-11-20T12:00:00Z"
     assert set(s) >= {
-        "totals", "queues", "duplicates_by_cause", "latency_ms", "latency_histogram",
-        "resend_histogram", "attention", "thresholds", "breaches", "window", "settings",
+        "totals", "queues", "groups", "never_consumed", "duplicates_by_cause", "latency_ms",
+        "latency_histogram", "resend_histogram", "attention", "thresholds", "breaches", "window", "settings",
     }  # fmt: skip
     assert all(v == 0 for v in s["totals"].values())
-    assert s["duplicates_by_cause"] == {"redelivery": 0, "retry": 0, "producer_double_send": 0}
+    assert s["duplicates_by_cause"] == {
+        "redelivery": 0, "retry": 0, "producer_double_send": 0, "targeted_resend": 0,
+    }  # fmt: skip
 
 
 def test_lag_is_offsets_beyond_the_watermark() -> None:
     rows = [
-        {"consumer_group": "g", "topic": "t", "queue_id": 0, "stubs": 3, "max_stub_offset": 9},
-        {"consumer_group": "g", "topic": "t", "queue_id": 1, "stubs": 3, "max_stub_offset": 4},
-        {"consumer_group": "g", "topic": "t", "queue_id": 2, "stubs": 1, "max_stub_offset": 0},
+        {
+            "consumer_group": g,
+            "topic": "t",
+            "queue_id": q,
+            "level": "queue",
+            "inbox_rows": 3,
+            "max_stub_offset": m,
+        }
+        for g, q, m in (("g", 0, 9), ("g", 1, 4), ("g", 2, 0), ("h", 0, 9))
     ]
     progress = [
         {"consumer_group": "g", "topic": "t", "queue_id": 0, "max_offset": 6},
         {"consumer_group": "g", "topic": "t", "queue_id": 1, "max_offset": 7},
+        {"consumer_group": "h", "topic": "t", "queue_id": 0, "max_offset": 9},
     ]
     s = build_summary(
-        Collected(queue_stats=rows, progress=progress), ReconcileConfig(), Thresholds(), source="x"
+        Collected(pair_stats=rows, progress=progress), ReconcileConfig(), Thresholds(), source="x"
     )
-    # queue 2 has no consumer position at all: its one offset (0) is lag
-    assert [q["lag"] for q in s["queues"]] == [3, 0, 1]
+    # queue 2 has no consumer position at all: its one offset (0) is lag; each group has its own watermark
+    assert [q["lag"] for q in s["queues"]] == [3, 0, 1, 0]
+    assert {g["consumer_group"]: g["lag"] for g in s["groups"]} == {"g": 4, "h": 0}
 
 
 def test_export_streams_tables_in_chunks(tmp_path: Path) -> None:
@@ -119,16 +129,24 @@ def test_export_streams_tables_in_chunks(tmp_path: Path) -> None:
     finally:
         engine.dispose()
     assert result.rows == {
-        "message_stub": 37,
+        "message_stub": 50,
+        "message_inbox": 140,
         "message_log": len(ds.logs),
         "consume_progress": len(ds.progress),
     }
     stub = pq.ParquetFile(tmp_path / "out" / "message_stub.parquet")
-    assert stub.metadata.num_row_groups == 6, "37 rows in chunks of 7"
+    assert stub.metadata.num_row_groups == 8, "50 rows in chunks of 7"
     assert "content" not in stub.schema_arrow.names
     rows = {r["message_id"]: r for r in stub.read().to_pylist()}
     assert rows["LOST-1"]["status"] == "PENDING" and rows["LOST-1"]["created_at"] == D.ago(60)
     assert rows["UNSENT-1"]["queue_offset"] is None
+    inbox = pq.read_table(tmp_path / "out" / "message_inbox.parquet").to_pylist()
+    lost = {(r["consumer_group"], r["status"]) for r in inbox if r["message_id"] == "LOST-1"}
+    assert lost == {(D.A, "CONFIRMED"), (D.B, "PENDING"), (D.C, "CONFIRMED")}
+    log = pq.read_table(tmp_path / "out" / "message_log.parquet").to_pylist()
+    assert {(r["topic"], r["original_topic"]) for r in log if r["reconsume_times"]} == {
+        ("%RETRY%billing", "orders")
+    }
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -160,14 +178,14 @@ def test_cli_bad_input_is_one_line_before_spark_starts(
     assert len(lines) == 1 and message in lines[0] and lines[0].startswith("reliable: error:"), err
 
 
-def test_export_cli_writes_the_three_files(tmp_path: Path) -> None:
+def test_export_cli_writes_the_four_files(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     write_database(D.build(), url)
     res = _cli("export", "--to", str(tmp_path / "pq"), "--db", url, "-q")
     assert res.returncode == 0, res.stderr
-    assert "message_stub 37" in res.stdout
+    assert "message_stub 50" in res.stdout and "message_inbox 140" in res.stdout
     assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
-        "consume_progress.parquet", "message_log.parquet", "message_stub.parquet",
+        "consume_progress.parquet", "message_inbox.parquet", "message_log.parquet", "message_stub.parquet",
     ]  # fmt: skip
 
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert
+from sqlalchemy import Engine, delete, insert, update
 
 from reliable import Reliability
-from reliable.models import ConsumeProgress, MessageLog, MessageStub, StubNotification
+from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub, StubNotification
 from reliable.sender import OutgoingMessage, SendReceipt
+from reliable.sweeper import DeadNotice
 from reliable.types import StubStatus
 
 T0 = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
@@ -34,6 +36,17 @@ class Clock:
         self.now += dt.timedelta(seconds=seconds)
 
 
+class MemoryChannel:
+    """A notification channel that keeps what it was given (a real one, minus the network)."""
+
+    def __init__(self, name: str = "memory") -> None:
+        self.name = name
+        self.notices: list[DeadNotice] = []
+
+    def deliver(self, notices: Sequence[DeadNotice]) -> None:
+        self.notices.extend(notices)
+
+
 class QueueSender:
     """Accepts messages onto ``queues`` queues (round-robin) with per-queue offsets starting at ``start``.
 
@@ -41,7 +54,7 @@ class QueueSender:
     Thread-safe, so two sweepers in two threads can share it and the test can look for a double send.
     """
 
-    def __init__(self, queues: int = 4, start: int = 1000) -> None:
+    def __init__(self, queues: int = 4, start: int = 1000, retry_prefix: str | None = None) -> None:
         self.sent: list[OutgoingMessage] = []
         self.receipts: list[SendReceipt] = []
         self.fail_next = 0
@@ -49,6 +62,16 @@ class QueueSender:
         self._next: dict[tuple[str, int], int] = {}
         self._start = start
         self._lock = threading.Lock()
+        #: like broker_sim/RocketMQ: a targeted resend lands on ``{retry_prefix}{group}`` (None: the topic)
+        self.retry_prefix = retry_prefix
+
+    def resend_topic(self, topic: str, group: str) -> str:
+        return topic if self.retry_prefix is None else self.retry_prefix + group
+
+    def _topic(self, message: OutgoingMessage) -> str:
+        if message.target_group is None:
+            return message.topic
+        return self.resend_topic(message.topic, message.target_group)
 
     def send(self, message: OutgoingMessage) -> SendReceipt:
         with self._lock:
@@ -56,8 +79,9 @@ class QueueSender:
                 self.fail_next -= 1
                 raise ConnectionError("broker refused the connection")
             queue_id = next(self._queues)
-            offset = self._next.get((message.topic, queue_id), self._start)
-            self._next[(message.topic, queue_id)] = offset + 1
+            topic = self._topic(message)
+            offset = self._next.get((topic, queue_id), self._start)
+            self._next[(topic, queue_id)] = offset + 1
             receipt = SendReceipt(
                 queue_id=queue_id, queue_offset=offset, broker_message_id=f"b{len(self.sent)}"
             )
@@ -72,19 +96,33 @@ class QueueSender:
 
 def clean(engine: Engine) -> None:
     with engine.begin() as conn:
-        for model in (StubNotification, MessageLog, ConsumeProgress, MessageStub):
+        for model in (StubNotification, MessageLog, ConsumeProgress, MessageInbox, MessageStub):
             conn.execute(delete(model))
 
 
-def add_stub(rel: Reliability, message_id: str, **fields: Any) -> None:
+#: fields of ``add_stub`` that describe the group's inbox row rather than the stub
+_INBOX_FIELDS = ("status", "resend_at", "last_error")
+
+
+def add_stub(
+    rel: Reliability, message_id: str, *, groups: Sequence[str] | None = None, **fields: Any
+) -> None:
+    """A staged message as the producer leaves it after its first send, for one group or several.
+
+    ``send_count`` is the *group's* sends (the producer's plus its resends: ``1 + resend_count``), the way
+    the budget counts them; ``queue_id``/``queue_offset`` where the producer's send landed; ``status``,
+    ``resend_at``, ``last_error`` belong to every group's inbox row (``consumer_group`` names one group).
+    """
+    sends = int(fields.pop("send_count", 1))
+    group_list = list(groups) if groups is not None else [str(fields.pop("consumer_group", "billing"))]
+    status = fields.get("status", StubStatus.PENDING)
     row: dict[str, Any] = {
         "message_id": message_id,
         "topic": "orders",
         "tags": None,
-        "consumer_group": "billing",
         "content": f"body-{message_id}".encode(),
-        "status": StubStatus.PENDING,
-        "send_count": 1,
+        "status": status,
+        "send_count": min(sends, 1),
         "queue_id": 0,
         "queue_offset": None,
         "resend_at": T0 - dt.timedelta(seconds=1),
@@ -92,9 +130,40 @@ def add_stub(rel: Reliability, message_id: str, **fields: Any) -> None:
         "updated_at": T0 - dt.timedelta(hours=1),
         "last_sent_at": T0 - dt.timedelta(hours=1),
     }
-    row.update(fields)
+    row.update({k: v for k, v in fields.items() if k not in ("last_error",)})
+    inbox_rows = [
+        {
+            "consumer_group": g,
+            "message_id": message_id,
+            "status": status,
+            "attempts": 0,
+            "resend_count": max(sends - 1, 0),
+            "resend_at": row["resend_at"],
+            "last_error": fields.get("last_error"),
+            "created_at": row["created_at"],
+            "updated_at": row["created_at"],
+        }
+        for g in group_list
+    ]
     with rel.engine.begin() as conn:
         conn.execute(insert(MessageStub.__table__), [row])
+        conn.execute(insert(MessageInbox.__table__), inbox_rows)
+
+
+def set_inbox(rel: Reliability, message_id: str, group: str = "billing", **fields: Any) -> None:
+    with rel.engine.begin() as conn:
+        conn.execute(
+            update(MessageInbox.__table__)
+            .where(MessageInbox.message_id == message_id, MessageInbox.consumer_group == group)
+            .values(**fields)
+        )
+
+
+def get_inbox(rel: Reliability, message_id: str, group: str = "billing") -> MessageInbox:
+    with rel.session() as s:
+        row = s.get(MessageInbox, (group, message_id))
+        assert row is not None, (group, message_id)
+        return row
 
 
 def add_log(rel: Reliability, message_id: str, received_at: dt.datetime, **fields: Any) -> None:

@@ -10,17 +10,20 @@ import redis as redis_lib
 
 from reliable import Reliability
 from reliable import constants as C
+from reliable.stores import LeaseState
+from reliable.stores.lease import lease_key
 from reliable.sweeper import BacklogEstimator, FixedBackoff, Sweeper
 from reliable.sweeper.backoff import QueueProgress
-from reliable.sweeper.leases import LeaseState, lease_key, read_leases
-from reliable.types import StubStatus
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, get_stub, set_progress
+from reliable.sweeper.leases import read_leases
+from reliable.types import LogOutcome, StubStatus
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, get_inbox, set_progress
 
 BACKOFF = FixedBackoff((10.0,))
 
 
 class StaticBacklog:
-    """A BacklogSource as a broker adapter would provide it: the queue's next offset."""
+    """A BrokerProbe as a broker adapter provides it: the queue's next offset (the broker is not the
+    subject here; tests/sweeper/test_probe_broker_sim.py asks a real one)."""
 
     def __init__(self, next_offsets: dict[tuple[str, int], int]) -> None:
         self.next_offsets = next_offsets
@@ -68,7 +71,7 @@ def test_resend_at_includes_backlog_and_queued_copy_is_not_resent(rel: Reliabili
     set_progress(rel, 1000, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=T0)
     sweeper = Sweeper(rel, sender, backoff=BACKOFF, clock=clock)
     assert sweeper.run_once().resent == 1
-    row = get_stub(rel, "lost")
+    row = get_inbox(rel, "lost")
     assert (row.queue_id, row.queue_offset) == (0, 2000)
     assert row.resend_at == T0 + dt.timedelta(seconds=10 + 100)
     # backoff alone has passed, the backlog has not: nothing is re-sent
@@ -79,19 +82,20 @@ def test_resend_at_includes_backlog_and_queued_copy_is_not_resent(rel: Reliabili
     set_progress(rel, 1999, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=clock.now)
     assert sweeper.run_once().resent == 0
     assert sender.ids() == ["lost"]
-    # the consumer passed it without a log row: now it is lost again
+    # the consumer passed it without a log row: lost again, found when the queued row is looked at next
     set_progress(rel, 2001, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=clock.now)
+    clock.advance(60)
     assert sweeper.run_once().resent == 1
 
 
-def test_backlog_source_is_consulted(rel: Reliability, sender: QueueSender, clock: Clock) -> None:
+def test_probe_sizes_the_backlog_estimate(rel: Reliability, sender: QueueSender, clock: Clock) -> None:
     source = StaticBacklog({("orders", 0): 5001})
     sender = QueueSender(queues=1, start=1500)
-    add_stub(rel, "lost")
+    add_stub(rel, "lost", queue_offset=None)
     set_progress(rel, 1000, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=T0)
-    Sweeper(rel, sender, backoff=BACKOFF, backlog_source=source, clock=clock).run_once()
+    Sweeper(rel, sender, backoff=BACKOFF, probe=source, clock=clock).run_once()
     assert source.calls == [("orders", 0)]
-    assert get_stub(rel, "lost").resend_at == T0 + dt.timedelta(seconds=10 + 400)
+    assert get_inbox(rel, "lost").resend_at == T0 + dt.timedelta(seconds=10 + 400)
 
 
 # --- stuck recovery with the Redis lease ------------------------------------------------------------------
@@ -122,7 +126,7 @@ def test_stuck_with_live_lease_is_left_alone_then_recovered_when_it_expires(
     sweeper = Sweeper(redis_rel, sender, backoff=BACKOFF, clock=clock)
     summary = sweeper.run_once()
     assert (summary.resent, summary.lease_held) == (0, 1)
-    row = get_stub(redis_rel, "held")
+    row = get_inbox(redis_rel, "held")
     # postponed by the lease's time left, so it does not take batch slots every round
     assert T0 + dt.timedelta(seconds=40) < row.resend_at <= T0 + dt.timedelta(seconds=45)
     redis_rel.redis.delete(key)  # the worker died; its lease expired
@@ -152,7 +156,7 @@ def test_stuck_at_budget_with_live_lease_is_not_given_up(
     redis_rel.redis.set(lease_key(key_prefix, "billing", "busy"), "processing:w1", px=30_000)
     summary = Sweeper(redis_rel, sender, backoff=BACKOFF, clock=clock).run_once()
     assert (summary.dead, summary.lease_held) == (0, 1)
-    assert get_stub(redis_rel, "busy").status is StubStatus.PENDING
+    assert get_inbox(redis_rel, "busy").status is StubStatus.PENDING
 
 
 def test_unreachable_redis_postpones_stuck_stubs(
@@ -164,12 +168,41 @@ def test_unreachable_redis_postpones_stuck_stubs(
     client = redis_lib.Redis.from_url(private_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
     private_redis.stop()
     views = read_leases(client, "p", [("g", "m")], dt.timedelta(seconds=1))
-    assert [v.state for v in views] == [LeaseState.UNKNOWN]
+    assert [v.state for v in views] == [LeaseState.UNAVAILABLE]
     rel.redis = client
     stuck_stub(rel, "unknown")
-    add_stub(rel, "never-logged")
+    add_stub(rel, "never-logged", queue_offset=None)
     summary = Sweeper(rel, sender, backoff=BACKOFF, clock=clock).run_once()
     assert (summary.resent, summary.lease_unknown) == (1, 1)
     assert sender.ids() == ["never-logged"]
-    assert get_stub(rel, "unknown").resend_at == T0 + dt.timedelta(milliseconds=rel.settings.lease_ms)
+    assert get_inbox(rel, "unknown").resend_at == T0 + dt.timedelta(milliseconds=rel.settings.lease_ms)
     rel.redis = None
+
+
+# --- stuck detection leaves the guard's and the broker's decisions alone ---------------------------------
+def test_stuck_skips_what_the_guard_dead_lettered(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    for name, reason in [("poison", "max_attempts: 16 handler failures"), ("tampered", "payload_mismatch")]:
+        stuck_stub(rel, name)
+        add_log(rel, name, T0 - dt.timedelta(minutes=50), outcome=LogOutcome.DEAD_LETTER, reason=reason)
+    stuck_stub(rel, "plain")
+    summary = Sweeper(rel, sender, backoff=BACKOFF, clock=clock).run_once()
+    assert (summary.selected, summary.resent, summary.stuck_recovered) == (1, 1, 1)
+    assert sender.ids() == ["plain"]
+
+
+def test_stuck_waits_for_the_brokers_own_retry(rel: Reliability, sender: QueueSender, clock: Clock) -> None:
+    """The newest delivery answered RECONSUME_LATER at reconsume_times 15: RocketMQ redelivers after 2 h."""
+    add_stub(rel, "retrying", queue_offset=4)
+    set_progress(rel, 4)
+    received = T0 - dt.timedelta(hours=1)
+    add_log(rel, "retrying", received, reconsume_times=15, outcome=LogOutcome.RETRY)
+    sweeper = Sweeper(rel, sender, backoff=BACKOFF, clock=clock)  # stuck_after 600 s
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.held) == (0, 1)
+    window_end = received + dt.timedelta(hours=2, seconds=600)
+    assert get_inbox(rel, "retrying").resend_at == window_end  # looked at again when the window closes
+    clock.now = window_end
+    assert sweeper.run_once().stuck_recovered == 1
+    assert sender.ids() == ["retrying"]

@@ -94,7 +94,7 @@ def test_migration_0002_is_additive_and_reversible(db_url: str) -> None:
         assert (
             "stub_notification" not in names and {"message_stub", "message_log", "consume_progress"} <= names
         )
-        upgrade(engine)
+        upgrade(engine, "0002")
         cols = {c["name"] for c in inspect(engine).get_columns("stub_notification")}
         assert cols == {
             "message_id",
@@ -105,6 +105,9 @@ def test_migration_0002_is_additive_and_reversible(db_url: str) -> None:
             "attempts",
             "last_error",
         }
+        upgrade(engine)  # 0003 adds the group: one notice per (message, group, channel)
+        cols_now = {c["name"] for c in inspect(engine).get_columns("stub_notification")}
+        assert cols_now == cols | {"consumer_group"}
     finally:
         engine.dispose()
 

@@ -20,7 +20,7 @@ from reliable.models import utcnow
 from reliable.sweeper import metrics
 from reliable.types import StubStatus
 from tests.services import free_port
-from tests.sweeper.helpers import add_stub, clean, get_stub
+from tests.sweeper.helpers import add_stub, clean, get_inbox
 from tests.sweeper.senders import MEMORY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_sweep_once_resends_and_prints_the_summary(
     out = capsys.readouterr().out
     assert out.startswith("sweep round: selected=1 resent=1 ")
     assert [m.message_id for m in MEMORY.sent[before:]] == ["cli-due"]
-    assert get_stub(sqlite_rel, "cli-due").send_count == 2
+    assert get_inbox(sqlite_rel, "cli-due").resend_count == 1
 
 
 @pytest.mark.parametrize(
@@ -85,21 +85,85 @@ def test_bad_cron_and_missing_sender_are_one_line(
 def test_stubs_list_show_revive(
     sqlite_rel: Reliability, sqlite_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    add_stub(sqlite_rel, "dead-1", status=StubStatus.DEAD, send_count=8, last_error="DEAD: never received")
+    add_stub(
+        sqlite_rel,
+        "dead-1",
+        groups=["billing", "audit"],
+        status=StubStatus.DEAD,
+        send_count=8,
+        last_error="DEAD: never received",
+    )
     add_stub(sqlite_rel, "live-1")
     assert main(["stubs", "list", "--status", "dead", "--db", sqlite_url]) == 0
     out = capsys.readouterr().out
-    assert "dead-1" in out and "live-1" not in out and "(1 stub(s))" in out
+    assert "dead-1" in out and "live-1" not in out and "(2 row(s))" in out
+    assert main(["stubs", "list", "--status", "dead", "--group", "audit", "--db", sqlite_url]) == 0
+    assert "(1 row(s))" in capsys.readouterr().out
     assert main(["stubs", "show", "dead-1", "--db", sqlite_url]) == 0
     out = capsys.readouterr().out
-    assert "status          DEAD" in out and "deliveries      0" in out
+    assert "status          DEAD" in out and "group audit" in out and "group billing" in out
+    assert out.count("deliveries        0") == 2
     assert main(["stubs", "revive", "dead-1", "live-1", "--db", sqlite_url]) == 2
-    assert "only DEAD stubs can be revived: live-1 is PENDING" in capsys.readouterr().err
+    assert "only DEAD rows can be revived; no DEAD row for: live-1" in capsys.readouterr().err
     assert main(["stubs", "show", "nope", "--db", sqlite_url]) == 2
     assert "no such stub: nope" in capsys.readouterr().err
-    assert main(["stubs", "revive", "dead-1", "--db", sqlite_url]) == 0
-    assert "revived 1 stub(s)" in capsys.readouterr().out
-    assert get_stub(sqlite_rel, "dead-1").status is StubStatus.PENDING
+    assert main(["stubs", "revive", "dead-1", "--group", "audit", "--db", sqlite_url]) == 0
+    assert "revived 1 row(s)" in capsys.readouterr().out
+    assert get_inbox(sqlite_rel, "dead-1", "audit").status is StubStatus.PENDING
+    assert get_inbox(sqlite_rel, "dead-1", "billing").status is StubStatus.DEAD
+
+
+SENDER = ["--sender", "tests.sweeper.senders:memory_sender"]
+
+
+@pytest.fixture
+def unmigrated_sqlite(tmp_path: Path) -> str:
+    """A database at revision 0002: what a deployment has before running this version's migration."""
+    from reliable.facade import make_engine
+    from reliable.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = make_engine(url)
+    upgrade(engine, "0002")
+    engine.dispose()
+    return url
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sweep", "--once", *SENDER],
+        ["stubs", "list"],
+        ["stubs", "show", "m-1"],
+        ["stubs", "revive", "m-1"],
+    ],
+    ids=["sweep", "stubs-list", "stubs-show", "stubs-revive"],
+)
+@pytest.mark.parametrize("database", ["missing-file", "empty-file", "unmigrated", "postgres-missing-db"])
+def test_missing_or_unmigrated_database_is_one_line_with_the_upgrade_hint(
+    command: list[str],
+    database: str,
+    tmp_path: Path,
+    unmigrated_sqlite: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if database == "missing-file":
+        url = f"sqlite:///{tmp_path / 'nowhere' / 'x.db'}"
+    elif database == "empty-file":
+        (tmp_path / "empty.db").write_bytes(b"")
+        url = f"sqlite:///{tmp_path / 'empty.db'}"
+    elif database == "unmigrated":
+        url = unmigrated_sqlite
+    else:
+        from tests.services import service_url
+
+        url = service_url("postgres").rsplit("/", 1)[0] + "/reliable_no_such_db"
+    assert main([*command, "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("reliable: error:"), err
+    assert "run `reliable db upgrade --db URL` first" in err
+    if database == "missing-file":
+        assert not (tmp_path / "nowhere").exists()  # not created as a side effect
 
 
 def test_metrics_are_served(sqlite_rel: Reliability) -> None:

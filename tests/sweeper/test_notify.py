@@ -137,15 +137,15 @@ def test_revived_stub_that_dies_again_is_reported_again(
     sweeper = Sweeper(
         rel,
         sender,
-        max_sends=1,
+        max_sends=2,
         backoff=FixedBackoff((10.0,)),
         clock=clock,
         channels=[WebhookChannel(webhook.url, 5)],
     )
-    add_stub(rel, "twice", send_count=1)
+    add_stub(rel, "twice", send_count=2)
     assert sweeper.run_once().dead == 1
     revive(rel.engine, ["twice"], now=clock.now)
-    assert sweeper.run_once().resent == 1  # the new budget (1 send)
+    assert sweeper.run_once().resent == 1  # the new budget (the producer's send + 1 resend)
     receipt = sender.receipts[-1]
     set_progress(rel, receipt.queue_offset, queue_id=receipt.queue_id)  # the group passed the copy: lost
     clock.advance(60)

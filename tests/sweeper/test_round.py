@@ -1,4 +1,5 @@
-"""Whole rounds: resend bookkeeping, failed sends, give-up, revive, retention — on every backend."""
+"""Whole rounds per (group, message): targeted resends, failed sends, the fallback without a probe,
+give-up with one notice per (message, group, channel), revive, retention — on every backend."""
 
 from __future__ import annotations
 
@@ -13,86 +14,149 @@ from reliable.models import MessageLog, StubNotification
 from reliable.sweeper import FixedBackoff, Sweeper, purge_logs, revive
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.types import StubStatus
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, get_stub, set_progress
+from tests.sweeper.helpers import (
+    T0,
+    Clock,
+    MemoryChannel,
+    QueueSender,
+    add_log,
+    add_stub,
+    get_inbox,
+    get_stub,
+    set_inbox,
+    set_progress,
+)
 
 BACKOFF = FixedBackoff((10.0, 20.0, 40.0))
+DAY = 86400.0
 
 
 def make(rel: Reliability, sender: QueueSender, clock: Clock, **kw: object) -> Sweeper:
     return Sweeper(rel, sender, backoff=BACKOFF, clock=clock, **kw)  # type: ignore[arg-type]
 
 
-def test_resend_updates_bookkeeping(rel: Reliability, sender: QueueSender, clock: Clock) -> None:
-    add_stub(rel, "lost", send_count=1, queue_id=2, queue_offset=5, tags="created")
-    set_progress(rel, 8, queue_id=2)
+def test_overtaken_row_gets_a_targeted_resend_recorded_on_the_groups_row(
+    rel: Reliability, clock: Clock
+) -> None:
+    sender = QueueSender(retry_prefix="%RETRY%")
+    add_stub(rel, "lost", queue_id=2, queue_offset=5, tags="created")
+    set_progress(rel, 8, queue_id=2)  # the group passed offset 5 without a delivery of it
     summary = make(rel, sender, clock).run_once()
     assert (summary.selected, summary.resent, summary.dead, summary.send_failures) == (1, 1, 0, 0)
     [msg] = sender.sent
-    assert (msg.message_id, msg.topic, msg.body, msg.consumer_group, msg.tags, msg.send_count) == (
+    assert (msg.message_id, msg.topic, msg.body, msg.target_group, msg.tags) == (
         "lost",
         "orders",
         b"body-lost",
         "billing",
         "created",
-        1,
     )
     [receipt] = sender.receipts
-    row = get_stub(rel, "lost")
+    row = get_inbox(rel, "lost")
     assert row.status is StubStatus.PENDING
-    assert (row.send_count, row.queue_id, row.queue_offset) == (2, receipt.queue_id, receipt.queue_offset)
-    assert row.last_sent_at == T0
-    assert row.resend_at == T0 + dt.timedelta(seconds=20)  # backoff(2); no progress row on the new queue
+    assert (row.resend_count, row.queue_id, row.queue_offset) == (1, receipt.queue_id, receipt.queue_offset)
+    assert row.resend_at == T0 + dt.timedelta(seconds=20)  # backoff(2); no progress on the retry queue
     assert row.last_error is None
+    stub = get_stub(rel, "lost")  # the topic-wide send is untouched
+    assert (stub.send_count, stub.queue_id, stub.queue_offset) == (1, 2, 5)
 
 
-def test_second_round_does_not_resend_what_is_not_due_yet(
-    rel: Reliability, sender: QueueSender, clock: Clock
-) -> None:
-    add_stub(rel, "lost")
+def test_the_next_round_judges_the_targeted_copy_not_the_stub(rel: Reliability, clock: Clock) -> None:
+    sender = QueueSender(queues=1, start=0, retry_prefix="%RETRY%")
+    add_stub(rel, "lost", queue_offset=5)
+    set_progress(rel, 9)
     sweeper = make(rel, sender, clock)
-    sweeper.run_once()
-    clock.advance(19)
-    assert sweeper.run_once().resent == 0
-    clock.advance(1)  # the copy landed on a queue nobody consumes: it is queued, not lost
-    assert sweeper.run_once().resent == 0
-    assert sender.ids() == ["lost"]
+    assert sweeper.run_once().resent == 1  # lands at %RETRY%billing queue 0 offset 0
+    clock.advance(3600)
+    set_progress(rel, 0, topic="%RETRY%billing")  # the group read its retry queue up to (and past) it…
+    assert sweeper.run_once().resent == 1  # … without a delivery of it: overtaken there, sent again
+    assert get_inbox(rel, "lost").queue_offset == 1
 
 
 def test_failed_send_counts_records_error_and_backs_off(
     rel: Reliability, sender: QueueSender, clock: Clock
 ) -> None:
-    add_stub(rel, "lost", send_count=1, queue_id=1, queue_offset=3, last_sent_at=T0 - dt.timedelta(hours=1))
+    add_stub(rel, "lost", queue_id=1, queue_offset=3)
     set_progress(rel, 3, queue_id=1)
     sender.fail_next = 1
     summary = make(rel, sender, clock).run_once()
     assert (summary.resent, summary.send_failures) == (0, 1)
-    row = get_stub(rel, "lost")
-    assert row.send_count == 2
+    row = get_inbox(rel, "lost")
+    assert row.resend_count == 1
     assert row.last_error is not None and "ConnectionError" in row.last_error
     assert row.resend_at == T0 + dt.timedelta(seconds=20)
-    assert (row.queue_id, row.queue_offset) == (1, 3)  # still where the last copy landed
-    assert row.last_sent_at == T0 - dt.timedelta(hours=1)
+    assert (row.queue_id, row.queue_offset) == (None, None)  # no copy landed: the stub's send still counts
 
 
-def test_give_up_after_budget_marks_dead_with_reason(
+def test_without_probe_or_progress_a_copy_waits_then_is_resent_when_too_old(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    """RabbitMQ has no probe: a never-received copy is neither re-sent at once nor left PENDING forever."""
+    add_stub(rel, "quiet", queue_offset=7)
+    sweeper = make(rel, sender, clock, max_unconfirmed_age_s=DAY)
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.held) == (0, 1)
+    clock.advance(DAY)
+    assert sweeper.run_once().resent == 1
+    assert sender.ids() == ["quiet"]
+
+
+def test_give_up_after_budget_marks_dead_with_one_notice_per_channel(
     rel: Reliability, sender: QueueSender, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    add_stub(rel, "doomed", send_count=1)
-    sweeper = make(rel, sender, clock)
+    add_stub(rel, "doomed", queue_offset=None)  # the producer's send never landed
+    channel = MemoryChannel()
+    sweeper = make(rel, sender, clock, channels=[channel])
     sender.fail_next = 10
     for _ in range(2):  # sends 2 and 3 fail
         sweeper.run_once()
         clock.advance(3600)
-    assert get_stub(rel, "doomed").send_count == 3
+    assert get_inbox(rel, "doomed").resend_count == 2
     with caplog.at_level("ERROR", logger="reliable.sweeper"):
         summary = sweeper.run_once()
-    assert summary.dead == 1 and summary.resent == 0
-    row = get_stub(rel, "doomed")
+    assert (summary.dead, summary.resent, summary.notified) == (1, 0, 1)
+    row = get_inbox(rel, "doomed")
     assert row.status is StubStatus.DEAD
     assert row.last_error is not None and row.last_error.startswith("DEAD: no send reached the broker")
+    assert get_stub(rel, "doomed").status is StubStatus.DEAD
     assert sum("stub DEAD message_id=doomed" in r.getMessage() for r in caplog.records) == 1
+    [notice] = channel.notices
+    assert (notice.message_id, notice.consumer_group, notice.send_count) == ("doomed", "billing", 3)
     clock.advance(3600)
-    assert sweeper.run_once().dead == 0  # once
+    summary = sweeper.run_once()
+    assert (summary.dead, summary.notified) == (0, 0)  # once
+
+
+def test_fan_out_gives_up_per_group_with_one_notice_per_message_group_and_channel(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    add_stub(rel, "m", groups=["billing", "audit", "search"], send_count=3, queue_offset=5)
+    for group in ("billing", "audit", "search"):
+        set_progress(rel, 9, group=group)
+    add_log(rel, "m", T0 - dt.timedelta(seconds=5), consumer_group="search")  # search received it
+    set_inbox(rel, "m", "search", status=StubStatus.CONFIRMED)
+    a, b = MemoryChannel(), MemoryChannel("memory2")
+    summary = make(rel, sender, clock, channels=[a, b]).run_once()
+    assert summary.dead == 2 and sender.sent == []
+    assert {get_inbox(rel, "m", g).status for g in ("billing", "audit")} == {StubStatus.DEAD}
+    assert get_inbox(rel, "m", "search").status is StubStatus.CONFIRMED
+    assert get_stub(rel, "m").status is StubStatus.DEAD
+    for channel in (a, b):
+        assert sorted(n.consumer_group for n in channel.notices) == ["audit", "billing"]
+    with rel.engine.connect() as conn:
+        keys = conn.execute(select(StubNotification.consumer_group, StubNotification.channel)).all()
+    assert sorted(keys) == sorted((g, c) for g in ("audit", "billing") for c in ("memory", "memory2"))
+
+
+def test_fan_out_resends_only_to_the_group_that_lacks_the_message(rel: Reliability, clock: Clock) -> None:
+    sender = QueueSender(retry_prefix="%RETRY%")
+    add_stub(rel, "m", groups=["billing", "audit"], queue_offset=5)
+    set_progress(rel, 9, group="billing")
+    set_progress(rel, 9, group="audit")
+    add_log(rel, "m", T0 - dt.timedelta(seconds=30), consumer_group="billing")
+    set_inbox(rel, "m", "billing", status=StubStatus.CONFIRMED)
+    assert make(rel, sender, clock).run_once().resent == 1
+    assert [(m.message_id, m.target_group) for m in sender.sent] == [("m", "audit")]
 
 
 def test_give_up_waits_while_the_last_copy_is_queued(
@@ -102,76 +166,67 @@ def test_give_up_waits_while_the_last_copy_is_queued(
     set_progress(rel, 49)
     sweeper = make(rel, sender, clock)
     assert sweeper.run_once().dead == 0
+    clock.advance(3600)
     set_progress(rel, 50)  # the consumer reached its offset and it was not there
     assert sweeper.run_once().dead == 1
 
 
 def test_revive_gives_a_new_budget_and_is_resent(rel: Reliability, sender: QueueSender, clock: Clock) -> None:
-    add_stub(rel, "dead", status=StubStatus.DEAD, send_count=3, last_error="DEAD: x")
+    add_stub(rel, "dead", groups=["billing", "audit"], status=StubStatus.DEAD, send_count=3)
     add_stub(rel, "ok", status=StubStatus.CONFIRMED)
     with pytest.raises(InvalidStubStateError):
         revive(rel.engine, ["dead", "ok"], now=T0)
     with pytest.raises(StubNotFoundError):
         revive(rel.engine, ["dead", "nope"], now=T0)
-    assert get_stub(rel, "dead").status is StubStatus.DEAD  # all or nothing
+    assert get_inbox(rel, "dead").status is StubStatus.DEAD  # all or nothing
+    assert revive(rel.engine, ["dead"], now=T0, group="audit") == 1
+    row = get_inbox(rel, "dead", "audit")
+    assert (row.status, row.resend_count, row.resend_at) == (StubStatus.PENDING, 0, T0)
+    assert get_inbox(rel, "dead", "billing").status is StubStatus.DEAD
+    assert get_stub(rel, "dead").status is StubStatus.DEAD  # billing still gave up
     assert revive(rel.engine, ["dead"], now=T0) == 1
-    row = get_stub(rel, "dead")
-    assert (row.status, row.send_count, row.resend_at) == (StubStatus.PENDING, 0, T0)
-    assert row.last_error is not None and "after 3 send(s)" in row.last_error
-    assert make(rel, sender, clock).run_once().resent == 1
-    assert get_stub(rel, "dead").send_count == 1
+    assert get_stub(rel, "dead").status is StubStatus.PENDING
+    set_progress(rel, 5, group="billing")
+    set_progress(rel, 5, group="audit")
+    assert make(rel, sender, clock).run_once().resent == 2
 
 
-def log_ids(rel: Reliability) -> set[str]:
+def log_ids(rel: Reliability) -> set[tuple[str, str]]:
     with rel.engine.connect() as conn:
-        return set(conn.execute(select(MessageLog.message_id)).scalars())
+        return {(m, g) for m, g in conn.execute(select(MessageLog.message_id, MessageLog.consumer_group))}
 
 
-def test_retention_never_drops_evidence_of_pending_or_dead(rel: Reliability) -> None:
+def test_retention_never_drops_evidence_of_a_pending_or_dead_group(rel: Reliability) -> None:
     old, new = T0 - dt.timedelta(days=8), T0 - dt.timedelta(minutes=5)
-    for status, name in [
-        (StubStatus.PENDING, "pending"),
-        (StubStatus.DEAD, "dead"),
-        (StubStatus.CONFIRMED, "confirmed"),
-        (StubStatus.VOIDED, "voided"),
-    ]:
+    add_stub(rel, "fan", groups=["billing", "audit"])
+    set_inbox(rel, "fan", "billing", status=StubStatus.CONFIRMED)
+    for status, name in [(StubStatus.DEAD, "dead"), (StubStatus.CONFIRMED, "confirmed")]:
         add_stub(rel, name, status=status)
         add_log(rel, name, old)
+    for group in ("billing", "audit"):
+        add_log(rel, "fan", old, consumer_group=group)
     add_stub(rel, "confirmed-recent", status=StubStatus.CONFIRMED)
     add_log(rel, "confirmed-recent", new)
-    add_log(rel, "no-stub", old)
+    add_log(rel, "no-row", old)
     week = dt.timedelta(days=7)
     assert purge_logs(rel.engine, now=T0, retention=week, batch=2) == 3
-    assert log_ids(rel) == {"pending", "dead", "confirmed-recent"}
-    # retention 0: the seed's "delete the log on success", pending evidence still kept
-    assert purge_logs(rel.engine, now=T0, retention=dt.timedelta(0)) == 1
-    assert log_ids(rel) == {"pending", "dead"}
-
-
-def test_a_pending_stub_whose_log_is_old_stays_unsent_by_retention_round(
-    rel: Reliability, sender: QueueSender, clock: Clock
-) -> None:
-    """Retention runs in the round; the stuck rule (not a vanished log row) decides the resend."""
-    add_stub(rel, "working", queue_offset=1)
-    set_progress(rel, 1)
-    add_log(rel, "working", T0 - dt.timedelta(seconds=30))
-    summary = make(rel, sender, clock, log_retention_s=0).run_once()
-    assert summary.resent == 0 and summary.purged == 0
-    assert log_ids(rel) == {"working"}
+    assert log_ids(rel) == {("fan", "audit"), ("dead", "billing"), ("confirmed-recent", "billing")}
 
 
 def test_bad_configuration_is_a_typed_error(rel: Reliability, sender: QueueSender) -> None:
     with pytest.raises(SweeperConfigError):
         Sweeper(rel, sender, batch=0)
     with pytest.raises(SweeperConfigError):
+        Sweeper(rel, sender, max_unconfirmed_age_s=0)
+    with pytest.raises(SweeperConfigError):
         FixedBackoff((1.0, 0.0))
 
 
-def test_round_with_many_batches_handles_each_stub_once(
+def test_round_with_many_batches_handles_each_row_once(
     rel: Reliability, sender: QueueSender, clock: Clock
 ) -> None:
     for i in range(23):
-        add_stub(rel, f"m{i:02d}", resend_at=T0 - dt.timedelta(seconds=100 - i))
+        add_stub(rel, f"m{i:02d}", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=100 - i))
     summary = make(rel, sender, clock, batch=5).run_once()
     assert summary.resent == 23
     assert sorted(sender.ids()) == [f"m{i:02d}" for i in range(23)]

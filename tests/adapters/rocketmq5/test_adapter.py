@@ -175,7 +175,6 @@ def test_bad_input_goes_to_the_dead_letter_queue(
     assert applied(db, key) == [(group, workers[0].proc.pid)]
 
 
-@pytest.mark.xfail(strict=True, reason="per-group inbox and StubProducer(groups=...) come with issue #11")
 def test_fan_out_to_two_groups_applies_every_message_once_per_group(
     make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
 ) -> None:

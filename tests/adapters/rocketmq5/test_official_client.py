@@ -188,11 +188,24 @@ def test_push_consumer_gets_everything_and_retries_a_failure_by_the_group_backof
         events.extend(consumer.call("events")["events"])
         return any(e["body"] == body and e["attempt"] == attempt for e in events)
 
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+    seen: set[int] = set()
+
+    def backoff_asked() -> bool:
+        """The client has changed the failed delivery's invisible duration to the group's 5 s backoff (it
+        does so after the listener returns, so the clock may only move once the broker has it)."""
+        fresh = {h.serial for h in pop.inflight("P1", TOPIC).values() if h.invisible_ms == 5000} - seen
+        seen.update(fresh)
+        return bool(fresh)
+
     wait_until(lambda: all(delivered(b, 1) for b in ("a", "b", "c", "bad")), what="first deliveries")
     assert {e["id"] for e in events} == ids
     for attempt in (2, 3):
-        broker.advance(6)  # the client asked for the group's 5 s backoff
+        wait_until(backoff_asked, what=f"the backoff after attempt {attempt - 1}")
+        broker.advance(6)
         wait_until(lambda a=attempt: delivered("bad", a), what=f"attempt {attempt}")
+    wait_until(backoff_asked, what="the backoff after attempt 3")
     broker.advance(6)
     assert wait_until(lambda: stored(broker, "%DLQ%P1"), what="the DLQ copy")[0].body == b"bad"
     assert sorted(e["attempt"] for e in events if e["body"] == "a") == [1]

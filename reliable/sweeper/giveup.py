@@ -1,0 +1,145 @@
+"""Telling a person: a group's row goes DEAD when its sends are spent, and the never-consumed alarm.
+
+**DEAD** (in the claiming transaction): the group's inbox row ``PENDING`` → ``DEAD`` with the reason in
+``last_error`` and the stub's status derived (DESIGN.md §1: some group's resends exhausted → ``DEAD``); one
+``stub_notification`` row per configured channel for that ``(message_id, consumer_group)`` — so in a
+fan-out each group that gave up is reported once, and a group that did receive the message is not. The log
+line is written at once (the always-on channel).
+
+**Never consumed**: a group has rows on a queue it has no watermark on, and the broker has the message
+there. Re-sending would put another copy on a queue nobody of that group reads, so the sweeper holds those
+rows and raises an alarm instead: the ``reliable_sweeper_never_consumed`` metric, one ERROR log line and one
+notice per configured channel — once per ``(group, topic, queue)``, not once per row or per round. The
+``log`` channel's row (written already delivered) is what remembers that the alarm was raised.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+
+from sqlalchemy import ColumnElement, Connection, and_, delete, insert, or_, select
+
+from reliable import constants as C
+from reliable import outbox
+from reliable.sweeper import metrics
+from reliable.sweeper.notify import DeadNotice, log_dead, notification_rows
+from reliable.sweeper.selection import Candidate, notif
+from reliable.sweeper.verdict import Facts, Verdict
+
+log = logging.getLogger("reliable.sweeper")
+
+#: first word of a never-consumed notice's reason (how a person, and the dedupe query, recognise it)
+NEVER_CONSUMED_TAG = "NEVER_CONSUMED"
+
+
+def give_up_reason(
+    cand: Candidate, verdict: Verdict, facts: Facts, topic: str, max_sends: int, max_age: dt.timedelta
+) -> str:
+    """What a person reads about a row that went DEAD."""
+    spent = f"after {cand.sends} send(s) (budget {max_sends})"
+    if verdict is Verdict.STUCK:
+        assert cand.last_received_at is not None
+        return (
+            f"received but never confirmed {spent}; newest delivery {cand.last_received_at.isoformat()} "
+            "and no live worker lease"
+        )
+    if verdict is Verdict.NEVER_SENT:
+        return f"no send reached the broker {spent}"
+    where = f"last copy at {topic} queue {cand.queue_id} offset {cand.queue_offset}"
+    if verdict is Verdict.LOST:
+        return f"never received {spent}: {where}, and the broker's max offset there is {facts.broker_max}"
+    if verdict is Verdict.TOO_OLD:
+        return f"never received {spent}: {where}, unconfirmed for longer than {max_age}"
+    return f"never received {spent}: {where}, group watermark {facts.watermark}"
+
+
+def mark_dead(
+    conn: Connection,
+    dead: Sequence[tuple[Candidate, str]],
+    *,
+    channels: Sequence[str],
+    now: dt.datetime,
+) -> list[DeadNotice]:
+    """Set the rows DEAD with their reasons (:func:`reliable.outbox.mark_dead`: only a row still
+    ``PENDING``, so a confirmation that slipped in stands; the stub's status is derived) and record the
+    notices owed."""
+    if not dead:
+        return []
+    for cand, reason in dead:
+        outbox.mark_dead(conn, cand.message_id, cand.consumer_group, now, "DEAD: " + reason)
+    keys = [(c.message_id, c.consumer_group) for c, _ in dead]
+    # rows of an earlier death of the same (message, group) (revived since) would collide
+    conn.execute(delete(notif).where(_keys_in(keys)))
+    rows = notification_rows(keys, [r for _, r in dead], channels, now)
+    if rows:
+        conn.execute(insert(notif), rows)
+    notices = []
+    for cand, reason in dead:
+        notice = DeadNotice(
+            message_id=cand.message_id,
+            topic=cand.topic,
+            consumer_group=cand.consumer_group,
+            send_count=cand.sends,
+            queue_id=cand.queue_id,
+            queue_offset=cand.queue_offset,
+            reason=reason,
+            dead_at=now.isoformat(),
+        )
+        log_dead(notice)
+        notices.append(notice)
+    return notices
+
+
+def never_consumed_key(topic: str, queue_id: int | None) -> str:
+    return f"{NEVER_CONSUMED_TAG} topic={topic} queue={queue_id}:"
+
+
+def raise_never_consumed(
+    conn: Connection,
+    found: Sequence[tuple[Candidate, str, Facts]],
+    *,
+    channels: Sequence[str],
+    now: dt.datetime,
+) -> int:
+    """Count the rows in the metric and raise each new ``(group, topic, queue)`` alarm once; returns how
+    many alarms were raised now."""
+    queues: dict[tuple[str, str, int | None], list[tuple[Candidate, Facts]]] = {}
+    for cand, topic, facts in found:
+        queues.setdefault((cand.consumer_group, topic, cand.queue_id), []).append((cand, facts))
+        metrics.NEVER_CONSUMED.labels(cand.consumer_group, topic, str(cand.queue_id)).inc()
+    raised = 0
+    for (group, topic, queue_id), rows in queues.items():
+        prefix = never_consumed_key(topic, queue_id)
+        already = conn.execute(
+            select(notif.c.message_id)
+            .where(
+                notif.c.consumer_group == group,
+                notif.c.channel == C.NOTIFY_CHANNEL_LOG,
+                notif.c.reason.like(prefix.replace("%", r"\%").replace("_", r"\_") + "%", escape="\\"),
+            )
+            .limit(1)
+        ).first()
+        if already is not None:
+            continue
+        first, facts = rows[0]
+        reason = (
+            f"{prefix} group {group} has never consumed this queue (no consume_progress row) but the broker "
+            f"holds messages there (max offset {facts.broker_max}); {len(rows)} message(s) wait, e.g. "
+            f"{first.message_id}. Subscribe the group to {topic} (or fix its subscription); no resend is "
+            "made meanwhile."
+        )
+        log.error("never-consumed alarm: %s", reason)
+        key = [(first.message_id, group)]
+        conn.execute(delete(notif).where(_keys_in(key)))
+        rows_owed = notification_rows(key, [reason], channels, now)
+        logged = notification_rows(key, [reason], [C.NOTIFY_CHANNEL_LOG], now)
+        logged[0]["notified_at"] = now
+        conn.execute(insert(notif), rows_owed + logged)
+        raised += 1
+    return raised
+
+
+def _keys_in(keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
+    return or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys])

@@ -1,0 +1,144 @@
+"""Sorting one claimed batch: which rows to send, which to hold, which go DEAD, which raise the alarm.
+
+Runs in the claiming transaction, after the selection (:mod:`.selection`) and before any send:
+
+1. the rows get their stubs (topic, body, first send);
+2. the facts of each row's queue are gathered once per queue: the group's watermark (one
+   ``consume_progress`` statement for the batch) and, where the watermark does not already decide, the
+   broker's max offset (one probe call per queue and round);
+3. each row is judged (:func:`reliable.sweeper.verdict.judge`); a stuck row's Redis lease is read;
+4. rows that must wait are postponed (their ``resend_at`` moves, so they do not take batch slots every
+   round), spent rows whose copy is not coming go DEAD, never-consumed queues raise their alarm once, and
+   the rest is returned to be sent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection
+
+from reliable.sender import BrokerProbe
+from reliable.stores import LeaseState
+from reliable.sweeper import metrics
+from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
+from reliable.sweeper.giveup import give_up_reason, mark_dead, raise_never_consumed
+from reliable.sweeper.leases import LeaseView
+from reliable.sweeper.resend import BatchResult, ProgressKey, copy_topic, load_progress, postpone
+from reliable.sweeper.selection import Candidate, load_stubs
+from reliable.sweeper.verdict import Facts, RetrySchedule, Verdict, judge, retry_window_end
+
+log = logging.getLogger("reliable.sweeper")
+
+
+@dataclass
+class Triage:
+    """What the sweeper knows for the whole round: its settings and the probe answers so far."""
+
+    sender: object
+    probe: BrokerProbe | None
+    policy: BackoffPolicy
+    max_sends: int
+    stuck_after: dt.timedelta
+    max_unconfirmed_age: dt.timedelta
+    retry_schedule: RetrySchedule
+    lease_hold: dt.timedelta
+    channels: Sequence[str]
+    #: (topic, queue_id) → the broker's max offset, asked once per round
+    probed: dict[tuple[str, int], int | None] = field(default_factory=dict)
+
+    def broker_max(self, topic: str, queue_id: int) -> int | None:
+        key = (topic, queue_id)
+        if key not in self.probed:
+            answer: int | None = None
+            if self.probe is not None:
+                try:
+                    answer = self.probe.max_offset(topic, queue_id)
+                except Exception as exc:  # the contract says None for "cannot tell"; a raising probe too
+                    log.warning("broker probe of %s queue %d failed: %r", topic, queue_id, exc)
+            self.probed[key] = answer
+        return self.probed[key]
+
+
+def triage(
+    t: Triage,
+    conn: Connection,
+    claimed: Sequence[Candidate],
+    read: Callable[[Sequence[Candidate]], list[LeaseView]],
+    now: dt.datetime,
+) -> tuple[list[Candidate], BatchResult]:
+    """Hold, give up and alarm inside ``conn``; return the rows to send and the counts so far."""
+    result = BatchResult()
+    rows = load_stubs(conn, claimed)
+    orphans = {(c.consumer_group, c.message_id) for c in claimed} - {
+        (c.consumer_group, c.message_id) for c in rows
+    }
+    holds: list[tuple[Candidate, dt.datetime, str | None]] = [
+        (c, now + t.stuck_after, "no message_stub row: nothing to re-send")
+        for c in claimed
+        if (c.consumer_group, c.message_id) in orphans
+    ]
+    topics = {(c.consumer_group, c.message_id): copy_topic(t.sender, c) for c in rows}
+    keys: set[ProgressKey] = {
+        (c.consumer_group, topics[(c.consumer_group, c.message_id)], c.queue_id)
+        for c in rows
+        if c.queue_id is not None and not c.stuck
+    }
+    queues = load_progress(conn, keys)
+    leases = read(rows)
+    dead: list[tuple[Candidate, str]] = []
+    alarms: list[tuple[Candidate, str, Facts]] = []
+    send: list[Candidate] = []
+    waiting = BacklogEstimator(None)  # time for the group to reach *our* offset (not the broker's end)
+    for cand, lease in zip(rows, leases, strict=True):
+        topic = topics[(cand.consumer_group, cand.message_id)]
+        queue = None if cand.queue_id is None else queues.get((cand.consumer_group, topic, cand.queue_id))
+        watermark = queue.max_offset if queue is not None else None
+        decided = cand.queue_offset is None or (watermark is not None and cand.queue_offset <= watermark)
+        broker_max = None
+        if not cand.stuck and not decided and cand.queue_id is not None:
+            broker_max = t.broker_max(topic, cand.queue_id)
+        facts = Facts(watermark=watermark, broker_max=broker_max)
+        verdict = judge(
+            cand,
+            facts,
+            now=now,
+            stuck_after=t.stuck_after,
+            max_unconfirmed_age=t.max_unconfirmed_age,
+            retry_schedule=t.retry_schedule,
+        )
+        metrics.VERDICTS.labels(verdict.value).inc()
+        if verdict.resend and lease.blocks_resend:
+            if lease.state is LeaseState.HELD:
+                result.lease_held += 1
+            else:
+                result.lease_unknown += 1
+            holds.append((cand, now + (lease.remaining or t.lease_hold), None))
+        elif verdict is Verdict.QUEUED:
+            result.held += 1
+            assert cand.queue_id is not None
+            eta = waiting.estimate(queue, topic, cand.queue_id, cand.queue_offset)
+            holds.append((cand, now + t.policy.delay(cand.sends) + eta, None))
+        elif verdict is Verdict.BROKER_RETRY:
+            result.held += 1
+            assert cand.last_received_at is not None and cand.last_reconsume_times is not None
+            delay = t.retry_schedule(cand.last_reconsume_times) or dt.timedelta(0)
+            holds.append((cand, retry_window_end(cand.last_received_at, delay, t.stuck_after), None))
+        elif verdict is Verdict.NEVER_CONSUMED:
+            result.held += 1
+            alarms.append((cand, topic, facts))
+            group, queue_id = cand.consumer_group, cand.queue_id
+            why = f"never consumed: group {group} has no position on {topic} queue {queue_id}"
+            holds.append((cand, now + t.stuck_after, why))
+        elif cand.sends >= t.max_sends:
+            reason = give_up_reason(cand, verdict, facts, topic, t.max_sends, t.max_unconfirmed_age)
+            dead.append((cand, reason))
+        else:
+            send.append(cand)
+    postpone(conn, holds)
+    result.dead = mark_dead(conn, dead, channels=t.channels, now=now)
+    result.never_consumed = raise_never_consumed(conn, alarms, channels=t.channels, now=now)
+    return send, result

@@ -1,0 +1,138 @@
+"""What to do with one selected inbox row: re-send it, leave it queued, or raise the never-consumed alarm.
+
+The selection (:mod:`reliable.sweeper.selection`) returns every due, unconfirmed row of a group that either
+never received the message or holds a stale delivery. This module decides, row by row, with three facts the
+SQL cannot have: the group's watermark on the queue its newest copy went to (``%RETRY%{group}`` after a
+targeted resend), the broker's max offset of that queue (the :class:`~reliable.sender.BrokerProbe`), and the
+broker's own retry schedule. DESIGN.md §3 in order:
+
+=================  =====================================================================================
+``NEVER_SENT``      no send ever landed (``queue_offset`` null): send                              → resend
+``OVERTAKEN``       the group's watermark on that queue is at or past the copy's offset, and the
+                    group has no delivery of it: the broker lost it and reused the offset (``<=``: the
+                    watermark is the highest offset *received*, journaled with its log row)    → resend
+``LOST``            the broker's max offset of that queue (one past its last message) is at or below
+                    the copy's offset: the broker does not have it — found on a quiet queue too, and
+                    for a group that never consumed the queue                                  → resend
+``TOO_OLD``         no probe answer (RabbitMQ has none, a broker that is down) and the copy was sent
+                    longer than ``max_unconfirmed_age`` ago: the last resort                   → resend
+``STUCK``           delivered, still pending, newest delivery older than ``stuck_after`` and past the
+                    broker's own retry of it (the lease is checked by the sweeper)             → resend
+``NEVER_CONSUMED``  the broker has it, the group has no watermark on that queue of the topic at all, and
+                    the copy is older than ``stuck_after``: the group never consumed there (not
+                    subscribed, wrong topic, consumer never started). A resend would not be read
+                    either: alarm (metric + one notice). (A younger copy is ``QUEUED``: the group may
+                    be starting up. A targeted copy on ``%RETRY%{group}`` without a watermark is
+                    ``QUEUED`` too: every clustering consumer of the group reads its retry topic.) → hold
+``QUEUED``          the broker has it above the group's watermark: it is waiting in the backlog  → hold
+``BROKER_RETRY``    the newest delivery asked for a retry and the broker's delay for it has not
+                    passed: the broker will redeliver; re-sending now would race it            → hold
+=================  =====================================================================================
+
+The broker's retry schedule is RocketMQ's: a delivery answered ``RECONSUME_LATER`` with
+``reconsume_times = r`` comes back after delay level ``3 + r`` (``1s 5s 10s 30s 1m 2m … 2h``), and after
+``max_reconsume_times`` (16) it goes to the DLQ and never comes back — from then on only the stuck rule can
+recover it. Brokers with another schedule pass their own :data:`RetrySchedule`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from reliable import constants as C
+from reliable.sweeper.backoff import parse_duration
+from reliable.sweeper.selection import Candidate
+from reliable.types import LogOutcome
+
+
+class Verdict(enum.Enum):
+    NEVER_SENT = "never_sent"
+    OVERTAKEN = "overtaken"
+    LOST = "lost"
+    TOO_OLD = "too_old"
+    STUCK = "stuck"
+    NEVER_CONSUMED = "never_consumed"
+    QUEUED = "queued"
+    BROKER_RETRY = "broker_retry"
+
+    @property
+    def resend(self) -> bool:
+        return self in _RESEND
+
+
+_RESEND = frozenset({Verdict.NEVER_SENT, Verdict.OVERTAKEN, Verdict.LOST, Verdict.TOO_OLD, Verdict.STUCK})
+
+#: how long after a delivery answered RECONSUME_LATER (with its ``reconsume_times``) the broker redelivers;
+#: ``None``: it will not (the message went to the dead-letter queue).
+RetrySchedule = Callable[[int], "dt.timedelta | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class RocketMQRetrySchedule:
+    """RocketMQ 4.x: delay level ``3 + reconsume_times`` of ``messageDelayLevel``; DLQ after the maximum."""
+
+    levels_s: tuple[float, ...] = tuple(parse_duration(d) for d in C.ROCKETMQ_DELAY_LEVELS.split())
+    max_reconsume_times: int = C.DEFAULT_MAX_ATTEMPTS
+
+    def __call__(self, reconsume_times: int) -> dt.timedelta | None:
+        if reconsume_times >= self.max_reconsume_times:
+            return None
+        level = min(3 + max(reconsume_times, 0), len(self.levels_s))
+        return dt.timedelta(seconds=self.levels_s[level - 1])
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the sweeper learned about a row's queue before judging it."""
+
+    #: the group's ``consume_progress.max_offset`` on the copy's (topic, queue); ``None``: no row
+    watermark: int | None
+    #: the broker's max offset of that queue; ``None``: no probe, or it could not tell
+    broker_max: int | None
+
+
+def judge(
+    cand: Candidate,
+    facts: Facts,
+    *,
+    now: dt.datetime,
+    stuck_after: dt.timedelta,
+    max_unconfirmed_age: dt.timedelta,
+    retry_schedule: RetrySchedule,
+) -> Verdict:
+    """The verdict for one row (see the module docstring's table, which this follows line by line)."""
+    if cand.stuck:
+        return _judge_stuck(cand, now=now, stuck_after=stuck_after, retry_schedule=retry_schedule)
+    offset = cand.queue_offset
+    if offset is None:
+        return Verdict.NEVER_SENT
+    sent = cand.last_sent_at or cand.created_at
+    if facts.watermark is not None and offset <= facts.watermark:
+        return Verdict.OVERTAKEN
+    if facts.broker_max is not None:
+        if facts.broker_max <= offset:
+            return Verdict.LOST
+        # a group reads its retry topic with any clustering consumer: no position there yet is not an alarm;
+        # nor is a young copy (a group that is just starting up)
+        never = facts.watermark is None and not cand.targeted and now - sent >= stuck_after
+        return Verdict.NEVER_CONSUMED if never else Verdict.QUEUED
+    return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
+
+
+def _judge_stuck(
+    cand: Candidate, *, now: dt.datetime, stuck_after: dt.timedelta, retry_schedule: RetrySchedule
+) -> Verdict:
+    assert cand.last_received_at is not None
+    if cand.last_outcome is LogOutcome.RETRY and cand.last_reconsume_times is not None:
+        delay = retry_schedule(cand.last_reconsume_times)
+        if delay is not None and now < retry_window_end(cand.last_received_at, delay, stuck_after):
+            return Verdict.BROKER_RETRY
+    return Verdict.STUCK
+
+
+def retry_window_end(received_at: dt.datetime, delay: dt.timedelta, stuck_after: dt.timedelta) -> dt.datetime:
+    """Until when the broker's redelivery is expected (its delay, plus ``stuck_after`` for it to be taken)."""
+    return received_at + delay + stuck_after

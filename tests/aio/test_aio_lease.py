@@ -1,0 +1,66 @@
+"""The redis.asyncio lease store shares keys, values and answers with the sync store on one server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis as redis_lib
+import redis.asyncio as aioredis
+
+from reliable.stores import LeaseState
+from reliable.stores.aio_lease import AsyncRedisLeaseStore
+from reliable.stores.lease import RedisLeaseStore, done_value, lease_key, processing_value
+from tests.services import PrivateRedis
+
+
+def test_sync_and_async_workers_see_each_others_leases_and_done_markers(
+    redis_url: str, key_prefix: str
+) -> None:
+    sync = RedisLeaseStore(redis_lib.Redis.from_url(redis_url))
+    a, b = lease_key(key_prefix, "g", "m-a"), lease_key(key_prefix, "g", "m-b")
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        store = AsyncRedisLeaseStore(client)
+        mine = processing_value("async-owner")
+        assert [x.state for x in await store.acquire_many([a], [mine], 60_000)] == [LeaseState.ACQUIRED]
+        # the sync store finds the async worker's lease …
+        assert sync.acquire_many([a], [processing_value("sync")], 60_000)[0].state is LeaseState.HELD
+        # … and the async store finds the sync worker's done marker, with its payload tag
+        sync.acquire_many([b], [processing_value("sync")], 60_000)
+        sync.mark_done_many([(b, done_value("ab" * 32))], 60)
+        answer = (await store.acquire_many([b], [mine], 60_000))[0]
+        assert (answer.state, answer.done_hash) == (LeaseState.DONE, "ab" * 8)
+        # compare-and-delete: a value that is not ours leaves the lease alone; ours frees it
+        await store.release(a, processing_value("someone-else"))
+        assert await client.get(a) == mine.encode()
+        await store.release(a, mine)
+        assert await client.get(a) is None
+        await store.mark_done_many([(a, done_value(None))], 60)
+        assert sync.acquire_many([a], ["x"], 60_000)[0].state is LeaseState.DONE
+        await client.delete(a, b)
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_redis_is_unavailable_and_the_circuit_stays_open(private_redis: PrivateRedis) -> None:
+    now = [100.0]
+    fallbacks: list[str] = []
+
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(private_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        store = AsyncRedisLeaseStore(
+            client, retry_after_s=5.0, on_fallback=lambda op, exc: fallbacks.append(op), clock=lambda: now[0]
+        )
+        assert (await store.acquire_many(["k"], ["v"], 1000))[0].state is LeaseState.ACQUIRED
+        private_redis.stop()
+        assert (await store.acquire_many(["k2"], ["v"], 1000))[0].state is LeaseState.UNAVAILABLE
+        private_redis.start()  # back, but the circuit is open until retry_after_s has passed
+        assert (await store.acquire_many(["k3"], ["v"], 1000))[0].state is LeaseState.UNAVAILABLE
+        now[0] += 5.1
+        assert (await store.acquire_many(["k4"], ["v"], 1000))[0].state is LeaseState.ACQUIRED
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert fallbacks == ["acquire", "acquire"]

@@ -1,0 +1,114 @@
+"""One URL, two flavours: the async engine and Redis client reach the database and server of the sync ones."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+
+from reliable import Reliability
+from reliable.aio_backends import async_url
+from reliable.errors import ConfigurationError
+
+notes_md = MetaData()
+notes = Table(
+    "aio_test_note",
+    notes_md,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("text", String(32), nullable=False),
+)
+
+
+@pytest.mark.parametrize(
+    ("sync", "expected"),
+    [
+        ("sqlite:///var/x.db", "sqlite+aiosqlite:///var/x.db"),
+        ("sqlite+pysqlite:///x.db", "sqlite+aiosqlite:///x.db"),
+        ("postgresql://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql+psycopg2://u:p@h:5/db", "postgresql+psycopg://u:p@h:5/db"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
+        ("postgresql+asyncpg://u@h/db", "postgresql+asyncpg://u@h/db"),
+        ("mysql+pymysql://root@h:3306/db", "mysql+asyncmy://root@h:3306/db"),
+        ("mariadb+pymysql://root@h/db", "mariadb+asyncmy://root@h/db"),
+        ("mysql+aiomysql://root@h/db", "mysql+aiomysql://root@h/db"),
+    ],
+)
+def test_the_async_url_is_the_same_database_through_an_asyncio_driver(sync: str, expected: str) -> None:
+    assert async_url(sync).render_as_string(hide_password=False) == expected
+
+
+def test_a_backend_without_an_asyncio_driver_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="no asyncio driver known for 'oracle'"):
+        async_url("oracle+oracledb://u@h/db")
+
+
+def test_async_session_commits_on_clean_exit_and_rolls_back_on_error(db_url: str) -> None:
+    rel = Reliability(db_url)
+    notes_md.create_all(rel.engine)
+    with rel.engine.begin() as conn:
+        conn.execute(notes.delete())
+
+    async def scenario() -> None:
+        async with rel.async_session() as s:
+            await s.execute(insert(notes).values(text="kept"))
+        with pytest.raises(RuntimeError):
+            async with rel.async_session() as s:
+                await s.execute(insert(notes).values(text="dropped"))
+                raise RuntimeError("boom")
+        await rel.aclose()
+
+    try:
+        asyncio.run(scenario())
+        with rel.engine.connect() as conn:  # the sync engine sees what the async one wrote: one database
+            assert conn.execute(select(notes.c.text)).scalars().all() == ["kept"]
+    finally:
+        rel.close()
+
+
+def test_every_event_loop_gets_working_connections(sqlite_url: str) -> None:
+    """asyncio.run twice on one Reliability: a pooled connection of the first loop is never reused."""
+    rel = Reliability(sqlite_url)
+    notes_md.create_all(rel.engine)
+
+    async def count() -> int:
+        async with rel.async_session() as s:
+            return int((await s.execute(select(func.count()).select_from(notes))).scalar_one())
+
+    try:
+        first = asyncio.run(count())
+        assert asyncio.run(count()) == first  # the first loop is closed; its engine was not reused
+    finally:
+        rel.close()
+
+
+def test_async_redis_is_the_server_of_the_sync_client(
+    sqlite_url: str, redis_url: str, key_prefix: str
+) -> None:
+    rel = Reliability(sqlite_url, redis_url)
+    assert rel.redis is not None
+    rel.redis.set(f"{key_prefix}:k", "from-sync", ex=60)
+
+    async def read() -> bytes | None:
+        client = rel.async_redis
+        assert client is not None
+        value = await client.get(f"{key_prefix}:k")
+        await rel.aclose()
+        return value  # type: ignore[no-any-return]
+
+    try:
+        assert asyncio.run(read()) == b"from-sync"
+    finally:
+        rel.close()
+
+
+def test_without_redis_the_async_client_is_none(sqlite_url: str) -> None:
+    rel = Reliability(sqlite_url, None)
+
+    async def client() -> object:
+        return rel.async_redis
+
+    try:
+        assert asyncio.run(client()) is None
+    finally:
+        rel.close()

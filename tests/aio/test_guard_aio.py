@@ -1,0 +1,105 @@
+"""What only the asyncio flavour can get wrong: many tasks on one loop, cancellation, the loop itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from reliable import ConsumeResult, Envelope, Reliability, idempotent_consumer
+from reliable.errors import ConfigurationError
+from reliable.guard import Reason
+from reliable.guard.aio import AsyncGuardedHandler
+from tests.aio.flavours import Flavour, applied, env, inbox, journal, ledger, make_rel
+
+TASKS = 64
+
+
+@pytest.fixture
+def rel(db_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
+    r = make_rel(db_url, redis_url, key_prefix, lease_ms=60_000)
+    yield r
+    r.close()
+
+
+def test_many_tasks_on_one_loop_racing_on_one_id_apply_it_once(rel: Reliability) -> None:
+    f = Flavour("async", rel)
+    try:
+        handle = f.guard()
+        runs = f.race(handle, [env("hot") for _ in range(TASKS)] + [env(f"cold-{i}") for i in range(8)])
+        assert all(r[-1].result is ConsumeResult.SUCCESS for r in runs)
+        assert [r[-1].reason for r in runs[:TASKS]].count(Reason.PROCESSED) == 1
+        assert applied(rel) == {"hot": 1} | {f"cold-{i}": 1 for i in range(8)}
+    finally:
+        f.close()
+
+
+def test_a_task_cancelled_mid_handler_rolls_back_and_leaves_the_message_retryable(rel: Reliability) -> None:
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    @idempotent_consumer(rel, group="g")
+    async def handle(e: Envelope, session: AsyncSession) -> None:
+        await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
+        if e.reconsume_times == 0:
+            entered.set()
+            await release.wait()  # never set: the task is cancelled here, its write not yet committed
+
+    async def scenario() -> ConsumeResult:
+        task = asyncio.create_task(handle(env("c")))
+        await asyncio.wait_for(entered.wait(), 20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert applied(rel) == {}  # rolled back
+        assert inbox(rel, "c") == ("PENDING", 1)  # not confirmed; the cancelled attempt counts as a failure
+        result = await handle(env("c", reconsume_times=1))  # retryable at once: the lease was released
+        await rel.aclose()
+        return result
+
+    assert asyncio.run(scenario()) is ConsumeResult.SUCCESS
+    assert applied(rel) == {"c": 1}
+    assert [o for o, _ in journal(rel, "c")] == ["RETRY", "SUCCESS"]
+
+
+def test_the_decorator_returns_an_awaitable_guard_for_async_def(rel: Reliability) -> None:
+    @idempotent_consumer(rel, group="g")
+    async def on_order(e: Envelope, session: AsyncSession) -> None:
+        """Docstring kept."""
+
+    assert isinstance(on_order, AsyncGuardedHandler)
+    assert (on_order.__name__, on_order.__doc__, on_order.group) == ("on_order", "Docstring kept.", "g")
+
+    async def scenario() -> list[ConsumeResult]:
+        out = [await on_order(env("d1")), *await on_order.batch([env("d1"), env("d2")])]
+        await rel.aclose()
+        return out
+
+    assert asyncio.run(scenario()) == [ConsumeResult.SUCCESS] * 3
+
+
+def test_each_event_loop_gets_its_own_connections(rel: Reliability) -> None:
+    """A guarded handler used from two loops in turn (asyncio.run twice) works in both."""
+
+    @idempotent_consumer(rel, group="g")
+    async def handle(e: Envelope, session: AsyncSession) -> None:
+        await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
+
+    assert asyncio.run(handle(env("l1"))) is ConsumeResult.SUCCESS
+    assert asyncio.run(handle(env("l2"))) is ConsumeResult.SUCCESS
+    assert applied(rel) == {"l1": 1, "l2": 1}
+
+
+def test_write_behind_is_refused_for_async_handlers(sqlite_url: str) -> None:
+    rel = Reliability(sqlite_url, journal_write_behind=True)
+
+    async def h(e: Envelope, session: AsyncSession) -> None: ...
+
+    try:
+        with pytest.raises(ConfigurationError, match="journal_write_behind"):
+            idempotent_consumer(rel, group="g")(h)
+    finally:
+        rel.close()

@@ -1,0 +1,117 @@
+"""The verdict on one selected row: DESIGN.md §3's rules, and the broker's own retry schedule."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+
+import pytest
+
+from reliable.sweeper.selection import Candidate
+from reliable.sweeper.verdict import Facts, RocketMQRetrySchedule, Verdict, judge
+from reliable.types import LogOutcome
+from tests.sweeper.helpers import T0
+
+STUCK = dt.timedelta(minutes=10)
+MAX_AGE = dt.timedelta(days=1)
+SCHEDULE = RocketMQRetrySchedule()
+
+ROW = Candidate(
+    consumer_group="billing",
+    message_id="m",
+    resend_count=0,
+    inbox_queue_id=None,
+    inbox_queue_offset=None,
+    created_at=T0 - dt.timedelta(hours=1),
+    inbox_updated_at=T0 - dt.timedelta(hours=1),
+    last_received_at=None,
+    last_reconsume_times=None,
+    last_outcome=None,
+    topic="orders",
+    stub_queue_id=1,
+    stub_queue_offset=7,
+    stub_last_sent_at=T0 - dt.timedelta(hours=1),
+)
+TARGETED = replace(ROW, resend_count=1, inbox_queue_id=0, inbox_queue_offset=3)
+
+
+def verdict(row: Candidate, watermark: int | None = None, broker_max: int | None = None) -> Verdict:
+    facts = Facts(watermark=watermark, broker_max=broker_max)
+    return judge(row, facts, now=T0, stuck_after=STUCK, max_unconfirmed_age=MAX_AGE, retry_schedule=SCHEDULE)
+
+
+@pytest.mark.parametrize(
+    ("row", "watermark", "broker_max", "expected"),
+    [
+        (replace(ROW, stub_queue_offset=None), None, None, Verdict.NEVER_SENT),
+        # the group passed the copy's offset without a delivery of it: lost (offset reused after a crash)
+        (ROW, 7, None, Verdict.OVERTAKEN),
+        (ROW, 9, 12, Verdict.OVERTAKEN),
+        # a quiet queue: nothing will ever overtake it, the broker's max offset proves the loss
+        (ROW, 3, 7, Verdict.LOST),
+        (ROW, 3, 5, Verdict.LOST),
+        # …also when the group never consumed that queue
+        (ROW, None, 7, Verdict.LOST),
+        # the broker has it, the group is behind: merely queued
+        (ROW, 6, 8, Verdict.QUEUED),
+        # the broker has it, the group never consumed that queue: the alarm, not a resend …
+        (ROW, None, 8, Verdict.NEVER_CONSUMED),
+        # … unless the copy is younger than stuck_after: the group may be starting up
+        (replace(ROW, stub_last_sent_at=T0 - STUCK + dt.timedelta(seconds=1)), None, 8, Verdict.QUEUED),
+        # no probe answer: wait for max_unconfirmed_age
+        (ROW, 6, None, Verdict.QUEUED),
+        (ROW, None, None, Verdict.QUEUED),
+        (replace(ROW, stub_last_sent_at=T0 - MAX_AGE), None, None, Verdict.TOO_OLD),
+        # a targeted copy: its own position counts, not the stub's
+        (TARGETED, 2, 4, Verdict.QUEUED),
+        (TARGETED, 3, 4, Verdict.OVERTAKEN),
+        (TARGETED, None, 3, Verdict.LOST),
+        # every clustering consumer reads its retry topic: no position there yet is no alarm
+        (TARGETED, None, 4, Verdict.QUEUED),
+    ],
+)
+def test_never_received(
+    row: Candidate, watermark: int | None, broker_max: int | None, expected: Verdict
+) -> None:
+    assert verdict(row, watermark, broker_max) is expected
+    assert expected.resend is (
+        expected in {Verdict.NEVER_SENT, Verdict.OVERTAKEN, Verdict.LOST, Verdict.TOO_OLD}
+    )
+
+
+def test_too_old_is_measured_from_the_groups_newest_copy() -> None:
+    sent_long_ago = replace(TARGETED, created_at=T0 - 3 * MAX_AGE, stub_last_sent_at=T0 - 3 * MAX_AGE)
+    assert verdict(replace(sent_long_ago, inbox_updated_at=T0 - dt.timedelta(hours=1))) is Verdict.QUEUED
+    assert verdict(replace(sent_long_ago, inbox_updated_at=T0 - MAX_AGE)) is Verdict.TOO_OLD
+
+
+def stuck(seconds_ago: float, outcome: LogOutcome | None, reconsume_times: int = 0) -> Candidate:
+    return replace(
+        ROW,
+        last_received_at=T0 - dt.timedelta(seconds=seconds_ago),
+        last_outcome=outcome,
+        last_reconsume_times=reconsume_times,
+    )
+
+
+def test_stuck_outside_any_broker_retry() -> None:
+    assert verdict(stuck(3600, None)) is Verdict.STUCK  # the worker died mid-way
+    assert verdict(stuck(3600, LogOutcome.SUCCESS)) is Verdict.STUCK  # its confirmation was lost
+
+
+def test_stuck_waits_out_the_brokers_own_retry_delay() -> None:
+    # reconsume_times 10 → delay level 13 = 9 minutes; + stuck_after 10 minutes before the sweeper steps in
+    window = dt.timedelta(minutes=19).total_seconds()
+    assert verdict(stuck(window - 1, LogOutcome.RETRY, 10)) is Verdict.BROKER_RETRY
+    assert verdict(stuck(window, LogOutcome.RETRY, 10)) is Verdict.STUCK
+    # reconsume_times 15 → level 18 = 2 hours: well past stuck_after alone
+    assert verdict(stuck(3600, LogOutcome.RETRY, 15)) is Verdict.BROKER_RETRY
+    # past max_reconsume_times the broker sends it to its DLQ and never again: only the sweeper can help
+    assert verdict(stuck(3600, LogOutcome.RETRY, 16)) is Verdict.STUCK
+
+
+def test_rocketmq_schedule_is_level_three_plus_reconsume_times() -> None:
+    assert SCHEDULE(0) == dt.timedelta(seconds=10)  # level 3
+    assert SCHEDULE(1) == dt.timedelta(seconds=30)
+    assert SCHEDULE(15) == dt.timedelta(hours=2)  # level 18, the last
+    assert SCHEDULE(16) is None
