@@ -107,6 +107,9 @@ DEMO_SETTINGS: dict[str, Any] = {
 class DemoRunner(ChaosActions):
     """One run of the demo; also the :class:`~reliable.demo.chaos.ChaosTarget` of its chaos thread."""
 
+    #: how long production may wait, over the whole run, for due send-side faults to fire
+    send_fault_wait_s = 20.0
+
     def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
         options.validate()
         self.o = options
@@ -134,6 +137,7 @@ class DemoRunner(ChaosActions):
         self._slot_lock = threading.Lock()
         self._serial = 0
         self._slowest_applied = 0
+        self._send_fault_budget_s = self.send_fault_wait_s
         self.send_transport: ChaosTransport | None = None
         self._producers: list[Any] = []
         self._stop = threading.Event()
@@ -334,15 +338,17 @@ class DemoRunner(ChaosActions):
         self.summary.produced = self.state.produced
         self.state.phase = "consuming"
 
-    def _let_send_faults_fire(self, max_wait_s: float = 30.0) -> None:
-        """Wait (bounded) until the send-side faults due at this point of production have fired: a short run
-        produces faster than the chaos thread polls, and a lost-ACK fault armed after the last send would
-        bite nothing. (The chaos thread fires in schedule order, so an earlier consumer-side fault may hold
-        it up until the consumers reach its point; the bound keeps production going meanwhile.)"""
-        deadline = time.monotonic() + max_wait_s
+    def _let_send_faults_fire(self) -> None:
+        """Wait until the send-side faults due at this point of production have fired: a short run produces
+        faster than the chaos thread polls, and a lost-ACK fault armed after the last send would bite
+        nothing. The chaos thread fires in schedule order (an earlier consumer-side fault waits for the
+        applied fraction, refreshed here) and a fault may take a while (a broker restart), so the waits of a
+        run share one budget (:attr:`send_fault_wait_s`) and production never stalls for long."""
         while self.chaos is not None and self.chaos.send_side_due(self.state.produced / self.o.messages):
-            if time.monotonic() > deadline or self._stop.wait(0.02):
+            if self._send_fault_budget_s <= 0 or self._stop.wait(0.05):
                 return
+            self._send_fault_budget_s -= 0.05
+            self._safe_refresh()  # an earlier consumer-side fault waits for the applied fraction to move
 
     def _stage(self, producer: StubProducer, batch: list[ledger.Order], tries: int = 5) -> None:
         """Stage one batch for every group. A database error (a deadlock with the consumers on PostgreSQL,
