@@ -31,6 +31,10 @@ DEFAULT_REDIS_SOCKET_TIMEOUT_S: Final = 0.5  # a slow Redis must not stall consu
 # --- producer / sweeper defaults ------------------------------------------------------------------------
 DEFAULT_FIRST_RESEND_DELAY_S: Final = 60.0  # earliest resend after the first send
 DEFAULT_MAX_SENDS: Final = 8
+PRODUCER_RECORD_TRIES: Final = (
+    3  # tries to record a send result (a deadlock victim) before leaving it to the sweeper
+)
+PRODUCER_RECORD_BACKOFF_S: Final = 0.02  # × try number, between those tries
 DEFAULT_STUCK_AFTER_S: Final = 15 * 60
 DEFAULT_LOG_RETENTION_S: Final = 7 * 24 * 3600
 DEFAULT_SWEEP_BATCH: Final = 500

@@ -24,8 +24,10 @@ voided) → ``CONFIRMED``; otherwise ``PENDING``. The guard keeps it current in 
 the last group (exactly, also when two groups confirm at once: see ``SqlStore.settle_exact``). :func:`settle`
 repairs stubs left behind by other writers (a person's SQL, an older version) and is cheap to run each round.
 
-Lock order: every function here that writes both tables writes the inbox rows first, then the stub — the
-order the guard takes them in — so a producer recording a send while a consumer confirms cannot deadlock.
+Lock order: every function here that writes both tables writes the inbox rows first, then the stub, and
+several rows of one table in message id order — the order the guard takes them in (inbox rows locked by
+``SELECT … FOR UPDATE … ORDER BY message_id``, then the stubs it settles) — so a producer recording a send
+while a consumer confirms cannot deadlock (tests/core/test_producer_concurrency.py lines the two up).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -158,13 +160,17 @@ def record_sends(
             (topic_ok if a.ok else topic_failed).append(row)
         else:
             (group_ok if a.ok else group_failed).append(row)
-    # lock order inbox rows → stub, as the guard's confirm takes them (the opposite order could deadlock)
+    # Lock order, as the guard takes its locks: inbox rows before stubs, and within each table in message id
+    # order (the guard's ``SELECT … FOR UPDATE … ORDER BY message_id``). executemany runs the rows in list
+    # order, so staging order (b, a) against a guard batch holding a and asking for b would deadlock.
+    for rows in (topic_ok, topic_failed, group_ok, group_failed):
+        rows.sort(key=_lock_order)
     if topic_ok or topic_failed:
         conn.execute(
             update(inbox)
             .where(inbox.c.message_id == bindparam("b_mid"), inbox.c.status == StubStatus.PENDING)
             .values(resend_at=bindparam("b_due"), updated_at=now),
-            topic_ok + topic_failed,
+            sorted(topic_ok + topic_failed, key=_lock_order),
         )
     by_id = stub.c.message_id == bindparam("b_mid")
     sent = {
@@ -199,6 +205,11 @@ def record_sends(
         )
     if group_failed:
         conn.execute(update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed)
+
+
+def _lock_order(row: Mapping[str, Any]) -> tuple[str, str]:
+    """Rows of one executemany sorted by (message id, group): the order the guard locks them in."""
+    return (row["b_mid"], row["b_group"] or "")
 
 
 def _derived(now: dt.datetime) -> dict[str, Any]:

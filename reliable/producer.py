@@ -33,11 +33,13 @@ import datetime as dt
 import enum
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter
-from sqlalchemy import event, select
+from sqlalchemy import event, select, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
 
 from reliable import constants as C
@@ -58,6 +60,11 @@ _LAST_ERROR_MAX = 2000
 
 SENDS = Counter("reliable_producer_sends", "Staged messages the producer tried to send", ["outcome"])
 HOOK_ERRORS = Counter("reliable_producer_hook_errors", "After-commit send batches that raised")
+RECORD_FAILURES = Counter(
+    "reliable_producer_record_failures",
+    "Transactions recording send results that failed (retried, or given up and left to the sweeper)",
+    ["outcome"],
+)
 
 
 class SendOutcome(enum.StrEnum):
@@ -216,11 +223,19 @@ class StubProducer:
             hook = pending
 
             def after_commit(sess: Session) -> None:  # only the root transaction's commit fires this
-                batch, verify = list(hook.items), hook.verify
+                hook.ready, hook.ready_verify = list(hook.items), hook.verify
                 hook.items.clear()
                 hook.verify = False
-                if batch:
-                    self._send_from_hook(batch, verify)
+
+            def after_transaction_end(sess: Session, transaction: SessionTransaction) -> None:
+                # Sent here, not in after_commit: the root transaction has now returned its connection to
+                # the pool. Sending (and recording) from after_commit took a second connection while the
+                # session held its first, so as many concurrent committers as pool slots hung.
+                if transaction.parent is not None or not hook.ready:
+                    return
+                batch, verify = hook.ready, hook.ready_verify
+                hook.ready, hook.ready_verify = [], False
+                self._send_from_hook(batch, verify)
 
             def after_soft_rollback(sess: Session, previous: SessionTransaction) -> None:
                 # a root rollback: the stubs are gone, sending them would be a lie. A SAVEPOINT rollback
@@ -232,6 +247,7 @@ class StubProducer:
                     hook.verify = False
 
             event.listen(session, "after_commit", after_commit)
+            event.listen(session, "after_transaction_end", after_transaction_end)
             event.listen(session, "after_soft_rollback", after_soft_rollback)
         return pending.items
 
@@ -325,6 +341,11 @@ class StubProducer:
     def _record(self, results: Iterable[SendResult]) -> None:
         """Write send results in one transaction (a crash before it only makes the sweeper resend early).
 
+        Bookkeeping the sweeper can redo, so it never raises into the caller (whose transaction committed):
+        a failure (a deadlock, an outage) is retried ``PRODUCER_RECORD_TRIES`` times, then logged and counted
+        in ``reliable_producer_record_failures{outcome="given_up"}``; the stub then stays due at its staged
+        ``resend_at`` and the sweeper sends it again (a duplicate the guard absorbs).
+
         A landed send is due again after ``first_resend_delay_s``, a failed one at once (see
         :func:`reliable.outbox.record_sends` for exactly what is written).
         """
@@ -335,9 +356,28 @@ class StubProducer:
             for r in results
             if r.outcome is not SendOutcome.SKIPPED
         ]
-        if attempts:
-            with self.rel.session() as s:
-                outbox.record_sends(s.connection(), attempts, now)
+        if not attempts:
+            return
+        for attempt in range(1, C.PRODUCER_RECORD_TRIES + 1):
+            try:
+                with self.rel.session() as s:
+                    if self.rel.dialect in ("mysql", "mariadb"):  # no gap locks next to the guard's inserts
+                        s.execute(text("SET TRANSACTION ISOLATION LEVEL READ COMMITTED"))
+                    outbox.record_sends(s.connection(), attempts, now)
+                return
+            except SQLAlchemyError as exc:  # bookkeeping after the caller's commit: never raised to them
+                if attempt < C.PRODUCER_RECORD_TRIES:
+                    RECORD_FAILURES.labels("retried").inc()
+                    log.warning("recording %d send(s) failed, retrying: %r", len(attempts), exc)
+                    time.sleep(C.PRODUCER_RECORD_BACKOFF_S * attempt)
+                    continue
+                RECORD_FAILURES.labels("given_up").inc()
+                log.error(
+                    "recording %d send(s) failed %d times; the sweeper re-sends them when due: %r",
+                    len(attempts),
+                    attempt,
+                    exc,
+                )
 
     # --- cancelling ------------------------------------------------------------------------------------
 
@@ -378,6 +418,9 @@ class _Pending:
 
     items: list[StagedMessage] = dataclasses.field(default_factory=list)
     verify: bool = False
+    #: committed, to be sent once the transaction has released its connection
+    ready: list[StagedMessage] = dataclasses.field(default_factory=list)
+    ready_verify: bool = False
 
 
 @dataclasses.dataclass

@@ -39,8 +39,9 @@ class Settings:
     #: store a SHA-256 of each body and refuse a different body under the same id.
     check_payload: bool = True
     #: buffer the journal rows of duplicates Redis answers as ``done`` and write them in batches instead of
-    #: one commit each (see :mod:`reliable.stores.behind` for exactly what a crash can lose). Off by default.
-    journal_write_behind: bool = False
+    #: one commit each (see :mod:`reliable.stores.behind` for exactly what a crash can lose). ``None`` (the
+    #: default): on for ``def`` handlers, off for ``async def`` ones (their guard has no flush thread).
+    journal_write_behind: bool | None = None
     #: write-behind: flush once this many rows are buffered …
     journal_flush_rows: int = 256
     #: … or this many milliseconds after the oldest buffered row, whichever comes first.
@@ -143,6 +144,10 @@ def _coerce(name: str, value: Any, type_name: Any) -> Any:
             raise ConfigurationError(
                 f"setting topic_groups: cannot read {value!r}; write 'orders=billing,audit;payments=ledger'"
             ) from None
+    if t == "bool | None":
+        if value is None:
+            return None
+        t = "bool"
     try:
         if t == "bool":
             if isinstance(value, bool):

@@ -28,7 +28,8 @@ retryable at once); then ``CancelledError`` is raised again to the caller, as as
 cancelled while the guard itself awaits the database or Redis unwinds with the transaction rolled back; its
 Redis lease, if it took one, lapses after ``lease_ms``.
 
-Limits: ``journal_write_behind`` is a background *thread* of the sync guard and is refused here.
+Limits: ``journal_write_behind`` is a background *thread* of the sync guard: refused here when set to
+``True``; the default (``None``) journals every delivery synchronously in this guard.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class AsyncGuard:
         redis_retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
         durable_journal: bool = False,
     ) -> None:
-        if rel.settings.journal_write_behind:
+        if rel.settings.journal_write_behind is True:  # the default None means "not here"
             raise ConfigurationError("journal_write_behind is not available for async def handlers")
         if not group or len(group) > C.GROUP_MAX:
             raise ValueError(f"consumer group must be 1..{C.GROUP_MAX} characters, got {group!r}")
@@ -117,7 +118,8 @@ class AsyncGuard:
     # --- one Guard per event loop (asyncio connections belong to their loop) -------------------------
     def _loop_guard(self) -> Guard:
         engine = self.rel.aio.engine()
-        stores = _LoopStores(self.rel.settings, engine.sync_engine)
+        # no write-behind here: its flush thread cannot do asyncio I/O (every row is journaled in-line)
+        stores = _LoopStores(self.rel.settings.replace(journal_write_behind=False), engine.sync_engine)
         guard = Guard(stores, self.group, self._bridge(engine), **self._options)
         client = self.rel.aio.redis()
         if client is not None:

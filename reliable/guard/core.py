@@ -31,7 +31,7 @@ fixes what the broker is told and what the journal says (:data:`reliable.guard.d
 Deviation from DESIGN.md's numbering: the Redis fast path runs *before* the journal insert, so that a
 duplicate answered by Redis is journaled with its outcome in the same statement. The journal is still
 committed before any handler runs, and a lease taken before a failed journal is released. With
-``journal_write_behind`` the rows of deliveries answered by the done marker wait in
+``journal_write_behind`` (default on here) the rows of deliveries answered by the done marker wait in
 :class:`reliable.stores.behind.JournalBuffer` (what a crash can lose is documented there).
 
 Shape: the guard *owns* its collaborators — :class:`SqlStore` (source of truth), a lease store (fast path),
@@ -99,7 +99,7 @@ class Guard:
         )
         self.work = WorkTransaction(self.sql, group, handler, self.hooks, self.metrics)
         self.behind: JournalBuffer | None = None
-        if self.settings.journal_write_behind:
+        if self.settings.journal_write_behind is not False:  # None (default) or True
             self.behind = JournalBuffer(
                 rel.engine,
                 self.sql,

@@ -1,4 +1,6 @@
-"""Write-behind journal for deliveries Redis already answers as ``done`` (opt-in: ``journal_write_behind``).
+"""Write-behind journal for deliveries Redis already answers as ``done`` (``journal_write_behind``).
+
+On by default for the sync guard (setting ``None``); ``False`` turns it off, the async guard never uses it.
 
 DESIGN.md §2 step 1 commits the journal row *before* anything else so that the sender can see a delivery
 arrived even if processing then fails. For a delivery whose key already says ``done`` that reason is gone: the

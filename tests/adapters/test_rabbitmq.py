@@ -64,7 +64,16 @@ effects = Table(
 @pytest.fixture
 def rel(postgres_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
     _ensure_clean_schema(postgres_url)
-    r = Reliability(postgres_url, redis_url, key_prefix=key_prefix, max_attempts=3, lease_ms=5000)
+    # journal every delivery in-line: these tests read DUPLICATE rows right after the consumer returns (the
+    # default write-behind journal writes them within journal_flush_ms; tests/core/test_write_behind.py)
+    r = Reliability(
+        postgres_url,
+        redis_url,
+        key_prefix=key_prefix,
+        max_attempts=3,
+        lease_ms=5000,
+        journal_write_behind=False,
+    )
     effects_md.create_all(r.engine)
     with r.engine.begin() as conn:
         conn.execute(delete(effects))

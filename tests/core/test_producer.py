@@ -384,8 +384,9 @@ def test_after_commit_failure_never_reaches_the_caller_and_is_counted(
     """The producer's own database access fails after the caller committed: logged, counted, left to sweep."""
     from prometheus_client import REGISTRY
 
-    def hook_errors() -> float:
-        return REGISTRY.get_sample_value("reliable_producer_hook_errors_total") or 0.0
+    def hook_errors() -> float:  # retried, then given up: logged and counted, never raised to the caller
+        sample = REGISTRY.get_sample_value("reliable_producer_record_failures_total", {"outcome": "given_up"})
+        return sample or 0.0
 
     _ensure_clean_schema(sqlite_url)
     with Reliability(sqlite_url) as rel, Reliability(f"sqlite:///{tmp_path / 'no-schema.db'}") as broken:

@@ -1,0 +1,199 @@
+"""The producer next to running consumers and a small connection pool, on real databases.
+
+What a user needs: recording a send result is bookkeeping after the caller's commit, so it must never deadlock
+with the guard's transactions, never raise into the caller, and never need a second pooled connection while
+the committing session still holds its first (more committers than pool slots must not hang).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select, text
+from sqlalchemy.exc import OperationalError
+
+from reliable import Reliability, StubProducer, idempotent_consumer
+from reliable.facade import make_engine
+from reliable.models import MessageStub
+from reliable.producer import RECORD_FAILURES, SendOutcome
+from reliable.types import ConsumeResult
+from tests.conftest import _ensure_clean_schema
+from tests.core.guard_helpers import apply, env, make_rel
+from tests.core.test_producer import RecordingSender
+
+WAIT_S = 20.0
+
+
+def poll(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def lock_waiters(rel: Reliability) -> int:
+    """Backends of this database waiting on a heavyweight lock (a row lock shows up as one)."""
+    with rel.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def record_failures(outcome: str) -> float:
+    return RECORD_FAILURES.labels(outcome)._value.get()
+
+
+def send_count(rel: Reliability, message_id: str) -> int:
+    with rel.session() as s:
+        return int(
+            s.execute(select(MessageStub.send_count).where(MessageStub.message_id == message_id)).scalar_one()
+        )
+
+
+@pytest.fixture
+def pg_rel(postgres_url: str, key_prefix: str) -> Iterator[Reliability]:
+    _ensure_clean_schema(postgres_url)
+    rel = make_rel(postgres_url, None, key_prefix)
+    yield rel
+    rel.close()
+
+
+def test_recording_sends_while_a_batch_confirms_does_not_deadlock(pg_rel: Reliability) -> None:
+    """The producer records sends of [b, a] (staging order) while the guard confirms the batch [a, b].
+
+    The guard locks inbox rows in id order; if the producer's bookkeeping took them in staging order it would
+    hold b and wait for a while the guard holds a and waits for b — a deadlock PostgreSQL breaks by aborting
+    one side. A third connection holding a's row lines both up behind it so the interleaving is exact.
+    """
+    rel = pg_rel
+    sender = RecordingSender()
+    producer = StubProducer(rel, sender, default_group="billing")
+    with rel.session() as s:
+        staged = [producer.stage(s, m, "orders", b"{}", send_on_commit=False) for m in ("dl-b", "dl-a")]
+    guard = idempotent_consumer(rel, group="billing")(apply)
+    retried_before = record_failures("retried")
+
+    outcome: dict[str, Any] = {}
+
+    def consume() -> None:
+        outcome["consumer"] = guard.batch([env("dl-a"), env("dl-b")])
+
+    def record() -> None:
+        try:
+            outcome["producer"] = producer.send_staged(staged, verify=False)
+        except Exception as exc:  # the assertion below names it
+            outcome["producer"] = exc
+
+    with rel.engine.connect() as blocker:
+        blocker.execute(
+            text(
+                "SELECT 1 FROM message_inbox WHERE consumer_group = 'billing' "
+                "AND message_id = 'dl-a' FOR UPDATE"
+            )
+        )
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        poll(lambda: lock_waiters(rel) == 1, "the guard to queue behind the blocker")
+        producer_thread = threading.Thread(target=record)
+        producer_thread.start()
+        poll(lambda: lock_waiters(rel) == 2, "the producer's bookkeeping to queue behind it")
+        blocker.rollback()
+    consumer.join(WAIT_S)
+    producer_thread.join(WAIT_S)
+
+    assert not isinstance(outcome["producer"], Exception), outcome["producer"]
+    assert [r.outcome for r in outcome["producer"]] == [SendOutcome.SENT, SendOutcome.SENT]
+    assert outcome["consumer"] == [ConsumeResult.SUCCESS, ConsumeResult.SUCCESS]
+    assert (send_count(rel, "dl-a"), send_count(rel, "dl-b")) == (1, 1)
+    assert record_failures("retried") == retried_before  # no deadlock was broken and retried either
+
+
+class Fault:
+    """Fault injection: the next ``times`` statements that update ``message_stub`` fail like a deadlock."""
+
+    def __init__(self, rel: Reliability, times: int) -> None:
+        self.left = times
+        event.listen(rel.engine, "before_cursor_execute", self)
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if self.left and statement.lstrip().upper().startswith("UPDATE MESSAGE_STUB"):
+            self.left -= 1
+            raise OperationalError(statement, None, Exception("injected: deadlock detected"))
+
+
+@pytest.mark.parametrize("faults", [1, 100], ids=["once", "always"])
+def test_a_failure_recording_the_send_never_reaches_the_committed_caller(
+    db_url: str, key_prefix: str, faults: int
+) -> None:
+    rel = make_rel(db_url, None, key_prefix)
+    try:
+        sender = RecordingSender()
+        producer = StubProducer(rel, sender, default_group="billing")
+        given_up = record_failures("given_up")
+        Fault(rel, faults)
+        with producer.transaction() as tx:  # must not raise: the business transaction has committed
+            tx.session.execute(text("SELECT 1"))
+            tx.stage("rec-1", "orders", b"{}")
+        assert [r.outcome for r in tx.results] == [SendOutcome.SENT]
+        assert [m.message_id for m in sender.sent] == ["rec-1"]
+        if faults == 1:  # retried: the send is recorded
+            assert send_count(rel, "rec-1") == 1
+            assert record_failures("given_up") == given_up
+        else:  # logged and counted; the stub stays due, so the sweeper redoes the bookkeeping
+            assert send_count(rel, "rec-1") == 0
+            assert record_failures("given_up") == given_up + 1
+    finally:
+        rel.close()
+
+
+def test_more_committers_than_pool_slots_all_send(postgres_url: str) -> None:
+    """Two sessions hold both pool slots and commit at once, two more wait for a slot: all four get sent.
+
+    An after-commit send that checked out a second connection while its session still held the first would
+    wait for a slot nobody releases (until the pool timeout, then the messages stay unsent).
+    """
+    _ensure_clean_schema(postgres_url)
+    rel = Reliability(engine=make_engine(postgres_url, pool_size=2, max_overflow=0, pool_timeout=5))
+    try:
+        sender = RecordingSender()
+        producer = StubProducer(rel, sender, default_group="billing")
+        holding = threading.Barrier(2)
+        flushed = threading.Semaphore(0)
+        errors: list[BaseException] = []
+
+        def commit(i: int, hold: bool) -> None:
+            try:
+                with rel.session() as s:
+                    producer.stage(s, f"pool-{i}", "orders", b"{}")
+                    s.flush()  # takes a pool slot
+                    if hold:
+                        flushed.release()
+                        holding.wait(WAIT_S)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        holders = [threading.Thread(target=commit, args=(i, True)) for i in range(2)]
+        waiters = [threading.Thread(target=commit, args=(i, False)) for i in range(2, 4)]
+        for t in holders:
+            t.start()
+        for _ in holders:  # both slots taken before the others ask for one
+            assert flushed.acquire(timeout=WAIT_S)
+        for t in waiters:
+            t.start()
+        for t in holders + waiters:
+            t.join(WAIT_S)
+        assert errors == []
+        assert sorted(m.message_id for m in sender.sent) == [f"pool-{i}" for i in range(4)]
+        assert [send_count(rel, f"pool-{i}") for i in range(4)] == [1, 1, 1, 1]
+    finally:
+        rel.close()
