@@ -27,7 +27,7 @@ TOPIC = "Orders5"
 REPLY_TIMEOUT_S = 60.0
 
 
-def wait_until(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+def wait_until(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
     """Poll ``cond`` until it returns something truthy (returned), or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
