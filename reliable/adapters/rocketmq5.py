@@ -1,0 +1,345 @@
+"""RocketMQ 5.x adapter for the official gRPC client (PyPI ``rocketmq-python-client``).
+
+That client installs a top-level ``rocketmq`` package, as the 4.x client does, so this module is used from
+a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports the client lazily.
+
+* :func:`run_simple_consumer` — a SimpleConsumer loop: each message through the guard; ``SUCCESS`` → ack,
+  ``RECONSUME_LATER`` → change the invisible duration to the retry backoff of its delivery attempt,
+  ``DEAD_LETTER`` → ForwardMessageToDeadLetterQueue (the protocol carries no reason: the guard has journaled
+  it in ``message_log``).
+* :class:`GuardedListener` — the same for a PushConsumer. ``RECONSUME_LATER`` answers ``FAILURE``, so the
+  client applies the *consumer group's* retry policy that the broker sent in the Telemetry settings (the
+  client overrides any other invisible duration); ``DEAD_LETTER`` forwards to the DLQ itself.
+* Both keep the message invisible while a long handler runs (:class:`InvisibilityExtender`: a change of
+  invisible duration every ``extend_every_s``), so the broker does not hand it to another consumer
+  mid-handler; a handler that dies with its process stops extending and the message comes back after one
+  invisible duration.
+* :class:`RocketMQ5Sender` — the :class:`~reliable.sender.Sender` of ``StubProducer`` and the sweeper. A 5.x
+  send reports the offset but **not the queue** (the proxy, not the client, picks it), so receipts carry
+  ``queue_id = UNKNOWN_QUEUE_ID``; a targeted resend cannot name ``%RETRY%{group}`` through 5.x either, so
+  it goes to the topic and the other groups' guards absorb the copy.
+* :class:`RocketMQ5Probe` — the loss probe: the protocol's ``QueryOffset(END)`` is a queue's max offset.
+  Without a stub's queue it cannot prove a 5.x-sent stub lost, so for those the sweeper's
+  ``max_unconfirmed_age`` is what re-sends (docs/adapters.md).
+
+Envelope: ``message_id`` = the *key* (of several, the alphabetically first: the client keeps keys as a set),
+else the 5.x message id; ``queue_id``/``queue_offset`` from the
+receipt handle (RocketMQ's handle layout names them; the client drops the system properties that carry
+them); ``reconsume_times`` = delivery attempt − 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from reliable import constants as C
+from reliable.errors import ConfigurationError, SendError
+from reliable.sender import OutgoingMessage, SendReceipt
+from reliable.sweeper.backoff import parse_duration
+from reliable.types import ConsumeResult, Envelope
+
+log = logging.getLogger("reliable.adapters.rocketmq5")
+
+Handler = Callable[[Envelope], ConsumeResult]
+#: receipt handle fields (space-separated): [6] queue id, [7] queue offset
+_HANDLE_QUEUE, _HANDLE_OFFSET = 6, 7
+_RETRY_BACKOFF_S = tuple(parse_duration(t) for t in C.ROCKETMQ5_RETRY_BACKOFF.split())
+
+
+def _client() -> Any:
+    try:
+        import rocketmq
+        from rocketmq import grpc_protocol
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the RocketMQ 5.x adapter needs rocketmq-python-client (pip install reliable[rocketmq5]): {exc}"
+        ) from exc
+    if not hasattr(rocketmq, "SimpleConsumer"):
+        raise ConfigurationError("'rocketmq' here is the 4.x client; the 5.x adapter needs its own venv")
+    return rocketmq, grpc_protocol
+
+
+def retry_delay_s(attempt: int) -> int:
+    """RECONSUME_LATER backoff after the ``attempt``-th delivery, in whole seconds (the protocol's unit)."""
+    return int(_RETRY_BACKOFF_S[min(max(attempt, 1), len(_RETRY_BACKOFF_S)) - 1])
+
+
+def _position(receipt_handle: str | None) -> tuple[int, int]:
+    parts = (receipt_handle or "").split(" ")
+    try:
+        return int(parts[_HANDLE_QUEUE]), int(parts[_HANDLE_OFFSET])
+    except (IndexError, ValueError):
+        log.warning("receipt handle without a queue position: %r", receipt_handle)
+        return C.UNKNOWN_QUEUE_ID, -1
+
+
+def to_envelope(message: Any) -> Envelope:
+    """A 5.x ``rocketmq.Message`` as received, as an :class:`~reliable.types.Envelope`."""
+    keys = sorted(message.keys or ())
+    queue_id, offset = _position(message.receipt_handle)
+    return Envelope(
+        message_id=keys[0] if keys else (message.message_id or None),
+        topic=message.topic,
+        queue_id=queue_id,
+        queue_offset=offset,
+        body=bytes(message.body),
+        keys=" ".join(keys) or None,
+        tags=message.tag or None,
+        reconsume_times=max(0, (message.delivery_attempt or 1) - 1),
+        properties=dict(message.properties or {}),
+    )
+
+
+def forward_to_dlq(consumer: Any, message: Any, max_attempts: int = 0) -> None:
+    """ForwardMessageToDeadLetterQueue for ``message`` (the SimpleConsumer has no method for it)."""
+    _, pb = _client()
+    req = pb.ForwardMessageToDeadLetterQueueRequest()
+    req.group.name = consumer.consumer_group
+    req.topic.name = message.topic
+    req.receipt_handle = message.receipt_handle
+    req.message_id = message.message_id
+    req.delivery_attempt = message.delivery_attempt or 1
+    req.max_delivery_attempts = max_attempts
+    future = consumer.rpc_client.forward_message_to_dead_letter_queue_async(
+        message.endpoints,
+        req,
+        metadata=consumer.sign(),
+        timeout=consumer.client_configuration.request_timeout,
+    )
+    res = future.result()
+    if res.status.code != pb.Code.OK:
+        raise SendError(f"forward to DLQ refused: {res.status.code} {res.status.message}")
+
+
+def check_timing(invisible_s: int, every_s: float) -> None:
+    """The extension must come before the invisible time runs out, or another consumer gets the message."""
+    if not 0 < every_s < invisible_s:
+        raise ConfigurationError(
+            f"extend every {every_s} s: must be more often than the invisible duration ({invisible_s} s)"
+        )
+
+
+class InvisibilityExtender:
+    """Keeps one received message invisible while its handler runs (use as a context manager).
+
+    Every ``every_s`` it changes the invisible duration to ``invisible_s`` from now; the client puts the new
+    receipt handle on the message, so the final ack / retry uses the current one. ``change`` is the
+    consumer's change-invisible-duration call (``SimpleConsumer.change_invisible_duration``)."""
+
+    def __init__(self, change: Callable[[Any, int], None], message: Any, invisible_s: int, every_s: float):
+        check_timing(invisible_s, every_s)
+        self.change, self.message = change, message
+        self.invisible_s, self.every_s = invisible_s, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rmq5-extend", daemon=True)
+        self.extensions = 0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.change(self.message, self.invisible_s)
+                self.extensions += 1
+            except Exception:
+                log.exception("could not extend the invisible time of %s", self.message.message_id)
+
+    def __enter__(self) -> InvisibilityExtender:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _decide(handler: Handler, env: Envelope) -> ConsumeResult:
+    try:
+        return handler(env)
+    except Exception:
+        log.exception("handler raised on %s; reconsume later", env.message_id)
+        return ConsumeResult.RECONSUME_LATER
+
+
+def consume_one(
+    consumer: Any, message: Any, handler: Handler, invisible_s: int, extend_every_s: float
+) -> ConsumeResult:
+    """One SimpleConsumer message through ``handler`` with its invisible time extended meanwhile, then
+    ack / retry later / dead-letter as the result says. Returns the result."""
+    with InvisibilityExtender(consumer.change_invisible_duration, message, invisible_s, extend_every_s):
+        result = _decide(handler, to_envelope(message))
+    if result is ConsumeResult.SUCCESS:
+        consumer.ack(message)
+    elif result is ConsumeResult.RECONSUME_LATER:
+        consumer.change_invisible_duration(message, retry_delay_s(message.delivery_attempt or 1))
+    else:
+        forward_to_dlq(consumer, message)
+    return result
+
+
+def run_simple_consumer(
+    consumer: Any,
+    handler: Handler,
+    stop: threading.Event,
+    *,
+    batch: int = 16,
+    invisible_s: int = C.DEFAULT_ROCKETMQ5_INVISIBLE_S,
+    extend_every_s: float | None = None,
+) -> int:
+    """Receive and handle until ``stop`` is set (a started ``rocketmq.SimpleConsumer``); returns how many
+    messages were handled. A failed ack / change leaves the message to come back after its invisible time
+    (the guard absorbs the redelivery)."""
+    every = extend_every_s if extend_every_s is not None else invisible_s / 3
+    check_timing(invisible_s, every)
+    handled = 0
+    while not stop.is_set():
+        try:
+            messages = consumer.receive(batch, invisible_s)
+        except Exception:
+            log.exception("receive failed; retrying")
+            stop.wait(1.0)
+            continue
+        for message in messages:
+            try:
+                consume_one(consumer, message, handler, invisible_s, every)
+            except Exception:
+                log.exception(
+                    "could not settle %s; it comes back after its invisible time", message.message_id
+                )
+            handled += 1
+    return handled
+
+
+class GuardedListener:
+    """A PushConsumer ``MessageListener`` running the guard (pass an instance as ``message_listener``).
+
+    Build it before the consumer (``listener.consumer = push_consumer`` once created): dead-lettering and the
+    invisible-time extension need the consumer. Push deliveries are invisible for the broker's default
+    (``invisible_s``, 60 s on broker_sim and the 5.x proxy); the extension uses the client's
+    ``_change_invisible_duration``, the call its own retry path makes."""
+
+    def __init__(
+        self, handler: Handler, *, invisible_s: int = C.DEFAULT_ROCKETMQ5_INVISIBLE_S,
+        extend_every_s: float | None = None,
+    ) -> None:  # fmt: skip
+        self.handler = handler
+        self.invisible_s = invisible_s
+        self.extend_every_s = extend_every_s if extend_every_s is not None else invisible_s / 3
+        check_timing(invisible_s, self.extend_every_s)
+        self.consumer: Any = None
+
+    def consume(self, message: Any) -> Any:
+        rocketmq, _ = _client()
+        if self.consumer is None:
+            raise ConfigurationError("GuardedListener.consumer is not set (use guarded_push_consumer)")
+        change = self.consumer._change_invisible_duration
+        with InvisibilityExtender(change, message, self.invisible_s, self.extend_every_s):
+            result = _decide(self.handler, to_envelope(message))
+        if result is ConsumeResult.SUCCESS:
+            return rocketmq.ConsumeResult.SUCCESS
+        if result is ConsumeResult.DEAD_LETTER:
+            try:
+                forward_to_dlq(self.consumer, message)
+            except Exception:
+                log.exception("forward of %s to the DLQ failed; retry later", message.message_id)
+        return rocketmq.ConsumeResult.FAILURE
+
+
+def guarded_push_consumer(config: Any, group: str, topic: str, handler: Handler, **kw: Any) -> Any:
+    """A started PushConsumer of ``group`` on ``topic`` whose listener is :class:`GuardedListener`."""
+    rocketmq, _ = _client()
+    listener = GuardedListener(
+        handler, **{k: kw.pop(k) for k in ("invisible_s", "extend_every_s") if k in kw}
+    )
+    consumer = rocketmq.PushConsumer(config, group, listener, {topic: rocketmq.FilterExpression()}, **kw)
+    listener.consumer = consumer
+    consumer.startup()
+    return consumer
+
+
+class RocketMQ5Sender:
+    """A :class:`~reliable.sender.Sender` over a started ``rocketmq.Producer``; with a ``probe`` (as
+    :meth:`connect` gives it) also the :class:`~reliable.sender.BrokerProbe` the sweeper asks."""
+
+    def __init__(self, producer: Any, probe: RocketMQ5Probe | None = None) -> None:
+        self.producer = producer
+        self.probe = probe
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None:
+        return self.probe.max_offset(topic, queue_id) if self.probe is not None else None
+
+    @classmethod
+    def connect(
+        cls, endpoint: str, topics: tuple[str, ...] = (), request_timeout_s: int = 5
+    ) -> RocketMQ5Sender:
+        rocketmq, _ = _client()
+        config = rocketmq.ClientConfiguration(
+            endpoint, rocketmq.Credentials(), request_timeout=request_timeout_s
+        )
+        producer = rocketmq.Producer(config, topics)
+        producer.startup()
+        return cls(producer, RocketMQ5Probe(endpoint, timeout_s=request_timeout_s))
+
+    def close(self) -> None:
+        self.producer.shutdown()
+        if self.probe is not None:
+            self.probe.close()
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        rocketmq, _ = _client()
+        msg = rocketmq.Message()
+        msg.topic = message.topic
+        msg.body = message.body
+        msg.keys = message.message_id
+        if message.tags:
+            msg.tag = message.tags
+        for key, value in message.properties.items():
+            msg.add_property(key, value)
+        try:
+            receipt = self.producer.send(msg)
+        except Exception as exc:
+            raise SendError(
+                f"RocketMQ 5.x send of {message.message_id} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        return SendReceipt(C.UNKNOWN_QUEUE_ID, int(receipt.offset), receipt.message_id)
+
+
+class RocketMQ5Probe:
+    """The loss probe over the 5.x protocol's QueryOffset (a queue's max offset)."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
+        import grpc
+
+        _, pb = _client()
+        self._pb = pb
+        self._channel = grpc.insecure_channel(endpoint)
+        self._stub = pb.MessagingServiceStub(self._channel)
+        self.timeout_s = timeout_s
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def max_offset(self, topic: str, queue_id: int) -> int | None:
+        if queue_id < 0:
+            return None
+        from rocketmq.grpc_protocol import definition_pb2, service_pb2
+
+        req = service_pb2.QueryOffsetRequest()
+        req.message_queue.topic.name = topic
+        req.message_queue.id = queue_id
+        req.query_offset_policy = definition_pb2.QueryOffsetPolicy.END
+        try:
+            res = self._stub.QueryOffset(req, timeout=self.timeout_s)
+        except Exception:
+            log.exception("QueryOffset %s/%d failed", topic, queue_id)
+            return None
+        return int(res.offset) if res.status.code == self._pb.Code.OK else None
+
+
+def sweeper_sender(rel: object) -> RocketMQ5Sender:
+    """``reliable sweep --sender reliable.adapters.rocketmq5:sweeper_sender``: a 5.x producer to the endpoint
+    in ``RELIABLE_ROCKETMQ5_ENDPOINT`` (default 127.0.0.1:8081)."""
+    import os
+
+    return RocketMQ5Sender.connect(os.environ.get(C.ENV_ROCKETMQ5_ENDPOINT) or C.DEFAULT_ROCKETMQ5_ENDPOINT)

@@ -1,0 +1,245 @@
+"""``reliable.adapters.rocketmq5`` with the official 5.x client against broker_sim's gRPC front end.
+
+Workers (worker.py) run the guard in the 5.x venv on a real PostgreSQL database; the broker runs here on a
+manual clock, so "longer than the invisible duration" and "after the invisible duration" are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from reliable import Reliability
+from tests.adapters.rocketmq5 import venv5
+from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(240)]
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def db(postgres_url: str) -> Iterator[str]:
+    rel = Reliability(postgres_url, None)
+    rel.create_schema()
+    with rel.engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE TABLE IF NOT EXISTS applied5"
+                " (group_name varchar(64), message_id varchar(64), worker int)"
+            )
+        )
+    rel.close()
+    yield postgres_url
+
+
+class Worker:
+    def __init__(self, python: Path, spec: dict[str, Any], log: Path) -> None:
+        self.log = log.open("a")
+        env = {**os.environ, "HOME": str(log.parent)}
+        self.proc = subprocess.Popen(
+            [str(python), str(HERE / "worker.py"), json.dumps(spec)],
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        self.first_line = self.proc.stdout.readline()  # "ready" / "done" / JSON; ends early if it fails
+        assert self.first_line.strip(), f"worker failed to start; see {log}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+def start(broker: GrpcBroker, db: str, workers: list[Worker], control: Path, **spec: Any) -> Worker:
+    control.mkdir(exist_ok=True)
+    full = {"endpoint": broker.endpoint, "db_url": db, "topic": TOPIC, "control": str(control),
+            "mode": "simple", "invisible_s": 10, "extend_every_s": 0.2, **spec}  # fmt: skip
+    w = Worker(venv5.python(), full, control / "workers.log")
+    workers.append(w)
+    return w
+
+
+def applied(db: str, message_id: str) -> list[tuple[str, int]]:
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT group_name, worker FROM applied5 WHERE message_id = :m"), {"m": message_id}
+        ).all()
+    engine.dispose()
+    return [(r[0], r[1]) for r in rows]
+
+
+def started_files(control: Path, message_id: str) -> list[Path]:
+    return sorted(control.glob(f"started-{message_id}-*"))
+
+
+def send(broker: GrpcBroker, body: str, key: str) -> None:
+    producer = broker.client()
+    producer.call("producer", topics=[TOPIC])
+    producer.call("send", topic=TOPIC, body=body, keys=key)
+
+
+def assert_nothing_left(broker: GrpcBroker, group: str) -> None:
+    """After the workers stopped and the clock moved far on: a fresh receive of ``group`` finds nothing."""
+    broker.advance(600)
+    probe = broker.client()
+    probe.call("simple", group=group, topic=TOPIC, await_s=1)
+    assert probe.call("receive", max=16, invisible_s=30)["messages"] == []
+
+
+def test_a_handler_longer_than_the_invisible_duration_is_applied_once(
+    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    broker = make_broker()
+    group, key, control = f"long{uuid.uuid4().hex[:6]}", f"slow-{uuid.uuid4().hex[:8]}", tmp_path / "c"
+    start(broker, db, workers, control, group=group)
+    start(broker, db, workers, control, group=group)  # a second consumer that must not get it meanwhile
+    send(broker, "slow", key)
+    wait_until(lambda: started_files(control, key), what="the handler to start")
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+    for _ in range(5):  # 40 s of broker time under a 10 s invisible duration, extended as it goes
+        serial = next(iter(pop.inflight(group, TOPIC).values())).serial
+        wait_until(lambda s=serial: next(iter(pop.inflight(group, TOPIC).values())).serial != s,
+                   what="an extension")  # fmt: skip
+        broker.advance(8)
+    assert len(started_files(control, key)) == 1
+    (control / "release").touch()
+    wait_until(lambda: applied(db, key), what="the application")
+    wait_until(lambda: not pop.inflight(group, TOPIC), what="the ack")
+    for w in workers:
+        w.stop()
+    assert_nothing_left(broker, group)
+    assert len(applied(db, key)) == 1
+    assert len(started_files(control, key)) == 1
+
+
+@pytest.mark.parametrize("mode", ["simple", "push"])
+def test_a_consumer_killed_mid_handler_is_replaced_and_the_message_applied_once(
+    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path, mode: str
+) -> None:
+    broker = make_broker()
+    group, key, control = f"kill{uuid.uuid4().hex[:6]}", f"kill-{uuid.uuid4().hex[:8]}", tmp_path / "c"
+    victim = start(broker, db, workers, control, group=group, mode=mode)
+    send(broker, "slow", key)
+    wait_until(lambda: started_files(control, key), what="the handler to start")
+    victim.proc.kill()  # mid-handler: its transaction never commits, its extensions stop
+    victim.proc.wait()
+    (control / "release").touch()
+    heir = start(broker, db, workers, control, group=group, mode=mode)
+    broker.advance(61)  # past the invisible duration of the victim's delivery (push: 60 s, simple: 10 s)
+    wait_until(lambda: applied(db, key), what="the heir to apply it")
+    assert applied(db, key) == [(group, heir.proc.pid)]
+    assert len(started_files(control, key)) == 2
+    for w in workers:
+        w.stop()
+    assert_nothing_left(broker, group)
+    assert applied(db, key) == [(group, heir.proc.pid)]
+
+
+def test_bad_input_goes_to_the_dead_letter_queue(
+    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    """A second body under a known id is refused by the guard: forwarded to %DLQ%{group}, not acked."""
+    broker = make_broker()
+    group, key, control = f"bad{uuid.uuid4().hex[:6]}", f"dup-{uuid.uuid4().hex[:8]}", tmp_path / "c"
+    start(broker, db, workers, control, group=group, mode="push")
+    send(broker, "first", key)
+    wait_until(lambda: applied(db, key), what="the first body")
+    send(broker, "tampered", key)
+    b = broker.server.broker
+    assert b is not None
+    wait_until(lambda: b.get_max_offset(f"%DLQ%{group}", 0) == 1, what="the DLQ copy")
+    assert applied(db, key) == [(group, workers[0].proc.pid)]
+
+
+def test_fan_out_to_two_groups_applies_every_message_once_per_group(
+    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    broker = make_broker()
+    tag = uuid.uuid4().hex[:6]
+    billing, audit, control = f"billing{tag}", f"audit{tag}", tmp_path / "c"
+    ids = [f"fan-{tag}-{i}" for i in range(10)]
+    start(broker, db, workers, control, group=billing, mode="simple")
+    start(broker, db, workers, control, group=audit, mode="push")
+    start(broker, db, workers, control, mode="produce", ids=ids, groups=[billing, audit])
+    wait_until(lambda: all(len(applied(db, m)) == 2 for m in ids), timeout=60, what="both groups")
+    for w in workers:
+        w.stop()
+    assert_nothing_left(broker, billing)
+    assert all(sorted(g for g, _ in applied(db, m)) == sorted([audit, billing]) for m in ids)
+
+
+def test_reconsume_later_comes_back_after_the_guard_backoff(
+    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    from reliable.adapters.rocketmq5 import retry_delay_s
+
+    broker = make_broker()
+    group, key, control = f"flaky{uuid.uuid4().hex[:6]}", f"flaky-{uuid.uuid4().hex[:8]}", tmp_path / "c"
+    start(broker, db, workers, control, group=group)
+    send(broker, "flaky", key)
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+    backoff_ms = retry_delay_s(1) * 1000
+
+    def hidden_for_backoff() -> bool:
+        handles = list(pop.inflight(group, TOPIC).values())
+        return bool(handles) and handles[0].invisible_ms == backoff_ms
+
+    wait_until(hidden_for_backoff, what="the invisible duration set to the retry backoff")
+    assert applied(db, key) == []
+    broker.advance(backoff_ms / 1000 + 1)
+    wait_until(lambda: applied(db, key), what="the second attempt")
+
+    def journal() -> list[tuple[int, str]]:
+        engine = create_engine(db)
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT reconsume_times, outcome FROM message_log WHERE message_id = :m ORDER BY id"),
+                {"m": key},
+            ).all()
+        engine.dispose()
+        return [(r[0], r[1]) for r in rows]
+
+    # the journal may be written behind the handler's transaction: wait for both rows, then compare
+    wait_until(lambda: len(journal()) >= 2, what="two journal rows")
+    assert journal() == [(0, "RETRY"), (1, "SUCCESS")]
+
+
+def test_sender_receipts_and_the_query_offset_probe(make_broker: Any, tmp_path: Path) -> None:
+    """The 5.x send reports the offset but not the queue; QueryOffset(END) is each queue's max offset."""
+    broker = make_broker()
+    ids = [f"snd-{i}" for i in range(6)]
+    spec = {"endpoint": broker.endpoint, "topic": TOPIC, "mode": "send", "ids": ids}
+    w = Worker(venv5.python(), spec, tmp_path / "send.log")
+    w.stop()
+    out = json.loads(w.first_line)
+    assert all(queue_id == -1 and offset >= 0 for queue_id, offset, _ in out["receipts"])
+    assert out["max_offsets"][0] is None  # an unknown queue cannot be probed
+    b = broker.server.broker
+    assert b is not None
+    assert out["max_offsets"][1:] == [b.get_max_offset(TOPIC, q) for q in range(4)]
+    assert sum(out["max_offsets"][1:]) == len(ids)

@@ -1,0 +1,46 @@
+"""The 5.x adapter's pure parts: the Envelope of a received message, and the extension timing check."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from broker_sim.grpc.receipt import ReceiptHandle
+from reliable.adapters.rocketmq5 import check_timing, retry_delay_s, to_envelope
+from reliable.errors import ConfigurationError
+
+
+def received(**kw: object) -> SimpleNamespace:
+    """What the 5.x client's ``Message`` exposes after a receive (the attributes the adapter reads)."""
+    handle = ReceiptHandle(0, 1, 30_000, "broker-a", 3, 41, 9000, 7).encode()
+    base = {"keys": {"order-9"}, "message_id": "01ABC", "topic": "orders", "receipt_handle": handle,
+            "body": b"{}", "tag": "paid", "delivery_attempt": 3, "properties": {"trace": "x"}}  # fmt: skip
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_envelope_of_a_5x_delivery() -> None:
+    env = to_envelope(received())
+    assert (env.message_id, env.topic, env.queue_id, env.queue_offset) == ("order-9", "orders", 3, 41)
+    assert (env.tags, env.keys, env.reconsume_times, dict(env.properties)) == (
+        "paid",
+        "order-9",
+        2,
+        {"trace": "x"},
+    )
+
+
+def test_envelope_falls_back_to_the_message_id_and_an_unknown_position() -> None:
+    env = to_envelope(received(keys=set(), receipt_handle="opaque"))
+    assert (env.message_id, env.queue_id, env.queue_offset) == ("01ABC", -1, -1)
+
+
+def test_retry_backoff_follows_rocketmq_delay_levels_from_level_3() -> None:
+    assert [retry_delay_s(n) for n in (1, 2, 3, 16, 40)] == [10, 30, 60, 7200, 7200]
+
+
+def test_extension_must_come_before_the_invisible_time_runs_out() -> None:
+    check_timing(30, 10)
+    for every in (30, 45, 0):
+        with pytest.raises(ConfigurationError):
+            check_timing(30, every)
