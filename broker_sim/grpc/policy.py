@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_sim.broker.json_file import read_json, write_json_atomic
+from broker_sim.common.json_file import read_json, write_json_atomic
 
 DEFAULT_MAX_ATTEMPTS = 17
 DEFAULT_BACKOFF_S: tuple[float, ...] = (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,

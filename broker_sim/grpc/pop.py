@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from broker_sim.broker.api import ConsumerSendMsgBackRequest
-from broker_sim.broker.convert import to_client
 from broker_sim.client.message import MessageExt
+from broker_sim.common.convert import to_client
 from broker_sim.grpc.policy import GroupPolicies
 from broker_sim.grpc.receipt import InvalidReceiptHandleError, ReceiptHandle
 from broker_sim.store.results import GetMessageStatus

@@ -18,9 +18,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from broker_sim.broker.api import SendMessageRequest
-from broker_sim.broker.convert import to_client
 from broker_sim.broker.topics import TopicConfig
 from broker_sim.client.message import MessageExt, Prop
+from broker_sim.common.convert import to_client
 from broker_sim.errors import BrokerSimError
 from broker_sim.grpc.convert import TIMER_DELIVER_MS
 from broker_sim.store.results import GetMessageStatus

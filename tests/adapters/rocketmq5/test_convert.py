@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broker_sim.broker.convert import to_client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker_sim import Broker
+from broker_sim.common.convert import to_client
 from broker_sim.grpc.convert import to_pb_message, to_send_request
 from broker_sim.grpc.protocol import Protocol, load_protocol
 from tests.broker_sim.messaging.conftest import SMALL_STORE
