@@ -30,7 +30,9 @@ def test_real_client_sends_and_consumes_over_two_groups(cluster: ClusterFactory,
         return [m.body for q in range(4) for m in broker.messages("RealT", q)]
 
     assert wait_until(lambda: len(stored("broker-a")) + len(stored("broker-b")) == 24)
-    assert len(stored("broker-a")) == len(stored("broker-b")) == 12  # round robin over 2 × 4 queues
+    # both groups' queues are in the producer's route: the C++ client spreads the sends over all 8 queues (an
+    # exact 12/12 split is not promised: a send it retries, e.g. after a slow answer, moves to the next queue)
+    assert len(stored("broker-a")) >= 6 and len(stored("broker-b")) >= 6
     events = run_worker("push", ns, {"topic": "RealT", "expect": 24, "group": "RealCG"}, tmp_path)
     bodies = {e["body"] for e in events if e["event"] == "delivery"}
     assert bodies == {f"m{i}" for i in range(24)}
