@@ -4,7 +4,8 @@ The synchronous adapter (:mod:`reliable.adapters.kafka`, on ``confluent-kafka``)
 ``aiokafka``) see the same records through different client objects. Everything that decides *what* to do
 with a record lives here, over the neutral :class:`Record`, so the two flavours share it instead of copying
 it: how headers decode, where the message id comes from, what a delivery's :class:`Envelope` is, and where a
-record goes after ``RECONSUME_LATER`` or ``DEAD_LETTER`` (:class:`RetryPolicy`, :func:`forward_headers`).
+record goes after ``RECONSUME_LATER`` or ``DEAD_LETTER`` (:class:`RetryPolicy`, :func:`forward_headers`; the
+per-answer decision built on them is :mod:`reliable.adapters.kafka_steps`).
 
 Kafka headers are ``(name, bytes | None)`` pairs; a name may repeat. The adapter reads them as UTF-8 text,
 last value wins; a header value that is not UTF-8 makes the record undecodable (:class:`UndecodableRecord`),
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from reliable import constants as C
 from reliable.errors import ConfigurationError
+from reliable.sender import OutgoingMessage
 from reliable.types import Envelope
 
 log = logging.getLogger("reliable.adapters.kafka")
@@ -311,3 +313,17 @@ def reason_of(answer: object, env: Envelope) -> str:
     if not env.message_id:
         return "missing message id"
     return f"handler answered {getattr(answer, 'result', answer)}"
+
+
+def send_headers(
+    message: OutgoingMessage, id_header: str = C.KAFKA_ID_HEADER
+) -> list[tuple[str, str | bytes | None]]:
+    """The wire headers of a stub's send (both Senders): properties, id, send count, tags, target group."""
+    headers = dict(message.properties)
+    headers[id_header] = message.message_id
+    headers[C.KAFKA_HEADER_SEND_COUNT] = str(message.send_count)
+    if message.tags:
+        headers[C.KAFKA_HEADER_TAGS] = message.tags
+    if message.target_group:
+        headers[C.KAFKA_HEADER_TARGET_GROUP] = message.target_group
+    return encode_headers(headers)

@@ -22,9 +22,12 @@ Why the wrapper settles the message and not FastStream's ack policy: the guard's
 a handler exception is already a guard outcome (``RECONSUME_LATER`` or ``DEAD_LETTER``), never an exception
 FastStream would see. FastStream does not settle a message twice, so any ``ack_policy`` works.
 
-Limits: RabbitMQ only for now (Kafka follows the Kafka adapter's shared header and retry code). The
-dead-letter names derive from the subscriber's queue name; with a broker ``prefix`` pass ``queue=`` with the
-full name.
+Kafka: ``reliable_subscriber(rel, group=…, kafka=RetryPolicy(…))`` on a ``KafkaBroker`` subscriber (of the
+topic and its retry topics) routes failures through retry topics to the DLT with the Kafka adapter's shared
+code (:mod:`reliable.integrations.faststream_kafka`, which needs ``faststream[kafka]``).
+
+Limits (RabbitMQ): the dead-letter names derive from the subscriber's queue name; with a broker ``prefix``
+pass ``queue=`` with the full name.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from reliable.errors import ConfigurationError
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
+    from reliable.adapters.kafka_common import RetryPolicy
     from reliable.types import Envelope
 
 Consume = Callable[..., Awaitable[None]]
@@ -89,13 +93,22 @@ def reliable_subscriber(
     queue: str | Topology | None = None,
     topic: str | None = None,
     retry_delay_s: float = 1.0,
+    kafka: RetryPolicy | None = None,
     **guard_options: Any,
 ) -> Callable[[Callable[[Envelope, AsyncSession], Awaitable[None]]], Consume]:
-    """``@idempotent_consumer(rel, group=…)`` plus :func:`faststream_consumer`, for ``async def`` handlers."""
+    """``@idempotent_consumer(rel, group=…)`` plus :func:`faststream_consumer`, for ``async def`` handlers.
+
+    ``kafka``: the subscriber is on FastStream's ``KafkaBroker``; retry topics and the DLT follow this
+    policy (:mod:`reliable.integrations.faststream_kafka`; ``queue``/``retry_delay_s`` do not apply).
+    """
     from reliable.decorator import idempotent_consumer
 
     def wrap(handler: Callable[[Envelope, AsyncSession], Awaitable[None]]) -> Consume:
         handle = idempotent_consumer(rel, group, **guard_options)(handler)
+        if kafka is not None:
+            from reliable.integrations.faststream_kafka import faststream_kafka_consumer
+
+            return faststream_kafka_consumer(handle, retry=kafka, topic=topic)
         return faststream_consumer(handle, queue=queue, topic=topic, retry_delay_s=retry_delay_s)
 
     return wrap

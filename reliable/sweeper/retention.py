@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Engine, and_, delete, exists, select
+from sqlalchemy import Engine, Exists, Select, and_, delete, exists, select
 
 from reliable import outbox
 from reliable.errors import InvalidStubStateError, StubNotFoundError
@@ -31,26 +32,46 @@ PROTECTED = (StubStatus.PENDING, StubStatus.DEAD)
 
 
 def purge_logs(engine: Engine, *, now: dt.datetime, retention: dt.timedelta, batch: int = 5000) -> int:
-    """Delete old log rows of settled inbox rows; returns how many. One short transaction per batch."""
+    """Delete old log rows of settled inbox rows; returns how many. One short transaction per batch.
+
+    Each batch walks the ``received_at`` index upwards from where the previous one stopped (keyset), so a
+    batch costs ``batch`` index steps however many rows were deleted or kept before it: restarting from the
+    oldest row would step over every dead tuple left by earlier batches and every protected row again.
+    """
     cutoff = now - retention
     protected = exists().where(
         inbox.c.message_id == log_t.c.message_id,
         inbox.c.consumer_group == log_t.c.consumer_group,
         inbox.c.status.in_(PROTECTED),
     )
-    find = select(log_t.c.id).where(log_t.c.received_at <= cutoff, ~protected).limit(batch)
     total = 0
+    since: dt.datetime | None = None
     while True:
         with engine.begin() as conn:
-            ids = list(conn.execute(find).scalars())
-            if not ids:
+            if conn.dialect.name == "postgresql":
+                # at 10 M expired rows the planner fans the first batches out to parallel workers: a
+                # background purge must not take every core from the consumers for 5,000 rows
+                conn.exec_driver_sql("SET LOCAL max_parallel_workers_per_gather = 0")
+            rows = conn.execute(find_batch(cutoff, since, batch, protected)).all()
+            if not rows:
                 return total
+            ids = [r.id for r in rows]
             # re-check protection in the DELETE itself: a row cannot go back to PENDING except by revive,
             # which only takes DEAD rows (protected) — but a second condition here keeps the invariant local.
             conn.execute(delete(log_t).where(log_t.c.id.in_(ids), ~protected))
         total += len(ids)
         if len(ids) < batch:
             return total
+        # inclusive: rows sharing the last timestamp may remain; the deleted ones are gone
+        since = rows[-1].received_at
+
+
+def find_batch(cutoff: dt.datetime, since: dt.datetime | None, batch: int, protected: Exists) -> Select[Any]:
+    """The next ``batch`` purgeable log rows, oldest first, from ``since`` (inclusive) on."""
+    q = select(log_t.c.id, log_t.c.received_at).where(log_t.c.received_at <= cutoff, ~protected)
+    if since is not None:
+        q = q.where(log_t.c.received_at >= since)
+    return q.order_by(log_t.c.received_at).limit(batch)
 
 
 def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group: str | None = None) -> int:

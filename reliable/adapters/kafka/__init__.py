@@ -2,7 +2,8 @@
 
 ``pip install 'reliable[kafka]'``. The client-independent parts (header codec, message id, retry routing)
 live in :mod:`reliable.adapters.kafka_common` and the database offsets in
-:mod:`reliable.adapters.kafka_offsets`, so an asyncio adapter on ``aiokafka`` shares them. See
+:mod:`reliable.adapters.kafka_offsets`; the asyncio flavour on ``aiokafka``
+(:mod:`reliable.adapters.kafka.aio`, imported on its own so this package needs no aiokafka) shares them. See
 docs/adapters.md, section Kafka, for the mapping and the settings that matter.
 """
 

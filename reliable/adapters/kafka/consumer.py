@@ -43,21 +43,18 @@ from reliable.adapters import kafka_offsets
 from reliable.adapters.kafka.admin import consumer_config, producer_config
 from reliable.adapters.kafka.forwarder import Forwarder
 from reliable.adapters.kafka_common import (
-    HOLD_REASONS,
     Record,
     RetryMode,
     RetryPolicy,
     UndecodableRecord,
     decode_headers,
     due_in_s,
-    encode_headers,
-    forward_headers,
     raw_forward_headers,
-    reason_of,
     to_envelope,
 )
+from reliable.adapters.kafka_steps import AnswerBook, Step, copy_headers
 from reliable.errors import ConfigurationError
-from reliable.types import ConsumeResult, Envelope
+from reliable.types import Envelope
 
 log = logging.getLogger("reliable.adapters.kafka")
 
@@ -136,10 +133,11 @@ class KafkaGuardedConsumer:
             decide_batch if self._batching else None
         )
         #: answers so far: success, duplicate, retry_topic, dead_letter, held, undecodable, handler_error
-        self.counts: Counter[str] = Counter()
+        self._book = AnswerBook()
+        self.counts: Counter[str] = self._book.counts
         self._stop = threading.Event()
         self._paused: dict[TP, float] = {}  # partition → monotonic time it may resume
-        self._failures: Counter[TP] = Counter()  # blocking mode: consecutive failures at the partition head
+        self._failures = self._book.failures  # consecutive failures at each partition head
         #: the partitions this member holds now
         self.assigned: set[TP] = set()
         self._consumer = Consumer(consumer_config(bootstrap, group, config))
@@ -289,63 +287,15 @@ class KafkaGuardedConsumer:
         env: Envelope,
         answer: object,
     ) -> bool:
-        """Act on one answer; ``False`` when the partition is held at this record."""
-        if isinstance(answer, Exception):
-            reason = f"handler raised {type(answer).__name__}: {answer}"
-            result = ConsumeResult.RECONSUME_LATER
-        else:
-            result = answer if isinstance(answer, ConsumeResult) else getattr(answer, "result")  # noqa: B009
-            reason = reason_of(answer, env)
-        if result is ConsumeResult.SUCCESS:
-            self._failures.pop(tp, None)
-            self.counts["duplicate" if getattr(answer, "duplicate", False) else "success"] += 1
-            return True
-        if result is ConsumeResult.DEAD_LETTER:
-            self._to_dlt(rec, headers, env, reason)
-            return True
-        attempt = env.reconsume_times + 1
-        if self.retry.mode is RetryMode.BLOCKING or str(getattr(answer, "reason", "")) in HOLD_REASONS:
-            self._failures[tp] += 1
-            failures = self._failures[tp]
-            if self.retry.mode is RetryMode.BLOCKING and failures > len(self.retry.delays_s):
-                self._failures.pop(tp, None)
-                self._to_dlt(rec, headers, env, f"retries exhausted after {failures} attempts: {reason}")
-                return True
-            delays = self.retry.delays_s or (1.0,)
-            self._hold(tp, rec.offset, delays[min(failures, len(delays)) - 1])
+        """Act on one answer (:func:`~reliable.adapters.kafka_steps.next_step`); ``False``: held here."""
+        action = self._book.step(tp, answer, env, self.retry)
+        if action.step is Step.HOLD:
+            self._hold(tp, rec.offset, action.delay_s)
             return False
-        hop = self.retry.after_failure(env.topic, attempt)
-        if hop.dead:
-            self._to_dlt(rec, headers, env, f"retries exhausted after {attempt} attempts: {reason}")
-            return True
-        self.counts["retry_topic"] += 1
-        fwd = forward_headers(
-            rec, headers, env, attempt=attempt, reason=reason, delay_s=hop.delay_s, id_header=self.id_header
-        )
-        self._forwarder.send(rec, hop.topic, encode_headers(fwd))
+        if action.step is not Step.ACK:
+            assert action.topic is not None
+            self._forwarder.send(rec, action.topic, copy_headers(rec, headers, env, action, self.id_header))
         return True
-
-    def _to_dlt(
-        self,
-        rec: Record,
-        headers: dict[str, str],
-        env: Envelope,
-        reason: str,
-    ) -> None:
-        self.counts["dead_letter"] += 1
-        log.warning(
-            "message %s dead-lettered to %s: %s", env.message_id, self.retry.dlt_topic(env.topic), reason
-        )
-        fwd = forward_headers(
-            rec,
-            headers,
-            env,
-            attempt=env.reconsume_times + 1,
-            reason=reason,
-            delay_s=0,
-            id_header=self.id_header,
-        )
-        self._forwarder.send(rec, self.retry.dlt_topic(env.topic), encode_headers(fwd))
 
     # --- pause, resume, commit ----------------------------------------------------------------------------
 

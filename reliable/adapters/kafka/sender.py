@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from reliable import constants as C
 from reliable.adapters.kafka.admin import KafkaProbe, producer_config
-from reliable.adapters.kafka_common import encode_headers
+from reliable.adapters.kafka_common import send_headers
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 
@@ -63,14 +63,7 @@ class KafkaSender:
         return self._producer
 
     def send(self, message: OutgoingMessage) -> SendReceipt:
-        headers = dict(message.properties)
-        headers[self.id_header] = message.message_id
-        headers[C.KAFKA_HEADER_SEND_COUNT] = str(message.send_count)
-        if message.tags:
-            headers[C.KAFKA_HEADER_TAGS] = message.tags
-        target = getattr(message, "target_group", None)
-        if target:
-            headers[C.KAFKA_HEADER_TARGET_GROUP] = target
+        headers = send_headers(message, self.id_header)
         with self._lock:
             try:
                 msg = self._send_once(message, headers)
@@ -93,7 +86,7 @@ class KafkaSender:
             raise SendError(f"message {message.message_id}: delivery report without a position")
         return SendReceipt(partition, offset, f"{message.topic}-{partition}-{offset}")
 
-    def _send_once(self, message: OutgoingMessage, headers: dict[str, str]) -> Message:
+    def _send_once(self, message: OutgoingMessage, headers: list[tuple[str, str | bytes | None]]) -> Message:
         reports: list[tuple[KafkaError | None, Message]] = []
         producer = self._live()
         try:
@@ -101,7 +94,7 @@ class KafkaSender:
                 message.topic,
                 key=message.message_id.encode("utf-8"),
                 value=message.body,
-                headers=encode_headers(headers),
+                headers=headers,
                 on_delivery=lambda err, msg: reports.append((err, msg)),
             )
         except (KafkaException, BufferError) as exc:

@@ -11,6 +11,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, delete,
 from sqlalchemy.orm import Session
 
 from reliable import Envelope
+from reliable import constants as C
 from reliable.adapters.kafka import KafkaGuardedConsumer, RetryPolicy
 from reliable.demo.tansu import FAST_GROUP
 from reliable.models import MessageLog
@@ -142,3 +143,25 @@ def make_consumer(
 ) -> KafkaGuardedConsumer:
     kwargs.setdefault("retry", RetryPolicy(delays_s=(0.3, 0.6)))
     return KafkaGuardedConsumer(bootstrap, topic, group, handler, config=FAST_GROUP, **kwargs)
+
+
+def headers_of(msg: Any) -> dict[str, str]:
+    return {k: (v or b"").decode("utf-8", "replace") for k, v in msg.headers() or []}
+
+
+#: bad input for both consumer loops: an id header that is not UTF-8, a record with no id source, a good one
+BAD_RECORDS: list[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]] = [
+    (b"k-bad-header", b"v1", [("message-id", b"\xff\xfe not utf-8")]),
+    (None, b"no id at all", []),
+    (b"fine", b"v3", [("message-id", b"fine")]),
+]
+
+
+def assert_bad_records_dead_lettered(bootstrap: str, topic: str) -> None:
+    """The two bad records of :data:`BAD_RECORDS` are in the DLT with their reasons, bad bytes untouched."""
+    dead = read_all(bootstrap, f"{topic}.dlt", expect=2)
+    reasons = {m.value(): headers_of(m)[C.KAFKA_HEADER_REASON] for m in dead}
+    assert reasons.keys() == {b"v1", b"no id at all"}
+    assert "undecodable" in reasons[b"v1"] and "'message-id' is not UTF-8" in reasons[b"v1"]
+    assert "missing_message_id" in reasons[b"no id at all"]
+    assert dict(next(m for m in dead if m.value() == b"v1").headers())["message-id"] == b"\xff\xfe not utf-8"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,9 +21,13 @@ from reliable.adapters.kafka_common import (
     forward_headers,
     message_id,
     raw_forward_headers,
+    send_headers,
     to_envelope,
 )
+from reliable.adapters.kafka_steps import Action, Step, next_step
 from reliable.errors import ConfigurationError
+from reliable.sender import OutgoingMessage
+from reliable.types import ConsumeResult, Envelope
 
 names = st.text(min_size=1, max_size=20)
 texts = st.text(max_size=50)
@@ -148,3 +154,53 @@ def test_blocking_mode_subscribes_to_the_topic_alone_and_delays_are_checked() ->
     assert RetryPolicy((1.0, 2.0), RetryMode.BLOCKING).topics("orders") == ["orders"]
     with pytest.raises(ConfigurationError):
         RetryPolicy((1.0, -1.0))
+
+
+@dataclass(frozen=True)
+class _Answer:
+    result: ConsumeResult
+    reason: str | None = None
+    detail: str | None = None
+    duplicate: bool = False
+
+
+def _env(reconsume_times: int = 0) -> Envelope:
+    return Envelope(
+        message_id="m", topic="orders", queue_id=0, queue_offset=5, body=b"", reconsume_times=reconsume_times
+    )
+
+
+def test_next_step_is_the_one_decision_of_every_kafka_loop() -> None:
+    policy = RetryPolicy(delays_s=(1.0, 2.0))
+    assert next_step(_Answer(ConsumeResult.SUCCESS, duplicate=True), _env(), policy, 0) == Action(
+        Step.ACK, duplicate=True
+    )
+    dead = next_step(_Answer(ConsumeResult.DEAD_LETTER, "payload_mismatch", "sha"), _env(), policy, 0)
+    assert (dead.step, dead.topic, dead.reason) == (Step.DEAD, "orders.dlt", "payload_mismatch: sha")
+    first = next_step(RuntimeError("boom"), _env(), policy, 0)
+    assert (first.step, first.topic, first.delay_s, first.attempt) == (Step.FORWARD, "orders.retry.1", 1.0, 1)
+    assert "RuntimeError: boom" in first.reason
+    last = next_step(_Answer(ConsumeResult.RECONSUME_LATER, "handler_failed"), _env(2), policy, 0)
+    assert (last.step, last.topic, last.attempt) == (Step.DEAD, "orders.dlt", 3)
+    assert last.reason.startswith("retries exhausted after 3 attempts")
+    # not the record's fault: held in place with growing delays, never moved towards the DLT
+    for held, delay in [(0, 1.0), (1, 2.0), (7, 2.0)]:
+        hold = next_step(_Answer(ConsumeResult.RECONSUME_LATER, "lease_conflict"), _env(), policy, held)
+        assert (hold.step, hold.delay_s) == (Step.HOLD, delay)
+    blocking = RetryPolicy(delays_s=(1.0,), mode=RetryMode.BLOCKING)
+    assert next_step(RuntimeError("x"), _env(), blocking, 0).step is Step.HOLD
+    exhausted = next_step(RuntimeError("x"), _env(), blocking, 1)
+    assert (exhausted.step, exhausted.topic) == (Step.DEAD, "orders.dlt")
+
+
+def test_both_senders_put_the_same_headers_on_a_stub() -> None:
+    message = OutgoingMessage(
+        "m-1", "orders", b"", tags="t", send_count=2, properties={"a": "b"}, target_group="billing"
+    )
+    assert dict(send_headers(message)) == {
+        "a": b"b",
+        C.KAFKA_ID_HEADER: b"m-1",
+        C.KAFKA_HEADER_SEND_COUNT: b"2",
+        C.KAFKA_HEADER_TAGS: b"t",
+        C.KAFKA_HEADER_TARGET_GROUP: b"billing",
+    }

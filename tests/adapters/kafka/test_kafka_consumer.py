@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -15,10 +14,13 @@ from reliable import constants as C
 from reliable.adapters.kafka import KafkaGuardedConsumer, RetryMode, RetryPolicy, ensure_topics, offsets_in_db
 from reliable.demo.tansu import FAST_GROUP, Tansu
 from tests.adapters.kafka.helpers import (
+    BAD_RECORDS,
     TIMEOUT_S,
     apply_effect,
+    assert_bad_records_dead_lettered,
     committed,
     effect_counts,
+    headers_of,
     log_rows,
     make_consumer,
     produce,
@@ -27,10 +29,6 @@ from tests.adapters.kafka.helpers import (
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis]
-
-
-def headers_of(msg: Any) -> dict[str, str]:
-    return {k: (v or b"").decode("utf-8", "replace") for k, v in msg.headers() or []}
 
 
 @pytest.mark.parametrize("batch", [False, True], ids=["per-record", "batch"])
@@ -143,15 +141,7 @@ def test_bad_records_go_to_the_dlt_with_their_reason_and_are_never_committed_sil
 ) -> None:
     policy = RetryPolicy(delays_s=(0.3,))
     ensure_topics(tansu.bootstrap, policy.all_topics(topic))
-    produce(
-        tansu.bootstrap,
-        topic,
-        [
-            (b"k-bad-header", b"v1", [("message-id", b"\xff\xfe not utf-8")]),
-            (None, b"no id at all", []),
-            (b"fine", b"v3", [("message-id", b"fine")]),
-        ],
-    )
+    produce(tansu.bootstrap, topic, BAD_RECORDS)
     handle = idempotent_consumer(rel, group=group)(apply_effect(group))
     with make_consumer(
         tansu.bootstrap, topic, group, handle, retry=policy, allow_position_id=False
@@ -163,15 +153,7 @@ def test_bad_records_go_to_the_dlt_with_their_reason_and_are_never_committed_sil
             ),
             timeout_s=TIMEOUT_S,
         )
-    dead = read_all(tansu.bootstrap, f"{topic}.dlt", expect=2)
-    reasons = {m.value(): headers_of(m)[C.KAFKA_HEADER_REASON] for m in dead}
-    assert reasons.keys() == {b"v1", b"no id at all"}
-    assert "undecodable" in reasons[b"v1"] and "'message-id' is not UTF-8" in reasons[b"v1"]
-    assert "missing_message_id" in reasons[b"no id at all"]
-    # the undecodable record's own header bytes travel untouched
-    assert (
-        (dict(next(m for m in dead if m.value() == b"v1").headers())["message-id"]) == b"\xff\xfe not utf-8"
-    )
+    assert_bad_records_dead_lettered(tansu.bootstrap, topic)
     assert effect_counts(rel.engine, group) == {"fine": 1}
     assert committed(tansu.bootstrap, group, topic, 1) == [3]
 

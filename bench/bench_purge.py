@@ -1,0 +1,182 @@
+"""p1: the retention purge does not block consumers.
+
+p1 — ``@idempotent_consumer`` msgs/s (new ids, defaults, PostgreSQL) while :func:`reliable.sweeper.purge_logs`
+deletes ``--rows`` expired ``message_log`` rows in another process ÷ the same consumer while that process is
+paused, same run. Target ≥ 0.7.
+
+Data: ``--rows`` inbox rows with one old log row each (server-side ``generate_series``, as in b4); 1 % of the
+inbox rows are PENDING and 1 % DEAD, so their log rows must survive. The purge runs in a child process with
+its default batch (5,000 rows, one transaction each); the consumer runs chunks of ``--chunk`` messages,
+alternately with the purge running (``SIGCONT``) and paused (``SIGSTOP`` — paused mid-transaction at worst,
+holding locks only on old log rows no consumer touches). Each (during, paused) pair gives a ratio; the figure
+is their median. ``--pairs`` stops measuring early and lets the purge finish unmeasured; the purge's rows/s,
+its longest batch transaction and the survivors are checked at the end. ``--explain`` prints the plans of
+the purge's statements (and of the guard's lookups) at full size.
+
+    .venv/bin/python -m bench.bench_purge [--rows 10000000] [--chunk 100] [--pairs 0] [--explain]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import time
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, delete, event, func, select, text
+
+from bench.bench_core import _clean_redis, database, envelopes, fresh, guarded, make_rel
+from bench.bench_growth import SERIES, fill
+from bench.bench_growth import explain as explain_guard
+from reliable.models import MessageLog
+from reliable.sweeper.retention import PROTECTED, find_batch, purge_logs
+from reliable.sweeper.selection import inbox
+from reliable.sweeper.selection import log as log_t
+
+OLD = "old"
+RETENTION = dt.timedelta(days=7)  # every filled row is 30 days old
+
+
+def protect(engine: Engine, rows: int) -> int:
+    """Every 100th inbox row PENDING, every 100th + 50 DEAD; returns how many log rows must survive."""
+    with engine.begin() as conn:
+        for status, first in (("PENDING", 0), ("DEAD", 50)):
+            conn.execute(
+                text(
+                    "UPDATE message_inbox SET status = :s WHERE consumer_group = :g AND message_id IN "
+                    f"(SELECT 'fill-' || i FROM {SERIES.replace('))', '), 100)')} i)"
+                ),
+                {"s": status, "g": OLD, "a": first, "b": rows - 1},
+            )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE message_inbox"))
+        return int(
+            conn.execute(text("SELECT count(*) FROM message_inbox WHERE status <> 'CONFIRMED'")).scalar_one()
+        )
+
+
+def explain_purge(engine: Engine) -> None:
+    now = dt.datetime.now(dt.UTC)
+    cutoff = now - RETENTION
+    protected = (
+        select(1)
+        .where(
+            inbox.c.message_id == log_t.c.message_id,
+            inbox.c.consumer_group == log_t.c.consumer_group,
+            inbox.c.status.in_(PROTECTED),
+        )
+        .exists()
+    )
+    since = now - dt.timedelta(days=30, hours=-1)
+    statements = {
+        "purge: first batch": find_batch(cutoff, None, 5000, protected),
+        "purge: next batch (keyset)": find_batch(cutoff, since, 5000, protected),
+        "purge: delete": delete(log_t).where(log_t.c.id.in_(list(range(1, 5001))), ~protected),
+    }
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET LOCAL max_parallel_workers_per_gather = 0")  # as purge_logs does
+        for label, stmt in statements.items():
+            c = stmt.compile(dialect=engine.dialect, compile_kwargs={"render_postcompile": True})
+            plan = conn.exec_driver_sql(f"EXPLAIN (COSTS OFF) {c}", c.params).scalars().all()
+            print(f"-- {label}\n   " + "\n   ".join(line[:150] for line in plan))
+        conn.rollback()
+
+
+def _purge(url: str, out: Any) -> None:
+    """Child: run the purge, report (rows, seconds, median and longest batch transaction in seconds)."""
+    engine = create_engine(url)
+    began: list[float] = []
+    spans: list[float] = []
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        began.append(time.perf_counter())
+
+    @event.listens_for(engine, "commit")
+    def _commit(conn: Any) -> None:
+        spans.append(time.perf_counter() - began[-1])
+
+    t = time.perf_counter()
+    n = purge_logs(engine, now=dt.datetime.now(dt.UTC), retention=RETENTION)
+    out.put((n, time.perf_counter() - t, statistics.median(spans), max(spans)))
+    engine.dispose()
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.bench_purge", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=10_000_000, help="expired message_log rows")
+    ap.add_argument("--chunk", type=int, default=100, help="messages per timed chunk")
+    ap.add_argument("--pairs", type=int, default=0, help="stop measuring after this many pairs (0: never)")
+    ap.add_argument("--explain", action="store_true")
+    args = ap.parse_args(argv)
+    prefix = f"bench{os.getpid()}"
+    with database("postgres") as url:
+        rel = make_rel(url, prefix)
+        try:
+            took = fill(rel.engine, args.rows, group=OLD)
+            survivors = protect(rel.engine, args.rows)
+            print(f"filled {args.rows:,} rows per table in {took:.0f} s (load {os.getloadavg()[0]:.2f})")
+            if args.explain:
+                explain_guard(rel.engine)
+                explain_purge(rel.engine)
+            consumer = guarded(rel, "live")
+            consumer.batch_each(envelopes(fresh("warm", args.chunk)))
+            out: Any = mp.get_context("fork").Queue()
+            child = mp.get_context("fork").Process(target=_purge, args=(url, out))
+            child.start()
+            assert child.pid is not None
+            ratios: list[float] = []
+            loads: list[float] = []
+
+            def resume(go: bool) -> None:
+                with contextlib.suppress(ProcessLookupError):  # the purge may have just finished
+                    os.kill(pid, signal.SIGCONT if go else signal.SIGSTOP)
+
+            pid = child.pid
+            while child.is_alive() and not (args.pairs and len(ratios) >= args.pairs):
+                rate = {}
+                order = ("during", "paused") if len(ratios) % 2 == 0 else ("paused", "during")
+                for side in order:
+                    resume(side == "during")
+                    t = time.perf_counter()
+                    consumer.batch_each(envelopes(fresh(side, args.chunk)))
+                    rate[side] = args.chunk / (time.perf_counter() - t)
+                resume(True)
+                if child.is_alive():
+                    ratios.append(rate["during"] / rate["paused"])
+                    loads.append(os.getloadavg()[0])
+            resume(True)
+            purged, seconds, typical, longest = out.get()
+            child.join()
+            with rel.engine.connect() as conn:
+                left = conn.execute(
+                    select(func.count()).select_from(MessageLog).where(MessageLog.consumer_group == OLD)
+                ).scalar_one()
+            print(
+                f"purge: {purged:,} rows in {seconds:.0f} s (paused about half of the measured part), "
+                f"batch transaction median {1000 * typical:.0f} ms, longest {1000 * longest:.0f} ms (pauses "
+                f"included); {left:,} log rows left "
+                f"(expected {survivors:,}: PENDING/DEAD evidence) {'ok' if left == survivors else 'WRONG'}"
+            )
+            if ratios:
+                med = statistics.median(ratios)
+                print(
+                    f"p1 consumer msgs/s during purge ÷ paused: median {med:.2f} of {len(ratios)} pairs "
+                    f"(min {min(ratios):.2f}, max {max(ratios):.2f}; load {min(loads):.2f}–{max(loads):.2f})"
+                    f"  target ≥ 0.7  {'ok' if med >= 0.7 else 'MISSED'}"
+                )
+        finally:
+            _clean_redis(rel.redis, prefix)
+            rel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""What a Kafka consumer loop does after each guard answer: the one decision of every Kafka flavour.
+
+The confluent-kafka loop, the aiokafka loop and FastStream's Kafka subscriber differ only in how they pause,
+seek, produce and commit; *which* of those happens for an answer — acknowledge, copy to a retry topic, copy
+to the dead-letter topic with the reason, or hold the partition and try again — is :func:`next_step`, and
+the counting around it is :class:`AnswerBook`. Pure code over :mod:`reliable.adapters.kafka_common`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reliable.adapters.kafka_common import (
+    HOLD_REASONS,
+    Record,
+    RetryMode,
+    RetryPolicy,
+    encode_headers,
+    forward_headers,
+    reason_of,
+)
+from reliable.types import ConsumeResult, Envelope
+
+log = logging.getLogger("reliable.adapters.kafka")
+
+
+class Step(enum.Enum):
+    """What a consumer loop does with one record after the guard answered."""
+
+    ACK = "ack"  # final: the offset may move past it
+    FORWARD = "forward"  # copy to a retry topic, then the offset may move past it
+    DEAD = "dead"  # copy to the dead-letter topic, then the offset may move past it
+    HOLD = "hold"  # pause the partition and seek back: the record is delivered again after ``delay_s``
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One record's next step; ``topic``/``attempt``/``reason`` are what its copy carries."""
+
+    step: Step
+    reason: str = ""
+    topic: str | None = None
+    delay_s: float = 0.0
+    attempt: int = 0
+    duplicate: bool = False
+
+
+def next_step(answer: object, env: Envelope, policy: RetryPolicy, held_before: int) -> Action:
+    """The decision of both Kafka consumer loops (confluent-kafka and aiokafka) for one guard answer.
+
+    ``answer`` is a :class:`~reliable.types.ConsumeResult`, a guard decision (``.result``/``.reason``), or
+    the exception a bare handler raised (retried like a failure). ``held_before``: consecutive failures of
+    the partition's head record so far (blocking mode and infrastructure holds count them).
+    """
+    if isinstance(answer, Exception):
+        reason = f"handler raised {type(answer).__name__}: {answer}"
+        result = ConsumeResult.RECONSUME_LATER
+    else:
+        result = answer if isinstance(answer, ConsumeResult) else getattr(answer, "result")  # noqa: B009
+        reason = reason_of(answer, env)
+    attempt = env.reconsume_times + 1
+    dlt = policy.dlt_topic(env.topic)
+    if result is ConsumeResult.SUCCESS:
+        return Action(Step.ACK, duplicate=bool(getattr(answer, "duplicate", False)))
+    if result is ConsumeResult.DEAD_LETTER:
+        return Action(Step.DEAD, reason, dlt, attempt=attempt)
+    if policy.mode is RetryMode.BLOCKING or str(getattr(answer, "reason", "")) in HOLD_REASONS:
+        failures = held_before + 1
+        if policy.mode is RetryMode.BLOCKING and failures > len(policy.delays_s):
+            return Action(
+                Step.DEAD, f"retries exhausted after {failures} attempts: {reason}", dlt, 0, attempt
+            )
+        delays = policy.delays_s or (1.0,)
+        return Action(Step.HOLD, reason, delay_s=delays[min(failures, len(delays)) - 1], attempt=attempt)
+    hop = policy.after_failure(env.topic, attempt)
+    if hop.dead:
+        return Action(
+            Step.DEAD, f"retries exhausted after {attempt} attempts: {reason}", hop.topic, 0, attempt
+        )
+    return Action(Step.FORWARD, reason, hop.topic, hop.delay_s, attempt)
+
+
+def copy_headers(
+    rec: Record, headers: Mapping[str, str], env: Envelope, action: Action, id_header: str
+) -> list[tuple[str, str | bytes | None]]:
+    """The wire headers of the retry or dead-letter copy that ``action`` sends."""
+    fwd = forward_headers(
+        rec,
+        headers,
+        env,
+        attempt=action.attempt,
+        reason=action.reason,
+        delay_s=action.delay_s,
+        id_header=id_header,
+    )
+    return encode_headers(fwd)
+
+
+class AnswerBook:
+    """The bookkeeping every Kafka loop keeps around :func:`next_step`: answer counts, head failures.
+
+    ``counts``: success, duplicate, retry_topic, dead_letter (and whatever the loop adds: held, undecodable,
+    handler_error); ``failures``: consecutive failures of each partition's head record (holds count them).
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.failures: Counter[tuple[str, int]] = Counter()
+
+    def step(self, tp: tuple[str, int], answer: object, env: Envelope, policy: RetryPolicy) -> Action:
+        """The next step for ``answer``, counted (the caller acts on it)."""
+        action = next_step(answer, env, policy, self.failures[tp])
+        if action.step is Step.HOLD:
+            self.failures[tp] += 1
+            return action
+        self.failures.pop(tp, None)
+        if action.step is Step.ACK:
+            self.counts["duplicate" if action.duplicate else "success"] += 1
+        elif action.step is Step.DEAD:
+            self.counts["dead_letter"] += 1
+            log.warning("message %s dead-lettered to %s: %s", env.message_id, action.topic, action.reason)
+        else:
+            self.counts["retry_topic"] += 1
+        return action

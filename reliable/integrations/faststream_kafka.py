@@ -1,0 +1,122 @@
+"""FastStream's Kafka broker behind the guard: the Kafka half of :mod:`reliable.integrations.faststream`.
+
+::
+
+    policy = RetryPolicy(delays_s=(1.0, 10.0))
+    broker = KafkaBroker("127.0.0.1:9092")
+
+    @broker.subscriber(*policy.topics("orders"), group_id="billing", auto_offset_reset="earliest")
+    @reliable_subscriber(rel, group="billing", kafka=policy)
+    async def on_order(env: Envelope, session: AsyncSession) -> None: ...
+
+The subscriber listens to the topic *and* its retry topics (``policy.topics``). Each record becomes an
+:class:`~reliable.types.Envelope` and, after the guard's answer, takes the step the shared
+:func:`~reliable.adapters.kafka_steps.next_step` gives — as in both Kafka consumer loops: acknowledge,
+a copy to ``{topic}.retry.{n}`` (due after the n-th delay), or a copy to ``{topic}.dlt`` with the reason
+in ``reliable-reason``; the copy is published through the broker (awaited) before the record is
+acknowledged.
+
+Limits, because FastStream owns the consumer: a retry copy that is not due yet is *waited for* in the
+handler (the subscriber's other partitions wait too), and a hold (lease conflict, database down) waits and
+asks the guard again in place rather than pausing one partition. FastStream's ``publish`` takes text headers,
+so an undecodable header's bytes reach the DLT backslash-escaped (the confluent and aiokafka loops keep them
+untouched); FastStream also adds its own ``content-type``/``correlation_id`` headers to the copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from faststream.kafka.annotations import KafkaBroker, KafkaMessage
+
+from reliable import constants as C
+from reliable.adapters.kafka_common import (
+    Record,
+    RetryPolicy,
+    UndecodableRecord,
+    decode_headers,
+    due_in_s,
+    raw_forward_headers,
+    to_envelope,
+)
+from reliable.adapters.kafka_steps import AnswerBook, Step, copy_headers
+from reliable.errors import ConfigurationError
+from reliable.types import Envelope
+
+log = logging.getLogger("reliable.integrations.faststream")
+
+Consume = Callable[..., Awaitable[None]]
+AsyncDecide = Callable[[Envelope], Awaitable[Any]]
+
+
+def _text(headers: Sequence[tuple[str, str | bytes | None]]) -> dict[str, str]:
+    """FastStream publishes text headers: bytes that are not UTF-8 are backslash-escaped."""
+    return {
+        k: v if isinstance(v, str) else (v or b"").decode("utf-8", "backslashreplace") for k, v in headers
+    }
+
+
+def faststream_kafka_consumer(
+    handle: Any,
+    *,
+    retry: RetryPolicy | None = None,
+    topic: str | None = None,
+    id_header: str = C.KAFKA_ID_HEADER,
+    allow_position_id: bool = True,
+) -> Consume:
+    """A FastStream Kafka subscriber function that runs every record through the guarded ``handle``.
+
+    ``topic``: the business topic whose ``.dlt`` takes undecodable records (default: the record's topic).
+    """
+    policy = retry or RetryPolicy()
+    decide = getattr(handle, "decide", None)
+    judge: AsyncDecide = decide if callable(decide) else handle
+    book = AnswerBook()
+    counts: Counter[str] = book.counts
+
+    async def answer(env: Envelope) -> object:
+        try:
+            return await judge(env)
+        except Exception as exc:  # a bare handler's bug: retried like a failure
+            counts["handler_error"] += 1
+            log.exception("handler raised for %s", env.message_id)
+            return exc
+
+    async def consume(message: KafkaMessage, broker: KafkaBroker) -> None:
+        raw = message.raw_message
+        if isinstance(raw, tuple):
+            raise ConfigurationError("reliable_subscriber(kafka=…) guards one record a call, not batch=True")
+        ts = raw.timestamp if raw.timestamp and raw.timestamp > 0 else None
+        rec = Record(raw.topic, raw.partition, raw.offset, raw.key, raw.value, list(raw.headers or ()), ts)
+        try:
+            headers = decode_headers(rec.headers)
+            wait = due_in_s(headers)
+            if wait > 0:  # a retry copy that is not due yet
+                counts["waited"] += 1
+                await asyncio.sleep(wait)
+            env = to_envelope(rec, id_header=id_header, allow_position_id=allow_position_id)
+        except UndecodableRecord as exc:
+            counts["undecodable"] += 1
+            wire = raw_forward_headers(rec, f"undecodable: {exc}")
+            await broker.publish(
+                rec.value, policy.dlt_topic(topic or rec.topic), key=rec.key, headers=_text(wire)
+            )
+            await message.ack()
+            return
+        tp = (rec.topic, rec.partition)
+        while (action := book.step(tp, await answer(env), env, policy)).step is Step.HOLD:
+            counts["held"] += 1
+            await asyncio.sleep(action.delay_s)
+        if action.step is not Step.ACK:
+            assert action.topic is not None
+            wire = copy_headers(rec, headers, env, action, id_header)
+            await broker.publish(rec.value, action.topic, key=rec.key, headers=_text(wire))
+        await message.ack()
+
+    consume.counts = counts  # type: ignore[attr-defined]  # what happened so far (success, retry_topic …)
+    consume.__name__ = consume.__qualname__ = getattr(handle, "__name__", consume.__name__)
+    return consume
