@@ -39,6 +39,10 @@ class SubscriptionGroupConfig:
     retry_queue_nums: int = 1
     retry_max_times: int = DEFAULT_MAX_RECONSUME_TIMES
     notify_consumer_ids_changed_enable: bool = True
+    #: the node a reader of this group is sent to when it is not slow (``brokerId``; 0 = the master)
+    broker_id: int = 0
+    #: the node a slow reader is sent to (``whichBrokerWhenConsumeSlowly``; 1 = the first slave)
+    which_broker_when_consume_slowly: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +52,8 @@ class SubscriptionGroupConfig:
             "retryQueueNums": self.retry_queue_nums,
             "retryMaxTimes": self.retry_max_times,
             "notifyConsumerIdsChangedEnable": self.notify_consumer_ids_changed_enable,
+            "brokerId": self.broker_id,
+            "whichBrokerWhenConsumeSlowly": self.which_broker_when_consume_slowly,
         }
 
     @classmethod
@@ -59,6 +65,8 @@ class SubscriptionGroupConfig:
             int(d.get("retryQueueNums", 1)),
             int(d.get("retryMaxTimes", DEFAULT_MAX_RECONSUME_TIMES)),
             bool(d.get("notifyConsumerIdsChangedEnable", True)),
+            int(d.get("brokerId", 0)),
+            int(d.get("whichBrokerWhenConsumeSlowly", 1)),
         )
 
 

@@ -44,6 +44,10 @@ class BrokerConfig:
     #: SQL92 subscriptions (``BrokerConfig.enablePropertyFilter``); off by default as in RocketMQ 4.9.8, in
     #: which case they are refused loudly (CHECK_CLIENT_CONFIG and pulls answer SYSTEM_ERROR).
     enable_property_filter: bool = False
+    #: ``slaveReadEnable``: pull replies name the node to read from next — a slave
+    #: (``whichBrokerWhenConsumeSlowly``) when the reader is further behind than the store's memory share,
+    #: else the group's ``brokerId`` (the master). Off (Java's default): every reply names the master.
+    slave_read_enable: bool = False
     fault_seed: int = 0
     clock: Clock = field(default_factory=SystemClock)
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MASTER_ID = 0  # MixAll.MASTER_ID
+
 PullCallback = Callable[[PullMessageResponse | BaseException], None]
 
 _CODES = {
@@ -139,7 +141,18 @@ class PullMessageProcessor:
             result.max_offset,
             records=[m.raw for m in result.messages],
             broker_name=b.config.broker_name,
+            suggest_which_broker_id=self._suggest(req.consumer_group, result.suggest_pulling_from_slave),
         )
+
+    def _suggest(self, group: str, slow: bool) -> int:
+        """``suggestWhichBrokerId`` as 4.9.8's PullMessageProcessor leaves it: with ``slaveReadEnable`` the
+        group's ``whichBrokerWhenConsumeSlowly`` for a slow reader and its ``brokerId`` otherwise (on a
+        master and on a slave alike, so a slave sends a reader that caught up back to the master); without
+        it, always the master (the role-dependent value set before is overwritten by this step)."""
+        if not self.broker.config.slave_read_enable:
+            return MASTER_ID
+        sg = self.broker.groups.find(group)
+        return sg.which_broker_when_consume_slowly if slow else sg.broker_id
 
     # -- holding --------------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from broker_sim.client.client_base import ClientBase, check_group
 from broker_sim.client.consume_service import send_back_request
 from broker_sim.client.offset_store import ReadOffsetType, RemoteBrokerOffsetStore
+from broker_sim.client.pull_nodes import PullNodeTable
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression
 from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
@@ -61,6 +62,8 @@ class PullConsumer(ClientBase):
         self.group = group
         self.max_reconsume_times = max_reconsume_times
         self.offset_store = RemoteBrokerOffsetStore(self.transport, group)
+        #: the node of each queue's group the next pull goes to (the last reply's suggestion)
+        self.pull_nodes = PullNodeTable()
         self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
         self._topics: set[str] = set()
         self._scheduler: Scheduler | None = None
@@ -156,8 +159,10 @@ class PullConsumer(ClientBase):
         req = PullMessageRequest(
             self.group, mq.topic, mq.queue_id, offset, max_nums, sys_flag, 0, suspend_ms, selector.expression,
             expression_type=selector.expression_type, broker_name=mq.broker_name,
+            broker_id=self.pull_nodes.node(mq),
         )  # fmt: skip
         resp = self.transport.pull_message(req, timeout_ms=suspend_ms + 30_000)
+        self.pull_nodes.update(mq, resp.suggest_which_broker_id)
         msgs = [m for m in resp.messages if tags is None or m.tags in tags]
         for m in msgs:
             m.broker_name = mq.broker_name

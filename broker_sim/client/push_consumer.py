@@ -33,6 +33,7 @@ from broker_sim.client.offset_store import (
     RemoteBrokerOffsetStore,
 )
 from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.client.pull_nodes import PullNodeTable
 from broker_sim.client.rebalance import PullRequest, Rebalancer
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression, retry_topic
@@ -100,6 +101,8 @@ class PushConsumer(ClientBase):
         self.pull_threshold_size_for_queue = pull_threshold_size_for_queue_mib * 1024 * 1024
         self.consume_concurrently_max_span = consume_concurrently_max_span
         self.max_reconsume_times = max_reconsume_times
+        #: the node of each queue's group the next pull goes to (the last reply's suggestion)
+        self.pull_nodes = PullNodeTable()
         self.consume_timeout_ms = consume_timeout_ms
         self.suspend_current_queue_time_ms = suspend_current_queue_time_ms
         self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
@@ -379,7 +382,7 @@ class PushConsumer(ClientBase):
         req = PullMessageRequest(
             self.group, pr.mq.topic, pr.mq.queue_id, pr.next_offset, self.pull_batch_size, sys_flag, commit,
             self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version, sub.expression_type,
-            pr.mq.broker_name,
+            pr.mq.broker_name, self.pull_nodes.node(pr.mq),
         )  # fmt: skip
         self.transport.pull_message_async(req, lambda result: self._on_pull(pr, result))
 
@@ -411,6 +414,7 @@ class PushConsumer(ClientBase):
             log.warning("%s: pull of %s failed: %s", self.group, pr.mq, result)
             self._pull_later(pr, self.pull_time_delay_ms_when_exception)
             return
+        self.pull_nodes.update(pr.mq, result.suggest_which_broker_id)
         status = result.status
         pr.next_offset = result.next_begin_offset
         if status is PullStatus.FOUND:

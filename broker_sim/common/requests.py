@@ -219,6 +219,9 @@ class PullMessageRequest:
     expression_type: ExpressionType = ExpressionType.TAG
     #: the broker group of the queue (routing only); "" = the only/any broker
     broker_name: str = ""
+    #: which node of the group to read from (routing only; ``PullAPIWrapper.recalculatePullFromWhichNode``:
+    #: the last reply's ``suggest_which_broker_id``); 0 = the master
+    broker_id: int = 0
 
 
 class PullMessageResponse:

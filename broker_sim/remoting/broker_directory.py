@@ -63,6 +63,20 @@ class BrokerDirectory:
             group = self._groups.get(name, {})
             return group[min(group)] if group else None
 
+    def in_subscribe(self, name: str, broker_id: int) -> tuple[str, bool] | None:
+        """``findBrokerAddressInSubscribe(name, broker_id, onlyThisBroker=false)``: the node ``broker_id``
+        of ``name``; for a slave id that is not listed, the next id; else any listed node (the master
+        first). Returns the address and whether it is a slave, or None when the group is unknown."""
+        with self._lock:
+            group = dict(self._groups.get(name, {}))
+        if not group:
+            return None
+        for bid in (broker_id, broker_id + 1) if broker_id != MASTER_ID else (broker_id,):
+            if bid in group:
+                return group[bid], bid != MASTER_ID
+        first = min(group)
+        return group[first], first != MASTER_ID
+
     def masters(self) -> list[str]:
         with self._lock:
             return sorted({g[MASTER_ID] for g in self._groups.values() if MASTER_ID in g})

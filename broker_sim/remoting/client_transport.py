@@ -198,14 +198,14 @@ class RemotingTransport:
 
     @_reply_errors
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
-        addr = self._broker_of(request.broker_name, request.topic, read=True)
+        addr, request = self.locator.pull_target(request)
         cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
         timeout = max(timeout_ms / 1000, self._pull_timeout_s(request))
         return pull_response(self._invoke(addr, cmd, timeout), request.broker_name or self._name_of(addr))
 
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
         try:
-            addr = self._broker_of(request.broker_name, request.topic, read=True)
+            addr, request = self.locator.pull_target(request)
             conn = self._conn(addr)
         except Exception as exc:  # delivered to the callback, as the transport contract says
             callback(exc)

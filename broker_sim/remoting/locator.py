@@ -2,19 +2,22 @@
 next one after a connection failure — NettyRemotingClient rotates the same way), and through them each
 broker group's master and slaves (:class:`~broker_sim.remoting.broker_directory.BrokerDirectory`).
 
-Writes go to a group's master; reads (``read=True``: pulls, offsets) to its slave while no master is listed.
+Writes go to a group's master; reads (``read=True``: pulls, offsets) to its slave while no master is listed,
+and a pull to the node the group's last pull reply suggested (``suggestWhichBrokerId``, :meth:`pull_target`).
 Without a group name (single-broker callers) the first group that serves the topic is used.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import ParamSpec, TypeVar
 
 from broker_sim.common.errors import TransportError, error_for_code
-from broker_sim.common.requests import ResponseCode, TopicRouteData
+from broker_sim.common.message import SysFlag
+from broker_sim.common.requests import PullMessageRequest, ResponseCode, TopicRouteData
 from broker_sim.remoting import bodies
 from broker_sim.remoting.broker_directory import BrokerDirectory
 from broker_sim.remoting.codes import RequestCode
@@ -104,6 +107,29 @@ class BrokerLocator:
         """Where a request about a queue of ``broker_name`` goes (its master; with ``read``, its slave while
         the master is down); without a name, a broker of ``topic`` (single-broker callers)."""
         return self.broker(broker_name, read=read) if broker_name else self.broker_for_topic(topic)
+
+    def reader_of(self, broker_name: str, broker_id: int) -> tuple[str, bool]:
+        """Where a pull of a queue of ``broker_name`` goes when the last reply suggested node
+        ``broker_id`` (:meth:`BrokerDirectory.in_subscribe`), asking the name server when the group is not
+        known; returns the address and whether it is a slave."""
+        found = self.directory.in_subscribe(broker_name, broker_id)
+        if found is None:
+            self.refresh()
+            found = self.directory.in_subscribe(broker_name, broker_id)
+        if found is None:
+            raise TransportError(f"no broker address known for {broker_name}")
+        return found
+
+    def pull_target(self, request: PullMessageRequest) -> tuple[str, PullMessageRequest]:
+        """The address a pull goes to — node ``request.broker_id`` of its group, as the last reply
+        suggested (``PullAPIWrapper.pullKernelImpl``) — and the request to send there: a slave gets no
+        commit offset (``PullSysFlag.clearCommitOffsetFlag``; offsets are committed to the master)."""
+        if not request.broker_name:
+            return self.broker_for_topic(request.topic), request
+        addr, slave = self.reader_of(request.broker_name, request.broker_id)
+        if slave and request.sys_flag & SysFlag.PULL_COMMIT_OFFSET:
+            request = dataclasses.replace(request, sys_flag=request.sys_flag & ~SysFlag.PULL_COMMIT_OFFSET)
+        return addr, request
 
     def masters(self) -> list[str]:
         """Every group's master address (heartbeats and client unregistration go to all, as Java's

@@ -94,7 +94,9 @@ class StoreReader:
         qoff = offset  # queue offset of the next unit; scanned = qoff - offset
         # the segment of the previous record, so consecutive records cost one slice each
         mm, base, valid_end = None, 0, -1
+        last_phys = -1  # commit-log offset of the last unit looked at (maxPhyOffsetPulling)
         for phys, size, tags in cq.iter_units(offset, max_units):
+            last_phys = phys
             if total + size > limit_b and msgs:
                 break
             qoff += 1
@@ -128,12 +130,19 @@ class StoreReader:
             if limit_n <= 0:
                 break
         scanned = qoff - offset
+        slow = last_phys >= 0 and cl.max_offset - last_phys > self.memory_share()
         if msgs:
-            return GetMessageResult(GetMessageStatus.FOUND, offset + scanned, lo, hi, msgs)
+            return GetMessageResult(GetMessageStatus.FOUND, offset + scanned, lo, hi, msgs, slow)
         if scanned == 0:
             per = cfg.consume_queue_units
             return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset + per - offset % per, lo, hi)
-        return GetMessageResult(status, offset + scanned, lo, hi)
+        return GetMessageResult(status, offset + scanned, lo, hi, suggest_pulling_from_slave=slow)
+
+    def memory_share(self) -> int:
+        """Bytes of the commit log's tail RocketMQ counts as "in memory":
+        ``total_physical_memory_bytes × access_message_in_memory_max_ratio %`` (a broker option, so a test
+        can make it small)."""
+        return self.config.total_physical_memory_bytes * self.config.access_message_in_memory_max_ratio // 100
 
     def select_one_message_by_offset(self, phys_offset: int, size: int = 0) -> bytes | None:
         """The raw record at a commit-log offset (None if absent)."""
@@ -202,10 +211,7 @@ class StoreReader:
         unit = None if cq is None else cq.get(cq_offset)
         if unit is None:
             return False
-        memory = (
-            self.config.total_physical_memory_bytes * self.config.access_message_in_memory_max_ratio // 100
-        )
-        return self.commit_log.max_offset - unit[0] > memory
+        return self.commit_log.max_offset - unit[0] > self.memory_share()
 
     def get_message_store_timestamp(self, topic: str, queue_id: int, cq_offset: int) -> int:
         cq = self._cqs.get((topic, queue_id))

@@ -126,6 +126,9 @@ class GetMessageResult:
     min_offset: int
     max_offset: int
     messages: list[SelectedMessage] = field(default_factory=list)
+    #: the last scanned message lies further behind the commit log's end than the share of memory RocketMQ
+    #: keeps hot (``GetMessageResult.suggestPullingFromSlave``): the reader is slow, a slave may serve it
+    suggest_pulling_from_slave: bool = False
 
     @property
     def message_count(self) -> int:
