@@ -31,6 +31,33 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {value}")
+    return value
+
+
+def _cluster(args: argparse.Namespace) -> Any:
+    """The ``--brokers/--slaves/--replication`` shape, or None for the one-broker demo."""
+    from reliable.demo.cluster import ClusterShape
+    from reliable.demo.errors import DemoError
+
+    brokers, slaves, replication = args.brokers, args.slaves, args.replication
+    if brokers is None and slaves is None and replication is None:
+        return None
+    if getattr(args, "broker", "broker_sim") != "broker_sim":
+        raise DemoError("--brokers/--slaves/--replication are for the broker_sim demo (not with --broker)")
+    return ClusterShape(
+        brokers=2 if brokers is None else brokers,
+        slaves=1 if slaves is None else slaves,
+        replication=replication or "async",
+    )
+
+
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo",
@@ -71,6 +98,23 @@ def register(sub: Any) -> None:
         help="process: broker-sim serve + consumer processes; inprocess: one process, consumer threads",
     )
     p.add_argument(
+        "--brokers",
+        type=_positive,
+        metavar="N",
+        help="run on a broker_sim cluster of N broker groups (name server + every broker its own process); "
+        "see docs/demo.md#on-a-cluster",
+    )
+    p.add_argument(
+        "--slaves", type=_non_negative, metavar="M", help="slaves per broker group on the cluster (default 1)"
+    )
+    p.add_argument(
+        "--replication",
+        choices=("sync", "async"),
+        help="the cluster's masters: SYNC_MASTER (a send is acknowledged once a slave has it) or "
+        "ASYNC_MASTER "
+        "(default async)",
+    )
+    p.add_argument(
         "--broker",
         choices=("broker_sim", "kafka", "rocketmq5"),
         default="broker_sim",
@@ -108,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         return run_from_args(args)
     if getattr(args, "broker", "broker_sim") == "rocketmq5":
         return run_rocketmq5(args)
-    from reliable.demo.runner import DemoOptions, DemoRunner
+    from reliable.demo.options import DemoOptions
+    from reliable.demo.runner import DemoRunner
 
     options = DemoOptions(
         messages=args.messages,
@@ -123,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         report=args.report,
         timeout_s=args.timeout,
         mode=args.mode,
+        cluster=_cluster(args),
     )
     if not getattr(args, "verbose", 0):
         # the run's own log goes to WORKDIR/logs/demo.log; the terminal shows the live display and errors

@@ -2,8 +2,9 @@
 
 A schedule is a list of :class:`PlannedFault`, each with a trigger point expressed as a fraction of the run's
 progress rather than wall time, so a slow machine sees the same faults in the same places of the message
-stream as a fast one. Send-side faults (lost send ACKs, broker crash) trigger on the *produced* fraction;
-consume-side faults (consumer SIGKILL, lost offset commits, rebalance storms, Redis and database faults)
+stream as a fast one. Send-side faults (lost send ACKs, broker crash, a cluster's master or slave loss)
+trigger on the *produced* fraction; consume-side faults (consumer SIGKILL, lost offset commits, rebalance
+storms, Redis and database faults)
 trigger on the *applied* fraction, so they hit consumers while they are busy.
 
 The runner executes a schedule through the :class:`ChaosTarget` protocol; a target that cannot inject a kind
@@ -35,10 +36,27 @@ class FaultKind(enum.StrEnum):
     REDIS_FLUSHALL = "redis_flushall"  # every lease and done marker vanishes
     REDIS_DOWN = "redis_down"  # Redis unreachable for a while
     DB_CONNECTION_DROP = "db_connection_drop"  # every pooled database connection is cut
+    MASTER_LOSS = "master_loss"  # a cluster group's master loses power for seconds, then restarts
+    SLAVE_LOSS = "slave_loss"  # a cluster group's slave loses power for seconds, then restarts
 
 
 #: kinds whose trigger is the produced fraction (the rest trigger on the applied fraction)
-SEND_SIDE = frozenset({FaultKind.LOST_SEND_ACK, FaultKind.BROKER_CRASH})
+SEND_SIDE = frozenset(
+    {FaultKind.LOST_SEND_ACK, FaultKind.BROKER_CRASH, FaultKind.MASTER_LOSS, FaultKind.SLAVE_LOSS}
+)
+#: kinds that need a cluster of broker groups with slaves (``--brokers N --slaves M``)
+CLUSTER_ONLY = frozenset({FaultKind.MASTER_LOSS, FaultKind.SLAVE_LOSS})
+#: the schedule of a run on one broker (the kinds, hence the seeds' schedules, from before clusters)
+SINGLE_BROKER = frozenset(FaultKind) - CLUSTER_ONLY
+
+
+def kinds_for(brokers: int, slaves: int) -> frozenset[FaultKind]:
+    """The fault kinds of a run: on one broker the classic set; on a cluster the master loss replaces the
+    whole-broker crash (a group's master is what dies there), plus a slave loss when there are slaves."""
+    if brokers < 2 and slaves < 1:
+        return SINGLE_BROKER
+    kinds = (SINGLE_BROKER - {FaultKind.BROKER_CRASH}) | {FaultKind.MASTER_LOSS}
+    return kinds | {FaultKind.SLAVE_LOSS} if slaves >= 1 else kinds
 
 
 class FaultUnsupported(DemoError):
@@ -73,11 +91,11 @@ def plan(seed: int, kinds: frozenset[FaultKind] | None = None) -> list[PlannedFa
     fires between 5 % and 90 %, so there is always work in flight to disturb.
     """
     rng = random.Random(f"chaos:{seed}")
-    chosen = sorted(kinds if kinds is not None else set(FaultKind))
+    chosen = sorted(kinds if kinds is not None else SINGLE_BROKER)
     faults: list[PlannedFault] = []
     for kind in chosen:
         for _ in range(rng.choice((1, 2))):
-            hi = 0.7 if kind is FaultKind.BROKER_CRASH else 0.9
+            hi = 0.7 if kind in (FaultKind.BROKER_CRASH, *CLUSTER_ONLY) else 0.9
             at = round(rng.uniform(0.05, hi), 3)
             faults.append(PlannedFault(at, kind, _param(kind, rng)))
     faults.sort(key=lambda f: (f.at, f.kind.value))
@@ -95,6 +113,8 @@ def _param(kind: FaultKind, rng: random.Random) -> int:
         return rng.randint(1500, 4000)  # milliseconds down
     if kind is FaultKind.BROKER_CRASH:
         return rng.randint(200, 800)  # milliseconds before the restart
+    if kind in CLUSTER_ONLY:
+        return rng.randint(2000, 4000)  # milliseconds down: long enough for sends elsewhere and slave reads
     return 0
 
 
@@ -109,6 +129,8 @@ class ChaosTarget(Protocol):
     def redis_flushall(self) -> str: ...
     def redis_down(self, down_ms: int) -> str: ...
     def drop_db_connections(self) -> str: ...
+    def lose_master(self, down_ms: int) -> str: ...
+    def lose_slave(self, down_ms: int) -> str: ...
 
 
 def inject(target: ChaosTarget, fault: PlannedFault) -> str:
@@ -128,6 +150,10 @@ def inject(target: ChaosTarget, fault: PlannedFault) -> str:
         return target.redis_flushall()
     if k is FaultKind.REDIS_DOWN:
         return target.redis_down(fault.param)
+    if k is FaultKind.MASTER_LOSS:
+        return target.lose_master(fault.param)
+    if k is FaultKind.SLAVE_LOSS:
+        return target.lose_slave(fault.param)
     return target.drop_db_connections()
 
 

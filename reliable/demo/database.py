@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, delete, or_, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub, StubNotification
 from reliable.reconcile.config import RETRY_TOPIC_PREFIX
+
+if TYPE_CHECKING:
+    from reliable.demo.ledger import Order
+    from reliable.producer import StubProducer
 
 log = logging.getLogger("reliable.demo")
 
@@ -74,3 +80,26 @@ def staged_ids(engine: Engine, message_ids: Sequence[str]) -> set[str]:
     with engine.connect() as conn:
         rows = conn.execute(select(MessageStub.message_id).where(MessageStub.message_id.in_(message_ids)))
         return {str(r[0]) for r in rows}
+
+
+def stage_batch(
+    producer: StubProducer, engine: Engine, topic: str, groups: list[str], batch: list[Order], tries: int = 5
+) -> None:
+    """Stage one batch of orders for every group. A database error (a deadlock with the consumers on
+    PostgreSQL, say) is a producer's everyday problem: stage again whatever has no stub yet, as an
+    application would; a batch committed but not recorded as sent is the sweeper's to re-send."""
+    todo = batch
+    for attempt in range(1, tries + 1):
+        try:
+            with producer.transaction() as tx:
+                for order in todo:
+                    tx.stage(order.order_id, topic, order.to_body(), groups=groups)
+            return
+        except SQLAlchemyError as exc:
+            log.warning("staging attempt %d failed: %s", attempt, first_line(exc))
+            staged = staged_ids(engine, [o.order_id for o in todo])
+            todo = [o for o in todo if o.order_id not in staged]
+            if not todo:
+                return
+            if attempt == tries:
+                raise

@@ -9,6 +9,8 @@ What each one does, and why it is a faithful version of the production failure:
   the stub stays PENDING for the sweeper;
 * consumer SIGKILL — mid-batch: a held Redis lease, an open transaction, offsets not persisted;
 * broker power cut — unflushed commit-log data discarded, process killed, restarted on the same store;
+* master / slave loss (a cluster) — one group's master or slave loses power for seconds
+  (:mod:`reliable.demo.cluster`);
 * lost offset commits — one consumer's offset commits vanish for a few seconds;
 * rebalance storm — consumers join the group and leave again, moving queues before offsets are persisted;
 * Redis FLUSHALL / Redis down — every lease and done marker vanishes; Redis unreachable for seconds;
@@ -19,6 +21,7 @@ What each one does, and why it is a faithful version of the production failure:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
@@ -83,6 +86,28 @@ class ChaosActions:
     def crash_broker(self, down_ms: int) -> str:
         assert self.topology is not None
         return self._note_fault(self.topology.crash_broker(down_ms))
+
+    def lose_master(self, down_ms: int) -> str:
+        assert self.topology is not None
+        return self._note_fault(self.topology.lose_master(down_ms, self._sends_meanwhile()))
+
+    def lose_slave(self, down_ms: int) -> str:
+        assert self.topology is not None
+        return self._note_fault(self.topology.lose_slave(down_ms, self._sends_meanwhile()))
+
+    def _sends_meanwhile(self) -> Callable[[], str]:
+        """A function saying how the broker answered the producer's sends since now (by group and status),
+        for the description of an outage: called just before the node restarts."""
+        assert self.send_transport is not None
+        transport = self.send_transport
+        before = transport.answered()
+
+        def since() -> str:
+            diff = transport.answered() - before
+            parts_ = [f"{group or 'broker'} {status} ×{n}" for (group, status), n in sorted(diff.items())]
+            return "sends answered meanwhile: " + (", ".join(parts_) or "none")
+
+        return since
 
     def lose_offset_commits(self, slot: int) -> str:
         assert self.topology is not None

@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 log = logging.getLogger("reliable.demo.netproxy")
 
@@ -103,3 +104,16 @@ class TcpRelay:
     @property
     def url_netloc(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+def relayed(url: str) -> tuple[TcpRelay | None, str]:
+    """Put a :class:`TcpRelay` in front of a ``redis://`` server the demo does not own (for the Redis outage
+    fault): the started relay and the URL through it; other schemes are used as they are (no relay)."""
+    parsed = urlsplit(url)
+    if parsed.scheme != "redis" or not parsed.hostname:
+        return None, url
+    relay = TcpRelay((parsed.hostname, parsed.port or 6379))
+    relay.start()
+    netloc = parsed.netloc.rsplit("@", 1)
+    auth = netloc[0] + "@" if len(netloc) == 2 else ""
+    return relay, urlunsplit(parsed._replace(netloc=auth + relay.url_netloc))

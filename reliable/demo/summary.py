@@ -78,6 +78,9 @@ class DemoSummary:
     faults_skipped: dict[str, int] = field(default_factory=dict)
     fault_log: list[dict[str, Any]] = field(default_factory=list)
     duplicate_causes: dict[str, int] = field(default_factory=dict)
+    #: the broker's answers to the producer's sends, "group:STATUS" ("" group = one broker): on a
+    #: SYNC_MASTER cluster whose slave is down, SLAVE_NOT_AVAILABLE / FLUSH_SLAVE_TIMEOUT (stored anyway)
+    send_answers: dict[str, int] = field(default_factory=dict)
     report: str | None = None
     reconciliation: dict[str, Any] | None = None
     wall_time_s: float = 0.0

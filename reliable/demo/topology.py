@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,6 +59,8 @@ class Topology(Protocol):
     def start_broker(self, topic: str, queues: int) -> None: ...
     def stop_broker(self) -> None: ...
     def crash_broker(self, down_ms: int) -> str: ...
+    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str: ...
+    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str: ...
     def start_consumer(self, config: WorkerConfig) -> ConsumerSlot: ...
     def stop_consumer(self, slot: ConsumerSlot) -> None: ...
     def kill_consumer(self, slot: ConsumerSlot) -> None: ...
@@ -76,7 +79,56 @@ class ProcessSlot:
 
 
 @dataclass
-class ProcessTopology:
+class ProcessConsumers:
+    """Consumer worker processes (``python -m reliable.demo.worker``), whatever runs the broker."""
+
+    log_dir: Path
+
+    def start_consumer(self, config: WorkerConfig) -> ConsumerSlot:
+        proc = worker_process(config, self.log_dir)
+        proc.start()
+        return ProcessSlot(config.name, proc)
+
+    def _proc(self, slot: ConsumerSlot) -> ManagedProcess:
+        assert isinstance(slot, ProcessSlot)
+        return slot.process
+
+    def stop_consumer(self, slot: ConsumerSlot) -> None:
+        self._proc(slot).stop()
+
+    def kill_consumer(self, slot: ConsumerSlot) -> None:
+        self._proc(slot).kill()
+
+    def drop_db_connections(self, slot: ConsumerSlot) -> None:
+        self._proc(slot).signal(SIG_DROP_DB)
+
+    def lose_offset_commits(self, slot: ConsumerSlot) -> None:
+        self._proc(slot).signal(SIG_LOSE_COMMITS)
+
+
+class ConsumerProcessesOf:
+    """The consumer half of a topology whose consumers are processes: delegates to ``self.workers``."""
+
+    workers: ProcessConsumers
+
+    def start_consumer(self, config: WorkerConfig) -> ConsumerSlot:
+        return self.workers.start_consumer(config)
+
+    def stop_consumer(self, slot: ConsumerSlot) -> None:
+        self.workers.stop_consumer(slot)
+
+    def kill_consumer(self, slot: ConsumerSlot) -> None:
+        self.workers.kill_consumer(slot)
+
+    def drop_db_connections(self, slot: ConsumerSlot) -> None:
+        self.workers.drop_db_connections(slot)
+
+    def lose_offset_commits(self, slot: ConsumerSlot) -> None:
+        self.workers.lose_offset_commits(slot)
+
+
+@dataclass
+class ProcessTopology(ConsumerProcessesOf):
     """broker-sim serve + consumer processes."""
 
     store_dir: Path
@@ -84,6 +136,9 @@ class ProcessTopology:
     mode: str = "process"
     server: BrokerServer | None = None
     _admin: Any = None
+
+    def __post_init__(self) -> None:
+        self.workers = ProcessConsumers(self.log_dir)
 
     @property
     def address(self) -> Any:
@@ -110,26 +165,11 @@ class ProcessTopology:
         self.server.restart()
         return f"broker power cut (unflushed data discarded, process killed), restarted after {down_ms} ms"
 
-    def start_consumer(self, config: WorkerConfig) -> ConsumerSlot:
-        proc = worker_process(config, self.log_dir)
-        proc.start()
-        return ProcessSlot(config.name, proc)
+    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+        raise FaultUnsupported("one broker, no slave: run with --brokers N --slaves M")
 
-    def _proc(self, slot: ConsumerSlot) -> ManagedProcess:
-        assert isinstance(slot, ProcessSlot)
-        return slot.process
-
-    def stop_consumer(self, slot: ConsumerSlot) -> None:
-        self._proc(slot).stop()
-
-    def kill_consumer(self, slot: ConsumerSlot) -> None:
-        self._proc(slot).kill()
-
-    def drop_db_connections(self, slot: ConsumerSlot) -> None:
-        self._proc(slot).signal(SIG_DROP_DB)
-
-    def lose_offset_commits(self, slot: ConsumerSlot) -> None:
-        self._proc(slot).signal(SIG_LOSE_COMMITS)
+    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+        raise FaultUnsupported("one broker, no slave: run with --brokers N --slaves M")
 
     def lag(self, topic: str, group: str) -> int | None:
         return None if self._admin is None else parts.lag(self._admin, topic, group)
@@ -169,6 +209,12 @@ class InProcessTopology:
 
     def crash_broker(self, down_ms: int) -> str:
         raise FaultUnsupported("an in-process broker cannot be crashed under live in-process clients")
+
+    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+        raise FaultUnsupported("an in-process broker has no slave")
+
+    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+        raise FaultUnsupported("an in-process broker has no slave")
 
     def start_consumer(self, config: WorkerConfig) -> ConsumerSlot:
         from reliable.demo.worker import Worker

@@ -11,7 +11,8 @@ client-side faults happen to *one* process, over TCP as well as in-process:
   pulls is cleared for a while, so the broker keeps an older committed offset and the next owner of the
   queue (after a kill or a rebalance) redelivers from there.
 
-Every other request is passed through unchanged.
+Every other request is passed through unchanged. The broker's answers to sends are counted by broker group
+and status (a ``SYNC_MASTER`` whose slave is gone answers ``SLAVE_NOT_AVAILABLE``: stored, not replicated).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any, cast
 
 from broker_sim.broker.api import (
     PullMessageRequest,
     PullMessageResponse,
+    ResponseCode,
     SendMessageRequest,
     SendMessageResponse,
 )
@@ -45,6 +48,9 @@ class ChaosTransport:
         self._commits_lost_until = 0.0
         self.acks_lost = 0
         self.commits_dropped = 0
+        #: answers the broker gave to sends, by broker group ("" = one broker) and status name (SUCCESS,
+        #: SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT, …: the message is stored in each case)
+        self.answers: Counter[tuple[str, str]] = Counter()
 
     @classmethod
     def wrap(cls, broker_or_address: object) -> ChaosTransport:
@@ -79,6 +85,7 @@ class ChaosTransport:
     ) -> SendMessageResponse:
         response = self._inner.send_message(request, body, timeout_ms)
         with self._lock:
+            self.answers[(request.broker_name, ResponseCode(response.code).name)] += 1
             lose = self._acks_to_lose > 0
             if lose:
                 self._acks_to_lose -= 1
@@ -88,6 +95,11 @@ class ChaosTransport:
             log.warning("chaos: send ACK lost for %s", where)
             raise RequestTimeoutError(f"send ACK lost (chaos) for {where}")
         return response
+
+    def answered(self) -> Counter[tuple[str, str]]:
+        """A copy of :attr:`answers`."""
+        with self._lock:
+            return Counter(self.answers)
 
     def update_consumer_offset(
         self, consumer_group: str, topic: str, queue_id: int, offset: int, broker_name: str = ""

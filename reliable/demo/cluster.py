@@ -1,0 +1,156 @@
+"""The demo on a broker_sim *cluster*: a name server and N broker groups of a master and M slaves, every one
+its own process (``--brokers N --slaves M [--replication sync|async]``).
+
+The producer, the consumer workers, the sweeper and the admin all reach the cluster through the name
+server address only — the same adapters and clients as against one broker. The cluster is broker_sim's own
+launcher (:class:`broker_sim.remoting.cluster_process.ClusterProcess`): ports chosen up front, so a broker
+that lost power restarts where the name server and its slaves expect it.
+
+Faults on a cluster (``--chaos``):
+
+* **master loss** — a group's master loses power (SIGUSR1: what it had not flushed is gone, as after a
+  real power cut), stays down for a few seconds and restarts on its store. Meanwhile the producers send to
+  the other groups (their latency fault tolerance keeps them off the dead group), and consumers read the
+  dead group's queues from its slave. Under ``ASYNC_MASTER`` what the slave had not received is lost; the
+  sweeper finds those messages unconfirmed and sends them again.
+* **slave loss** — a slave is killed and restarted. Under ``SYNC_MASTER`` its master's sends answer
+  ``SLAVE_NOT_AVAILABLE`` (11) / ``FLUSH_SLAVE_TIMEOUT`` (12) until it is back: the message is stored on
+  the master, the producer reports the status and the stub stays what it is (sent), so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reliable.demo import parts
+from reliable.demo.chaos import FaultUnsupported
+from reliable.demo.errors import DemoError, ServiceStartError
+from reliable.demo.topology import ConsumerProcessesOf, ProcessConsumers
+
+log = logging.getLogger("reliable.demo")
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """``--brokers N --slaves M --replication sync|async``."""
+
+    brokers: int = 2
+    slaves: int = 1
+    replication: str = "async"
+
+    def validate(self) -> None:
+        if self.brokers < 1:
+            raise DemoError("--brokers must be > 0")
+        if self.slaves < 0:
+            raise DemoError("--slaves must be >= 0")
+        if self.replication not in ("sync", "async"):
+            raise DemoError(f"--replication must be sync or async, not {self.replication!r}")
+        if self.replication == "sync" and self.slaves == 0:
+            raise DemoError("--replication sync needs a slave: add --slaves 1")
+
+    @property
+    def names(self) -> list[str]:
+        """The broker groups' names, as the launcher gives them (broker-a, broker-b, …)."""
+        return [f"broker-{chr(ord('a') + g)}" for g in range(self.brokers)]
+
+    def describe(self) -> str:
+        role = "SYNC_MASTER" if self.replication == "sync" else "ASYNC_MASTER"
+        return f"{self.brokers} broker groups × (master + {self.slaves} slave(s)), {role}, ASYNC_FLUSH"
+
+
+def cluster_args(topics: dict[str, int]) -> tuple[str, ...]:
+    """The demo broker's options (:func:`parts.broker_config`) as ``--set`` flags of every broker."""
+    out = []
+    for key, value in parts.broker_config(topics).items():
+        out.append(f"--set={key}={json.dumps(value) if isinstance(value, dict) else value}")
+    return tuple(out)
+
+
+@dataclass
+class ClusterTopology(ConsumerProcessesOf):
+    """A broker_sim cluster of processes + consumer processes, reached through the name server."""
+
+    store_dir: Path
+    log_dir: Path
+    shape: ClusterShape
+    mode: str = "cluster"
+    cluster: Any = None
+    _admin: Any = None
+    _victims: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.workers = ProcessConsumers(self.log_dir)
+
+    @property
+    def address(self) -> Any:
+        assert self.cluster is not None
+        return self.cluster.namesrv
+
+    def start_broker(self, topic: str, queues: int) -> None:
+        from broker_sim.remoting.cluster_process import ClusterProcess
+
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.cluster = ClusterProcess(
+            self.store_dir,
+            brokers=self.shape.brokers,
+            slaves=self.shape.slaves,
+            replication=self.shape.replication,
+            flush="ASYNC_FLUSH",
+            extra=cluster_args({topic: queues}),
+            log_level="INFO",
+            stderr_path=self.log_dir / "cluster.log",
+        )
+        try:
+            self.cluster.start()
+        except Exception as exc:
+            self.cluster.stop()
+            raise ServiceStartError(f"broker_sim cluster did not start: {exc}") from exc
+        self._admin = parts.admin(self.address)
+        self._admin.track(topic, queues, self.shape.names)
+
+    def stop_broker(self) -> None:
+        if self._admin is not None:
+            parts.close_quietly(self._admin)
+            self._admin = None
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def _next(self, role: str) -> str:
+        """The group whose node loses power next: the groups in turn, so two faults hit two groups."""
+        with self._lock:
+            n = self._victims.get(role, 0)
+            self._victims[role] = n + 1
+        return self.shape.names[n % self.shape.brokers]
+
+    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+        if self.shape.brokers < 2:
+            raise FaultUnsupported("one broker group: nowhere to send while its master is down")
+        return self._outage(self._next("master"), 0, down_ms, meanwhile)
+
+    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+        if self.shape.slaves < 1:
+            raise FaultUnsupported("no slaves (--slaves 0)")
+        return self._outage(self._next("slave"), 1, down_ms, meanwhile)
+
+    def _outage(self, name: str, broker_id: int, down_ms: int, meanwhile: Callable[[], str]) -> str:
+        """Cut the power of node ``broker_id`` of group ``name`` (SIGUSR1: unflushed data lost), let
+        ``down_ms`` pass, say what the producer saw meanwhile, restart it on its store."""
+        node = "master" if broker_id == 0 else "slave"
+        self.cluster.power_cut(name, broker_id)
+        parts.pause(down_ms / 1000)
+        seen = meanwhile()
+        self.cluster.restart(name, broker_id)
+        return f"{name} {node} power cut for {down_ms} ms, restarted; {seen}"
+
+    def crash_broker(self, down_ms: int) -> str:
+        return self.lose_master(down_ms, lambda: "")
+
+    def lag(self, topic: str, group: str) -> int | None:
+        return None if self._admin is None else parts.lag(self._admin, topic, group)
