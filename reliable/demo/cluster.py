@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,14 @@ from reliable.demo import parts
 from reliable.demo.chaos import FaultUnsupported
 from reliable.demo.errors import DemoError, ServiceStartError
 from reliable.demo.topology import ConsumerProcessesOf, ProcessConsumers
+from reliable.demo.transport import SendWatch
 
 log = logging.getLogger("reliable.demo")
+
+#: an ASYNC_MASTER's slave lags until its master acknowledged this many sends it has not got …
+LAG_ACKS = 5
+#: … or for at most this long (production may be paused, waiting for the consumers)
+LAG_MAX_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -129,28 +137,47 @@ class ClusterTopology(ConsumerProcessesOf):
             self._victims[role] = n + 1
         return self.shape.names[n % self.shape.brokers]
 
-    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+    def lose_master(self, down_ms: int, sends: SendWatch) -> str:
         if self.shape.brokers < 2:
             raise FaultUnsupported("one broker group: nowhere to send while its master is down")
-        return self._outage(self._next("master"), 0, down_ms, meanwhile)
+        name = self._next("master")
+        lagged = ""
+        if self.shape.replication == "async" and self.shape.slaves:
+            lagged = self._slave_lags(name, sends)
+        self.cluster.power_cut(name, 0)
+        outage = SendWatch(sends.transport)  # what the producer sees from the cut on
+        if lagged:
+            os.kill(self.cluster.node(name, 1).process.pid, signal.SIGCONT)
+        return self._back_after(name, 0, down_ms, outage, f"{name} master power cut{lagged}")
 
-    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+    def lose_slave(self, down_ms: int, sends: SendWatch) -> str:
         if self.shape.slaves < 1:
             raise FaultUnsupported("no slaves (--slaves 0)")
-        return self._outage(self._next("slave"), 1, down_ms, meanwhile)
+        name = self._next("slave")
+        self.cluster.power_cut(name, 1)
+        return self._back_after(name, 1, down_ms, sends, f"{name} slave power cut")
 
-    def _outage(self, name: str, broker_id: int, down_ms: int, meanwhile: Callable[[], str]) -> str:
-        """Cut the power of node ``broker_id`` of group ``name`` (SIGUSR1: unflushed data lost), let
-        ``down_ms`` pass, say what the producer saw meanwhile, restart it on its store."""
-        node = "master" if broker_id == 0 else "slave"
-        self.cluster.power_cut(name, broker_id)
+    def _slave_lags(self, name: str, sends: SendWatch) -> str:
+        """Freeze the slave of ``name`` (SIGSTOP: a slave that lags, as over a slow network) until its
+        ASYNC_MASTER acknowledged a few sends it cannot have (or :data:`LAG_MAX_S` passed): what the master
+        had not flushed either is then lost by the power cut that follows — the unreplicated window."""
+        os.kill(self.cluster.node(name, 1).process.pid, signal.SIGSTOP)
+        watch = SendWatch(sends.transport)
+        deadline = time.monotonic() + LAG_MAX_S
+        while watch.acked(name) < LAG_ACKS and time.monotonic() < deadline:
+            parts.pause(0.02)
+        return f" after its slave lagged through {watch.acked(name)} acknowledged sends"
+
+    def _back_after(self, name: str, broker_id: int, down_ms: int, sends: SendWatch, what: str) -> str:
+        """Let ``down_ms`` pass with node ``broker_id`` of ``name`` down, say what the producer saw
+        meanwhile, restart the node on its store (the same ports, so clients and slaves find it)."""
         parts.pause(down_ms / 1000)
-        seen = meanwhile()
+        seen = sends.describe()
         self.cluster.restart(name, broker_id)
-        return f"{name} {node} power cut for {down_ms} ms, restarted; {seen}"
+        return f"{what} (unflushed data lost), down {down_ms} ms, restarted; {seen}"
 
     def crash_broker(self, down_ms: int) -> str:
-        return self.lose_master(down_ms, lambda: "")
+        raise FaultUnsupported("on a cluster a group's master is what dies: see master_loss")
 
     def lag(self, topic: str, group: str) -> int | None:
         return None if self._admin is None else parts.lag(self._admin, topic, group)

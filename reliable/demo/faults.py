@@ -21,7 +21,6 @@ What each one does, and why it is a faithful version of the production failure:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
@@ -32,7 +31,7 @@ from reliable.demo.netproxy import TcpRelay
 from reliable.demo.progress import ProgressState
 from reliable.demo.services import RedisServer
 from reliable.demo.topology import ConsumerSlot, Topology
-from reliable.demo.transport import ChaosTransport
+from reliable.demo.transport import ChaosTransport, SendWatch
 from reliable.facade import Reliability
 
 
@@ -88,26 +87,12 @@ class ChaosActions:
         return self._note_fault(self.topology.crash_broker(down_ms))
 
     def lose_master(self, down_ms: int) -> str:
-        assert self.topology is not None
-        return self._note_fault(self.topology.lose_master(down_ms, self._sends_meanwhile()))
+        assert self.topology is not None and self.send_transport is not None
+        return self._note_fault(self.topology.lose_master(down_ms, SendWatch(self.send_transport)))
 
     def lose_slave(self, down_ms: int) -> str:
-        assert self.topology is not None
-        return self._note_fault(self.topology.lose_slave(down_ms, self._sends_meanwhile()))
-
-    def _sends_meanwhile(self) -> Callable[[], str]:
-        """A function saying how the broker answered the producer's sends since now (by group and status),
-        for the description of an outage: called just before the node restarts."""
-        assert self.send_transport is not None
-        transport = self.send_transport
-        before = transport.answered()
-
-        def since() -> str:
-            diff = transport.answered() - before
-            parts_ = [f"{group or 'broker'} {status} ×{n}" for (group, status), n in sorted(diff.items())]
-            return "sends answered meanwhile: " + (", ".join(parts_) or "none")
-
-        return since
+        assert self.topology is not None and self.send_transport is not None
+        return self._note_fault(self.topology.lose_slave(down_ms, SendWatch(self.send_transport)))
 
     def lose_offset_commits(self, slot: int) -> str:
         assert self.topology is not None

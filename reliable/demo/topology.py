@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +29,7 @@ from reliable.demo.services import (
     WorkerConfig,
     worker_process,
 )
+from reliable.demo.transport import SendWatch
 
 log = logging.getLogger("reliable.demo")
 
@@ -59,8 +59,8 @@ class Topology(Protocol):
     def start_broker(self, topic: str, queues: int) -> None: ...
     def stop_broker(self) -> None: ...
     def crash_broker(self, down_ms: int) -> str: ...
-    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str: ...
-    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str: ...
+    def lose_master(self, down_ms: int, sends: SendWatch) -> str: ...
+    def lose_slave(self, down_ms: int, sends: SendWatch) -> str: ...
     def start_consumer(self, config: WorkerConfig) -> ConsumerSlot: ...
     def stop_consumer(self, slot: ConsumerSlot) -> None: ...
     def kill_consumer(self, slot: ConsumerSlot) -> None: ...
@@ -165,10 +165,10 @@ class ProcessTopology(ConsumerProcessesOf):
         self.server.restart()
         return f"broker power cut (unflushed data discarded, process killed), restarted after {down_ms} ms"
 
-    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+    def lose_master(self, down_ms: int, sends: SendWatch) -> str:
         raise FaultUnsupported("one broker, no slave: run with --brokers N --slaves M")
 
-    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+    def lose_slave(self, down_ms: int, sends: SendWatch) -> str:
         raise FaultUnsupported("one broker, no slave: run with --brokers N --slaves M")
 
     def lag(self, topic: str, group: str) -> int | None:
@@ -210,10 +210,10 @@ class InProcessTopology:
     def crash_broker(self, down_ms: int) -> str:
         raise FaultUnsupported("an in-process broker cannot be crashed under live in-process clients")
 
-    def lose_master(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+    def lose_master(self, down_ms: int, sends: SendWatch) -> str:
         raise FaultUnsupported("an in-process broker has no slave")
 
-    def lose_slave(self, down_ms: int, meanwhile: Callable[[], str]) -> str:
+    def lose_slave(self, down_ms: int, sends: SendWatch) -> str:
         raise FaultUnsupported("an in-process broker has no slave")
 
     def start_consumer(self, config: WorkerConfig) -> ConsumerSlot:

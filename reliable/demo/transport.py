@@ -125,3 +125,23 @@ class ChaosTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class SendWatch:
+    """The producer's sends from now on, as the broker answered them: for the description of an outage and
+    to wait until a group acknowledged some (a cluster fault waits for that before cutting a master)."""
+
+    def __init__(self, transport: ChaosTransport) -> None:
+        self.transport = transport
+        self._before = transport.answered()
+
+    def since(self) -> Counter[tuple[str, str]]:
+        return self.transport.answered() - self._before
+
+    def acked(self, group: str) -> int:
+        """Sends to ``group`` answered SUCCESS since the watch began."""
+        return self.since()[(group, ResponseCode.SUCCESS.name)]
+
+    def describe(self) -> str:
+        parts = [f"{group or 'broker'} {status} ×{n}" for (group, status), n in sorted(self.since().items())]
+        return "sends answered meanwhile: " + (", ".join(parts) or "none")

@@ -107,12 +107,24 @@ def test_business_handler_parses_and_applies(engine) -> None:  # type: ignore[no
 def test_chaos_plan_is_deterministic_and_well_formed(seed: int) -> None:
     a, b = chaos.plan(seed), chaos.plan(seed)
     assert a == b
-    assert {f.kind for f in a} == set(chaos.FaultKind)  # every kind at least once
+    assert {f.kind for f in a} == chaos.SINGLE_BROKER  # every kind of one broker at least once
     assert [f.at for f in a] == sorted(f.at for f in a)
     for f in a:
         assert 0.05 <= f.at <= 0.9
         if f.kind is chaos.FaultKind.BROKER_CRASH:
             assert f.at <= 0.7
+    # a cluster: a group's master (and, with slaves, a slave) dies instead of the whole broker, early
+    # enough that later sends pass whatever it lost
+    kinds = chaos.kinds_for(brokers=2, slaves=1)
+    on_cluster = chaos.plan(seed, kinds)
+    assert {f.kind for f in on_cluster} == kinds
+    assert chaos.FaultKind.BROKER_CRASH not in kinds
+    assert {chaos.FaultKind.MASTER_LOSS, chaos.FaultKind.SLAVE_LOSS} <= kinds
+    for f in on_cluster:
+        if f.kind in chaos.CLUSTER_ONLY:
+            assert f.at <= 0.7 and 2000 <= f.param <= 4000
+    assert chaos.FaultKind.SLAVE_LOSS not in chaos.kinds_for(brokers=2, slaves=0)
+    assert chaos.kinds_for(brokers=1, slaves=0) == chaos.SINGLE_BROKER
 
 
 def test_chaos_plans_differ_between_seeds() -> None:
@@ -149,6 +161,13 @@ class _Target:
     def drop_db_connections(self) -> str:
         return "ok"
 
+    def lose_master(self, down_ms: int) -> str:
+        self.calls.append("master")
+        return "ok"
+
+    def lose_slave(self, down_ms: int) -> str:
+        raise chaos.FaultUnsupported("no slave")
+
 
 def test_controller_records_injected_skipped_and_failed_faults() -> None:
     target = _Target()
@@ -157,6 +176,8 @@ def test_controller_records_injected_skipped_and_failed_faults() -> None:
         chaos.PlannedFault(0.2, chaos.FaultKind.BROKER_CRASH, 100),
         chaos.PlannedFault(0.3, chaos.FaultKind.REDIS_DOWN, 100),
         chaos.PlannedFault(0.4, chaos.FaultKind.CONSUMER_KILL, 0),
+        chaos.PlannedFault(0.5, chaos.FaultKind.MASTER_LOSS, 2000),
+        chaos.PlannedFault(0.6, chaos.FaultKind.SLAVE_LOSS, 2000),
     ]
     ctl = chaos.ChaosController(list(schedule), target, produced=lambda: 1.0, applied=lambda: 0.0)
     ctl.finish()  # nothing started: finish fires everything in order
@@ -166,7 +187,10 @@ def test_controller_records_injected_skipped_and_failed_faults() -> None:
         (chaos.FaultKind.BROKER_CRASH, False),
         (chaos.FaultKind.REDIS_DOWN, False),
         (chaos.FaultKind.CONSUMER_KILL, True),
+        (chaos.FaultKind.MASTER_LOSS, True),
+        (chaos.FaultKind.SLAVE_LOSS, False),
     ]
+    assert target.calls == ["acks", "kill", "master"]
     assert ctl.records[1].detail.startswith("skipped") and ctl.records[2].detail.startswith("failed")
 
 
