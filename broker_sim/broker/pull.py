@@ -9,6 +9,10 @@ Outcome table (reference §C): found → SUCCESS, next = offset + units scanned;
 offset < min → PULL_OFFSET_MOVED next min; offset > max → PULL_OFFSET_MOVED next max (4.9.8's
 ``DefaultMessageStore.getMessage``; 4.9.0–4.9.3 answered next 0 while the min offset was 0); everything
 scanned filtered out → PULL_RETRY_IMMEDIATELY.
+
+Every reply names the node the client should read the queue from next (``suggestWhichBrokerId``, see
+:meth:`PullMessageProcessor._suggest`): with ``slave_read_enable`` a slave when the read was slow (further
+behind than the store's memory share), else the master.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ Faults on a cluster (``--chaos``):
 * **master loss** — a group's master loses power (SIGUSR1: what it had not flushed is gone, as after a
   real power cut), stays down for a few seconds and restarts on its store. Meanwhile the producers send to
   the other groups (their latency fault tolerance keeps them off the dead group), and consumers read the
-  dead group's queues from its slave. Under ``ASYNC_MASTER`` what the slave had not received is lost; the
-  sweeper finds those messages unconfirmed and sends them again.
+  dead group's queues from its slave. Under ``ASYNC_MASTER`` the slave is frozen just before the cut (a
+  slave that lags, as over a slow network) while its master acknowledges a few more sends: what neither
+  the slave received nor the master flushed is lost, and the sweeper finds those messages unconfirmed and
+  sends them again. (Over loopback an unfrozen slave is never behind, and the window would be empty.)
 * **slave loss** — a slave is killed and restarted. Under ``SYNC_MASTER`` its master's sends answer
   ``SLAVE_NOT_AVAILABLE`` (11) / ``FLUSH_SLAVE_TIMEOUT`` (12) until it is back: the message is stored on
   the master, the producer reports the status and the stub stays what it is (sent), so nothing is lost.
