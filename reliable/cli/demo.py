@@ -102,7 +102,7 @@ def register(sub: Any) -> None:
         type=_positive,
         metavar="N",
         help="run on a broker_sim cluster of N broker groups (name server + every broker its own process); "
-        "see docs/demo.md#on-a-cluster",
+        "see docs/demo.md (On a cluster)",
     )
     p.add_argument(
         "--slaves", type=_non_negative, metavar="M", help="slaves per broker group on the cluster (default 1)"
