@@ -102,17 +102,13 @@ class MessageStore:
         self.expiry = ExpiryService(cfg, self.clock, self.commit_log, usage, self._clean_logics)
         self.recovery_report = RecoveryReport()
         self._sync = sync
-        self._put_plain: PlainPut | None = None
         self._running = False
         self._crashed = False
-        self.replication = Replication(cfg, self.commit_log, self.dispatcher.wake)
-        if (
-            not sync
-            and cfg.dispatch_async
-            and self.replication.service is None
-            and not self.replication.is_slave
-        ):
-            self._put_plain = self.commit_log.plain_put(self.dispatcher.wake_event)
+        rep = self.replication = Replication(cfg, self.commit_log, self.dispatcher.wake)
+        plain = not sync and cfg.dispatch_async and rep.service is None and not rep.is_slave
+        self._put_plain: PlainPut | None = (
+            self.commit_log.plain_put(self.dispatcher.wake_event) if plain else None
+        )
         self.reader = StoreReader(cfg, self.commit_log, self.index, self._cqs, lambda: self._running)
         r = self.reader
         self.get_message = r.get_message
@@ -164,7 +160,8 @@ class MessageStore:
         self._running = True
         self._crashed = False
         self.dispatcher.start()
-        self.prefaulter.start()
+        if self.config.warm_mapped_file:
+            self.prefaulter.start()
         self.group_commit.start()
         self.flusher.start()
         self.expiry.start()

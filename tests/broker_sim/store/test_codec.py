@@ -323,7 +323,9 @@ def test_prefault_keeps_what_is_written(tmp_path: Path, impl: str) -> None:
 
 
 def test_prefaulter_runs_ahead_of_appends(tmp_path: Path) -> None:
-    store = MessageStore(tmp_path, small_config(commit_log_file_size=256 * 1024), ManualClock())
+    store = MessageStore(
+        tmp_path, small_config(commit_log_file_size=256 * 1024, warm_mapped_file=True), ManualClock()
+    )
     store.prefaulter.window = 64 * 1024
     store.start()
     try:
