@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test lint typecheck pytest system-deps services bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(wildcard broker_sim/store/_codec*.[ch])
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
 	$(BIN)/pip install --quiet -e '.[dev]'

@@ -1,11 +1,10 @@
 """The commit log: every message of every topic appended to one sequence of mapped segments — the only
 source of truth (consume queues and index are rebuilt from it).
 
-The append path is the hot path. :meth:`CommitLog.prepare` validates and encodes the *whole* record outside
-the lock (one ``HEADER.pack`` and one ``bytes.join``), leaving the three position-dependent fields zero;
-under the lock :meth:`CommitLog._write` copies it into the mapped segment with one slice assignment and
-patches QUEUEOFFSET + PHYSICALOFFSET (bytes 20..35, ``POSITION``) and STORETIMESTAMP (56..63) in place.
-It also assigns queue offsets: the per topic-queue counter lives here (RocketMQ's
+The append path is the hot path, and lives in :mod:`broker_sim.store.codec` (compiled, with a pure-Python
+twin): ``prepare`` validates and encodes the *whole* record outside the lock, leaving QUEUEOFFSET,
+PHYSICALOFFSET and STORETIMESTAMP zero; under the lock ``place`` copies it into the mapped segment, patches
+those fields in place and assigns the queue offset: the per topic-queue counter lives here (RocketMQ's
 ``CommitLog.topicQueueTable``) so that offsets follow commit order exactly. Half (prepared) and rollback
 transaction records take queue offset 0 and do not advance it.
 
@@ -17,15 +16,15 @@ a gap, hints dropped because the dispatcher lags far behind) is dispatched from 
 
 from __future__ import annotations
 
-import struct
 import threading
-import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from broker_sim.clock import Clock
-from broker_sim.store.errors import MessageIllegalError, PropertiesSizeExceededError
+from broker_sim.clock import Clock, SystemClock
+from broker_sim.store import codec
+from broker_sim.store.codec import TAGS_UNKNOWN, DispatchHint, Prepared
+from broker_sim.store.errors import MessageIllegalError
 from broker_sim.store.mapped_file import MappedFile
 from broker_sim.store.mapped_file_queue import MappedFileQueue
 from broker_sim.store.message_record import (
@@ -33,38 +32,40 @@ from broker_sim.store.message_record import (
     BLANK_MAGIC,
     END_FILE_MIN_BLANK,
     FIXED_SIZE,
-    HEADER,
-    I16,
-    I64,
     MESSAGE_MAGIC,
-    PROPERTIES_MAX_LEN,
     MessageInner,
-    check_topic,
-    encode_properties,
-    host_bytes,
 )
-from broker_sim.store.results import AppendMessageResult, AppendMessageStatus
+from broker_sim.store.results import AppendMessageResult, AppendMessageStatus, PutMessageResult
+
+__all__ = ["MAX_HINTS", "NO_PREFAULT", "TAGS_UNKNOWN", "CommitLog", "DispatchHint", "Prepared"]
 
 _PUT_OK = AppendMessageStatus.PUT_OK
 SIZE_MAGIC = BLANK  # the same ">ii" shape reads (TOTALSIZE, MAGICCODE) of a record
-POSITION = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET at record byte 20
-STORE_TS_AT = 56
-#: TAGS value of a hint whose properties do not survive a decode unchanged (a name or value holding
-#: \x01/\x02): the dispatcher then decodes ``props_b`` exactly as it would from disk.
-TAGS_UNKNOWN = "\x00unknown"
 MAX_HINTS = 200_000  # beyond this backlog new appends leave no hint (the log bytes still dispatch them)
+NO_PREFAULT = 2**63 - 1
+PlainPut = Callable[["CommitLog", MessageInner], PutMessageResult | None]
 
-# (record with QUEUEOFFSET/PHYSICALOFFSET/STORETIMESTAMP zero, (topic, queue id), counts in queue,
-#  store host, TAGS value or None or TAGS_UNKNOWN, raw properties, sys flag, prepared-tx offset)
-Prepared = tuple[bytes, tuple[str, int], bool, bytes, str | None, bytes, int, int]
-# (log end before the append, physical offset, size, topic, queue id, queue offset, store timestamp,
-#  sys flag, prepared-tx offset, TAGS value (see TAGS_UNKNOWN), raw properties)
-DispatchHint = tuple[int, int, int, str, int, int, int, int, int, str | None, bytes]
+
+def _nothing() -> None:
+    return None
 
 
 class CommitLog:
+    # slots: the compiled append reads several of them per put, in place (``codec.register_slots``)
+    __slots__ = (
+        "_now", "_place", "_prepare", "clock", "codec", "dispatch_hints", "file_size", "impl", "last_append",
+        "lock", "max_hints", "max_message_size", "mfq", "prefault_mark", "prefault_wake", "put_state",
+        "store_host", "topic_fields", "topic_queue_table",
+    )  # fmt: skip
+
     def __init__(
-        self, directory: Path, file_size: int, max_message_size: int, store_host: bytes, clock: Clock
+        self,
+        directory: Path,
+        file_size: int,
+        max_message_size: int,
+        store_host: bytes,
+        clock: Clock,
+        impl: str | None = None,
     ) -> None:
         self.mfq = MappedFileQueue(directory, file_size)
         self.file_size = file_size
@@ -73,114 +74,82 @@ class CommitLog:
         self.clock = clock
         self.lock = threading.Lock()
         self.topic_queue_table: dict[tuple[str, int], int] = {}
-        self._topic_fields: dict[str, bytes] = {}
+        self.topic_fields: dict[str, bytes] = {}
         # (end offset, store timestamp) of the newest record: the flusher turns it into the checkpoint
         self.last_append: tuple[int, int] = (0, 0)
         self.dispatch_hints: deque[DispatchHint] = deque()
+        self.max_hints = MAX_HINTS
+        # an append ending at or past this offset calls prefault_wake (see broker_sim.store.prefault)
+        self.prefault_mark = NO_PREFAULT
+        self.prefault_wake: Callable[[], None] = _nothing
+        #: what the compiled ``put_plain`` needs (set by MessageStore when it uses it)
+        self.put_state: tuple[object, ...] = ()
+        #: "c" or "python": which twin of :mod:`broker_sim.store.codec` appends (tests pick both)
+        self.impl = impl or codec.IMPL
+        self.codec = codec.implementation(self.impl)
+        self._prepare, self._place = self.codec.prepare, self.codec.place
+        self._now = self.codec.now_ms if type(clock) is SystemClock else clock.now_ms
 
     # ------------------------------------------------------------------------------------------ append
     def prepare(self, msg: MessageInner) -> Prepared:
         """Validate and encode everything that does not depend on the append position (outside the lock)."""
-        topic_field = self._topic_fields.get(msg.topic)
-        if topic_field is None:
-            raw = check_topic(msg.topic)
-            topic_field = bytes((len(raw),)) + raw
-            self._topic_fields[msg.topic] = topic_field
-        props = msg.properties
-        if props:
-            props_b = encode_properties(props)
-            plen = len(props_b)
-            if plen > PROPERTIES_MAX_LEN:
-                raise PropertiesSizeExceededError(f"properties are {plen} bytes, more than 32767")
-            n = len(props)
-            clean = props_b.count(1) == n and props_b.count(2) == n - 1
-            tags = props.get("TAGS") if clean else TAGS_UNKNOWN
-        else:
-            props_b, plen, tags = b"", 0, None
-        body = msg.body
-        blen = len(body)
-        if blen > self.max_message_size:
-            raise MessageIllegalError(
-                f"body is {blen} bytes, more than max_message_size {self.max_message_size}"
-            )
-        size = FIXED_SIZE - 1 + blen + len(topic_field) + plen
-        if size + END_FILE_MIN_BLANK > self.file_size:
-            raise MessageIllegalError(f"a {size}-byte record cannot fit a {self.file_size}-byte segment")
-        qid = msg.queue_id
-        if not 0 <= qid <= 0x7FFFFFFF:
-            raise MessageIllegalError(f"queue id {qid} out of range")
-        sys_flag = msg.sys_flag
-        if sys_flag & 0x30:
-            raise MessageIllegalError("IPv6 hosts are not supported (sysFlag 0x10/0x20)")
-        tran = sys_flag & 0xC
-        shost = self.store_host if msg.store_host is None else host_bytes(msg.store_host)
-        prepared = msg.prepared_transaction_offset
-        try:
-            header = HEADER.pack(
-                size, MESSAGE_MAGIC, zlib.crc32(body) & 0x7FFFFFFF, qid, msg.flag, 0, 0, sys_flag,
-                msg.born_timestamp, host_bytes(msg.born_host), 0, shost, msg.reconsume_times, prepared, blen,
-            )  # fmt: skip
-        except struct.error as exc:
-            raise MessageIllegalError(f"a header field is out of range: {exc}") from exc
-        record = b"".join((header, body, topic_field, I16.pack(plen), props_b))
-        return record, (msg.topic, qid), tran != 0x4 and tran != 0xC, shost, tags, props_b, sys_flag, prepared
+        return self._prepare(msg, self.store_host, self.topic_fields, self.max_message_size, self.file_size)
 
-    def _write(self, p: Prepared, now: int) -> tuple[int, int]:
-        """Append one prepared record (lock held); returns (physical offset, queue offset)."""
-        record, key, counted = p[0], p[1], p[2]
-        size = len(record)
-        table = self.topic_queue_table
-        qoff = table.get(key, 0) if counted else 0
+    def roll(self, size: int) -> MappedFile:
+        """The segment a ``size``-byte record goes to: the last one, or — when the record does not fit it —
+        a new one after a BLANK marker (int32 remaining + int32 magic) closing the full one."""
         files = self.mfq.files
-        mf: MappedFile = files[-1] if files else self.mfq.create(0)
+        if not files:
+            return self.mfq.create(0)
+        mf = files[-1]
         pos = mf.wrote
-        prev_end = mf.file_from_offset + pos
         if size + END_FILE_MIN_BLANK > self.file_size - pos:
-            # BLANK marker: int32 remaining + int32 magic, then the record goes to a fresh segment
             BLANK.pack_into(mf.mm, pos, self.file_size - pos, BLANK_MAGIC)
             mf.wrote = self.file_size
             mf = self.mfq.create(mf.end_offset)
-            pos = 0
-        phys = mf.file_from_offset + pos
-        mm = mf.mm
-        mm[pos : pos + size] = record
-        POSITION.pack_into(mm, pos + 20, qoff, phys)
-        I64.pack_into(mm, pos + STORE_TS_AT, now)
-        mf.wrote = pos + size
-        if counted:
-            table[key] = qoff + 1
-        hints = self.dispatch_hints
-        if len(hints) < MAX_HINTS:
-            hints.append((prev_end, phys, size, key[0], key[1], qoff, now, p[6], p[7], p[4], p[5]))
-        return phys, qoff
+        return mf
+
+    def plain_put(self, wake: threading.Event) -> PlainPut | None:
+        """The compiled one-call put (codec ``put_plain``) for a store whose puts only append and then set
+        ``wake`` (ASYNC_FLUSH, asynchronous dispatch, no replication) — if this log appends in C on the
+        system clock; else None."""
+        if codec.compiled is None or self.impl != "c" or self._now is not self.codec.now_ms:
+            return None
+        self.put_state = (
+            self.store_host,
+            self.topic_fields,
+            self.max_message_size,
+            self.file_size,
+            self.lock,
+            wake,
+        )
+        put: PlainPut = codec.compiled.put_plain
+        return put
 
     def append(self, msg: MessageInner) -> AppendMessageResult:
         """Append one message; raises MessageIllegalError/PropertiesSizeExceededError for bad input."""
-        p = self.prepare(msg)
+        p = self._prepare(msg, self.store_host, self.topic_fields, self.max_message_size, self.file_size)
         with self.lock:
-            now = self.clock.now_ms()
-            phys, qoff = self._write(p, now)
-            size = len(p[0])
-            self.last_append = (phys + size, now)
-        return AppendMessageResult(_PUT_OK, phys, size, qoff, now, 1, p[3])
+            return self._place(self, p, self._now())
 
     def append_batch(self, msgs: Sequence[MessageInner]) -> AppendMessageResult:
         """Append several messages contiguously under one lock (one flush wait covers them all)."""
         prepared = [self.prepare(m) for m in msgs]
-        offsets: list[int] = []
         with self.lock:
-            now = self.clock.now_ms()
-            first_qoff = 0
-            total = 0
-            for i, p in enumerate(prepared):
-                phys, qoff = self._write(p, now)
-                if i == 0:
-                    first_qoff = qoff
-                offsets.append(phys)
-                total += len(p[0])
-            self.last_append = (offsets[-1] + len(prepared[-1][0]), now)
+            now = self._now()
+            results = [self._place(self, p, now) for p in prepared]
+        first = results[0]
+        total = sum(r.wrote_bytes for r in results)
+        offsets = tuple(r.wrote_offset for r in results)
         return AppendMessageResult(
-            _PUT_OK, offsets[0], total, first_qoff, now, len(prepared), prepared[0][3], tuple(offsets)
+            _PUT_OK,
+            first.wrote_offset,
+            total,
+            first.queue_offset,
+            now,
+            len(results),
+            first.store_host,
+            offsets,
         )
 
     # ------------------------------------------------------------------------------------------ read
@@ -257,3 +226,8 @@ class CommitLog:
             mf.mm[pos : pos + len(data)] = data
             mf.wrote = pos + len(data)
             self.last_append = (offset + len(data), self.clock.now_ms())
+
+
+if codec.compiled is not None:
+    codec.compiled.register_slots(CommitLog, "commit_log")
+    codec.compiled.register_slots(MappedFileQueue, "file_queue")

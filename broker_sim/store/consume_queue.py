@@ -15,7 +15,6 @@ import logging
 import mmap
 import struct
 from collections.abc import Callable, Iterator
-from itertools import starmap
 from pathlib import Path
 
 from broker_sim.store.config import CQ_UNIT_SIZE
@@ -126,26 +125,29 @@ class ConsumeQueue:
         if end > self.max_phys_end:
             self.max_phys_end = end
 
-    def put_run(self, first_offset: int, units: list[tuple[int, int, int]]) -> None:
-        """Write units ``(phys, size, tagsCode)`` for consecutive queue offsets from ``first_offset``.
+    def put_packed(self, first_offset: int, units: bytes) -> None:
+        """Write packed units (``UNIT`` × n) for consecutive queue offsets from ``first_offset``.
 
-        The live case — the run continues the queue inside its last file — is one ``bytes.join`` of packed
-        units and one slice assignment; anything else (a re-dispatch, a file boundary) goes unit by unit
-        through :meth:`put` with its checks."""
-        files = self.mfq.files
-        if files:
-            mf = files[-1]
-            local = first_offset * CQ_UNIT_SIZE - mf.file_from_offset
-            end = local + len(units) * CQ_UNIT_SIZE
-            if local == mf.wrote and end <= mf.file_size:
-                mf.mm[local:end] = b"".join(starmap(UNIT.pack, units))
-                mf.wrote = end
-                phys, size, _ = units[-1]
+        Where the run continues the queue inside its last file it is one slice assignment; anything else
+        (the queue's first unit, a re-dispatch, a file boundary) goes through :meth:`put` with its checks,
+        one unit at a time until the rest can again be copied whole."""
+        done = 0
+        total = len(units)
+        while done < total:
+            files = self.mfq.files
+            mf = files[-1] if files else None
+            local = (first_offset * CQ_UNIT_SIZE + done) - mf.file_from_offset if mf is not None else -1
+            if mf is not None and local == mf.wrote and local < mf.file_size:
+                n = min(total - done, mf.file_size - local)
+                mf.mm[local : local + n] = units[done : done + n]
+                mf.wrote = local + n
+                phys, size, _ = UNIT.unpack_from(units, done + n - CQ_UNIT_SIZE)
                 if phys + size > self.max_phys_end:
                     self.max_phys_end = phys + size
-                return
-        for i, (phys, size, tags_code) in enumerate(units):
-            self.put(first_offset + i, phys, size, tags_code)
+                done += n
+            else:
+                self.put(first_offset + done // CQ_UNIT_SIZE, *UNIT.unpack_from(units, done))
+                done += CQ_UNIT_SIZE
 
     def _reject(self, queue_offset: int, phys: int) -> None:
         """A record whose QUEUEOFFSET would leave a gap (or go below the queue): QUEUEOFFSET is not covered

@@ -21,7 +21,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-from broker_sim.store.commit_log import TAGS_UNKNOWN, CommitLog, DispatchHint
+from broker_sim.store.commit_log import CommitLog, DispatchHint
 from broker_sim.store.config import SCHEDULE_TOPIC
 from broker_sim.store.consume_queue import ConsumeQueue
 from broker_sim.store.index_service import IndexService
@@ -104,53 +104,36 @@ class Dispatcher:
 
     def _from_hints(self, offset: int, end: int, notify: bool, build_cq: bool) -> tuple[int, int]:
         """Dispatch up to 512 hinted records starting at ``offset``; returns (new offset, count)."""
-        hints = self.commit_log.dispatch_hints
-        batch: list[DispatchHint] = []
-        while hints and len(batch) < 512:
-            h = hints[0]
-            if h[0] > offset or h[1] < offset or h[1] + h[2] > end:
-                break  # not contiguous with what is dispatched (or beyond ``end``): leave it
-            hints.popleft()
-            batch.append(h)
-            offset = h[1] + h[2]
+        codec = self.commit_log.codec
+        batch, offset = codec.take_hints(self.commit_log.dispatch_hints, offset, end, 512)
         if not batch:
             return offset, 0
         index = self.index
         listeners = self.listeners if notify else []
-        plain_tags = self.tags_code_hook is None
-        runs: dict[tuple[str, int], tuple[int, list[tuple[int, int, int]]]] = {}
+        runs, codes = codec.build_runs(batch, self._special_code, self.tags_code_hook is not None, build_cq)
+        for topic, qid, first, units in runs:
+            self.find_cq(topic, qid).put_packed(first, units)
         requests: list[tuple[object, ...]] = []
-        for _, phys, size, topic, qid, qoff, store_ts, sys_flag, prepared, tags, props_b in batch:
-            props = None
-            if plain_tags and topic != SCHEDULE_TOPIC and tags is not TAGS_UNKNOWN:
-                tags_code = tags_hash(tags) if tags else 0
-            else:
+        if index is not None or listeners:
+            for h, tags_code in zip(batch, codes, strict=True):
+                _, phys, size, topic, qid, qoff, store_ts, sys_flag, prepared, _, props_b = h
                 props = decode_properties(props_b) if props_b else {}
-                tags_code = self._tags_code(topic, props, store_ts)
-            tran = sys_flag & 0xC
-            if build_cq and tran != 0x4 and tran != 0xC:
-                run = runs.get((topic, qid))
-                if run is None or run[0] + len(run[1]) != qoff:
-                    if run is not None:
-                        self.find_cq(topic, qid).put_run(*run)
-                    run = runs[(topic, qid)] = (qoff, [])
-                run[1].append((phys, size, tags_code))
-            if index is not None or listeners:
-                if props is None:
-                    props = decode_properties(props_b) if props_b else {}
                 if index is not None:
                     index.build(topic, props, phys, store_ts, sys_flag)
                 if listeners:
                     requests.append(
                         (topic, qid, phys, size, tags_code, store_ts, qoff, sys_flag, prepared, props)
                     )
-        for (topic, qid), run in runs.items():
-            self.find_cq(topic, qid).put_run(*run)
         self.last_store_timestamp = batch[-1][6]
         self.reput_offset = offset
         for fields in requests:
             self._notify(listeners, *fields)
         return offset, len(batch)
+
+    def _special_code(self, h: DispatchHint) -> int:
+        """Tag code of a hinted record whose properties must be decoded first (see ``build_runs``)."""
+        props = decode_properties(h[10]) if h[10] else {}
+        return self._tags_code(h[3], props, h[6])
 
     def _from_log(self, offset: int, end: int, notify: bool, build_cq: bool) -> tuple[int, int, bool]:
         """Dispatch records parsed from the log bytes in [offset, end); returns (new offset, count, hit
@@ -257,6 +240,11 @@ class Dispatcher:
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="broker_sim-dispatcher", daemon=True)
         self._thread.start()
+
+    @property
+    def wake_event(self) -> threading.Event:
+        """Set to wake the dispatcher (what :meth:`wake` sets; the compiled put sets it directly)."""
+        return self._wake
 
     def wake(self) -> None:
         if not self._wake.is_set():

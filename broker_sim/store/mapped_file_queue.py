@@ -11,6 +11,8 @@ from broker_sim.store.mapped_file import NAME_DIGITS, MappedFile, file_name, fsy
 
 
 class MappedFileQueue:
+    __slots__ = ("directory", "file_size", "files")
+
     def __init__(self, directory: Path, file_size: int) -> None:
         self.directory = directory
         self.file_size = file_size

@@ -15,6 +15,7 @@ so a record is ``91 + len(body) + len(topic) + len(properties)`` bytes. The end 
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import re
 import socket
@@ -26,6 +27,7 @@ from functools import lru_cache
 from operator import mul
 from typing import Union
 
+from broker_sim.store.config import SCHEDULE_TOPIC
 from broker_sim.store.errors import MessageIllegalError, PropertiesSizeExceededError
 
 Buffer = Union[bytes, bytearray, memoryview, mmap.mmap]  # noqa: UP007
@@ -282,6 +284,27 @@ def encode_record(
     I16.pack_into(buf, p, len(props_b))
     buf[p + 2 :] = props_b
     return bytes(buf)
+
+
+def schedule_rewrite(msg: MessageInner, levels: int) -> MessageInner:
+    """RocketMQ's delay rewrite (``CommitLog.putMessage``): DELAY level > 0 on a message that is not a half or
+    rollback record nor already on the schedule topic → ``SCHEDULE_TOPIC_XXXX`` queue level−1, with
+    ``REAL_TOPIC``/``REAL_QID`` set and the level clamped to the ``levels`` configured."""
+    delay = msg.properties.get(PROPERTY_DELAY)
+    if delay is None or msg.topic == SCHEDULE_TOPIC or msg.sys_flag & 0xC in (0x4, 0xC):
+        return msg
+    try:
+        level = int(delay)
+    except ValueError as exc:
+        raise MessageIllegalError(f"DELAY property {delay!r} is not an integer level") from exc
+    if level <= 0:
+        return msg
+    level = min(level, levels)
+    props = dict(msg.properties)
+    props[PROPERTY_REAL_TOPIC] = msg.topic
+    props[PROPERTY_REAL_QUEUE_ID] = str(msg.queue_id)
+    props[PROPERTY_DELAY] = str(level)
+    return dataclasses.replace(msg, topic=SCHEDULE_TOPIC, queue_id=level - 1, properties=props)
 
 
 class RecordCheck:

@@ -7,11 +7,8 @@ Layout of ``store_dir``::
     index/yyyyMMddHHmmssSSS               hash-slot index by key
     checkpoint, abort, config/*.json      (config files: see :mod:`broker_sim.store.config_files`)
 
-Delayed messages: like RocketMQ's ``CommitLog.putMessage``, a put whose ``DELAY`` property is a level > 0 (and
-which is not a half/rollback transaction record, nor already on the schedule topic) is stored on
-``SCHEDULE_TOPIC_XXXX`` queue ``level − 1`` with ``REAL_TOPIC``/``REAL_QID`` set; its consume-queue tag code
-is the delivery time. The messaging layer's schedule service reads those queues (a dispatch listener wakes it)
-and re-puts due messages to the real topic *without* ``DELAY``.
+Delayed messages go to ``SCHEDULE_TOPIC_XXXX`` as in RocketMQ (:func:`.message_record.schedule_rewrite`); the
+messaging layer's schedule service re-puts them to the real topic, without ``DELAY``, when due.
 
 Crash simulation (:meth:`MessageStore.crash`): stop every thread without flushing, zero every byte of the
 commit log and consume queues past what was last flushed to disk (what a power cut loses from the page
@@ -22,16 +19,16 @@ Under SYNC_FLUSH nothing acknowledged is lost; under ASYNC_FLUSH up to one flush
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from broker_sim.clock import Clock, SystemClock
 from broker_sim.store.checkpoint import AbortFile, StoreCheckpoint
-from broker_sim.store.commit_log import CommitLog
-from broker_sim.store.config import SCHEDULE_TOPIC, FlushDiskType, StoreConfig
+from broker_sim.store.commit_log import CommitLog, PlainPut
+from broker_sim.store.config import FlushDiskType, StoreConfig
 from broker_sim.store.consume_queue import ConsumeQueue
 from broker_sim.store.dispatcher import Dispatcher, TagsCodeHook
 from broker_sim.store.errors import MessageIllegalError, PropertiesSizeExceededError
@@ -42,11 +39,11 @@ from broker_sim.store.ha.replication import Replication
 from broker_sim.store.index_service import IndexService
 from broker_sim.store.message_record import (
     PROPERTY_DELAY,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
     MessageInner,
     host_bytes,
+    schedule_rewrite,
 )
+from broker_sim.store.prefault import Prefaulter
 from broker_sim.store.reader import StoreReader
 from broker_sim.store.recovery import choose_start, count_dirty_bytes, scan_commit_log
 from broker_sim.store.results import (
@@ -61,6 +58,8 @@ from broker_sim.store.results import (
 log = logging.getLogger(__name__)
 _PUT_OK = PutMessageStatus.PUT_OK
 _MAX_TS = 2**63 - 1
+_T = TypeVar("_T")
+_Appended = AppendMessageResult | PutMessageResult
 
 
 class MessageStore:
@@ -89,6 +88,7 @@ class MessageStore:
         self.dispatcher = Dispatcher(
             self.commit_log, self.find_consume_queue, self.index, cfg.delay_levels_ms
         )
+        self.prefaulter = Prefaulter(self.commit_log)
         self.checkpoint = StoreCheckpoint(self.store_dir / "checkpoint")
         self.abort_file = AbortFile(self.store_dir / "abort")
         self.group_commit = GroupCommitService(self.commit_log, self.checkpoint, self.clock)
@@ -96,7 +96,7 @@ class MessageStore:
         sync = cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.flusher = PeriodicFlusher(
             self.clock, cfg.flush_interval_commit_log_ms, cfg.flush_interval_consume_queue_ms,
-            None if sync else self._flush_commit_log_now, self._flush_logics,
+            None if sync else self._flush_commit_log, self._flush_logics,
         )  # fmt: skip
         usage = cfg.disk_usage or default_disk_usage(self.store_dir)
         self.expiry = ExpiryService(cfg, self.clock, self.commit_log, usage, self._clean_logics)
@@ -104,7 +104,11 @@ class MessageStore:
         self._sync = sync
         self._running = False
         self._crashed = False
-        self.replication = Replication(cfg, self.commit_log, self.dispatcher.wake)
+        rep = self.replication = Replication(cfg, self.commit_log, self.dispatcher.wake)
+        plain = not sync and cfg.dispatch_async and rep.service is None and not rep.is_slave
+        self._put_plain: PlainPut | None = (
+            self.commit_log.plain_put(self.dispatcher.wake_event) if plain else None
+        )
         self.reader = StoreReader(cfg, self.commit_log, self.index, self._cqs, lambda: self._running)
         r = self.reader
         self.get_message = r.get_message
@@ -156,6 +160,8 @@ class MessageStore:
         self._running = True
         self._crashed = False
         self.dispatcher.start()
+        if self.config.warm_mapped_file:
+            self.prefaulter.start()
         self.group_commit.start()
         self.flusher.start()
         self.expiry.start()
@@ -224,6 +230,7 @@ class MessageStore:
         self.expiry.stop()
         self.flusher.stop()
         self.group_commit.stop()
+        self.prefaulter.stop()
         self.dispatcher.stop()
         self.dispatcher.dispatch_pending()
         self._flush_commit_log()
@@ -241,6 +248,7 @@ class MessageStore:
         self.expiry.stop()
         self.flusher.stop()
         self.group_commit.abandon()
+        self.prefaulter.stop()
         self.dispatcher.stop()
         self.commit_log.mfq.discard_unflushed()
         with self._cq_lock:
@@ -267,9 +275,6 @@ class MessageStore:
         self.shutdown()
 
     # ================================================================================== flush
-    def _flush_commit_log_now(self) -> None:
-        self._flush_commit_log()
-
     def _flush_commit_log(self) -> int:
         end, ts = self.commit_log.last_append
         flushed = self.commit_log.flush()
@@ -313,41 +318,25 @@ class MessageStore:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="this broker is a slave")
         return None
 
-    def _schedule(self, msg: MessageInner) -> MessageInner:
-        """RocketMQ's delay rewrite: DELAY level > 0 → SCHEDULE_TOPIC_XXXX queue level−1."""
-        delay = msg.properties.get(PROPERTY_DELAY)
-        if delay is None or msg.topic == SCHEDULE_TOPIC or msg.sys_flag & 0xC in (0x4, 0xC):
-            return msg
-        try:
-            level = int(delay)
-        except ValueError as exc:
-            raise MessageIllegalError(f"DELAY property {delay!r} is not an integer level") from exc
-        if level <= 0:
-            return msg
-        level = min(level, len(self.config.delay_levels_ms))
-        props = dict(msg.properties)
-        props[PROPERTY_REAL_TOPIC] = msg.topic
-        props[PROPERTY_REAL_QUEUE_ID] = str(msg.queue_id)
-        props[PROPERTY_DELAY] = str(level)
-        return dataclasses.replace(msg, topic=SCHEDULE_TOPIC, queue_id=level - 1, properties=props)
-
     def put_message(self, msg: MessageInner) -> PutMessageResult:
         """Append one message. Expected failures come back as a status (MESSAGE_ILLEGAL for a bad topic or
         an oversized body, PROPERTIES_SIZE_EXCEEDED, SERVICE_NOT_AVAILABLE when stopped or the disk is
         full, FLUSH_DISK_TIMEOUT when a sync flush is late — the message is stored all the same)."""
+        plain = self._put_plain
+        if plain and self._running and not self.expiry.disk_full and PROPERTY_DELAY not in msg.properties:
+            r = plain(self.commit_log, msg)  # the common case in one compiled call (None: take this path)
+            if r is not None:
+                return r
         if not self._running or self.expiry.disk_full or self.replication.is_slave:
             return self._refusal() or PutMessageResult(PutMessageStatus.UNKNOWN_ERROR)
-        try:
-            if PROPERTY_DELAY in msg.properties:
-                msg = self._schedule(msg)
-            result = self.commit_log.append(msg)
-        except PropertiesSizeExceededError as exc:
-            return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, remark=str(exc))
-        except MessageIllegalError as exc:
-            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
-        except OSError as exc:
-            log.exception("cannot create a commit-log segment")
-            return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, remark=str(exc))
+        if PROPERTY_DELAY in msg.properties:
+            try:
+                msg = schedule_rewrite(msg, len(self.config.delay_levels_ms))
+            except MessageIllegalError as exc:
+                return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
+        result = self._append(self.commit_log.append, msg)
+        if isinstance(result, PutMessageResult):
+            return result
         if self._sync or not self.config.dispatch_async or self.replication.service is not None:
             return self._after_append(result)
         self.dispatcher.wake()  # the common ASYNC_FLUSH case, inlined: nothing to wait for
@@ -361,9 +350,18 @@ class MessageStore:
             return refusal
         if not msgs:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="empty batch")
+        levels = len(self.config.delay_levels_ms)
         try:
-            batch = [self._schedule(m) if PROPERTY_DELAY in m.properties else m for m in msgs]
-            result = self.commit_log.append_batch(batch)
+            batch = [schedule_rewrite(m, levels) if PROPERTY_DELAY in m.properties else m for m in msgs]
+        except MessageIllegalError as exc:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
+        result = self._append(self.commit_log.append_batch, batch)
+        return result if isinstance(result, PutMessageResult) else self._after_append(result)
+
+    def _append(self, fn: Callable[[_T], AppendMessageResult], arg: _T) -> _Appended:
+        """``append(arg)``, with bad input and a failed segment creation turned into their statuses."""
+        try:
+            return fn(arg)
         except PropertiesSizeExceededError as exc:
             return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, remark=str(exc))
         except MessageIllegalError as exc:
@@ -371,7 +369,6 @@ class MessageStore:
         except OSError as exc:
             log.exception("cannot create a commit-log segment")
             return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, remark=str(exc))
-        return self._after_append(result)
 
     def _after_append(self, result: AppendMessageResult) -> PutMessageResult:
         if self.config.dispatch_async:

@@ -1,0 +1,79 @@
+"""Keeps the pages just ahead of the commit log's write position mapped, on a thread of its own.
+
+Why: a fresh segment is a sparse file, so the first copy into each 4 KiB page faults — the kernel allocates
+and zeroes a page-cache page and reserves the block — and that fault happens inside the append, with the
+commit-log lock and the GIL held (≈ 0.8 µs of a 1 KiB put, bench a1). RocketMQ's ``warmMappedFile`` and
+``AllocateMappedFileService`` take the same cost off the put path by touching pages in advance. Here the
+append only compares its end with :attr:`CommitLog.prefault_mark` and, once per half window, wakes this
+thread, which asks the kernel to populate the next ``window`` bytes (``MADV_POPULATE_WRITE`` through
+:func:`broker_sim.store.codec.implementation`'s ``populate``; the compiled one releases the GIL). Page
+contents are not touched, so racing the writer is harmless; where the kernel cannot do it the thread
+gives up for good and appends fault as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from broker_sim.store.commit_log import NO_PREFAULT, CommitLog
+
+log = logging.getLogger(__name__)
+WINDOW = 4 * 1024 * 1024
+
+
+class Prefaulter:
+    def __init__(self, commit_log: CommitLog, window: int = WINDOW) -> None:
+        self.commit_log = commit_log
+        self.window = window
+        self.populated = 0  # absolute commit-log offset up to which pages were populated
+        self.rounds = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self.populated = 0  # recovery may have cut the log below what an earlier run populated
+        self.commit_log.prefault_wake = self._wake.set
+        self.commit_log.prefault_mark = 0  # the first append wakes us
+        self._thread = threading.Thread(target=self._run, name="broker_sim-prefault", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join (before segments are closed: a populate in progress holds the mapping)."""
+        self.commit_log.prefault_mark = NO_PREFAULT
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run(self) -> None:
+        cl = self.commit_log
+        populate = cl.codec.populate
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            files = cl.mfq.files
+            if not files:
+                continue
+            mf = files[-1]
+            base, pos = mf.file_from_offset, mf.wrote
+            start = max(self.populated - base, pos)
+            end = min(mf.file_size, pos + self.window)
+            if end > start:
+                try:
+                    ok = populate(mf.mm, start, end - start)
+                except (ValueError, BufferError):
+                    ok = True  # the segment was closed under us (shutdown races): try the next one
+                if not ok:
+                    log.info("prefault: the kernel cannot populate mappings; appends will fault as before")
+                    cl.prefault_mark = NO_PREFAULT
+                    return
+                self.rounds += 1
+            self.populated = base + end
+            # wake again when the writer is half way through what is populated (or in the next segment)
+            cl.prefault_mark = base + end - self.window // 2 if end < mf.file_size else base + mf.file_size

@@ -1,0 +1,351 @@
+"""The compiled append path (``broker_sim.store._codec``) and its pure-Python twin (``codec.py``) behave the
+same: equal bytes, tuples and exceptions for any message (hypothesis), the same files for a whole workload,
+and the fallback is what runs when the extension is absent or switched off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import zlib
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker_sim.clock import ManualClock
+from broker_sim.store import MessageInner, MessageStore, PutMessageResult, PutMessageStatus, codec
+from broker_sim.store.codec import TAGS_UNKNOWN, DispatchHint
+from broker_sim.store.config import SCHEDULE_TOPIC
+from broker_sim.store.message_record import decode_record, encode_record, host_bytes
+from tests.broker_sim.store.conftest import small_config
+from tests.broker_sim.store.test_hot_paths import workload
+
+REPO = Path(__file__).resolve().parents[3]
+STORE_HOST = host_bytes(("192.168.1.9", 10911))
+needs_c = pytest.mark.skipif(codec.compiled is None, reason="the compiled codec is not built here")
+
+topics = st.one_of(st.from_regex(r"\A[%|a-zA-Z0-9_-]{1,130}\Z"), st.sampled_from(["", " ", "bad topic", "Ü"]))
+text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12)  # \x01, \x02 and all
+props = st.dictionaries(st.one_of(text, st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY"])), text, max_size=6)
+ints = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**64), 2**64))
+hosts = st.one_of(
+    st.tuples(st.sampled_from(["10.0.0.7", "127.0.0.1", "255.255.255.255"]), st.integers(0, 2**31 - 1)),
+    st.tuples(st.sampled_from(["::1", "nope", "10.0.0.7"]), st.integers(-5, 2**32)),
+)
+messages = st.builds(
+    MessageInner,
+    topic=topics,
+    body=st.binary(max_size=3000),
+    queue_id=st.one_of(st.integers(0, 40), st.integers(-(2**32), 2**32)),
+    flag=ints,
+    properties=props,
+    sys_flag=st.sampled_from([0, 0x1, 0x2, 0x4, 0x8, 0xC, 0x10, 0x20, -1, 2**31]),
+    born_timestamp=st.one_of(st.integers(0, 2**45), st.integers(-(2**64), 2**64)),
+    born_host=hosts,
+    store_host=st.one_of(st.none(), hosts),
+    reconsume_times=ints,
+    prepared_transaction_offset=st.one_of(st.integers(0, 2**40), st.integers(-(2**64), 2**64)),
+)
+
+
+def outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # the two twins must fail the same way, whatever the exception
+        return type(exc).__name__, str(exc)
+
+
+@needs_c
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    msg=messages, max_size=st.sampled_from([4 * 1024 * 1024, 1000]), file_size=st.sampled_from([2**30, 1200])
+)
+def test_compiled_prepare_equals_python(msg: MessageInner, max_size: int, file_size: int) -> None:
+    c_cache: dict[str, bytes] = {}
+    py_cache: dict[str, bytes] = {}
+    c = outcome(codec.compiled.prepare, msg, STORE_HOST, c_cache, max_size, file_size)
+    py = outcome(codec.py_prepare, msg, STORE_HOST, py_cache, max_size, file_size)
+    assert c == py
+    assert c_cache == py_cache
+    if c[0] == "ok":  # again, now from the topic cache
+        assert codec.compiled.prepare(msg, STORE_HOST, c_cache, max_size, file_size) == py[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    msg=st.builds(
+        MessageInner,
+        topic=st.from_regex(r"\A[a-zA-Z0-9_-]{1,40}\Z"),
+        body=st.binary(max_size=2000),
+        queue_id=st.integers(0, 2**31 - 1),
+        flag=st.integers(-(2**31), 2**31 - 1),
+        properties=st.dictionaries(
+            st.text(
+                alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]),
+                min_size=1,
+                max_size=8,
+            ),
+            st.text(
+                alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]),
+                max_size=8,
+            ),
+            max_size=5,
+        ),
+        sys_flag=st.sampled_from([0, 0x8]),
+        born_timestamp=st.integers(0, 2**45),
+        born_host=st.just(("10.0.0.7", 5555)),
+    ),
+    impl=st.sampled_from(["c", "python"]),
+    qoff=st.integers(0, 2**40),
+    now=st.integers(0, 2**45),
+)
+def test_placed_record_decodes_to_the_message(msg: MessageInner, impl: str, qoff: int, now: int) -> None:
+    """Encode with either twin, place into a mapped segment, decode: every field comes back, and the bytes
+    equal those of the independent reference encoder (``encode_record``, held to RocketMQ's layout by the
+    fidelity tests)."""
+    if impl == "c" and codec.compiled is None:
+        return
+    c = codec.implementation(impl)
+    p = c.prepare(msg, STORE_HOST, {}, 4 * 1024 * 1024, 2**30)
+    record = bytearray(p[0])
+    record[20:36] = qoff.to_bytes(8, "big") + (12345).to_bytes(8, "big")
+    record[56:64] = now.to_bytes(8, "big")
+    assert bytes(record) == encode_record(msg, qoff, 12345, now, STORE_HOST)
+    ext = decode_record(record)
+    assert (ext.topic, ext.body, ext.queue_id, ext.flag, ext.properties, ext.sys_flag) == (
+        msg.topic, msg.body, msg.queue_id, msg.flag, msg.properties, msg.sys_flag,
+    )  # fmt: skip
+    assert (ext.queue_offset, ext.commit_log_offset, ext.store_timestamp, ext.born_host) == (
+        qoff, 12345, now, msg.born_host,
+    )  # fmt: skip
+    assert ext.body_crc == zlib.crc32(msg.body) & 0x7FFFFFFF
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=5000))
+def test_compiled_crc_equals_zlib(data: bytes) -> None:
+    assert codec.compiled.crc32(data) == zlib.crc32(data)
+
+
+hints = st.lists(
+    st.tuples(
+        st.integers(0, 50),  # queue-offset step (0 = repeat, >1 = gap)
+        st.sampled_from(["TopicA", "TopicB", SCHEDULE_TOPIC]),
+        st.integers(0, 2),
+        st.sampled_from([0, 0x4, 0x8, 0xC]),
+        st.one_of(st.none(), st.sampled_from(["", "TagA", "Ü𝄞", TAGS_UNKNOWN])),
+    ),
+    max_size=60,
+)
+
+
+def as_hints(spec: list[tuple[int, str, int, int, str | None]]) -> list[DispatchHint]:
+    out: list[DispatchHint] = []
+    phys, qoffs = 0, dict[tuple[str, int], int]()
+    for step, topic, qid, sys_flag, tags in spec:
+        qoff = qoffs.get((topic, qid), 0) + (1 if step == 1 else step % 3)
+        qoffs[(topic, qid)] = qoff
+        size = 100 + step
+        out.append(
+            (phys, phys, size, topic, qid, qoff, 1_700_000_000_000 + step, sys_flag, 0, tags, b"D\x012")
+        )
+        phys += size
+    return out
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(spec=hints, all_special=st.booleans(), build_cq=st.booleans())
+def test_compiled_build_runs_equals_python(
+    spec: list[tuple[int, str, int, int, str | None]], all_special: bool, build_cq: bool
+) -> None:
+    batch = as_hints(spec)
+
+    def special(h: DispatchHint) -> int:
+        return h[6] * 7 + h[4]
+
+    assert codec.compiled.build_runs(batch, special, all_special, build_cq) == codec.py_build_runs(
+        batch, special, all_special, build_cq
+    )
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(spec=hints, cut=st.integers(0, 70), start=st.integers(0, 300), limit=st.integers(0, 70))
+def test_compiled_take_hints_equals_python(
+    spec: list[tuple[int, str, int, int, str | None]], cut: int, start: int, limit: int
+) -> None:
+    batch = as_hints(spec)
+    end = batch[min(cut, len(batch) - 1)][1] + 100 if batch else 0
+    c_deque, py_deque = deque(batch), deque(batch)
+    assert codec.compiled.take_hints(c_deque, start, end, limit) == codec.py_take_hints(
+        py_deque, start, end, limit
+    )
+    assert c_deque == py_deque
+
+
+def run_workload(tmp: Path, impl: str) -> dict[str, Any]:
+    store = MessageStore(
+        tmp, small_config(dispatch_async=False, commit_log_file_size=16 * 1024), ManualClock()
+    )
+    store.commit_log.__init__(  # type: ignore[misc]
+        tmp / "commitlog", 16 * 1024, store.config.max_message_size, store.store_host, store.clock, impl
+    )
+    store.start()
+    results = [store.put_message(m) for m in workload(11)]
+    batch = store.put_messages(workload(12)[:5])
+    store.shutdown()
+    files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(tmp.rglob("0*")) if p.is_file()}
+    return {"results": [*results, batch], "files": files}
+
+
+@needs_c
+def test_store_files_are_identical_with_either_twin(tmp_path: Path) -> None:
+    """A workload with every kind of record (tags, separators inside values, delays, transactions, segment
+    rolls, a batch) leaves byte-identical commit-log and consume-queue files and equal results."""
+    c = run_workload(tmp_path / "c", "c")
+    py = run_workload(tmp_path / "py", "python")
+    assert len(c["files"]) > 8 and c["files"] == py["files"]
+    assert c["results"] == py["results"]
+    assert all(r.status is PutMessageStatus.PUT_OK for r in c["results"])
+
+
+@needs_c
+def test_one_call_put_equals_general_put(tmp_path: Path) -> None:
+    """The compiled ``put_plain`` (taken for ASYNC_FLUSH puts on the system clock) stores what the general
+    path stores; only STORETIMESTAMP (bytes 56..63, read from the clock) may differ."""
+    stores = [MessageStore(tmp_path / name, small_config(commit_log_file_size=16 * 1024)) for name in "ab"]
+    stores[1]._put_plain = None
+    assert stores[0]._put_plain is not None
+    out = []
+    for store in stores:
+        store.start()
+        rs = [store.put_message(m) for m in workload(13) if "DELAY" not in m.properties]
+        assert store.wait_dispatched()
+        log = b"".join(mf.mm[: mf.wrote] for mf in store.commit_log.mfq.files)
+        units = [store.consume_queue_units("TopicA", q, 0, 1000) for q in range(3)]
+        out.append((rs, log, units))
+        store.shutdown()
+    (ra, la, ua), (rb, lb, ub) = out
+
+    def where(results: list[PutMessageResult]) -> list[tuple[PutMessageStatus, int, int]]:
+        return [
+            (r.status, r.append_result.wrote_offset, r.append_result.queue_offset)
+            for r in results
+            if r.append_result
+        ]
+
+    assert where(ra) == where(rb) and len(where(ra)) == len(ra)
+    assert len(la) == len(lb) > 0 and ua == ub
+    pos = 0
+    while pos < len(la):
+        size = int.from_bytes(la[pos : pos + 4], "big")
+        if la[pos + 4 : pos + 8] == bytes.fromhex("CBD43194"):
+            assert la[pos : pos + 8] == lb[pos : pos + 8]
+            break  # a segment's BLANK tail is not copied out whole
+        assert (
+            la[pos : pos + 56] + la[pos + 64 : pos + size] == lb[pos : pos + 56] + lb[pos + 64 : pos + size]
+        )
+        pos += size
+
+
+def run_python(code: str, **env: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+PROBE = """
+import tempfile, sys
+{prelude}
+from broker_sim.store import codec, MessageStore, MessageInner, StoreConfig
+with tempfile.TemporaryDirectory() as d:
+    s = MessageStore(d, StoreConfig(index_hash_slots=64, index_max_entries=32))
+    s.start()
+    r = s.put_message(MessageInner("T", b"body", properties={{"TAGS": "a"}}))
+    s.wait_dispatched()
+    got = s.get_message("g", "T", 0, 0, 1)
+    s.shutdown()
+print(codec.IMPL, s.commit_log.impl, r.status.name, got.messages[0].ext.body.decode())
+"""
+
+
+@pytest.mark.parametrize(
+    ("prelude", "env"),
+    [
+        ("", {"BROKER_SIM_PURE_PYTHON": "1"}),
+        ("sys.modules['broker_sim.store._codec'] = None  # as if the build had failed", {}),
+    ],
+)
+def test_fallback_is_used_without_the_extension(prelude: str, env: dict[str, str]) -> None:
+    assert run_python(PROBE.format(prelude=prelude), **env) == "python python PUT_OK body"
+
+
+def test_extension_is_built_where_ci_runs() -> None:
+    """``pip install -e .`` (``make install``) builds the extension; in CI a missing one is a failure."""
+    if codec.compiled is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("broker_sim.store._codec was not built by the install")
+        pytest.skip("the compiled codec is not built here")
+    assert run_python(PROBE.format(prelude="")) == "c c PUT_OK body"
+
+
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_prefault_keeps_what_is_written(tmp_path: Path, impl: str) -> None:
+    """Populating pages the writer is using must not change a byte (the prefault thread races appends)."""
+    if impl == "c" and codec.compiled is None:
+        pytest.skip("the compiled codec is not built here")
+    from broker_sim.store.mapped_file import map_file
+
+    mm, fd = map_file(tmp_path / "seg", 64 * 1024)
+    try:
+        mm[100:5000] = bytes(range(256)) * 19 + bytes(36)
+        before = bytes(mm)
+        assert codec.implementation(impl).populate(mm, 0, 64 * 1024)  # this kernel has MADV_POPULATE_WRITE
+        assert codec.implementation(impl).populate(mm, 4097, 100)  # unaligned start
+        assert bytes(mm) == before
+    finally:
+        mm.close()
+        os.close(fd)
+
+
+def test_prefaulter_runs_ahead_of_appends(tmp_path: Path) -> None:
+    store = MessageStore(
+        tmp_path, small_config(commit_log_file_size=256 * 1024, warm_mapped_file=True), ManualClock()
+    )
+    store.prefaulter.window = 64 * 1024
+    store.start()
+    try:
+        for i in range(600):  # ≈ 3 segments
+            assert (
+                store.put_message(MessageInner("T", b"%06d" % i + bytes(400))).status
+                is PutMessageStatus.PUT_OK
+            )
+        tick = threading.Event()
+        for _ in range(500):
+            if store.prefaulter.populated >= store.max_phy_offset:
+                break
+            tick.wait(0.01)
+        assert store.prefaulter.rounds >= 1 and store.prefaulter.populated >= store.max_phy_offset
+    finally:
+        store.shutdown()
+    again = MessageStore(tmp_path, small_config(commit_log_file_size=256 * 1024), ManualClock())
+    again.start()
+    try:
+        assert again.look_message_by_offset(0).body[:6] == b"000000"  # type: ignore[union-attr]
+        assert sum(again.get_max_offset_in_queue("T", q) for q in range(1)) == 600
+    finally:
+        again.shutdown()
