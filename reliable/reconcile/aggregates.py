@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from reliable.reconcile.rollup import LATENCY_METRICS, LOG_GAMMA, MIN_MS
+from reliable.reconcile.rollup import GAMMA, LATENCY_METRICS, LOG_GAMMA, MIN_MS
 from reliable.reconcile.transforms import QUEUE_KEY, STATUSES
 
 #: upper edges (ms) of the latency histogram buckets; the last bucket is open-ended.
@@ -66,7 +66,7 @@ def queue_stats(enriched: DataFrame) -> DataFrame:
     )
 
 
-def _log_bucket(col: str) -> Column:
+def log_bucket(col: str) -> Column:
     """The Spark twin of :func:`reliable.reconcile.rollup.bucket_of` (built-in SQL, no Python UDF)."""
     x = F.col(col)
     k = F.greatest(F.ceil(F.log(F.abs(x) / F.lit(MIN_MS)) / F.lit(LOG_GAMMA)), F.lit(0)) + 1
@@ -79,10 +79,22 @@ def _log_bucket(col: str) -> Column:
     )
 
 
+def bucket_value_column(bucket: Column) -> Column:
+    """The Spark twin of :func:`reliable.reconcile.rollup.bucket_value`: the value reported for a bucket."""
+    k = F.abs(bucket) - 1
+    value = F.lit(MIN_MS * 2 / (GAMMA + 1)) * F.pow(F.lit(GAMMA), k)
+    return (
+        F.when(bucket.isNull(), F.lit(None))
+        .when(bucket == 0, F.lit(0.0))
+        .when(bucket > 0, value)
+        .otherwise(-value)
+    )
+
+
 def latency_sketch(enriched: DataFrame) -> DataFrame:
     """Pairs per (queue, latency metric, log bucket): the mergeable sketch the percentiles are read from."""
     both = F.array(
-        *(F.struct(F.lit(m).alias("metric"), _log_bucket(m).alias("bucket")) for m in LATENCY_METRICS)
+        *(F.struct(F.lit(m).alias("metric"), log_bucket(m).alias("bucket")) for m in LATENCY_METRICS)
     )
     return (
         enriched.select(*QUEUE_KEY, F.inline(both))

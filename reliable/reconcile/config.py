@@ -22,6 +22,9 @@ DEFAULT_ATTENTION_LIMIT = 100
 #: deliveries can be stamped slightly before the stub's created_at when producer and consumer clocks differ;
 #: a window reads log rows this much earlier so such a delivery still counts for its message.
 CLOCK_SKEW_S = 5 * 60
+#: up to this many deliveries without a pair in the window, their ids are broadcast to find the orphan logs
+#: (the stub ids are then scanned, not shuffled)
+ORPHAN_BROADCAST_ROWS = 200_000
 
 
 #: the contract tables the report reads, which is also the file layout of a Parquet input directory

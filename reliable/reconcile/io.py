@@ -71,6 +71,9 @@ def build_session(
         "spark.ui.enabled": "true" if ui else "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.parquet.compression.codec": "zstd",
+        # the three big inputs are hash-partitioned on message_id alone (by_message); a join or window on
+        # (message_id, consumer_group) is then already co-partitioned and must not shuffle them again
+        "spark.sql.requireAllClusterKeysForCoPartition": "false",
     }
     local = master is not None and master.startswith("local")
     if shuffle_partitions or local:  # on a cluster, the cluster's own setting (or --conf) stands
@@ -93,6 +96,20 @@ def build_session(
         raise SparkUnavailableError(f"cannot start Spark: {exc}") from exc
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def co_partitions(spark: SparkSession) -> int:
+    """How many partitions the inputs are hashed into on ``message_id``: the session's shuffle partitions."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+
+
+def by_message(df: DataFrame, partitions: int) -> DataFrame:
+    """``df`` hash-partitioned on ``message_id``: the one shuffle each big input goes through.
+
+    Logs, inbox and stubs partitioned the same way meet in the same task, so the delivery numbering (a
+    window per (message, group)), inbox ⋈ stub and pairs ⋈ deliveries all run without another exchange.
+    """
+    return df.repartition(partitions, "message_id")
 
 
 # --- inputs ------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 from reliable.reconcile import aggregates as A
 from reliable.reconcile import io, rollup
 from reliable.reconcile import transforms as T
-from reliable.reconcile.config import ReconcileConfig, Thresholds
+from reliable.reconcile.config import ORPHAN_BROADCAST_ROWS, ReconcileConfig, Thresholds
 from reliable.reconcile.report_html import render_html
 from reliable.reconcile.summary import ATTENTION_KINDS, Collected, build_summary, headline
 from reliable.reconcile.timeline import timeline_frame
@@ -125,39 +125,48 @@ def reconcile(
         persisted.append(df.persist(StorageLevel.MEMORY_AND_DISK))
         return df
 
+    def keep_now(df: DataFrame) -> DataFrame:  # small frames read by several stages of one query
+        keep(df).count()
+        return df
+
     try:
         p.step("classifying deliveries, joining them with the (group, message) pairs (cached)")
-        classified = keep(T.classify_deliveries(inputs.logs))
-        rows = T.pairs(inputs.stubs, inputs.inbox)
-        joined = keep(T.join_pairs_deliveries(rows, T.delivery_stats(classified)))
-        joined.count()  # materialises both caches here, so the stage timings say where the time goes
-        enriched = T.enrich_pairs(joined, inputs.progress, cfg)  # narrow: recomputed cheaply from `joined`
+        parts = io.co_partitions(spark)
+        logs, stubs, inbox = (io.by_message(df, parts) for df in (inputs.logs, inputs.stubs, inputs.inbox))
+        classified = T.classify_deliveries(logs)
+        joined = T.join_pairs_deliveries(T.pairs(stubs, inbox), T.delivery_stats(classified))
+        enriched = keep(T.enrich_pairs(joined, inputs.progress, cfg))
+        enriched.count()  # materialises the cache here, so the stage timings say where the time goes
+        pairs = enriched.where(F.col("has_pair"))
+        duplicates = T.duplicate_deliveries(enriched)
 
         p.step("per-queue counts, lag and latency sketch (group and overall rows summed on the driver)")
         c = Collected()
-        queue_rows = _rows(A.queue_stats(enriched))
-        c.pair_stats = rollup.roll_up(queue_rows, _rows(A.latency_sketch(enriched)))
+        queue_rows = _rows(A.queue_stats(pairs))
+        c.pair_stats = rollup.roll_up(queue_rows, _rows(A.latency_sketch(pairs)))
         c.never_consumed = rollup.never_consumed(queue_rows)
         c.targeted_resends = rollup.targeted_resends(queue_rows, A.RESEND_CAP)
         c.message_resends = _rows(A.message_resend_histogram(inputs.stubs))
         c.messages = sum(int(r["messages"]) for r in c.message_resends)
         c.progress = _rows(inputs.progress)
-        c.timeline = _rows(timeline_frame(classified, enriched))
+        c.timeline = _rows(timeline_frame(inputs.logs, pairs, duplicates, keep_now))
 
         p.step("lost, stuck, dead and unsent pairs")
-        attention = keep(T.needs_attention(enriched))  # few rows: one pass over the join, four small writes
+        attention = keep(T.needs_attention(pairs))  # few rows: one pass over the join, four small writes
         for name in ("lost", "stuck", "dead", "unsent"):
             io.write_detail(T.flagged(attention, name), out_dir, name)
 
         p.step("duplicate deliveries")
-        io.write_detail(T.duplicate_deliveries(classified), out_dir, "duplicates")
+        io.write_detail(duplicates, out_dir, "duplicates")
 
         p.step("orphan logs")
-        orphans = T.orphan_logs(classified, T.orphan_candidates(joined), inputs.all_stub_ids, cfg)
+        candidates = T.orphan_candidates(enriched)
+        few = candidates.count() <= ORPHAN_BROADCAST_ROWS
+        orphans = T.orphan_logs(inputs.logs, candidates, inputs.all_stub_ids, cfg, few_candidates=few)
         io.write_detail(orphans, out_dir, "orphans")
 
         p.step("offset gaps")
-        io.write_detail(T.offset_gaps(classified, cfg), out_dir, "gaps")
+        io.write_detail(T.offset_gaps(inputs.logs, cfg), out_dir, "gaps")
     finally:
         for df in persisted:
             df.unpersist()

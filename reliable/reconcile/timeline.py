@@ -21,7 +21,7 @@ Two halves, so the page can be rebuilt from summary.json without Spark:
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from reliable.reconcile.config import DuplicateCause
@@ -31,59 +31,103 @@ MAX_MINUTES = 720
 CAUSES = tuple(c.value for c in DuplicateCause)
 COUNTS = ("deliveries", "resends", "staged", "first_delivered")
 ALL_GROUPS = "*"
+#: the timeline's latency figure: the nearest-rank p95 of send → first delivery, per minute
+P95 = 0.95
 
 
-def timeline_frame(classified: Any, enriched: Any) -> Any:
-    """Per-minute counts (see module docstring) from the classified deliveries and the enriched stubs."""
+def timeline_frame(
+    deliveries: Any,
+    enriched: Any,
+    duplicates: Any = None,
+    keep: Callable[[Any], Any] = lambda df: df,
+) -> Any:
+    """Per-minute counts (see module docstring) from the deliveries and the enriched pairs.
+
+    ``deliveries`` has ``consumer_group, received_at`` and, unless ``duplicates`` (the extra deliveries, with
+    their ``cause``) is given separately, ``cause``. ``keep`` is applied to the two small aggregated frames
+    the rest reads several times (the job persists and materialises them, so each big scan runs once).
+
+    Two scans, both per group: deliveries by minute and cause, and one pass over the pairs that counts, per
+    (group, kind, minute[, latency bucket]), the staged, first-delivered and re-sent pairs — the first
+    delivery's minute keyed with its log bucket (:func:`reliable.reconcile.aggregates.log_bucket`), so the
+    p95 is read from bucket counts (within :data:`reliable.reconcile.rollup.LATENCY_RELATIVE_ERROR` of the
+    nearest-rank value) instead of a percentile sketch object per minute. Everything after that works on the
+    small aggregated rows: the "all groups" rows are their sums, never a second copy of the input.
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    def both(df: Any) -> Any:  # every row once under its group and once under "all groups"
-        return df.unionByName(df.withColumn("consumer_group", F.lit(ALL_GROUPS)))
+    from reliable.reconcile.aggregates import bucket_value_column, log_bucket
 
     def minute(col: str) -> Any:
-        return F.date_trunc("minute", F.col(col)).alias("minute")
+        return F.date_trunc("minute", F.col(col))
 
     def count_if(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
 
+    def with_all(df: Any, keys: list[str], sums: list[str]) -> Any:  # the groups' rows plus their sums as "*"
+        total = df.groupBy(*keys).agg(*(F.sum(c).cast("long").alias(c) for c in sums))
+        return df.unionByName(total.withColumn("consumer_group", F.lit(ALL_GROUPS)))
+
     key = ["consumer_group", "minute"]
-    deliveries = (
-        both(classified.select("consumer_group", "received_at", "cause"))
-        .groupBy("consumer_group", minute("received_at"))
-        .agg(
-            F.count(F.lit(1)).alias("deliveries"),
-            *(count_if(F.col("cause") == c).alias(f"dup_{c}") for c in CAUSES),
-        )
-    )
-    stubs = both(
-        enriched.select(
+    if duplicates is None:
+        arrivals = deliveries.select("consumer_group", "received_at", "cause", F.lit(1).alias("counts"))
+    else:  # every delivery counted once, each extra one's cause from the duplicates
+        arrivals = deliveries.select(
             "consumer_group",
-            "created_at",
-            "first_received_at",
-            "first_delivery_ms",
-            "send_count",
-            "last_sent_at",
+            "received_at",
+            F.lit(None).cast("string").alias("cause"),
+            F.lit(1).alias("counts"),
+        ).unionByName(duplicates.select("consumer_group", "received_at", "cause", F.lit(0).alias("counts")))
+    per_minute = arrivals.groupBy("consumer_group", minute("received_at").alias("minute")).agg(
+        F.sum("counts").cast("long").alias("deliveries"),
+        *(count_if(F.col("cause") == c).alias(f"dup_{c}") for c in CAUSES),
+    )
+    per_minute = with_all(keep(per_minute), ["minute"], ["deliveries", *(f"dup_{c}" for c in CAUSES)])
+    resent = (F.col("send_count") > 1) & F.col("last_sent_at").isNotNull()
+    kinds = F.array(
+        F.struct(
+            F.lit("staged").alias("kind"),
+            minute("created_at").alias("minute"),
+            F.lit(None).cast("int").alias("bucket"),
+        ),
+        F.struct(
+            F.lit("first").alias("kind"),
+            minute("first_received_at").alias("minute"),
+            log_bucket("first_delivery_ms").alias("bucket"),
+        ),
+        F.struct(
+            F.lit("resends").alias("kind"),
+            F.when(resent, minute("last_sent_at")).alias("minute"),
+            F.lit(None).cast("int").alias("bucket"),
+        ),
+    )
+    counted = (
+        enriched.select("consumer_group", F.inline(kinds))
+        .where(F.col("minute").isNotNull())
+        .groupBy("consumer_group", "kind", "minute", "bucket")
+        .agg(F.count(F.lit(1)).alias("n"))
+    )
+    counted = with_all(keep(counted), ["kind", "minute", "bucket"], ["n"])
+    counts = counted.groupBy(*key).agg(
+        *(
+            F.sum(F.when(F.col("kind") == k, F.col("n")).otherwise(0)).cast("long").alias(name)
+            for k, name in (("staged", "staged"), ("first", "first_delivered"), ("resends", "resends"))
         )
     )
-    staged = stubs.groupBy("consumer_group", minute("created_at")).agg(F.count(F.lit(1)).alias("staged"))
-    first = (
-        stubs.where(F.col("first_received_at").isNotNull())
-        .groupBy("consumer_group", minute("first_received_at"))
-        .agg(
-            F.count(F.lit(1)).alias("first_delivered"),
-            F.percentile_approx("first_delivery_ms", 0.95, 10_000).alias("p95_ms"),
-        )
+    firsts = counted.where(F.col("kind") == "first")
+    running = Window.partitionBy(*key).orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
+    p95 = (
+        firsts.withColumn("seen", F.sum("n").over(running))
+        .withColumn("rank", F.ceil(F.sum("n").over(Window.partitionBy(*key)) * F.lit(P95)))
+        .where(F.col("seen") >= F.greatest(F.col("rank"), F.lit(1)))
+        .groupBy(*key)
+        .agg(F.min("bucket").alias("bucket"))
+        .select(*key, bucket_value_column(F.col("bucket")).alias("p95_ms"))
     )
-    resends = (
-        stubs.where((F.col("send_count") > 1) & F.col("last_sent_at").isNotNull())
-        .groupBy("consumer_group", minute("last_sent_at"))
-        .agg(F.count(F.lit(1)).alias("resends"))
-    )
-    joined = deliveries
-    for part in (staged, first, resends):
-        joined = joined.join(part, on=key, how="full_outer")
-    counts = [c for c in joined.columns if c not in (*key, "p95_ms")]
-    return joined.fillna(0, subset=counts)
+    joined = per_minute.join(counts, on=key, how="full_outer").join(p95, on=key, how="left")
+    numbers = [c for c in joined.columns if c not in (*key, "p95_ms")]
+    return joined.fillna(0, subset=numbers)
 
 
 def _iso(minute: dt.datetime) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from reliable.reconcile.config import RETRY_TOPIC_PREFIX, DuplicateCause, ReconcileConfig
@@ -92,10 +92,16 @@ def pairs(stubs: DataFrame, inbox: DataFrame) -> DataFrame:
         F.col("queue_offset").alias("resend_queue_offset"),
         "confirmed_at",
     )
-    return group.join(message, on="message_id", how="inner").select(*PAIR_COLUMNS)
+    # a hash join (the stubs are the smaller side): no sort of either side on the message id
+    return group.join(message.hint("shuffle_hash"), on="message_id", how="inner").select(*PAIR_COLUMNS)
 
 
 # --- deliveries --------------------------------------------------------------------------------------------
+
+
+def _by_pair() -> WindowSpec:
+    """The deliveries of one (message, group), in order: the only sort the delivery numbering needs."""
+    return Window.partitionBy(*MESSAGE_KEY).orderBy("received_at", "id")
 
 
 def classify_deliveries(logs: DataFrame) -> DataFrame:
@@ -112,35 +118,60 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
       it to this group alone);
     * else → ``producer_double_send`` (a second copy in the topic: a producer retry after a lost ACK, or a
       resend to the whole topic).
+
+    One window, so one sort: "delivered from this position before" is a lookup in the positions of the
+    pair's earlier deliveries (a running ``collect_list``; a pair has a handful of deliveries), not a second
+    window partitioned by position.
     """
-    by_msg = Window.partitionBy(*MESSAGE_KEY).orderBy("received_at", "id")
-    whole = by_msg.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    position = [*MESSAGE_KEY, "topic", "queue_id", "queue_offset"]
-    by_position = Window.partitionBy(*position).orderBy("received_at", "id")
-    numbered = (
-        logs.withColumn("delivery_no", F.row_number().over(by_msg))
-        .withColumn("deliveries", F.count(F.lit(1)).over(whole))
-        .withColumn("first_received_at", F.first("received_at").over(whole))
-        .withColumn("last_received_at", F.last("received_at").over(whole))
-        .withColumn("position_delivery_no", F.row_number().over(by_position))
+    by_pair = _by_pair()
+    whole = by_pair.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    earlier = by_pair.rowsBetween(Window.unboundedPreceding, -1)
+    position = F.struct("topic", "queue_id", "queue_offset")
+    numbered = logs.select(
+        "*",
+        F.row_number().over(by_pair).alias("delivery_no"),
+        F.count(F.lit(1)).over(whole).alias("deliveries"),
+        F.first("received_at").over(whole).alias("first_received_at"),
+        F.last("received_at").over(whole).alias("last_received_at"),
+        F.coalesce(F.array_contains(F.collect_list(position).over(earlier), position), F.lit(False)).alias(
+            "position_seen"
+        ),
     )
     cause = (
         F.when(F.col("delivery_no") == 1, F.lit(None).cast("string"))
         .when(F.col("reconsume_times") > 0, F.lit(DuplicateCause.RETRY.value))
-        .when(F.col("position_delivery_no") > 1, F.lit(DuplicateCause.REDELIVERY.value))
+        .when(F.col("position_seen"), F.lit(DuplicateCause.REDELIVERY.value))
         .when(
             F.col("topic") == retry_topic(F.col("consumer_group")),
             F.lit(DuplicateCause.TARGETED_RESEND.value),
         )
         .otherwise(F.lit(DuplicateCause.PRODUCER_DOUBLE_SEND.value))
     )
-    return numbered.withColumn("cause", cause).drop("position_delivery_no")
+    return numbered.withColumn("cause", cause).drop("position_seen")
 
 
 def delivery_stats(classified: DataFrame) -> DataFrame:
-    """One row per (message_id, consumer_group) that was delivered at least once."""
-    return classified.where(F.col("delivery_no") == 1).select(
-        *MESSAGE_KEY, "deliveries", "first_received_at", "last_received_at"
+    """One row per (message_id, consumer_group) that was delivered at least once.
+
+    ``extras``: the pair's extra deliveries (every one but the first, as the duplicates detail table shows
+    them), null for a pair delivered once. Gathered by a second pass over the same window — the rows are
+    already in order, so no second sort — which lets the duplicates travel with their pair instead of
+    keeping every classified delivery around for them.
+    """
+    whole = _by_pair().rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    detail: list[Column | str] = [*_DELIVERY_DETAIL, F.col("id").alias("log_id"), "delivery_no", "deliveries"]
+    detail.append("cause")
+    extra = F.when(F.col("delivery_no") > 1, F.struct(*detail))
+    return (
+        classified.withColumn("extras", F.collect_list(extra).over(whole))
+        .where(F.col("delivery_no") == 1)
+        .select(
+            *MESSAGE_KEY,
+            "deliveries",
+            "first_received_at",
+            "last_received_at",
+            F.when(F.col("deliveries") > 1, F.col("extras")).alias("extras"),
+        )
     )
 
 
@@ -148,11 +179,12 @@ def delivery_stats(classified: DataFrame) -> DataFrame:
 _DELIVERY_DETAIL = tuple(c for c in LOG_COLUMNS if c != "id")
 
 
-def duplicate_deliveries(classified: DataFrame) -> DataFrame:
-    """The extra deliveries (every delivery of a pair but the first), with their cause."""
-    return classified.where(F.col("delivery_no") > 1).select(
-        *_DELIVERY_DETAIL, F.col("id").alias("log_id"), "delivery_no", "deliveries", "cause"
-    )
+def duplicate_deliveries(enriched: DataFrame) -> DataFrame:
+    """The extra deliveries (every delivery of a pair but the first), with their cause.
+
+    Read from the ``extras`` of :func:`delivery_stats`, carried by every row of the join (pair or not).
+    """
+    return enriched.where(F.col("extras").isNotNull()).select(F.inline("extras"))
 
 
 # --- findings ----------------------------------------------------------------------------------------------
@@ -165,13 +197,13 @@ def join_pairs_deliveries(rows: DataFrame, stats: DataFrame) -> DataFrame:
     window become orphan candidates.
     """
     marked = rows.withColumn("has_pair", F.lit(True))
-    return marked.join(stats, on=MESSAGE_KEY, how="full_outer").withColumn(
+    return marked.join(stats.hint("shuffle_hash"), on=MESSAGE_KEY, how="full_outer").withColumn(
         "has_pair", F.coalesce(F.col("has_pair"), F.lit(False))
     )
 
 
 def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -> DataFrame:
-    """Pairs with the watermarks they are judged against, their flags and latencies.
+    """Every row of the join with the watermarks its pair is judged against, its flags and latencies.
 
     The *last send* of a pair is the group's targeted resend when it had one that returned a position (in
     ``%RETRY%{group}``), else the message's last topic-wide send. ``watermark`` is the group's position on
@@ -186,6 +218,12 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
     * ``is_dead``: status DEAD;
     * ``is_never_consumed``: the message has a queue and the group has no position on it at all;
     * ``first_delivery_ms``: created_at → first delivery; ``confirm_ms``: created_at → confirmed_at.
+
+    Narrow on purpose, because this is what the job caches: the columns the aggregations read, plus
+    ``message_id`` only where something needs it (a flagged pair, an orphan candidate: ``has_pair`` false)
+    and the detail tables' columns as one ``detail`` struct only on flagged pairs — null elsewhere, which
+    the columnar cache stores as little more than a null bit. The rows with ``has_pair`` false (deliveries
+    without a pair) carry no flags and are left out of every pair figure by the caller.
     """
     grace_edge = ts(cfg.as_of - dt.timedelta(seconds=cfg.grace_s))
     stuck_edge = ts(cfg.as_of - dt.timedelta(seconds=cfg.stuck_after_s))
@@ -200,8 +238,7 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
     )
     targeted = (F.col("resend_count") > 0) & F.col("resend_queue_offset").isNotNull()
     rows = (
-        joined.where(F.col("has_pair"))
-        .withColumn(
+        joined.withColumn(
             "send_topic", F.when(targeted, retry_topic(F.col("consumer_group"))).otherwise(F.col("topic"))
         )
         .withColumn("send_queue_id", F.when(targeted, F.col("resend_queue_id")).otherwise(F.col("queue_id")))
@@ -211,12 +248,15 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
         .join(wm, on=QUEUE_KEY, how="left")
         .join(send_wm, on=["consumer_group", "send_topic", "send_queue_id"], how="left")
     )
-    pending = F.col("status") == "PENDING"
+    pair = F.col("has_pair")
+    pending = pair & (F.col("status") == "PENDING")
     delivered = F.coalesce(F.col("deliveries"), F.lit(0)) > 0
     sent_at = F.coalesce(F.col("last_sent_at"), F.col("created_at"))
     confirmed = (F.col("status") == "CONFIRMED") & F.col("confirmed_at").isNotNull()
-    return rows.select(
+    flagged_rows = rows.select(
         *PAIR_COLUMNS,
+        "has_pair",
+        "extras",
         "watermark",
         "send_topic",
         "send_queue_id",
@@ -239,33 +279,69 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
         F.coalesce(
             pending & ~delivered & F.col("send_offset").isNull() & (sent_at < grace_edge), F.lit(False)
         ).alias("is_unsent"),
-        (F.col("status") == "DEAD").alias("is_dead"),
-        (F.col("queue_id").isNotNull() & F.col("watermark").isNull()).alias("is_never_consumed"),
-        F.when(delivered, _ms_between(F.col("first_received_at"), F.col("created_at"))).alias(
+        F.coalesce(pair & (F.col("status") == "DEAD"), F.lit(False)).alias("is_dead"),
+        F.coalesce(pair & F.col("queue_id").isNotNull() & F.col("watermark").isNull(), F.lit(False)).alias(
+            "is_never_consumed"
+        ),
+        F.when(pair & delivered, _ms_between(F.col("first_received_at"), F.col("created_at"))).alias(
             "first_delivery_ms"
         ),
-        F.when(confirmed, _ms_between(F.col("confirmed_at"), F.col("created_at"))).alias("confirm_ms"),
+        F.when(pair & confirmed, _ms_between(F.col("confirmed_at"), F.col("created_at"))).alias("confirm_ms"),
+    )
+    any_flag = F.col("is_lost") | F.col("is_stuck") | F.col("is_dead") | F.col("is_unsent")
+    return flagged_rows.select(
+        *QUEUE_KEY,
+        "has_pair",
+        "status",
+        "queue_offset",
+        "send_count",
+        "resend_count",
+        "deliveries",
+        "created_at",
+        "last_sent_at",
+        "first_received_at",
+        *(f"is_{f}" for f in _FLAGS),
+        "is_never_consumed",
+        "first_delivery_ms",
+        "confirm_ms",
+        F.when(any_flag | ~pair, F.col("message_id")).alias("message_id"),
+        F.when(any_flag, F.struct(*_DETAIL)).alias("detail"),
+        "extras",
     )
 
 
-def orphan_candidates(joined: DataFrame) -> DataFrame:
+def orphan_candidates(enriched: DataFrame) -> DataFrame:
     """(message_id, consumer_group) delivered but without a pair *in the window*."""
-    return joined.where(~F.col("has_pair")).select(*MESSAGE_KEY)
+    return enriched.where(~F.col("has_pair")).select(*MESSAGE_KEY)
 
 
 def orphan_logs(
-    classified: DataFrame, candidates: DataFrame, all_stub_ids: DataFrame, cfg: ReconcileConfig
+    classified: DataFrame,
+    candidates: DataFrame,
+    all_stub_ids: DataFrame,
+    cfg: ReconcileConfig,
+    *,
+    few_candidates: bool = False,
 ) -> DataFrame:
     """Deliveries in the window whose message id has no stub at all (any time).
 
     ``all_stub_ids`` is the unwindowed ``message_id`` column: a delivery of a message created before the
     window is not an orphan, and neither is a delivery to a group the producer did not list (the guard gave
     that group its own inbox row; the id is known).
+
+    ``few_candidates`` (the caller counted them): the candidate ids are broadcast, so the stub ids are only
+    scanned and probed, never shuffled; otherwise (a window whose later deliveries have no pair in it) the
+    anti-join shuffles both sides.
     """
-    orphan_ids = candidates.select("message_id").distinct().join(all_stub_ids, "message_id", "left_anti")
+    ids = candidates.select("message_id").distinct()
+    if few_candidates:
+        known = all_stub_ids.join(F.broadcast(ids), "message_id", "left_semi")
+        orphan_ids = ids.join(F.broadcast(known), "message_id", "left_anti")
+    else:
+        orphan_ids = ids.join(all_stub_ids, "message_id", "left_anti")
     return (
         classified.where(in_log_window(cfg))
-        .join(F.broadcast(orphan_ids), "message_id", "left_semi")
+        .join(F.broadcast(orphan_ids) if few_candidates else orphan_ids, "message_id", "left_semi")
         .select(*_DELIVERY_DETAIL, F.col("id").alias("log_id"))
     )
 
@@ -318,7 +394,7 @@ _FLAGS = ("lost", "stuck", "dead", "unsent")
 def needs_attention(enriched: DataFrame) -> DataFrame:
     """The pairs with any finding (lost, stuck, dead, unsent): the few rows the detail tables are cut from."""
     any_flag = F.col("is_lost") | F.col("is_stuck") | F.col("is_dead") | F.col("is_unsent")
-    return enriched.where(any_flag).select(*_DETAIL, *(f"is_{f}" for f in _FLAGS))
+    return enriched.where(any_flag).select("detail.*", *(f"is_{f}" for f in _FLAGS))
 
 
 def flagged(enriched: DataFrame, flag: str) -> DataFrame:
