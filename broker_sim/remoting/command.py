@@ -25,6 +25,10 @@ class SerializeType(IntEnum):
     ROCKETMQ = 1
 
 
+# plain ints: testing a bit against an IntFlag member runs the enum's Python-level ``__and__``
+_RESPONSE = int(CommandFlag.RESPONSE)
+_ONEWAY = int(CommandFlag.ONEWAY)
+
 _opaque_counter = itertools.count(1)
 _opaque_lock = threading.Lock()
 
@@ -52,11 +56,11 @@ class RemotingCommand:
 
     @property
     def is_response(self) -> bool:
-        return bool(self.flag & CommandFlag.RESPONSE)
+        return self.flag & _RESPONSE != 0
 
     @property
     def is_oneway(self) -> bool:
-        return bool(self.flag & CommandFlag.ONEWAY)
+        return self.flag & _ONEWAY != 0
 
     @classmethod
     def request(
@@ -70,7 +74,7 @@ class RemotingCommand:
         return cls(
             code=int(code),
             opaque=next_opaque(),
-            flag=int(CommandFlag.ONEWAY) if oneway else 0,
+            flag=_ONEWAY if oneway else 0,
             ext_fields=stringify_fields(ext_fields or {}),
             body=body,
         )
@@ -86,7 +90,7 @@ class RemotingCommand:
         return RemotingCommand(
             code=int(code),
             opaque=self.opaque,
-            flag=int(CommandFlag.RESPONSE),
+            flag=_RESPONSE,
             remark=remark,
             ext_fields=stringify_fields(ext_fields or {}),
             body=body,
