@@ -31,7 +31,7 @@ from broker_sim.common.requests import (
     SubscriptionData,
     TopicRouteData,
 )
-from broker_sim.common.transport import PullCallback
+from broker_sim.common.transport import PullCallback, SendCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
 from broker_sim.remoting.client import RemotingConnection
@@ -174,6 +174,37 @@ class RemotingTransport:
         return send_response(
             self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
+
+    def send_message_async(
+        self, request: SendMessageRequest, body: bytes, callback: SendCallback, timeout_ms: int = 3000
+    ) -> None:
+        """The request is written now; the broker's reply, matched by its opaque on the connection's reader
+        thread, goes to ``callback`` (as do a timeout and a lost connection)."""
+        try:
+            addr = self._broker_of(request.broker_name, request.topic)
+            conn = self._conn(addr)
+        except Exception as exc:  # delivered to the callback, as the transport contract says
+            callback(exc)
+            return
+
+        def on_reply(result: RemotingCommand | BaseException) -> None:
+            if isinstance(result, BaseException):
+                if isinstance(result, TransportError):
+                    self._brokers.forget(addr)
+                callback(result)
+                return
+            try:
+                response = send_response(result)
+            except RemotingError as exc:
+                callback(TransportError(f"undecodable reply: {exc}"))
+                return
+            except BrokerResponseError as exc:
+                callback(exc)
+                return
+            callback(response)
+
+        cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body)
+        conn.invoke_async(cmd, on_reply, timeout_ms / 1000)
 
     def send_message_oneway(self, request: SendMessageRequest, body: bytes) -> None:
         cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body, oneway=True)
@@ -398,7 +429,8 @@ class RemotingTransport:
             c.close()
 
 
-if TYPE_CHECKING:  # mypy proves the TCP transport satisfies the client's transport protocol
-    from broker_sim.common.transport import BrokerTransport
+if TYPE_CHECKING:  # mypy proves the TCP transport satisfies the client's transport protocols
+    from broker_sim.common.transport import AsyncSendTransport, BrokerTransport
 
     _conforms: type[BrokerTransport] = RemotingTransport
+    _async: type[AsyncSendTransport] = RemotingTransport
