@@ -55,6 +55,14 @@ class SendSide(Protocol):
     def _update_fault(self, mq: MessageQueue, begin_ms: int, *, isolation: bool) -> None: ...
 
 
+class _SendFuture(Future[SendResult]):
+    """A send is under way from the moment its Future exists: it cannot be cancelled (``cancel`` returns
+    False, as for a running Future, without the cost of marking it running)."""
+
+    def cancel(self) -> bool:
+        return False
+
+
 class AsyncSend:
     """One message on its way: what every attempt needs, and where the outcome goes."""
 
@@ -77,8 +85,7 @@ class AsyncSend:
         self.msg, self.body, self.sys_flag, self.info, self.pinned = msg, body, sys_flag, info, pinned
         self.timeout_ms = timeout_ms
         self.on_success, self.on_exception = on_success, on_exception
-        self.future: Future[SendResult] = Future()
-        self.future.set_running_or_notify_cancel()  # under way: it can no longer be cancelled
+        self.future: Future[SendResult] = _SendFuture()
         self.attempts_left = 0
         self.first_ms = self.begin_ms = 0
         self.mq: MessageQueue | None = None

@@ -67,11 +67,9 @@ class TopicPublishInfo:
             if qd.perm & Perm.WRITE:
                 self.queues.extend(MessageQueue(topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
         self._counter = itertools.count(random.randrange(1 << 16))
-        self._lock = threading.Lock()
 
     def next_index(self) -> int:
-        with self._lock:
-            return next(self._counter)
+        return next(self._counter)  # one C call, atomic under the GIL: thread-safe without a lock
 
     def select(self, last_broker: str | None) -> MessageQueue:
         """Next queue round-robin, avoiding ``last_broker`` (the one that just failed) when another exists."""

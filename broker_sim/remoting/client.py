@@ -79,6 +79,9 @@ class RemotingConnection:
     # -- connection management --
 
     def _connected(self) -> socket.socket:
+        sock = self._sock  # the common case without the lock: a socket closed meanwhile fails its write
+        if sock is not None and not self._closed:
+            return sock
         with self._lock:
             if self._closed:
                 raise TransportError(f"connection to {self.address} is closed")
