@@ -82,7 +82,10 @@ def r2_async_tcp(n: int, store: Path) -> float:
     from broker_sim import Message, Producer
 
     with ServeProcess(store, *_topics()) as server:
-        producer = Producer(server.namesrv, "AsyncP", async_send_window=WINDOW)
+        try:
+            producer = Producer(server.namesrv, "AsyncP", async_send_window=WINDOW)
+        except TypeError:  # broker_sim before issue 18 (the "before" figure): send_async on 4 threads
+            producer = Producer(server.namesrv, "AsyncP")
         try:
             for f in [producer.send_async(Message(TOPIC, BODY)) for _ in range(WARM_UP)]:
                 f.result(30)
@@ -103,6 +106,9 @@ MEASURES: dict[str, Callable[[int, Path], float]] = {
 }
 
 
+SHORT = ("r1-base", "r1-serve", "r2-inproc", "r2-async")
+
+
 def targets(n: int, rounds: int) -> dict[str, float]:
     """Run the rounds, print the table, return the median ratios ``{"r1": …, "r2": …}``."""
     names = list(MEASURES)
@@ -112,7 +118,9 @@ def targets(n: int, rounds: int) -> dict[str, float]:
             order = names if r % 2 == 0 else names[::-1]
             for i, name in enumerate(order):
                 rates[name].append(MEASURES[name](n, Path(d) / f"round{r}-{i}"))
-            row = "  ".join(f"{name.split()[0]} {rates[name][-1]:,.0f}" for name in names)
+            row = "  ".join(
+                f"{short} {rates[name][-1]:,.0f}" for short, name in zip(SHORT, names, strict=True)
+            )
             print(f"round {r + 1}: {row} msg/s", flush=True)
     r1 = [s / b for b, s in zip(rates[names[0]], rates[names[1]], strict=True)]
     r2 = [a / p for p, a in zip(rates[names[2]], rates[names[3]], strict=True)]

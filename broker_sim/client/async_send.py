@@ -92,6 +92,42 @@ class AsyncSend:
         self.done = False
 
 
+class WindowGate:
+    """At most ``size`` holders; a caller who finds the window full waits until it has drained to the
+    low-water mark (three quarters of ``size``), then the window is open again until it is full.
+
+    Why the hysteresis: a sender blocked on a full window that resumed on every single reply would be woken,
+    and would hand the GIL to and from the connection's reader, once per message; resuming at the low-water
+    mark lets it write a run of sends per wake-up (window updates and write-buffer water marks do the same).
+    The bound itself is exact: never more than ``size`` in flight."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.low = size - max(1, size // 4)
+        self.in_flight = 0
+        self._open = True
+        self._cond = threading.Condition(threading.Lock())
+
+    def _may_enter(self) -> bool:
+        return self._open and self.in_flight < self.size
+
+    def acquire(self, timeout_s: float) -> bool:
+        with self._cond:
+            if not self._may_enter() and not self._cond.wait_for(self._may_enter, timeout_s):
+                return False
+            self.in_flight += 1
+            if self.in_flight >= self.size:
+                self._open = False
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self.in_flight -= 1
+            if not self._open and self.in_flight <= self.low:
+                self._open = True
+                self._cond.notify_all()
+
+
 class SendWindow:
     """At most ``size`` async sends of one producer outstanding at a time."""
 
@@ -105,9 +141,7 @@ class SendWindow:
         self.size = size
         self.retries = retries
         self.callbacks = callbacks
-        self._slots = threading.Semaphore(size)
-        self._lock = threading.Lock()
-        self.in_flight = 0
+        self._gate = WindowGate(size)
 
     def send(
         self,
@@ -132,7 +166,7 @@ class SendWindow:
 
     def start(self, send: AsyncSend) -> Future[SendResult]:
         """Take a slot (waiting up to the send's timeout for one) and write the first attempt."""
-        if not self._slots.acquire(timeout=send.timeout_ms / 1000):
+        if not self._gate.acquire(send.timeout_ms / 1000):
             self._complete(
                 send,
                 SendFailedError(
@@ -141,8 +175,6 @@ class SendWindow:
                 holds_slot=False,
             )
             return send.future
-        with self._lock:
-            self.in_flight += 1
         send.attempts_left = 1 + max(0, self.retries)
         send.first_ms = self.side.clock.now_ms()
         self._attempt(send)
@@ -210,9 +242,7 @@ class SendWindow:
             return
         send.done = True
         if holds_slot:
-            with self._lock:
-                self.in_flight -= 1
-            self._slots.release()
+            self._gate.release()
         if isinstance(outcome, BaseException):
             send.future.set_exception(outcome)
             if send.on_exception is not None:

@@ -8,8 +8,11 @@ import threading
 from concurrent.futures import Future, wait
 
 import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker_sim import Message, Producer
+from broker_sim.client.async_send import WindowGate
 from broker_sim.common.errors import InvalidMessageError, RequestTimeoutError, SendFailedError, TransportError
 from broker_sim.common.message import SendResult, SendStatus
 from tests.broker_sim.remoting.conftest import ServerFactory
@@ -94,3 +97,56 @@ def test_a_bad_message_is_reported_not_raised(serve: ServerFactory) -> None:
         assert done and ok.result().status is SendStatus.SEND_OK
     finally:
         producer.shutdown()
+
+
+class GateMachine(RuleBasedStateMachine):
+    """The window's gate against a model: never more than ``size`` holders; once full, closed until it has
+    drained to the low-water mark."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+        self.gate: WindowGate | None = None
+        self.held = 0
+        self.open = True
+
+    @initialize(size=st.integers(1, 40))
+    def make(self, size: int) -> None:
+        self.size, self.gate = size, WindowGate(size)
+
+    @rule()
+    def acquire(self) -> None:
+        assert self.gate is not None
+        admitted = self.gate.acquire(0)
+        assert admitted == (self.open and self.held < self.size)
+        if admitted:
+            self.held += 1
+            if self.held == self.size:
+                self.open = False
+
+    @precondition(lambda self: self.held > 0)
+    @rule()
+    def release(self) -> None:
+        assert self.gate is not None
+        self.gate.release()
+        self.held -= 1
+        if self.held <= self.size - max(1, self.size // 4):
+            self.open = True
+
+    @invariant()
+    def bounded(self) -> None:
+        if self.gate is not None:
+            assert self.gate.in_flight == self.held <= self.size
+
+
+TestWindowGate = GateMachine.TestCase
+
+
+def test_a_waiting_sender_resumes_once_the_window_has_drained() -> None:
+    gate = WindowGate(4)  # low-water mark 3
+    assert all(gate.acquire(0) for _ in range(4))
+    resumed = threading.Event()
+    threading.Thread(target=lambda: gate.acquire(10) and resumed.set(), daemon=True).start()
+    gate.release()  # 3 in flight: at the mark, the waiter may go
+    assert resumed.wait(10)
+    assert gate.in_flight == 4
