@@ -32,6 +32,10 @@ ReplyCallback = Callable[[RemotingCommand | BaseException], None]
 RequestHook = Callable[[RemotingCommand], RemotingCommand | None]
 
 
+def _NO_CALLBACK(result: RemotingCommand | BaseException) -> None:
+    """What a finished request's entry holds instead of its callback (and everything the callback holds)."""
+
+
 class _Pending:
     """One request waiting for its reply (or its deadline)."""
 
@@ -189,10 +193,19 @@ class RemotingConnection:
         if p.done:
             return
         p.done = True
+        callback, p.callback = p.callback, _NO_CALLBACK  # the heap keeps a finished entry until it is pruned
         try:
-            p.callback(result)
+            callback(result)
         except Exception:
             log.exception("reply callback for %s failed", p.description)
+
+    def _prune(self) -> None:
+        """Drop answered requests from the head of the deadline heap (replies mostly come in deadline order),
+        so it holds about what is in flight instead of every request of the last timeout period."""
+        with self._lock:
+            timeouts = self._timeouts
+            while timeouts and timeouts[0][2].done:
+                heapq.heappop(timeouts)
 
     def _timer_loop(self) -> None:
         while True:
@@ -231,6 +244,7 @@ class RemotingConnection:
                         log.debug("%s: reply for unknown opaque %d (timed out?)", self.address, cmd.opaque)
                         continue
                     self._finish(p, cmd)
+                self._prune()
         except (OSError, TransportError, FrameError) as exc:
             reason = str(exc)
         finally:
