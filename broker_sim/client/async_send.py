@@ -14,8 +14,10 @@ broker refusal or a timeout is final — after a timeout the message may be stor
 application's decision, exactly as for a synchronous send.
 
 Threads: the Future is completed on the thread that saw the outcome (the connection's reader, or its timer
-for a timeout), so a done-callback added to the Future must be quick. ``on_success`` / ``on_exception`` run
-on the producer's callback threads instead, as RocketMQ runs ``SendCallback`` on its callback executor.
+for a timeout), so a done-callback added to the Future must be quick and must not wait — not for a
+window slot either (a blocked reader answers nothing until the sends it waits for have timed out).
+``on_success`` / ``on_exception`` run on the producer's callback threads instead, as RocketMQ runs
+``SendCallback`` on its callback executor.
 """
 
 from __future__ import annotations
