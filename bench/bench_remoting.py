@@ -13,7 +13,10 @@ it has seen every message. Ratios printed: TCP ÷ in-process for our client, rea
 ``--fuzz N`` instead runs N byte-mutated frames through the decoder and N/10 over a socket against a live
 server, and reports outcomes (decoded / FrameError / anything else = crash; must be 0).
 
-``python -m bench remoting [--n 2000] [--rounds 3] [--fuzz 0]``
+``--targets`` instead measures issue 18's r1 (``broker-sim serve`` ÷ a minimal asyncio server, synchronous
+sends) and r2 (64 async sends in flight over TCP ÷ in-process puts): :mod:`bench.remoting_targets`.
+
+``python -m bench remoting [--n 2000] [--rounds 3] [--fuzz 0] [--targets]``
 """
 
 from __future__ import annotations
@@ -236,8 +239,15 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--n", type=int, default=2000, help="messages per measurement (default 2000)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds, best reported (default 3)")
     ap.add_argument("--fuzz", type=int, default=0, help="run N byte mutations instead of the throughput test")
+    ap.add_argument(
+        "--targets", action="store_true", help="measure r1 and r2 instead (bench.remoting_targets)"
+    )
     args = ap.parse_args(list(argv))
-    if args.fuzz:
+    if args.targets:
+        from bench.remoting_targets import targets
+
+        targets(args.n, args.rounds)
+    elif args.fuzz:
         fuzz(args.fuzz)
     else:
         throughput(args.n, args.rounds)

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHECK_GROUP = "CID_RMQ_SYS_TRANS"
+#: how long (real time) a check round waits for the dispatcher to catch up before it reads the half queue
+_DISPATCH_WAIT_S = 5.0
 OP_TAG = "d"
 
 
@@ -149,6 +151,13 @@ class TransactionService:
         b = self.broker
         if not b.store.running:
             return
+        # The round reads the half and op queues, which the dispatcher fills a moment after each put: wait for
+        # it, so a round sees every half message, put-back copy and op stored before it began (a copy put
+        # back by the previous round and not yet dispatched would otherwise be skipped for a whole interval).
+        if not b.store.wait_dispatched(_DISPATCH_WAIT_S):
+            log.warning(
+                "transaction check: the dispatcher is behind by %d bytes", b.store.dispatch_behind_bytes()
+            )
         self._load_ops()
         progress = max(0, b.offsets.query_offset(CHECK_GROUP, TRANS_HALF_TOPIC, 0))
         hi = b.store.get_max_offset_in_queue(TRANS_HALF_TOPIC, 0)

@@ -11,7 +11,6 @@ application's decision (``reliable``'s sweeper does that), which is where a dupl
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import zlib
@@ -19,8 +18,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from broker_sim.client.async_send import SendWindow
 from broker_sim.client.client_base import ClientBase, check_group, check_message
-from broker_sim.client.selectors import LatencyFaultTolerance, MessageQueueSelector, TopicPublishInfo
+from broker_sim.client.selectors import (
+    LatencyFaultTolerance,
+    MessageQueueSelector,
+    TopicPublishInfo,
+    publish_route,
+)
 from broker_sim.clock import Clock
 from broker_sim.common.errors import (
     BrokerResponseError,
@@ -47,6 +52,7 @@ from broker_sim.common.requests import (
     SendMessageResponse,
 )
 from broker_sim.common.scheduler import Scheduler
+from broker_sim.common.transport import AsyncSendTransport
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +90,8 @@ class Producer(ClientBase):
         default_topic_queue_nums: int = 4,
         heartbeat_interval_ms: int = 30_000,
         async_threads: int = 4,
+        async_send_window: int = 65535,
+        retry_times_when_send_async_failed: int = 2,
     ) -> None:
         check_group(group)
         super().__init__(broker_or_address, clock=clock, instance_name=instance_name)
@@ -99,7 +107,10 @@ class Producer(ClientBase):
         self._publish: dict[str, TopicPublishInfo] = {}
         self._lock = threading.Lock()
         self._async_threads = async_threads
+        self.async_send_window = async_send_window
+        self.retry_times_when_send_async_failed = retry_times_when_send_async_failed
         self._executor: ThreadPoolExecutor | None = None
+        self._window: SendWindow | None = None
         self._scheduler: Scheduler | None = None
         self._state = "CREATED"
         self.start()
@@ -116,6 +127,14 @@ class Producer(ClientBase):
             if self._state == "SHUTDOWN":
                 raise ClientStateError("a producer cannot be restarted after shutdown")
             self._executor = ThreadPoolExecutor(self._async_threads, thread_name_prefix=f"send-{self.group}")
+            if isinstance(self.transport, AsyncSendTransport):
+                self._window = SendWindow(
+                    self,
+                    self.transport,
+                    self.async_send_window,
+                    self.retry_times_when_send_async_failed,
+                    self._executor,
+                )
             self._scheduler = Scheduler(self.clock, f"producer-{self.group}")
             self._state = "RUNNING"
         self.send_heartbeat()
@@ -156,31 +175,7 @@ class Producer(ClientBase):
             info = self._publish.get(topic)
         if info is not None and not refresh and info.queues:
             return info
-        from_default = False
-        try:
-            route = self.transport.get_route(topic)
-        except BrokerResponseError as exc:
-            if exc.code != ResponseCode.TOPIC_NOT_EXIST:
-                raise
-            try:
-                template = self.transport.get_route("TBW102")
-            except BrokerResponseError:
-                raise exc from None
-            # As RocketMQ's client: borrow the template's route, capped to defaultTopicQueueNums, so the first
-            # send lands on a queue the auto-created topic will have.
-            n = self.default_topic_queue_nums
-            route = dataclasses.replace(
-                template,
-                queue_datas=[
-                    dataclasses.replace(
-                        q,
-                        read_queue_nums=min(n, q.read_queue_nums),
-                        write_queue_nums=min(n, q.write_queue_nums),
-                    )
-                    for q in template.queue_datas
-                ],
-            )
-            from_default = True
+        route, from_default = publish_route(self.transport, topic, self.default_topic_queue_nums)
         info = TopicPublishInfo(topic, route)
         if not info.queues:
             raise BrokerResponseError(f"topic {topic} has no writable queue", int(ResponseCode.NO_PERMISSION))
@@ -291,10 +286,7 @@ class Producer(ClientBase):
                     f"send to {topic} call timeout: {cost} ms of the {timeout} ms budget used "
                     f"after {attempt} attempt(s): {last_exc}"
                 ) from last_exc
-            if self.send_latency_fault_enable:
-                mq = self.fault_tolerance.select(info, last_broker)
-            else:
-                mq = info.select(last_broker)
+            mq = self._select(info, last_broker)
             last_broker = mq.broker_name
             begin = self.clock.now_ms()
             try:
@@ -321,6 +313,11 @@ class Producer(ClientBase):
                 info = self.publish_info(topic, refresh=True)
         raise SendFailedError(f"send to {topic} failed after {attempts} attempts: {last_exc}") from last_exc
 
+    def _select(self, info: TopicPublishInfo, last_broker: str | None) -> MessageQueue:
+        if self.send_latency_fault_enable:
+            return self.fault_tolerance.select(info, last_broker)
+        return info.select(last_broker)
+
     def _update_fault(self, mq: MessageQueue, begin_ms: int, *, isolation: bool) -> None:
         if self.send_latency_fault_enable:
             self.fault_tolerance.update(mq.broker_name, self.clock.now_ms() - begin_ms, isolation)
@@ -339,11 +336,21 @@ class Producer(ClientBase):
         on_exception: Callable[[BaseException], None] | None = None,
         selector: MessageQueueSelector | None = None,
         arg: Any = None,
+        *,
+        timeout_ms: int | None = None,
     ) -> Future[SendResult]:
-        """Send on a background thread; the callbacks run there. Returns the Future as well."""
+        """Send without waiting; the outcome goes to the returned Future and to the callbacks (which run on
+        the producer's callback threads). Every failure, a bad message included, is delivered there.
+
+        Over TCP the request is written at once and up to ``async_send_window`` sends are in flight on one
+        connection (:mod:`broker_sim.client.async_send`); a full window makes this call wait for a slot, up
+        to the send timeout. In process, the send runs on one of ``async_threads`` threads."""
         self._check_running()
+        timeout = self.send_msg_timeout_ms if timeout_ms is None else timeout_ms
+        if self._window is not None:
+            return self._window.send(msg, on_success, on_exception, selector, arg, timeout)
         assert self._executor is not None
-        future = self._executor.submit(self.send, msg, selector, arg)
+        future = self._executor.submit(self.send, msg, selector, arg, timeout_ms=timeout)
 
         def done(f: Future[SendResult]) -> None:
             exc = f.exception()

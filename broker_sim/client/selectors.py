@@ -1,8 +1,10 @@
-"""Queue selection for producers: round-robin over writable queues, sharding-key hash, and RocketMQ's
-latency-based fault avoidance (brokers that answered slowly or failed are skipped for a while)."""
+"""Queue selection for producers: the route a topic is sent by, round-robin over writable queues,
+sharding-key hash, and RocketMQ's latency-based fault avoidance (brokers that answered slowly or failed are
+skipped for a while)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -11,8 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from broker_sim.common.errors import BrokerResponseError
 from broker_sim.common.message import Message, MessageQueue
-from broker_sim.common.requests import Perm, TopicRouteData
+from broker_sim.common.requests import Perm, ResponseCode, TopicRouteData
+from broker_sim.common.transport import BrokerTransport
 
 MessageQueueSelector = Callable[[Sequence[MessageQueue], Message, Any], MessageQueue]
 
@@ -27,6 +31,31 @@ def select_by_random(mqs: Sequence[MessageQueue], msg: Message, arg: Any) -> Mes
     return random.choice(list(mqs))
 
 
+def publish_route(
+    transport: BrokerTransport, topic: str, default_queue_nums: int
+) -> tuple[TopicRouteData, bool]:
+    """The route a producer sends ``topic`` by, and whether it is borrowed: a topic that does not exist yet
+    gets ``TBW102``'s route, capped to ``default_queue_nums`` as RocketMQ's client does, so the first send
+    lands on a queue the auto-created topic will have (a borrowed route is looked up again next time)."""
+    try:
+        return transport.get_route(topic), False
+    except BrokerResponseError as exc:
+        if exc.code != ResponseCode.TOPIC_NOT_EXIST:
+            raise
+        try:
+            template = transport.get_route("TBW102")
+        except BrokerResponseError:
+            raise exc from None
+    n = default_queue_nums
+    queues = [
+        dataclasses.replace(
+            q, read_queue_nums=min(n, q.read_queue_nums), write_queue_nums=min(n, q.write_queue_nums)
+        )
+        for q in template.queue_datas
+    ]
+    return dataclasses.replace(template, queue_datas=queues), True
+
+
 class TopicPublishInfo:
     """A topic's writable queues, in route order, with the round-robin counter RocketMQ keeps per topic."""
 
@@ -38,11 +67,9 @@ class TopicPublishInfo:
             if qd.perm & Perm.WRITE:
                 self.queues.extend(MessageQueue(topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
         self._counter = itertools.count(random.randrange(1 << 16))
-        self._lock = threading.Lock()
 
     def next_index(self) -> int:
-        with self._lock:
-            return next(self._counter)
+        return next(self._counter)  # one C call, atomic under the GIL: thread-safe without a lock
 
     def select(self, last_broker: str | None) -> MessageQueue:
         """Next queue round-robin, avoiding ``last_broker`` (the one that just failed) when another exists."""

@@ -49,6 +49,7 @@ from broker_sim.common.requests import (
 log = logging.getLogger(__name__)
 
 PullCallback = Callable[[PullMessageResponse | BaseException], None]
+SendCallback = Callable[[SendMessageResponse | BaseException], None]
 
 
 @runtime_checkable
@@ -157,6 +158,20 @@ class BrokerTransport(Protocol):
 
     def close(self) -> None:
         """Release connections; later calls raise TransportError."""
+        ...
+
+
+@runtime_checkable
+class AsyncSendTransport(Protocol):
+    """A transport that can have many sends in flight without a thread each (RocketMQ's async invoke: the
+    request goes out now, the reply is matched by its ``opaque`` later). The producer's windowed
+    ``send_async`` uses it when the transport has it, and a thread pool otherwise."""
+
+    def send_message_async(
+        self, request: SendMessageRequest, body: bytes, callback: SendCallback, timeout_ms: int = 3000
+    ) -> None:
+        """SEND_MESSAGE (10) without blocking the caller: ``callback`` gets exactly one response or error
+        (RequestTimeoutError when no reply comes within ``timeout_ms``), from a library thread."""
         ...
 
 

@@ -13,40 +13,47 @@ Frames the server sends on its own (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTI
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from broker_sim.common.errors import RequestTimeoutError, TransportError
 from broker_sim.remoting.errors import FrameError
-from broker_sim.remoting.frame import (
-    MAX_FRAME_BYTES,
-    RemotingCommand,
-    check_total_length,
-    decode_payload,
-    encode,
-)
+from broker_sim.remoting.frame import MAX_FRAME_BYTES, RemotingCommand, encode
+from broker_sim.remoting.stream import FrameStream
 
 log = logging.getLogger("broker_sim.remoting.client")
-
-_LEN = struct.Struct(">i")
 
 ReplyCallback = Callable[[RemotingCommand | BaseException], None]
 #: Handles a server → client request; a returned command is sent back as the reply.
 RequestHook = Callable[[RemotingCommand], RemotingCommand | None]
 
 
-@dataclass(order=True)
+def _NO_CALLBACK(result: RemotingCommand | BaseException) -> None:
+    """What a finished request's entry holds instead of its callback (and everything the callback holds)."""
+
+
 class _Pending:
-    deadline: float
-    opaque: int = field(compare=False)
-    callback: ReplyCallback = field(compare=False)
-    description: str = field(compare=False)
-    done: bool = field(default=False, compare=False)
+    """One request waiting for its reply (or its deadline)."""
+
+    __slots__ = ("address", "callback", "code", "deadline", "done", "opaque")
+
+    def __init__(
+        self, deadline: float, opaque: int, callback: ReplyCallback, code: int, address: str
+    ) -> None:
+        self.deadline = deadline
+        self.opaque = opaque
+        self.callback = callback
+        self.code = code
+        self.address = address
+        self.done = False
+
+    @property
+    def description(self) -> str:
+        return f"request {self.code} to {self.address}"
 
 
 class RemotingConnection:
@@ -64,7 +71,10 @@ class RemotingConnection:
         self._write_lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._pending: dict[int, _Pending] = {}
-        self._timeouts: list[_Pending] = []
+        # (deadline, sequence, request): tuples compare in C, and the sequence keeps two equal deadlines from
+        # ever comparing the requests themselves
+        self._timeouts: list[tuple[float, int, _Pending]] = []
+        self._sequence = itertools.count()
         self._timer_wakeup = threading.Condition(self._lock)
         self._closed = False
         self._timer = threading.Thread(target=self._timer_loop, name=f"remoting-timer-{address}", daemon=True)
@@ -73,6 +83,9 @@ class RemotingConnection:
     # -- connection management --
 
     def _connected(self) -> socket.socket:
+        sock = self._sock  # the common case without the lock: a socket closed meanwhile fails its write
+        if sock is not None and not self._closed:
+            return sock
         with self._lock:
             if self._closed:
                 raise TransportError(f"connection to {self.address} is closed")
@@ -120,9 +133,7 @@ class RemotingConnection:
 
     def invoke_async(self, cmd: RemotingCommand, callback: ReplyCallback, timeout_s: float) -> None:
         """Send ``cmd``; ``callback`` gets exactly one reply or exception, from a library thread."""
-        p = _Pending(
-            time.monotonic() + timeout_s, cmd.opaque, callback, f"request {cmd.code} to {self.address}"
-        )
+        p = _Pending(time.monotonic() + timeout_s, cmd.opaque, callback, cmd.code, self.address)
         try:
             sock = self._connected()
         except TransportError as exc:
@@ -130,8 +141,12 @@ class RemotingConnection:
             return
         with self._lock:
             self._pending[cmd.opaque] = p
-            heapq.heappush(self._timeouts, p)
-            self._timer_wakeup.notify()
+            timeouts = self._timeouts
+            # The timer sleeps until the earliest deadline; wake it only when this one is earlier (requests of
+            # one timeout come in deadline order, so a stream of sends wakes it once, not once per send).
+            if not timeouts or p.deadline < timeouts[0][0]:
+                self._timer_wakeup.notify()
+            heapq.heappush(timeouts, (p.deadline, next(self._sequence), p))
         try:
             data = encode(cmd)
             with self._write_lock:
@@ -178,10 +193,19 @@ class RemotingConnection:
         if p.done:
             return
         p.done = True
+        callback, p.callback = p.callback, _NO_CALLBACK  # the heap keeps a finished entry until it is pruned
         try:
-            p.callback(result)
+            callback(result)
         except Exception:
             log.exception("reply callback for %s failed", p.description)
+
+    def _prune(self) -> None:
+        """Drop answered requests from the head of the deadline heap (replies mostly come in deadline order),
+        so it holds about what is in flight instead of every request of the last timeout period."""
+        with self._lock:
+            timeouts = self._timeouts
+            while timeouts and timeouts[0][2].done:
+                heapq.heappop(timeouts)
 
     def _timer_loop(self) -> None:
         while True:
@@ -190,45 +214,37 @@ class RemotingConnection:
                 if self._closed and not self._timeouts:
                     return
                 now = time.monotonic()
-                while self._timeouts and (self._timeouts[0].deadline <= now or self._timeouts[0].done):
-                    p = heapq.heappop(self._timeouts)
+                timeouts = self._timeouts
+                while timeouts and (timeouts[0][0] <= now or timeouts[0][2].done):
+                    p = heapq.heappop(timeouts)[2]
                     if not p.done and self._pending.pop(p.opaque, None) is p:
                         expired.append(p)
-                if self._closed and not self._timeouts:
+                if self._closed and not timeouts:
                     return
                 if not expired:
-                    wait = self._timeouts[0].deadline - now if self._timeouts else None
-                    self._timer_wakeup.wait(wait)
+                    self._timer_wakeup.wait(timeouts[0][0] - now if timeouts else None)
             for p in expired:
                 self._finish(p, RequestTimeoutError(f"{p.description}: no reply in time"))
 
-    def _read_exact(self, sock: socket.socket, n: int) -> bytes:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = sock.recv_into(view[got:], n - got)
-            if k == 0:
-                raise TransportError("connection closed by the server")
-            got += k
-        return bytes(buf)
-
     def _read_loop(self, sock: socket.socket) -> None:
         reason = "closed"
+        stream = FrameStream(sock, MAX_FRAME_BYTES)
         try:
             while True:
-                (total,) = _LEN.unpack(self._read_exact(sock, 4))
-                check_total_length(total, MAX_FRAME_BYTES)
-                cmd = decode_payload(self._read_exact(sock, total))
-                if not cmd.is_response:
-                    self._server_request(cmd)
-                    continue
-                with self._lock:
-                    p = self._pending.pop(cmd.opaque, None)
-                if p is None:
-                    log.debug("%s: reply for unknown opaque %d (timed out?)", self.address, cmd.opaque)
-                    continue
-                self._finish(p, cmd)
+                batch = stream.read_batch()
+                if batch is None:
+                    raise TransportError("connection closed by the server")
+                for cmd in batch:
+                    if not cmd.is_response:
+                        self._server_request(cmd)
+                        continue
+                    with self._lock:
+                        p = self._pending.pop(cmd.opaque, None)
+                    if p is None:
+                        log.debug("%s: reply for unknown opaque %d (timed out?)", self.address, cmd.opaque)
+                        continue
+                    self._finish(p, cmd)
+                self._prune()
         except (OSError, TransportError, FrameError) as exc:
             reason = str(exc)
         finally:

@@ -1,11 +1,16 @@
 """The header fields of a client's SEND_MESSAGE (10) / SEND_BATCH_MESSAGE (320) and PULL_MESSAGE (11)
 requests, and the decoding of their replies — the part of :mod:`broker_sim.remoting.client_transport` that
-is pure encoding. A reply that does not parse raises :class:`~broker_sim.remoting.errors.RemotingError`."""
+is pure encoding. A reply that does not parse raises :class:`~broker_sim.remoting.errors.RemotingError`,
+which :func:`reply_errors` turns into the transport contract's TransportError."""
 
 from __future__ import annotations
 
-from broker_sim.common.errors import error_for_code
-from broker_sim.common.message import properties_to_string
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from broker_sim.common.errors import TransportError, error_for_code
+from broker_sim.common.message import MessageQueue, properties_to_string
 from broker_sim.common.requests import (
     PullMessageRequest,
     PullMessageResponse,
@@ -13,6 +18,7 @@ from broker_sim.common.requests import (
     SendMessageRequest,
     SendMessageResponse,
 )
+from broker_sim.remoting.errors import RemotingError
 from broker_sim.remoting.frame import RemotingCommand
 from broker_sim.remoting.header import Fields
 from broker_sim.remoting.records import decode_records, split_records
@@ -97,3 +103,29 @@ def pull_response(reply: RemotingCommand, broker_name: str) -> PullMessageRespon
         suggest_which_broker_id=f.num("suggestWhichBrokerId", 0),
         remark=reply.remark or "",
     )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def reply_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """A reply that does not parse (bad JSON body, bad record, missing field) is a transport fault for the
+    caller — the transport contract's "undecodable reply" — not a remoting-internal exception."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except RemotingError as exc:
+            raise TransportError(f"undecodable reply: {exc}") from exc
+
+    return wrapper
+
+
+def by_broker(mqs: set[MessageQueue]) -> dict[str, set[MessageQueue]]:
+    """Queues grouped by broker group name (a request per group, as RebalanceImpl.lockAll does)."""
+    out: dict[str, set[MessageQueue]] = {}
+    for mq in mqs:
+        out.setdefault(mq.broker_name, set()).add(mq)
+    return out

@@ -9,11 +9,10 @@ reply is :class:`RequestTimeoutError`, a broken connection :class:`TransportErro
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from broker_sim.common.errors import BrokerResponseError, TransportError, error_for_code
 from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id
@@ -31,11 +30,19 @@ from broker_sim.common.requests import (
     SubscriptionData,
     TopicRouteData,
 )
-from broker_sim.common.transport import PullCallback
+from broker_sim.common.transport import PullCallback, SendCallback
 from broker_sim.remoting import bodies
 from broker_sim.remoting.acl import sign
-from broker_sim.remoting.client import RemotingConnection
-from broker_sim.remoting.client_codec import check, pull_fields, pull_response, send_fields, send_response
+from broker_sim.remoting.client import RemotingConnection, ReplyCallback
+from broker_sim.remoting.client_codec import (
+    by_broker,
+    check,
+    pull_fields,
+    pull_response,
+    reply_errors,
+    send_fields,
+    send_response,
+)
 from broker_sim.remoting.client_requests import serve_client_request
 from broker_sim.remoting.codes import RequestCode
 from broker_sim.remoting.errors import RemotingError
@@ -47,29 +54,7 @@ from broker_sim.remoting.records import decode_record
 log = logging.getLogger("broker_sim.remoting.client_transport")
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _reply_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """A reply that does not parse (bad JSON body, bad record, missing field) is a transport fault for the
-    caller — the transport contract's "undecodable reply" — not a remoting-internal exception."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except RemotingError as exc:
-            raise TransportError(f"undecodable reply: {exc}") from exc
-
-    return wrapper
-
-
-def _by_broker(mqs: set[MessageQueue]) -> dict[str, set[MessageQueue]]:
-    out: dict[str, set[MessageQueue]] = {}
-    for mq in mqs:
-        out.setdefault(mq.broker_name, set()).add(mq)
-    return out
+T = TypeVar("T")
 
 
 class RemotingTransport:
@@ -153,7 +138,7 @@ class RemotingTransport:
 
     # -- server -> client requests --
 
-    @_reply_errors
+    @reply_errors
     def _server_request(self, cmd: RemotingCommand) -> RemotingCommand | None:
         with self._lock:
             channels = dict(self._channels)
@@ -166,7 +151,7 @@ class RemotingTransport:
 
     # -- send --
 
-    @_reply_errors
+    @reply_errors
     def send_message(
         self, request: SendMessageRequest, body: bytes, timeout_ms: int = 3000
     ) -> SendMessageResponse:
@@ -175,6 +160,21 @@ class RemotingTransport:
             self._invoke(self._broker_of(request.broker_name, request.topic), cmd, timeout_ms / 1000)
         )
 
+    def send_message_async(
+        self, request: SendMessageRequest, body: bytes, callback: SendCallback, timeout_ms: int = 3000
+    ) -> None:
+        """The request is written now; the broker's reply, matched by its opaque on the connection's reader
+        thread, goes to ``callback`` (as do a timeout and a lost connection)."""
+        try:
+            addr = self._broker_of(request.broker_name, request.topic)
+            conn = self._conn(addr)
+        except Exception as exc:  # delivered to the callback, as the transport contract says
+            callback(exc)
+            return
+
+        cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body)
+        conn.invoke_async(cmd, self._async_reply(addr, send_response, callback), timeout_ms / 1000)
+
     def send_message_oneway(self, request: SendMessageRequest, body: bytes) -> None:
         cmd = self._req(RequestCode.SEND_MESSAGE, send_fields(request), body, oneway=True)
         try:
@@ -182,7 +182,7 @@ class RemotingTransport:
         except TransportError:
             log.debug("oneway send to %s failed", request.topic, exc_info=True)
 
-    @_reply_errors
+    @reply_errors
     def send_batch_message(
         self, request: SendMessageRequest, entries: Sequence[BatchEntry], timeout_ms: int = 3000
     ) -> SendMessageResponse:
@@ -196,7 +196,7 @@ class RemotingTransport:
     def _pull_timeout_s(self, request: PullMessageRequest) -> float:
         return request.suspend_timeout_ms / 1000 + self._timeout_s + 5.0
 
-    @_reply_errors
+    @reply_errors
     def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
         addr, request = self.locator.pull_target(request)
         cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
@@ -211,6 +211,15 @@ class RemotingTransport:
             callback(exc)
             return
         name = request.broker_name or self._name_of(addr)
+        on_reply = self._async_reply(addr, lambda reply: pull_response(reply, name), callback)
+        cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
+        conn.invoke_async(cmd, on_reply, self._pull_timeout_s(request))
+
+    def _async_reply(
+        self, addr: str, decode: Callable[[RemotingCommand], T], callback: Callable[[T | BaseException], None]
+    ) -> ReplyCallback:
+        """The reply hook of an async request: ``callback`` gets the decoded response or the error (a lost
+        connection also drops ``addr`` from the directory; an undecodable reply is a TransportError)."""
 
         def on_reply(result: RemotingCommand | BaseException) -> None:
             if isinstance(result, BaseException):
@@ -219,7 +228,7 @@ class RemotingTransport:
                 callback(result)
                 return
             try:
-                response = pull_response(result, name)
+                response = decode(result)
             except RemotingError as exc:
                 callback(TransportError(f"undecodable reply: {exc}"))
                 return
@@ -228,8 +237,7 @@ class RemotingTransport:
                 return
             callback(response)
 
-        cmd = self._req(RequestCode.PULL_MESSAGE, pull_fields(request))
-        conn.invoke_async(cmd, on_reply, self._pull_timeout_s(request))
+        return on_reply
 
     def _name_of(self, addr: str) -> str:
         return self._brokers.name_of(addr)
@@ -256,7 +264,7 @@ class RemotingTransport:
             with self._lock:
                 self._channels.pop(client_id, None)
 
-    @_reply_errors
+    @reply_errors
     def get_consumer_list(self, consumer_group: str) -> list[str]:
         cmd = self._req(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": consumer_group})
         reply = self._invoke(self._broker(), cmd)
@@ -265,7 +273,7 @@ class RemotingTransport:
         ids = bodies.load_json(reply.body, "consumer list").get("consumerIdList") or []
         return [str(i) for i in ids]
 
-    @_reply_errors
+    @reply_errors
     def check_client_config(
         self, consumer_group: str, client_id: str, subscription: SubscriptionData
     ) -> None:
@@ -276,7 +284,7 @@ class RemotingTransport:
 
     # -- offsets --
 
-    @_reply_errors
+    @reply_errors
     def query_consumer_offset(
         self, consumer_group: str, topic: str, queue_id: int, broker_name: str = ""
     ) -> int | None:
@@ -306,7 +314,7 @@ class RemotingTransport:
             self._brokers.forget(addr)
             raise
 
-    @_reply_errors
+    @reply_errors
     def _offset_request(self, code: int, topic: str, queue_id: int, broker_name: str, **extra: int) -> int:
         cmd = self._req(code, {"topic": topic, "queueId": queue_id, **extra})
         reply = self._invoke(self._broker_of(broker_name, topic, read=True), cmd)
@@ -357,11 +365,11 @@ class RemotingTransport:
             addr = self._broker(request.broker_name or None)
         self._conn(addr).invoke_oneway(cmd)
 
-    @_reply_errors
+    @reply_errors
     def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
         """LOCK_BATCH_MQ to each queue's own broker group (RebalanceImpl.lockAll groups them by broker)."""
         out: set[MessageQueue] = set()
-        for name, group in _by_broker(mqs).items():
+        for name, group in by_broker(mqs).items():
             body = bodies.lock_body(consumer_group, client_id, group)
             reply = self._ok(
                 self._invoke(self._broker(name or None), self._req(RequestCode.LOCK_BATCH_MQ, body=body))
@@ -371,13 +379,13 @@ class RemotingTransport:
         return out
 
     def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None:
-        for name, group in _by_broker(mqs).items():
+        for name, group in by_broker(mqs).items():
             body = bodies.lock_body(consumer_group, client_id, group)
             self._ok(
                 self._invoke(self._broker(name or None), self._req(RequestCode.UNLOCK_BATCH_MQ, body=body))
             )
 
-    @_reply_errors
+    @reply_errors
     def view_message_by_id(self, offset_msg_id: str) -> MessageExt:
         try:
             store_host, offset = decode_offset_msg_id(offset_msg_id)
@@ -398,7 +406,8 @@ class RemotingTransport:
             c.close()
 
 
-if TYPE_CHECKING:  # mypy proves the TCP transport satisfies the client's transport protocol
-    from broker_sim.common.transport import BrokerTransport
+if TYPE_CHECKING:  # mypy proves the TCP transport satisfies the client's transport protocols
+    from broker_sim.common.transport import AsyncSendTransport, BrokerTransport
 
     _conforms: type[BrokerTransport] = RemotingTransport
+    _async: type[AsyncSendTransport] = RemotingTransport

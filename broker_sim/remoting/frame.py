@@ -53,6 +53,10 @@ MAX_HEADER_BYTES = 1024 * 1024
 
 _LEN = struct.Struct(">i")  # total length
 _LEN2 = struct.Struct(">ii")  # total length, serType<<24 | headerLen
+# Built once: ``json.dumps`` with non-default arguments builds a new encoder on every call, and calling the
+# decoder directly skips ``json.loads``' argument dispatch (every frame's header goes through these).
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_JSON_DECODER = json.JSONDecoder()
 
 
 # ---------------------------------------------------------------------------------------------- encoding
@@ -83,7 +87,7 @@ def encode_json_header(cmd: RemotingCommand) -> bytes:
         obj["remark"] = cmd.remark
     if cmd.ext_fields:
         obj["extFields"] = cmd.ext_fields
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return _JSON_ENCODER.encode(obj).encode("utf-8")
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -99,17 +103,28 @@ def check_total_length(total: int, max_frame: int = MAX_FRAME_BYTES) -> None:
 
 def decode_payload(payload: bytes) -> RemotingCommand:
     """Decode everything after the total-length word (``len(payload)`` is the declared total)."""
-    if len(payload) < 4:
+    return decode_from(payload, 0, len(payload))
+
+
+def decode_from(buf: bytes | bytearray, start: int, end: int) -> RemotingCommand:
+    """Decode the payload ``buf[start:end]`` in place (a reader's buffer holding several frames): only the
+    header and the body are copied out."""
+    size = end - start
+    if size < 4:
         raise FrameError("frame too short for its header-length word")
-    (word,) = _LEN.unpack_from(payload, 0)
+    (word,) = _LEN.unpack_from(buf, start)
     ser = (word >> 24) & 0xFF
     header_len = word & 0xFFFFFF
-    if header_len > len(payload) - 4:
-        raise FrameError(f"header length {header_len} exceeds the frame's {len(payload) - 4} bytes")
+    if header_len > size - 4:
+        raise FrameError(f"header length {header_len} exceeds the frame's {size - 4} bytes")
     if header_len > MAX_HEADER_BYTES:
         raise FrameTooLargeError(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
-    header = payload[4 : 4 + header_len]
-    body = bytes(payload[4 + header_len :])
+    body_start = start + 4 + header_len
+    if isinstance(buf, bytes):
+        header, body = buf[start + 4 : body_start], buf[body_start:end]
+    else:
+        with memoryview(buf) as view:
+            header, body = view[start + 4 : body_start].tobytes(), view[body_start:end].tobytes()
     if ser == SerializeType.JSON:
         cmd = decode_json_header(header)
     elif ser == SerializeType.ROCKETMQ:
@@ -133,6 +148,8 @@ def decode_frame(frame: bytes, max_frame: int = MAX_FRAME_BYTES) -> RemotingComm
 
 def _as_int(obj: dict[str, Any], key: str, default: int | None) -> int:
     value = obj.get(key, default)
+    if type(value) is int:
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, str) and value.lstrip("-").isdigit():
             return int(value)
@@ -142,7 +159,7 @@ def _as_int(obj: dict[str, Any], key: str, default: int | None) -> int:
 
 def decode_json_header(header: bytes) -> RemotingCommand:
     try:
-        obj = json.loads(header.decode("utf-8"))
+        obj = _JSON_DECODER.decode(header.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise FrameError(f"header is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -172,6 +189,11 @@ def decode_json_header(header: bytes) -> RemotingCommand:
 
 def normalise_ext_fields(ext: dict[str, Any]) -> dict[str, str]:
     """Requests mix JSON numbers, booleans and strings (G4/G5); nested values are a client bug."""
+    for value in ext.values():
+        if type(value) is not str:
+            break
+    else:  # all strings already (the Java client's case): keys of a JSON object are strings too
+        return ext
     out: dict[str, str] = {}
     for key, value in ext.items():
         if value is None:

@@ -5,7 +5,10 @@ Why threads and not asyncio: broker operations block (a SYNC_FLUSH send waits fo
 waits up to 15 s for a message), and the broker is written as plain blocking Python. Each request therefore
 runs on a worker thread; the connection's reader keeps reading, so one client can have a held pull and a
 heartbeat in flight on the same socket, as the C++ client does. Replies are written under a per-connection
-lock and matched by ``opaque``.
+lock and matched by ``opaque``. The reader takes every frame one ``recv`` brought
+(:mod:`broker_sim.remoting.stream`), and the replies of the requests it answers itself (the non-blocking
+``inline_codes``) leave together in one write: a client with 64 sends in flight costs two system calls per
+batch, not two per request.
 
 Hardening: the reader validates the length word before reading a frame (16 MiB cap), a frame that cannot be
 decoded closes the connection (the stream is out of sync), a decodable request with bad fields or an unknown
@@ -19,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import struct
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,17 +31,10 @@ from typing import Protocol
 from broker_sim.common.errors import BrokerResponseError
 from broker_sim.remoting.codes import ResponseCode, code_name
 from broker_sim.remoting.errors import AclError, FrameError, HeaderFieldError
-from broker_sim.remoting.frame import (
-    MAX_FRAME_BYTES,
-    RemotingCommand,
-    check_total_length,
-    decode_payload,
-    encode,
-)
+from broker_sim.remoting.frame import MAX_FRAME_BYTES, RemotingCommand, encode
+from broker_sim.remoting.stream import FrameStream
 
 log = logging.getLogger("broker_sim.remoting.server")
-
-_LEN = struct.Struct(">i")
 
 
 class Deferred:
@@ -100,7 +95,14 @@ class Connection:
 
     def send(self, cmd: RemotingCommand) -> bool:
         """Write one frame; False (and the connection closed) if the peer is gone."""
-        data = encode(cmd)
+        return self._write(encode(cmd))
+
+    def send_all(self, cmds: list[RemotingCommand]) -> bool:
+        """Write several frames with one system call; False (and the connection closed) if the peer is
+        gone."""
+        return self._write(b"".join([encode(c) for c in cmds]))
+
+    def _write(self, data: bytes) -> bool:
         with self._write_lock:
             if self.closed.is_set():
                 return False
@@ -249,47 +251,15 @@ class RemotingServer:
                 target=self._read_loop, args=(conn,), name=f"{self.name}-conn", daemon=True
             ).start()
 
-    def _read_exact(self, conn: Connection, n: int) -> bytes | None:
-        """Read exactly ``n`` bytes; None on a clean EOF before the first byte. The caller has already
-        bounded ``n``, so at most one frame is ever buffered per connection."""
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = conn.sock.recv_into(view[got:], n - got)
-            if k == 0:
-                if got == 0:
-                    return None
-                raise FrameError(f"truncated frame: connection closed after {got} of {n} bytes")
-            got += k
-        return bytes(buf)
-
     def _read_loop(self, conn: Connection) -> None:
         reason = "closed by peer"
+        stream = FrameStream(conn.sock, self.max_frame)
         try:
             while not conn.closed.is_set():
-                head = self._read_exact(conn, 4)
-                if head is None:
+                batch = stream.read_batch()
+                if batch is None:
                     break
-                (total,) = _LEN.unpack(head)
-                check_total_length(total, self.max_frame)
-                payload = self._read_exact(conn, total)
-                if payload is None:
-                    raise FrameError("truncated frame: connection closed after the length word")
-                cmd = decode_payload(payload)
-                conn.requests += 1
-                if cmd.is_response:
-                    if not conn.complete(cmd):
-                        log.debug("%s: stray response from %s: %d", self.name, conn.peer, cmd.opaque)
-                    continue
-                if cmd.code in self.inline_codes:
-                    self._reply(conn, cmd)
-                    continue
-                conn.inflight.acquire()
-                try:
-                    self._pool.submit(self._run, conn, cmd)
-                except RuntimeError:  # pool shut down: the server is stopping
-                    conn.inflight.release()
+                if not self._handle_batch(conn, batch):
                     break
         except FrameError as exc:
             with self._lock:
@@ -310,6 +280,34 @@ class RemotingServer:
                     self.on_disconnect(conn)
                 except Exception:
                     log.exception("%s: disconnect hook failed for %s", self.name, conn.peer)
+
+    def _handle_batch(self, conn: Connection, batch: list[RemotingCommand]) -> bool:
+        """Answer the frames of one read; False when the server is stopping. The replies of requests run
+        here (inline codes) are written together once the batch is done — one write for 64 pipelined sends
+        instead of 64 — and before any error ends the connection, so every request read gets its answer."""
+        replies: list[RemotingCommand] = []
+        try:
+            for cmd in batch:
+                conn.requests += 1
+                if cmd.is_response:
+                    if not conn.complete(cmd):
+                        log.debug("%s: stray response from %s: %d", self.name, conn.peer, cmd.opaque)
+                    continue
+                if cmd.code in self.inline_codes:
+                    reply = self.dispatch(cmd, conn)
+                    if isinstance(reply, RemotingCommand) and not cmd.is_oneway:
+                        replies.append(reply)
+                    continue
+                conn.inflight.acquire()
+                try:
+                    self._pool.submit(self._run, conn, cmd)
+                except RuntimeError:  # pool shut down: the server is stopping
+                    conn.inflight.release()
+                    return False
+        finally:
+            if replies:
+                conn.send_all(replies)
+        return True
 
     # -- dispatch --
 

@@ -29,6 +29,9 @@ class TcpRelay:
     _conns: set[socket.socket] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _closed: threading.Event = field(default_factory=threading.Event)
+    _resume: threading.Event = field(default_factory=threading.Event)
+    #: set while an outage refuses connections (from the cut until the relay listens again)
+    refusing: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
         self._listen()
@@ -90,15 +93,24 @@ class TcpRelay:
         return len(conns) // 2
 
     def outage(self, seconds: float) -> int:
-        """Refuse and cut every connection for ``seconds``; returns how many connections were cut."""
+        """Refuse and cut every connection for ``seconds`` (or until :meth:`resume`); returns how many
+        connections were cut. :attr:`refusing` is set for as long as connections are refused."""
+        self._resume.clear()
         cut = self._cut()
-        self._closed.wait(seconds)
+        self.refusing.set()
+        self._resume.wait(seconds)
         if not self._closed.is_set():
             self._listen()
+        self.refusing.clear()
         return cut
+
+    def resume(self) -> None:
+        """End a running outage now: the relay listens again."""
+        self._resume.set()
 
     def stop(self) -> None:
         self._closed.set()
+        self._resume.set()
         self._cut()
 
     @property

@@ -2,8 +2,11 @@
 
 ``consume`` runs broker_sim's PushConsumer over TCP and appends one JSON line per delivery to LOG (flushed
 per line, so a SIGKILL loses nothing already written); it also logs its queue assignment whenever it
-changes. ``produce`` sends ``count`` messages and logs each *acknowledged* send; a send that fails (the
-broker is restarting) is retried until it is acknowledged or ``deadline_s`` passes.
+changes. Once the file ``block_file`` exists, its listener stops inside the message it just logged (a
+"blocked" line) and waits there to be killed.
+
+``produce`` sends ``count`` messages and logs each *acknowledged* send; a send that fails (the broker is
+restarting) is retried until it is acknowledged or ``deadline_s`` passes.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def _writer(path: str) -> tuple[TextIO, threading.Lock]:
 def consume(namesrv: str, log_path: str, args: dict[str, Any]) -> int:
     out, lock = _writer(log_path)
     pause = float(args.get("pause_s", 0.0))
+    block_file = args.get("block_file")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 
@@ -46,8 +50,16 @@ def consume(namesrv: str, log_path: str, args: dict[str, Any]) -> int:
                     )
                     + "\n"
                 )
+            if block_file is not None and os.path.exists(block_file):
+                # the test wants this process killed mid-batch: hold this message unfinished (its offset
+                # can then never be committed) and say so; the test kills the process
+                with lock:
+                    out.write(
+                        json.dumps({"event": "blocked", "pid": os.getpid(), "body": m.body.decode()}) + "\n"
+                    )
+                threading.Event().wait()
             if pause:
-                time.sleep(pause)  # simulated work, so a batch is in flight when the process is killed
+                time.sleep(pause)  # simulated work
         return ConsumeStatus.CONSUME_SUCCESS
 
     c = PushConsumer(

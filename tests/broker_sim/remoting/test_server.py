@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import socket
 import struct
 import threading
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -239,3 +241,74 @@ def test_acl(handlers: Handlers) -> None:
 def test_signature_matches_a_frame_captured_from_the_cpp_client() -> None:
     fields = {"AccessKey": "", "OnsChannel": "ALIYUN", "topic": "ProbeTopic"}
     assert signature("", fields) == "r2KscApgmp4mTbXF2/WzOmrUVqw="
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["reader-thread", "worker-pool"])
+def test_pipelined_requests_in_one_write_are_all_answered(handlers: Handlers, inline: bool) -> None:
+    """A client with 64 requests in flight (async sends) writes them back to back: each gets its reply."""
+    srv = RemotingServer(handlers.table(), "127.0.0.1", 0, name="pipe", inline_codes={ECHO} if inline else ())
+    srv.start()
+    try:
+        frames = [encode(RemotingCommand(code=ECHO, opaque=1000 + i, body=b"x" * 1024)) for i in range(64)]
+        host, _, port = srv.address.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"".join(frames))
+            dec = FrameDecoder()
+            got: list[RemotingCommand] = []
+            while len(got) < 64:
+                got += dec.feed(s.recv(65536))
+        assert sorted(c.opaque for c in got) == list(range(1000, 1064))
+        assert all(c.is_response and c.body == b"x" * 1024 for c in got)
+    finally:
+        srv.shutdown()
+
+
+def test_requests_before_a_bad_frame_are_answered_before_the_close(handlers: Handlers) -> None:
+    """The server reads the good request and the garbage after it in one read: the good one is still
+    answered, then the connection is closed for the bad frame."""
+    srv = RemotingServer(handlers.table(), "127.0.0.1", 0, name="good-bad", inline_codes={ECHO})
+    srv.start()
+    try:
+        good = encode(RemotingCommand(code=ECHO, opaque=77, ext_fields={"k": "v"}))
+        got = FrameDecoder().feed(raw_exchange(srv.address, good + struct.pack(">ii", 10, 6) + b"{nope}"))
+        assert [(c.opaque, c.ext_fields) for c in got] == [(77, {"k": "v"})]
+        assert srv.stats.frame_errors == 1
+    finally:
+        srv.shutdown()
+
+
+def test_a_short_timeout_after_a_long_one_still_fires(client: RemotingConnection) -> None:
+    """The client's timer sleeps until the earliest deadline: a 30 s request (a held pull) must not keep a
+    0.2 s request behind it from timing out."""
+    client.invoke_async(RemotingCommand.request(SILENT), lambda r: None, 30)
+    outcome: list[BaseException] = []
+    finished = threading.Event()
+
+    def short() -> None:
+        try:
+            client.invoke(RemotingCommand.request(SILENT), 0.2)
+        except BaseException as exc:
+            outcome.append(exc)
+        finished.set()
+
+    threading.Thread(target=short, daemon=True).start()
+    assert finished.wait(15), "the 0.2 s request waited for the 30 s one's deadline"
+    assert isinstance(outcome[0], RequestTimeoutError)
+
+
+def test_an_answered_request_frees_what_its_callback_holds(client: RemotingConnection) -> None:
+    """The timeout heap keeps an entry until the deadline passes or it is pruned; an answered request's
+    entry must not keep its callback's objects (a send's Future, message, result) alive that long — at
+    10,000 sends/s and a 3 s timeout that is 30,000 sends' worth of objects for every GC pass to walk."""
+
+    class Payload:
+        pass
+
+    payload = Payload()
+    ref = weakref.ref(payload)
+    done = threading.Event()
+    client.invoke_async(RemotingCommand.request(ECHO), lambda r, held=payload: done.set(), 60)
+    assert done.wait(5)
+    del payload
+    gc.collect()
+    assert ref() is None

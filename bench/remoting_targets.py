@@ -1,0 +1,133 @@
+"""Issue 18's remoting targets, measured in one run, interleaved (``python -m bench remoting --targets``).
+
+* **r1** — synchronous sends/s to ``broker-sim serve`` ÷ sends/s to the minimal asyncio server of
+  :mod:`bench.remoting_baseline` (canned SEND_MESSAGE_V2 reply, stores nothing), both in their own process,
+  both driven by the same lean client (:class:`~bench.remoting_baseline.FrameClient`: one SEND_MESSAGE_V2
+  frame, 1 KiB body, then its reply, then the next). Target ≥ 0.5.
+* **r2** — one ``Producer("host:port")`` keeping 64 ``send_async`` in flight on one connection to
+  ``broker-sim serve`` ÷ in-process puts: ``Producer(broker).send`` of the same messages, one after another,
+  on a Broker in the bench process (the existing baseline of ``bench_remoting``). Target ≥ 0.3.
+
+Every round starts fresh servers and stores (ASYNC_FLUSH, one topic of 4 queues) and measures all four
+configurations, alternating their order, after a warm-up of 200 sends each; each round's ratio pairs figures
+taken a few seconds apart. Reported: every round, then the median rates and the median of the per-round
+ratios.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.remoting_baseline import BaselineProcess, FrameClient
+from broker_sim.remoting.serve_process import ServeProcess
+
+BODY = b"x" * 1024
+TOPIC = "BenchT"
+WARM_UP = 200
+WINDOW = 64
+
+
+def _topics() -> tuple[str, str]:
+    return "--set", "topics=" + json.dumps({TOPIC: 4})
+
+
+def _frames(address: str, n: int) -> float:
+    client = FrameClient(address, TOPIC, BODY)
+    try:
+        for _ in range(WARM_UP):
+            client.send()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            client.send()
+        return n / (time.perf_counter() - t0)
+    finally:
+        client.close()
+
+
+def r1_baseline(n: int, store: Path) -> float:
+    with BaselineProcess() as server:
+        return _frames(server.address, n)
+
+
+def r1_serve(n: int, store: Path) -> float:
+    with ServeProcess(store, *_topics()) as server:
+        return _frames(server.broker, n)
+
+
+def r2_in_process(n: int, store: Path) -> float:
+    from broker_sim import Broker, Message, Producer
+
+    broker = Broker(store, topics={TOPIC: 4})
+    broker.start()
+    try:
+        producer = Producer(broker, "InProcP")
+        for _ in range(WARM_UP):
+            producer.send(Message(TOPIC, BODY))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            producer.send(Message(TOPIC, BODY))
+        rate = n / (time.perf_counter() - t0)
+        producer.shutdown()
+        return rate
+    finally:
+        broker.shutdown()
+
+
+def r2_async_tcp(n: int, store: Path) -> float:
+    from broker_sim import Message, Producer
+
+    with ServeProcess(store, *_topics()) as server:
+        try:
+            producer = Producer(server.namesrv, "AsyncP", async_send_window=WINDOW)
+        except TypeError:  # broker_sim before issue 18 (the "before" figure): send_async on 4 threads
+            producer = Producer(server.namesrv, "AsyncP")
+        try:
+            for f in [producer.send_async(Message(TOPIC, BODY)) for _ in range(WARM_UP)]:
+                f.result(30)
+            t0 = time.perf_counter()
+            futures = [producer.send_async(Message(TOPIC, BODY)) for _ in range(n)]
+            for f in futures:
+                f.result(30)
+            return n / (time.perf_counter() - t0)
+        finally:
+            producer.shutdown()
+
+
+MEASURES: dict[str, Callable[[int, Path], float]] = {
+    "r1 baseline (asyncio, canned reply)": r1_baseline,
+    "r1 broker-sim serve": r1_serve,
+    "r2 in-process Producer.send": r2_in_process,
+    f"r2 TCP send_async, {WINDOW} in flight": r2_async_tcp,
+}
+
+
+SHORT = ("r1-base", "r1-serve", "r2-inproc", "r2-async")
+
+
+def targets(n: int, rounds: int) -> dict[str, float]:
+    """Run the rounds, print the table, return the median ratios ``{"r1": …, "r2": …}``."""
+    names = list(MEASURES)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for i, name in enumerate(order):
+                rates[name].append(MEASURES[name](n, Path(d) / f"round{r}-{i}"))
+            row = "  ".join(
+                f"{short} {rates[name][-1]:,.0f}" for short, name in zip(SHORT, names, strict=True)
+            )
+            print(f"round {r + 1}: {row} msg/s", flush=True)
+    r1 = [s / b for b, s in zip(rates[names[0]], rates[names[1]], strict=True)]
+    r2 = [a / p for p, a in zip(rates[names[2]], rates[names[3]], strict=True)]
+    print(f"1 KiB bodies, n={n} per measurement, {rounds} interleaved rounds, ASYNC_FLUSH, 4 queues")
+    for name in names:
+        print(f"  {name:40} median {statistics.median(rates[name]):9,.0f} msg/s")
+    for label, ratios in (("r1 serve ÷ asyncio baseline", r1), ("r2 async TCP ÷ in-process", r2)):
+        per_round = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"{label:28}: per round [{per_round}], median {statistics.median(ratios):.2f}")
+    return {"r1": statistics.median(r1), "r2": statistics.median(r2)}
