@@ -7,7 +7,8 @@ Two parts, both tested against ``broker-sim serve`` (tests/adapters/test_rocketm
   queue to compare the offset with the right watermark. So the sender picks the queue itself through
   ``send_orderly`` with a round-robin selector and records the index it chose, mapped to (broker group,
   queue id) through the name server's route by :class:`QueueBook` (the client's list is built from that
-  route in a known order; with one broker and no probe the index *is* the queue id). ``send_orderly`` does not move to another queue on failure (``retry_times`` retries the same
+  route in a known order; with one broker and no probe the index *is* the queue id). ``send_orderly`` does
+  not move to another queue on failure (``retry_times`` retries the same
   queue), which is what the receipt needs: the offset belongs to the queue we recorded.
 * :func:`subscribe_guarded` — registers an ``@idempotent_consumer`` handler on a ``PushConsumer``. The
   wrapper's own ``subscribe`` re-raises a callback's exception out of the ctypes callback, where the C side

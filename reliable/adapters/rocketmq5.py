@@ -16,8 +16,9 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
   invisible duration.
 * :class:`RocketMQ5Sender` — the :class:`~reliable.sender.Sender` of ``StubProducer`` and the sweeper. A 5.x
   send reports the offset but **not the queue** (the proxy, not the client, picks it), so receipts carry
-  ``queue_id = UNKNOWN_QUEUE_ID`` and ``broker_name = ""``; a targeted resend cannot name ``%RETRY%{group}`` through 5.x either, so
-  it goes to the topic and the other groups' guards absorb the copy.
+  ``queue_id = UNKNOWN_QUEUE_ID`` and ``broker_name = ""``; a targeted resend cannot name
+  ``%RETRY%{group}`` through 5.x either, so it goes to the topic and the other groups' guards absorb the
+  copy.
 * :class:`RocketMQ5Probe` — the loss probe: the protocol's ``QueryOffset(END)`` is a queue's max offset.
   Without a stub's queue it cannot prove a 5.x-sent stub lost, so for those the sweeper's
   ``max_unconfirmed_age`` is what re-sends (docs/adapters.md).
