@@ -8,6 +8,7 @@ the test decides exactly what each group has consumed, and every delivery goes t
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from reliable.sweeper import FixedBackoff, Sweeper, metrics
 from reliable.types import ConsumeResult
 from tests.clusters import Cluster, ClusterFactory
 from tests.clusters import cluster as cluster  # the fixture
-from tests.sweeper.helpers import clean
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, set_progress
 
 TOPIC, GROUPS = "IdT", ("id_g1", "id_g2")
 CONFIG: dict[str, Any] = {
@@ -201,3 +202,72 @@ def test_each_broker_groups_queue_0_is_judged_by_its_own_evidence(
     with rel.engine.connect() as conn:
         open_ = conn.scalars(select(MessageInbox.message_id).where(MessageInbox.status != "CONFIRMED")).all()
     assert open_ == []
+
+
+# --- an upgrade in place: positions written before migration 0006 have broker_name '' -------------------
+class Broker:
+    """The broker's max offset per (topic, broker group, queue), as a RocketMQ cluster's probe answers it;
+    ``''`` is answered like BrokerSimProbe does: only when exactly one group has that queue id."""
+
+    def __init__(self, ends: dict[tuple[str, str, int], int]) -> None:
+        self.ends = ends
+
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        if broker_name:
+            return self.ends.get((topic, broker_name, queue_id))
+        found = [v for (t, _, q), v in self.ends.items() if (t, q) == (topic, queue_id)]
+        return found[0] if len(found) == 1 else None
+
+
+def judged(rel: Reliability, clock: Clock, probe: Broker) -> dict[str, float]:
+    before = {v: metrics.VERDICTS.labels(v)._value.get() for v in ("lost", "overtaken", "queued", "too_old")}
+    sweeper = Sweeper(rel, QueueSender(), probe=probe, backoff=FixedBackoff((1.0,)), clock=clock,
+                      max_unconfirmed_age_s=3 * 3600, stuck_after_s=600)  # fmt: skip
+    sweeper.run_once()
+    return {v: metrics.VERDICTS.labels(v)._value.get() - n for v, n in before.items()}
+
+
+CLUSTER = Broker({("orders", "broker-a", 0): 200, ("orders", "broker-b", 0): 9})
+
+
+def test_a_stub_without_broker_name_on_a_cluster_is_unknown_not_overtaken(
+    rel: Reliability, clock: Clock
+) -> None:
+    """Sent before 0006 (broker ''), consumed since on broker-a's queue 0 far past its offset: that is no
+    evidence about broker-b's queue 0, where it may wait. No loss verdict; the age rule decides."""
+    add_stub(rel, "old", queue_id=0, queue_offset=5, last_sent_at=T0 - dt.timedelta(hours=1))
+    set_progress(rel, 150, broker_name="broker-a")
+    set_progress(rel, 3, broker_name="")  # the pre-upgrade watermark (both groups' queue 0 in one row)
+    assert judged(rel, clock, CLUSTER) == {"lost": 0, "overtaken": 0, "queued": 1, "too_old": 0}
+    clock.advance(3 * 3600)
+    assert judged(rel, clock, CLUSTER) == {"lost": 0, "overtaken": 0, "queued": 0, "too_old": 1}
+
+
+def test_without_broker_groups_the_empty_name_keeps_the_old_rules(rel: Reliability, clock: Clock) -> None:
+    """Kafka, RabbitMQ, one broker: every position has '' and a watermark past the copy still proves it
+    overtaken, the probe still proves a loss."""
+    add_stub(rel, "passed", queue_id=0, queue_offset=5)
+    add_stub(rel, "gone", queue_id=1, queue_offset=40)
+    set_progress(rel, 9, queue_id=0)
+    set_progress(rel, 30, queue_id=1)
+    single = Broker({("orders", "", 0): 10, ("orders", "", 1): 31})
+    assert judged(rel, clock, single) == {"lost": 1, "overtaken": 1, "queued": 0, "too_old": 0}
+
+
+def test_a_named_copy_beside_a_pre_upgrade_watermark_is_queued_not_an_alarm(
+    rel: Reliability, clock: Clock
+) -> None:
+    """Sent after the upgrade to broker-b's queue 0; the group's only row there is the '' one from before:
+    it has consumed there, so an old copy the broker holds is queued, not a never-consumed alarm, and the
+    '' row (which mixed both groups) proves nothing overtaken."""
+    add_stub(rel, "new", queue_id=0, queue_offset=7, broker_name="broker-b")
+    set_progress(rel, 150, broker_name="")
+    assert judged(rel, clock, CLUSTER) == {"lost": 0, "overtaken": 0, "queued": 1, "too_old": 0}
+    set_progress(rel, 6, broker_name="broker-b")  # the new guard's watermark of broker-b's queue 0
+    add_stub(rel, "gone", queue_id=0, queue_offset=9, broker_name="broker-b")  # broker-b ends at 9: lost
+    assert judged(rel, clock, CLUSTER) == {
+        "lost": 1,
+        "overtaken": 0,
+        "queued": 0,
+        "too_old": 0,
+    }  # "new" waits
