@@ -505,8 +505,8 @@ def test_0006_broker_name_moves_data_forward_and_back(
     """0006 adds the broker group to every position ('' for existing rows) and to the watermark's key; the
     downgrade folds the watermarks of one queue id on several groups into the one row the old key holds."""
     progress = (
-        "INSERT INTO consume_progress (consumer_group, topic, {b}queue_id, max_offset, min_offset, created_at,"
-        " updated_at, received_count) VALUES (:g, 'orders', {bv}:q, :hi, :lo, :c, :u, :n)"
+        "INSERT INTO consume_progress (consumer_group, topic, {b}queue_id, max_offset, min_offset,"
+        " created_at, updated_at, received_count) VALUES (:g, 'orders', {bv}:q, :hi, :lo, :c, :u, :n)"
     )
     with fresh(kind) as url, engine_for(url) as engine:
         upgrade(engine, "0005")
@@ -516,7 +516,8 @@ def test_0006_broker_name_moves_data_forward_and_back(
             conn.execute(
                 text(
                     "INSERT INTO message_stub (message_id, topic, content, status, send_count, queue_id,"
-                    " queue_offset, created_at, updated_at) VALUES ('a', 'orders', :c, 'PENDING', 1, 0, 7, :t, :t)"
+                    " queue_offset, created_at, updated_at)"
+                    " VALUES ('a', 'orders', :c, 'PENDING', 1, 0, 7, :t, :t)"
                 ),
                 dict(c=b"A", t=T0),
             )
