@@ -220,7 +220,7 @@ def reference_report(
 
 
 def spark_view(summary: dict[str, Any]) -> dict[str, Any]:
-    """The same figures out of a ``summary.json`` (schema_version 2), for the equality check."""
+    """The same figures out of a ``summary.json`` (schema_version 3), for the equality check."""
     groups = {
         g["consumer_group"]: {
             **{k: int(g[k]) for k in GROUP_COUNTS},
