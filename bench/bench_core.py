@@ -218,9 +218,9 @@ def bare_loop(rel: Reliability, group: str) -> Callable[[Sequence[Envelope]], No
         f"reconsume_times, received_at, worker) VALUES ({q}, {q}, {q}, {q}, {q}, 0, {q}, 'bare') RETURNING id"
     )
     upsert = (
-        "INSERT INTO consume_progress (consumer_group, topic, queue_id, max_offset, min_offset, created_at, "
-        f"updated_at, received_count) VALUES ({q}, {q}, {q}, {q}, {q}, {q}, {q}, 1) "
-        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
+        "INSERT INTO consume_progress (consumer_group, topic, broker_name, queue_id, max_offset, min_offset, "
+        f"created_at, updated_at, received_count) VALUES ({q}, {q}, '', {q}, {q}, {q}, {q}, {q}, 1) "
+        "ON CONFLICT (consumer_group, topic, broker_name, queue_id) DO UPDATE SET "
         "max_offset = GREATEST(consume_progress.max_offset, excluded.max_offset), "
         "updated_at = excluded.updated_at, received_count = consume_progress.received_count + 1"
     )

@@ -127,7 +127,8 @@ def load(rel: Reliability, total: int) -> int:
                 )
         with cur.copy("COPY consume_progress FROM STDIN") as cp:
             for q in range(QUEUES):
-                cp.write_row((GROUP, TOPIC, q, total, 0, NOW - dt.timedelta(hours=3), NOW, total // QUEUES))
+                row = (GROUP, TOPIC, q, total, 0, NOW - dt.timedelta(hours=3), NOW, total // QUEUES, "")
+                cp.write_row(row)  # broker_name '' (one broker, no groups): the last column
         raw.commit()
     finally:
         raw.close()
@@ -168,7 +169,7 @@ WHERE i.status = 'PENDING' AND i.resend_count + 1 < %(max)s AND i.resend_at <= %
         AND (s.queue_offset IS NULL
              OR s.queue_offset <= (SELECT p.max_offset FROM consume_progress p
                                    WHERE p.consumer_group = i.consumer_group AND p.topic = s.topic
-                                     AND p.queue_id = s.queue_id)))
+                                     AND p.broker_name = s.broker_name AND p.queue_id = s.queue_id)))
        OR (SELECT max(l.received_at) FROM message_log l
            WHERE l.message_id = i.message_id AND l.consumer_group = i.consumer_group) < %(stuck)s)
 ORDER BY i.resend_at

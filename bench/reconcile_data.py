@@ -90,7 +90,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
                      CASE WHEN unsent THEN NULL ELSE q END::INTEGER AS queue_id,
                      CASE WHEN unsent THEN NULL ELSE off END::BIGINT AS queue_offset,
                      created_at, created_at AS updated_at,
-                     CASE WHEN NOT unsent THEN created_at END AS last_sent_at
+                     CASE WHEN NOT unsent THEN created_at END AS last_sent_at, '' AS broker_name
               FROM s ORDER BY i)
         TO '{directory / "message_stub.parquet"}' (FORMAT parquet, COMPRESSION zstd)
         """
@@ -106,7 +106,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
                      CASE WHEN {targeted} THEN 0 END::INTEGER AS queue_id,
                      CASE WHEN {targeted} THEN i // 20 END::BIGINT AS queue_offset,
                      CASE WHEN kind = 'ok' THEN created_at + to_milliseconds(50 + i % 2000 + g) END
-                       AS confirmed_at
+                       AS confirmed_at, '' AS broker_name
               FROM p ORDER BY i, g)
         TO '{directory / "message_inbox.parquet"}' (FORMAT parquet, COMPRESSION zstd)
         """
@@ -137,7 +137,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
                      grp AS consumer_group, dtopic AS topic, topic AS original_topic,
                      queue_id::INTEGER AS queue_id, queue_offset::BIGINT AS queue_offset,
                      reconsume_times::INTEGER AS reconsume_times, received_at,
-                     'SUCCESS' AS outcome, 'w1' AS worker, NULL::VARCHAR AS reason
+                     'SUCCESS' AS outcome, 'w1' AS worker, NULL::VARCHAR AS reason, '' AS broker_name
               FROM l ORDER BY id)
         TO '{directory / "message_log.parquet"}' (FORMAT parquet, COMPRESSION zstd)
         """
@@ -147,7 +147,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
         COPY (SELECT grp AS consumer_group, dtopic AS topic, queue_id::INTEGER AS queue_id,
                      (max(queue_offset) - CASE WHEN grp = 'audit' AND dtopic = 'orders' AND queue_id = 3
                                                THEN 1000 ELSE 0 END)::BIGINT AS max_offset,
-                     min(received_at) AS created_at, max(received_at) AS updated_at
+                     min(received_at) AS created_at, max(received_at) AS updated_at, '' AS broker_name
               FROM l WHERE queue_offset < {DOUBLE_SEND_BASE}
                  AND NOT (grp = 'search' AND dtopic = 'payments' AND queue_id = 7)
               GROUP BY grp, dtopic, queue_id)

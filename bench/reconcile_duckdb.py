@@ -2,7 +2,8 @@
 
 Why a second implementation: d1 compares the Spark job with a single-process engine doing the *same* work,
 and the benchmark's equality check is only meaningful if the definitions are the same. They are written here
-independently, from docs/reconcile.md (schema_version 2: the subject is the (group, message) pair), not by
+independently, from docs/reconcile.md (schema_version 3: the subject is the (group, message) pair; a queue
+is (group, topic, broker_name, queue_id)), not by
 translating ``reliable/reconcile/transforms.py``; the benchmark then checks both engines report the same
 counts — totals, duplicates by cause and every group's figures. Percentiles are not compared for equality
 (both engines approximate them, with different sketches); the benchmark prints both.
@@ -45,15 +46,15 @@ def _sql_views(
                     WHEN position_no > 1 THEN 'redelivery'
                     WHEN topic = '%RETRY%' || consumer_group THEN 'targeted_resend'
                     ELSE 'producer_double_send' END AS cause
-        FROM (SELECT id, message_id, consumer_group, topic, queue_id, queue_offset,
+        FROM (SELECT id, message_id, consumer_group, topic, broker_name, queue_id, queue_offset,
                      coalesce(reconsume_times, 0) AS reconsume_times, received_at,
                      row_number() OVER (PARTITION BY message_id, consumer_group ORDER BY received_at, id)
                        AS delivery_no,
                      count(*) OVER (PARTITION BY message_id, consumer_group) AS deliveries,
                      min(received_at) OVER (PARTITION BY message_id, consumer_group) AS first_received_at,
                      max(received_at) OVER (PARTITION BY message_id, consumer_group) AS last_received_at,
-                     row_number() OVER (PARTITION BY message_id, consumer_group, topic, queue_id, queue_offset
-                                        ORDER BY received_at, id) AS position_no
+                     row_number() OVER (PARTITION BY message_id, consumer_group, topic, broker_name, queue_id,
+                                                     queue_offset ORDER BY received_at, id) AS position_no
               FROM message_log)
         """
     )
@@ -62,19 +63,20 @@ def _sql_views(
         f"""
         CREATE TEMP TABLE e AS
         WITH pr AS (
-          SELECT i.consumer_group, i.message_id, upper(i.status) AS status, s.topic, s.queue_id,
-                 s.queue_offset, s.created_at, s.last_sent_at, i.confirmed_at,
+          SELECT i.consumer_group, i.message_id, upper(i.status) AS status, s.topic, s.broker_name,
+                 s.queue_id, s.queue_offset, s.created_at, s.last_sent_at, i.confirmed_at,
                  coalesce(i.resend_count, 0) > 0 AND i.queue_offset IS NOT NULL AS targeted,
-                 i.queue_id AS r_queue_id, i.queue_offset AS r_queue_offset
+                 i.broker_name AS r_broker_name, i.queue_id AS r_queue_id, i.queue_offset AS r_queue_offset
           FROM message_inbox i JOIN message_stub s USING (message_id)
         ), sent AS (
           SELECT *,
                  CASE WHEN targeted THEN '%RETRY%' || consumer_group ELSE topic END AS send_topic,
+                 CASE WHEN targeted THEN r_broker_name ELSE broker_name END AS send_broker_name,
                  CASE WHEN targeted THEN r_queue_id ELSE queue_id END AS send_queue_id,
                  CASE WHEN targeted THEN r_queue_offset ELSE queue_offset END AS send_offset
           FROM pr
         )
-        SELECT x.consumer_group, x.message_id, x.status, x.topic, x.queue_id, x.queue_offset,
+        SELECT x.consumer_group, x.message_id, x.status, x.topic, x.broker_name, x.queue_id, x.queue_offset,
                w.max_offset AS watermark, coalesce(f.deliveries, 0) AS deliveries,
                x.status = 'PENDING' AND f.deliveries IS NULL AND x.send_offset IS NOT NULL
                  AND coalesce(x.send_offset <= sw.max_offset, false)
@@ -94,10 +96,11 @@ def _sql_views(
         FROM sent x
         LEFT JOIN (SELECT * FROM d WHERE delivery_no = 1) f USING (message_id, consumer_group)
         LEFT JOIN consume_progress w
-          ON w.consumer_group = x.consumer_group AND w.topic = x.topic AND w.queue_id = x.queue_id
+          ON w.consumer_group = x.consumer_group AND w.topic = x.topic AND w.broker_name = x.broker_name
+         AND w.queue_id = x.queue_id
         LEFT JOIN consume_progress sw
           ON sw.consumer_group = x.consumer_group AND sw.topic = x.send_topic
-         AND sw.queue_id = x.send_queue_id
+         AND sw.broker_name = x.send_broker_name AND sw.queue_id = x.send_queue_id
         """
     )
 
@@ -117,11 +120,11 @@ def _detail_tables(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
         CREATE TEMP TABLE o AS SELECT d.* FROM d ANTI JOIN message_stub s USING (message_id);
         COPY o TO '{out_dir / "orphans"}.parquet' (FORMAT parquet);
         CREATE TEMP TABLE gp AS
-        SELECT consumer_group, topic, queue_id, prev + 1 AS gap_start, queue_offset - 1 AS gap_end,
-               queue_offset - prev - 1 AS missing
-        FROM (SELECT *, lag(queue_offset) OVER (PARTITION BY consumer_group, topic, queue_id
+        SELECT consumer_group, topic, broker_name, queue_id, prev + 1 AS gap_start,
+               queue_offset - 1 AS gap_end, queue_offset - prev - 1 AS missing
+        FROM (SELECT *, lag(queue_offset) OVER (PARTITION BY consumer_group, topic, broker_name, queue_id
                                                 ORDER BY queue_offset) AS prev
-              FROM (SELECT DISTINCT consumer_group, topic, queue_id, queue_offset FROM d))
+              FROM (SELECT DISTINCT consumer_group, topic, broker_name, queue_id, queue_offset FROM d))
         WHERE queue_offset - prev > 1;
         COPY gp TO '{out_dir / "gaps"}.parquet' (FORMAT parquet);
         """
@@ -161,7 +164,8 @@ def _groups(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
         """
         SELECT consumer_group, sum(greatest(0, top - coalesce(watermark, -1))) AS lag,
                count(*) FILTER (WHERE never) AS never_consumed_queues
-        FROM (SELECT consumer_group, topic, queue_id, max(queue_offset) AS top, max(watermark) AS watermark,
+        FROM (SELECT consumer_group, topic, broker_name, queue_id, max(queue_offset) AS top,
+                     max(watermark) AS watermark,
                      bool_or(is_never_consumed) AS never
               FROM e WHERE queue_id IS NOT NULL GROUP BY ALL)
         GROUP BY 1
@@ -258,7 +262,7 @@ def exact_percentiles(directory: Path, ps: tuple[float, ...] = (0.5, 0.95, 0.99)
 
 
 def spark_view(summary: dict[str, Any]) -> dict[str, Any]:
-    """The same figures out of a ``summary.json`` (schema_version 2), for the equality check."""
+    """The same figures out of a ``summary.json`` (schema_version 3), for the equality check."""
     groups = {
         g["consumer_group"]: {
             **{k: int(g[k]) for k in GROUP_COUNTS},

@@ -47,6 +47,11 @@ MESSAGE_ID_MAX: Final = 64
 TOPIC_MAX: Final = 127  # RocketMQ: topic length is a signed byte
 GROUP_MAX: Final = 255
 TAGS_MAX: Final = 255
+#: a RocketMQ brokerName (the broker group a queue belongs to); '' where the broker has no groups
+BROKER_NAME_MAX: Final = 64
+#: how long the RocketMQ 4.x adapter trusts a topic route when naming a queue's broker group (RocketMQ
+#: clients refresh routes every 30 s)
+ROUTE_CACHE_TTL_S: Final = 30.0
 
 # --- resend sweeper (reliable.sweeper) ------------------------------------------------------------------
 #: the backlog estimate never pushes a resend further out than this.

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Text,
     TypeDecorator,
@@ -87,6 +88,12 @@ Body = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
+def _broker_name(*, primary_key: bool = False) -> Mapped[str]:
+    """``broker_name VARCHAR(64) NOT NULL DEFAULT ''`` (migration 0006): the RocketMQ broker group of a
+    position; ``''`` where the broker has no groups, or for rows written before 0006."""
+    return mapped_column(String(C.BROKER_NAME_MAX), primary_key=primary_key, default="", server_default="")
+
+
 def _enum(cls: type[StubStatus] | type[LogOutcome], name: str) -> Enum:
     return Enum(
         cls,
@@ -132,6 +139,8 @@ class MessageStub(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     #: the message's trace context (propagation carrier as JSON) so resends carry it; see reliable.otel.
     trace_context: Mapped[str | None] = mapped_column(Text)
+    #: the broker group of ``queue_id`` (RocketMQ clusters; migration 0006)
+    broker_name: Mapped[str] = _broker_name()
 
     __table_args__ = (
         # the sweeper's selection: PENDING rows that are due
@@ -171,6 +180,8 @@ class MessageInbox(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    #: the broker group of the last targeted resend's queue (migration 0006)
+    broker_name: Mapped[str] = _broker_name()
 
     __table_args__ = (
         # the sweeper's selection: PENDING rows of any group that are due
@@ -202,6 +213,8 @@ class MessageLog(Base):
     #: the message's business topic (``RETRY_TOPIC`` of a retry delivery); migration 0003 back-filled it from
     #: ``topic`` (older adapters journaled the original topic there).
     original_topic: Mapped[str | None] = mapped_column(String(C.TOPIC_MAX))
+    #: the broker group of the delivered queue (``Envelope.broker_name``; migration 0006)
+    broker_name: Mapped[str] = _broker_name()
 
     __table_args__ = (
         # "was it ever logged?" (sweeper anti-join) and "newest delivery" (stuck detection)
@@ -212,9 +225,12 @@ class MessageLog(Base):
 
 
 class ConsumeProgress(Base):
-    """Highest offset each (group, topic, queue) has received: the consumer's position survives log purges.
+    """Highest offset each (group, topic, broker group, queue) has received: the consumer's position survives
+    log purges.
 
     ``topic`` is the delivered topic: a retry delivery raises the watermark of its ``%RETRY%`` queue only.
+    ``broker_name`` is part of the key (migration 0006): on a RocketMQ cluster queue 0 of ``broker-a`` and
+    queue 0 of ``broker-b`` have independent offsets. ``''``: no broker groups, or a row from before 0006.
     """
 
     __tablename__ = "consume_progress"
@@ -229,6 +245,10 @@ class ConsumeProgress(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     received_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    broker_name: Mapped[str] = _broker_name(primary_key=True)
+
+    # added last by migration 0006, but second-to-last in the key
+    __table_args__ = (PrimaryKeyConstraint("consumer_group", "topic", "broker_name", "queue_id"),)
 
 
 class StubNotification(Base):

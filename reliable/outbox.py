@@ -138,11 +138,12 @@ def record_sends(
 ) -> None:
     """Record send attempts (each with the time its row is due again) in at most four executemany calls.
 
-    A topic send: stub ``send_count + 1``, ``last_sent_at``, ``resend_at``; landed → its queue/offset and
-    ``last_error`` cleared, failed → ``last_error``; the message's PENDING inbox rows take the same due time.
-    A targeted send: that group's inbox row ``resend_count + 1`` and ``resend_at``; landed → its queue/offset
-    (the retry topic's), ``last_error`` cleared and ``attempts`` reset to 0; failed → ``last_error``.
-    No status filter: a consumer may have confirmed meanwhile; the send history still belongs to the row.
+    A topic send: stub ``send_count + 1``, ``last_sent_at``, ``resend_at``; landed → its broker group, queue
+    and offset and ``last_error`` cleared, failed → ``last_error``; the message's PENDING inbox rows take the
+    same due time. A targeted send: that group's inbox row ``resend_count + 1`` and ``resend_at``; landed →
+    its broker group, queue and offset (the retry topic's), ``last_error`` cleared and ``attempts`` reset to
+    0; failed → ``last_error``. No status filter: a consumer may have confirmed meanwhile; the send history
+    still belongs to the row.
     """
     topic_ok: list[dict[str, Any]] = []
     topic_failed: list[dict[str, Any]] = []
@@ -157,7 +158,9 @@ def record_sends(
             "b_group": m.target_group,
         }
         if a.receipt is not None:
-            row.update(b_qid=a.receipt.queue_id, b_qoff=a.receipt.queue_offset)
+            row.update(
+                b_qid=a.receipt.queue_id, b_qoff=a.receipt.queue_offset, b_broker=a.receipt.broker_name
+            )
         if m.target_group is None:
             (topic_ok if a.ok else topic_failed).append(row)
         else:
@@ -185,7 +188,13 @@ def record_sends(
         conn.execute(
             update(stub)
             .where(by_id)
-            .values(queue_id=bindparam("b_qid"), queue_offset=bindparam("b_qoff"), last_error=None, **sent),
+            .values(
+                queue_id=bindparam("b_qid"),
+                queue_offset=bindparam("b_qoff"),
+                broker_name=bindparam("b_broker"),
+                last_error=None,
+                **sent,
+            ),
             topic_ok,
         )
     if topic_failed:
@@ -199,6 +208,7 @@ def record_sends(
             .values(
                 queue_id=bindparam("b_qid"),
                 queue_offset=bindparam("b_qoff"),
+                broker_name=bindparam("b_broker"),
                 last_error=None,
                 attempts=0,
                 **resent,

@@ -15,7 +15,7 @@ Life of a stub written here::
 
     stage()          PENDING  send_count=0  queue_offset=NULL  resend_at=now+first_resend_delay
       | caller commits                         (rollback: the rows never existed, nothing is sent)
-    send ok          PENDING  send_count=1  queue_id/offset=receipt  last_sent_at=now
+    send ok          PENDING  send_count=1  broker_name/queue_id/offset=receipt  last_sent_at=now
                               resend_at=now+first_resend_delay  last_error=NULL
     send failed      PENDING  send_count=1  queue_offset unchanged  last_error=reason  resend_at=now
       | each group's consumer commits its work (the guard confirms that group's inbox row)

@@ -36,11 +36,14 @@ class OutgoingMessage:
 
 @dataclass(frozen=True, slots=True)
 class SendReceipt:
-    """Where the broker put the message: the sweeper compares ``queue_offset`` with the consumer watermark."""
+    """Where the broker put the message: the sweeper compares ``queue_offset`` with the consumer watermark
+    of the same queue, ``(topic, broker_name, queue_id)``."""
 
     queue_id: int
     queue_offset: int
     broker_message_id: str | None = None
+    #: the RocketMQ broker group the send landed on; ``""``: the broker has no groups, or cannot tell
+    broker_name: str = ""
 
 
 @runtime_checkable
@@ -56,10 +59,13 @@ class BrokerProbe(Protocol):
 
     ``max_offset`` is one past the last stored message of the queue (RocketMQ *maxOffset*, Kafka high
     watermark); ``None`` when the broker cannot tell (unknown topic, broker unreachable). A stub whose offset
-    is at or above it was lost by the broker.
+    is at or above it was lost by the broker. ``broker_name`` names the broker group of the queue on a
+    RocketMQ cluster (ask that group's master, or its slave while the master is down); ``""``: the broker
+    has no groups, or the position predates broker names (a probe may then answer only when exactly one
+    group has that queue, else ``None``).
     """
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None: ...
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None: ...
 
 
 @runtime_checkable

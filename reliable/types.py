@@ -57,6 +57,11 @@ class Envelope:
     ``RETRY_TOPIC`` property. ``queue_id``/``queue_offset`` are the position of *this delivery* in
     ``delivered_topic`` (``None``: the same as ``topic``). The guard journals that delivered position and
     raises only that queue's watermark.
+
+    ``broker_name`` is the RocketMQ broker group (``brokerName``) the delivery came from: on a cluster of
+    several groups, queue 0 of ``broker-a`` and queue 0 of ``broker-b`` are different queues, so a queue is
+    ``(source_topic, broker_name, queue_id)``. ``""`` where the broker has no groups (Kafka, RabbitMQ) or the
+    adapter cannot tell.
     """
 
     message_id: str | None
@@ -70,6 +75,8 @@ class Envelope:
     properties: Mapping[str, str] = field(default_factory=dict)
     #: the topic the delivery came from (``%RETRY%billing``, ``orders.retry.1`` …); ``None``: ``topic``.
     delivered_topic: str | None = None
+    #: the RocketMQ broker group of ``queue_id``; ``""``: none, or unknown
+    broker_name: str = ""
 
     @property
     def source_topic(self) -> str:

@@ -496,3 +496,61 @@ def test_0003_downgrade_keeps_one_group_of_a_fan_out(
         (stub,) = _rows(engine, "message_stub")
         # billing: the first group still owing work; its 4 targeted resends count against the old budget
         assert (stub["consumer_group"], stub["status"], stub["send_count"]) == ("billing", "PENDING", 5)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_0006_broker_name_moves_data_forward_and_back(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    """0006 adds the broker group to every position ('' for existing rows) and to the watermark's key; the
+    downgrade folds the watermarks of one queue id on several groups into the one row the old key holds."""
+    progress = (
+        "INSERT INTO consume_progress (consumer_group, topic, {b}queue_id, max_offset, min_offset,"
+        " created_at, updated_at, received_count) VALUES (:g, 'orders', {bv}:q, :hi, :lo, :c, :u, :n)"
+    )
+    with fresh(kind) as url, engine_for(url) as engine:
+        upgrade(engine, "0005")
+        schema_0005 = _unordered(snapshot(engine))
+        t1, t2 = T0 + dt.timedelta(seconds=1), T0 + dt.timedelta(seconds=2)
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO message_stub (message_id, topic, content, status, send_count, queue_id,"
+                    " queue_offset, created_at, updated_at)"
+                    " VALUES ('a', 'orders', :c, 'PENDING', 1, 0, 7, :t, :t)"
+                ),
+                dict(c=b"A", t=T0),
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO message_log (message_id, consumer_group, topic, queue_id, queue_offset,"
+                    " reconsume_times, received_at) VALUES ('a', 'g', 'orders', 0, 7, 0, :t)"
+                ),
+                dict(t=T0),
+            )
+            conn.execute(text(progress.format(b="", bv="")), dict(g="g", q=0, hi=7, lo=0, c=T0, u=T0, n=8))
+        before = {t: _rows(engine, t) for t in ("message_stub", "message_log", "consume_progress")}
+
+        upgrade(engine, "0006")
+        for table, rows in before.items():  # every old row kept, with broker_name ''
+            assert _rows(engine, table) == [{**r, "broker_name": ""} for r in rows]
+        with engine.begin() as conn:  # two groups' queue 0 now have a watermark each, beside the old row
+            conn.execute(
+                text(progress.format(b="broker_name, ", bv=":b, ")),
+                [
+                    dict(g="g", b="broker-a", q=0, hi=90, lo=3, c=t1, u=t1, n=5),
+                    dict(g="g", b="broker-b", q=0, hi=2, lo=1, c=t2, u=t2, n=2),
+                ],
+            )
+        assert len(_rows(engine, "consume_progress")) == 3
+
+        downgrade(engine, "0005")
+        assert _unordered(snapshot(engine)) == schema_0005
+        (folded,) = _rows(engine, "consume_progress")
+        assert (folded["max_offset"], folded["min_offset"], folded["received_count"]) == (90, 0, 15)
+        assert (folded["created_at"], folded["updated_at"]) == (T0, t2)
+        assert _rows(engine, "message_stub") == before["message_stub"]
+        assert _rows(engine, "message_log") == before["message_log"]
+
+        upgrade(engine, "0006")
+        assert [r["broker_name"] for r in _rows(engine, "consume_progress")] == [""]

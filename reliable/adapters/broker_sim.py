@@ -15,14 +15,17 @@ Mapping of a delivery to an :class:`~reliable.types.Envelope`:
   back as the message's topic (listeners never see ``%RETRY%``), so ``RETRY_TOPIC`` is how we know.
 * ``delivered_topic`` — where this copy was actually stored: ``%RETRY%{group}`` for such a delivery (the
   group comes from the guarded handler, ``handler.group``), ``None`` for a delivery from the topic itself.
+* ``broker_name`` — the broker group the copy was pulled from (``MessageExt.broker_name``): with
+  ``queue_id`` it names the queue, since each group of a cluster has its own queue 0.
 * ``queue_id``/``queue_offset`` — the position of this copy *in the delivered topic*. The guard journals
   it and raises the watermark of that queue only, so a retry never moves the watermark of an unrelated
   queue of the original topic (which would make the sweeper re-send messages merely queued there).
 
 Sending: :class:`BrokerSimSender` honours ``OutgoingMessage.target_group`` — the sweeper's resend for one
 group goes to ``%RETRY%{group}`` with ``RETRY_TOPIC`` = the topic, so only that group receives it (every
-clustering consumer subscribes to its retry topic). It is also the sweeper's
-:class:`~reliable.sender.BrokerProbe`: the queue's max offset (GET_MAX_OFFSET) proves a loss.
+clustering consumer subscribes to its retry topic); its receipt names the broker group the send landed on.
+It is also the sweeper's :class:`~reliable.sender.BrokerProbe`: the max offset (GET_MAX_OFFSET) of the
+queue, asked of that queue's broker group, proves a loss.
 
 Mapping of :class:`~reliable.types.ConsumeResult` back to the broker: ``SUCCESS`` → ``CONSUME_SUCCESS``;
 ``RECONSUME_LATER`` → ``RECONSUME_LATER`` (the broker's ``%RETRY%`` path with its delay levels);
@@ -107,16 +110,19 @@ class BrokerSimSender:
             queue_id=int(result.queue_id),
             queue_offset=int(result.queue_offset),
             broker_message_id=str(result.offset_msg_id or result.msg_id),
+            broker_name=str(getattr(result, "broker_name", "") or ""),
         )
 
     def resend_topic(self, topic: str, group: str) -> str:
         """Where a resend targeted at ``group`` lands (the sweeper compares its offset there)."""
         return retry_topic(group)
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         """The sweeper's :class:`~reliable.sender.BrokerProbe`, over the producer's own connection."""
         transport = getattr(self.producer, "transport", None)
-        return None if transport is None else BrokerSimProbe(transport).max_offset(topic, queue_id)
+        if transport is None:
+            return None
+        return BrokerSimProbe(transport).max_offset(topic, queue_id, broker_name)
 
 
 def sweeper_sender(rel: object) -> BrokerSimSender:
@@ -137,17 +143,34 @@ class BrokerSimProbe:
     With it the sweeper proves a loss (the broker's max offset at or below the copy's offset: it does not
     have it — found on a quiet queue too), tells a merely queued message from a lost one, and estimates how
     long a group needs to reach a queued one.
+
+    On a cluster the question goes to the queue's broker group (its master; its slave while the master is
+    down — the transport's read routing). Without a broker name (a position recorded before broker names
+    were kept) it is answered only when exactly one broker group of the topic's route has that queue id:
+    asking "a" group would compare the copy with another group's queue 0.
     """
 
     def __init__(self, transport: BrokerTransport) -> None:
         self.transport = transport
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         try:
-            return int(self.transport.get_max_offset(topic, queue_id))
+            name = broker_name or self._only_group(topic, queue_id)
+            if name is None:
+                log.debug("max offset of %s:%d: several broker groups have that queue", topic, queue_id)
+                return None
+            return int(self.transport.get_max_offset(topic, queue_id, name))
         except Exception as exc:  # unknown topic, broker down: "cannot tell", the sweeper falls back
-            log.debug("max offset of %s:%d unknown: %s", topic, queue_id, exc)
+            log.debug("max offset of %s %s:%d unknown: %s", topic, broker_name, queue_id, exc)
             return None
+
+    def _only_group(self, topic: str, queue_id: int) -> str | None:
+        """The one broker group whose ``queue_id`` of ``topic`` exists; ``None``: several do."""
+        route = self.transport.get_route(topic)
+        names = {qd.broker_name for qd in route.queue_datas if qd.read_queue_nums > queue_id}
+        if len(names) > 1:
+            return None
+        return names.pop() if names else ""
 
 
 def message_id_of(msg: MessageExt) -> str | None:
@@ -194,6 +217,7 @@ def to_envelope(msg: MessageExt, group: str | None = None) -> Envelope:
         reconsume_times=int(msg.reconsume_times),
         properties=dict(msg.properties),
         delivered_topic=delivered,
+        broker_name=msg.broker_name or "",
     )
 
 

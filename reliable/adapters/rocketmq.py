@@ -5,9 +5,10 @@ Two parts, both tested against ``broker-sim serve`` (tests/adapters/test_rocketm
 * :class:`RocketMQSender` — the :class:`~reliable.sender.Sender` of the stub-first producer and the sweeper.
   The 0.4.4 ``SendResult`` carries ``(status, msg_id, offset)`` but no queue id, and the sweeper needs the
   queue to compare the offset with the right watermark. So the sender picks the queue itself through
-  ``send_orderly`` with a round-robin selector and records the index it chose: with one broker (the only
-  layout this adapter supports) the C++ client's queue list is sorted by queue id, so the index *is* the
-  queue id. ``send_orderly`` does not move to another queue on failure (``retry_times`` retries the same
+  ``send_orderly`` with a round-robin selector and records the index it chose, mapped to (broker group,
+  queue id) through the name server's route by :class:`QueueBook` (the client's list is built from that
+  route in a known order; with one broker and no probe the index *is* the queue id). ``send_orderly`` does
+  not move to another queue on failure (``retry_times`` retries the same
   queue), which is what the receipt needs: the offset belongs to the queue we recorded.
 * :func:`subscribe_guarded` — registers an ``@idempotent_consumer`` handler on a ``PushConsumer``. The
   wrapper's own ``subscribe`` re-raises a callback's exception out of the ctypes callback, where the C side
@@ -22,7 +23,10 @@ Envelope mapping: ``message_id`` = first token of the message *keys*, else the c
 (UNIQ_KEY); ``topic`` = the original topic (the C++ client puts ``RETRY_TOPIC`` back as the topic of a
 ``%RETRY%`` delivery); ``delivered_topic`` = ``%RETRY%{group}`` when the copy came from the group's retry
 topic (it carries ``RETRY_TOPIC``), else ``None``; ``queue_id``/``queue_offset`` = the position of this copy
-in the delivered topic, so the guard raises that queue's watermark only; ``reconsume_times`` as delivered.
+in the delivered topic, so the guard raises that queue's watermark only; ``broker_name`` = the broker group
+when the route has that queue id on one group only (0.4.4 exposes neither brokerName nor the store host —
+the message ``id`` is the client's UNIQ_KEY — see :class:`QueueBook`), else ``""``; ``reconsume_times`` as
+delivered.
 The 0.4.4 wrapper reads bodies as C strings, so bodies must not contain NUL bytes (JSON, text: fine).
 
 Targeted resends and the loss probe: :class:`RocketMQSender` sends a message with
@@ -38,6 +42,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +56,7 @@ log = logging.getLogger("reliable.adapters.rocketmq")
 
 RETRY_PREFIX = "%RETRY%"
 RETRY_TOPIC_PROPERTY = "RETRY_TOPIC"
+_PERM_WRITE = 2  # RocketMQ PermName.PERM_WRITE
 
 
 def _client() -> Any:
@@ -76,15 +82,83 @@ def retry_topic(group: str) -> str:
 
 class RocketMQProbe(BrokerSimProbe):
     """A :class:`~reliable.sender.BrokerProbe`: a queue's max offset (GET_MAX_OFFSET) via the name server
-    ``namesrv``, over broker_sim's RocketMQ 4.x wire client; ``None`` when the broker cannot tell."""
+    ``namesrv``, over broker_sim's RocketMQ 4.x wire client, asked of the queue's broker group; ``None`` when
+    the broker cannot tell. It also reads topic routes for :class:`QueueBook`."""
 
     def __init__(self, namesrv: str, timeout_ms: int = 3000) -> None:
         from broker_sim.remoting.client_transport import RemotingTransport
 
         super().__init__(RemotingTransport(namesrv, request_timeout_ms=timeout_ms))
+        self.queues = QueueBook(self.transport.get_route)
 
     def close(self) -> None:
         self.transport.close()
+
+
+class QueueBook:
+    """The broker group of a queue, derived from the name server's topic route (0.4.4 tells neither).
+
+    Sending: the C++ client's ``send_orderly`` hands our selector an index into its publish list, which it
+    builds from the route the way this class does (queue data sorted by broker name; writable groups that
+    have a master; queues ``0 … writeQueueNums-1`` of each). The list is rebuilt here and used only when its
+    length equals the size the client passed; otherwise the route is read again once, and if it still
+    differs the send's broker group is recorded as unknown (``""``, queue id = the index).
+
+    Consuming: a delivery carries topic, queue id and offsets but no broker name and no store host (its
+    ``id`` is the client's UNIQ_KEY). The group is named only when exactly one broker group of the route has
+    that queue id; otherwise it stays ``""`` and the sweeper treats that group's watermark as unknown for
+    copies on named queues (no overtaken verdict; the broker probe still proves a loss).
+    """
+
+    def __init__(self, route: Callable[[str], Any], ttl_s: float = C.ROUTE_CACHE_TTL_S) -> None:
+        self._route = route
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, Any]] = {}
+
+    def _get(self, topic: str, fresh: bool = False) -> Any:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(topic)
+        if hit is not None and not fresh and now - hit[0] < self._ttl_s:
+            return hit[1]
+        route = self._route(topic)
+        with self._lock:
+            self._cache[topic] = (now, route)
+        return route
+
+    @staticmethod
+    def publish_list(route: Any) -> list[tuple[str, int]]:
+        """(broker name, queue id) in the order of the C++ client's publish list."""
+        masters = {b.broker_name for b in route.broker_datas if 0 in b.broker_addrs}
+        out: list[tuple[str, int]] = []
+        for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
+            if qd.perm & _PERM_WRITE and qd.broker_name in masters:
+                out.extend((qd.broker_name, i) for i in range(qd.write_queue_nums))
+        return out
+
+    def sent_to(self, topic: str, index: int, size: int) -> tuple[str, int]:
+        """(broker name, queue id) of the queue at ``index`` of the client's list of ``size`` queues."""
+        for fresh in (False, True):
+            try:
+                mqs = self.publish_list(self._get(topic, fresh))
+            except Exception as exc:  # no route: the position is recorded without its group
+                log.warning("route of %s unknown: %r; send recorded without broker group", topic, exc)
+                return "", index
+            if len(mqs) == size:
+                return mqs[index]
+        log.warning("route of %s differs from the client's (%d queues): broker group unknown", topic, size)
+        return "", index
+
+    def owner(self, topic: str, queue_id: int) -> str:
+        """The one broker group whose route has ``queue_id`` of ``topic``; ``""``: several, or unknown."""
+        try:
+            route = self._get(topic)
+        except Exception as exc:
+            log.debug("route of %s unknown: %r", topic, exc)
+            return ""
+        names = {qd.broker_name for qd in route.queue_datas if qd.read_queue_nums > queue_id}
+        return names.pop() if len(names) == 1 else ""
 
 
 class RocketMQSender:
@@ -120,8 +194,8 @@ class RocketMQSender:
         """Where a resend targeted at ``group`` lands (the sweeper compares its offset there)."""
         return retry_topic(group)
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
-        return None if self.probe is None else self.probe.max_offset(topic, queue_id)
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return None if self.probe is None else self.probe.max_offset(topic, queue_id, broker_name)
 
     def _message(self, message: OutgoingMessage) -> Any:
         client = _client()
@@ -140,11 +214,11 @@ class RocketMQSender:
     def send(self, message: OutgoingMessage) -> SendReceipt:
         with self._lock:
             turn = next(self._next)
-        chosen: list[int] = []
+        chosen: list[tuple[int, int]] = []
 
         def round_robin(mq_size: int, _msg: Any, _arg: Any) -> int:
             index = turn % mq_size
-            chosen.append(index)
+            chosen.append((index, mq_size))
             return index
 
         try:
@@ -160,8 +234,16 @@ class RocketMQSender:
         status = getattr(result.status, "name", str(result.status))
         if status != "OK":
             log.warning("message %s stored with status %s", message.message_id, status)
+        index, size = chosen[-1]
+        broker, queue_id = "", index  # one broker without a probe: the index is the queue id
+        if self.probe is not None:
+            topic = retry_topic(message.target_group) if message.target_group else message.topic
+            broker, queue_id = self.probe.queues.sent_to(topic, index, size)
         return SendReceipt(
-            queue_id=chosen[-1], queue_offset=int(result.offset), broker_message_id=result.msg_id
+            queue_id=queue_id,
+            queue_offset=int(result.offset),
+            broker_message_id=result.msg_id,
+            broker_name=broker,
         )
 
 
@@ -174,9 +256,10 @@ def sweeper_sender(rel: object) -> RocketMQSender:
     return RocketMQSender.connect(namesrv, group)
 
 
-def to_envelope(msg: Any, group: str | None = None) -> Envelope:
+def to_envelope(msg: Any, group: str | None = None, queues: QueueBook | None = None) -> Envelope:
     """A ``rocketmq.client.RecvMessage`` as an :class:`~reliable.types.Envelope`; ``group`` is the consuming
-    group (it names the delivered topic of a ``%RETRY%`` delivery)."""
+    group (it names the delivered topic of a ``%RETRY%`` delivery); ``queues`` names the broker group where
+    the route makes it unambiguous (:class:`QueueBook`), else ``broker_name`` stays ``""``."""
     keys = _text(msg.keys) or None
     tokens = keys.split() if keys else []
     message_id = tokens[0] if tokens else (_text(msg.id) or None)
@@ -200,6 +283,7 @@ def to_envelope(msg: Any, group: str | None = None) -> Envelope:
         tags=_text(msg.tags) or None,
         reconsume_times=int(msg.reconsume_times),
         delivered_topic=delivered,
+        broker_name="" if queues is None else queues.owner(delivered or topic, int(msg.queue_id)),
     )
 
 
@@ -233,11 +317,14 @@ def subscribe_guarded(
     expression: str = "*",
     dead_letter: DeadLetterFn | None = None,
     group: str | None = None,
+    queues: QueueBook | None = None,
 ) -> None:
     """Subscribe ``consumer`` (a ``rocketmq.client.PushConsumer``, not started) to ``topic`` with ``handler``.
 
     ``handler`` is what ``@idempotent_consumer`` returns; ``group`` is the consumer's group (default:
-    ``handler.group``). Must be called once per consumer (0.4.4 has one callback per consumer).
+    ``handler.group``); ``queues`` (e.g. ``RocketMQProbe(namesrv).queues``) names the broker group of a
+    delivery where the route makes it unambiguous. Must be called once per consumer (0.4.4 has one callback
+    per consumer).
     """
     client = _client()
     handler_group = getattr(handler, "group", None)
@@ -247,7 +334,7 @@ def subscribe_guarded(
 
     def on_message(_consumer: Any, handle: Any) -> int:
         try:
-            env = to_envelope(client.RecvMessage(handle), group)
+            env = to_envelope(client.RecvMessage(handle), group, queues)
         except Exception:
             log.exception("undecodable RocketMQ delivery; reconsume later")
             return 1

@@ -16,16 +16,17 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
   invisible duration.
 * :class:`RocketMQ5Sender` — the :class:`~reliable.sender.Sender` of ``StubProducer`` and the sweeper. A 5.x
   send reports the offset but **not the queue** (the proxy, not the client, picks it), so receipts carry
-  ``queue_id = UNKNOWN_QUEUE_ID``; a targeted resend cannot name ``%RETRY%{group}`` through 5.x either, so
-  it goes to the topic and the other groups' guards absorb the copy.
+  ``queue_id = UNKNOWN_QUEUE_ID`` and ``broker_name = ""``; a targeted resend cannot name
+  ``%RETRY%{group}`` through 5.x either, so it goes to the topic and the other groups' guards absorb the
+  copy.
 * :class:`RocketMQ5Probe` — the loss probe: the protocol's ``QueryOffset(END)`` is a queue's max offset.
   Without a stub's queue it cannot prove a 5.x-sent stub lost, so for those the sweeper's
   ``max_unconfirmed_age`` is what re-sends (docs/adapters.md).
 
 Envelope: ``message_id`` = the *key* (of several, the alphabetically first: the client keeps keys as a set),
-else the 5.x message id; ``queue_id``/``queue_offset`` from the
-receipt handle (RocketMQ's handle layout names them; the client drops the system properties that carry
-them); ``reconsume_times`` = delivery attempt − 1.
+else the 5.x message id; ``broker_name``/``queue_id``/``queue_offset`` from the receipt handle (RocketMQ's
+handle layout names them — fields 5, 6, 7; the client drops the system properties that carry them), so a
+delivery's queue is (topic, broker group, queue id) as on 4.x; ``reconsume_times`` = delivery attempt − 1.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from reliable.types import ConsumeResult, Envelope
 log = logging.getLogger("reliable.adapters.rocketmq5")
 
 Handler = Callable[[Envelope], ConsumeResult]
-#: receipt handle fields (space-separated): [6] queue id, [7] queue offset
-_HANDLE_QUEUE, _HANDLE_OFFSET = 6, 7
+#: receipt handle fields (space-separated): [5] broker name, [6] queue id, [7] queue offset
+_HANDLE_BROKER, _HANDLE_QUEUE, _HANDLE_OFFSET = 5, 6, 7
 _RETRY_BACKOFF_S = tuple(parse_duration(t) for t in C.ROCKETMQ5_RETRY_BACKOFF.split())
 
 
@@ -67,19 +68,20 @@ def retry_delay_s(attempt: int) -> int:
     return int(_RETRY_BACKOFF_S[min(max(attempt, 1), len(_RETRY_BACKOFF_S)) - 1])
 
 
-def _position(receipt_handle: str | None) -> tuple[int, int]:
+def _position(receipt_handle: str | None) -> tuple[str, int, int]:
+    """(broker name, queue id, queue offset) of a receipt handle."""
     parts = (receipt_handle or "").split(" ")
     try:
-        return int(parts[_HANDLE_QUEUE]), int(parts[_HANDLE_OFFSET])
+        return parts[_HANDLE_BROKER], int(parts[_HANDLE_QUEUE]), int(parts[_HANDLE_OFFSET])
     except (IndexError, ValueError):
         log.warning("receipt handle without a queue position: %r", receipt_handle)
-        return C.UNKNOWN_QUEUE_ID, -1
+        return "", C.UNKNOWN_QUEUE_ID, -1
 
 
 def to_envelope(message: Any) -> Envelope:
     """A 5.x ``rocketmq.Message`` as received, as an :class:`~reliable.types.Envelope`."""
     keys = sorted(message.keys or ())
-    queue_id, offset = _position(message.receipt_handle)
+    broker, queue_id, offset = _position(message.receipt_handle)
     return Envelope(
         message_id=keys[0] if keys else (message.message_id or None),
         topic=message.topic,
@@ -90,6 +92,7 @@ def to_envelope(message: Any) -> Envelope:
         tags=message.tag or None,
         reconsume_times=max(0, (message.delivery_attempt or 1) - 1),
         properties=dict(message.properties or {}),
+        broker_name=broker[: C.BROKER_NAME_MAX],
     )
 
 
@@ -266,8 +269,8 @@ class RocketMQ5Sender:
         self.producer = producer
         self.probe = probe
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
-        return self.probe.max_offset(topic, queue_id) if self.probe is not None else None
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return self.probe.max_offset(topic, queue_id, broker_name) if self.probe is not None else None
 
     @classmethod
     def connect(
@@ -320,7 +323,7 @@ class RocketMQ5Probe:
     def close(self) -> None:
         self._channel.close()
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         if queue_id < 0:
             return None
         from rocketmq.grpc_protocol import definition_pb2, service_pb2
@@ -328,6 +331,8 @@ class RocketMQ5Probe:
         req = service_pb2.QueryOffsetRequest()
         req.message_queue.topic.name = topic
         req.message_queue.id = queue_id
+        if broker_name:  # the proxy routes the question to that broker group
+            req.message_queue.broker.name = broker_name
         req.query_offset_policy = definition_pb2.QueryOffsetPolicy.END
         try:
             res = self._stub.QueryOffset(req, timeout=self.timeout_s)

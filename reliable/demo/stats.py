@@ -144,23 +144,29 @@ def duplicate_causes(engine: Engine, topic: str) -> dict[str, dict[str, int]]:
     """Per group: every delivery beyond the first of a message, attributed to a :class:`DuplicateCause`.
 
     In delivery order (received_at, then log id), for each (group, message): ``reconsume_times > 0`` is a
-    broker retry; a delivered (topic, queue, offset) seen before is a redelivery; a new position in the
-    group's ``%RETRY%{group}`` topic is the sweeper's targeted resend; any other new position is a second
-    copy in the topic (producer double-send or a topic-wide resend).
+    broker retry; a delivered (topic, broker group, queue, offset) seen before is a redelivery; a new position
+    in the group's ``%RETRY%{group}`` topic is the sweeper's targeted resend; any other new position is a
+    second copy in the topic (producer double-send or a topic-wide resend).
     """
     lg = MessageLog
-    seen: dict[tuple[str, str], set[tuple[str, int, int]]] = {}
+    seen: dict[tuple[str, str], set[tuple[str, str, int, int]]] = {}
     causes: dict[str, Counter[str]] = {}
     with engine.connect() as conn:
         rows = conn.execute(
             select(
-                lg.consumer_group, lg.message_id, lg.topic, lg.queue_id, lg.queue_offset, lg.reconsume_times
+                lg.consumer_group,
+                lg.message_id,
+                lg.topic,
+                lg.broker_name,
+                lg.queue_id,
+                lg.queue_offset,
+                lg.reconsume_times,
             )
             .where(lg.original_topic == topic)
             .order_by(lg.received_at, lg.id)
         )
-        for group, message_id, delivered, queue_id, queue_offset, reconsume_times in rows:
-            pos = (str(delivered), int(queue_id), int(queue_offset))
+        for group, message_id, delivered, broker, queue_id, queue_offset, reconsume_times in rows:
+            pos = (str(delivered), str(broker), int(queue_id), int(queue_offset))
             mine = causes.setdefault(str(group), Counter())
             positions = seen.get((group, message_id))
             if positions is None:

@@ -172,6 +172,7 @@ def journal_entry(it: Item, group: str, now: Any) -> JournalEntry:
         outcome=None if d is None else d.outcome,
         reason=None if d is None else reason_text(d.reason.value, d.detail),
         original_topic=env.topic[: C.TOPIC_MAX],
+        broker_name=env.broker_name[: C.BROKER_NAME_MAX],
     )
 
 

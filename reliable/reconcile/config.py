@@ -12,7 +12,9 @@ from reliable.reconcile.errors import InputError, OptionError
 
 #: bump when a key of summary.json is removed or changes meaning (adding keys keeps the version).
 #: 2: figures per consumer group (inbox rows, not stubs), never-consumed queues, targeted resends.
-SCHEMA_VERSION = 2
+#: 3: a queue is (consumer_group, topic, broker_name, queue_id): ``queues[]`` and ``never_consumed[]`` entries
+#: carry ``broker_name`` and one (group, topic, queue id) may appear once per broker group.
+SCHEMA_VERSION = 3
 
 #: how long a PENDING stub may wait for its first delivery before "below the watermark, never logged"
 #: means lost

@@ -41,6 +41,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("last_sent_at", TS),
             ("confirmed_at", TS),
             ("last_error", pa.string()),
+            ("broker_name", pa.string()),
         ]
     ),
     "message_inbox": pa.schema(
@@ -59,6 +60,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("last_error", pa.string()),
             ("created_at", TS),
             ("updated_at", TS),
+            ("broker_name", pa.string()),
         ]
     ),
     "message_log": pa.schema(
@@ -75,6 +77,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("outcome", pa.string()),
             ("worker", pa.string()),
             ("reason", pa.string()),
+            ("broker_name", pa.string()),
         ]
     ),
     "consume_progress": pa.schema(
@@ -87,6 +90,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", TS),
             ("updated_at", TS),
             ("received_count", pa.int64()),
+            ("broker_name", pa.string()),
         ]
     ),
 }

@@ -22,6 +22,7 @@ STUB_COLUMNS = (
     "queue_offset",
     "created_at",
     "last_sent_at",
+    "broker_name",
 )
 INBOX_COLUMNS = (
     "consumer_group",
@@ -32,6 +33,7 @@ INBOX_COLUMNS = (
     "queue_id",
     "queue_offset",
     "confirmed_at",
+    "broker_name",
 )
 LOG_COLUMNS = (
     "id",
@@ -43,13 +45,22 @@ LOG_COLUMNS = (
     "queue_offset",
     "reconsume_times",
     "received_at",
+    "broker_name",
 )
-PROGRESS_COLUMNS = ("consumer_group", "topic", "queue_id", "max_offset")
+PROGRESS_COLUMNS = ("consumer_group", "topic", "queue_id", "max_offset", "broker_name")
 
 
 def ts(value: dt.datetime) -> Column:
     """A timestamp literal for an aware datetime; the explicit ``Z`` makes it independent of any time zone."""
     return F.lit(value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")).cast("timestamp")
+
+
+def _broker(df: DataFrame) -> Column:
+    """``broker_name`` (migration 0006: a queue is (topic, broker group, queue id)); ``''`` where the data
+    has none (exports made before 0006)."""
+    if "broker_name" not in df.columns:
+        return F.lit("").alias("broker_name")
+    return F.coalesce(F.col("broker_name").cast("string"), F.lit("")).alias("broker_name")
 
 
 def normalize_stubs(stubs: DataFrame) -> DataFrame:
@@ -63,6 +74,7 @@ def normalize_stubs(stubs: DataFrame) -> DataFrame:
         F.col("queue_offset").cast("long"),
         F.col("created_at").cast("timestamp"),
         F.col("last_sent_at").cast("timestamp"),
+        _broker(stubs),
     )
 
 
@@ -76,6 +88,7 @@ def normalize_inbox(inbox: DataFrame) -> DataFrame:
         F.col("queue_id").cast("int"),
         F.col("queue_offset").cast("long"),
         F.col("confirmed_at").cast("timestamp"),
+        _broker(inbox),
     )
 
 
@@ -93,6 +106,7 @@ def normalize_logs(logs: DataFrame) -> DataFrame:
         F.col("queue_offset").cast("long"),
         F.coalesce(F.col("reconsume_times").cast("int"), F.lit(0)).alias("reconsume_times"),
         F.col("received_at").cast("timestamp"),
+        _broker(logs),
     )
 
 
@@ -102,6 +116,7 @@ def normalize_progress(progress: DataFrame) -> DataFrame:
         F.col("topic").cast("string"),
         F.col("queue_id").cast("int"),
         F.col("max_offset").cast("long"),
+        _broker(progress),
     )
 
 

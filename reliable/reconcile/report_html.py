@@ -116,7 +116,7 @@ def _queue_table(queues: Sequence[Mapping[str, Any]], ident: str) -> str:
         rows.append(
             f'<tr><td class="l">{escape(str(q["consumer_group"]))}</td>'
             f'<td class="l">{escape(str(q["topic"]))}</td>'
-            f"<td>{fmt(q['queue_id'])}{never}</td>{cells}<td>{fmt(lat['p50'])}</td><td>{fmt(lat['p99'])}</td></tr>"
+            f"<td>{escape(_on(q))}{fmt(q['queue_id'])}{never}</td>{cells}<td>{fmt(lat['p50'])}</td><td>{fmt(lat['p99'])}</td></tr>"
         )
     if not rows:
         rows.append(f'<tr><td class="l" colspan="{len(cols) + 5}">no queues: the inputs are empty</td></tr>')
@@ -217,15 +217,21 @@ def _never_consumed(entries: Sequence[Mapping[str, Any]]) -> str:
         return ""
     items = "".join(
         f"<li>{escape(str(e['consumer_group']))} never consumed {escape(str(e['topic']))} queue "
-        f"{fmt(e['queue_id'])} ({fmt(e.get('pending'))} pending)</li>"
+        f"{escape(_on(e))}{fmt(e['queue_id'])} ({fmt(e.get('pending'))} pending)</li>"
         for e in entries
     )
     return f'<h3>Never consumed</h3><ul id="never-consumed" class="warn">{items}</ul>'
 
 
+def _on(q: Mapping[str, Any]) -> str:
+    """``broker-b:`` before a queue id on a RocketMQ cluster (schema_version 3); nothing without groups."""
+    broker = q.get("broker_name") or ""
+    return f"{broker}:" if broker else ""
+
+
 def _queue_name(q: Mapping[str, Any]) -> str:
     qid = "unsent" if q["queue_id"] is None else str(q["queue_id"])
-    return f"{q['consumer_group']}/{q['topic']}/{qid}"
+    return f"{q['consumer_group']}/{q['topic']}/{_on(q)}{qid}"
 
 
 def _charts(v: ReportView) -> str:

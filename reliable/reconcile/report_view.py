@@ -5,8 +5,9 @@ the shape of summary.json. When the summary's schema changes (per-group figures 
 :func:`report_view` changes; the renderer, its charts and its tests of layout stay as they are.
 
 Both shapes are read: schema_version 1 (one stub per message and group; per-group figures are sums over the
-group's queues; attention lists ``message_ids``) and schema_version 2 (per-group inbox rows: a ``groups``
-list with each group's own figures, ``never_consumed`` queues, attention ``pairs`` of group and message id).
+group's queues; attention lists ``message_ids``) and schema_version 2 and 3 (per-group inbox rows: a
+``groups`` list with each group's own figures, ``never_consumed`` queues, attention ``pairs`` of group and
+message id; 3: queues also carry ``broker_name``).
 The timeline comes from the summary's ``timeline`` key when the run produced one.
 """
 

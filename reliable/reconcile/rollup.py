@@ -33,7 +33,7 @@ PERCENTILES = (0.5, 0.95, 0.99)
 LATENCY_METRICS = ("first_delivery_ms", "confirm_ms")
 LEVEL_QUEUE, LEVEL_GROUP, LEVEL_TOTAL = "queue", "group", "total"
 #: per-queue columns that sum into the group and overall rows (the rest: max_stub_offset and the maxima)
-_NOT_SUMMED = ("consumer_group", "topic", "queue_id", "level", "max_stub_offset")
+_NOT_SUMMED = ("consumer_group", "topic", "broker_name", "queue_id", "level", "max_stub_offset")
 
 
 def bucket_value(bucket: int) -> float:
@@ -85,13 +85,19 @@ def _merge(target: dict[str, Any], row: Row) -> None:
 def roll_up(queue_rows: Iterable[Row], sketch: Iterable[Row]) -> list[Row]:
     """Queue rows plus one row per group and one overall (column ``level``), each with its percentiles.
 
-    ``sketch`` rows are ``consumer_group, topic, queue_id, metric, bucket, n``.
+    ``sketch`` rows are ``consumer_group, topic, broker_name, queue_id, metric, bucket, n``.
     """
     levels: dict[tuple[str, ...], dict[str, Any]] = {}
     hists: dict[tuple[tuple[str, ...], str], dict[int, int]] = {}
 
     def keys(row: Row) -> list[tuple[str, ...]]:
-        q = (LEVEL_QUEUE, str(row["consumer_group"]), str(row["topic"]), str(row["queue_id"]))
+        q = (
+            LEVEL_QUEUE,
+            str(row["consumer_group"]),
+            str(row["topic"]),
+            str(row.get("broker_name") or ""),
+            str(row["queue_id"]),
+        )
         return [q, (LEVEL_GROUP, str(row["consumer_group"])), (LEVEL_TOTAL,)]
 
     for row in queue_rows:
@@ -100,6 +106,7 @@ def roll_up(queue_rows: Iterable[Row], sketch: Iterable[Row]) -> list[Row]:
                 levels[key] = {"level": key[0], "max_stub_offset": None}
                 if key[0] == LEVEL_QUEUE:
                     levels[key].update(consumer_group=row["consumer_group"], topic=row["topic"])
+                    levels[key]["broker_name"] = row.get("broker_name") or ""
                     levels[key]["queue_id"] = row["queue_id"]
                 elif key[0] == LEVEL_GROUP:
                     levels[key]["consumer_group"] = row["consumer_group"]
@@ -122,6 +129,7 @@ def never_consumed(queue_rows: Sequence[Row]) -> list[Row]:
         {
             "consumer_group": r["consumer_group"],
             "topic": r["topic"],
+            "broker_name": r.get("broker_name") or "",
             "queue_id": r["queue_id"],
             "inbox_rows": r["inbox_rows"],
             "pending": r["pending"],

@@ -3,9 +3,9 @@
 Built from small lists of plain dicts the driver collected (one per queue, per group, per cause, per
 bucket), so this module needs no Spark and is easy to test. Keys are only ever added; removing or
 re-defining one bumps :data:`reliable.reconcile.config.SCHEMA_VERSION`. Every count is an ``int`` (never
-null); queues are sorted by (consumer_group, topic, queue_id) with the null queue_id (unsent) first, groups
-by name. Figures are per consumer group first: a message several groups consume is one *message* and one
-*inbox row* (pair) per group.
+null); queues are sorted by (consumer_group, topic, broker_name, queue_id) with the null queue_id (unsent)
+first, groups by name. Figures are per consumer group first: a message several groups consume is one
+*message* and one *inbox row* (pair) per group.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from reliable.reconcile.timeline import timeline_summary
 from reliable.reconcile.transforms import STATUSES
 
 Row = Mapping[str, Any]
-QueueKey = tuple[str, str, int | None]
+#: (consumer_group, topic, broker_name, queue_id)
+QueueKey = tuple[str, str, str, int | None]
 
 #: counters of a queue and of a group, in the order the summary and the HTML tables show them
 COUNTERS = (
@@ -66,11 +67,12 @@ class Collected:
 
 def _key(row: Row) -> QueueKey:
     qid = row.get("queue_id")
-    return (str(row["consumer_group"]), str(row["topic"]), None if qid is None else int(qid))
+    broker = str(row.get("broker_name") or "")
+    return (str(row["consumer_group"]), str(row["topic"]), broker, None if qid is None else int(qid))
 
 
-def _sort_key(k: QueueKey) -> tuple[str, str, int]:
-    return (k[0], k[1], -1 if k[2] is None else k[2])
+def _sort_key(k: QueueKey) -> tuple[str, str, str, int]:
+    return (k[0], k[1], k[2], -1 if k[3] is None else k[3])
 
 
 def _num(value: Any) -> float | None:
@@ -111,7 +113,8 @@ def _queue(table: dict[QueueKey, dict[str, Any]], key: QueueKey) -> dict[str, An
         table[key] = {
             "consumer_group": key[0],
             "topic": key[1],
-            "queue_id": key[2],
+            "broker_name": key[2],
+            "queue_id": key[3],
             **dict.fromkeys(COUNTERS, 0),
             "duplicates_by_cause": _causes(),
             "max_stub_offset": None,
@@ -167,7 +170,8 @@ def _never_consumed_entry(row: Row) -> dict[str, Any]:
     return {
         "consumer_group": k[0],
         "topic": k[1],
-        "queue_id": k[2],
+        "broker_name": k[2],
+        "queue_id": k[3],
         "inbox_rows": int(row.get("inbox_rows") or 0),
         "pending": int(row.get("pending") or 0),
         "max_stub_offset": None if row.get("max_stub_offset") is None else int(row["max_stub_offset"]),

@@ -8,18 +8,21 @@ decides what is cached, written or brought to the driver. The aggregations over 
 
 Shapes (column names are the contract tables' names, DESIGN.md §1):
 
-* ``stubs``    — message_id, topic, status, send_count, queue_id, queue_offset, created_at, last_sent_at
-  (one row per *message*: the producer's record and its topic-wide send history)
+* ``stubs``    — message_id, topic, status, send_count, queue_id, queue_offset, created_at, last_sent_at,
+  broker_name (one row per *message*: the producer's record and its topic-wide send history)
 * ``inbox``    — consumer_group, message_id, status, attempts, resend_count, queue_id, queue_offset,
-  confirmed_at (one row per *(group, message)*: that group's state and its own targeted resends)
+  confirmed_at, broker_name (one row per *(group, message)*: that group's state and its own targeted
+  resends)
 * ``logs``     — id, message_id, consumer_group, topic (the *delivered* topic), original_topic, queue_id,
-  queue_offset, reconsume_times, received_at
-* ``progress`` — consumer_group, topic, queue_id, max_offset
+  queue_offset, reconsume_times, received_at, broker_name
+* ``progress`` — consumer_group, topic, queue_id, max_offset, broker_name
 
 The subject of the report is the *(group, message) pair*: an inbox row joined with its message's stub. A
-*queue* is ``(consumer_group, topic, queue_id)``: the watermark exists per group, so lag and "below the
-watermark" only make sense per group. A pair is counted under the queue of the message's last topic-wide
-send; a message whose send never returned a result has a null ``queue_id``.
+*queue* is ``(consumer_group, topic, broker_name, queue_id)``: the watermark exists per group, so lag and
+"below the watermark" only make sense per group, and on a RocketMQ cluster each broker group's queue 0 has
+its own offsets (``broker_name`` ``''``: no broker groups, or written before migration 0006). A pair is
+counted under the queue of the message's last topic-wide send; a message whose send never returned a result
+has a null ``queue_id``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pyspark.sql import functions as F
 from reliable.reconcile.config import RETRY_TOPIC_PREFIX, DuplicateCause, ReconcileConfig
 from reliable.reconcile.inputs import LOG_COLUMNS, in_log_window, ts
 
-QUEUE_KEY = ["consumer_group", "topic", "queue_id"]
+QUEUE_KEY = ["consumer_group", "topic", "broker_name", "queue_id"]
 MESSAGE_KEY = ["message_id", "consumer_group"]
 STATUSES = ("PENDING", "CONFIRMED", "VOIDED", "DEAD")
 
@@ -41,12 +44,14 @@ PAIR_COLUMNS = (
     "consumer_group",
     "message_id",
     "topic",
+    "broker_name",
     "queue_id",
     "queue_offset",
     "status",
     "message_status",
     "send_count",
     "resend_count",
+    "resend_broker_name",
     "resend_queue_id",
     "resend_queue_offset",
     "created_at",
@@ -78,6 +83,7 @@ def pairs(stubs: DataFrame, inbox: DataFrame) -> DataFrame:
         "topic",
         F.col("status").alias("message_status"),
         "send_count",
+        "broker_name",
         "queue_id",
         "queue_offset",
         "created_at",
@@ -88,6 +94,7 @@ def pairs(stubs: DataFrame, inbox: DataFrame) -> DataFrame:
         "message_id",
         "status",
         "resend_count",
+        F.col("broker_name").alias("resend_broker_name"),
         F.col("queue_id").alias("resend_queue_id"),
         F.col("queue_offset").alias("resend_queue_offset"),
         "confirmed_at",
@@ -109,7 +116,7 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
 
     Adds ``delivery_no`` (1 = the first, by received_at then log id), ``deliveries`` (how many the pair
     had), ``first_received_at``, ``last_received_at`` and ``cause`` (null for the first delivery). A
-    *position* is the delivered ``(topic, queue_id, queue_offset)``:
+    *position* is the delivered ``(topic, broker_name, queue_id, queue_offset)``:
 
     * ``reconsume_times > 0`` → ``retry`` (the broker re-delivered it because the consumer asked);
     * else a position this pair was delivered from before → ``redelivery`` (the same stored copy again:
@@ -126,7 +133,7 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
     by_pair = _by_pair()
     whole = by_pair.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     earlier = by_pair.rowsBetween(Window.unboundedPreceding, -1)
-    position = F.struct("topic", "queue_id", "queue_offset")
+    position = F.struct("topic", "broker_name", "queue_id", "queue_offset")
     numbered = logs.select(
         "*",
         F.row_number().over(by_pair).alias("delivery_no"),
@@ -232,6 +239,7 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
         progress.select(
             "consumer_group",
             F.col("topic").alias("send_topic"),
+            F.col("broker_name").alias("send_broker_name"),
             F.col("queue_id").alias("send_queue_id"),
             F.col("max_offset").alias("send_watermark"),
         )
@@ -241,12 +249,15 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
         joined.withColumn(
             "send_topic", F.when(targeted, retry_topic(F.col("consumer_group"))).otherwise(F.col("topic"))
         )
+        .withColumn(
+            "send_broker_name", F.when(targeted, F.col("resend_broker_name")).otherwise(F.col("broker_name"))
+        )
         .withColumn("send_queue_id", F.when(targeted, F.col("resend_queue_id")).otherwise(F.col("queue_id")))
         .withColumn(
             "send_offset", F.when(targeted, F.col("resend_queue_offset")).otherwise(F.col("queue_offset"))
         )
         .join(wm, on=QUEUE_KEY, how="left")
-        .join(send_wm, on=["consumer_group", "send_topic", "send_queue_id"], how="left")
+        .join(send_wm, on=["consumer_group", "send_topic", "send_broker_name", "send_queue_id"], how="left")
     )
     pair = F.col("has_pair")
     pending = pair & (F.col("status") == "PENDING")
@@ -259,6 +270,7 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
         "extras",
         "watermark",
         "send_topic",
+        "send_broker_name",
         "send_queue_id",
         "send_offset",
         "send_watermark",
@@ -371,12 +383,14 @@ _DETAIL = (
     "consumer_group",
     "message_id",
     "topic",
+    "broker_name",
     "queue_id",
     "queue_offset",
     "status",
     "send_count",
     "resend_count",
     "send_topic",
+    "send_broker_name",
     "send_queue_id",
     "send_offset",
     "created_at",

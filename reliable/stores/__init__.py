@@ -54,7 +54,8 @@ class JournalEntry:
     """One ``message_log`` row to insert (``outcome`` ``None`` while the delivery is being processed).
 
     ``topic``/``queue_id``/``queue_offset``: the delivered position (``Envelope.source_topic``);
-    ``original_topic``: the message's business topic (``Envelope.topic``).
+    ``original_topic``: the message's business topic (``Envelope.topic``); ``broker_name``: the broker group
+    of the delivered queue (``Envelope.broker_name``), part of the watermark's key.
     """
 
     message_id: str
@@ -68,6 +69,7 @@ class JournalEntry:
     outcome: LogOutcome | None = None
     reason: str | None = None
     original_topic: str | None = None
+    broker_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

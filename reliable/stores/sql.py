@@ -41,10 +41,10 @@ from reliable.stores.sql_text import (
     LOG_COLS,
     LOG_WIDTH,
     OUTCOME_SQL,
-    aggregate_progress,
     my_progress,
     pg_journal,
     pg_progress,
+    progress_rows,
     rows_sql,
     sqlite_progress,
 )
@@ -98,11 +98,8 @@ class SqlStore:
         log_params: list[Any] = []
         for e in entries:
             log_params += self._log_row(e)
-        progress = aggregate_progress(entries)
-        prog_params: list[Any] = []
-        now = self._ts(entries[0].received_at)
-        for (group, topic, queue_id), (hi, lo, count) in progress.items():
-            prog_params += (group, topic, queue_id, hi, lo, now, now, count)
+        progress = progress_rows(entries, self._ts(entries[0].received_at))
+        prog_params = [v for row in progress for v in row]
         n, m = len(entries), len(progress)
         if self._pg:
             name = "journal_pg_sync" if self.durable_journal else "journal_pg"
@@ -137,6 +134,7 @@ class SqlStore:
             e.worker,
             e.reason,
             e.original_topic,
+            e.broker_name,
         )
 
     def journal_bulk(self, conn: Connection, entries: Sequence[JournalEntry]) -> None:
@@ -157,12 +155,8 @@ class SqlStore:
             lambda _: f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(1, LOG_WIDTH)}",
         )
         self.db.run(conn, sql, rows, many=True)
-        now = self._ts(entries[0].received_at)
         build = pg_progress if self._pg else my_progress if self._my else sqlite_progress
-        progress = [
-            (group, topic, queue_id, hi, lo, now, now, count)
-            for (group, topic, queue_id), (hi, lo, count) in aggregate_progress(entries).items()
-        ]
+        progress = progress_rows(entries, self._ts(entries[0].received_at))
         self.db.run(conn, self.db.cached("progress_bulk", 1, build), progress, many=True)
 
     # --- step 2 helper: what does the database say about a message held by another worker? -------------

@@ -14,12 +14,13 @@ from reliable.stores import JournalEntry
 
 LOG_COLS = (
     "message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at, outcome, "
-    "worker, reason, original_topic"
+    "worker, reason, original_topic, broker_name"
 )
-LOG_WIDTH = 11
-PROGRESS_COLS = (
-    "consumer_group, topic, queue_id, max_offset, min_offset, created_at, updated_at, received_count"
-)
+LOG_WIDTH = 12
+#: a watermark's key: the delivered queue, with its broker group (migration 0006)
+PROGRESS_KEY = "consumer_group, topic, broker_name, queue_id"
+PROGRESS_COLS = f"{PROGRESS_KEY}, max_offset, min_offset, created_at, updated_at, received_count"
+PROGRESS_WIDTH = 9
 #: a ``message_inbox`` row the guard inserts itself (inbox pattern): status is bound (CONFIRMED, or PENDING
 #: for a first handler failure), attempts and resends start at 0 or 1.
 INBOX_COLS = (
@@ -42,11 +43,14 @@ def marks(n: int) -> str:
     return ", ".join("?" * n)
 
 
-def aggregate_progress(entries: Sequence[JournalEntry]) -> dict[tuple[str, str, int], tuple[int, int, int]]:
-    """Fold a batch into one watermark row per queue (an upsert may not touch the same row twice)."""
-    out: dict[tuple[str, str, int], tuple[int, int, int]] = {}
+def aggregate_progress(
+    entries: Sequence[JournalEntry],
+) -> dict[tuple[str, str, str, int], tuple[int, int, int]]:
+    """Fold a batch into one watermark row per queue (an upsert may not touch the same row twice); the key
+    is ``PROGRESS_KEY``'s: (group, delivered topic, broker group, queue)."""
+    out: dict[tuple[str, str, str, int], tuple[int, int, int]] = {}
     for e in entries:
-        key = (e.consumer_group, e.topic, e.queue_id)
+        key = (e.consumer_group, e.topic, e.broker_name, e.queue_id)
         cur = out.get(key)
         if cur is None:
             out[key] = (e.queue_offset, e.queue_offset, 1)
@@ -55,13 +59,18 @@ def aggregate_progress(entries: Sequence[JournalEntry]) -> dict[tuple[str, str, 
     return out
 
 
+def progress_rows(entries: Sequence[JournalEntry], now: Any) -> list[tuple[Any, ...]]:
+    """The watermark upserts of a batch, one tuple per queue in ``PROGRESS_COLS`` order (``now`` bound)."""
+    return [(*key, hi, lo, now, now, count) for key, (hi, lo, count) in aggregate_progress(entries).items()]
+
+
 def pg_journal(n: int, m: int, durable: bool) -> str:
     lazy = "" if durable else "s AS (SELECT set_config('synchronous_commit', 'off', true) AS v), "
     return (
         f"WITH {lazy}j AS (INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(n, LOG_WIDTH)} "
         "RETURNING id), "
-        f"p AS (INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, 8)} "
-        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
+        f"p AS (INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, PROGRESS_WIDTH)} "
+        f"ON CONFLICT ({PROGRESS_KEY}) DO UPDATE SET "
         "max_offset = GREATEST(consume_progress.max_offset, EXCLUDED.max_offset), "
         "min_offset = LEAST(consume_progress.min_offset, EXCLUDED.min_offset), "
         "updated_at = EXCLUDED.updated_at, "
@@ -171,8 +180,8 @@ def upsert_failure(mariadb: bool) -> str:
 
 def pg_progress(m: int) -> str:
     return (
-        f"INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, 8)} "
-        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
+        f"INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, PROGRESS_WIDTH)} "
+        f"ON CONFLICT ({PROGRESS_KEY}) DO UPDATE SET "
         "max_offset = GREATEST(consume_progress.max_offset, EXCLUDED.max_offset), "
         "min_offset = LEAST(consume_progress.min_offset, EXCLUDED.min_offset), "
         "updated_at = EXCLUDED.updated_at, "
@@ -182,8 +191,8 @@ def pg_progress(m: int) -> str:
 
 def sqlite_progress(m: int) -> str:
     return (
-        f"INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, 8)} "
-        "ON CONFLICT (consumer_group, topic, queue_id) DO UPDATE SET "
+        f"INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, PROGRESS_WIDTH)} "
+        f"ON CONFLICT ({PROGRESS_KEY}) DO UPDATE SET "
         "max_offset = max(max_offset, excluded.max_offset), "
         "min_offset = min(min_offset, excluded.min_offset), "
         "updated_at = excluded.updated_at, "
@@ -193,7 +202,7 @@ def sqlite_progress(m: int) -> str:
 
 def my_progress(m: int) -> str:
     return (
-        f"INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, 8)} "
+        f"INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, PROGRESS_WIDTH)} "
         "ON DUPLICATE KEY UPDATE "
         "max_offset = GREATEST(max_offset, VALUES(max_offset)), "
         "min_offset = LEAST(min_offset, VALUES(min_offset)), "

@@ -170,14 +170,19 @@ class BacklogEstimator:
         self.cap_s = cap_s
 
     def estimate(
-        self, progress: QueueProgress | None, topic: str, queue_id: int, receipt_offset: int | None
+        self,
+        progress: QueueProgress | None,
+        topic: str,
+        queue_id: int,
+        receipt_offset: int | None,
+        broker_name: str = "",
     ) -> dt.timedelta:
         if progress is None:
             return dt.timedelta(0)
         rate = progress.rate_per_s
         if rate is None:
             return dt.timedelta(0)
-        next_offset = self.probe.max_offset(topic, queue_id) if self.probe is not None else None
+        next_offset = self.probe.max_offset(topic, queue_id, broker_name) if self.probe is not None else None
         if next_offset is None:
             if receipt_offset is None:
                 return dt.timedelta(0)

@@ -9,7 +9,8 @@ line is written at once (the always-on channel).
 **Never consumed**: a group has rows on a queue it has no watermark on, and the broker has the message
 there. Re-sending would put another copy on a queue nobody of that group reads, so the sweeper holds those
 rows and raises an alarm instead: the ``reliable_sweeper_never_consumed`` metric, one ERROR log line and one
-notice per configured channel — once per ``(group, topic, queue)``, not once per row or per round. The
+notice per configured channel — once per ``(group, topic, broker group, queue)``, not once per row or per
+round. The
 ``log`` channel's row (written already delivered) is what remembers that the alarm was raised.
 """
 
@@ -47,7 +48,8 @@ def give_up_reason(
         )
     if verdict is Verdict.NEVER_SENT:
         return f"no send reached the broker {spent}"
-    where = f"last copy at {topic} queue {cand.queue_id} offset {cand.queue_offset}"
+    on = f" of {cand.broker_name}" if cand.broker_name else ""
+    where = f"last copy at {topic} queue {cand.queue_id}{on} offset {cand.queue_offset}"
     if verdict is Verdict.LOST:
         return f"never received {spent}: {where}, and the broker's max offset there is {facts.broker_max}"
     if verdict is Verdict.TOO_OLD:
@@ -92,8 +94,11 @@ def mark_dead(
     return notices
 
 
-def never_consumed_key(topic: str, queue_id: int | None) -> str:
-    return f"{NEVER_CONSUMED_TAG} topic={topic} queue={queue_id}:"
+def never_consumed_key(topic: str, queue_id: int | None, broker_name: str = "") -> str:
+    """The reason's prefix that identifies one alarm: per (topic, broker group, queue); without a broker
+    group the form written before migration 0006, so an alarm raised then is still recognised."""
+    broker = f" broker={broker_name}" if broker_name else ""
+    return f"{NEVER_CONSUMED_TAG} topic={topic}{broker} queue={queue_id}:"
 
 
 def raise_never_consumed(
@@ -103,15 +108,16 @@ def raise_never_consumed(
     channels: Sequence[str],
     now: dt.datetime,
 ) -> int:
-    """Count the rows in the metric and raise each new ``(group, topic, queue)`` alarm once; returns how
-    many alarms were raised now."""
-    queues: dict[tuple[str, str, int | None], list[tuple[Candidate, Facts]]] = {}
+    """Count the rows in the metric and raise each new ``(group, topic, broker group, queue)`` alarm once;
+    returns how many alarms were raised now."""
+    queues: dict[tuple[str, str, str, int | None], list[tuple[Candidate, Facts]]] = {}
     for cand, topic, facts in found:
-        queues.setdefault((cand.consumer_group, topic, cand.queue_id), []).append((cand, facts))
-        metrics.NEVER_CONSUMED.labels(cand.consumer_group, topic, str(cand.queue_id)).inc()
+        queue = (cand.consumer_group, topic, cand.broker_name, cand.queue_id)
+        queues.setdefault(queue, []).append((cand, facts))
+        metrics.NEVER_CONSUMED.labels(cand.consumer_group, topic, cand.broker_name, str(cand.queue_id)).inc()
     raised = 0
-    for (group, topic, queue_id), rows in queues.items():
-        prefix = never_consumed_key(topic, queue_id)
+    for (group, topic, broker_name, queue_id), rows in queues.items():
+        prefix = never_consumed_key(topic, queue_id, broker_name)
         already = conn.execute(
             select(notif.c.message_id)
             .where(

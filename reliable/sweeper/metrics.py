@@ -18,7 +18,7 @@ VERDICTS = Counter("reliable_sweeper_verdicts", "Selected rows by verdict", ["ve
 NEVER_CONSUMED = Counter(
     "reliable_sweeper_never_consumed",
     "Rows found on a queue their group never consumed (alarm, no resend)",
-    ["group", "topic", "queue_id"],
+    ["group", "topic", "broker_name", "queue_id"],
 )
 SEND_FAILURES = Counter("reliable_sweeper_send_failures", "Resends the broker did not accept")
 STUCK_RECOVERED = Counter(

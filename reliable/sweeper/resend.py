@@ -8,8 +8,9 @@ shared with the producer); this module decides what to send and when it is due a
 landed is the group's own history, recorded on its inbox row (the stub keeps the topic-wide send)::
 
     resend_count  += 1
-    queue_id, queue_offset = the receipt's      (the next round compares it with the group's watermark
-                                                 on the queue of :func:`copy_topic`, and the broker's)
+    broker_name, queue_id, queue_offset         the receipt's (the next round compares the offset with the
+                                                 group's watermark on that queue of :func:`copy_topic`, and
+                                                 the broker's)
     resend_at      = now + backoff(sends) + backlog estimate
     attempts       = 0                          (a fresh copy: the guard counts its failures anew)
     last_error     = NULL
@@ -33,14 +34,15 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, func, update
 
 from reliable import outbox
 from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender
-from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, QueueProgress
+from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.notify import DeadNotice
-from reliable.sweeper.selection import Candidate, inbox, progress
+from reliable.sweeper.queues import load_progress
+from reliable.sweeper.selection import Candidate, inbox
 
 log = logging.getLogger("reliable.sweeper")
 
@@ -72,29 +74,6 @@ def resend_topic(sender: object, topic: str, group: str) -> str:
     one: ``%RETRY%{group}`` for RocketMQ and broker_sim); a sender without it sends to the topic."""
     route = getattr(sender, "resend_topic", None)
     return str(route(topic, group)) if callable(route) else topic
-
-
-#: (consumer_group, topic, queue_id) of a ``consume_progress`` row
-ProgressKey = tuple[str, str, int]
-
-
-def load_progress(conn: Connection, keys: set[ProgressKey]) -> dict[ProgressKey, QueueProgress]:
-    """The ``consume_progress`` rows of ``keys`` (one statement)."""
-    if not keys:
-        return {}
-    clause = or_(
-        *[
-            and_(progress.c.consumer_group == g, progress.c.topic == t, progress.c.queue_id == q)
-            for g, t, q in sorted(keys)
-        ]
-    )
-    rows = conn.execute(select(progress).where(clause)).all()
-    return {
-        (r.consumer_group, r.topic, r.queue_id): QueueProgress(
-            r.max_offset, r.min_offset, r.created_at, r.updated_at, r.received_count
-        )
-        for r in rows
-    }
 
 
 def send_claimed(
@@ -152,10 +131,11 @@ def send_claimed(
                 result.stuck_recovered += 1
             topic, receipt = target[cand.message_id], attempt.receipt
             backlog = estimator.estimate(
-                queues.get((cand.consumer_group, topic, receipt.queue_id)),
+                queues.get((cand.consumer_group, topic, receipt.broker_name, receipt.queue_id)),
                 topic,
                 receipt.queue_id,
                 receipt.queue_offset,
+                receipt.broker_name,
             )
             due.append((attempt, now + policy.delay(sends) + backlog))
         outbox.record_sends(conn, due, now)

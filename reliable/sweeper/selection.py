@@ -96,6 +96,9 @@ class Candidate:
     stub_queue_id: int | None = None
     stub_queue_offset: int | None = None
     stub_last_sent_at: dt.datetime | None = None
+    #: the broker groups of the two positions (RocketMQ clusters; ``""``: none, or sent before 0006)
+    inbox_broker_name: str = ""
+    stub_broker_name: str = ""
     #: the message's stored trace context (JSON), put back into the resend's properties (reliable.otel)
     trace_context: str | None = None
 
@@ -119,6 +122,11 @@ class Candidate:
         return self.inbox_queue_id if self.targeted else self.stub_queue_id
 
     @property
+    def broker_name(self) -> str:
+        """The broker group of the newest copy's queue: its queue is ``(topic, broker_name, queue_id)``."""
+        return self.inbox_broker_name if self.targeted else self.stub_broker_name
+
+    @property
     def queue_offset(self) -> int | None:
         return self.inbox_queue_offset if self.targeted else self.stub_queue_offset
 
@@ -136,6 +144,7 @@ class Candidate:
             resend_count=int(row.resend_count),
             inbox_queue_id=row.queue_id,
             inbox_queue_offset=row.queue_offset,
+            inbox_broker_name=row.broker_name or "",
             created_at=row.created_at,
             inbox_updated_at=row.updated_at,
             last_received_at=row.last_received_at,
@@ -182,6 +191,7 @@ def due_statement(
             inbox.c.resend_count,
             inbox.c.queue_id,
             inbox.c.queue_offset,
+            inbox.c.broker_name,
             inbox.c.created_at,
             inbox.c.updated_at,
             last_received.label("last_received_at"),
@@ -225,6 +235,7 @@ def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candid
             stub.c.queue_offset,
             stub.c.last_sent_at,
             stub.c.trace_context,
+            stub.c.broker_name,
         ).where(stub.c.message_id.in_(ids))
     ).all()
     by_id = {r.message_id: r for r in rows}
@@ -242,6 +253,7 @@ def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candid
                 stub_queue_id=r.queue_id,
                 stub_queue_offset=r.queue_offset,
                 stub_last_sent_at=r.last_sent_at,
+                stub_broker_name=r.broker_name or "",
                 trace_context=r.trace_context,
             )
         )

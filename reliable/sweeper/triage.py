@@ -3,9 +3,9 @@
 Runs in the claiming transaction, after the selection (:mod:`.selection`) and before any send:
 
 1. the rows get their stubs (topic, body, first send);
-2. the facts of each row's queue are gathered once per queue: the group's watermark (one
-   ``consume_progress`` statement for the batch) and, where the watermark does not already decide, the
-   broker's max offset (one probe call per queue and round);
+2. the facts of each row's queue — ``(topic, broker_name, queue_id)``, :mod:`.queues` — are gathered once
+   per queue: the group's watermark (one ``consume_progress`` statement for the batch) and, where the
+   watermark does not already decide, the broker's max offset (one probe call per queue and round);
 3. each row is judged (:func:`reliable.sweeper.verdict.judge`); a stuck row's Redis lease is read;
 4. rows that must wait are postponed (their ``resend_at`` moves, so they do not take batch slots every
    round), spent rows whose copy is not coming go DEAD, never-consumed queues raise their alarm once, and
@@ -27,7 +27,8 @@ from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.giveup import give_up_reason, mark_dead, raise_never_consumed
 from reliable.sweeper.leases import LeaseView
-from reliable.sweeper.resend import BatchResult, ProgressKey, copy_topic, load_progress, postpone
+from reliable.sweeper.queues import QueueIdKey, load_progress, resolve
+from reliable.sweeper.resend import BatchResult, copy_topic, postpone
 from reliable.sweeper.selection import Candidate, load_stubs
 from reliable.sweeper.verdict import Facts, RetrySchedule, Verdict, judge, retry_window_end
 
@@ -47,18 +48,20 @@ class Triage:
     retry_schedule: RetrySchedule
     lease_hold: dt.timedelta
     channels: Sequence[str]
-    #: (topic, queue_id) → the broker's max offset, asked once per round
-    probed: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    #: (topic, broker_name, queue_id) → the broker's max offset, asked once per round
+    probed: dict[tuple[str, str, int], int | None] = field(default_factory=dict)
 
-    def broker_max(self, topic: str, queue_id: int) -> int | None:
-        key = (topic, queue_id)
+    def broker_max(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        key = (topic, broker_name, queue_id)
         if key not in self.probed:
             answer: int | None = None
             if self.probe is not None:
                 try:
-                    answer = self.probe.max_offset(topic, queue_id)
+                    answer = self.probe.max_offset(topic, queue_id, broker_name)
                 except Exception as exc:  # the contract says None for "cannot tell"; a raising probe too
-                    log.warning("broker probe of %s queue %d failed: %r", topic, queue_id, exc)
+                    log.warning(
+                        "broker probe of %s %s queue %d failed: %r", topic, broker_name, queue_id, exc
+                    )
             self.probed[key] = answer
         return self.probed[key]
 
@@ -82,7 +85,7 @@ def triage(
         if (c.consumer_group, c.message_id) in orphans
     ]
     topics = {(c.consumer_group, c.message_id): copy_topic(t.sender, c) for c in rows}
-    keys: set[ProgressKey] = {
+    keys: set[QueueIdKey] = {
         (c.consumer_group, topics[(c.consumer_group, c.message_id)], c.queue_id)
         for c in rows
         if c.queue_id is not None and not c.stuck
@@ -95,13 +98,21 @@ def triage(
     waiting = BacklogEstimator(None)  # time for the group to reach *our* offset (not the broker's end)
     for cand, lease in zip(rows, leases, strict=True):
         topic = topics[(cand.consumer_group, cand.message_id)]
-        queue = None if cand.queue_id is None else queues.get((cand.consumer_group, topic, cand.queue_id))
+        broker = cand.broker_name
+        pos = (
+            None
+            if cand.queue_id is None
+            else resolve(queues, cand.consumer_group, topic, broker, cand.queue_id)
+        )
+        queue = None if pos is None else pos.progress
         watermark = queue.max_offset if queue is not None else None
         decided = cand.queue_offset is None or (watermark is not None and cand.queue_offset <= watermark)
         broker_max = None
-        if not cand.stuck and not decided and cand.queue_id is not None:
-            broker_max = t.broker_max(topic, cand.queue_id)
-        facts = Facts(watermark=watermark, broker_max=broker_max)
+        # an unknown position (no broker name on a cluster with groups): no probe, so no loss verdict
+        if not cand.stuck and not decided and cand.queue_id is not None and pos is not None and pos.known:
+            broker_max = t.broker_max(topic, cand.queue_id, broker)
+        legacy = pos is not None and pos.consumed and queue is None
+        facts = Facts(watermark=watermark, broker_max=broker_max, legacy_position=legacy)
         verdict = judge(
             cand,
             facts,
@@ -120,7 +131,7 @@ def triage(
         elif verdict is Verdict.QUEUED:
             result.held += 1
             assert cand.queue_id is not None
-            eta = waiting.estimate(queue, topic, cand.queue_id, cand.queue_offset)
+            eta = waiting.estimate(queue, topic, cand.queue_id, cand.queue_offset, broker)
             holds.append((cand, now + t.policy.delay(cand.sends) + eta, None))
         elif verdict is Verdict.BROKER_RETRY:
             result.held += 1
@@ -131,7 +142,8 @@ def triage(
             result.held += 1
             alarms.append((cand, topic, facts))
             group, queue_id = cand.consumer_group, cand.queue_id
-            why = f"never consumed: group {group} has no position on {topic} queue {queue_id}"
+            on = f" of {broker}" if broker else ""
+            why = f"never consumed: group {group} has no position on {topic} queue {queue_id}{on}"
             holds.append((cand, now + t.stuck_after, why))
         elif cand.sends >= t.max_sends:
             reason = give_up_reason(cand, verdict, facts, topic, t.max_sends, t.max_unconfirmed_age)

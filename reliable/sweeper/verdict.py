@@ -3,8 +3,9 @@
 The selection (:mod:`reliable.sweeper.selection`) returns every due, unconfirmed row of a group that either
 never received the message or holds a stale delivery. This module decides, row by row, with three facts the
 SQL cannot have: the group's watermark on the queue its newest copy went to (``%RETRY%{group}`` after a
-targeted resend), the broker's max offset of that queue (the :class:`~reliable.sender.BrokerProbe`), and the
-broker's own retry schedule. DESIGN.md §3 in order:
+targeted resend; a queue is ``(topic, broker_name, queue_id)``: on a RocketMQ cluster each broker group's
+queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's max offset of that queue
+(the :class:`~reliable.sender.BrokerProbe`), and the broker's own retry schedule. DESIGN.md §3 in order:
 
 =================  =====================================================================================
 ``NEVER_SENT``      no send ever landed (``queue_offset`` null): send                              → resend
@@ -92,6 +93,9 @@ class Facts:
     watermark: int | None
     #: the broker's max offset of that queue; ``None``: no probe, or it could not tell
     broker_max: int | None
+    #: the group has a watermark row that may be this queue's though it is not keyed by its broker group (a
+    #: row written before migration 0006): not an alarm (see reliable/sweeper/queues.py)
+    legacy_position: bool = False
 
 
 def judge(
@@ -117,7 +121,12 @@ def judge(
             return Verdict.LOST
         # a group reads its retry topic with any clustering consumer: no position there yet is not an alarm;
         # nor is a young copy (a group that is just starting up)
-        never = facts.watermark is None and not cand.targeted and now - sent >= stuck_after
+        never = (
+            facts.watermark is None
+            and not facts.legacy_position
+            and not cand.targeted
+            and now - sent >= stuck_after
+        )
         return Verdict.NEVER_CONSUMED if never else Verdict.QUEUED
     return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
 

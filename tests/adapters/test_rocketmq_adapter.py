@@ -30,6 +30,8 @@ from reliable.models import MessageLog, MessageStub
 from reliable.producer import StubProducer
 from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope, StubStatus
+from tests.clusters import ClusterFactory
+from tests.clusters import cluster as cluster  # the fixture
 
 TOPIC = "RmqAdapterT"
 ENV = Envelope("m-1", TOPIC, 0, 0, b"{}")
@@ -205,3 +207,36 @@ def test_envelope_of_a_retry_delivery_names_its_delivered_topic() -> None:
     assert (plain.topic, plain.delivered_topic, plain.source_topic) == (TOPIC, None, TOPIC)
     with pytest.raises(ValueError):
         to_envelope(Received(TOPIC, 0, 7, {"RETRY_TOPIC": TOPIC}))
+
+
+def test_receipts_and_deliveries_name_the_broker_group_on_a_two_group_cluster(
+    cluster: ClusterFactory,
+) -> None:
+    """0.4.4 tells neither brokerName nor the store host: the sender maps the index its selector chose
+    through the name server's route, and a delivery is named where only one group has its queue id."""
+    from reliable.adapters.rocketmq import to_envelope
+
+    c = cluster(topics={"RmqIdT": 2})
+    only_b = c.brokers["broker-b"].broker
+    assert only_b is not None
+    only_b.create_topic("RmqOnlyB", 2)
+    sender = RocketMQSender.connect(c.namesrv_addrs[0], "rmq_id_p")
+    try:
+        receipts = {f"m{i}": sender.send(OutgoingMessage(f"m{i}", "RmqIdT", b"x")) for i in range(8)}
+        assert {r.broker_name for r in receipts.values()} == {"broker-a", "broker-b"}
+        for message_id, r in receipts.items():  # each receipt names where the broker really stored it
+            broker = c.brokers[r.broker_name].broker
+            assert broker is not None
+            stored = {m.queue_offset: m.keys for m in broker.messages("RmqIdT", r.queue_id)}
+            assert stored.get(r.queue_offset) == message_id
+            assert (sender.max_offset("RmqIdT", r.queue_id, r.broker_name) or 0) > r.queue_offset
+        b = sender.send(OutgoingMessage("b0", "RmqOnlyB", b"x"))
+        assert (b.broker_name, b.queue_offset) == ("broker-b", 0)
+        assert sender.probe is not None
+        book = sender.probe.queues
+        assert to_envelope(Received("RmqOnlyB", 1, 0, {}), "g", book).broker_name == "broker-b"
+        # queue 1 exists on both groups: the delivery cannot be named (the sweeper then trusts no watermark
+        # of that group for named copies, see reliable/sweeper/queues.py)
+        assert to_envelope(Received("RmqIdT", 1, 0, {}), "g", book).broker_name == ""
+    finally:
+        sender.close()

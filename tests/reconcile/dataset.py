@@ -139,17 +139,18 @@ class Dataset:
         self._next_log_id += 1
 
     def finish_progress(self) -> None:
-        """consume_progress = highest offset logged per (group, delivered topic, queue), as the guard keeps
-        it."""
-        best: dict[tuple[str, str, int], dict[str, Any]] = {}
+        """consume_progress = highest offset logged per (group, delivered topic, broker group, queue), as
+        the guard keeps it."""
+        best: dict[tuple[str, str, str, int], dict[str, Any]] = {}
         for row in self.logs:
-            key = (row["consumer_group"], row["topic"], row["queue_id"])
+            key = (row["consumer_group"], row["topic"], row.get("broker_name", ""), row["queue_id"])
             cur = best.get(key)
             if cur is None:
                 best[key] = {
                     "consumer_group": key[0],
                     "topic": key[1],
-                    "queue_id": key[2],
+                    "broker_name": key[2],
+                    "queue_id": key[3],
                     "max_offset": row["queue_offset"],
                     "min_offset": row["queue_offset"],
                     "created_at": row["received_at"],

@@ -4,6 +4,7 @@ SQLite (via export)."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
     assert sum(summary["latency_histogram"]["send_to_confirm"]) == 116
     assert {r["send_count"]: r["messages"] for r in summary["resend_histogram"]} == {1: 49, 2: 1}
     on_disk = json.loads((out / "summary.json").read_text())
-    assert on_disk["totals"] == t and on_disk["schema_version"] == 2
+    assert on_disk["totals"] == t and on_disk["schema_version"] == 3
 
 
 def test_parquet_input_finds_exactly_the_planted_anomalies(parquet_report: Any) -> None:
@@ -225,3 +226,39 @@ def test_empty_database_reports_zeros_and_exits_0(
         assert _table(out, name) == []
     assert "no queues" in (out / "report.html").read_text()
     assert capsys.readouterr().err == ""
+
+
+def test_queue_0_of_two_broker_groups_is_two_queues(spark: Any, tmp_path: Path) -> None:
+    """On a RocketMQ cluster broker-a's queue 0 and broker-b's queue 0 have their own offsets: a message
+    waiting on broker-b is not lost because broker-a's queue 0 is far ahead, and broker-b's own watermark
+    still proves a loss there (schema_version 3: queues carry ``broker_name``)."""
+    from reliable.reconcile import io
+    from reliable.reconcile.config import ReconcileConfig
+
+    ds = D.Dataset()
+
+    def message(mid: str, broker: str, offset: int, delivered: bool) -> None:
+        created = ds.stub(mid, 0, offset, status="CONFIRMED" if delivered else "PENDING")
+        ds.stubs[-1]["broker_name"] = broker
+        ds.row(D.A, mid, "CONFIRMED" if delivered else "PENDING", created)
+        if delivered:
+            ds.log(D.A, mid, 0, offset, created + dt.timedelta(seconds=1))
+            ds.logs[-1]["broker_name"] = broker
+
+    for i in range(10):
+        message(f"a{i}", "broker-a", i, True)  # broker-a queue 0 consumed up to 9
+    message("b0", "broker-b", 0, True)
+    message("b-lost", "broker-b", 1, False)  # broker-b moved past it (offset 2): lost
+    message("b2", "broker-b", 2, True)
+    message("b-waits", "broker-b", 3, False)  # below broker-a's 9, above broker-b's 2: queued
+    ds.finish_progress()
+    cfg = ReconcileConfig(as_of=D.AS_OF)
+    src = write_parquet(ds, tmp_path / "in")
+    summary = _run(spark, io.read_parquet(spark, src, cfg), tmp_path / "out", cfg).summary
+    assert summary["schema_version"] == 3
+    queues = {(q["broker_name"], q["queue_id"]): q for q in summary["queues"]}
+    assert set(queues) == {("broker-a", 0), ("broker-b", 0)}
+    assert (queues["broker-a", 0]["watermark"], queues["broker-b", 0]["watermark"]) == (9, 2)
+    assert (queues["broker-a", 0]["lost"], queues["broker-b", 0]["lost"]) == (0, 1)
+    assert queues["broker-b", 0]["lag"] == 1 and queues["broker-b", 0]["pending"] == 2
+    assert summary["totals"]["lost"] == 1

@@ -82,9 +82,11 @@ def test_spark_buckets_latencies_exactly_as_documented(spark: Any) -> None:
     from reliable.reconcile.aggregates import latency_sketch
 
     values = [None, 0.0, 0.0004, -0.0004, 0.001, 0.0011, 1.0, 49.999, 50.0, 250.0, -12.5, 86_400_000.0]
-    rows = [("g", "t", 0, v, v) for v in values]
+    rows = [("g", "t", "", 0, v, v) for v in values]
     df = spark.createDataFrame(
-        rows, "consumer_group string, topic string, queue_id int, first_delivery_ms double, confirm_ms double"
+        rows,
+        "consumer_group string, topic string, broker_name string, queue_id int, first_delivery_ms double, "
+        "confirm_ms double",
     )
     got = {(r["bucket"], r["n"]) for r in latency_sketch(df).where(F.col("metric") == "confirm_ms").collect()}
     want: dict[int, int] = {}

@@ -78,7 +78,7 @@ def test_a_threshold_is_breached_exactly_when_the_count_exceeds_it(
 
 def test_summary_of_nothing_has_every_key_and_zero_counts() -> None:
     s = build_summary(Collected(), ReconcileConfig(as_of=D.AS_OF), Thresholds(max_lost=0), source="x")
-    assert s["schema_version"] == 2 and s["ok"] is True and s["as_of"] == "2026-11-20T12:00:00Z"
+    assert s["schema_version"] == 3 and s["ok"] is True and s["as_of"] == "2026-11-20T12:00:00Z"
     assert set(s) >= {
         "totals", "queues", "groups", "never_consumed", "duplicates_by_cause", "latency_ms",
         "latency_histogram", "resend_histogram", "attention", "thresholds", "breaches", "window", "settings",

@@ -191,6 +191,7 @@ def set_progress(
     min_offset: int = 0,
     created_at: dt.datetime = T0 - dt.timedelta(hours=1),
     updated_at: dt.datetime = T0,
+    broker_name: str = "",
 ) -> None:
     with rel.engine.begin() as conn:
         conn.execute(
@@ -198,6 +199,7 @@ def set_progress(
                 ConsumeProgress.consumer_group == group,
                 ConsumeProgress.topic == topic,
                 ConsumeProgress.queue_id == queue_id,
+                ConsumeProgress.broker_name == broker_name,
             )
         )
         conn.execute(
@@ -207,6 +209,7 @@ def set_progress(
                     "consumer_group": group,
                     "topic": topic,
                     "queue_id": queue_id,
+                    "broker_name": broker_name,
                     "max_offset": max_offset,
                     "min_offset": min_offset,
                     "created_at": created_at,

@@ -29,7 +29,7 @@ class StaticBacklog:
         self.next_offsets = next_offsets
         self.calls: list[tuple[str, int]] = []
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         self.calls.append((topic, queue_id))
         return self.next_offsets.get((topic, queue_id))
 

@@ -80,7 +80,7 @@ class KafkaProbe:
         self._consumer = Consumer(consumer_config(bootstrap, "reliable-probe", config))
         self.timeout_s = timeout_s
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         try:
             _low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(topic, queue_id), timeout=self.timeout_s

@@ -305,7 +305,7 @@ class AioKafkaSender:
             raise SendError(f"message {message.message_id}: delivery report without a position")
         return SendReceipt(meta.partition, meta.offset, f"{message.topic}-{meta.partition}-{meta.offset}")
 
-    async def max_offset(self, topic: str, queue_id: int) -> int | None:
+    async def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         """The partition's high watermark (``None``: the broker cannot tell)."""
         if self._probe is None:
             self._probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)

@@ -107,7 +107,7 @@ class KafkaSender:
             raise _Retriable(f"{err.name()}: {err.str()}")
         return msg
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         """:class:`~reliable.sender.BrokerProbe`: the partition's high watermark (``None``: cannot tell)."""
         if self._probe is None:
             self._probe = KafkaProbe(self.bootstrap)

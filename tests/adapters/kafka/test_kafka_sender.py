@@ -148,7 +148,7 @@ def test_fan_out_every_group_applies_every_record_once(tansu: Tansu, rel: Reliab
 class CannotTell:
     """A probe that never knows (the control: without the broker's word the loss stays unproven)."""
 
-    def max_offset(self, topic: str, queue_id: int) -> int | None:
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         return None
 
 

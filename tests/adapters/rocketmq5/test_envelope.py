@@ -13,7 +13,7 @@ from reliable.errors import ConfigurationError
 
 def received(**kw: object) -> SimpleNamespace:
     """What the 5.x client's ``Message`` exposes after a receive (the attributes the adapter reads)."""
-    handle = ReceiptHandle(0, 1, 30_000, "broker-a", 3, 41, 9000, 7).encode()
+    handle = ReceiptHandle(0, 1, 30_000, "broker-b", 3, 41, 9000, 7).encode()
     base = {"keys": {"order-9"}, "message_id": "01ABC", "topic": "orders", "receipt_handle": handle,
             "body": b"{}", "tag": "paid", "delivery_attempt": 3, "properties": {"trace": "x"}}  # fmt: skip
     return SimpleNamespace(**{**base, **kw})
@@ -22,6 +22,7 @@ def received(**kw: object) -> SimpleNamespace:
 def test_envelope_of_a_5x_delivery() -> None:
     env = to_envelope(received())
     assert (env.message_id, env.topic, env.queue_id, env.queue_offset) == ("order-9", "orders", 3, 41)
+    assert env.broker_name == "broker-b"  # the handle names the broker group: the queue's identity
     assert (env.tags, env.keys, env.reconsume_times, dict(env.properties)) == (
         "paid",
         "order-9",
@@ -32,7 +33,7 @@ def test_envelope_of_a_5x_delivery() -> None:
 
 def test_envelope_falls_back_to_the_message_id_and_an_unknown_position() -> None:
     env = to_envelope(received(keys=set(), receipt_handle="opaque"))
-    assert (env.message_id, env.queue_id, env.queue_offset) == ("01ABC", -1, -1)
+    assert (env.message_id, env.broker_name, env.queue_id, env.queue_offset) == ("01ABC", "", -1, -1)
 
 
 def test_retry_backoff_follows_rocketmq_delay_levels_from_level_3() -> None:

@@ -12,8 +12,8 @@ from broker_sim.common.requests import ConsumeFromWhere
 from broker_sim.remoting.admin_client import AdminClient
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.codes import RequestCode
-from tests.broker_sim.cluster.conftest import ClusterFactory
 from tests.broker_sim.remoting.conftest import wait_until
+from tests.clusters import ClusterFactory
 
 
 def ask(namesrv: str, code: int, fields: dict[str, object] | None = None) -> object:

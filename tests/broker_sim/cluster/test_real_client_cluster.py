@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_sim.cluster.conftest import ClusterFactory
 from tests.broker_sim.remoting.conftest import wait_until
+from tests.clusters import ClusterFactory
 
 pytest.importorskip("rocketmq.client")
 
