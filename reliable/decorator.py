@@ -66,8 +66,12 @@ class GuardedHandler:
         """Write buffered duplicate rows now (only with ``journal_write_behind``); returns the row count."""
         return self.guard.flush_journal()
 
+    def flush_markers(self) -> None:
+        """Send the queued Redis ``done`` markers now (after each commit they are queued, not waited for)."""
+        self.guard.lease.flush()
+
     def close(self) -> None:
-        """Flush and stop the write-behind journal (a no-op without it; also happens at interpreter exit)."""
+        """Flush and stop the write-behind journal and the done-marker timer (also happens at exit)."""
         self.guard.close()
 
 

@@ -28,8 +28,10 @@ text in exactly the format SQLAlchemy's ``DateTime`` writes, so string compariso
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine
@@ -37,18 +39,20 @@ from sqlalchemy import Connection, Engine
 from reliable.stores import InboxRow, InboxState, JournalEntry, OutcomeUpdate
 from reliable.stores import sql_text as T
 from reliable.stores.sql_runner import DbapiRunner
-from reliable.stores.sql_text import (
-    LOG_COLS,
-    LOG_WIDTH,
-    OUTCOME_SQL,
-    aggregate_progress,
-    my_progress,
-    pg_journal,
-    pg_progress,
-    rows_sql,
-    sqlite_progress,
-)
-from reliable.types import StubStatus
+from reliable.stores.sql_text import OUTCOME_SQL, aggregate_progress, my_progress, sqlite_progress
+from reliable.types import LogOutcome, StubStatus
+
+
+@dataclass(frozen=True, slots=True)
+class FirstStep:
+    """The single-message happy case :meth:`SqlStore.journal_first` tries (see there)."""
+
+    group: str
+    row: InboxRow
+    claim: bool  # True: insert the inbox row (inbox pattern); False: confirm the producer's PENDING row
+    now: dt.datetime
+    outcome: LogOutcome
+    reason: str
 
 
 class SqlStore:
@@ -65,66 +69,150 @@ class SqlStore:
         self._lock = "" if self.dialect == "sqlite" else " FOR UPDATE"
         self._ts = self.db.ts
 
-    # --- execution (delegated to the runner; ``execute``/``autocommit`` are used by the guard) -----------
+    # --- execution (delegated to the runner; ``execute`` is used by the guard) ----------------------------
     def execute(self, conn: Connection, sql: str) -> None:
         """A parameterless statement (e.g. ``SET TRANSACTION …``) through the same lean path."""
         self.db.execute(conn, sql)
 
-    def autocommit(self, conn: Connection, on: bool) -> None:
-        """Switch the DBAPI connection's autocommit (PostgreSQL journal); only outside a transaction."""
-        self.db.autocommit(conn, on)
+    @contextlib.contextmanager
+    def transaction(self, conn: Connection) -> Iterator[None]:
+        """One guard transaction on ``conn``: commits on normal exit, rolls back on an exception.
 
-    # --- step 1: journal ------------------------------------------------------------------------------
-    @property
-    def journal_autocommits(self) -> bool:
-        """PostgreSQL journals in one autocommitted statement: no BEGIN/COMMIT round trips."""
-        return self._pg
+        On psycopg the driver runs in autocommit mode meanwhile and the transaction is driven by the
+        statements themselves: the first one the guard sends carries ``BEGIN`` (``begin=True``), the last
+        ``COMMIT`` (``commit=True``), so neither costs a round trip of its own. SQLAlchemy still sees an open
+        transaction (the handler's ``Session`` joins it, savepoints work), and its commit at the end finds
+        the server idle and sends nothing; a rollback is sent only if the server is still in the block.
+        """
+        if not self.db.piggybacks:
+            with conn.begin():
+                yield
+            return
+        self.db.autocommit(conn, True)
+        try:
+            with conn.begin():
+                yield
+        finally:
+            if not conn.invalidated:
+                self.db.autocommit(conn, False)
 
+    # --- step 1: journal (inside the work transaction) ----------------------------------------------------
     def journal(self, conn: Connection, entries: Sequence[JournalEntry]) -> list[int]:
         """Insert one ``message_log`` row per entry and raise the ``consume_progress`` watermarks.
 
-        Returns the new log ids in the order of ``entries``. Runs inside the caller's transaction; the caller
-        commits at once so the delivery is visible even if processing fails later.
+        Returns the new log ids in the order of ``entries``. Runs inside the caller's transaction (the guard
+        splits it into :meth:`log_rows` first and :meth:`progress` last, see there).
+        """
+        ids = self.log_rows(conn, entries)
+        self.progress(conn, entries)
+        return ids
 
-        On PostgreSQL the statement switches ``synchronous_commit`` off for its own transaction unless
-        ``durable_journal``: the commit is visible at once but does not wait for the WAL flush. That is safe
-        because nothing that guarantees exactly-once reads the journal: if the server crashes within the
-        WAL writer delay (200 ms by default), the lost rows only make the sweeper re-send a stub that the
-        guard then recognises (CONFIRMED) or processes (still PENDING: it really was not done). The work
-        transaction that follows commits synchronously and flushes the journal's WAL with it.
+    def log_rows(
+        self, conn: Connection, entries: Sequence[JournalEntry], *, begin: bool = False
+    ) -> list[int]:
+        """Insert the ``message_log`` rows (one statement); ``begin``: this statement opens the transaction.
+
+        Ids come from one sequence/auto-increment in VALUES order, so sorting restores entry order even where
+        RETURNING does not promise it.
         """
         if not entries:
             return []
-        log_params: list[Any] = []
+        params: list[Any] = []
         for e in entries:
-            log_params += self._log_row(e)
-        progress = aggregate_progress(entries)
-        prog_params: list[Any] = []
+            params += self._log_row(e)
+        sql = self.db.cached("journal_log", len(entries), T.log_insert)
+        return sorted(int(r[0]) for r in self.db.all(conn, sql, tuple(params), begin=begin))
+
+    def progress(self, conn: Connection, entries: Sequence[JournalEntry], *, commit: bool = False) -> None:
+        """Raise the watermark of each delivered queue: one upsert, the last statement of the transaction.
+
+        Last, because the watermark row is shared by every delivery of the queue: taken at the end, its row
+        lock is held only while the transaction commits, not while a handler runs. Rows go in key order, so
+        two batches that span the same queues lock them in the same order. ``commit``: ``COMMIT`` rides on
+        this statement (PostgreSQL, see :meth:`transaction`).
+        """
+        if not entries:
+            return
+        rows = self._progress_rows(entries)
+        build = T.pg_progress if self._pg else my_progress if self._my else sqlite_progress
+        params: list[Any] = [v for row in rows for v in row]
+        self.db.run(conn, self.db.cached("progress", len(rows), build), tuple(params), commit=commit)
+
+    def journal_alone(
+        self, conn: Connection, entries: Sequence[JournalEntry], *, opened: bool = False
+    ) -> list[int]:
+        """Journal rows + watermarks as the rest of a transaction (``opened``) or as the whole of it.
+
+        The whole of it, on PostgreSQL: one statement (a data-modifying CTE of the same two statements) that
+        commits by itself — no ``BEGIN``, no ``COMMIT`` round trip. Elsewhere the caller commits.
+        """
+        if not entries:
+            return []
+        if opened or not self.db.piggybacks:
+            ids = self.log_rows(conn, entries)
+            self.progress(conn, entries, commit=opened)
+            return ids
+        params: list[Any] = []
+        for e in entries:
+            params += self._log_row(e)
+        rows = self._progress_rows(entries)
+        params += [v for row in rows for v in row]
+        sql = self.db.cached("journal_alone", len(entries), lambda k: T.pg_journal(k, len(rows)), len(rows))
+        return sorted(int(r[0]) for r in self.db.all(conn, sql, tuple(params)))
+
+    def _progress_rows(self, entries: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
+        """One watermark row per queue, in ``PROGRESS_COLS`` order, sorted by key."""
         now = self._ts(entries[0].received_at)
-        for (group, topic, queue_id), (hi, lo, count) in progress.items():
-            prog_params += (group, topic, queue_id, hi, lo, now, now, count)
-        n, m = len(entries), len(progress)
-        if self._pg:
-            name = "journal_pg_sync" if self.durable_journal else "journal_pg"
-            sql = self.db.cached(name, n, lambda k: pg_journal(k, m, self.durable_journal), m)
-            rows = self.db.all(conn, sql, tuple(log_params + prog_params))
+        return [
+            (group, topic, queue_id, hi, lo, now, now, count)
+            for (group, topic, queue_id), (hi, lo, count) in sorted(aggregate_progress(entries).items())
+        ]
+
+    def journal_first(
+        self, conn: Connection, entry: JournalEntry, first: FirstStep
+    ) -> tuple[int, bool, bool]:
+        """Open the work transaction of one message: the happy case and its journal row, before the handler.
+
+        ``first.claim`` False: confirm the group's ``PENDING``/``DEAD`` inbox row whose recorded hash (if any)
+        matches, and settle the stub; True: insert the group's ``CONFIRMED`` row unless one exists (inbox
+        pattern, no producer row). The journal row records ``first.outcome`` only if that changed a row (a
+        handler failure rolls all of it back). PostgreSQL: one statement, carrying ``BEGIN``; elsewhere two
+        or three. Returns (log id, changed, stub settled); not changed means "not the happy case": nothing
+        but the journal row was written and the caller takes the general path to find out why.
+        """
+        ts = self._ts(first.now)
+        if first.claim:
+            head: tuple[Any, ...] = self._inbox_params(first.group, first.row, StubStatus.CONFIRMED, 0, ts)
         else:
-            sql = self.db.cached(
-                "journal_log",
-                n,
-                lambda k: (
-                    f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(k, LOG_WIDTH)} RETURNING id"
-                ),
+            h = first.row.payload_hash
+            head = (ts, ts, first.group, first.row.message_id, h, h)
+        log = list(self._log_row(entry))
+        if self._pg:
+            settle = not first.claim
+            sql = self.db.cached("first_pg", int(first.claim), lambda k: T.pg_first(bool(k)))
+            stub = (ts, ts, first.row.message_id, first.group) if settle else ()
+            log[T.LOG_OUTCOME], log[T.LOG_REASON] = first.outcome.value, first.reason
+            row = self.db.all(conn, sql, (*head, *stub, *log), begin=True)[0]
+            return int(row[0]), int(row[1]) == 1, int(row[2]) == 1
+        if first.claim:
+            sql = self.db.cached("claim", 1, lambda k: T.claim_inbox(k, self._my))
+            changed = bool(self.db.all(conn, sql, head))
+            settled = True  # a claimed row has no producer stub to settle
+        else:
+            changed = (
+                self.db.run(
+                    conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg)), head
+                )
+                == 1
             )
-            rows = self.db.all(conn, sql, tuple(log_params))
-            build = my_progress if self._my else sqlite_progress
-            self.db.run(conn, self.db.cached("progress", m, build), tuple(prog_params))
-        # ids come from one sequence/auto-increment in VALUES order, so sorting restores entry order even
-        # where RETURNING does not promise it.
-        return sorted(int(r[0]) for r in rows)
+            settled = changed and self._settle(conn, first.group, [first.row.message_id], ts) == 1
+        if changed:
+            log[T.LOG_OUTCOME], log[T.LOG_REASON] = first.outcome.value, first.reason
+        log_id = int(self.db.all(conn, self.db.cached("journal_log", 1, T.log_insert), tuple(log))[0][0])
+        return log_id, changed, settled
 
     def _log_row(self, e: JournalEntry) -> tuple[Any, ...]:
-        """One ``message_log`` row's values, in ``LOG_COLS`` order (shared by both journal paths)."""
+        """One ``message_log`` row's values, in ``LOG_COLS`` order (every journal path builds rows here)."""
         return (
             e.message_id,
             e.consumer_group,
@@ -140,30 +228,21 @@ class SqlStore:
         )
 
     def journal_bulk(self, conn: Connection, entries: Sequence[JournalEntry]) -> None:
-        """:meth:`journal` without returning ids, for the write-behind journal's large flushes.
+        """The rows of the write-behind journal's large flushes (duplicates answered by Redis) + watermarks.
 
         One single-row ``INSERT`` run with ``executemany`` (psycopg pipelines it into one round trip and
         prepares it once, where a fresh 200-row ``VALUES`` list would be parsed and planned every time) plus
-        one watermark upsert per queue.
+        one watermark upsert per queue. On PostgreSQL the flush does not wait for its WAL flush unless
+        ``durable_journal``: losing these rows in a server crash loses only evidence of duplicates.
         """
         if not entries:
             return
         rows = [self._log_row(e) for e in entries]
-        if self._pg and not self.durable_journal:  # as in :meth:`journal`: no wait for the WAL flush
+        if self._pg and not self.durable_journal:
             self.db.run(conn, "SELECT set_config('synchronous_commit', 'off', true)", ())
-        sql = self.db.cached(
-            "journal_bulk",
-            1,
-            lambda _: f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(1, LOG_WIDTH)}",
-        )
-        self.db.run(conn, sql, rows, many=True)
-        now = self._ts(entries[0].received_at)
-        build = pg_progress if self._pg else my_progress if self._my else sqlite_progress
-        progress = [
-            (group, topic, queue_id, hi, lo, now, now, count)
-            for (group, topic, queue_id), (hi, lo, count) in aggregate_progress(entries).items()
-        ]
-        self.db.run(conn, self.db.cached("progress_bulk", 1, build), progress, many=True)
+        self.db.run(conn, self.db.cached("journal_bulk", 1, T.log_insert_bare), rows, many=True)
+        build = T.pg_progress if self._pg else my_progress if self._my else sqlite_progress
+        self.db.run(conn, self.db.cached("progress_bulk", 1, build), self._progress_rows(entries), many=True)
 
     # --- step 2 helper: what does the database say about a message held by another worker? -------------
     def peek_inbox(self, conn: Connection, group: str, message_ids: Iterable[str]) -> dict[str, InboxState]:
@@ -262,62 +341,26 @@ class SqlStore:
         now: dt.datetime,
         record: OutcomeUpdate,
     ) -> tuple[bool, bool]:
-        """Single-message fast path: confirm the group's inbox row *before* the handler runs.
+        """Confirm one group's row *before* its handler runs, if PENDING/DEAD with a matching body.
 
-        The conditional ``UPDATE`` locks the row like ``SELECT … FOR UPDATE`` would and succeeds only for a
-        ``PENDING``/``DEAD`` row whose recorded hash (if any) matches; on PostgreSQL the same statement also
-        settles the stub and writes the journal outcome (elsewhere two more statements). If the handler then
-        fails, the rollback undoes all of it. Returns (confirmed, stub settled). Not confirmed means "not the
-        happy case" (no row, already confirmed, voided, other body): nothing was changed and the caller takes
-        the general path to find out which.
+        The conditional ``UPDATE`` locks the row like ``SELECT … FOR UPDATE`` would; on success the stub is
+        settled and ``record`` written (a handler failure rolls all of it back). Returns (confirmed, stub
+        settled). The guard itself uses :meth:`journal_first`, which adds the journal row to this.
         """
         ts = self._ts(now)
-        params: tuple[Any, ...] = (ts, ts, group, message_id, payload_hash, payload_hash)
-        if self._pg:
-            sql = self.db.cached(
-                "confirm_first_pg", 1, lambda _: T.pg_with_outcome(T.confirm_first(True), True)
-            )
-            rows = self.db.all(
-                conn,
-                sql,
-                (*params, ts, ts, message_id, group, record.outcome.value, record.reason, record.log_id),
-            )
-            return int(rows[0][0]) == 1, int(rows[0][1]) == 1
+        params = (ts, ts, group, message_id, payload_hash, payload_hash)
         if (
-            self.db.run(conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(False)), params)
+            self.db.run(conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg)), params)
             != 1
         ):
             return False, False
-        settled = self.db.run(conn, self.db.cached("settle", 1, T.settle_stubs), (ts, ts, message_id, group))
+        settled = self._settle(conn, group, [message_id], ts)
         self.set_outcomes(conn, [record])
         return True, settled == 1
 
-    @property
-    def claims_with_outcome(self) -> bool:
-        """Whether :meth:`claim_first` writes the journal outcome in the claiming statement (PostgreSQL)."""
-        return self._pg
-
-    def claim_first(
-        self, conn: Connection, group: str, row: InboxRow, now: dt.datetime, record: OutcomeUpdate
-    ) -> bool:
-        """Single-message inbox fast path (PostgreSQL): claim the inbox row and write the outcome at once.
-
-        The counterpart of :meth:`confirm_first` for producers without stubs: one data-modifying CTE inserts
-        the ``CONFIRMED`` row (``ON CONFLICT DO NOTHING``) and, only if it did, records ``record`` on the
-        journal row — before the handler runs, so the commit after it is the only round trip left; a handler
-        failure rolls both back. False: the group already had a row (nothing changed); the caller locks it.
-        """
-        ts = self._ts(now)
-        sql = self.db.cached(
-            "claim_first_pg", 1, lambda _: T.pg_with_outcome(T.claim_inbox(1, False, ""), False)
-        )
-        params = (
-            *self._inbox_params(group, row, StubStatus.CONFIRMED, 0, ts),
-            record.outcome.value,
-            record.reason,
-            record.log_id,
-        )
-        return int(self.db.all(conn, sql, params)[0][0]) == 1
+    def _settle(self, conn: Connection, group: str, message_ids: Sequence[str], ts: Any) -> int:
+        n = len(message_ids)
+        return self.db.run(conn, self.db.cached("settle", n, T.settle_stubs), (ts, ts, *message_ids, group))
 
     def confirm_and_record(
         self,
@@ -360,7 +403,14 @@ class SqlStore:
 
     # --- step 5: a handler failure ------------------------------------------------------------------------
     def record_failure(
-        self, conn: Connection, group: str, row: InboxRow, now: dt.datetime, error: str
+        self,
+        conn: Connection,
+        group: str,
+        row: InboxRow,
+        now: dt.datetime,
+        error: str,
+        *,
+        begin: bool = False,
     ) -> int:
         """Count one handler failure on the group's inbox row (created PENDING if absent); returns attempts.
 
@@ -369,7 +419,9 @@ class SqlStore:
         ts = self._ts(now)
         params = (*self._inbox_params(group, row, StubStatus.PENDING, 1, ts), error[:2000])
         rows = (
-            self.db.all(conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(self._my)), params)
+            self.db.all(
+                conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(False)), params, begin=begin
+            )
             if not self._my
             else None
         )
