@@ -225,9 +225,9 @@ class Guard:
                         plan.decide(it, Reason.DATABASE_UNAVAILABLE, TEXTS["undecided"])
                 known = [it for it in late if it.log_id is not None]  # failed in savepoint mode: row exists
                 fresh = [it for it in late if it.log_id is None]
-                self.sql.set_outcomes(conn, [plan.outcome_update(it) for it in known])
+                self.sql.log.set_outcomes(conn, [plan.outcome_update(it) for it in known])
                 entries = [plan.journal_entry(it, self.group, now) for it in fresh]
-                ids = self.sql.journal_alone(conn, entries, opened=bool(failed or known))
+                ids = self.sql.log.journal_alone(conn, entries, opened=bool(failed or known))
                 for it, log_id in zip(fresh, ids, strict=True):
                     it.log_id = log_id
         except SQLAlchemyError as exc:

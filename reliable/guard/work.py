@@ -119,7 +119,7 @@ class WorkTransaction:
         if len(run) == 1 and not savepoints:
             recorded, settled = self._happy_case_first(conn, run[0], entries[0], now)
         else:
-            for it, log_id in zip(run, self.sql.log_rows(conn, entries, begin=True), strict=True):
+            for it, log_id in zip(run, self.sql.log.log_rows(conn, entries, begin=True), strict=True):
                 it.log_id = log_id
         for h in self.hooks:
             h.after_journal([it.env for it in run], [it.log_id or 0 for it in run])
@@ -160,7 +160,7 @@ class WorkTransaction:
                 raise ConfirmConflict(f"confirm changed {changed} of {len(to_confirm)} inbox rows")
             if n_settled < changed:  # as above, for the rows this batch confirmed
                 self.sql.settle_exact(conn, self.group, to_confirm, now)
-        self.sql.progress(conn, entries, commit=True)
+        self.sql.log.progress(conn, entries, commit=True)
 
     def _happy_case_first(
         self, conn: Connection, it: Item, entry: JournalEntry, now: Any

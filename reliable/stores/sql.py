@@ -6,16 +6,19 @@ compiled per call) costs more than a local database round trip. Every statement 
 (:class:`reliable.stores.sql_runner.DbapiRunner`), inside its transaction, so the handler's ``Session`` (bound
 to the same ``Connection``) shares it.
 
-Round trips per primitive (PostgreSQL / SQLite / MariaDB):
+Round trips per primitive (PostgreSQL / SQLite / MariaDB); the journal's own statements are in
+:mod:`reliable.stores.sql_journal`:
 
-* journal: one statement on PostgreSQL (a data-modifying CTE inserts the log rows *and* upserts the
-  watermark of each *delivered* queue), two elsewhere; a batch of N deliveries is still one or two statements.
+* transaction: on psycopg ``BEGIN`` rides on the first statement and ``COMMIT`` on the last
+  (:meth:`SqlStore.transaction`); elsewhere as the driver does it (SQLite ``BEGIN IMMEDIATE``).
+* single-message opener (:meth:`SqlStore.journal_first`): the happy case — confirm the group's PENDING row and
+  settle the stub, or claim a fresh inbox row — plus the journal row, one statement on PostgreSQL (with
+  ``BEGIN``), two or three elsewhere.
 * inbox lock: one ``SELECT … FOR UPDATE`` of the group's rows (SQLite: plain ``SELECT``; the engine opened the
   transaction with ``BEGIN IMMEDIATE``, which already holds the database write lock).
 * inbox claim: one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (MariaDB: ``INSERT IGNORE … RETURNING``). A
   concurrent uncommitted insert of the same ``(group, id)`` makes it wait; when that one commits we get no row
-  back — the primary key is the lock (inbox pattern). A single message on PostgreSQL also writes its journal
-  outcome in the same statement (:meth:`SqlStore.claim_first`), like the confirm below.
+  back — the primary key is the lock (inbox pattern).
 * confirm: one conditional ``UPDATE`` of the group's rows, plus the stub settle (``CONFIRMED`` once no other
   group owes the message) and the journal outcomes — one statement on PostgreSQL, three elsewhere; the caller
   checks the row count. Only when fewer stubs settled than rows confirmed (another group still open, or
@@ -38,8 +41,8 @@ from sqlalchemy import Connection, Engine
 
 from reliable.stores import InboxRow, InboxState, JournalEntry, OutcomeUpdate
 from reliable.stores import sql_text as T
+from reliable.stores.sql_journal import JournalSql
 from reliable.stores.sql_runner import DbapiRunner
-from reliable.stores.sql_text import OUTCOME_SQL, aggregate_progress, my_progress, sqlite_progress
 from reliable.types import LogOutcome, StubStatus
 
 
@@ -61,8 +64,9 @@ class SqlStore:
     def __init__(self, engine: Engine, *, durable_journal: bool = False) -> None:
         self.engine = engine
         #: PostgreSQL only: whether the journal statement waits for its WAL flush (see :meth:`journal`).
-        self.durable_journal = durable_journal
         self.db = DbapiRunner(engine)
+        #: the journal's statements (log rows, watermarks, outcomes): built in one place
+        self.log = JournalSql(self.db, durable_journal=durable_journal)
         self.dialect = engine.dialect.name
         self._pg = self.dialect == "postgresql"
         self._my = self.dialect in ("mysql", "mariadb")
@@ -96,78 +100,6 @@ class SqlStore:
             if not conn.invalidated:
                 self.db.autocommit(conn, False)
 
-    # --- step 1: journal (inside the work transaction) ----------------------------------------------------
-    def journal(self, conn: Connection, entries: Sequence[JournalEntry]) -> list[int]:
-        """Insert one ``message_log`` row per entry and raise the ``consume_progress`` watermarks.
-
-        Returns the new log ids in the order of ``entries``. Runs inside the caller's transaction (the guard
-        splits it into :meth:`log_rows` first and :meth:`progress` last, see there).
-        """
-        ids = self.log_rows(conn, entries)
-        self.progress(conn, entries)
-        return ids
-
-    def log_rows(
-        self, conn: Connection, entries: Sequence[JournalEntry], *, begin: bool = False
-    ) -> list[int]:
-        """Insert the ``message_log`` rows (one statement); ``begin``: this statement opens the transaction.
-
-        Ids come from one sequence/auto-increment in VALUES order, so sorting restores entry order even where
-        RETURNING does not promise it.
-        """
-        if not entries:
-            return []
-        params: list[Any] = []
-        for e in entries:
-            params += self._log_row(e)
-        sql = self.db.cached("journal_log", len(entries), T.log_insert)
-        return sorted(int(r[0]) for r in self.db.all(conn, sql, tuple(params), begin=begin))
-
-    def progress(self, conn: Connection, entries: Sequence[JournalEntry], *, commit: bool = False) -> None:
-        """Raise the watermark of each delivered queue: one upsert, the last statement of the transaction.
-
-        Last, because the watermark row is shared by every delivery of the queue: taken at the end, its row
-        lock is held only while the transaction commits, not while a handler runs. Rows go in key order, so
-        two batches that span the same queues lock them in the same order. ``commit``: ``COMMIT`` rides on
-        this statement (PostgreSQL, see :meth:`transaction`).
-        """
-        if not entries:
-            return
-        rows = self._progress_rows(entries)
-        build = T.pg_progress if self._pg else my_progress if self._my else sqlite_progress
-        params: list[Any] = [v for row in rows for v in row]
-        self.db.run(conn, self.db.cached("progress", len(rows), build), tuple(params), commit=commit)
-
-    def journal_alone(
-        self, conn: Connection, entries: Sequence[JournalEntry], *, opened: bool = False
-    ) -> list[int]:
-        """Journal rows + watermarks as the rest of a transaction (``opened``) or as the whole of it.
-
-        The whole of it, on PostgreSQL: one statement (a data-modifying CTE of the same two statements) that
-        commits by itself — no ``BEGIN``, no ``COMMIT`` round trip. Elsewhere the caller commits.
-        """
-        if not entries:
-            return []
-        if opened or not self.db.piggybacks:
-            ids = self.log_rows(conn, entries)
-            self.progress(conn, entries, commit=opened)
-            return ids
-        params: list[Any] = []
-        for e in entries:
-            params += self._log_row(e)
-        rows = self._progress_rows(entries)
-        params += [v for row in rows for v in row]
-        sql = self.db.cached("journal_alone", len(entries), lambda k: T.pg_journal(k, len(rows)), len(rows))
-        return sorted(int(r[0]) for r in self.db.all(conn, sql, tuple(params)))
-
-    def _progress_rows(self, entries: Sequence[JournalEntry]) -> list[tuple[Any, ...]]:
-        """One watermark row per queue, in ``PROGRESS_COLS`` order, sorted by key."""
-        now = self._ts(entries[0].received_at)
-        return [
-            (group, topic, queue_id, hi, lo, now, now, count)
-            for (group, topic, queue_id), (hi, lo, count) in sorted(aggregate_progress(entries).items())
-        ]
-
     def journal_first(
         self, conn: Connection, entry: JournalEntry, first: FirstStep
     ) -> tuple[int, bool, bool]:
@@ -186,7 +118,7 @@ class SqlStore:
         else:
             h = first.row.payload_hash
             head = (ts, ts, first.group, first.row.message_id, h, h)
-        log = list(self._log_row(entry))
+        log = list(self.log.row(entry))
         if self._pg:
             settle = not first.claim
             sql = self.db.cached("first_pg", int(first.claim), lambda k: T.pg_first(bool(k)))
@@ -210,39 +142,6 @@ class SqlStore:
             log[T.LOG_OUTCOME], log[T.LOG_REASON] = first.outcome.value, first.reason
         log_id = int(self.db.all(conn, self.db.cached("journal_log", 1, T.log_insert), tuple(log))[0][0])
         return log_id, changed, settled
-
-    def _log_row(self, e: JournalEntry) -> tuple[Any, ...]:
-        """One ``message_log`` row's values, in ``LOG_COLS`` order (every journal path builds rows here)."""
-        return (
-            e.message_id,
-            e.consumer_group,
-            e.topic,
-            e.queue_id,
-            e.queue_offset,
-            e.reconsume_times,
-            self._ts(e.received_at),
-            None if e.outcome is None else e.outcome.value,
-            e.worker,
-            e.reason,
-            e.original_topic,
-        )
-
-    def journal_bulk(self, conn: Connection, entries: Sequence[JournalEntry]) -> None:
-        """The rows of the write-behind journal's large flushes (duplicates answered by Redis) + watermarks.
-
-        One single-row ``INSERT`` run with ``executemany`` (psycopg pipelines it into one round trip and
-        prepares it once, where a fresh 200-row ``VALUES`` list would be parsed and planned every time) plus
-        one watermark upsert per queue. On PostgreSQL the flush does not wait for its WAL flush unless
-        ``durable_journal``: losing these rows in a server crash loses only evidence of duplicates.
-        """
-        if not entries:
-            return
-        rows = [self._log_row(e) for e in entries]
-        if self._pg and not self.durable_journal:
-            self.db.run(conn, "SELECT set_config('synchronous_commit', 'off', true)", ())
-        self.db.run(conn, self.db.cached("journal_bulk", 1, T.log_insert_bare), rows, many=True)
-        build = T.pg_progress if self._pg else my_progress if self._my else sqlite_progress
-        self.db.run(conn, self.db.cached("progress_bulk", 1, build), self._progress_rows(entries), many=True)
 
     # --- step 2 helper: what does the database say about a message held by another worker? -------------
     def peek_inbox(self, conn: Connection, group: str, message_ids: Iterable[str]) -> dict[str, InboxState]:
@@ -355,7 +254,7 @@ class SqlStore:
         ):
             return False, False
         settled = self._settle(conn, group, [message_id], ts)
-        self.set_outcomes(conn, [record])
+        self.log.set_outcomes(conn, [record])
         return True, settled == 1
 
     def _settle(self, conn: Connection, group: str, message_ids: Sequence[str], ts: Any) -> int:
@@ -376,7 +275,7 @@ class SqlStore:
         """
         if not self._pg or not updates:
             counts = self.confirm(conn, group, message_ids, now)
-            self.set_outcomes(conn, updates)
+            self.log.set_outcomes(conn, updates)
             return counts
         n, m = len(message_ids), len(updates)
         sql = self.db.cached("confirm_record_pg", n, lambda k: T.pg_confirm_record(k, m), m)
@@ -430,18 +329,6 @@ class SqlStore:
         self.db.run(conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(True)), params)
         state = self._select_inbox(conn, group, [row.message_id], lock=False)[row.message_id]
         return state.attempts
-
-    # --- outcomes ---------------------------------------------------------------------------------------
-    def set_outcomes(self, conn: Connection, updates: Sequence[OutcomeUpdate]) -> None:
-        """Fill ``message_log.outcome``/``reason`` (one statement; executemany pipelines on psycopg)."""
-        if not updates:
-            return
-        sql = self.db.cached("outcome", 1, lambda _: OUTCOME_SQL)
-        params = [(u.outcome.value, u.reason, u.log_id) for u in updates]
-        if len(params) == 1:
-            self.db.run(conn, sql, params[0])
-        else:
-            self.db.run(conn, sql, params, many=True)
 
 
 def reason_text(kind: str, detail: str | None, limit: int = 1000) -> str:
