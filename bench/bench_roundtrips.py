@@ -223,3 +223,9 @@ def main(argv: list[str]) -> int:
                 counts.detach()
                 rel.close()
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
