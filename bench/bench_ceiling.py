@@ -78,3 +78,9 @@ def main(argv: list[str]) -> int:
     runs = ", ".join(f"{r:.2f}" for r in ratios)
     print(f"b5 median of {len(ratios)}: {statistics.median(ratios):.2f}  (runs {runs})")
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -3,105 +3,145 @@
 Why count instead of time: a round trip is what the guard cannot make cheaper on a busy or remote database,
 and a count does not depend on the machine's load, so before/after comparisons hold on a shared machine.
 
-What is counted, on the calling thread and any background thread alike, averaged per delivery:
-* ``db``: statements sent to the database (the guard's hand-rendered SQL on the DBAPI cursor, the handler's
-  and SQLAlchemy's statements), plus one per transaction on PostgreSQL for psycopg's separate ``BEGIN``;
-  psycopg ``executemany`` is one round trip (pipelined), PyMySQL's one per row except multi-row INSERTs.
-* ``commits``: ``COMMIT`` sent (explicit, or a statement run in autocommit mode).
-* ``redis``: Redis round trips (one command, or one pipeline / transaction).
+What is counted, per delivery, on the calling thread (what a delivery waits for; background writers — the
+write-behind journal, the done-marker timer — are counted apart as ``bg``):
+* ``db``: database round trips: every statement the guard sends (a statement carrying ``BEGIN`` or
+  ``COMMIT`` with it is one), the handler's and SQLAlchemy's statements, psycopg's own ``BEGIN`` when it sends
+  one, a ``COMMIT``/``ROLLBACK`` that reaches the server. The pool's pre-ping (one per checkout, the same for
+  any code on the engine) is counted apart.
+* ``commits``: commits that reach the server (a ``COMMIT``, or a statement that commits by itself).
+* ``redis``: Redis round trips (one command, or one pipeline).
 
-Run: ``python -m bench roundtrips [--backends postgres,mariadb] [--n 20]``.
+:class:`Counter` is also what ``tests/core/test_round_trips.py`` asserts on, so the figures cannot regress
+silently. Run: ``python -m bench roundtrips [--backends postgres,mariadb,sqlite] [--n 20]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis as redis_lib
 from prometheus_client import CollectorRegistry
-from sqlalchemy import bindparam, event, text
+from sqlalchemy import Connection, bindparam, event, text
 from sqlalchemy.orm import Session
 
 from bench.bench_core import add_stubs, database, envelopes, fresh, make_rel
 from reliable import Envelope, Reliability, idempotent_consumer
-from reliable.stores.sql_runner import DbapiRunner
+from reliable.stores import sql_runner
 
 
-class Counts:
-    def __init__(self) -> None:
-        self.db = self.commits = self.redis = 0
+def _pg_busy(dbapi_conn: Any) -> bool:
+    """Whether a psycopg connection's server session is inside a transaction block (COMMIT would be sent)."""
+    import psycopg
+
+    driver = getattr(dbapi_conn, "driver_connection", dbapi_conn)
+    driver = getattr(driver, "_connection", driver)  # SQLAlchemy's asyncio adapter
+    status = driver.pgconn.transaction_status
+    return bool(status != psycopg.pq.TransactionStatus.IDLE)
+
+
+def _autocommit(dbapi_conn: Any) -> bool:
+    return bool(getattr(dbapi_conn, "autocommit", False))
+
+
+class Counter:
+    """Counts the round trips of one ``Reliability`` on the thread that calls :meth:`attach` (see above)."""
+
+    def __init__(self, rel: Reliability) -> None:
+        self.rel = rel
+        self.pg = rel.dialect == "postgresql"
+        self.thread = threading.get_ident()
+        self.db = self.commits = self.redis = self.bg = self.pings = 0
+        self._listeners: list[tuple[str, Callable[..., None]]] = []
 
     def snapshot(self) -> tuple[int, int, int]:
         return self.db, self.commits, self.redis
 
+    def _mine(self) -> bool:
+        if threading.get_ident() == self.thread:
+            return True
+        self.bg += 1
+        return False
 
-COUNTS = Counts()
+    # --- hooks ----------------------------------------------------------------------------------------
+    def attach(self) -> Counter:
+        sql_runner.STATEMENT_HOOKS.append(self._statement)
+        engine = self.rel.engine
+        for name, fn in (
+            ("before_cursor_execute", self._sqlalchemy_statement),
+            ("begin", self._begin),
+            ("commit", self._commit),
+            ("rollback", self._rollback),
+        ):
+            event.listen(engine, name, fn)
+            self._listeners.append((name, fn))
+        if engine.pool._pre_ping:  # type: ignore[attr-defined]
+            event.listen(engine.pool, "checkout", self._checkout)
+        if self.rel.redis is not None:
+            self.rel.redis.connection_pool.connection_class = _counting_connection(self)  # type: ignore[union-attr]
+            self.rel.redis.connection_pool.reset()  # type: ignore[union-attr]
+        return self
 
+    def detach(self) -> None:
+        sql_runner.STATEMENT_HOOKS.remove(self._statement)
+        for name, fn in self._listeners:
+            event.remove(self.rel.engine, name, fn)
+        if event.contains(self.rel.engine.pool, "checkout", self._checkout):
+            event.remove(self.rel.engine.pool, "checkout", self._checkout)
 
-def _autocommit(dbapi_conn: Any) -> bool:
-    get = getattr(dbapi_conn, "get_autocommit", None)  # PyMySQL
-    return bool(get() if get is not None else getattr(dbapi_conn, "autocommit", False))
-
-
-def _many_cost(pg: bool, sql: str, params: Any) -> int:
-    if pg or sql.lstrip().upper().startswith("INSERT"):
-        return 1
-    return len(params)
-
-
-def install(rel: Reliability) -> None:
-    """Count the database and Redis traffic of ``rel`` (idempotent per process for the class patches)."""
-    pg = rel.dialect == "postgresql"
-    if not getattr(DbapiRunner, "_counted", False):
-        original = DbapiRunner._cursor_call
-
-        def counted(self: DbapiRunner, conn: Any, sql: str, params: Any, many: bool, fetch: bool) -> Any:
+    def _statement(self, conn: Connection, sql: str) -> None:
+        if not self._mine():
+            return
+        self.db += 1
+        if sql.rstrip().endswith("COMMIT"):
+            self.commits += 1
+        elif self.pg and not sql.rstrip().endswith("BEGIN") and not sql.lstrip().upper().startswith("SELECT"):
             dbapi = conn.connection.dbapi_connection
-            COUNTS.db += _many_cost(self.engine.dialect.name == "postgresql", sql, params) if many else 1
-            if _autocommit(dbapi):
-                COUNTS.commits += 1
-            return original(self, conn, sql, params, many, fetch)
+            if _autocommit(dbapi) and not _pg_busy(dbapi):
+                self.commits += 1  # a statement in autocommit mode outside a block commits by itself
 
-        DbapiRunner._cursor_call = counted  # type: ignore[method-assign]
-        DbapiRunner._counted = True  # type: ignore[attr-defined]
-        pipe_exec = redis_lib.client.Pipeline.execute
+    def _sqlalchemy_statement(self, conn: Any, cursor: Any, statement: str, *a: Any) -> None:
+        if self._mine():
+            self.db += 1
 
-        def pipe(self: Any, *a: Any, **k: Any) -> Any:
-            if self.command_stack:
-                COUNTS.redis += 1
-            return pipe_exec(self, *a, **k)
+    def _begin(self, conn: Connection) -> None:
+        if self._mine() and self.pg and not _autocommit(conn.connection.dbapi_connection):
+            self.db += 1  # psycopg sends BEGIN before the first statement
 
-        redis_lib.client.Pipeline.execute = pipe  # type: ignore[method-assign]
-        command = redis_lib.Redis.execute_command
+    def _commit(self, conn: Connection) -> None:
+        if not self._mine():
+            return
+        if not self.pg or _pg_busy(conn.connection.dbapi_connection):
+            self.db += 1
+            self.commits += 1
 
-        def cmd(self: Any, *a: Any, **k: Any) -> Any:
-            COUNTS.redis += 1
-            return command(self, *a, **k)
+    def _rollback(self, conn: Connection) -> None:
+        if self._mine() and (not self.pg or _pg_busy(conn.connection.dbapi_connection)):
+            self.db += 1
 
-        redis_lib.Redis.execute_command = cmd  # type: ignore[method-assign]
-
-    @event.listens_for(rel.engine, "before_cursor_execute")
-    def _stmt(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        COUNTS.db += _many_cost(pg, statement, params) if many else 1
-
-    @event.listens_for(rel.engine, "begin")
-    def _begin(conn: Any) -> None:
-        if pg:
-            COUNTS.db += 1
-
-    @event.listens_for(rel.engine, "commit")
-    def _commit(conn: Any) -> None:
-        COUNTS.db += 1
-        COUNTS.commits += 1
+    def _checkout(self, *a: Any) -> None:
+        if self._mine():
+            self.pings += 1  # pool pre-ping: one round trip per checkout, kept apart from ``db``
 
 
-def per_delivery(run: Callable[[], None], deliveries: int) -> tuple[float, float, float]:
-    before = COUNTS.snapshot()
+def _counting_connection(counter: Counter) -> type[redis_lib.Connection]:
+    class CountingConnection(redis_lib.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            if counter._mine():  # one packed send: one command or a whole pipeline
+                counter.redis += 1
+            super().send_packed_command(command, check_health)
+
+    return CountingConnection
+
+
+def per_delivery(counts: Counter, run: Callable[[], None], deliveries: int) -> tuple[float, float, float]:
+    before = counts.snapshot()
     run()
-    after = COUNTS.snapshot()
+    after = counts.snapshot()
     return tuple((a - b) / deliveries for a, b in zip(after, before, strict=True))  # type: ignore[return-value]
 
 
@@ -111,9 +151,16 @@ def handler(env: Envelope, session: Session) -> None:
     )
 
 
-def measure(rel: Reliability, prefix: str, n: int) -> dict[str, tuple[float, float, float]]:
+def failing(env: Envelope, session: Session) -> None:
+    handler(env, session)
+    raise RuntimeError("handler failed (round-trip count)")
+
+
+def measure(rel: Reliability, counts: Counter, prefix: str, n: int) -> dict[str, tuple[float, float, float]]:
+    """Per path: (db round trips, commits, Redis round trips) per delivery, on the calling thread."""
     guard = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(handler)
     other = idempotent_consumer(rel, group="h", registry=CollectorRegistry())(handler)
+    broken = idempotent_consumer(rel, group="f", registry=CollectorRegistry())(failing)
     out: dict[str, tuple[float, float, float]] = {}
 
     def each(envs: Sequence[Envelope], h: Any = guard) -> Callable[[], None]:
@@ -123,21 +170,25 @@ def measure(rel: Reliability, prefix: str, n: int) -> dict[str, tuple[float, flo
     each(warm)()
     stubbed = fresh("stub", n)
     add_stubs(rel, stubbed, "g")
-    out["new message, producer stub"] = per_delivery(each(envelopes(stubbed)), n)
+    out["new message, producer stub"] = per_delivery(counts, each(envelopes(stubbed)), n)
     bare = envelopes(fresh("inbox", n))
-    out["new message, no stub (inbox)"] = per_delivery(each(bare), n)
-    out["duplicate answered by Redis"] = per_delivery(each(bare), n)
+    out["new message, no stub (inbox)"] = per_delivery(counts, each(bare), n)
+    out["duplicate answered by Redis"] = per_delivery(counts, each(bare), n)
     assert rel.redis is not None
     for key in rel.redis.scan_iter(f"{prefix}*"):
         rel.redis.delete(key)
-    out["duplicate answered by the database"] = per_delivery(each(bare), n)
+    out["duplicate answered by the database"] = per_delivery(counts, each(bare), n)
     fan = fresh("fan", n)
     add_stubs(rel, fan, "g")
     add_stubs_group(rel, fan, "h")
     each(envelopes(fan))()
-    out["fan-out: last of 2 groups confirms"] = per_delivery(each(envelopes(fan), other), n)
+    out["fan-out: last of 2 groups confirms"] = per_delivery(counts, each(envelopes(fan), other), n)
+    out["handler fails (first attempt)"] = per_delivery(counts, each(envelopes(stubbed), broken), n)
     batch = envelopes(fresh("batch", 32))
-    out["batch of 32 new, per batch"] = per_delivery(lambda: guard.batch(batch) and None, 1)
+    out["batch of 32 new, per batch"] = per_delivery(counts, lambda: guard.batch(batch) and None, 1)
+    guard.close()
+    other.close()
+    broken.close()
     return out
 
 
@@ -163,11 +214,18 @@ def main(argv: list[str]) -> int:
         with database(kind) as url:
             prefix = f"rt{uuid.uuid4().hex[:8]}"
             rel = make_rel(url, prefix)
-            install(rel)
+            counts = Counter(rel).attach()
             try:
-                print(f"-- {kind} (db round trips / commits / redis round trips per delivery)")
-                for path, (db, commits, red) in measure(rel, prefix, args.n).items():
+                print(f"-- {kind} (per delivery: db round trips / commits / redis round trips; + pre-ping)")
+                for path, (db, commits, red) in measure(rel, counts, prefix, args.n).items():
                     print(f"{path:40s} {db:6.2f} {commits:6.2f} {red:6.2f}")
             finally:
+                counts.detach()
                 rel.close()
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -28,6 +28,9 @@ DEFAULT_SENTINEL_SERVICE: Final = "mymaster"
 # --- consumer guard defaults ----------------------------------------------------------------------------
 DEFAULT_LEASE_MS: Final = 60_000  # how long a worker may hold a message before another may take it
 DEFAULT_DONE_TTL_S: Final = 7 * 24 * 3600  # how long the Redis ``done`` marker short-circuits duplicates
+#: a ``done`` marker is not waited for: it rides on the next acquire's pipeline, or a timer writes it at the
+#: latest this long after the commit (until then a duplicate is answered by the database)
+DONE_MARKER_FLUSH_MS: Final = 50
 DEFAULT_MAX_ATTEMPTS: Final = 16  # RocketMQ's default maxReconsumeTimes
 DEFAULT_REDIS_SOCKET_TIMEOUT_S: Final = 0.5  # a slow Redis must not stall consumption: fall back to the DB
 

@@ -66,8 +66,12 @@ class GuardedHandler:
         """Write buffered duplicate rows now (only with ``journal_write_behind``); returns the row count."""
         return self.guard.flush_journal()
 
+    def flush_markers(self) -> None:
+        """Send the queued Redis ``done`` markers now (after each commit they are queued, not waited for)."""
+        self.guard.lease.flush()
+
     def close(self) -> None:
-        """Flush and stop the write-behind journal (a no-op without it; also happens at interpreter exit)."""
+        """Flush and stop the write-behind journal and the done-marker timer (also happens at exit)."""
         self.guard.close()
 
 
@@ -94,8 +98,9 @@ def idempotent_consumer(
     ``registry``: the Prometheus registry for the guard's counters (default: the process registry).
     ``hooks``: :class:`reliable.guard.GuardHooks` instances called around each step.
     ``redis_retry_after_s``: after a Redis failure, how long to stay on the database alone.
-    ``durable_journal``: PostgreSQL only — make the journal commit wait for its WAL flush (off by default: the
-    journal is observability, not part of the exactly-once guarantee; see :meth:`SqlStore.journal`).
+    ``durable_journal``: PostgreSQL only — make the write-behind flush of ``done`` duplicates wait for its WAL
+    flush (every other journal row commits with the work transaction and is durable; see
+    :meth:`reliable.stores.sql_journal.JournalSql.journal_bulk`).
     """
 
     options: dict[str, Any] = {

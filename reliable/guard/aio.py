@@ -184,5 +184,10 @@ class AsyncGuardedHandler:
     async def decide_batch(self, envs: Sequence[Envelope]) -> list[Decision]:
         return await self.guard.process(envs)
 
+    async def flush_markers(self) -> None:
+        """Send this loop's queued Redis ``done`` markers now (they are queued after each commit)."""
+        guard = self.guard._guards.get()
+        await greenlet_spawn(guard.lease.flush)
+
     def close(self) -> None:
         """Nothing to flush (no write-behind journal here); for symmetry with the sync handler."""

@@ -13,24 +13,28 @@ fixes what the broker is told and what the journal says (:data:`reliable.guard.d
        ├─ acquired (we own processing:{owner})
        └─ unavailable / disabled / done with another payload tag (database decides alone)
        │
-    journal: message_log row (delivered position) + that queue's watermark ── DB down ─▶ DATABASE_UNAVAILABLE
-       │
-    work transaction (WorkTransaction): lock the group's inbox row, or insert it CONFIRMED if there is none
+    work transaction (WorkTransaction), one commit: the journal row (delivered position) first, then lock
+    the group's inbox row, or insert it CONFIRMED if there is none ─── DB down ─▶ DATABASE_UNAVAILABLE
        ├─ CONFIRMED ──────────────────────────────────────────────────────▶ DUPLICATE_CONFIRMED
        ├─ VOIDED ─────────────────────────────────────────────────────────▶ VOIDED
        ├─ payload hash differs ───────────────────────────────────────────▶ PAYLOAD_MISMATCH
        └─ PENDING / DEAD / fresh inbox row: handler(env, session); conditional confirm (rowcount must match)
-             ├─ commit ───────────────────────────────────── done marker ─▶ PROCESSED
-             ├─ handler raised ── rollback, attempts + 1 on the inbox row ▶ HANDLER_FAILED / MAX_ATTEMPTS
+             ├─ watermark + commit ─────────────────── done marker (unwaited) ▶ PROCESSED
+             ├─ handler raised ── rollback ─┐
              └─ our SQL failed / confirm matched fewer rows ─▶ DATABASE_UNAVAILABLE / CONFIRM_CONFLICT
-    twins (same id twice in one batch) share the first's fate; a different body ─▶ PAYLOAD_MISMATCH
+    settle (one transaction) ◀──────────────┘ journal row again + attempts + 1 ▶ HANDLER_FAILED / MAX_ATTEMPTS
+       also journals what was decided without running: held, bad input, twins (same id twice in one batch
+       share the first's fate; a different body ─▶ PAYLOAD_MISMATCH), rolled-back runs
 
 ``attempts`` counts this group's handler failures only (lease conflicts and database outages never touch it);
 :func:`reliable.outbox.revive` and a targeted resend reset it.
 
-Deviation from DESIGN.md's numbering: the Redis fast path runs *before* the journal insert, so that a
-duplicate answered by Redis is journaled with its outcome in the same statement. The journal is still
-committed before any handler runs, and a lease taken before a failed journal is released. With
+Deviation from DESIGN.md's numbering (issue 18): the journal row is not committed on its own before the
+handler; it is the first statement of the work transaction, and the watermark its last, so a new message costs
+one commit. Nothing is lost by that: a delivery whose handler fails is journaled again by the settle step
+together with its attempt count; a worker that dies mid-handler leaves nothing, exactly like a worker that
+died before journaling, and the broker redelivers (docs/decorator.md, "One commit per new message"). The
+Redis fast path runs first, so a duplicate answered by Redis never opens a transaction. With
 ``journal_write_behind`` (default on here) the rows of deliveries answered by the done marker wait in
 :class:`reliable.stores.behind.JournalBuffer` (what a crash can lose is documented there).
 
@@ -118,7 +122,8 @@ class Guard:
         return self.process([env])[0]
 
     def process(self, envs: Sequence[Any]) -> list[Decision]:
-        """Run every step for ``envs`` (one journal transaction, one work transaction) and decide each."""
+        """Run every step for ``envs`` and decide each: one work transaction (it journals what it runs), and a
+        settle transaction only for what it did not commit (failures, deliveries decided without running)."""
         if not envs:
             return []
         worker = f"{self._host}:{os.getpid()}:{threading.get_ident()}"
@@ -134,9 +139,11 @@ class Guard:
         self._fast_path(items)
         now_due = self._defer_done_duplicates(items)
         if now_due:
+            for h in self.hooks:
+                h.before_journal([it.env for it in now_due])
             try:
                 with self.engine.connect() as conn:
-                    if self._journal(conn, now_due):
+                    if self._peek_held(conn, now_due):
                         self.work.run(conn, now_due)
                         self._settle(conn, now_due)
             except SQLAlchemyError as exc:  # connect/checkout itself failed: the database is down
@@ -149,9 +156,10 @@ class Guard:
         return 0 if self.behind is None else self.behind.flush()
 
     def close(self) -> None:
-        """Flush and stop the write-behind journal, if any (also runs at interpreter exit)."""
+        """Flush and stop the write-behind journal, if any, and the unwaited done markers (also at exit)."""
         if self.behind is not None:
             self.behind.close()
+        self.lease.close()
 
     # --- step 2: Redis fast path --------------------------------------------------------------------
     def _fast_path(self, items: list[Item]) -> None:
@@ -170,69 +178,68 @@ class Guard:
             self.behind.add([plan.journal_entry(it, self.group, now) for it in deferred])
         return rest
 
-    # --- step 1: journal (+ the lease-conflict peek) -------------------------------------------------
-    def _journal(self, conn: Connection, items: list[Item]) -> bool:
-        for h in self.hooks:
-            h.before_journal([it.env for it in items])
-        now = utcnow()
+    # --- step 2b: what does the database say about a message another worker holds? ----------------------
+    def _peek_held(self, conn: Connection, items: list[Item]) -> bool:
+        """Read the inbox rows of held deliveries (no lock, autocommitted); False: the database is down."""
+        held = [it for it in items if it.held]
+        if not held:
+            return True
         try:
-            if self.sql.journal_autocommits:
-                # one statement, committed by itself: saves the BEGIN and COMMIT round trips
-                self.sql.autocommit(conn, True)
-                try:
-                    ids = self._journal_statements(conn, items, now)
-                finally:
-                    if not conn.invalidated:
-                        self.sql.autocommit(conn, False)
-            else:
-                with conn.begin():
-                    ids = self._journal_statements(conn, items, now)
+            with self.sql.transaction(conn):
+                states = self.sql.peek_inbox(conn, self.group, [it.mid for it in held])
         except SQLAlchemyError as exc:
             self._database_down(items, "journal", exc)
             return False
-        for it, log_id in zip(items, ids, strict=True):
-            it.log_id = log_id
-            it.written = it.decision is not None
-        for h in self.hooks:
-            h.after_journal([it.env for it in items], ids)
+        for it in held:
+            plan.decide_held(it, states.get(it.mid))
         return True
 
-    def _journal_statements(self, conn: Connection, items: list[Item], now: Any) -> list[int]:
-        held = [it for it in items if it.held]
-        if held:
-            states = self.sql.peek_inbox(conn, self.group, [it.mid for it in held])
-            for it in held:
-                plan.decide_held(it, states.get(it.mid))
-        plan.resolve_twins(items)  # twins of an already decided delivery share its fate
-        return self.sql.journal(conn, [plan.journal_entry(it, self.group, now) for it in items])
-
-    # --- step 5: failures, twins and late outcomes --------------------------------------------------
+    # --- step 5: journal what the work transaction did not commit ----------------------------------------
     def _settle(self, conn: Connection, items: list[Item]) -> None:
-        """Count handler failures, decide them (retry or dead letter) and the twins; journal late outcomes."""
-        late = [it for it in items if not it.written and it.log_id is not None]
+        """Journal, with its final outcome, every delivery the work transaction did not commit — decided
+        before it (held, bad input, done duplicates without write-behind), twins, failed handlers, rolled-back
+        runs — and count each handler failure (retry or dead letter): one transaction, one commit.
+
+        This is where a failed handler's journal row survives: the work transaction that carried it rolled
+        back, so it is written again here, beside ``attempts + 1``. If this transaction fails too, every such
+        delivery is answered with a retry (always safe: nothing of it was committed).
+        """
+        late = [it for it in items if not it.written]
         if not late:
             return
+        now = utcnow()
+        failed = [it for it in late if it.error is not None and it.decision is None]
         try:
-            with conn.begin():
-                now = utcnow()
-                for it in late:
-                    if it.error is not None and it.decision is None:
-                        attempts = self.sql.record_failure(
-                            conn, self.group, it.inbox_row, now, repr(it.error)
-                        )
-                        reason = failure_reason(attempts, self.settings.max_attempts)
-                        detail = f"attempt {attempts}/{self.settings.max_attempts}: {it.error!r}"
-                        plan.decide(it, reason, detail, error=it.error, attempts=attempts)
+            with self.sql.transaction(conn):
+                for i, it in enumerate(failed):
+                    error = repr(it.error)
+                    attempts = self.sql.record_failure(
+                        conn, self.group, it.inbox_row, now, error, begin=i == 0
+                    )
+                    reason = failure_reason(attempts, self.settings.max_attempts)
+                    detail = f"attempt {attempts}/{self.settings.max_attempts}: {it.error!r}"
+                    plan.decide(it, reason, detail, error=it.error, attempts=attempts)
                 plan.resolve_twins(items)
-                self.sql.set_outcomes(
-                    conn, [plan.outcome_update(it) for it in late if it.decision is not None]
-                )
+                for it in late:
+                    if it.decision is None:  # a bug: answer it with a safe retry, journaled as such
+                        plan.decide(it, Reason.DATABASE_UNAVAILABLE, TEXTS["undecided"])
+                known = [it for it in late if it.log_id is not None]  # failed in savepoint mode: row exists
+                fresh = [it for it in late if it.log_id is None]
+                self.sql.log.set_outcomes(conn, [plan.outcome_update(it) for it in known])
+                entries = [plan.journal_entry(it, self.group, now) for it in fresh]
+                ids = self.sql.log.journal_alone(conn, entries, opened=bool(failed or known))
+                for it, log_id in zip(fresh, ids, strict=True):
+                    it.log_id = log_id
         except SQLAlchemyError as exc:
-            self.metrics.database_errors.labels(self.group, "outcome").inc()
-            log.warning("could not journal outcomes (group %s): %r", self.group, exc)
+            self._database_down(late, "journal", exc)
+            for it in late:
+                it.log_id = None
+            return
         for it in late:
-            if it.decision is None:  # journaling failed before we could decide: retry is always safe
-                plan.decide(it, Reason.DATABASE_UNAVAILABLE, TEXTS["no_outcome"])
+            it.written = True
+        if fresh:
+            for h in self.hooks:
+                h.after_journal([it.env for it in fresh], [it.log_id or 0 for it in fresh])
 
     # --- step 4: Redis after the commit -------------------------------------------------------------
     def _after_commit(self, items: list[Item]) -> None:

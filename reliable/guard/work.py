@@ -25,11 +25,11 @@ from sqlalchemy.orm import Session
 
 from reliable import constants as C
 from reliable.guard.decision import GuardHooks, Reason, Verdict, judge
-from reliable.guard.plan import Item, decide, decide_verdict, outcome_update, undo
+from reliable.guard.plan import Item, decide, decide_verdict, journal_entry, outcome_update, undo
 from reliable.metrics import GuardMetrics
 from reliable.models import utcnow
-from reliable.stores import InboxState, OutcomeUpdate
-from reliable.stores.sql import SqlStore
+from reliable.stores import InboxState, JournalEntry
+from reliable.stores.sql import FirstStep, SqlStore
 from reliable.types import Envelope, LogOutcome
 
 log = logging.getLogger(C.GUARD_LOGGER)
@@ -67,6 +67,10 @@ class WorkTransaction:
     def run(self, conn: Connection, items: Sequence[Item]) -> None:
         """Run the work transaction; a batch is optimistic (no savepoints) until a handler fails.
 
+        The transaction journals the deliveries it runs (``message_log`` rows first, the watermark last), so
+        a new message costs one commit. Whatever it does not commit — a failed handler, a rollback — the
+        guard journals afterwards (:meth:`reliable.guard.core.Guard._settle`).
+
         Savepoints cost two round trips per message, which is most of what batching saves, so the first
         attempt runs every handler in one plain transaction. If a handler raises, the whole transaction is
         rolled back, the failed delivery is set aside, and the rest run again with a savepoint each. Their
@@ -77,11 +81,13 @@ class WorkTransaction:
         savepoints = False
         while run:
             for it in run:
-                it.decision, it.claimed, it.verdict = None, False, None
+                it.decision, it.claimed, it.verdict, it.log_id = None, False, None, None
+            attempt, committed = run, False
             try:
-                with conn.begin():
+                with self.sql.transaction(conn):
                     self._transaction(conn, run, savepoints)
-                for it in run:
+                committed = True
+                for it in run:  # a handler that failed in savepoint mode has a row but no outcome yet
                     it.written = it.decision is not None
                 return
             except HandlerFailed:  # rolled back as a whole; the guard's settle step decides the failed one
@@ -95,17 +101,28 @@ class WorkTransaction:
                 log.warning("guard work transaction failed (group %s): %r", self.group, exc)
                 undo(run, Reason.DATABASE_UNAVAILABLE, repr(exc)[:300])
                 return
+            finally:
+                if not committed:  # rolled back: the settle step journals them again
+                    for it in attempt:
+                        it.log_id = None
 
     def _transaction(self, conn: Connection, run: list[Item], savepoints: bool) -> None:
         now = utcnow()
         if self._mariadb:
             # no gap locks on absent inbox rows: two inserts of one key wait, not deadlock
             self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        # only without savepoints: the happy case confirms before the handler and needs a handler failure to
-        # roll back the whole transaction; a savepoint would undo the handler's writes but keep the confirm
+        entries = [journal_entry(it, self.group, now) for it in run]
+        # the first statement opens the transaction (and, for one message, tries the happy case): only
+        # without savepoints, because the happy case confirms before the handler and needs a handler failure
+        # to roll back the whole transaction; a savepoint would undo the handler's writes but keep the confirm
         recorded, settled = False, True
         if len(run) == 1 and not savepoints:
-            recorded, settled = self._happy_case_first(conn, run[0], now)
+            recorded, settled = self._happy_case_first(conn, run[0], entries[0], now)
+        else:
+            for it, log_id in zip(run, self.sql.log.log_rows(conn, entries, begin=True), strict=True):
+                it.log_id = log_id
+        for h in self.hooks:
+            h.after_journal([it.env for it in run], [it.log_id or 0 for it in run])
         states: dict[str, InboxState] = {}
         if recorded:
             pass  # confirmed or claimed, outcome written: only the handler is left
@@ -135,34 +152,33 @@ class WorkTransaction:
         if recorded:
             if not settled:  # another group may be confirming the same message right now
                 self.sql.settle_exact(conn, self.group, [run[0].mid], now)
-            return
-        to_confirm = [it.mid for it in ok if it.verdict is Verdict.RUN]
-        updates = [outcome_update(it) for it in run if it.decision is not None]
-        changed, n_settled = self.sql.confirm_and_record(conn, self.group, to_confirm, now, updates)
-        if changed != len(to_confirm):
-            raise ConfirmConflict(f"confirm changed {changed} of {len(to_confirm)} inbox rows")
-        if n_settled < changed:  # as above, for the rows this batch confirmed
-            self.sql.settle_exact(conn, self.group, to_confirm, now)
+        else:
+            to_confirm = [it.mid for it in ok if it.verdict is Verdict.RUN]
+            updates = [outcome_update(it) for it in run if it.decision is not None]
+            changed, n_settled = self.sql.confirm_and_record(conn, self.group, to_confirm, now, updates)
+            if changed != len(to_confirm):
+                raise ConfirmConflict(f"confirm changed {changed} of {len(to_confirm)} inbox rows")
+            if n_settled < changed:  # as above, for the rows this batch confirmed
+                self.sql.settle_exact(conn, self.group, to_confirm, now)
+        self.sql.log.progress(conn, entries, commit=True)
 
-    def _happy_case_first(self, conn: Connection, it: Item, now: Any) -> tuple[bool, bool]:
-        """One message: confirm its inbox row (or claim one, PostgreSQL) and record the outcome at once.
+    def _happy_case_first(
+        self, conn: Connection, it: Item, entry: JournalEntry, now: Any
+    ) -> tuple[bool, bool]:
+        """One message: journal it and confirm its inbox row (or claim one) with the outcome, in one go.
 
         Returns (done, stub settled) and sets ``it.verdict`` to RUN / RUN_INBOX when it was done. A lost claim
         leaves RUN_INBOX with done False, telling the caller a row exists and must be locked and judged.
         """
-        if it.log_id is None:
-            return False, True
-        early = OutcomeUpdate(it.log_id, LogOutcome.SUCCESS, Reason.PROCESSED.value)
-        if not self._inbox_first:
-            confirmed, settled = self.sql.confirm_first(conn, it.mid, self.group, it.payload_hash, now, early)
-            if confirmed:
-                it.verdict = Verdict.RUN
-            return confirmed, settled
-        if not self.sql.claims_with_outcome:
-            return False, True
-        it.verdict = Verdict.RUN_INBOX
-        it.claimed = self.sql.claim_first(conn, self.group, it.inbox_row, now, early)
-        return it.claimed, True  # a claimed row has no producer stub to settle
+        claim = self._inbox_first
+        first = FirstStep(self.group, it.inbox_row, claim, now, LogOutcome.SUCCESS, Reason.PROCESSED.value)
+        it.log_id, changed, settled = self.sql.journal_first(conn, entry, first)
+        if claim:
+            it.verdict, it.claimed = Verdict.RUN_INBOX, changed
+            return changed, True  # a claimed row has no producer stub to settle
+        if changed:
+            it.verdict = Verdict.RUN
+        return changed, settled
 
     def _lock_then_claim(self, conn: Connection, run: list[Item], now: Any) -> dict[str, InboxState]:
         """Producer rows expected: lock them; insert inbox rows only for ids the group has none of."""

@@ -10,6 +10,7 @@ leases and done markers on one Redis. Redis stays an optimisation: any error mak
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -45,11 +46,15 @@ class AsyncRedisLeaseStore:
         retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
         on_fallback: FallbackHook | None = None,
         clock: Callable[[], float] = time.monotonic,
+        done_flush_ms: int = C.DONE_MARKER_FLUSH_MS,
     ) -> None:
         self.client = client
         self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
         self._cad = client.register_script(COMPARE_AND_DELETE)
         self._set_get = True
+        self._marks: list[tuple[str, str, int]] = []  # done markers not yet sent (this loop's tasks only)
+        self._flush_s = done_flush_ms / 1000.0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # --- primitives -------------------------------------------------------------------------------------
     async def acquire_many(
@@ -68,19 +73,23 @@ class AsyncRedisLeaseStore:
         return [classify(p) for p in previous]
 
     async def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
+        marks, self._marks = self._marks, []
         if self._set_get:
             try:
-                if len(keys) == 1:
+                if len(keys) == 1 and not marks:
                     return [await self.client.set(keys[0], values[0], nx=True, px=lease_ms, get=True)]
                 pipe = self.client.pipeline(transaction=False)
+                for key, value, ttl_s in marks:  # queued done markers ride along, ahead of our keys
+                    pipe.set(key, value, ex=ttl_s)
                 for k, v in zip(keys, values, strict=True):
                     pipe.set(k, v, nx=True, px=lease_ms, get=True)
-                return list(await pipe.execute())
+                return list(await pipe.execute())[len(marks) :]
             except redis_lib.ResponseError as exc:
                 if _NO_SET_GET not in str(exc).lower():
                     raise
                 log.info("redis server predates SET NX GET; using SET NX + GET")
                 self._set_get = False
+        await self._send_marks(marks)
         out: list[Any] = []
         for k, v in zip(keys, values, strict=True):
             if await self.client.set(k, v, nx=True, px=lease_ms):
@@ -90,13 +99,37 @@ class AsyncRedisLeaseStore:
                 out.append(current if current is not None else b"processing:?")
         return out
 
-    async def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
-        """Replace leases by ``done`` markers after the commit (losing them only costs a database check)."""
+    def queue_done(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
+        """Queue ``done`` markers (not waited for, as in the sync store): they ride in the next acquire's
+        pipeline, or a flush scheduled on the running loop sends them ``DONE_MARKER_FLUSH_MS`` later."""
         if not items or self.breaker.open():
+            return
+        if not self._marks:
+            loop = asyncio.get_running_loop()
+            loop.call_later(self._flush_s, self._spawn_flush, loop)
+        self._marks += [(key, value, ttl_s) for key, value in items]
+
+    def _spawn_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._marks and not loop.is_closed():
+            task = loop.create_task(self.flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def flush(self) -> None:
+        """Send the queued ``done`` markers now (one pipeline)."""
+        marks, self._marks = self._marks, []
+        await self._send_marks(marks)
+
+    async def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
+        """Write ``done`` markers now and wait for Redis (what :meth:`flush` does for queued ones)."""
+        await self._send_marks([(key, value, ttl_s) for key, value in items])
+
+    async def _send_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+        if not marks or self.breaker.open():
             return
         try:
             pipe = self.client.pipeline(transaction=False)
-            for key, value in items:
+            for key, value, ttl_s in marks:
                 pipe.set(key, value, ex=ttl_s)
             await pipe.execute()
         except REDIS_OR_SOCKET_ERRORS as exc:
@@ -129,7 +162,13 @@ class GreenletLeaseStore:
         return await_only(self.store.acquire_many(keys, values, lease_ms))
 
     def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
-        await_only(self.store.mark_done_many(items, ttl_s))
+        self.store.queue_done(items, ttl_s)  # not waited for (see there)
 
     def release(self, key: str, value: str) -> None:
         await_only(self.store.release(key, value))
+
+    def flush(self) -> None:
+        await_only(self.store.flush())
+
+    def close(self) -> None:
+        """Nothing to do from a thread: queued markers are sent by their event loop (or lost: a DB check)."""

@@ -120,7 +120,7 @@ class JournalBuffer:
     def _write(self, rows: list[JournalEntry]) -> bool:
         try:
             with self._engine.connect() as conn, conn.begin():
-                self._sql.journal_bulk(conn, rows)
+                self._sql.log.journal_bulk(conn, rows)
         except SQLAlchemyError as exc:
             log.warning("write-behind journal: could not write %d duplicate rows: %r", len(rows), exc)
             if self._on_error is not None:

@@ -9,8 +9,15 @@ Key ``{prefix}:{group}:{message_id}`` (see :mod:`reliable.constants`) holds
   the same id does not match and falls through to the database, which raises the payload mismatch.
 
 The acquire is one round trip: ``SET key value NX PX ms GET`` (Redis ≥ 7.0) sets the key if absent and returns
-the previous value otherwise. Release is a Lua compare-and-delete so a worker whose lease expired can never
-delete the lease a second worker has since taken.
+the previous value otherwise — nothing (taken by us), ``done…`` or ``processing:…`` (held) in one answer.
+Release is a Lua compare-and-delete so a worker whose lease expired can never delete the lease a second worker
+has since taken.
+
+The ``done`` marker is not waited for (issue 18): :meth:`RedisLeaseStore.mark_done_many` queues it, and it
+goes out in the same pipeline as the next acquire of this store (no round trip of its own), or from a timer
+thread at most ``DONE_MARKER_FLUSH_MS`` later when no acquire comes. Losing it (crash, Redis error) costs only
+a database check: until it lands the key still holds our ``processing:`` lease, so a duplicate is answered by
+the group's inbox row (``DUPLICATE_CONFIRMED``), or, once the lease expired, by the work transaction.
 
 Redis is an optimisation, never the source of truth: any connection error, timeout or error reply makes the
 answer :attr:`LeaseState.UNAVAILABLE`, the guard continues on the database alone, and the fallback is logged
@@ -21,6 +28,7 @@ costs one timeout per interval rather than one per message.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +51,10 @@ return 0
 """
 #: public name for the asyncio store (:mod:`reliable.stores.aio_lease`), which runs the very same script
 COMPARE_AND_DELETE = _COMPARE_AND_DELETE
+
+#: what sending queued markers may raise: Redis errors, and ValueError when the client was closed under the
+#: timer thread at shutdown (its socket buffer is gone)
+_MARK_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
 
 _DONE = C.LEASE_DONE_VALUE.encode()
 _DONE_PREFIX = _DONE + b":"
@@ -86,6 +98,12 @@ class NoLeaseStore:
     def release(self, key: str, value: str) -> None:
         return None
 
+    def flush(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
 
 class RedisLeaseStore:
     """Lease primitives over one Redis client (thread-safe: redis-py pools connections)."""
@@ -99,11 +117,17 @@ class RedisLeaseStore:
         retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
         on_fallback: FallbackHook | None = None,
         clock: Callable[[], float] = time.monotonic,
+        done_flush_ms: int = C.DONE_MARKER_FLUSH_MS,
     ) -> None:
         self.client = client
         self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
         self._cad = client.register_script(_COMPARE_AND_DELETE)
         self._set_get = True  # SET … NX GET needs Redis 7; flipped off once on an older server
+        self._marks: list[tuple[str, str, int]] = []  # done markers not yet sent: (key, value, ttl_s)
+        self._marks_lock = threading.Lock()
+        self._flush_s = done_flush_ms / 1000.0
+        self._timer: threading.Thread | None = None
+        self._closed = threading.Event()
 
     # --- primitives ---------------------------------------------------------------------------------
     def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
@@ -120,20 +144,24 @@ class RedisLeaseStore:
         return [classify(p) for p in previous]
 
     def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
+        marks = self._take_marks()
         if self._set_get:
             try:
-                if len(keys) == 1:
+                if len(keys) == 1 and not marks:
                     return [self.client.set(keys[0], values[0], nx=True, px=lease_ms, get=True)]
                 pipe = self.client.pipeline(transaction=False)
+                for key, value, ttl_s in marks:  # queued done markers ride along, ahead of our keys
+                    pipe.set(key, value, ex=ttl_s)
                 for k, v in zip(keys, values, strict=True):
                     pipe.set(k, v, nx=True, px=lease_ms, get=True)
-                return list(pipe.execute())
+                return list(pipe.execute())[len(marks) :]
             except redis_lib.ResponseError as exc:
                 if "syntax" not in str(exc).lower():
                     raise
                 log.info("redis server predates SET NX GET; using SET NX + GET")
                 self._set_get = False
         # two round trips per key on Redis < 7: SET NX, then GET when the key was already there
+        self._send_marks(marks)
         out: list[Any] = []
         for k, v in zip(keys, values, strict=True):
             if self.client.set(k, v, nx=True, px=lease_ms):
@@ -144,19 +172,59 @@ class RedisLeaseStore:
         return out
 
     def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
-        """Replace leases by ``done`` markers after the commit (losing them only costs a database check)."""
+        """Queue ``done`` markers to replace our leases after the commit; does not wait for Redis."""
         if not items or self.breaker.open():
             return
+        with self._marks_lock:
+            self._marks += [(key, value, ttl_s) for key, value in items]
+            start = self._timer is None and not self._closed.is_set()
+            if start:
+                self._timer = threading.Thread(
+                    target=self._flush_loop, name="reliable-done-markers", daemon=True
+                )
+        if start and self._timer is not None:
+            self._timer.start()
+
+    def flush(self) -> None:
+        """Send the queued ``done`` markers now (one pipeline)."""
+        self._send_marks(self._take_marks())
+
+    def close(self) -> None:
+        """Stop the timer thread and send what is queued (idempotent)."""
+        self._closed.set()
+        timer = self._timer
+        if timer is not None and timer is not threading.current_thread():
+            timer.join(timeout=5.0)
+        self.flush()
+
+    def _take_marks(self) -> list[tuple[str, str, int]]:
+        with self._marks_lock:
+            marks, self._marks = self._marks, []
+        return marks
+
+    def _send_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+        if not marks or self.breaker.open():
+            return
         try:
-            if len(items) == 1:
-                self.client.set(items[0][0], items[0][1], ex=ttl_s)
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                for key, value in items:
-                    pipe.set(key, value, ex=ttl_s)
-                pipe.execute()
-        except REDIS_ERRORS as exc:
+            pipe = self.client.pipeline(transaction=False)
+            for key, value, ttl_s in marks:
+                pipe.set(key, value, ex=ttl_s)
+            pipe.execute()
+        except _MARK_ERRORS as exc:
             self.breaker.failed("mark_done", exc)
+
+    def _flush_loop(self) -> None:
+        """Timer: whatever no acquire took along is sent at most ``done_flush_ms`` after it was queued. The
+        thread ends once a whole period passes with nothing queued (the next mark starts a new one)."""
+        while not self._closed.wait(self._flush_s):
+            marks = self._take_marks()
+            if not marks:
+                with self._marks_lock:
+                    if not self._marks:
+                        self._timer = None
+                        return
+                continue
+            self._send_marks(marks)
 
     def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key for a redelivery only if it still holds our own lease value."""

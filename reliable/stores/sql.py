@@ -6,16 +6,19 @@ compiled per call) costs more than a local database round trip. Every statement 
 (:class:`reliable.stores.sql_runner.DbapiRunner`), inside its transaction, so the handler's ``Session`` (bound
 to the same ``Connection``) shares it.
 
-Round trips per primitive (PostgreSQL / SQLite / MariaDB):
+Round trips per primitive (PostgreSQL / SQLite / MariaDB); the journal's own statements are in
+:mod:`reliable.stores.sql_journal`:
 
-* journal: one statement on PostgreSQL (a data-modifying CTE inserts the log rows *and* upserts the
-  watermark of each *delivered* queue), two elsewhere; a batch of N deliveries is still one or two statements.
+* transaction: on psycopg ``BEGIN`` rides on the first statement and ``COMMIT`` on the last
+  (:meth:`SqlStore.transaction`); elsewhere as the driver does it (SQLite ``BEGIN IMMEDIATE``).
+* single-message opener (:meth:`SqlStore.journal_first`): the happy case — confirm the group's PENDING row and
+  settle the stub, or claim a fresh inbox row — plus the journal row, one statement on PostgreSQL (with
+  ``BEGIN``), two or three elsewhere.
 * inbox lock: one ``SELECT … FOR UPDATE`` of the group's rows (SQLite: plain ``SELECT``; the engine opened the
   transaction with ``BEGIN IMMEDIATE``, which already holds the database write lock).
 * inbox claim: one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` (MariaDB: ``INSERT IGNORE … RETURNING``). A
   concurrent uncommitted insert of the same ``(group, id)`` makes it wait; when that one commits we get no row
-  back — the primary key is the lock (inbox pattern). A single message on PostgreSQL also writes its journal
-  outcome in the same statement (:meth:`SqlStore.claim_first`), like the confirm below.
+  back — the primary key is the lock (inbox pattern).
 * confirm: one conditional ``UPDATE`` of the group's rows, plus the stub settle (``CONFIRMED`` once no other
   group owes the message) and the journal outcomes — one statement on PostgreSQL, three elsewhere; the caller
   checks the row count. Only when fewer stubs settled than rows confirmed (another group still open, or
@@ -28,27 +31,31 @@ text in exactly the format SQLAlchemy's ``DateTime`` writes, so string compariso
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine
 
 from reliable.stores import InboxRow, InboxState, JournalEntry, OutcomeUpdate
 from reliable.stores import sql_text as T
+from reliable.stores.sql_journal import JournalSql
 from reliable.stores.sql_runner import DbapiRunner
-from reliable.stores.sql_text import (
-    LOG_COLS,
-    LOG_WIDTH,
-    OUTCOME_SQL,
-    my_progress,
-    pg_journal,
-    pg_progress,
-    progress_rows,
-    rows_sql,
-    sqlite_progress,
-)
-from reliable.types import StubStatus
+from reliable.types import LogOutcome, StubStatus
+
+
+@dataclass(frozen=True, slots=True)
+class FirstStep:
+    """The single-message happy case :meth:`SqlStore.journal_first` tries (see there)."""
+
+    group: str
+    row: InboxRow
+    claim: bool  # True: insert the inbox row (inbox pattern); False: confirm the producer's PENDING row
+    now: dt.datetime
+    outcome: LogOutcome
+    reason: str
 
 
 class SqlStore:
@@ -57,107 +64,84 @@ class SqlStore:
     def __init__(self, engine: Engine, *, durable_journal: bool = False) -> None:
         self.engine = engine
         #: PostgreSQL only: whether the journal statement waits for its WAL flush (see :meth:`journal`).
-        self.durable_journal = durable_journal
         self.db = DbapiRunner(engine)
+        #: the journal's statements (log rows, watermarks, outcomes): built in one place
+        self.log = JournalSql(self.db, durable_journal=durable_journal)
         self.dialect = engine.dialect.name
         self._pg = self.dialect == "postgresql"
         self._my = self.dialect in ("mysql", "mariadb")
         self._lock = "" if self.dialect == "sqlite" else " FOR UPDATE"
         self._ts = self.db.ts
 
-    # --- execution (delegated to the runner; ``execute``/``autocommit`` are used by the guard) -----------
+    # --- execution (delegated to the runner; ``execute`` is used by the guard) ----------------------------
     def execute(self, conn: Connection, sql: str) -> None:
         """A parameterless statement (e.g. ``SET TRANSACTION …``) through the same lean path."""
         self.db.execute(conn, sql)
 
-    def autocommit(self, conn: Connection, on: bool) -> None:
-        """Switch the DBAPI connection's autocommit (PostgreSQL journal); only outside a transaction."""
-        self.db.autocommit(conn, on)
+    @contextlib.contextmanager
+    def transaction(self, conn: Connection) -> Iterator[None]:
+        """One guard transaction on ``conn``: commits on normal exit, rolls back on an exception.
 
-    # --- step 1: journal ------------------------------------------------------------------------------
-    @property
-    def journal_autocommits(self) -> bool:
-        """PostgreSQL journals in one autocommitted statement: no BEGIN/COMMIT round trips."""
-        return self._pg
-
-    def journal(self, conn: Connection, entries: Sequence[JournalEntry]) -> list[int]:
-        """Insert one ``message_log`` row per entry and raise the ``consume_progress`` watermarks.
-
-        Returns the new log ids in the order of ``entries``. Runs inside the caller's transaction; the caller
-        commits at once so the delivery is visible even if processing fails later.
-
-        On PostgreSQL the statement switches ``synchronous_commit`` off for its own transaction unless
-        ``durable_journal``: the commit is visible at once but does not wait for the WAL flush. That is safe
-        because nothing that guarantees exactly-once reads the journal: if the server crashes within the
-        WAL writer delay (200 ms by default), the lost rows only make the sweeper re-send a stub that the
-        guard then recognises (CONFIRMED) or processes (still PENDING: it really was not done). The work
-        transaction that follows commits synchronously and flushes the journal's WAL with it.
+        On psycopg the driver runs in autocommit mode meanwhile and the transaction is driven by the
+        statements themselves: the first one the guard sends carries ``BEGIN`` (``begin=True``), the last
+        ``COMMIT`` (``commit=True``), so neither costs a round trip of its own. SQLAlchemy still sees an open
+        transaction (the handler's ``Session`` joins it, savepoints work), and its commit at the end finds
+        the server idle and sends nothing; a rollback is sent only if the server is still in the block.
         """
-        if not entries:
-            return []
-        log_params: list[Any] = []
-        for e in entries:
-            log_params += self._log_row(e)
-        progress = progress_rows(entries, self._ts(entries[0].received_at))
-        prog_params = [v for row in progress for v in row]
-        n, m = len(entries), len(progress)
-        if self._pg:
-            name = "journal_pg_sync" if self.durable_journal else "journal_pg"
-            sql = self.db.cached(name, n, lambda k: pg_journal(k, m, self.durable_journal), m)
-            rows = self.db.all(conn, sql, tuple(log_params + prog_params))
-        else:
-            sql = self.db.cached(
-                "journal_log",
-                n,
-                lambda k: (
-                    f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(k, LOG_WIDTH)} RETURNING id"
-                ),
-            )
-            rows = self.db.all(conn, sql, tuple(log_params))
-            build = my_progress if self._my else sqlite_progress
-            self.db.run(conn, self.db.cached("progress", m, build), tuple(prog_params))
-        # ids come from one sequence/auto-increment in VALUES order, so sorting restores entry order even
-        # where RETURNING does not promise it.
-        return sorted(int(r[0]) for r in rows)
-
-    def _log_row(self, e: JournalEntry) -> tuple[Any, ...]:
-        """One ``message_log`` row's values, in ``LOG_COLS`` order (shared by both journal paths)."""
-        return (
-            e.message_id,
-            e.consumer_group,
-            e.topic,
-            e.queue_id,
-            e.queue_offset,
-            e.reconsume_times,
-            self._ts(e.received_at),
-            None if e.outcome is None else e.outcome.value,
-            e.worker,
-            e.reason,
-            e.original_topic,
-            e.broker_name,
-        )
-
-    def journal_bulk(self, conn: Connection, entries: Sequence[JournalEntry]) -> None:
-        """:meth:`journal` without returning ids, for the write-behind journal's large flushes.
-
-        One single-row ``INSERT`` run with ``executemany`` (psycopg pipelines it into one round trip and
-        prepares it once, where a fresh 200-row ``VALUES`` list would be parsed and planned every time) plus
-        one watermark upsert per queue.
-        """
-        if not entries:
+        if not self.db.piggybacks:
+            with conn.begin():
+                yield
             return
-        rows = [self._log_row(e) for e in entries]
-        if self._pg and not self.durable_journal:  # as in :meth:`journal`: no wait for the WAL flush
-            self.db.run(conn, "SELECT set_config('synchronous_commit', 'off', true)", ())
-        sql = self.db.cached(
-            "journal_bulk",
-            1,
-            lambda _: f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(1, LOG_WIDTH)}",
-        )
-        self.db.run(conn, sql, rows, many=True)
-        build = pg_progress if self._pg else my_progress if self._my else sqlite_progress
-        progress = progress_rows(entries, self._ts(entries[0].received_at))
-        self.db.run(conn, self.db.cached("progress_bulk", 1, build), progress, many=True)
+        self.db.autocommit(conn, True)
+        try:
+            with conn.begin():
+                yield
+        finally:
+            if not conn.invalidated:
+                self.db.autocommit(conn, False)
+
+    def journal_first(
+        self, conn: Connection, entry: JournalEntry, first: FirstStep
+    ) -> tuple[int, bool, bool]:
+        """Open the work transaction of one message: the happy case and its journal row, before the handler.
+
+        ``first.claim`` False: confirm the group's ``PENDING``/``DEAD`` inbox row whose recorded hash (if any)
+        matches, and settle the stub; True: insert the group's ``CONFIRMED`` row unless one exists (inbox
+        pattern, no producer row). The journal row records ``first.outcome`` only if that changed a row (a
+        handler failure rolls all of it back). PostgreSQL: one statement, carrying ``BEGIN``; elsewhere two
+        or three. Returns (log id, changed, stub settled); not changed means "not the happy case": nothing
+        but the journal row was written and the caller takes the general path to find out why.
+        """
+        ts = self._ts(first.now)
+        if first.claim:
+            head: tuple[Any, ...] = self._inbox_params(first.group, first.row, StubStatus.CONFIRMED, 0, ts)
+        else:
+            h = first.row.payload_hash
+            head = (ts, ts, first.group, first.row.message_id, h, h)
+        log = list(self.log.row(entry))
+        if self._pg:
+            settle = not first.claim
+            sql = self.db.cached("first_pg", int(first.claim), lambda k: T.pg_first(bool(k)))
+            stub = (ts, ts, first.row.message_id, first.group) if settle else ()
+            log[T.LOG_OUTCOME], log[T.LOG_REASON] = first.outcome.value, first.reason
+            row = self.db.all(conn, sql, (*head, *stub, *log), begin=True)[0]
+            return int(row[0]), int(row[1]) == 1, int(row[2]) == 1
+        if first.claim:
+            sql = self.db.cached("claim", 1, lambda k: T.claim_inbox(k, self._my))
+            changed = bool(self.db.all(conn, sql, head))
+            settled = True  # a claimed row has no producer stub to settle
+        else:
+            changed = (
+                self.db.run(
+                    conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg)), head
+                )
+                == 1
+            )
+            settled = changed and self._settle(conn, first.group, [first.row.message_id], ts) == 1
+        if changed:
+            log[T.LOG_OUTCOME], log[T.LOG_REASON] = first.outcome.value, first.reason
+        log_id = int(self.db.all(conn, self.db.cached("journal_log", 1, T.log_insert), tuple(log))[0][0])
+        return log_id, changed, settled
 
     # --- step 2 helper: what does the database say about a message held by another worker? -------------
     def peek_inbox(self, conn: Connection, group: str, message_ids: Iterable[str]) -> dict[str, InboxState]:
@@ -256,62 +240,26 @@ class SqlStore:
         now: dt.datetime,
         record: OutcomeUpdate,
     ) -> tuple[bool, bool]:
-        """Single-message fast path: confirm the group's inbox row *before* the handler runs.
+        """Confirm one group's row *before* its handler runs, if PENDING/DEAD with a matching body.
 
-        The conditional ``UPDATE`` locks the row like ``SELECT … FOR UPDATE`` would and succeeds only for a
-        ``PENDING``/``DEAD`` row whose recorded hash (if any) matches; on PostgreSQL the same statement also
-        settles the stub and writes the journal outcome (elsewhere two more statements). If the handler then
-        fails, the rollback undoes all of it. Returns (confirmed, stub settled). Not confirmed means "not the
-        happy case" (no row, already confirmed, voided, other body): nothing was changed and the caller takes
-        the general path to find out which.
+        The conditional ``UPDATE`` locks the row like ``SELECT … FOR UPDATE`` would; on success the stub is
+        settled and ``record`` written (a handler failure rolls all of it back). Returns (confirmed, stub
+        settled). The guard itself uses :meth:`journal_first`, which adds the journal row to this.
         """
         ts = self._ts(now)
-        params: tuple[Any, ...] = (ts, ts, group, message_id, payload_hash, payload_hash)
-        if self._pg:
-            sql = self.db.cached(
-                "confirm_first_pg", 1, lambda _: T.pg_with_outcome(T.confirm_first(True), True)
-            )
-            rows = self.db.all(
-                conn,
-                sql,
-                (*params, ts, ts, message_id, group, record.outcome.value, record.reason, record.log_id),
-            )
-            return int(rows[0][0]) == 1, int(rows[0][1]) == 1
+        params = (ts, ts, group, message_id, payload_hash, payload_hash)
         if (
-            self.db.run(conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(False)), params)
+            self.db.run(conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg)), params)
             != 1
         ):
             return False, False
-        settled = self.db.run(conn, self.db.cached("settle", 1, T.settle_stubs), (ts, ts, message_id, group))
-        self.set_outcomes(conn, [record])
+        settled = self._settle(conn, group, [message_id], ts)
+        self.log.set_outcomes(conn, [record])
         return True, settled == 1
 
-    @property
-    def claims_with_outcome(self) -> bool:
-        """Whether :meth:`claim_first` writes the journal outcome in the claiming statement (PostgreSQL)."""
-        return self._pg
-
-    def claim_first(
-        self, conn: Connection, group: str, row: InboxRow, now: dt.datetime, record: OutcomeUpdate
-    ) -> bool:
-        """Single-message inbox fast path (PostgreSQL): claim the inbox row and write the outcome at once.
-
-        The counterpart of :meth:`confirm_first` for producers without stubs: one data-modifying CTE inserts
-        the ``CONFIRMED`` row (``ON CONFLICT DO NOTHING``) and, only if it did, records ``record`` on the
-        journal row — before the handler runs, so the commit after it is the only round trip left; a handler
-        failure rolls both back. False: the group already had a row (nothing changed); the caller locks it.
-        """
-        ts = self._ts(now)
-        sql = self.db.cached(
-            "claim_first_pg", 1, lambda _: T.pg_with_outcome(T.claim_inbox(1, False, ""), False)
-        )
-        params = (
-            *self._inbox_params(group, row, StubStatus.CONFIRMED, 0, ts),
-            record.outcome.value,
-            record.reason,
-            record.log_id,
-        )
-        return int(self.db.all(conn, sql, params)[0][0]) == 1
+    def _settle(self, conn: Connection, group: str, message_ids: Sequence[str], ts: Any) -> int:
+        n = len(message_ids)
+        return self.db.run(conn, self.db.cached("settle", n, T.settle_stubs), (ts, ts, *message_ids, group))
 
     def confirm_and_record(
         self,
@@ -327,7 +275,7 @@ class SqlStore:
         """
         if not self._pg or not updates:
             counts = self.confirm(conn, group, message_ids, now)
-            self.set_outcomes(conn, updates)
+            self.log.set_outcomes(conn, updates)
             return counts
         n, m = len(message_ids), len(updates)
         sql = self.db.cached("confirm_record_pg", n, lambda k: T.pg_confirm_record(k, m), m)
@@ -354,7 +302,14 @@ class SqlStore:
 
     # --- step 5: a handler failure ------------------------------------------------------------------------
     def record_failure(
-        self, conn: Connection, group: str, row: InboxRow, now: dt.datetime, error: str
+        self,
+        conn: Connection,
+        group: str,
+        row: InboxRow,
+        now: dt.datetime,
+        error: str,
+        *,
+        begin: bool = False,
     ) -> int:
         """Count one handler failure on the group's inbox row (created PENDING if absent); returns attempts.
 
@@ -363,7 +318,9 @@ class SqlStore:
         ts = self._ts(now)
         params = (*self._inbox_params(group, row, StubStatus.PENDING, 1, ts), error[:2000])
         rows = (
-            self.db.all(conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(self._my)), params)
+            self.db.all(
+                conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(False)), params, begin=begin
+            )
             if not self._my
             else None
         )
@@ -372,18 +329,6 @@ class SqlStore:
         self.db.run(conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(True)), params)
         state = self._select_inbox(conn, group, [row.message_id], lock=False)[row.message_id]
         return state.attempts
-
-    # --- outcomes ---------------------------------------------------------------------------------------
-    def set_outcomes(self, conn: Connection, updates: Sequence[OutcomeUpdate]) -> None:
-        """Fill ``message_log.outcome``/``reason`` (one statement; executemany pipelines on psycopg)."""
-        if not updates:
-            return
-        sql = self.db.cached("outcome", 1, lambda _: OUTCOME_SQL)
-        params = [(u.outcome.value, u.reason, u.log_id) for u in updates]
-        if len(params) == 1:
-            self.db.run(conn, sql, params[0])
-        else:
-            self.db.run(conn, sql, params, many=True)
 
 
 def reason_text(kind: str, detail: str | None, limit: int = 1000) -> str:

@@ -17,6 +17,12 @@ from sqlalchemy.exc import DBAPIError
 
 from reliable.stores.sql_text import ts_converter
 
+_MOGRIFY = "reliable_mogrify_cursor"
+
+#: called with (connection, statement) before every statement a runner sends: one call is one round trip.
+#: For counting round trips per path (``python -m bench roundtrips`` and a test); empty in production.
+STATEMENT_HOOKS: list[Callable[[Connection, str], None]] = []
+
 
 class DbapiRunner:
     """Render-once, run-on-the-cursor execution for one engine (thread-safe: the cache only grows)."""
@@ -29,6 +35,9 @@ class DbapiRunner:
         self.ts: Callable[[dt.datetime], Any] = ts_converter(self.dialect)
         self._cache: dict[tuple[str, int, int], str] = {}
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        #: whether ``BEGIN``/``COMMIT`` ride on the first/last statement of a transaction (psycopg only; the
+        #: connection then runs in driver autocommit mode while the guard drives the transaction itself)
+        self.piggybacks = self.dialect == "postgresql" and engine.dialect.driver == "psycopg"
 
     # --- rendering -----------------------------------------------------------------------------------
     def render(self, text: str) -> str:
@@ -51,6 +60,8 @@ class DbapiRunner:
         statements skip it; driver errors are re-raised as SQLAlchemy's ``DBAPIError`` (and a dropped
         connection is invalidated) exactly as SQLAlchemy would, so callers handle one exception family.
         """
+        for hook in STATEMENT_HOOKS:
+            hook(conn, sql)
         fairy = conn.connection
         cur = fairy.cursor()
         try:
@@ -74,12 +85,49 @@ class DbapiRunner:
         finally:
             cur.close()
 
-    def all(self, conn: Connection, sql: str, params: Any) -> list[Any]:
-        rows: list[Any] = self._cursor_call(conn, sql, params, False, True)
+    def all(self, conn: Connection, sql: str, params: Any, *, begin: bool = False) -> list[Any]:
+        """Rows of one statement; ``begin`` (PostgreSQL): open the transaction in the same round trip."""
+        if begin and self.piggybacks:
+            rows: list[Any] = self._cursor_call(
+                conn, self._literal(conn, sql, params) + "; BEGIN", None, False, True
+            )
+            return rows
+        rows = self._cursor_call(conn, sql, params, False, True)
         return rows
 
-    def run(self, conn: Connection, sql: str, params: Any, *, many: bool = False) -> int:
+    def run(
+        self, conn: Connection, sql: str, params: Any, *, many: bool = False, commit: bool = False
+    ) -> int:
+        """Row count of one statement; ``commit`` (PostgreSQL): send ``COMMIT`` in the same round trip."""
+        if commit and self.piggybacks:
+            return int(
+                self._cursor_call(conn, self._literal(conn, sql, params) + "; COMMIT", None, False, False)
+            )
         return int(self._cursor_call(conn, sql, params, many, False))
+
+    # --- PostgreSQL: BEGIN and COMMIT ride on a statement -------------------------------------------------
+    def _literal(self, conn: Connection, sql: str, params: Any) -> str:
+        """``sql`` with ``params`` bound client-side (psycopg's own quoting), for a multi-statement query.
+
+        psycopg sends a parameterless query with the simple query protocol, which admits several statements
+        in one message: ``stmt; BEGIN`` runs ``stmt`` in an implicit transaction block that ``BEGIN`` turns
+        into the regular transaction the guard continues (PostgreSQL keeps the effects of the statements
+        before it), and ``stmt; COMMIT`` ends it. One round trip each instead of two.
+        """
+        info = conn.connection.info
+        cur = info.get(_MOGRIFY)
+        if cur is None:
+            import psycopg
+
+            driver = conn.connection.driver_connection
+            cls = (
+                psycopg.AsyncClientCursor
+                if isinstance(driver, psycopg.AsyncConnection)
+                else psycopg.ClientCursor
+            )
+            cur = info[_MOGRIFY] = cls(driver)  # type: ignore[arg-type]
+        text: str = cur.mogrify(sql, params)
+        return text
 
     def execute(self, conn: Connection, sql: str) -> None:
         """A parameterless statement (e.g. ``SET TRANSACTION …``) through the same lean path."""

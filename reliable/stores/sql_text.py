@@ -17,6 +17,9 @@ LOG_COLS = (
     "worker, reason, original_topic, broker_name"
 )
 LOG_WIDTH = 12
+#: positions of ``outcome`` and ``reason`` in a ``LOG_COLS`` row
+LOG_OUTCOME = LOG_COLS.split(", ").index("outcome")
+LOG_REASON = LOG_COLS.split(", ").index("reason")
 #: a watermark's key: the delivered queue, with its broker group (migration 0006)
 PROGRESS_KEY = "consumer_group, topic, broker_name, queue_id"
 PROGRESS_COLS = f"{PROGRESS_KEY}, max_offset, min_offset, created_at, updated_at, received_count"
@@ -59,23 +62,36 @@ def aggregate_progress(
     return out
 
 
-def progress_rows(entries: Sequence[JournalEntry], now: Any) -> list[tuple[Any, ...]]:
-    """The watermark upserts of a batch, one tuple per queue in ``PROGRESS_COLS`` order (``now`` bound)."""
-    return [(*key, hi, lo, now, now, count) for key, (hi, lo, count) in aggregate_progress(entries).items()]
+def log_insert(n: int) -> str:
+    """``n`` ``message_log`` rows, returning their ids (the journal of the work and failure transactions)."""
+    return f"{log_insert_bare(n)} RETURNING id"
 
 
-def pg_journal(n: int, m: int, durable: bool) -> str:
-    lazy = "" if durable else "s AS (SELECT set_config('synchronous_commit', 'off', true) AS v), "
+def log_insert_bare(n: int) -> str:
+    return f"INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(n, LOG_WIDTH)}"
+
+
+def pg_journal(n: int, m: int) -> str:
+    """``n`` log rows and ``m`` watermark rows in one statement (PostgreSQL; it may commit by itself)."""
+    return f"WITH j AS ({log_insert(n)}), p AS ({pg_progress(m)}) SELECT id FROM j"
+
+
+def pg_first(claim: bool) -> str:
+    """The single-message happy case (claim, or confirm + stub settle) and its journal row, in one statement.
+
+    The journal row's outcome and reason are written only if the first step changed a row. Selects (log id,
+    rows changed, stubs settled). Params: the first step's, the settle's (confirm only), the log row's.
+    """
+    first = claim_inbox(1, False, "") if claim else confirm_first(True)
+    stub = "" if claim else f", s AS ({settle_stubs(1)} AND EXISTS (SELECT 1 FROM c) RETURNING 1)"
+    slots = ["?"] * LOG_WIDTH
+    for i in (LOG_OUTCOME, LOG_REASON):
+        slots[i] = "CASE WHEN EXISTS (SELECT 1 FROM c) THEN ? END"
+    settled = "0" if claim else "(SELECT count(*) FROM s)"
     return (
-        f"WITH {lazy}j AS (INSERT INTO message_log ({LOG_COLS}) VALUES {rows_sql(n, LOG_WIDTH)} "
-        "RETURNING id), "
-        f"p AS (INSERT INTO consume_progress ({PROGRESS_COLS}) VALUES {rows_sql(m, PROGRESS_WIDTH)} "
-        f"ON CONFLICT ({PROGRESS_KEY}) DO UPDATE SET "
-        "max_offset = GREATEST(consume_progress.max_offset, EXCLUDED.max_offset), "
-        "min_offset = LEAST(consume_progress.min_offset, EXCLUDED.min_offset), "
-        "updated_at = EXCLUDED.updated_at, "
-        "received_count = consume_progress.received_count + EXCLUDED.received_count) "
-        + ("SELECT id FROM j" if durable else "SELECT id FROM j, s")
+        f"WITH c AS ({first} RETURNING 1){stub}, j AS (INSERT INTO message_log ({LOG_COLS}) "
+        f"VALUES ({', '.join(slots)}) RETURNING id) "
+        f"SELECT (SELECT id FROM j), (SELECT count(*) FROM c), {settled}"
     )
 
 
@@ -120,19 +136,6 @@ def confirm_first(pg: bool) -> str:
         "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
         f"WHERE consumer_group = ? AND message_id = ? AND status IN {_OPEN} "
         f"AND (payload_hash IS NULL OR {'?::varchar' if pg else '?'} IS NULL OR payload_hash = ?)"
-    )
-
-
-def pg_with_outcome(first: str, settle: bool) -> str:
-    """``first`` (returning 1 when it changed the row) + the journal outcome (+ the stub) in one statement.
-
-    Selects how many rows ``first`` changed (and, with ``settle``, how many stubs became CONFIRMED).
-    """
-    stub = f", s AS ({settle_stubs(1)} AND EXISTS (SELECT 1 FROM c) RETURNING 1)" if settle else ""
-    counts = "(SELECT count(*) FROM c), (SELECT count(*) FROM s)" if settle else "count(*) FROM c"
-    return (
-        f"WITH c AS ({first} RETURNING 1){stub}, o AS (UPDATE message_log SET outcome = ?, "
-        f"reason = ? WHERE id = ? AND EXISTS (SELECT 1 FROM c)) SELECT {counts}"
     )
 
 

@@ -190,7 +190,7 @@ def child_consume(
 
 
 def child_die_in_handler(
-    db_url: str, redis_url: str, key_prefix: str, message_id: str, lease_ms: int
+    db_url: str, redis_url: str, key_prefix: str, message_id: str, lease_ms: int, offset: int | None = None
 ) -> None:
     """Take the lease, write the effect through ``session``, then die before the commit."""
     import os
@@ -204,7 +204,10 @@ def child_die_in_handler(
         session.flush()
         os._exit(3)
 
-    idempotent_consumer(rel, group="g")(handler)(env(message_id))
+    delivery = env(message_id)
+    if offset is not None:
+        delivery = Envelope(message_id, delivery.topic, delivery.queue_id, offset, delivery.body)
+    idempotent_consumer(rel, group="g")(handler)(delivery)
 
 
 def child_fan_out(

@@ -365,13 +365,13 @@ def test_threads_racing_on_the_same_ids_apply_once(rel: Reliability, registry: C
     assert per_message(rel) == dict.fromkeys(ids, 1)
 
 
-class _BarrierAfterJournal(GuardHooks):
-    """Holds every delivery after the fast path and the journal until all racers got there."""
+class _BarrierBeforeJournal(GuardHooks):
+    """Holds every delivery after the fast path, before its work transaction, until all racers got there."""
 
     def __init__(self, parties: int) -> None:
         self.barrier = threading.Barrier(parties, timeout=30)
 
-    def after_journal(self, envs: object, log_ids: object) -> None:
+    def before_journal(self, envs: object) -> None:
         self.barrier.wait()
 
 
@@ -382,12 +382,13 @@ def test_race_without_redis_database_admits_one(
 ) -> None:
     """Redis disabled: both workers pass the (absent) fast path together; the row lock / key decides.
 
-    The barrier sits right after the journal (both deliveries past the fast path, about to lock the stub)
-    rather than inside the handler: the stub's row lock / the inbox key is what keeps the second worker out
-    of the handler, so a barrier in there could never be reached by both — which is the property under test.
+    The barrier sits right before the work transaction (both deliveries past the fast path, about to journal
+    and lock the stub in one transaction) rather than inside the handler: the stub's row lock / the inbox key
+    is what keeps the second worker out of the handler, so a barrier in there could never be reached by both
+    — which is the property under test.
     """
     rel = make_rel(db_url, None, key_prefix)
-    hook = _BarrierAfterJournal(2)
+    hook = _BarrierBeforeJournal(2)
     calls: list[int] = []
 
     @idempotent_consumer(rel, group="g", registry=registry, hooks=[hook])

@@ -47,9 +47,9 @@ def progress(engine: Engine) -> dict[int, tuple[int, int, int]]:
 def test_journal_returns_ids_in_entry_order_and_raises_watermarks(engine: Engine) -> None:
     store = SqlStore(engine)
     with engine.begin() as conn:
-        ids = store.journal(conn, [entry("a", 5), entry("b", 3, 1), entry("c", 9), entry("d", 7, 1)])
+        ids = store.log.journal(conn, [entry("a", 5), entry("b", 3, 1), entry("c", 9), entry("d", 7, 1)])
     with engine.begin() as conn:
-        ids2 = store.journal(conn, [entry("e", 2, outcome=LogOutcome.DUPLICATE)])
+        ids2 = store.log.journal(conn, [entry("e", 2, outcome=LogOutcome.DUPLICATE)])
     assert ids == sorted(ids) and len(set(ids)) == 4 and ids2[0] > ids[-1]
     with engine.connect() as conn:
         by_id = dict(conn.execute(text("SELECT id, message_id FROM message_log")).all())
@@ -67,7 +67,7 @@ def test_received_at_round_trips_as_utc(engine: Engine) -> None:
     store = SqlStore(engine)
     at = dt.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=dt.UTC)
     with engine.begin() as conn:
-        store.journal(conn, [JournalEntry("t", "g", "orders", 0, 1, 0, at, "w")])
+        store.log.journal(conn, [JournalEntry("t", "g", "orders", 0, 1, 0, at, "w")])
     with engine.connect() as conn:
         assert conn.execute(select(MessageLog.received_at)).scalar_one() == at
 
@@ -139,8 +139,8 @@ def test_outcomes_and_original_topic_are_journaled(engine: Engine) -> None:
     store = SqlStore(engine)
     retry = JournalEntry("r", "g", "%RETRY%g", 3, 40, 1, utcnow(), "w", original_topic="orders")
     with engine.begin() as conn:
-        ids = store.journal(conn, [entry("p", 1), retry])
-        store.set_outcomes(
+        ids = store.log.journal(conn, [entry("p", 1), retry])
+        store.log.set_outcomes(
             conn, [OutcomeUpdate(ids[0], LogOutcome.RETRY, reason_text("handler_failed", "boom"))]
         )
     with engine.connect() as conn:
@@ -340,7 +340,7 @@ def test_confirm_first_only_takes_the_happy_case(engine: Engine) -> None:
             ("other", "PENDING", "x", "h1"),  # another group's row: not ours to confirm
         ):
             add_inbox(conn, group, mid, status, h)
-        ids = store.journal(
+        ids = store.log.journal(
             conn, [entry(m, n) for n, m in enumerate(["ok", "dead", "done", "void", "other", "no"])]
         )
         rec = [OutcomeUpdate(i, LogOutcome.SUCCESS, "processed") for i in ids]
