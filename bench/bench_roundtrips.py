@@ -79,7 +79,7 @@ class Counter:
         ):
             event.listen(engine, name, fn)
             self._listeners.append((name, fn))
-        if engine.pool._pre_ping:  # type: ignore[attr-defined]
+        if engine.pool._pre_ping:
             event.listen(engine.pool, "checkout", self._checkout)
         if self.rel.redis is not None:
             self.rel.redis.connection_pool.connection_class = _counting_connection(self)  # type: ignore[union-attr]
@@ -133,12 +133,12 @@ def _counting_connection(counter: Counter) -> type[redis_lib.Connection]:
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             if counter._mine():  # one packed send: one command or a whole pipeline
                 counter.redis += 1
-            super().send_packed_command(command, check_health)
+            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
     return CountingConnection
 
 
-def per_delivery(counts: Counter, run: Callable[[], None], deliveries: int) -> tuple[float, float, float]:
+def per_delivery(counts: Counter, run: Callable[[], object], deliveries: int) -> tuple[float, float, float]:
     before = counts.snapshot()
     run()
     after = counts.snapshot()
@@ -163,7 +163,7 @@ def measure(rel: Reliability, counts: Counter, prefix: str, n: int) -> dict[str,
     broken = idempotent_consumer(rel, group="f", registry=CollectorRegistry())(failing)
     out: dict[str, tuple[float, float, float]] = {}
 
-    def each(envs: Sequence[Envelope], h: Any = guard) -> Callable[[], None]:
+    def each(envs: Sequence[Envelope], h: Any = guard) -> Callable[[], object]:
         return lambda: [h(e) for e in envs] and None
 
     warm = envelopes(fresh("warm", n))
