@@ -79,7 +79,7 @@ class Counter:
         ):
             event.listen(engine, name, fn)
             self._listeners.append((name, fn))
-        if engine.pool._pre_ping:  # type: ignore[attr-defined]
+        if engine.pool._pre_ping:
             event.listen(engine.pool, "checkout", self._checkout)
         if self.rel.redis is not None:
             self.rel.redis.connection_pool.connection_class = _counting_connection(self)  # type: ignore[union-attr]
@@ -93,10 +93,13 @@ class Counter:
         if event.contains(self.rel.engine.pool, "checkout", self._checkout):
             event.remove(self.rel.engine.pool, "checkout", self._checkout)
 
-    def _statement(self, conn: Connection, sql: str) -> None:
+    def _statement(self, conn: Connection, sql: str, params: Any, many: bool) -> None:
         if not self._mine():
             return
-        self.db += 1
+        # psycopg pipelines an executemany into one round trip; PyMySQL folds a multi-row INSERT into one
+        # statement but sends any other executemany row by row (SQLite: one call per row, in-process)
+        folded = self.pg or sql.lstrip().upper().startswith("INSERT")
+        self.db += len(params) if many and not folded else 1
         if sql.rstrip().endswith("COMMIT"):
             self.commits += 1
         elif self.pg and not sql.rstrip().endswith("BEGIN") and not sql.lstrip().upper().startswith("SELECT"):
@@ -133,12 +136,12 @@ def _counting_connection(counter: Counter) -> type[redis_lib.Connection]:
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             if counter._mine():  # one packed send: one command or a whole pipeline
                 counter.redis += 1
-            super().send_packed_command(command, check_health)
+            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
     return CountingConnection
 
 
-def per_delivery(counts: Counter, run: Callable[[], None], deliveries: int) -> tuple[float, float, float]:
+def per_delivery(counts: Counter, run: Callable[[], object], deliveries: int) -> tuple[float, float, float]:
     before = counts.snapshot()
     run()
     after = counts.snapshot()
@@ -146,9 +149,9 @@ def per_delivery(counts: Counter, run: Callable[[], None], deliveries: int) -> t
 
 
 def handler(env: Envelope, session: Session) -> None:
-    session.connection().exec_driver_sql(
-        "INSERT INTO bench_ledger (message_id) VALUES (%s)", (env.message_id,)
-    )
+    conn = session.connection()
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    conn.exec_driver_sql(f"INSERT INTO bench_ledger (message_id) VALUES ({mark})", (env.message_id,))
 
 
 def failing(env: Envelope, session: Session) -> None:
@@ -163,7 +166,7 @@ def measure(rel: Reliability, counts: Counter, prefix: str, n: int) -> dict[str,
     broken = idempotent_consumer(rel, group="f", registry=CollectorRegistry())(failing)
     out: dict[str, tuple[float, float, float]] = {}
 
-    def each(envs: Sequence[Envelope], h: Any = guard) -> Callable[[], None]:
+    def each(envs: Sequence[Envelope], h: Any = guard) -> Callable[[], object]:
         return lambda: [h(e) for e in envs] and None
 
     warm = envelopes(fresh("warm", n))
@@ -208,7 +211,7 @@ def add_stubs_group(rel: Reliability, ids: Sequence[str], group: str) -> None:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench roundtrips", description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=20, help="deliveries per path")
-    ap.add_argument("--backends", default="postgres,mariadb")
+    ap.add_argument("--backends", default="postgres,mariadb,sqlite")
     args = ap.parse_args(argv)
     for kind in args.backends.split(","):
         with database(kind) as url:

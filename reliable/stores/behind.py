@@ -2,9 +2,9 @@
 
 On by default for the sync guard (setting ``None``); ``False`` turns it off, the async guard never uses it.
 
-DESIGN.md §2 step 1 commits the journal row *before* anything else so that the sender can see a delivery
-arrived even if processing then fails. For a delivery whose key already says ``done`` that reason is gone: the
-first delivery's row (committed synchronously) already proves arrival, and its effect is committed. What is
+Every other delivery's journal row commits in the guard's own transaction (with the work, or with the failure
+record). For a delivery whose key already says ``done`` there is no such transaction: the first delivery's row
+(committed with its work) already proves arrival, and its effect is committed. What is
 left to record is *evidence of the duplicate* — useful for the reconciliation report and dashboards, not for
 any guarantee. So such rows may wait in memory and be written many at a time, in one transaction (one
 pipelined ``executemany`` plus the watermark upsert), instead of one commit per duplicate.

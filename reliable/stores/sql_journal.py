@@ -143,12 +143,22 @@ class JournalSql:
         self.db.run(conn, self.db.cached("progress_bulk", 1, build), self.progress_rows(entries), many=True)
 
     def set_outcomes(self, conn: Connection, updates: Sequence[OutcomeUpdate]) -> None:
-        """Fill ``message_log.outcome``/``reason`` (one statement; executemany pipelines on psycopg)."""
+        """Fill ``message_log.outcome``/``reason``: one statement (several rows: ``CASE id WHEN …``, because
+        PyMySQL would send an ``executemany`` of an ``UPDATE`` row by row)."""
         if not updates:
             return
-        sql = self.db.cached("outcome", 1, lambda _: OUTCOME_SQL)
-        params = [(u.outcome.value, u.reason, u.log_id) for u in updates]
-        if len(params) == 1:
-            self.db.run(conn, sql, params[0])
-        else:
-            self.db.run(conn, sql, params, many=True)
+        if len(updates) == 1:
+            u = updates[0]
+            self.db.run(
+                conn,
+                self.db.cached("outcome", 1, lambda _: OUTCOME_SQL),
+                (u.outcome.value, u.reason, u.log_id),
+            )
+            return
+        params: list[Any] = []
+        for u in updates:
+            params += (u.log_id, u.outcome.value)
+        for u in updates:
+            params += (u.log_id, u.reason)
+        params += [u.log_id for u in updates]
+        self.db.run(conn, self.db.cached("outcomes", len(updates), T.outcomes_case), tuple(params))

@@ -19,9 +19,9 @@ from reliable.stores.sql_text import ts_converter
 
 _MOGRIFY = "reliable_mogrify_cursor"
 
-#: called with (connection, statement) before every statement a runner sends: one call is one round trip.
-#: For counting round trips per path (``python -m bench roundtrips`` and a test); empty in production.
-STATEMENT_HOOKS: list[Callable[[Connection, str], None]] = []
+#: called with (connection, statement, parameters, executemany) before every statement a runner sends, for
+#: counting round trips per path (``python -m bench roundtrips`` and a test); empty in production.
+STATEMENT_HOOKS: list[Callable[[Connection, str, Any, bool], None]] = []
 
 
 class DbapiRunner:
@@ -61,7 +61,7 @@ class DbapiRunner:
         connection is invalidated) exactly as SQLAlchemy would, so callers handle one exception family.
         """
         for hook in STATEMENT_HOOKS:
-            hook(conn, sql)
+            hook(conn, sql, params, many)
         fairy = conn.connection
         cur = fairy.cursor()
         try:

@@ -37,6 +37,15 @@ _OPEN = "('PENDING', 'DEAD')"
 OUTCOME_SQL = "UPDATE message_log SET outcome = ?, reason = ? WHERE id = ?"
 
 
+def outcomes_case(n: int) -> str:
+    """``n`` journal outcomes in one ``UPDATE``; params: (id, outcome) × n, (id, reason) × n, ids."""
+    when = " ".join(["WHEN ? THEN ?"] * n)
+    return (
+        f"UPDATE message_log SET outcome = CASE id {when} END, reason = CASE id {when} END "
+        f"WHERE id IN ({marks(n)})"
+    )
+
+
 def rows_sql(n: int, width: int) -> str:
     one = "(" + ", ".join("?" * width) + ")"
     return ", ".join([one] * n)

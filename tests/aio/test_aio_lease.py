@@ -29,6 +29,7 @@ def test_sync_and_async_workers_see_each_others_leases_and_done_markers(
         # … and the async store finds the sync worker's done marker, with its payload tag
         sync.acquire_many([b], [processing_value("sync")], 60_000)
         sync.mark_done_many([(b, done_value("ab" * 32))], 60)
+        sync.flush()  # markers are queued after the commit, not waited for: send it before the other looks
         answer = (await store.acquire_many([b], [mine], 60_000))[0]
         assert (answer.state, answer.done_hash) == (LeaseState.DONE, "ab" * 8)
         # compare-and-delete: a value that is not ours leaves the lease alone; ours frees it

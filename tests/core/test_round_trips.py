@@ -95,7 +95,7 @@ def test_round_trips_per_path(counted: tuple[Reliability, Counter]) -> None:
         seen["new, no stub (inbox)"] = per_delivery(counter, lambda: [guard(e) for e in bare], n)
         seen["duplicate answered by Redis"] = per_delivery(counter, lambda: [guard(e) for e in bare], n)
         assert rel.redis is not None
-        guard.guard.lease.flush()  # type: ignore[union-attr]
+        guard.flush_markers()
         rel.redis.delete(*[lease_key(rel.settings.key_prefix, "g", str(e.message_id)) for e in bare])
         seen["duplicate answered by the database"] = per_delivery(
             counter, lambda: [guard(e) for e in bare], n
