@@ -281,3 +281,25 @@ static int set_ll(PyObject *obj, PyObject *name, long long x) {
 }
 
 /* place(commit_log, prepared, now) -> AppendMessageResult (see codec.py's py_place; lock held). */
+
+/* register_slots(cls, kind): read/write these slots of ``cls`` in place ("commit_log" / "file_queue"). */
+static PyObject *register_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "register_slots(cls, kind)");
+        return NULL;
+    }
+    PyObject *log_fields[] = {s_file_size, s_max_hints, s_mfq, s_table, s_hints, s_prefault_mark, s_last_append,
+                              s_put_state};
+    PyObject *queue_fields[] = {s_files};
+    int rc;
+    if (PyUnicode_CompareWithASCIIString(args[1], "commit_log") == 0)
+        rc = register_fast(2, args[0], log_fields, 8);
+    else if (PyUnicode_CompareWithASCIIString(args[1], "file_queue") == 0)
+        rc = register_fast(3, args[0], queue_fields, 1);
+    else {
+        PyErr_SetString(PyExc_ValueError, "register_slots: unknown kind");
+        rc = -1;
+    }
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
