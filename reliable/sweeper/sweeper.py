@@ -7,7 +7,11 @@ A round, in order:
    claim transaction); the others are sent through the :class:`~reliable.sender.Sender` and the outcomes
    recorded (one statement per batch);
 2. **notify** — deliver owed notices per channel (a failing channel never stops the round);
-3. **retention** — purge old log rows of settled stubs.
+3. **retention** — purge old log rows of settled stubs, yielding to consumers (rests between batches, at
+   most ``DEFAULT_PURGE_ROUND_BUDGET_S`` per round; the next round goes on).
+
+Between sweep and notify, a slice of PENDING stubs is settled (:func:`reliable.outbox.settle_slice`, round
+after round through all of them) and the stalled-group alarm is checked (:mod:`.stall`).
 
 Selection uses the round's start time, and every stub handled gets a ``resend_at`` after it, so the loop of
 batches ends: no stub is handled twice in a round.
@@ -112,6 +116,7 @@ class Sweeper:
         max_unconfirmed_age_s: float = C.DEFAULT_MAX_UNCONFIRMED_AGE_S,
         retry_schedule: RetrySchedule | None = None,
         log_retention_s: float | None = None,
+        purge_duty_cycle: float | None = None,
         claim_ttl_s: float | None = None,
         max_batches: int | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
@@ -138,6 +143,12 @@ class Sweeper:
         self.retry_schedule: RetrySchedule = retry_schedule or RocketMQRetrySchedule()
         retention = log_retention_s if log_retention_s is not None else s.log_retention_s
         self.log_retention = dt.timedelta(seconds=retention)
+        self.purge_batch = s.purge_batch
+        self.purge_duty_cycle = purge_duty_cycle if purge_duty_cycle is not None else s.purge_duty_cycle
+        if not 0 < self.purge_duty_cycle <= 1:
+            raise SweeperConfigError(f"purge_duty_cycle must be in (0, 1], got {self.purge_duty_cycle!r}")
+        #: where the settle walk goes on next round (reliable.outbox.settle_slice)
+        self._settle_at: outbox.SettleCursor = None
         self.claim_ttl = dt.timedelta(seconds=claim_ttl_s) if claim_ttl_s is not None else None
         self.lease_hold = dt.timedelta(milliseconds=s.lease_ms)
         self.max_batches = max_batches
@@ -166,10 +177,21 @@ class Sweeper:
         try:
             self._sweep(self.clock(), summary)
             with self.engine.begin() as conn:  # stubs whose last groups confirmed at the same instant
-                outbox.settle(conn, self.clock())
+                self._settle_at = outbox.settle_slice(
+                    conn, self.clock(), self._settle_at, C.DEFAULT_SETTLE_BATCH
+                )
             self._notify(summary)
             if not self.stopping:
-                summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
+                summary.purged = purge_logs(
+                    self.engine,
+                    now=self.clock(),
+                    retention=self.log_retention,
+                    batch=self.purge_batch,
+                    duty_cycle=self.purge_duty_cycle,
+                    budget_s=C.DEFAULT_PURGE_ROUND_BUDGET_S,
+                    rest=self._stop.wait,
+                    should_stop=self._stop.is_set,
+                )
         except Exception:
             metrics.ROUND_ERRORS.inc()
             log.exception("sweep round failed")
