@@ -39,7 +39,7 @@ from reliable import outbox
 from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, QueueProgress
-from reliable.sweeper.notify import DeadNotice
+from reliable.sweeper.notices import DeadNotice
 from reliable.sweeper.selection import Candidate, inbox, progress
 
 log = logging.getLogger("reliable.sweeper")

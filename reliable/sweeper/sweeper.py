@@ -44,6 +44,7 @@ from reliable.sweeper.notify import Channel, deliver_owed
 from reliable.sweeper.resend import BatchResult, send_claimed
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
+from reliable.sweeper.stall import check_stalls
 from reliable.sweeper.triage import Triage, triage
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule
 
@@ -61,6 +62,9 @@ class RoundSummary:
     lease_unknown: int = 0
     held: int = 0
     never_consumed: int = 0
+    #: queues a group has stopped consuming (open stalls after the round), and how many were raised now
+    stalled: int = 0
+    stall_alarms: int = 0
     purged: int = 0
     notified: int = 0
     notify_failures: int = 0
@@ -71,7 +75,8 @@ class RoundSummary:
             f"sweep round: selected={self.selected} resent={self.resent} send_failures={self.send_failures} "
             f"dead={self.dead} stuck_recovered={self.stuck_recovered} lease_held={self.lease_held} "
             f"lease_unknown={self.lease_unknown} held={self.held} never_consumed={self.never_consumed} "
-            f"purged={self.purged} notified={self.notified} notify_failures={self.notify_failures} "
+            f"stalled={self.stalled} stall_alarms={self.stall_alarms} purged={self.purged} "
+            f"notified={self.notified} notify_failures={self.notify_failures} "
             f"duration={self.duration_s:.3f}s"
         )
 
@@ -90,7 +95,8 @@ class Sweeper:
     """Re-sends what each consumer group lacks, through ``sender``; ``run_once()`` is one round.
 
     Defaults come from ``rel.settings`` (``max_sends``, ``stuck_after_s``, ``log_retention_s``,
-    ``sweep_batch``, ``lease_ms``); keyword arguments override them. ``probe`` is the broker's view of its
+    ``sweep_batch``, ``lease_ms``, ``purge_batch``, ``purge_duty_cycle``, ``stall_after_s``); keyword
+    arguments override them. ``probe`` is the broker's view of its
     queues (:class:`~reliable.sender.BrokerProbe`; default: the sender itself when it is one) — it proves
     a loss on a quiet queue; without it ``max_unconfirmed_age_s`` is the last resort. ``retry_schedule`` is
     the broker's own redelivery delay (default RocketMQ's). ``clock`` is the time source of every due-time
@@ -117,6 +123,7 @@ class Sweeper:
         retry_schedule: RetrySchedule | None = None,
         log_retention_s: float | None = None,
         purge_duty_cycle: float | None = None,
+        stall_after_s: float | None = None,
         claim_ttl_s: float | None = None,
         max_batches: int | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
@@ -147,6 +154,10 @@ class Sweeper:
         self.purge_duty_cycle = purge_duty_cycle if purge_duty_cycle is not None else s.purge_duty_cycle
         if not 0 < self.purge_duty_cycle <= 1:
             raise SweeperConfigError(f"purge_duty_cycle must be in (0, 1], got {self.purge_duty_cycle!r}")
+        stall = stall_after_s if stall_after_s is not None else s.stall_after_s
+        if stall <= 0:
+            raise SweeperConfigError(f"stall_after must be > 0, got {stall!r}")
+        self.stall_after = dt.timedelta(seconds=stall)
         #: where the settle walk goes on next round (reliable.outbox.settle_slice)
         self._settle_at: outbox.SettleCursor = None
         self.claim_ttl = dt.timedelta(seconds=claim_ttl_s) if claim_ttl_s is not None else None
@@ -180,6 +191,7 @@ class Sweeper:
                 self._settle_at = outbox.settle_slice(
                     conn, self.clock(), self._settle_at, C.DEFAULT_SETTLE_BATCH
                 )
+            self._stalls(summary)
             self._notify(summary)
             if not self.stopping:
                 summary.purged = purge_logs(
@@ -268,6 +280,16 @@ class Sweeper:
             clock=self.clock,
             should_stop=self._stop.is_set,
         )
+
+    def _stalls(self, summary: RoundSummary) -> None:
+        found = check_stalls(
+            self.engine,
+            now=self.clock(),
+            stall_after=self.stall_after,
+            broker_max=self.probe.max_offset if self.probe is not None else None,
+            channels=[c.name for c in self.channels],
+        )
+        summary.stalled, summary.stall_alarms = found.open, found.raised
 
     def _notify(self, summary: RoundSummary) -> None:
         if not self.channels:
