@@ -73,11 +73,6 @@ def parse_tag(reason: str) -> QueueTag | None:
     return QueueTag(_TAGS[m.group(1)], QueueRef(m.group(2), queue_id), watermark)
 
 
-def kind_of(reason: str) -> NoticeKind:
-    tag = parse_tag(reason)
-    return NoticeKind.DEAD if tag is None else tag.kind
-
-
 def stall_key(queue: QueueRef) -> str:
     """The ``message_id`` of a stall's notice rows: ``~stall:`` + a SHA-256 digest of the queue (cut to the
     column), so no real message id meets it short of being chosen to, whatever the topic's length."""
