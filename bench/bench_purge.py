@@ -6,33 +6,38 @@ paused, same run. Target ≥ 0.7.
 
 Data: ``--rows`` inbox rows with one old log row each (server-side ``generate_series``, as in b4); 1 % of the
 inbox rows are PENDING and 1 % DEAD, so their log rows must survive. The purge runs in a child process with
-its default batch (5,000 rows, one transaction each); the consumer runs chunks of ``--chunk`` messages,
-alternately with the purge running (``SIGCONT``) and paused (``SIGSTOP`` — paused mid-transaction at worst,
-holding locks only on old log rows no consumer touches). Each (during, paused) pair gives a ratio; the figure
-is their median. ``--pairs`` stops measuring early and lets the purge finish unmeasured; the purge's rows/s,
-its longest batch transaction and the survivors are checked at the end. ``--explain`` prints the plans of
+its defaults (``--batch``/``--duty`` to change them: rows per transaction, share of time working; ``--duty 1``
+is the unthrottled purge of before); the consumer runs chunks of ``--chunk`` messages,
+alternately with the purge running and paused. The purge parks at a batch boundary (its ``on_batch`` and
+``rest`` hooks wait while the parent asks for a pause; the parent times the paused chunk only once it has
+parked): stopping the process mid-batch (``SIGSTOP``, as this bench did first) would count the stop as batch
+time, and the throttle would then rest through the next "during" chunk and flatter the figure. Each
+(during, paused) pair gives a ratio; the figure is their median. ``--pairs`` stops measuring early and lets
+the purge finish unmeasured (``--then stop``:
+ends it there instead, to keep a run short); the purge's rows/s over the time it was not parked, its batch
+transactions and (when it finished) the survivors are checked at the end. ``--explain`` prints the plans of
 the purge's statements (and of the guard's lookups) at full size.
 
-    .venv/bin/python -m bench.bench_purge [--rows 10000000] [--chunk 100] [--pairs 0] [--explain]
+    .venv/bin/python -m bench.bench_purge [--rows 10000000] [--chunk 100] [--pairs 0] [--then finish|stop]
+                                          [--batch 2000] [--duty 0.5] [--explain]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import multiprocessing as mp
 import os
-import signal
 import statistics
 import time
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, func, select, text
+from sqlalchemy import Engine, create_engine, delete, func, select, text
 
 from bench.bench_core import _clean_redis, database, envelopes, fresh, guarded, make_rel
 from bench.bench_growth import SERIES, fill
 from bench.bench_growth import explain as explain_guard
+from reliable import constants as C
 from reliable.models import MessageLog
 from reliable.sweeper.retention import PROTECTED, find_batch, purge_logs
 from reliable.sweeper.selection import inbox
@@ -60,7 +65,7 @@ def protect(engine: Engine, rows: int) -> int:
         )
 
 
-def explain_purge(engine: Engine) -> None:
+def explain_purge(engine: Engine, batch: int) -> None:
     now = dt.datetime.now(dt.UTC)
     cutoff = now - RETENTION
     protected = (
@@ -74,9 +79,9 @@ def explain_purge(engine: Engine) -> None:
     )
     since = now - dt.timedelta(days=30, hours=-1)
     statements = {
-        "purge: first batch": find_batch(cutoff, None, 5000, protected),
-        "purge: next batch (keyset)": find_batch(cutoff, since, 5000, protected),
-        "purge: delete": delete(log_t).where(log_t.c.id.in_(list(range(1, 5001))), ~protected),
+        "purge: first batch": find_batch(cutoff, None, batch, protected),
+        "purge: next batch (keyset)": find_batch(cutoff, since, batch, protected),
+        "purge: delete": delete(log_t).where(log_t.c.id.in_(list(range(1, batch + 1))), ~protected),
     }
     with engine.connect() as conn:
         conn.exec_driver_sql("SET LOCAL max_parallel_workers_per_gather = 0")  # as purge_logs does
@@ -87,22 +92,45 @@ def explain_purge(engine: Engine) -> None:
         conn.rollback()
 
 
-def _purge(url: str, out: Any) -> None:
-    """Child: run the purge, report (rows, seconds, median and longest batch transaction in seconds)."""
+def _purge(
+    url: str, out: Any, done: Any, go: Any, parked: Any, parked_s: Any, batch: int, duty: float
+) -> None:
+    """Child: run the purge, report (rows, seconds, median and longest batch transaction in seconds); the
+    rows purged so far are in ``done`` and the seconds spent parked in ``parked_s`` all along (the parent may
+    end the purge early). Parks between batches while ``go`` is clear."""
     engine = create_engine(url)
-    began: list[float] = []
     spans: list[float] = []
 
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Any) -> None:
-        began.append(time.perf_counter())
+    def _park() -> None:
+        if go.is_set():
+            return
+        t = time.perf_counter()
+        parked.set()
+        go.wait()
+        parked.clear()
+        with parked_s.get_lock():
+            parked_s.value += time.perf_counter() - t
 
-    @event.listens_for(engine, "commit")
-    def _commit(conn: Any) -> None:
-        spans.append(time.perf_counter() - began[-1])
+    def _batch(rows: int, took: float) -> None:
+        spans.append(took)
+        with done.get_lock():
+            done.value += rows
+        _park()
+
+    def _rest(seconds: float) -> None:
+        _park()
+        time.sleep(seconds)  # the throttle's rest, in the bench as in production
 
     t = time.perf_counter()
-    n = purge_logs(engine, now=dt.datetime.now(dt.UTC), retention=RETENTION)
+    n = purge_logs(
+        engine,
+        now=dt.datetime.now(dt.UTC),
+        retention=RETENTION,
+        batch=batch,
+        duty_cycle=duty,
+        rest=_rest,
+        on_batch=_batch,
+    )
     out.put((n, time.perf_counter() - t, statistics.median(spans), max(spans)))
     engine.dispose()
 
@@ -112,6 +140,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rows", type=int, default=10_000_000, help="expired message_log rows")
     ap.add_argument("--chunk", type=int, default=100, help="messages per timed chunk")
     ap.add_argument("--pairs", type=int, default=0, help="stop measuring after this many pairs (0: never)")
+    ap.add_argument("--then", choices=["finish", "stop"], default="finish", help="after --pairs")
+    ap.add_argument("--batch", type=int, default=C.DEFAULT_PURGE_BATCH, help="rows per purge transaction")
+    ap.add_argument("--duty", type=float, default=C.DEFAULT_PURGE_DUTY_CYCLE, help="purge duty cycle (0, 1]")
     ap.add_argument("--explain", action="store_true")
     args = ap.parse_args(argv)
     prefix = f"bench{os.getpid()}"
@@ -123,21 +154,31 @@ def main(argv: list[str]) -> int:
             print(f"filled {args.rows:,} rows per table in {took:.0f} s (load {os.getloadavg()[0]:.2f})")
             if args.explain:
                 explain_guard(rel.engine)
-                explain_purge(rel.engine)
+                explain_purge(rel.engine, args.batch)
             consumer = guarded(rel, "live")
             consumer.batch_each(envelopes(fresh("warm", args.chunk)))
-            out: Any = mp.get_context("fork").Queue()
-            child = mp.get_context("fork").Process(target=_purge, args=(url, out))
+            ctx = mp.get_context("fork")
+            out: Any = ctx.Queue()
+            done: Any = ctx.Value("q", 0)
+            parked_s: Any = ctx.Value("d", 0.0)
+            go, parked = ctx.Event(), ctx.Event()
+            go.set()
+            child = ctx.Process(
+                target=_purge, args=(url, out, done, go, parked, parked_s, args.batch, args.duty)
+            )
+            started = time.perf_counter()
             child.start()
-            assert child.pid is not None
             ratios: list[float] = []
             loads: list[float] = []
 
-            def resume(go: bool) -> None:
-                with contextlib.suppress(ProcessLookupError):  # the purge may have just finished
-                    os.kill(pid, signal.SIGCONT if go else signal.SIGSTOP)
+            def resume(run: bool) -> None:
+                if run:
+                    go.set()
+                    return
+                go.clear()
+                while child.is_alive() and not parked.wait(0.5):  # until it reaches a batch boundary
+                    pass
 
-            pid = child.pid
             while child.is_alive() and not (args.pairs and len(ratios) >= args.pairs):
                 rate = {}
                 order = ("during", "paused") if len(ratios) % 2 == 0 else ("paused", "during")
@@ -151,18 +192,31 @@ def main(argv: list[str]) -> int:
                     ratios.append(rate["during"] / rate["paused"])
                     loads.append(os.getloadavg()[0])
             resume(True)
-            purged, seconds, typical, longest = out.get()
-            child.join()
-            with rel.engine.connect() as conn:
-                left = conn.execute(
-                    select(func.count()).select_from(MessageLog).where(MessageLog.consumer_group == OLD)
-                ).scalar_one()
-            print(
-                f"purge: {purged:,} rows in {seconds:.0f} s (paused about half of the measured part), "
-                f"batch transaction median {1000 * typical:.0f} ms, longest {1000 * longest:.0f} ms (pauses "
-                f"included); {left:,} log rows left "
-                f"(expected {survivors:,}: PENDING/DEAD evidence) {'ok' if left == survivors else 'WRONG'}"
-            )
+            paused = float(parked_s.value)
+            if args.then == "stop" and child.is_alive():
+                running = time.perf_counter() - started - paused
+                child.terminate()
+                child.join()
+                purged = int(done.value)
+                print(
+                    f"purge: stopped after the measured pairs: {purged:,} rows in {running:.0f} s unparked = "
+                    f"{purged / running:,.0f} rows/s (batch {args.batch:,}, duty {args.duty}); at that rate "
+                    f"{args.rows:,} rows take {args.rows / (purged / running) / 60:.1f} min"
+                )
+            else:
+                purged, seconds, typical, longest = out.get()
+                child.join()
+                with rel.engine.connect() as conn:
+                    left = conn.execute(
+                        select(func.count()).select_from(MessageLog).where(MessageLog.consumer_group == OLD)
+                    ).scalar_one()
+                print(
+                    f"purge: {purged:,} rows in {seconds:.0f} s, {paused:.0f} s of it paused "
+                    f"(batch {args.batch:,}, duty {args.duty}), batch transaction median "
+                    f"{1000 * typical:.0f} ms, longest {1000 * longest:.0f} ms; "
+                    f"{left:,} log rows left (expected {survivors:,}: PENDING/DEAD evidence) "
+                    f"{'ok' if left == survivors else 'WRONG'}"
+                )
             if ratios:
                 med = statistics.median(ratios)
                 print(

@@ -44,6 +44,21 @@ PRODUCER_RECORD_BACKOFF_S: Final = 0.02  # × try number, between those tries
 DEFAULT_STUCK_AFTER_S: Final = 15 * 60
 DEFAULT_LOG_RETENTION_S: Final = 7 * 24 * 3600
 DEFAULT_SWEEP_BATCH: Final = 500
+#: retention purge: log rows per delete transaction (small, so a batch holds little and commits fast) …
+DEFAULT_PURGE_BATCH: Final = 2000
+#: … and the share of wall time it may spend working: after a batch of t seconds it rests
+#: t·(1 − duty)/duty (×up to PURGE_MAX_BACKOFF while batches get slower than its fastest one).
+DEFAULT_PURGE_DUTY_CYCLE: Final = 0.5
+PURGE_MAX_BACKOFF: Final = 4.0
+#: one sweep round purges at most this long; the next round goes on where the oldest rows are.
+DEFAULT_PURGE_ROUND_BUDGET_S: Final = 60.0
+#: pending stubs a round checks for "every group confirmed" (outbox.settle), walking on round by round.
+DEFAULT_SETTLE_BATCH: Final = 1000
+#: a group whose watermark on a queue has not moved this long while the broker holds messages beyond it
+#: (and the group has PENDING rows there) has stopped consuming: the stalled-group alarm.
+DEFAULT_STALL_AFTER_S: Final = 30 * 60
+#: ``stub_notification.message_id`` of a stall's notice rows: this prefix + a digest of the queue
+STALL_KEY_PREFIX: Final = "~stall:"
 
 # --- column sizes (contract with the migrations) --------------------------------------------------------
 MESSAGE_ID_MAX: Final = 64

@@ -15,6 +15,7 @@ API (every function runs inside the caller's transaction; none commits)::
         ``attempts`` a landed copy resets
     derive_status(conn, message_ids, now)                 the stub's status from its inbox rows
     settle(conn, now) -> int                              PENDING stubs whose groups all confirmed → CONFIRMED
+    settle_slice(conn, now, after, limit) -> cursor       the same for the next `limit` PENDING stubs
     mark_dead(conn, message_id, group, now, error)        one group gave up → inbox DEAD, stub derived
     revive(conn, message_id, now, group=None) -> int      DEAD inbox rows → PENDING, attempts and resends 0
     void(conn, message_id, now) -> int                    stub and open inbox rows → VOIDED
@@ -22,7 +23,8 @@ API (every function runs inside the caller's transaction; none commits)::
 Stub status (DESIGN.md §1): ``VOIDED`` stays; any inbox row ``DEAD`` → ``DEAD``; every row ``CONFIRMED`` (or
 voided) → ``CONFIRMED``; otherwise ``PENDING``. The guard keeps it current in the transaction that confirms
 the last group (exactly, also when two groups confirm at once: see ``SqlStore.settle_exact``). :func:`settle`
-repairs stubs left behind by other writers (a person's SQL, an older version) and is cheap to run each round.
+repairs stubs left behind by other writers (a person's SQL, an older version); the sweeper runs it a slice
+per round (:func:`settle_slice`), so a round's cost does not grow with the number of PENDING stubs.
 
 Lock order: every function here that writes both tables writes the inbox rows first, then the stub, and
 several rows of one table in message id order — the order the guard takes them in (inbox rows locked by
@@ -39,7 +41,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, and_, bindparam, case, exists, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Table,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from reliable.errors import DuplicateMessageIdError
@@ -252,12 +266,49 @@ def derive_status(conn: Connection, message_ids: Sequence[str], now: dt.datetime
 
 
 def settle(conn: Connection, now: dt.datetime) -> int:
-    """PENDING stubs whose every group confirmed (concurrent last confirms both missed it) → CONFIRMED."""
+    """PENDING stubs whose every group confirmed (concurrent last confirms both missed it) → CONFIRMED.
+
+    Looks at every PENDING stub: its cost grows with them. The sweeper walks them in slices instead
+    (:func:`settle_slice`)."""
+    return _settle_where(conn, now, stub.c.status == StubStatus.PENDING)
+
+
+#: where a :func:`settle_slice` walk stopped: the last stub's (resend_at, message_id); ``None``: the start
+SettleCursor = tuple[dt.datetime, str] | None
+
+
+def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit: int) -> SettleCursor:
+    """:func:`settle` for the next ``limit`` PENDING stubs in ``(resend_at, message_id)`` order after
+    ``after``: an ordered range scan of ``ix_message_stub_status_resend_at`` that stops at ``limit``, so a
+    sweep round's cost does not grow with the table. Returns where to go on (``None``: the walk reached
+    the end and starts over). A PENDING stub without ``resend_at`` (not staged by the producer) is left out.
+    """
+    q = select(stub.c.resend_at, stub.c.message_id).where(
+        stub.c.status == StubStatus.PENDING, stub.c.resend_at.is_not(None)
+    )
+    if after is not None:
+        q = q.where(
+            or_(
+                stub.c.resend_at > after[0],
+                and_(stub.c.resend_at == after[0], stub.c.message_id > after[1]),
+            )
+        )
+    rows = conn.execute(q.order_by(stub.c.resend_at, stub.c.message_id).limit(limit)).all()
+    if rows:
+        _settle_where(
+            conn, now, and_(stub.c.status == StubStatus.PENDING, stub.c.message_id.in_([r[1] for r in rows]))
+        )
+    if len(rows) < limit:
+        return None
+    return rows[-1][0], rows[-1][1]
+
+
+def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]) -> int:
     of_stub = inbox.c.message_id == stub.c.message_id
     result = conn.execute(
         update(stub)
         .where(
-            stub.c.status == StubStatus.PENDING,
+            which,
             exists().where(of_stub),
             ~exists().where(of_stub, inbox.c.status.in_(_OPEN)),
         )

@@ -36,6 +36,11 @@ class Settings:
     stuck_after_s: float = C.DEFAULT_STUCK_AFTER_S
     log_retention_s: float = C.DEFAULT_LOG_RETENTION_S
     sweep_batch: int = C.DEFAULT_SWEEP_BATCH
+    #: retention purge: rows per delete transaction, and the share of time it may work (0 < duty <= 1).
+    purge_batch: int = C.DEFAULT_PURGE_BATCH
+    purge_duty_cycle: float = C.DEFAULT_PURGE_DUTY_CYCLE
+    #: a group's watermark still for this long with messages waiting beyond it: the stalled-group alarm.
+    stall_after_s: float = C.DEFAULT_STALL_AFTER_S
     #: store a SHA-256 of each body and refuse a different body under the same id.
     check_payload: bool = True
     #: buffer the journal rows of duplicates Redis answers as ``done`` and write them in batches instead of
@@ -88,6 +93,8 @@ class Settings:
             "max_attempts",
             "max_sends",
             "sweep_batch",
+            "purge_batch",
+            "stall_after_s",
             "journal_flush_rows",
             "journal_flush_ms",
         ):
@@ -96,6 +103,10 @@ class Settings:
         for name in ("first_resend_delay_s", "stuck_after_s", "log_retention_s", "redis_socket_timeout_s"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"setting {name} must be >= 0, got {getattr(self, name)!r}")
+        if not 0 < self.purge_duty_cycle <= 1:
+            raise ConfigurationError(
+                f"setting purge_duty_cycle must be in (0, 1], got {self.purge_duty_cycle!r} (1: no rest)"
+            )
         if not self.key_prefix or ":" in self.key_prefix:
             raise ConfigurationError("setting key_prefix must be non-empty and contain no ':'")
         for name in (self.default_group, *(g for gs in self.topic_groups.values() for g in gs)):

@@ -55,6 +55,16 @@ def register(sub: Any) -> None:
     p.add_argument("--stuck-after", metavar="DURATION", help="received, unconfirmed: stuck after this")
     p.add_argument("--log-retention", metavar="DURATION", help="purge settled log rows older than this")
     p.add_argument(
+        "--stall-after",
+        metavar="DURATION",
+        help="alarm when a group's position is still this long while it owes messages (stall_after_s)",
+    )
+    p.add_argument(
+        "--purge-duty-cycle",
+        type=float,
+        help="share of time the log purge works, (0, 1] (setting purge_duty_cycle)",
+    )
+    p.add_argument(
         "--backoff",
         metavar="SPEC",
         default=env(C.ENV_SWEEP_BACKOFF),
@@ -149,6 +159,8 @@ def build_sweeper(args: argparse.Namespace, rel: Reliability, sender: Sender) ->
         stuck_after_s=parse_duration(args.stuck_after) if args.stuck_after else None,
         log_retention_s=parse_duration(args.log_retention) if args.log_retention is not None else None,
         claim_ttl_s=parse_duration(args.claim_ttl) if args.claim_ttl else None,
+        stall_after_s=parse_duration(args.stall_after) if args.stall_after else None,
+        purge_duty_cycle=args.purge_duty_cycle,
     )
 
 

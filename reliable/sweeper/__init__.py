@@ -19,7 +19,8 @@ from reliable.sweeper.backoff import (
     parse_duration,
 )
 from reliable.sweeper.errors import NotifyError, SenderLoadError, SweeperConfigError, SweeperError
-from reliable.sweeper.notify import Channel, DeadNotice, EmailChannel, SmtpConfig, WebhookChannel
+from reliable.sweeper.notices import DeadNotice, Notice, NoticeKind
+from reliable.sweeper.notify import Channel, EmailChannel, SmtpConfig, WebhookChannel
 from reliable.sweeper.retention import purge_logs, revive
 from reliable.sweeper.sweeper import RoundSummary, Sweeper
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule, Verdict
@@ -32,6 +33,8 @@ __all__ = [
     "EmailChannel",
     "ExponentialBackoff",
     "FixedBackoff",
+    "Notice",
+    "NoticeKind",
     "NotifyError",
     "RetrySchedule",
     "RocketMQRetrySchedule",

@@ -10,8 +10,8 @@ line is written at once (the always-on channel).
 there. Re-sending would put another copy on a queue nobody of that group reads, so the sweeper holds those
 rows and raises an alarm instead: the ``reliable_sweeper_never_consumed`` metric, one ERROR log line and one
 notice per configured channel — once per ``(group, topic, broker group, queue)``, not once per row or per
-round. The
-``log`` channel's row (written already delivered) is what remembers that the alarm was raised.
+round, with a text of its own (:mod:`.notices`: it is not a give-up). The ``log`` channel's row (written
+already delivered) is what remembers that the alarm was raised.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from sqlalchemy import ColumnElement, Connection, and_, delete, insert, or_, sel
 from reliable import constants as C
 from reliable import outbox
 from reliable.sweeper import metrics
-from reliable.sweeper.notify import DeadNotice, log_dead, notification_rows
+from reliable.sweeper.notices import NEVER_CONSUMED_TAG, DeadNotice, QueueRef, queue_tag
+from reliable.sweeper.notify import log_dead, notification_rows
 from reliable.sweeper.selection import Candidate, notif
 from reliable.sweeper.verdict import Facts, Verdict
 
 log = logging.getLogger("reliable.sweeper")
 
-#: first word of a never-consumed notice's reason (how a person, and the dedupe query, recognise it)
-NEVER_CONSUMED_TAG = "NEVER_CONSUMED"
+__all__ = ["NEVER_CONSUMED_TAG", "give_up_reason", "mark_dead", "never_consumed_key", "raise_never_consumed"]
 
 
 def give_up_reason(
@@ -95,10 +95,10 @@ def mark_dead(
 
 
 def never_consumed_key(topic: str, queue_id: int | None, broker_name: str = "") -> str:
-    """The reason's prefix that identifies one alarm: per (topic, broker group, queue); without a broker
-    group the form written before migration 0006, so an alarm raised then is still recognised."""
-    broker = f" broker={broker_name}" if broker_name else ""
-    return f"{NEVER_CONSUMED_TAG} topic={topic}{broker} queue={queue_id}:"
+    """The start of a never-consumed reason (how a person, and the dedupe query, recognise one alarm): the
+    queue's tag (:func:`.notices.queue_tag`), per (topic, broker group, queue); without a broker group the
+    form written before migration 0006, so an alarm raised then is still recognised."""
+    return queue_tag(NEVER_CONSUMED_TAG, QueueRef(topic, queue_id, broker_name))
 
 
 def raise_never_consumed(

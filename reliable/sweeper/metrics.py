@@ -20,6 +20,14 @@ NEVER_CONSUMED = Counter(
     "Rows found on a queue their group never consumed (alarm, no resend)",
     ["group", "topic", "broker_name", "queue_id"],
 )
+#: the stalled-group alarm: seconds a group's watermark has been still on a queue it owes messages on
+#: (0 once the stall cleared); one notice per stall episode
+STALLED_SECONDS = Gauge(
+    "reliable_sweeper_stalled_seconds",
+    "Seconds a group's watermark has not moved on a queue where the broker holds messages it owes (0: not)",
+    ["group", "topic", "broker_name", "queue_id"],
+)
+STALL_ALARMS = Counter("reliable_sweeper_stall_alarms", "Stalled-group alarms raised (one per episode)")
 SEND_FAILURES = Counter("reliable_sweeper_send_failures", "Resends the broker did not accept")
 STUCK_RECOVERED = Counter(
     "reliable_sweeper_stuck_recovered", "Stuck stubs (received, never confirmed) re-sent"

@@ -1,6 +1,8 @@
-"""Telling a person that a stub went DEAD: log (always), e-mail over SMTP, webhook (HTTP POST JSON).
+"""Telling a person: log (always), e-mail over SMTP, webhook (HTTP POST JSON).
 
-The log line is written in the round that gives up, unconditionally. E-mail and webhook are *owed*: the
+What is told — a stub gone DEAD, a queue never consumed, a group that stopped consuming — and its text per
+kind are in :mod:`.notices`; this module owes and delivers. The log line is written in the round that
+raises the notice, unconditionally. E-mail and webhook are *owed*: the
 give-up transaction inserts one ``stub_notification`` row per configured channel, and every round delivers
 what is owed, oldest first, one message per channel per batch (a burst of 200 dead stubs is one e-mail
 listing them, not 200). A channel that fails (SMTP refused, webhook 5xx, timeout) leaves its rows owed,
@@ -31,23 +33,10 @@ from sqlalchemy import Engine, and_, func, or_, select, update
 from reliable import constants as C
 from reliable.sweeper.claim import LockMode, lock_mode
 from reliable.sweeper.errors import NotifyError, SweeperConfigError
+from reliable.sweeper.notices import DeadNotice, NoticeKind, body, event_name, parse_tag, subject
 from reliable.sweeper.selection import inbox, notif, stub
 
 log = logging.getLogger("reliable.sweeper")
-
-
-@dataclass(frozen=True, slots=True)
-class DeadNotice:
-    """What a person needs to find and fix one dead stub."""
-
-    message_id: str
-    topic: str
-    consumer_group: str
-    send_count: int
-    queue_id: int | None
-    queue_offset: int | None
-    reason: str
-    dead_at: str  # ISO-8601 UTC
 
 
 class Channel(Protocol):
@@ -110,21 +99,6 @@ def _flag(text: str) -> bool:
     return text.strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _summary(notices: Sequence[DeadNotice]) -> str:
-    lines = [
-        f"{len(notices)} message stub(s) went DEAD: the resend sweeper gave up on them.",
-        "Fix the cause, then put them back with: reliable stubs revive ID ...",
-        "",
-    ]
-    for n in notices:
-        where = f"queue {n.queue_id} offset {n.queue_offset}" if n.queue_offset is not None else "no offset"
-        lines.append(
-            f"- {n.message_id}  topic={n.topic} group={n.consumer_group} sends={n.send_count} {where}"
-            f"  dead_at={n.dead_at}\n  reason: {n.reason}"
-        )
-    return "\n".join(lines) + "\n"
-
-
 class EmailChannel:
     name = C.NOTIFY_CHANNEL_EMAIL
 
@@ -132,12 +106,16 @@ class EmailChannel:
         self.config = config
 
     def deliver(self, notices: Sequence[DeadNotice]) -> None:
+        for kind, same in by_kind(notices):
+            self._send(subject(kind, same), body(kind, same))
+
+    def _send(self, title: str, text: str) -> None:
         cfg = self.config
         msg = EmailMessage()
-        msg["Subject"] = f"[reliable] {len(notices)} message stub(s) DEAD"
+        msg["Subject"] = title
         msg["From"] = cfg.sender
         msg["To"] = ", ".join(cfg.recipients)
-        msg.set_content(_summary(notices))
+        msg.set_content(text)
         try:
             client: smtplib.SMTP
             if cfg.use_ssl:
@@ -157,7 +135,8 @@ class EmailChannel:
 
 
 class WebhookChannel:
-    """POSTs ``{"event": "reliable.stub.dead", "count": N, "notices": [...]}``; any non-2xx is a failure."""
+    """POSTs ``{"event": …, "count": N, "notices": [...]}`` per kind (``reliable.stub.dead``,
+    ``reliable.queue.never_consumed``, ``reliable.group.stalled``); any non-2xx is a failure."""
 
     name = C.NOTIFY_CHANNEL_WEBHOOK
 
@@ -172,12 +151,19 @@ class WebhookChannel:
         self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
 
     def deliver(self, notices: Sequence[DeadNotice]) -> None:
-        body = json.dumps(
-            {"event": "reliable.stub.dead", "count": len(notices), "notices": [asdict(n) for n in notices]}
-        ).encode()
+        for kind, same in by_kind(notices):
+            self._post(
+                {
+                    "event": event_name(kind),
+                    "count": len(same),
+                    "notices": [asdict(n) | {"kind": n.kind.value} for n in same],
+                }
+            )
+
+    def _post(self, payload: dict[str, Any]) -> None:
         request = urllib.request.Request(
             self.url,
-            data=body,
+            data=json.dumps(payload).encode(),
             method="POST",
             headers={"Content-Type": "application/json", **self.headers},
         )
@@ -190,6 +176,14 @@ class WebhookChannel:
             raise NotifyError(f"webhook {self.url}: {exc}") from exc
         if not 200 <= status < 300:
             raise NotifyError(f"webhook {self.url}: HTTP {status}")
+
+
+def by_kind(notices: Sequence[DeadNotice]) -> list[tuple[NoticeKind, list[DeadNotice]]]:
+    """``notices`` split by kind, kinds in order of first appearance (one message per kind)."""
+    out: dict[NoticeKind, list[DeadNotice]] = {}
+    for n in notices:
+        out.setdefault(n.kind, []).append(n)
+    return list(out.items())
 
 
 def log_dead(notice: DeadNotice) -> None:
@@ -230,6 +224,8 @@ def deliver_owed(
 
 
 def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch: int) -> tuple[int, bool]:
+    """One batch of ``channel``'s owed rows, oldest first: one delivery per kind; returns (rows delivered,
+    whether a delivery failed — the kinds after it wait for the next round)."""
     group_row = and_(
         inbox.c.message_id == notif.c.message_id, inbox.c.consumer_group == notif.c.consumer_group
     )
@@ -245,7 +241,10 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
             func.coalesce(inbox.c.queue_id, stub.c.queue_id).label("queue_id"),
             func.coalesce(inbox.c.queue_offset, stub.c.queue_offset).label("queue_offset"),
         )
-        .select_from(notif.join(stub, stub.c.message_id == notif.c.message_id).outerjoin(inbox, group_row))
+        # outer joins: a stall's rows are keyed by their queue, not by a message (notices.stall_key)
+        .select_from(
+            notif.outerjoin(stub, stub.c.message_id == notif.c.message_id).outerjoin(inbox, group_row)
+        )
         .where(notif.c.channel == channel.name, notif.c.notified_at.is_(None))
         .order_by(notif.c.created_at)
         .limit(batch)
@@ -259,38 +258,52 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
         rows = conn.execute(stmt).all()
         if not rows:
             return 0, False
-        notices = [
-            DeadNotice(
-                message_id=r.message_id,
-                topic=r.topic,
-                consumer_group=r.consumer_group,
-                send_count=1 + int(r.resend_count or 0),
-                queue_id=r.queue_id,
-                queue_offset=r.queue_offset,
-                reason=r.reason,
-                dead_at=r.created_at.isoformat(),
+        delivered = 0
+        for kind, notices in by_kind([_notice(r) for r in rows]):
+            keys = [(n.message_id, n.consumer_group) for n in notices]
+            where = and_(
+                notif.c.channel == channel.name,
+                or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys]),
             )
-            for r in rows
-        ]
-        keys = [(r.message_id, r.consumer_group) for r in rows]
-        where = and_(
-            notif.c.channel == channel.name,
-            or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys]),
-        )
-        try:
-            channel.deliver(notices)
-        except NotifyError as exc:
-            log.warning(
-                "notify via %s failed for %d notice(s), retried next round: %s", channel.name, len(keys), exc
-            )
+            try:
+                channel.deliver(notices)
+            except NotifyError as exc:
+                log.warning(
+                    "notify via %s failed for %d %s notice(s), retried next round: %s",
+                    channel.name,
+                    len(keys),
+                    kind.value,
+                    exc,
+                )
+                conn.execute(
+                    update(notif)
+                    .where(where)
+                    .values(attempts=notif.c.attempts + 1, last_error=str(exc)[:2000])
+                )
+                return delivered, True
             conn.execute(
-                update(notif).where(where).values(attempts=notif.c.attempts + 1, last_error=str(exc)[:2000])
+                update(notif)
+                .where(where)
+                .values(attempts=notif.c.attempts + 1, notified_at=now, last_error=None)
             )
-            return 0, True
-        conn.execute(
-            update(notif).where(where).values(attempts=notif.c.attempts + 1, notified_at=now, last_error=None)
-        )
-        return len(keys), False
+            delivered += len(keys)
+        return delivered, False
+
+
+def _notice(r: Any) -> DeadNotice:
+    """A notice from an owed row: its kind from the reason's tag, a queue-level row's topic and queue too."""
+    tag = parse_tag(r.reason)
+    return DeadNotice(
+        message_id=r.message_id,
+        topic=tag.queue.topic if tag is not None else r.topic,
+        consumer_group=r.consumer_group,
+        send_count=0 if tag is not None else 1 + int(r.resend_count or 0),
+        queue_id=tag.queue.queue_id if tag is not None else r.queue_id,
+        queue_offset=tag.watermark if tag is not None else r.queue_offset,
+        reason=r.reason,
+        dead_at=r.created_at.isoformat(),
+        kind=NoticeKind.DEAD if tag is None else tag.kind,
+    )
 
 
 def notification_rows(

@@ -40,7 +40,7 @@ from reliable import outbox
 from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
-from reliable.sweeper.notify import DeadNotice
+from reliable.sweeper.notices import DeadNotice
 from reliable.sweeper.queues import load_progress
 from reliable.sweeper.selection import Candidate, inbox
 

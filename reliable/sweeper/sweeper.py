@@ -7,7 +7,11 @@ A round, in order:
    claim transaction); the others are sent through the :class:`~reliable.sender.Sender` and the outcomes
    recorded (one statement per batch);
 2. **notify** — deliver owed notices per channel (a failing channel never stops the round);
-3. **retention** — purge old log rows of settled stubs.
+3. **retention** — purge old log rows of settled stubs, yielding to consumers (rests between batches, at
+   most ``DEFAULT_PURGE_ROUND_BUDGET_S`` per round; the next round goes on).
+
+Between sweep and notify, a slice of PENDING stubs is settled (:func:`reliable.outbox.settle_slice`, round
+after round through all of them) and the stalled-group alarm is checked (:mod:`.stall`).
 
 Selection uses the round's start time, and every stub handled gets a ``resend_at`` after it, so the loop of
 batches ends: no stub is handled twice in a round.
@@ -40,6 +44,7 @@ from reliable.sweeper.notify import Channel, deliver_owed
 from reliable.sweeper.resend import BatchResult, send_claimed
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
+from reliable.sweeper.stall import check_stalls
 from reliable.sweeper.triage import Triage, triage
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule
 
@@ -57,6 +62,9 @@ class RoundSummary:
     lease_unknown: int = 0
     held: int = 0
     never_consumed: int = 0
+    #: queues a group has stopped consuming (open stalls after the round), and how many were raised now
+    stalled: int = 0
+    stall_alarms: int = 0
     purged: int = 0
     notified: int = 0
     notify_failures: int = 0
@@ -67,7 +75,8 @@ class RoundSummary:
             f"sweep round: selected={self.selected} resent={self.resent} send_failures={self.send_failures} "
             f"dead={self.dead} stuck_recovered={self.stuck_recovered} lease_held={self.lease_held} "
             f"lease_unknown={self.lease_unknown} held={self.held} never_consumed={self.never_consumed} "
-            f"purged={self.purged} notified={self.notified} notify_failures={self.notify_failures} "
+            f"stalled={self.stalled} stall_alarms={self.stall_alarms} purged={self.purged} "
+            f"notified={self.notified} notify_failures={self.notify_failures} "
             f"duration={self.duration_s:.3f}s"
         )
 
@@ -86,7 +95,8 @@ class Sweeper:
     """Re-sends what each consumer group lacks, through ``sender``; ``run_once()`` is one round.
 
     Defaults come from ``rel.settings`` (``max_sends``, ``stuck_after_s``, ``log_retention_s``,
-    ``sweep_batch``, ``lease_ms``); keyword arguments override them. ``probe`` is the broker's view of its
+    ``sweep_batch``, ``lease_ms``, ``purge_batch``, ``purge_duty_cycle``, ``stall_after_s``); keyword
+    arguments override them. ``probe`` is the broker's view of its
     queues (:class:`~reliable.sender.BrokerProbe`; default: the sender itself when it is one) — it proves
     a loss on a quiet queue; without it ``max_unconfirmed_age_s`` is the last resort. ``retry_schedule`` is
     the broker's own redelivery delay (default RocketMQ's). ``clock`` is the time source of every due-time
@@ -112,6 +122,8 @@ class Sweeper:
         max_unconfirmed_age_s: float = C.DEFAULT_MAX_UNCONFIRMED_AGE_S,
         retry_schedule: RetrySchedule | None = None,
         log_retention_s: float | None = None,
+        purge_duty_cycle: float | None = None,
+        stall_after_s: float | None = None,
         claim_ttl_s: float | None = None,
         max_batches: int | None = None,
         clock: Callable[[], dt.datetime] = utcnow,
@@ -138,6 +150,16 @@ class Sweeper:
         self.retry_schedule: RetrySchedule = retry_schedule or RocketMQRetrySchedule()
         retention = log_retention_s if log_retention_s is not None else s.log_retention_s
         self.log_retention = dt.timedelta(seconds=retention)
+        self.purge_batch = s.purge_batch
+        self.purge_duty_cycle = purge_duty_cycle if purge_duty_cycle is not None else s.purge_duty_cycle
+        if not 0 < self.purge_duty_cycle <= 1:
+            raise SweeperConfigError(f"purge_duty_cycle must be in (0, 1], got {self.purge_duty_cycle!r}")
+        stall = stall_after_s if stall_after_s is not None else s.stall_after_s
+        if stall <= 0:
+            raise SweeperConfigError(f"stall_after must be > 0, got {stall!r}")
+        self.stall_after = dt.timedelta(seconds=stall)
+        #: where the settle walk goes on next round (reliable.outbox.settle_slice)
+        self._settle_at: outbox.SettleCursor = None
         self.claim_ttl = dt.timedelta(seconds=claim_ttl_s) if claim_ttl_s is not None else None
         self.lease_hold = dt.timedelta(milliseconds=s.lease_ms)
         self.max_batches = max_batches
@@ -166,10 +188,22 @@ class Sweeper:
         try:
             self._sweep(self.clock(), summary)
             with self.engine.begin() as conn:  # stubs whose last groups confirmed at the same instant
-                outbox.settle(conn, self.clock())
+                self._settle_at = outbox.settle_slice(
+                    conn, self.clock(), self._settle_at, C.DEFAULT_SETTLE_BATCH
+                )
+            self._stalls(summary)
             self._notify(summary)
             if not self.stopping:
-                summary.purged = purge_logs(self.engine, now=self.clock(), retention=self.log_retention)
+                summary.purged = purge_logs(
+                    self.engine,
+                    now=self.clock(),
+                    retention=self.log_retention,
+                    batch=self.purge_batch,
+                    duty_cycle=self.purge_duty_cycle,
+                    budget_s=C.DEFAULT_PURGE_ROUND_BUDGET_S,
+                    rest=self._stop.wait,
+                    should_stop=self._stop.is_set,
+                )
         except Exception:
             metrics.ROUND_ERRORS.inc()
             log.exception("sweep round failed")
@@ -246,6 +280,16 @@ class Sweeper:
             clock=self.clock,
             should_stop=self._stop.is_set,
         )
+
+    def _stalls(self, summary: RoundSummary) -> None:
+        found = check_stalls(
+            self.engine,
+            now=self.clock(),
+            stall_after=self.stall_after,
+            broker_max=self.probe.max_offset if self.probe is not None else None,
+            channels=[c.name for c in self.channels],
+        )
+        summary.stalled, summary.stall_alarms = found.open, found.raised
 
     def _notify(self, summary: RoundSummary) -> None:
         if not self.channels:

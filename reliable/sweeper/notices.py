@@ -1,0 +1,177 @@
+"""What a notice to a person says: one kind per cause, each with its own text, subject and webhook event.
+
+Three causes reach a person through the same owed-notice table (``stub_notification``) and channels:
+
+* ``DEAD`` — the sweeper gave up on a group's row (budget spent): fix, then ``reliable stubs revive``;
+* ``NEVER_CONSUMED`` — a group has messages on a queue it has never consumed (wrong subscription, consumer
+  never started): no resend is made, the messages wait on the broker;
+* ``STALLED`` — a group consumed a queue and stopped (consumers crashed, undeployed): its position has not
+  moved for ``stall_after`` while the broker holds messages beyond it that the group owes.
+
+The two queue-level kinds name their queue in a tag at the start of the reason (``STALLED topic=orders
+broker=broker-b queue=3 watermark=41: …``) — how a person, the dedupe and the delivery recognise them; one
+builder (:func:`queue_tag`) and one parser (:func:`parse_tag`) for both kinds. The table is keyed by
+message; a stall notice is about a queue, so its rows use a key of their own in the ``message_id`` column
+(:func:`stall_key`). A queue's identity is :class:`QueueRef` — ``(topic, broker_name, queue_id)``, the
+broker group being part of it on a RocketMQ cluster (reliable/sweeper/queues.py). Without a broker group
+(``''``: Kafka, RabbitMQ, one broker, or written before migration 0006) the tag has no ``broker=`` part and
+the key is the one of before, so an alarm raised before the broker group joined is still recognised.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from reliable import constants as C
+
+
+class NoticeKind(enum.Enum):
+    DEAD = "dead"
+    NEVER_CONSUMED = "never_consumed"
+    STALLED = "stalled"
+
+
+#: first word of a queue-level notice's reason, per kind
+NEVER_CONSUMED_TAG = "NEVER_CONSUMED"
+STALLED_TAG = "STALLED"
+_TAGS = {NEVER_CONSUMED_TAG: NoticeKind.NEVER_CONSUMED, STALLED_TAG: NoticeKind.STALLED}
+_TAG_RE = re.compile(
+    r"^(NEVER_CONSUMED|STALLED) topic=(\S+)(?: broker=(\S+))? queue=(-?\d+|None)(?: watermark=(-?\d+))?[:\s]"
+)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class QueueRef:
+    """One queue of a topic, as the sweeper's per-queue state is keyed: ``(topic, broker_name, queue_id)``."""
+
+    topic: str
+    queue_id: int | None
+    #: the RocketMQ broker group (brokerName); ``''``: none, or not known (written before migration 0006)
+    broker_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTag:
+    """What a queue-level reason's tag says."""
+
+    kind: NoticeKind
+    queue: QueueRef
+    #: the group's watermark when a stall was raised (``None`` for never-consumed)
+    watermark: int | None
+
+
+def queue_tag(tag: str, queue: QueueRef, watermark: int | None = None) -> str:
+    """``STALLED topic=orders broker=broker-b queue=3 watermark=41:`` — the start of a queue-level reason
+    (no ``broker=`` part without a broker group: the form of before migration 0006)."""
+    broker = f" broker={queue.broker_name}" if queue.broker_name else ""
+    mark = f" watermark={watermark}" if watermark is not None else ""
+    return f"{tag} topic={queue.topic}{broker} queue={queue.queue_id}{mark}:"
+
+
+def parse_tag(reason: str) -> QueueTag | None:
+    """The tag at the start of ``reason``; ``None`` for a DEAD reason (no tag)."""
+    m = _TAG_RE.match(reason)
+    if m is None:
+        return None
+    queue_id = None if m.group(4) == "None" else int(m.group(4))
+    watermark = int(m.group(5)) if m.group(5) is not None else None
+    return QueueTag(_TAGS[m.group(1)], QueueRef(m.group(2), queue_id, m.group(3) or ""), watermark)
+
+
+def stall_key(queue: QueueRef) -> str:
+    """The ``message_id`` of a stall's notice rows: ``~stall:`` + a SHA-256 digest of the queue (cut to the
+    column), so no real message id meets it short of being chosen to, whatever the topic's length. Without a
+    broker group the digest is the one of before the broker group joined the queue's identity."""
+    broker = f"\n{queue.broker_name}" if queue.broker_name else ""
+    digest = hashlib.sha256(f"{queue.topic}\n{queue.queue_id}{broker}".encode()).hexdigest()
+    return (C.STALL_KEY_PREFIX + digest)[: C.MESSAGE_ID_MAX]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadNotice:
+    """What a person needs to find and fix one cause (the name is historical: every kind uses it).
+
+    For a queue-level kind ``message_id`` is the notice's key (a stall) or an example message
+    (never consumed), ``send_count`` is 0, ``queue_offset`` is the group's watermark (a stall), and
+    ``dead_at`` is when the notice was raised.
+    """
+
+    message_id: str
+    topic: str
+    consumer_group: str
+    send_count: int
+    queue_id: int | None
+    queue_offset: int | None
+    reason: str
+    dead_at: str  # ISO-8601 UTC
+    kind: NoticeKind = NoticeKind.DEAD
+
+
+#: the generic name
+Notice = DeadNotice
+
+_EVENTS = {
+    NoticeKind.DEAD: "reliable.stub.dead",
+    NoticeKind.NEVER_CONSUMED: "reliable.queue.never_consumed",
+    NoticeKind.STALLED: "reliable.group.stalled",
+}
+
+
+def event_name(kind: NoticeKind) -> str:
+    """The webhook's ``event`` for notices of ``kind``."""
+    return _EVENTS[kind]
+
+
+def subject(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
+    n = len(notices)
+    if kind is NoticeKind.DEAD:
+        return f"[reliable] {n} message stub(s) DEAD"
+    groups = ", ".join(sorted({x.consumer_group for x in notices}))
+    if kind is NoticeKind.NEVER_CONSUMED:
+        return f"[reliable] {n} queue(s) never consumed by group(s) {groups}"
+    return f"[reliable] group(s) {groups} stopped consuming {n} queue(s)"
+
+
+_HEADS = {
+    NoticeKind.DEAD: [
+        "{n} message stub(s) went DEAD: the resend sweeper gave up on them.",
+        "Fix the cause, then put them back with: reliable stubs revive ID ...",
+    ],
+    NoticeKind.NEVER_CONSUMED: [
+        "{n} queue(s) hold messages for a consumer group that has never consumed there.",
+        "No resend is made (nobody of that group would read it); the messages wait on the broker.",
+        "Subscribe the group to the topic (or fix its subscription, start its consumers): they are then",
+        "delivered, and nothing is lost meanwhile.",
+    ],
+    NoticeKind.STALLED: [
+        "{n} queue(s) stopped being consumed: the group's position there has not moved for the stall",
+        "time, while the broker holds messages beyond it that the group still owes.",
+        "Check the group's consumers (crashed, undeployed, a handler hanging, a lost subscription).",
+        "The messages wait on the broker and are delivered when the group resumes; the alarm clears",
+        "by itself once its position moves, and a later stall is reported again.",
+    ],
+}
+
+
+def body(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
+    """The plain text of a message about ``notices`` (all of ``kind``)."""
+    lines = [line.format(n=len(notices)) for line in _HEADS[kind]] + [""]
+    for x in notices:
+        if kind is NoticeKind.DEAD:
+            where = (
+                f"queue {x.queue_id} offset {x.queue_offset}" if x.queue_offset is not None else "no offset"
+            )
+            lines.append(
+                f"- {x.message_id}  topic={x.topic} group={x.consumer_group} sends={x.send_count} {where}"
+                f"  dead_at={x.dead_at}\n  reason: {x.reason}"
+            )
+        else:
+            lines.append(
+                f"- group={x.consumer_group} topic={x.topic} queue={x.queue_id}  raised_at={x.dead_at}\n"
+                f"  {x.reason}"
+            )
+    return "\n".join(lines) + "\n"

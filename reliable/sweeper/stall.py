@@ -1,0 +1,290 @@
+"""The stalled-group alarm: a group that consumed a queue and then stopped must reach a person.
+
+The resend rules cannot see it. The group's rows beyond its position are on the broker, so they are
+``queued``, not lost, and re-sending them would not help: nobody of the group reads. Without this alarm the
+stop shows only as lag. The sweeper checks, each round, every ``(group, topic, broker group, queue)`` whose
+watermark (``consume_progress.max_offset``) has not moved for ``stall_after`` (its ``updated_at`` — the guard
+writes it with every delivery it journals), and calls it **stalled** when
+
+* the broker holds messages beyond the watermark (the probe's max offset, one past the last message, is
+  above ``watermark + 1``: a quiet queue — nothing new — is not a stall), and
+* the group owes one of them: a ``PENDING`` inbox row whose copy (the producer's send) sits beyond the
+  watermark on that queue and was sent ``stall_after`` ago or more (so a message that just arrived on a
+  quiet queue is not one either).
+
+A queue is ``(topic, broker_name, queue_id)`` (reliable/sweeper/queues.py): on a RocketMQ cluster queue 0
+on broker-a and queue 0 on broker-b are different queues, so the probe is asked about the watermark's own
+broker group and only copies on that broker group count (the same rule as the resend verdicts): a copy
+without a broker name (sent before migration 0006) counts only for a watermark without one, and a watermark
+without one is not checked at all once the group has rows naming broker groups on that queue id (it is the
+pre-0006 row, superseded; a copy without a broker name has no known position there).
+
+Without a probe (RabbitMQ), or when the probe cannot tell, the second condition alone decides, on any
+``PENDING`` row of the group on that queue that it never received and that is ``stall_after`` old — the
+age of the oldest waiting row is the evidence: a live group would have taken it.
+
+A stall raises the ``reliable_sweeper_stalled_seconds`` gauge (how long the watermark has been still) and
+ONE notice per ``(group, topic, broker group, queue)`` per episode: an ERROR log line and a ``STALLED``
+notice (own text, :mod:`.notices`) owed to every configured channel. Its ``log`` channel row, written
+already delivered, is the episode: it remembers the watermark the stall was raised at. The episode ends —
+rows deleted, gauge 0, an INFO line — when the queue is no longer stalled (the watermark moved, or nothing
+is owed there any more); a later stall is a new episode with a new notice. Two sweepers raising the same
+stall at once: the second sees the first's episode row, or its insert meets the first's primary key; either
+way it counts as raised.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, and_, case, delete, exists, func, insert, or_, select
+from sqlalchemy.exc import IntegrityError
+
+from reliable import constants as C
+from reliable.sweeper import metrics
+from reliable.sweeper.notices import STALLED_TAG, QueueRef, parse_tag, queue_tag, stall_key
+from reliable.sweeper.notify import notification_rows
+from reliable.sweeper.selection import inbox, notif, progress, stub
+from reliable.sweeper.selection import log as log_t
+from reliable.types import StubStatus
+
+log = logging.getLogger("reliable.sweeper")
+
+#: the broker's max offset of ``(topic, queue_id, broker_name)``, ``None``: cannot tell (see
+#: :class:`reliable.sender.BrokerProbe`)
+MaxOffset = Callable[[str, int, str], "int | None"]
+#: a group's queue: the key of a stall episode
+GroupQueue = tuple[str, QueueRef]
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """One stalled ``(group, topic, broker group, queue)`` and its evidence."""
+
+    group: str
+    queue: QueueRef
+    watermark: int
+    #: when the watermark last moved (``consume_progress.updated_at``)
+    still_since: dt.datetime
+    #: the broker's max offset there; ``None``: no probe answer (the age of the waiting row decided)
+    broker_max: int | None
+    #: the oldest message the group owes there, and since when
+    waiting: str
+    waiting_since: dt.datetime
+
+    def reason(self, stall_after: dt.timedelta) -> str:
+        q = self.queue
+        on = f" of {q.broker_name}" if q.broker_name else ""
+        head = (
+            f"{queue_tag(STALLED_TAG, q, self.watermark)} group {self.group} has consumed nothing on "
+            f"{q.topic} queue {q.queue_id}{on} since {self.still_since.isoformat()} "
+            f"(stall_after {stall_after}); its position stays at offset {self.watermark}"
+        )
+        if self.broker_max is not None:
+            beyond = self.broker_max - self.watermark - 1
+            evidence = (
+                f" while the broker holds {beyond} message(s) beyond it (max offset {self.broker_max}); the "
+                f"first it owes is {self.waiting}, sent {self.waiting_since.isoformat()}."
+            )
+        else:
+            evidence = (
+                f" while it still owes {self.waiting} (PENDING since {self.waiting_since.isoformat()}; no "
+                "broker probe: stopped consumers, or messages lost on the way)."
+            )
+        return head + evidence + " No resend is made meanwhile: check the group's consumers."
+
+
+@dataclass
+class StallResult:
+    raised: int = 0
+    #: stalls open after this check (raised now or earlier)
+    open: int = 0
+    cleared: int = 0
+
+
+def check_stalls(
+    engine: Engine,
+    *,
+    now: dt.datetime,
+    stall_after: dt.timedelta,
+    broker_max: MaxOffset | None,
+    channels: Sequence[str],
+) -> StallResult:
+    """Find the stalled queues, raise the new ones once, clear the ended ones (see the module doc)."""
+    with engine.begin() as conn:
+        episodes = open_episodes(conn)
+        found = {(s.group, s.queue): s for s in find_stalls(conn, now, stall_after, broker_max)}
+    result = StallResult()
+    for key, watermark in sorted(episodes.items()):
+        stall = found.get(key)
+        if stall is not None and stall.watermark == watermark:
+            result.open += 1
+            _gauge(stall, now)
+            continue
+        with engine.begin() as conn:
+            _delete_episode(conn, key)
+        result.cleared += 1
+        group, queue = key
+        metrics.STALLED_SECONDS.labels(group, queue.topic, queue.broker_name, str(queue.queue_id)).set(0)
+        log.info(
+            "stall cleared: group %s %s queue %s%s (its position moved)",
+            group,
+            queue.topic,
+            queue.queue_id,
+            f" of {queue.broker_name}" if queue.broker_name else "",
+        )
+    for key, stall in sorted(found.items()):
+        if episodes.get(key) == stall.watermark:
+            continue
+        if _raise(engine, stall, now, stall_after, channels):
+            result.raised += 1
+            metrics.STALL_ALARMS.inc()
+        result.open += 1
+        _gauge(stall, now)
+    return result
+
+
+def open_episodes(conn: Connection) -> dict[GroupQueue, int | None]:
+    """The stalls raised and not cleared: ``(group, queue)`` → the watermark each was raised at."""
+    rows = conn.execute(
+        select(notif.c.consumer_group, notif.c.reason).where(
+            notif.c.channel == C.NOTIFY_CHANNEL_LOG,
+            notif.c.message_id.startswith(C.STALL_KEY_PREFIX, autoescape=True),
+        )
+    ).all()
+    out: dict[GroupQueue, int | None] = {}
+    for group, reason in rows:
+        tag = parse_tag(reason)
+        if tag is not None:
+            out[(group, tag.queue)] = tag.watermark
+    return out
+
+
+def find_stalls(
+    conn: Connection, now: dt.datetime, stall_after: dt.timedelta, broker_max: MaxOffset | None
+) -> list[Stall]:
+    """Every stalled ``(group, topic, broker group, queue)`` now (one statement for the still watermarks,
+    then at most a probe call and one bounded lookup per still one)."""
+    cutoff = now - stall_after
+    named = progress.alias("named")
+    # a watermark without a broker group where the group has rows naming one: the pre-0006 row, superseded
+    superseded = exists().where(
+        named.c.consumer_group == progress.c.consumer_group,
+        named.c.topic == progress.c.topic,
+        named.c.queue_id == progress.c.queue_id,
+        named.c.broker_name != "",
+    )
+    still = conn.execute(
+        select(
+            progress.c.consumer_group,
+            progress.c.topic,
+            progress.c.broker_name,
+            progress.c.queue_id,
+            progress.c.max_offset,
+            progress.c.updated_at,
+        ).where(progress.c.updated_at <= cutoff, or_(progress.c.broker_name != "", ~superseded))
+    ).all()
+    asked: dict[QueueRef, int | None] = {}
+    stalls = []
+    for group, topic, broker_name, queue_id, watermark, since in still:
+        queue = QueueRef(topic, queue_id, broker_name)
+        if queue not in asked:
+            asked[queue] = _ask(broker_max, queue)
+        top = asked[queue]
+        if top is not None and top <= watermark + 1:
+            continue  # nothing beyond the watermark: a quiet queue
+        owed = _owed(conn, group, queue, watermark, cutoff, probed=top is not None)
+        if owed is not None:
+            stalls.append(Stall(group, queue, watermark, since, top, owed[0], owed[1]))
+    return stalls
+
+
+def _ask(broker_max: MaxOffset | None, queue: QueueRef) -> int | None:
+    if broker_max is None or queue.queue_id is None:
+        return None
+    try:
+        return broker_max(queue.topic, queue.queue_id, queue.broker_name)
+    except Exception as exc:  # the contract says None for "cannot tell"; a raising probe too
+        log.warning(
+            "broker probe of %s %s queue %s failed: %r", queue.topic, queue.broker_name, queue.queue_id, exc
+        )
+        return None
+
+
+def _owed(
+    conn: Connection, group: str, queue: QueueRef, watermark: int, cutoff: dt.datetime, *, probed: bool
+) -> tuple[str, dt.datetime] | None:
+    """The first message ``group`` owes on ``queue`` that proves the stall, and since when; ``None``: none."""
+    mine = and_(
+        inbox.c.message_id == stub.c.message_id,
+        inbox.c.consumer_group == group,
+        inbox.c.status == StubStatus.PENDING,
+        stub.c.topic == queue.topic,
+    )
+    if probed:
+        # the producer's copy, beyond the watermark, sent long enough ago: lowest offset = first owed
+        since = func.coalesce(stub.c.last_sent_at, inbox.c.created_at)
+        q = (
+            select(inbox.c.message_id, since)
+            .where(
+                mine,
+                inbox.c.queue_offset.is_(None),
+                stub.c.broker_name == queue.broker_name,
+                stub.c.queue_id == queue.queue_id,
+                stub.c.queue_offset > watermark,
+                since <= cutoff,
+            )
+            .order_by(stub.c.queue_offset)
+        )
+    else:
+        received = exists().where(
+            log_t.c.message_id == inbox.c.message_id, log_t.c.consumer_group == inbox.c.consumer_group
+        )
+        # the newest copy's queue: the targeted resend's (on the inbox row) if any, else the producer's
+        broker = case((inbox.c.queue_id.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name)
+        q = select(inbox.c.message_id, inbox.c.created_at).where(
+            mine,
+            func.coalesce(inbox.c.queue_id, stub.c.queue_id) == queue.queue_id,
+            broker == queue.broker_name,
+            inbox.c.created_at <= cutoff,
+            ~received,
+        )
+    row = conn.execute(q.limit(1)).first()
+    return None if row is None else (str(row[0]), row[1])
+
+
+def _raise(
+    engine: Engine, stall: Stall, now: dt.datetime, stall_after: dt.timedelta, channels: Sequence[str]
+) -> bool:
+    """Owe the notice and write the episode; ``False`` when another sweeper raised it first."""
+    reason = stall.reason(stall_after)
+    key = [(stall_key(stall.queue), stall.group)]
+    owed = notification_rows(key, [reason], channels, now)
+    episode = notification_rows(key, [reason], [C.NOTIFY_CHANNEL_LOG], now)
+    episode[0]["notified_at"] = now
+    try:
+        with engine.begin() as conn:
+            if (stall.group, stall.queue) in open_episodes(conn):
+                return False  # another sweeper raised it since this one looked
+            # rows of the key without an episode row are leftovers (a person deleted the episode row)
+            _delete_episode(conn, (stall.group, stall.queue))
+            conn.execute(insert(notif), owed + episode)
+    except IntegrityError:  # both looked at once: the other insert won
+        log.info("stall of %s on %s already raised by another sweeper", stall.group, stall.queue)
+        return False
+    log.error("stalled-group alarm: %s", reason)
+    return True
+
+
+def _delete_episode(conn: Connection, key: GroupQueue) -> None:
+    group, queue = key
+    conn.execute(delete(notif).where(notif.c.message_id == stall_key(queue), notif.c.consumer_group == group))
+
+
+def _gauge(stall: Stall, now: dt.datetime) -> None:
+    seconds = max((now - stall.still_since).total_seconds(), 0.0)
+    q = stall.queue
+    metrics.STALLED_SECONDS.labels(stall.group, q.topic, q.broker_name, str(q.queue_id)).set(seconds)
