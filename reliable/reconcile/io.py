@@ -99,8 +99,14 @@ def build_session(
 
 
 def co_partitions(spark: SparkSession) -> int:
-    """How many partitions the inputs are hashed into on ``message_id``: the session's shuffle partitions."""
-    return int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+    """How many partitions the inputs are hashed into on ``message_id``.
+
+    The session's shuffle partitions, but at least 8 per core: the hash joins build an in-memory table per
+    partition that cannot spill (the per-pair delivery statistics of 20 M pairs in 8 partitions ran out of
+    a 4 GiB driver's execution memory on a second job in the same JVM).
+    """
+    shuffle = int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+    return max(shuffle, 8 * spark.sparkContext.defaultParallelism)
 
 
 def by_message(df: DataFrame, partitions: int) -> DataFrame:

@@ -169,7 +169,7 @@ def reconcile(
         io.write_detail(T.offset_gaps(inputs.logs, cfg), out_dir, "gaps")
     finally:
         for df in persisted:
-            df.unpersist()
+            df.unpersist(blocking=True)  # the next job in this JVM gets the memory back before it starts
 
     p.step("reading back the detail tables")
     back = {name: spark.read.parquet(str(out_dir / f"{name}.parquet")) for name in DETAIL_TABLES}
