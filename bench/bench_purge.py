@@ -19,7 +19,11 @@ transactions and (when it finished) the survivors are checked at the end. ``--ex
 the purge's statements (and of the guard's lookups) at full size.
 
     .venv/bin/python -m bench.bench_purge [--rows 10000000] [--chunk 100] [--pairs 0] [--then finish|stop]
-                                          [--batch 2000] [--duty 0.5] [--explain]
+                                          [--batch 2000] [--duty 0.5] [--passes 0.5,1,0.5] [--explain]
+
+``--passes`` measures several times on one fill (filling 10 M rows takes minutes): each pass a new purge
+child at that duty cycle, ``--pairs`` pairs, then stopped; passes at different duty cycles interleave the
+throttled purge with the unthrottled one in one run.
 """
 
 from __future__ import annotations
@@ -135,6 +139,75 @@ def _purge(
     engine.dispose()
 
 
+def _pass(url: str, rel: Any, consumer: Any, args: argparse.Namespace, duty: float, survivors: int) -> None:
+    """One measurement: a purge child at ``duty``, ``--pairs`` (during, paused) pairs, then stop or finish."""
+    ctx = mp.get_context("fork")
+    out: Any = ctx.Queue()
+    done: Any = ctx.Value("q", 0)
+    parked_s: Any = ctx.Value("d", 0.0)
+    go, parked = ctx.Event(), ctx.Event()
+    go.set()
+    child = ctx.Process(target=_purge, args=(url, out, done, go, parked, parked_s, args.batch, duty))
+    started = time.perf_counter()
+    child.start()
+    ratios: list[float] = []
+    loads: list[float] = []
+
+    def resume(run: bool) -> None:
+        if run:
+            go.set()
+            return
+        go.clear()
+        while child.is_alive() and not parked.wait(0.5):  # until it reaches a batch boundary
+            pass
+
+    while child.is_alive() and not (args.pairs and len(ratios) >= args.pairs):
+        rate = {}
+        order = ("during", "paused") if len(ratios) % 2 == 0 else ("paused", "during")
+        for side in order:
+            resume(side == "during")
+            t = time.perf_counter()
+            consumer.batch_each(envelopes(fresh(side, args.chunk)))
+            rate[side] = args.chunk / (time.perf_counter() - t)
+        resume(True)
+        if child.is_alive():
+            ratios.append(rate["during"] / rate["paused"])
+            loads.append(os.getloadavg()[0])
+    resume(True)
+    paused = float(parked_s.value)
+    if args.then == "stop" and child.is_alive():
+        running = time.perf_counter() - started - paused
+        child.terminate()
+        child.join()
+        purged = int(done.value)
+        print(
+            f"purge: stopped after the measured pairs: {purged:,} rows in {running:.0f} s unparked = "
+            f"{purged / running:,.0f} rows/s (batch {args.batch:,}, duty {duty}); at that rate "
+            f"{args.rows:,} rows take {args.rows / (purged / running) / 60:.1f} min"
+        )
+    else:
+        purged, seconds, typical, longest = out.get()
+        child.join()
+        with rel.engine.connect() as conn:
+            left = conn.execute(
+                select(func.count()).select_from(MessageLog).where(MessageLog.consumer_group == OLD)
+            ).scalar_one()
+        print(
+            f"purge: {purged:,} rows in {seconds:.0f} s, {paused:.0f} s of it paused "
+            f"(batch {args.batch:,}, duty {duty}), batch transaction median "
+            f"{1000 * typical:.0f} ms, longest {1000 * longest:.0f} ms; "
+            f"{left:,} log rows left (expected {survivors:,}: PENDING/DEAD evidence) "
+            f"{'ok' if left == survivors else 'WRONG'}"
+        )
+    if ratios:
+        med = statistics.median(ratios)
+        print(
+            f"p1 consumer msgs/s during purge ÷ paused: median {med:.2f} of {len(ratios)} pairs "
+            f"(min {min(ratios):.2f}, max {max(ratios):.2f}; load {min(loads):.2f}–{max(loads):.2f})"
+            f"  target ≥ 0.7  {'ok' if med >= 0.7 else 'MISSED'}"
+        )
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_purge", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=10_000_000, help="expired message_log rows")
@@ -143,6 +216,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--then", choices=["finish", "stop"], default="finish", help="after --pairs")
     ap.add_argument("--batch", type=int, default=C.DEFAULT_PURGE_BATCH, help="rows per purge transaction")
     ap.add_argument("--duty", type=float, default=C.DEFAULT_PURGE_DUTY_CYCLE, help="purge duty cycle (0, 1]")
+    ap.add_argument(
+        "--passes",
+        help="comma-separated duty cycles: one measurement each on the same filled tables (with --pairs)",
+    )
     ap.add_argument("--explain", action="store_true")
     args = ap.parse_args(argv)
     prefix = f"bench{os.getpid()}"
@@ -157,73 +234,10 @@ def main(argv: list[str]) -> int:
                 explain_purge(rel.engine, args.batch)
             consumer = guarded(rel, "live")
             consumer.batch_each(envelopes(fresh("warm", args.chunk)))
-            ctx = mp.get_context("fork")
-            out: Any = ctx.Queue()
-            done: Any = ctx.Value("q", 0)
-            parked_s: Any = ctx.Value("d", 0.0)
-            go, parked = ctx.Event(), ctx.Event()
-            go.set()
-            child = ctx.Process(
-                target=_purge, args=(url, out, done, go, parked, parked_s, args.batch, args.duty)
-            )
-            started = time.perf_counter()
-            child.start()
-            ratios: list[float] = []
-            loads: list[float] = []
-
-            def resume(run: bool) -> None:
-                if run:
-                    go.set()
-                    return
-                go.clear()
-                while child.is_alive() and not parked.wait(0.5):  # until it reaches a batch boundary
-                    pass
-
-            while child.is_alive() and not (args.pairs and len(ratios) >= args.pairs):
-                rate = {}
-                order = ("during", "paused") if len(ratios) % 2 == 0 else ("paused", "during")
-                for side in order:
-                    resume(side == "during")
-                    t = time.perf_counter()
-                    consumer.batch_each(envelopes(fresh(side, args.chunk)))
-                    rate[side] = args.chunk / (time.perf_counter() - t)
-                resume(True)
-                if child.is_alive():
-                    ratios.append(rate["during"] / rate["paused"])
-                    loads.append(os.getloadavg()[0])
-            resume(True)
-            paused = float(parked_s.value)
-            if args.then == "stop" and child.is_alive():
-                running = time.perf_counter() - started - paused
-                child.terminate()
-                child.join()
-                purged = int(done.value)
-                print(
-                    f"purge: stopped after the measured pairs: {purged:,} rows in {running:.0f} s unparked = "
-                    f"{purged / running:,.0f} rows/s (batch {args.batch:,}, duty {args.duty}); at that rate "
-                    f"{args.rows:,} rows take {args.rows / (purged / running) / 60:.1f} min"
-                )
-            else:
-                purged, seconds, typical, longest = out.get()
-                child.join()
-                with rel.engine.connect() as conn:
-                    left = conn.execute(
-                        select(func.count()).select_from(MessageLog).where(MessageLog.consumer_group == OLD)
-                    ).scalar_one()
-                print(
-                    f"purge: {purged:,} rows in {seconds:.0f} s, {paused:.0f} s of it paused "
-                    f"(batch {args.batch:,}, duty {args.duty}), batch transaction median "
-                    f"{1000 * typical:.0f} ms, longest {1000 * longest:.0f} ms; "
-                    f"{left:,} log rows left (expected {survivors:,}: PENDING/DEAD evidence) "
-                    f"{'ok' if left == survivors else 'WRONG'}"
-                )
-            if ratios:
-                med = statistics.median(ratios)
-                print(
-                    f"p1 consumer msgs/s during purge ÷ paused: median {med:.2f} of {len(ratios)} pairs "
-                    f"(min {min(ratios):.2f}, max {max(ratios):.2f}; load {min(loads):.2f}–{max(loads):.2f})"
-                    f"  target ≥ 0.7  {'ok' if med >= 0.7 else 'MISSED'}"
-                )
+            duties = [float(d) for d in args.passes.split(",")] if args.passes else [args.duty]
+            for duty in duties:
+                print(f"-- pass: duty {duty}", flush=True)
+                _pass(url, rel, consumer, args, duty, survivors)
         finally:
             _clean_redis(rel.redis, prefix)
             rel.close()
