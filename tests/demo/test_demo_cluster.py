@@ -63,13 +63,16 @@ def test_slave_loss_under_sync_master_loses_nothing(tmp_path: Path) -> None:
         tmp_path, *CLUSTER, "--replication", "sync", "--messages", "500", "--chaos", "--seed", "5"
     )
     assert_promise_kept(code, s, err, 500)
-    assert _losses(s, "slave_loss"), s["fault_log"]
-    not_replicated = sum(
-        n
-        for key, n in s["send_answers"].items()
-        if key.endswith(("SLAVE_NOT_AVAILABLE", "FLUSH_SLAVE_TIMEOUT"))
-    )
-    assert not_replicated > 0, s["send_answers"]
+    losses = _losses(s, "slave_loss")
+    assert losses, s["fault_log"]
+    for detail in losses:
+        dead = detail.split()[0]
+        meanwhile = detail.split("sends answered meanwhile: ")[1]
+        # Whether the producer sent to that group during the outage depends on timing (production may be
+        # over, or latency fault tolerance may route around the group); when it did, the master said that
+        # the message was stored but not replicated.
+        if f"{dead} " in meanwhile:
+            assert re.search(rf"{dead} (SLAVE_NOT_AVAILABLE|FLUSH_SLAVE_TIMEOUT) ×\d+", meanwhile), detail
     assert "SYNC_MASTER" in " ".join(s["notes"])
 
 
