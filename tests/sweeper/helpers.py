@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, update
+from sqlalchemy import Engine, MetaData, delete, func, insert, select, update
 
 from reliable import Reliability
 from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub, StubNotification
@@ -225,3 +225,23 @@ def get_stub(rel: Reliability, message_id: str) -> MessageStub:
         row = s.get(MessageStub, message_id)
         assert row is not None, message_id
         return row
+
+
+def e2e_reliability(sqlite_url: str, effects: MetaData) -> Iterator[Reliability]:
+    """The end-to-end tests' ``Reliability``: a clean schema, no Redis, resends due at once, and the test's
+    own effect tables created fresh (a generator for a fixture to ``yield from``)."""
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
+    r = Reliability(sqlite_url, redis_url="", first_resend_delay_s=0, lease_ms=2000)
+    clean(r.engine)
+    effects.drop_all(r.engine)
+    effects.create_all(r.engine)
+    yield r
+    r.close()
+
+
+def count_stubs(rel: Reliability, status: StubStatus) -> int:
+    """How many stubs are in ``status``."""
+    with rel.engine.connect() as conn:
+        return int(conn.scalar(select(func.count()).where(MessageStub.status == status)) or 0)

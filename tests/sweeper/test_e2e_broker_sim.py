@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Column, MetaData, String, Table, func, select
+from sqlalchemy import Column, MetaData, String, Table, select
 
 from reliable import Reliability
-from reliable.models import MessageInbox, MessageLog, MessageStub
+from reliable.models import MessageInbox, MessageLog
 from reliable.types import LogOutcome, StubStatus
-from tests.sweeper.helpers import clean
+from tests.sweeper.helpers import count_stubs as count
+from tests.sweeper.helpers import e2e_reliability
 
 pytest.importorskip("broker_sim.broker.broker")
 
@@ -49,20 +50,7 @@ applied = Table("sweeper_e2e_applied", effects, Column("message_id", String(64),
 
 @pytest.fixture
 def rel(sqlite_url: str) -> Iterator[Reliability]:
-    from tests.conftest import _ensure_clean_schema
-
-    _ensure_clean_schema(sqlite_url)
-    r = Reliability(sqlite_url, redis_url="", first_resend_delay_s=0, lease_ms=2000)
-    clean(r.engine)
-    effects.drop_all(r.engine)
-    effects.create_all(r.engine)
-    yield r
-    r.close()
-
-
-def count(rel: Reliability, status: StubStatus) -> int:
-    with rel.engine.connect() as conn:
-        return int(conn.scalar(select(func.count()).where(MessageStub.status == status)) or 0)
+    yield from e2e_reliability(sqlite_url, effects)
 
 
 def publish(rel: Reliability, broker: Broker, ids: list[str]) -> None:
