@@ -38,6 +38,12 @@ class DbapiRunner:
         #: whether ``BEGIN``/``COMMIT`` ride on the first/last statement of a transaction (psycopg only; the
         #: connection then runs in driver autocommit mode while the guard drives the transaction itself)
         self.piggybacks = self.dialect == "postgresql" and engine.dialect.driver == "psycopg"
+        #: the synchronous psycopg connection class, if this engine may hand one out (see :meth:`_pipelined`)
+        self._sync_psycopg: type | None = None
+        if self.piggybacks:
+            import psycopg
+
+            self._sync_psycopg = psycopg.Connection
 
     # --- rendering -----------------------------------------------------------------------------------
     def render(self, text: str) -> str:
@@ -71,23 +77,29 @@ class DbapiRunner:
                 cur.execute(sql, params)
             return cur.fetchall() if fetch else cur.rowcount
         except self._dbapi_error as exc:
-            disconnect = self.engine.dialect.is_disconnect(cast(Any, exc), fairy.dbapi_connection, cur)
-            if disconnect:
-                conn.invalidate(exc)
-            raise DBAPIError.instance(
-                sql,
-                params,
-                exc,
-                self._dbapi_error,
-                connection_invalidated=disconnect,
-                dialect=self.engine.dialect,
-            ) from exc
+            raise self._wrapped(conn, sql, params, exc, cur) from exc
         finally:
             cur.close()
+
+    def _wrapped(self, conn: Connection, sql: str, params: Any, exc: Exception, cur: Any) -> Exception:
+        """``exc`` as SQLAlchemy's ``DBAPIError``; a disconnect invalidates ``conn``, as SQLAlchemy does."""
+        disconnect = self.engine.dialect.is_disconnect(cast(Any, exc), conn.connection.dbapi_connection, cur)
+        if disconnect:
+            conn.invalidate(exc)
+        return DBAPIError.instance(
+            sql,
+            params,
+            exc,
+            self._dbapi_error,
+            connection_invalidated=disconnect,
+            dialect=self.engine.dialect,
+        )
 
     def all(self, conn: Connection, sql: str, params: Any, *, begin: bool = False) -> list[Any]:
         """Rows of one statement; ``begin`` (PostgreSQL): open the transaction in the same round trip."""
         if begin and self.piggybacks:
+            if self._pipelines(conn):
+                return cast(list[Any], self._pipelined(conn, sql, params, "BEGIN", True))
             rows: list[Any] = self._cursor_call(
                 conn, self._literal(conn, sql, params) + "; BEGIN", None, False, True
             )
@@ -100,12 +112,48 @@ class DbapiRunner:
     ) -> int:
         """Row count of one statement; ``commit`` (PostgreSQL): send ``COMMIT`` in the same round trip."""
         if commit and self.piggybacks:
+            if self._pipelines(conn):
+                return int(self._pipelined(conn, sql, params, "COMMIT", False))
             return int(
                 self._cursor_call(conn, self._literal(conn, sql, params) + "; COMMIT", None, False, False)
             )
         return int(self._cursor_call(conn, sql, params, many, False))
 
     # --- PostgreSQL: BEGIN and COMMIT ride on a statement -------------------------------------------------
+    def _pipelines(self, conn: Connection) -> bool:
+        """Whether ``conn`` is a synchronous psycopg connection (asyncio takes :meth:`_literal`)."""
+        return self._sync_psycopg is not None and isinstance(
+            conn.connection.driver_connection, self._sync_psycopg
+        )
+
+    def _pipelined(self, conn: Connection, sql: str, params: Any, edge: str, fetch: bool) -> Any:
+        """``BEGIN`` + ``sql`` or ``sql`` + ``COMMIT`` in one round trip, ``sql`` as a prepared statement.
+
+        psycopg's pipeline mode sends both in one go and reads both answers after one sync; ``prepare=True``
+        makes the server parse and plan ``sql`` once per connection (psycopg names and caches it) instead of
+        on every call, which is what a client-bound multi-statement query costs. If ``sql`` fails, the
+        pipeline skips the ``COMMIT`` and the error surfaces here; the caller's rollback then also makes
+        psycopg forget (``DEALLOCATE ALL``) its prepared statements, so a connection whose statements the
+        server lost (``DISCARD ALL`` behind a pooler) heals with that one rolled-back delivery.
+        """
+        text = f"{sql}; {edge}"
+        for hook in STATEMENT_HOOKS:  # one round trip, counted as the simple-query form would be
+            hook(conn, text, params, False)
+        driver: Any = conn.connection.driver_connection
+        cur = driver.cursor()
+        try:
+            with driver.pipeline():
+                if edge == "BEGIN":
+                    driver.execute(edge, prepare=False)
+                cur.execute(sql, params, prepare=True)
+                if edge != "BEGIN":
+                    driver.execute(edge, prepare=False)
+            return cur.fetchall() if fetch else cur.rowcount
+        except self._dbapi_error as exc:
+            raise self._wrapped(conn, text, params, exc, cur) from exc
+        finally:
+            cur.close()
+
     def _literal(self, conn: Connection, sql: str, params: Any) -> str:
         """``sql`` with ``params`` bound client-side (psycopg's own quoting), for a multi-statement query.
 
