@@ -54,7 +54,7 @@ class AsyncRedisLeaseStore:
         self._set_get = True
         self._marks: list[tuple[str, str, int]] = []  # done markers not yet sent (this loop's tasks only)
         self._flush_s = done_flush_ms / 1000.0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._flusher: asyncio.Task[None] | None = None  # sends queued markers no acquire took along
 
     # --- primitives -------------------------------------------------------------------------------------
     async def acquire_many(
@@ -104,16 +104,21 @@ class AsyncRedisLeaseStore:
         pipeline, or a flush scheduled on the running loop sends them ``DONE_MARKER_FLUSH_MS`` later."""
         if not items or self.breaker.open():
             return
-        if not self._marks:
-            loop = asyncio.get_running_loop()
-            loop.call_later(self._flush_s, self._spawn_flush, loop)
         self._marks += [(key, value, ttl_s) for key, value in items]
+        if self._flusher is None:
+            # The flush task is created here, while a task of the loop runs, and sleeps — not later from a
+            # bare loop timer, which can fire in the loop's last iteration at shutdown and leave a task that
+            # never starts ("coroutine … was never awaited"). A sleeping task is one asyncio.run cancels.
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
 
-    def _spawn_flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._marks and not loop.is_closed():
-            task = loop.create_task(self.flush())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def _flush_later(self) -> None:
+        """Send what no acquire took along, ``done_flush_ms`` after it was queued, until nothing is left."""
+        try:
+            while self._marks:
+                await asyncio.sleep(self._flush_s)
+                await self.flush()
+        finally:
+            self._flusher = None  # no await after the last check: a later queue_done starts a new task
 
     async def flush(self) -> None:
         """Send the queued ``done`` markers now (one pipeline)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 
 import redis as redis_lib
 import redis.asyncio as aioredis
@@ -65,3 +67,24 @@ def test_a_dead_redis_is_unavailable_and_the_circuit_stays_open(private_redis: P
 
     asyncio.run(scenario())
     assert fallbacks == ["acquire", "acquire"]
+
+
+def test_a_loop_closed_right_after_done_markers_were_queued_leaves_no_unawaited_flush(
+    redis_url: str, key_prefix: str
+) -> None:
+    """The loop stops in the very iteration in which the flush is due, then closes (what a test runner or
+    an application that manages its own loop does): no flush coroutine may be left that never started."""
+    loop = asyncio.new_event_loop()
+    store = AsyncRedisLeaseStore(aioredis.Redis.from_url(redis_url), done_flush_ms=0)
+
+    async def commit_one(s: AsyncRedisLeaseStore) -> None:  # the guard queues the marker, then returns
+        s.queue_done([(lease_key(key_prefix, "g", "m-closing"), done_value(None))], 60)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.run_until_complete(commit_one(store))
+        loop.close()
+        del store, loop  # whatever task the store left behind is collected here
+        gc.collect()
+    unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert unawaited == []
