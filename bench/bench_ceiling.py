@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from bench.bench_core import (
+    Runner,
     _clean_redis,
     _ledger_sql,
     add_stubs,
@@ -33,7 +34,7 @@ from bench.bench_core import (
 from reliable import Envelope, Reliability
 
 
-def commit_loop(rel: Reliability) -> tuple[object, object]:
+def commit_loop(rel: Reliability) -> tuple[Runner, Callable[[], None]]:
     """One held connection; per message one single-row INSERT and a COMMIT (returns run, close)."""
     conn = rel.engine.connect()
     sql = _ledger_sql(rel)
@@ -53,11 +54,12 @@ def b5(rel: Reliability, n: int, chunks: int) -> float:
     base, close = commit_loop(rel)
     try:
         ours_r, base_r = interleaved(
-            [(handle.batch_each, envelopes(ours_ids)), (base, envelopes(base_ids))],  # type: ignore[list-item]
+            [(handle.batch_each, envelopes(ours_ids)), (base, envelopes(base_ids))],
             chunks,
         )
     finally:
-        close()  # type: ignore[operator]
+        close()
+        handle.handle.close()
     return float(report("b5 postgres guard ÷ INSERT+COMMIT", ours_r, base_r, 0.7, "commit")["ratio"])
 
 

@@ -37,7 +37,8 @@ from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, 
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from reliable import Envelope, GuardedHandler, Reliability, idempotent_consumer
+from reliable import ConsumeResult, Envelope, GuardedHandler, Reliability, idempotent_consumer
+from reliable.guard.decision import Decision, Reason
 from reliable.models import utcnow
 
 PG_URL = os.environ.get("RELIABLE_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -129,7 +130,8 @@ def fresh(tag: str, n: int) -> list[str]:
     return [f"{tag}-{run}-{i}" for i in range(n)]
 
 
-Runner = Callable[[Sequence[Envelope]], None]
+#: runs a chunk of deliveries; returns how many it really handled (None: all of them)
+Runner = Callable[[Sequence[Envelope]], int | None]
 
 
 def interleaved(runs: Sequence[tuple[Runner, Sequence[Envelope]]], chunks: int) -> list[tuple[float, float]]:
@@ -151,10 +153,12 @@ def interleaved(runs: Sequence[tuple[Runner, Sequence[Envelope]]], chunks: int) 
             size = -(-len(envs) // chunks)
             part = envs[c * size : (c + 1) * size]
             t, p = time.perf_counter(), time.process_time()
-            run(part)
+            handled = run(part)
             spent[i] += time.perf_counter() - t
             cpu[i] += time.process_time() - p
-            done[i] += len(part)
+            done[i] += len(part) if handled is None else handled
+    if not all(done):
+        raise GuardUnavailable(f"a side handled no delivery at all ({done})")
     return [(d / s, 1e6 * u / d) for d, s, u in zip(done, spent, cpu, strict=True)]
 
 
@@ -178,18 +182,35 @@ def _ledger_sql(rel: Reliability) -> str:
     )
 
 
+class GuardUnavailable(RuntimeError):
+    """The guard answered ``database_unavailable``: the figure would time a failure path, so stop."""
+
+
+def handled(decisions: Sequence[Decision]) -> int:
+    """How many deliveries the guard really handled (processed, or answered as a duplicate).
+
+    A ``database_unavailable`` answer fails the bench loudly (a wrong schema or a dead server would otherwise
+    look fast); other answers that are not ``SUCCESS`` (lease conflicts) are simply not counted.
+    """
+    n = 0
+    for d in decisions:
+        if d.reason is Reason.DATABASE_UNAVAILABLE:
+            raise GuardUnavailable(f"guard answered {d.reason.value} for {d.message_id}: {d.detail}")
+        n += d.result is ConsumeResult.SUCCESS
+    return n
+
+
 class Guarded:
     """The decorated bench handler plus a loop that feeds it one envelope at a time (single mode)."""
 
     def __init__(self, handle: GuardedHandler) -> None:
         self.handle = handle
 
-    def batch(self, envs: Sequence[Envelope]) -> None:
-        self.handle.batch(envs)
+    def batch(self, envs: Sequence[Envelope]) -> int:
+        return handled(self.handle.decide_batch(envs))
 
-    def batch_each(self, envs: Sequence[Envelope]) -> None:
-        for e in envs:
-            self.handle(e)
+    def batch_each(self, envs: Sequence[Envelope]) -> int:
+        return handled([self.handle.decide(e) for e in envs])
 
 
 def guarded(rel: Reliability, group: str, durable_journal: bool = False) -> Guarded:
@@ -322,15 +343,17 @@ def b2(rel: Reliability, backend: str, n: int, chunks: int) -> list[dict[str, An
     rel_wb = Reliability(url, REDIS_URL, key_prefix=rel.settings.key_prefix, journal_write_behind=True)
     wb = guarded(rel_wb, "b2")
 
-    def behind(envs: Sequence[Envelope]) -> None:
-        wb.batch_each(envs)
+    def behind(envs: Sequence[Envelope]) -> int:
+        n = wb.batch_each(envs)
         wb.handle.flush_journal()
+        return n
 
     try:
         dup = interleaved(
             [(handle.batch_each, again(ours_envs)), (pt, again(pt_envs)), (behind, again(ours_envs))], chunks
         )
-    finally:
+    finally:  # both guards write behind on a timer thread: stop them before the database goes
+        handle.handle.close()
         wb.handle.close()
         rel_wb.close()
     return [
@@ -349,9 +372,8 @@ def b3(rel: Reliability, backend: str, n: int, chunks: int) -> dict[str, Any]:
     batch_ids, single_ids = fresh("b3", n), fresh("b3", n)
     add_stubs(rel, batch_ids + single_ids, "b3")
 
-    def batched(envs: Sequence[Envelope]) -> None:
-        for i in range(0, len(envs), size):
-            handle.batch(envs[i : i + size])
+    def batched(envs: Sequence[Envelope]) -> int:
+        return sum(handle.batch(envs[i : i + size]) for i in range(0, len(envs), size))
 
     ours, base = interleaved(
         [(batched, envelopes(batch_ids)), (handle.batch_each, envelopes(single_ids))], chunks
