@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from reliable import Reliability, idempotent_consumer
@@ -81,9 +81,12 @@ def test_a_restarted_backend_is_replaced_and_prepares_again(rel: Reliability) ->
     assert handle.decide(env(uid())).reason is Reason.PROCESSED
     with rel.engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-    with rel.engine.connect() as other, other.begin():
-        other.execute(text("SELECT 1 FROM pg_stat_activity"))  # a second pooled connection does the killing
-        other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+    killer = create_engine(rel.engine.url)  # not the guard's pool: its one connection is the victim
+    try:
+        with killer.begin() as other:
+            assert other.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid}).scalar_one()
+    finally:
+        killer.dispose()
     ids = [uid() for _ in range(3)]
     for m in ids:
         assert handle.decide(env(m)).reason is Reason.PROCESSED
