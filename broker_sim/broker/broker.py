@@ -37,6 +37,7 @@ from broker_sim.broker.sendback import SendBackService
 from broker_sim.broker.topics import TopicConfig, TopicConfigManager
 from broker_sim.broker.transaction import TransactionService
 from broker_sim.clock import Clock
+from broker_sim.common.channels import ClientChannel
 from broker_sim.common.constants import (
     retry_topic,
 )
@@ -48,7 +49,6 @@ from broker_sim.common.errors import (
 from broker_sim.common.message import MessageQueue
 from broker_sim.common.requests import (
     BrokerData,
-    ClientChannel,
     EndTransactionRequest,
     HeartbeatData,
     MessageModel,

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 from broker_sim.clock import Clock
 from broker_sim.common.broker_api import BrokerApi
 from broker_sim.common.broker_requests import BrokerRequests, PullCallback
+from broker_sim.common.channels import ClientChannel
 from broker_sim.common.errors import RequestTimeoutError, TransportError
 from broker_sim.common.requests import (
     BatchEntry,
-    ClientChannel,
     HeartbeatData,
     PullMessageRequest,
     PullMessageResponse,

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from broker_sim.common.channels import ClientChannel
 from broker_sim.common.message import MessageExt, MessageQueue
 from broker_sim.common.requests import (
-    ClientChannel,
     ConsumerSendMsgBackRequest,
     EndTransactionRequest,
     HeartbeatData,

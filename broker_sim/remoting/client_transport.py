@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from broker_sim.common.channels import ClientChannel
 from broker_sim.common.errors import BrokerResponseError, TransportError, error_for_code
 from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id
 from broker_sim.common.requests import (
     BatchEntry,
-    ClientChannel,
     ConsumerSendMsgBackRequest,
     EndTransactionRequest,
     HeartbeatData,
