@@ -8,16 +8,6 @@ reconnects.
 
 Frames the server sends on its own (NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE) go to
 ``on_request``.
-
-Writes are coalesced (:class:`~broker_sim.remoting.frame_writer.FrameWriter`): a request that waits for
-nothing (``invoke_async``: a windowed async send, an async pull) is queued; every
-:data:`~broker_sim.remoting.frame_writer.RUN` queued frames are written by the sending thread in one
-``sendall``, and a shorter tail by the connection's writer thread as soon as the sender waits. A producer
-keeping 64 sends in flight thus costs one system call — one loopback delivery, one wake-up of the server's
-reader — per run of sends instead of one per send, and its thread no longer hands the GIL to the reader
-between two sends. A synchronous request, whose caller waits for the reply anyway, is written by its own
-thread (after whatever is queued), so it pays no hand-off; frames leave in the order they were handed over
-either way.
 """
 
 from __future__ import annotations
@@ -33,7 +23,6 @@ from collections.abc import Callable
 from broker_sim.common.errors import RequestTimeoutError, TransportError
 from broker_sim.remoting.errors import FrameError
 from broker_sim.remoting.frame import MAX_FRAME_BYTES, RemotingCommand, encode
-from broker_sim.remoting.frame_writer import FrameWriter
 from broker_sim.remoting.stream import FrameStream
 
 log = logging.getLogger("broker_sim.remoting.client")
@@ -67,16 +56,6 @@ class _Pending:
         return f"request {self.code} to {self.address}"
 
 
-class _Link:
-    """The current socket and its writer."""
-
-    __slots__ = ("sock", "writer")
-
-    def __init__(self, sock: socket.socket, writer: FrameWriter) -> None:
-        self.sock = sock
-        self.writer = writer
-
-
 class RemotingConnection:
     """A connection to ``address`` ("host:port"); thread-safe."""
 
@@ -89,7 +68,8 @@ class RemotingConnection:
         self._on_request = on_request
         self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
-        self._link: _Link | None = None
+        self._write_lock = threading.Lock()
+        self._sock: socket.socket | None = None
         self._pending: dict[int, _Pending] = {}
         # (deadline, sequence, request): tuples compare in C, and the sequence keeps two equal deadlines from
         # ever comparing the requests themselves
@@ -102,37 +82,32 @@ class RemotingConnection:
 
     # -- connection management --
 
-    def _connected(self) -> _Link:
-        link = self._link  # the common case without the lock: a link closed meanwhile fails its write
-        if link is not None and not self._closed:
-            return link
+    def _connected(self) -> socket.socket:
+        sock = self._sock  # the common case without the lock: a socket closed meanwhile fails its write
+        if sock is not None and not self._closed:
+            return sock
         with self._lock:
             if self._closed:
                 raise TransportError(f"connection to {self.address} is closed")
-            if self._link is not None:
-                return self._link
+            if self._sock is not None:
+                return self._sock
             try:
                 sock = socket.create_connection(self._target, timeout=self._connect_timeout)
             except OSError as exc:
                 raise TransportError(f"cannot connect to {self.address}: {exc}") from exc
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            writer = FrameWriter(
-                sock, f"remoting-writer-{self.address}", lambda exc: self._drop(sock, str(exc))
-            )
-            self._link = link = _Link(sock, writer)
+            self._sock = sock
             threading.Thread(
                 target=self._read_loop, args=(sock,), name=f"remoting-reader-{self.address}", daemon=True
             ).start()
-            return link
+            return sock
 
     def _drop(self, sock: socket.socket, reason: str) -> None:
         """Forget a broken socket and fail every request waiting on it."""
         with self._lock:
-            link = self._link
-            if link is not None and link.sock is sock:
-                self._link = None
-                link.writer.close()
+            if self._sock is sock:
+                self._sock = None
             pending = list(self._pending.values())
             self._pending.clear()
         try:
@@ -145,28 +120,22 @@ class RemotingConnection:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            link = self._link
+            sock = self._sock
             self._timer_wakeup.notify_all()
-        if link is not None:
+        if sock is not None:
             try:
-                link.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 log.debug("shutdown of %s failed", self.address, exc_info=True)
-            self._drop(link.sock, "closed")
+            self._drop(sock, "closed")
 
     # -- requests --
 
-    def invoke_async(
-        self, cmd: RemotingCommand, callback: ReplyCallback, timeout_s: float, *, coalesce: bool = True
-    ) -> None:
-        """Send ``cmd``; ``callback`` gets exactly one reply or exception, from a library thread.
-
-        ``coalesce``: hand the frame to the connection's writer thread, which writes it together with the
-        frames queued meanwhile (the caller does not wait for it); False writes it from this thread when
-        nothing is queued — for a caller that waits for the reply anyway."""
+    def invoke_async(self, cmd: RemotingCommand, callback: ReplyCallback, timeout_s: float) -> None:
+        """Send ``cmd``; ``callback`` gets exactly one reply or exception, from a library thread."""
         p = _Pending(time.monotonic() + timeout_s, cmd.opaque, callback, cmd.code, self.address)
         try:
-            link = self._connected()
+            sock = self._connected()
         except TransportError as exc:
             callback(exc)
             return
@@ -180,14 +149,14 @@ class RemotingConnection:
             heapq.heappush(timeouts, (p.deadline, next(self._sequence), p))
         try:
             data = encode(cmd)
-            if coalesce:
-                link.writer.post(data)
-            else:
-                link.writer.write(data)
-        except (OSError, FrameError) as exc:  # a failed write has dropped the link (the writer's on_error)
+            with self._write_lock:
+                sock.sendall(data)
+        except (OSError, FrameError) as exc:
             with self._lock:
                 self._pending.pop(cmd.opaque, None)
             self._finish(p, TransportError(f"send to {self.address} failed: {exc}"))
+            if isinstance(exc, OSError):
+                self._drop(sock, str(exc))
 
     def invoke(self, cmd: RemotingCommand, timeout_s: float) -> RemotingCommand:
         # A bare lock as a one-shot signal: cheaper than an Event (no Condition), and this is on the path of
@@ -200,7 +169,7 @@ class RemotingConnection:
             box.append(result)
             done.release()
 
-        self.invoke_async(cmd, callback, timeout_s, coalesce=False)
+        self.invoke_async(cmd, callback, timeout_s)
         done.acquire()  # the timer thread guarantees a callback by the deadline
         result = box[0]
         if isinstance(result, BaseException):
@@ -208,13 +177,13 @@ class RemotingConnection:
         return result
 
     def invoke_oneway(self, cmd: RemotingCommand) -> None:
-        """Write ``cmd`` (no reply). A write this thread makes and that fails raises TransportError; one
-        queued behind other frames is lost with the connection if that fails later, as a oneway request is
-        whose connection breaks in flight."""
-        link = self._connected()
+        sock = self._connected()
         try:
-            link.writer.write(encode(cmd))
+            data = encode(cmd)
+            with self._write_lock:
+                sock.sendall(data)
         except OSError as exc:
+            self._drop(sock, str(exc))
             raise TransportError(f"oneway send to {self.address} failed: {exc}") from exc
 
     # -- threads --
