@@ -46,7 +46,7 @@ def _forward(
         result: R = getattr(self._check(), name)(*args, **kwargs)
         return result
 
-    call.__name__ = call.__qualname__ = name
+    call.__name__, call.__qualname__ = name, f"InProcessTransport.{name}"
     call.__doc__ = method.__doc__
     return call
 
