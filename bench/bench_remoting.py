@@ -16,7 +16,7 @@ server, and reports outcomes (decoded / FrameError / anything else = crash; must
 ``--targets`` instead measures issue 18's r1 (``broker-sim serve`` ÷ a minimal asyncio server, synchronous
 sends) and r2 (64 async sends in flight over TCP ÷ in-process puts): :mod:`bench.remoting_targets`.
 
-``python -m bench remoting [--n 2000] [--rounds 3] [--fuzz 0] [--targets]``
+``python -m bench remoting [--n 2000] [--rounds 3] [--fuzz 0] [--targets [--seconds 2]]``
 """
 
 from __future__ import annotations
@@ -242,11 +242,14 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument(
         "--targets", action="store_true", help="measure r1 and r2 instead (bench.remoting_targets)"
     )
+    ap.add_argument(
+        "--seconds", type=float, default=2.0, help="with --targets: least time per measurement (default 2)"
+    )
     args = ap.parse_args(list(argv))
     if args.targets:
         from bench.remoting_targets import targets
 
-        targets(args.n, args.rounds)
+        targets(args.n, args.rounds, args.seconds)
     elif args.fuzz:
         fuzz(args.fuzz)
     else:

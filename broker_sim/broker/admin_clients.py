@@ -12,9 +12,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from broker_sim.common.admin_types import ClientConnection, ConsumerConnection, QueueStats
+from broker_sim.common.channels import AdminChannel
 from broker_sim.common.errors import BrokerResponseError, TopicNotExistError
 from broker_sim.common.message import MessageExt, MessageQueue
-from broker_sim.common.requests import AdminChannel, ResponseCode
+from broker_sim.common.requests import ResponseCode
 
 if TYPE_CHECKING:
     from broker_sim.broker.broker import Broker

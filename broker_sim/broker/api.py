@@ -4,17 +4,13 @@ against the old path."""
 
 from __future__ import annotations
 
+from broker_sim.common.channels import CheckTransactionStateRequest as CheckTransactionStateRequest
+from broker_sim.common.channels import ClientChannel as ClientChannel
 from broker_sim.common.requests import (
     BatchEntry as BatchEntry,
 )
 from broker_sim.common.requests import (
     BrokerData as BrokerData,
-)
-from broker_sim.common.requests import (
-    CheckTransactionStateRequest as CheckTransactionStateRequest,
-)
-from broker_sim.common.requests import (
-    ClientChannel as ClientChannel,
 )
 from broker_sim.common.requests import (
     ConsumeFromWhere as ConsumeFromWhere,

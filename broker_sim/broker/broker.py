@@ -9,7 +9,8 @@ the in-process client transport calls them directly. Broker → client requests 
 
 The request families live in services the broker owns (as RocketMQ's processors are): ``self.admin``
 (:class:`~broker_sim.broker.admin.AdminService`), ``self.send_back``
-(:class:`~broker_sim.broker.sendback.SendBackService`), ``self.pull_processor``, ``self.transactions``; the
+(:class:`~broker_sim.broker.sendback.SendBackService`), ``self.pull_processor``, ``self.transactions``,
+``self.client_manage`` (:class:`~broker_sim.broker.client_manage.ClientManageService`); the
 Broker's methods of the same names delegate to them, so its public surface is unchanged.
 
 Timers (offset persistence, delayed delivery, long-poll timeouts, channel expiry, transaction check-back) all
@@ -25,6 +26,7 @@ from typing import Any
 
 from broker_sim.broker.admin import AdminService
 from broker_sim.broker.admin_clients import ClientAdminService
+from broker_sim.broker.client_manage import ClientManageService
 from broker_sim.broker.clients import ConsumerManager, ProducerManager, SubscriptionGroupManager
 from broker_sim.broker.config import BrokerConfig, split_config
 from broker_sim.broker.filtering import SubscriptionFilters
@@ -37,9 +39,6 @@ from broker_sim.broker.sendback import SendBackService
 from broker_sim.broker.topics import TopicConfig, TopicConfigManager
 from broker_sim.broker.transaction import TransactionService
 from broker_sim.clock import Clock
-from broker_sim.common.constants import (
-    retry_topic,
-)
 from broker_sim.common.errors import (
     RequestTimeoutError,
     ServiceNotAvailableError,
@@ -48,15 +47,10 @@ from broker_sim.common.errors import (
 from broker_sim.common.message import MessageQueue
 from broker_sim.common.requests import (
     BrokerData,
-    ClientChannel,
     EndTransactionRequest,
-    HeartbeatData,
-    MessageModel,
-    Perm,
     PullMessageRequest,
     PullMessageResponse,
     QueueData,
-    SubscriptionData,
     TopicRouteData,
 )
 from broker_sim.common.scheduler import Scheduler
@@ -121,6 +115,14 @@ class Broker:
         self.dlq_messages = a.dlq_messages
         self.persist_all = a.persist_all
         self.query_consume_queue = a.query_consume_queue
+        self.client_manage = ClientManageService(self)
+        m = self.client_manage
+        self.heartbeat = m.heartbeat
+        self.unregister_client = m.unregister_client
+        self.client_channel_closed = m.client_channel_closed
+        self.scan_not_active_channels = m.scan_not_active_channels
+        self.check_client_config = m.check_client_config
+        self.get_consumer_list_by_group = m.get_consumer_list_by_group
         self.client_admin = ClientAdminService(self)
         c = self.client_admin
         self.runtime_info = c.runtime_info
@@ -267,72 +269,6 @@ class Broker:
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
-
-    # ================================================================================ clients
-
-    def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
-        """HEART_BEAT (34): register producer/consumer groups; create ``%RETRY%`` topics of clustering groups;
-        a membership change notifies the group's clients (NOTIFY_CONSUMER_IDS_CHANGED)."""
-        self.check_running()
-        now = self.clock.now_ms()
-        for group in data.producer_groups:
-            self.producers.register(data.client_id, group, channel, now)
-        for cd in data.consumers:
-            sg = self.groups.find(cd.group_name)
-            if cd.message_model is MessageModel.CLUSTERING:
-                self.topics.create_in_send_back(
-                    retry_topic(cd.group_name), sg.retry_queue_nums, int(Perm.READ_WRITE)
-                )
-            if (
-                self.consumers.register(data.client_id, cd, channel, now)
-                and sg.notify_consumer_ids_changed_enable
-            ):
-                self._notify_ids_changed(cd.group_name)
-
-    def unregister_client(
-        self, client_id: str, producer_group: str | None, consumer_group: str | None
-    ) -> None:
-        """UNREGISTER_CLIENT (35)."""
-        if producer_group:
-            self.producers.unregister(client_id, producer_group)
-        if consumer_group and self.consumers.unregister(client_id, consumer_group):
-            self._notify_ids_changed(consumer_group)
-
-    def client_channel_closed(self, client_id: str) -> None:
-        """The client's connection closed (a killed process): forget it at once, as RocketMQ's channel
-        listener
-        does, so its queues are rebalanced without waiting for the 120 s expiry. Its offsets are *not*
-        committed: whatever it had not persisted is consumed again by the next owner."""
-        for group in self.consumers.groups():
-            if self.consumers.unregister(client_id, group):
-                log.info("consumer %s of %s disconnected", client_id, group)
-                self._notify_ids_changed(group)
-        self.producers.remove_client(client_id)
-
-    def scan_not_active_channels(self) -> None:
-        now = self.clock.now_ms()
-        for group in self.consumers.scan_expired(now):
-            self._notify_ids_changed(group)
-        self.producers.scan_expired(now)
-
-    def _notify_ids_changed(self, group: str) -> None:
-        for ch in self.consumers.channels(group):
-            try:
-                ch.notify_consumer_ids_changed(group)
-            except Exception:
-                log.exception("notify consumer ids changed to %s failed", ch.remote_address)
-
-    def check_client_config(self, group: str, client_id: str, subscription: SubscriptionData) -> None:
-        """CHECK_CLIENT_CONFIG (46, ``ClientManageProcessor.checkClientConfig``): a TAG subscription is fine;
-        SQL92 needs ``enable_property_filter`` (else SYSTEM_ERROR) and an expression that parses (else
-        SUBSCRIPTION_PARSE_FAILED). Consumers send it at start for every non-TAG subscription."""
-        self.check_running()
-        self.filters.check(str(subscription.expression_type), subscription.sub_string)
-
-    def get_consumer_list_by_group(self, group: str) -> list[str]:
-        """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat, sorted."""
-        self.check_running()
-        return self.consumers.client_ids(group)
 
     # ================================================================================ offsets
 

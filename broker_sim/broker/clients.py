@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker_sim.common.channels import ClientChannel
 from broker_sim.common.constants import DEFAULT_MAX_RECONSUME_TIMES
 from broker_sim.common.errors import SubscriptionGroupNotExistError
 from broker_sim.common.json_file import read_json, write_json_atomic
 from broker_sim.common.requests import (
-    ClientChannel,
     ConsumeFromWhere,
     ConsumerData,
     ConsumeType,

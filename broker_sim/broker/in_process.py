@@ -1,32 +1,54 @@
 """The in-process :class:`~broker_sim.common.transport.BrokerTransport`: client requests become direct
-calls of the Broker's request-level methods, with the same fault injection the TCP server applies."""
+calls of the Broker's request-level methods, with the same fault injection the TCP server applies.
+
+The requests of :class:`~broker_sim.common.broker_requests.BrokerRequests` have the same form on both
+sides, so most of them are passed on by :func:`_forward`, which takes its signature from that protocol
+(one list of methods for the transport, the Broker and this class); only the requests whose two forms
+differ, or that need more than passing on, are written out here."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from broker_sim.clock import Clock
 from broker_sim.common.broker_api import BrokerApi
+from broker_sim.common.broker_requests import BrokerRequests, PullCallback
+from broker_sim.common.channels import ClientChannel
 from broker_sim.common.errors import RequestTimeoutError, TransportError
-from broker_sim.common.message import MessageExt, MessageQueue
 from broker_sim.common.requests import (
     BatchEntry,
-    ClientChannel,
-    ConsumerSendMsgBackRequest,
-    EndTransactionRequest,
     HeartbeatData,
     PullMessageRequest,
     PullMessageResponse,
     SendMessageRequest,
     SendMessageResponse,
-    SubscriptionData,
     TopicRouteData,
 )
-from broker_sim.common.transport import PullCallback
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _forward(
+    method: Callable[Concatenate[BrokerRequests, P], R],
+) -> Callable[Concatenate[InProcessTransport, P], R]:
+    """A transport method that calls the Broker's method of the same name with the same arguments (after
+    the closed check); typed by the protocol's ``method``, so mypy checks callers as for a written-out
+    method."""
+    name = method.__name__
+
+    def call(self: InProcessTransport, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = getattr(self._check(), name)(*args, **kwargs)
+        return result
+
+    call.__name__, call.__qualname__ = name, f"InProcessTransport.{name}"
+    call.__doc__ = method.__doc__
+    return call
 
 
 class InProcessTransport:
@@ -53,6 +75,15 @@ class InProcessTransport:
         if self._closed:
             raise TransportError("transport closed")
         return self._broker
+
+    pull_message = _forward(BrokerRequests.pull_message)
+    unregister_client = _forward(BrokerRequests.unregister_client)
+    check_client_config = _forward(BrokerRequests.check_client_config)
+    consumer_send_msg_back = _forward(BrokerRequests.consumer_send_msg_back)
+    end_transaction = _forward(BrokerRequests.end_transaction)
+    lock_batch_mq = _forward(BrokerRequests.lock_batch_mq)
+    unlock_batch_mq = _forward(BrokerRequests.unlock_batch_mq)
+    view_message_by_id = _forward(BrokerRequests.view_message_by_id)
 
     def get_route(self, topic: str) -> TopicRouteData:
         return self._check().get_route_info_by_topic(topic)
@@ -89,9 +120,6 @@ class InProcessTransport:
                 f"batch send to {request.topic}: no reply within {timeout_ms} ms"
             ) from exc
 
-    def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
-        return self._check().pull_message(request, timeout_ms)
-
     def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
         fired = threading.Event()
 
@@ -115,18 +143,8 @@ class InProcessTransport:
         self._check().heartbeat(data, channel)
         self._client_ids.add(data.client_id)
 
-    def unregister_client(
-        self, client_id: str, producer_group: str | None, consumer_group: str | None
-    ) -> None:
-        self._check().unregister_client(client_id, producer_group, consumer_group)
-
     def get_consumer_list(self, consumer_group: str) -> list[str]:
         return self._check().get_consumer_list_by_group(consumer_group)
-
-    def check_client_config(
-        self, consumer_group: str, client_id: str, subscription: SubscriptionData
-    ) -> None:
-        self._check().check_client_config(consumer_group, client_id, subscription)
 
     def query_consumer_offset(
         self, consumer_group: str, topic: str, queue_id: int, broker_name: str = ""
@@ -149,21 +167,6 @@ class InProcessTransport:
     ) -> int:
         return self._check().search_offset_by_timestamp(topic, queue_id, timestamp_ms)
 
-    def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None:
-        self._check().consumer_send_msg_back(request)
-
-    def end_transaction(self, request: EndTransactionRequest) -> None:
-        self._check().end_transaction(request)
-
-    def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
-        return self._check().lock_batch_mq(consumer_group, client_id, mqs)
-
-    def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None:
-        self._check().unlock_batch_mq(consumer_group, client_id, mqs)
-
-    def view_message_by_id(self, offset_msg_id: str) -> MessageExt:
-        return self._check().view_message_by_id(offset_msg_id)
-
     def close(self) -> None:
         """Like a TCP connection closing: the broker forgets the clients that heartbeated through it at
         once."""
@@ -177,3 +180,9 @@ class InProcessTransport:
     @property
     def clock(self) -> Clock:
         return self._broker.clock
+
+
+if TYPE_CHECKING:  # mypy proves the in-process transport satisfies the client's transport protocol
+    from broker_sim.common.transport import BrokerTransport
+
+    _conforms: type[BrokerTransport] = InProcessTransport

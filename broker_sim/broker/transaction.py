@@ -16,11 +16,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from broker_sim.common.channels import CheckTransactionStateRequest
 from broker_sim.common.constants import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from broker_sim.common.convert import to_client
 from broker_sim.common.errors import BrokerResponseError
 from broker_sim.common.message import Prop, SysFlag
-from broker_sim.common.requests import CheckTransactionStateRequest, EndTransactionRequest, TransactionType
+from broker_sim.common.requests import EndTransactionRequest, TransactionType
 from broker_sim.store.message_record import MessageExt as Stored
 from broker_sim.store.message_record import MessageInner, host_bytes, offset_msg_id
 from broker_sim.store.results import GetMessageStatus, PutMessageResult

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 from broker_sim.client.transport import transport_for
 from broker_sim.clock import Clock, SystemClock
+from broker_sim.common.channels import CheckTransactionStateRequest
 from broker_sim.common.errors import InvalidMessageError, MQClientError
 from broker_sim.common.message import Message, MessageExt, MessageQueue
-from broker_sim.common.requests import CheckTransactionStateRequest
 from broker_sim.common.transport import BrokerTransport, ClockedTransport
 
 log = logging.getLogger(__name__)

@@ -26,12 +26,12 @@ from broker_sim.client.selectors import (
     TopicPublishInfo,
     publish_route,
 )
+from broker_sim.client.send_retry import send_with_retries
 from broker_sim.clock import Clock
 from broker_sim.common.errors import (
     BrokerResponseError,
     ClientStateError,
     InvalidMessageError,
-    RequestTimeoutError,
     SendFailedError,
     TransportError,
 )
@@ -62,11 +62,6 @@ _STATUS = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
-# Broker reply codes after which RocketMQ tries another queue (others are final: the message is bad).
-#: Broker replies a sync send retries on another queue (``DefaultMQProducer.retryResponseCodes`` in 4.9.8:
-#: TOPIC_NOT_EXIST, SERVICE_NOT_AVAILABLE, SYSTEM_ERROR, NO_PERMISSION, NO_BUYER_ID, NOT_IN_CURRENT_UNIT).
-#: SYSTEM_BUSY (2) is not among them: a busy broker's refusal reaches the caller at once.
-_RETRY_CODES = frozenset({17, 14, 1, 16, 204, 205})
 
 
 class Producer(ClientBase):
@@ -254,64 +249,14 @@ class Producer(ClientBase):
                 )
             except (TransportError, BrokerResponseError) as exc:
                 raise SendFailedError(f"send to {mq} failed: {exc}") from exc
-        mq, resp = self._send_with_retries(
+        mq, resp = send_with_retries(
+            self,
             msg.topic,
             info,
             timeout,
             lambda mq, left: self.transport.send_message(self._request(msg, mq, sys_flag), body, left),
         )
         return self._result(msg, mq, resp)
-
-    def _send_with_retries(
-        self,
-        topic: str,
-        info: TopicPublishInfo,
-        timeout: int,
-        call: Callable[[MessageQueue, int], SendMessageResponse],
-    ) -> tuple[MessageQueue, SendMessageResponse]:
-        """RocketMQ 4.9.8's ``sendDefaultImpl``: up to ``1 + retry_times_when_send_failed`` attempts that
-        share ONE ``timeout`` budget — each attempt gets what is left, and once it is spent the send fails
-        with "call timeout" instead of trying again. So a send whose reply never comes (a lost ACK waits the
-        whole budget) is not retried, while a refused or failed connection is retried at once. ``call(mq,
-        ms_left)`` makes one attempt (a single message or a batch)."""
-        attempts = 1 + max(0, self.retry_times_when_send_failed)
-        last_broker: str | None = None
-        last_exc: Exception | None = None
-        first = self.clock.now_ms()
-        waited = 0  # budget a timed-out attempt spent without the clock showing it (an in-process lost ACK)
-        for attempt in range(attempts):
-            cost = self.clock.now_ms() - first + waited
-            if cost >= timeout:  # Java breaks on timeout < cost; a real timeout always overruns its budget
-                raise SendFailedError(
-                    f"send to {topic} call timeout: {cost} ms of the {timeout} ms budget used "
-                    f"after {attempt} attempt(s): {last_exc}"
-                ) from last_exc
-            mq = self._select(info, last_broker)
-            last_broker = mq.broker_name
-            begin = self.clock.now_ms()
-            try:
-                resp = call(mq, timeout - cost)
-            except BrokerResponseError as exc:
-                self._update_fault(mq, begin, isolation=True)
-                if exc.code not in _RETRY_CODES:
-                    raise SendFailedError(f"send to {mq} refused: {exc}") from exc
-                last_exc = exc
-            except RequestTimeoutError as exc:  # the message may be stored; the budget is spent
-                self._update_fault(mq, begin, isolation=True)
-                waited += max(0, timeout - cost - (self.clock.now_ms() - begin))
-                last_exc = exc
-            except TransportError as exc:
-                self._update_fault(mq, begin, isolation=True)
-                last_exc = exc
-            else:
-                self._update_fault(mq, begin, isolation=False)
-                return mq, resp
-            log.warning(
-                "send %s to %s failed (attempt %d/%d): %s", topic, mq, attempt + 1, attempts, last_exc
-            )
-            if attempt + 1 < attempts and isinstance(last_exc, BrokerResponseError):
-                info = self.publish_info(topic, refresh=True)
-        raise SendFailedError(f"send to {topic} failed after {attempts} attempts: {last_exc}") from last_exc
 
     def _select(self, info: TopicPublishInfo, last_broker: str | None) -> MessageQueue:
         if self.send_latency_fault_enable:
@@ -411,7 +356,7 @@ class Producer(ClientBase):
             except (TransportError, BrokerResponseError) as exc:
                 raise SendFailedError(f"batch send to {queue} failed: {exc}") from exc
         else:
-            mq, resp = self._send_with_retries(topic, info, self.send_msg_timeout_ms, call)
+            mq, resp = send_with_retries(self, topic, info, self.send_msg_timeout_ms, call)
         return SendResult(
             _STATUS.get(resp.code, SendStatus.SEND_OK),
             ",".join(m.properties[Prop.UNIQ_KEY] for m in msgs),

@@ -29,16 +29,16 @@ from broker_sim.client.consumer_admin import ConsumerAdmin
 from broker_sim.client.offset_store import (
     LocalFileOffsetStore,
     OffsetStore,
-    ReadOffsetType,
     RemoteBrokerOffsetStore,
 )
 from broker_sim.client.process_queue import ProcessQueue
 from broker_sim.client.pull_nodes import PullNodeTable
+from broker_sim.client.pull_service import PullService
 from broker_sim.client.rebalance import PullRequest, Rebalancer
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression, retry_topic
 from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
-from broker_sim.common.message import MessageExt, MessageQueue, SysFlag
+from broker_sim.common.message import MessageExt, MessageQueue
 from broker_sim.common.requests import (
     ConsumeFromWhere,
     ConsumerData,
@@ -47,9 +47,6 @@ from broker_sim.common.requests import (
     HeartbeatData,
     MessageModel,
     MessageSelector,
-    PullMessageRequest,
-    PullMessageResponse,
-    PullStatus,
     SubscriptionData,
 )
 from broker_sim.common.scheduler import Scheduler
@@ -120,7 +117,7 @@ class PushConsumer(ClientBase):
             Path(local_offset_dir) if local_offset_dir else Path.home() / ".rocketmq_offsets"
         )
         self.subscriptions: dict[str, SubscriptionData] = {}
-        self._tag_filters: dict[str, frozenset[str] | None] = {}
+        self.tag_filters: dict[str, frozenset[str] | None] = {}
         self._listener: MessageListener | None = None
         self._orderly_listener: OrderlyListener | None = None
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
@@ -136,6 +133,7 @@ class PushConsumer(ClientBase):
         self.stopped = False
         self._state = "CREATED"
         self.flow_control_times = 0
+        self.pulls = PullService(self)
         self.rebalancer = Rebalancer(self)
         self.admin = ConsumerAdmin(self)
         self.start_timestamp_ms = 0
@@ -178,7 +176,7 @@ class PushConsumer(ClientBase):
             raise ClientStateError("subscribe before start()")
         selector = MessageSelector.of(expression)
         sql = selector.expression_type is ExpressionType.SQL92
-        self._tag_filters[topic] = None if sql else parse_tag_expression(selector.expression)
+        self.tag_filters[topic] = None if sql else parse_tag_expression(selector.expression)
         self.subscriptions[topic] = SubscriptionData(
             topic, selector.expression, self.clock.now_ms(), selector.expression_type
         )
@@ -206,7 +204,7 @@ class PushConsumer(ClientBase):
         if self.message_model is MessageModel.CLUSTERING:
             rt = retry_topic(self.group)
             self.subscriptions[rt] = SubscriptionData(rt, "*", self.clock.now_ms())
-            self._tag_filters[rt] = None
+            self.tag_filters[rt] = None
         self.admin.check_client_config()
         self.start_timestamp_ms = self.clock.now_ms()
         self.offset_store.load()
@@ -216,7 +214,7 @@ class PushConsumer(ClientBase):
             assert self._listener is not None
             self.consume_service = ConcurrentConsumeService(self, self._listener, self.consume_threads)
         self._state = "RUNNING"
-        self._pull_thread = threading.Thread(target=self._pull_loop, name=f"pull-{self.group}", daemon=True)
+        self._pull_thread = threading.Thread(target=self.pulls.run, name=f"pull-{self.group}", daemon=True)
         self._pull_thread.start()
         self.send_heartbeat()
         self.rebalancer.rebalance_now()
@@ -332,107 +330,3 @@ class PushConsumer(ClientBase):
     def assigned_queues(self) -> list[MessageQueue]:
         with self.pq_lock:
             return sorted(self.process_queues)
-
-    # -- pulling --------------------------------------------------------------------------------------------
-
-    def _pull_later(self, pr: PullRequest, delay_ms: int) -> None:
-        if not self.stopped:
-            self.scheduler.schedule(delay_ms, lambda: self.pull_queue.put(pr), name="pull-later")
-
-    def _pull_loop(self) -> None:
-        while True:
-            pr = self.pull_queue.get()
-            if pr is None or self.stopped:
-                return
-            try:
-                self._pull(pr)
-            except Exception:
-                log.exception("%s: pull of %s failed", self.group, pr.mq)
-                self._pull_later(pr, self.pull_time_delay_ms_when_exception)
-
-    def _pull(self, pr: PullRequest) -> None:
-        pq = pr.pq
-        if pq.dropped:
-            return
-        pq.last_pull_ms = self.clock.now_ms()
-        if (
-            pq.msg_count > self.pull_threshold_for_queue
-            or pq.msg_size_bytes > self.pull_threshold_size_for_queue
-        ):
-            self._flow_control(pr, "count/size")
-            return
-        if not self.orderly and pq.max_span() > self.consume_concurrently_max_span:
-            self._flow_control(pr, "span")
-            return
-        if self.orderly and self.message_model is MessageModel.CLUSTERING and not pq.locked:
-            self._pull_later(pr, self.pull_time_delay_ms_when_exception)  # no broker lock: no pulling
-            return
-        sub = self.subscriptions.get(pr.mq.topic)
-        if sub is None:
-            self._pull_later(pr, self.pull_time_delay_ms_when_exception)
-            return
-        commit = 0
-        if self.message_model is MessageModel.CLUSTERING:
-            commit = max(0, self.offset_store.read_offset(pr.mq, ReadOffsetType.READ_FROM_MEMORY))
-        sys_flag = (
-            SysFlag.PULL_SUSPEND
-            | SysFlag.PULL_SUBSCRIPTION
-            | (SysFlag.PULL_COMMIT_OFFSET if commit > 0 else 0)
-        )
-        req = PullMessageRequest(
-            self.group, pr.mq.topic, pr.mq.queue_id, pr.next_offset, self.pull_batch_size, sys_flag, commit,
-            self.broker_suspend_max_time_ms, sub.sub_string, sub.sub_version, sub.expression_type,
-            pr.mq.broker_name, self.pull_nodes.node(pr.mq),
-        )  # fmt: skip
-        self.transport.pull_message_async(req, lambda result: self._on_pull(pr, result))
-
-    def _flow_control(self, pr: PullRequest, why: str) -> None:
-        self.flow_control_times += 1
-        if self.flow_control_times % 1000 == 1:
-            log.warning(
-                "%s: flow control (%s) on %s: %d in flight, span %d",
-                self.group,
-                why,
-                pr.mq,
-                pr.pq.msg_count,
-                pr.pq.max_span(),
-            )
-        self._pull_later(pr, 50)
-
-    def _on_pull(self, pr: PullRequest, result: PullMessageResponse | BaseException) -> None:
-        if self.stopped:
-            return
-        try:
-            self._process_pull_result(pr, result)
-        except Exception:
-            # Never let one bad reply end this queue's pull loop: log it and pull again later.
-            log.exception("%s: processing the pull result of %s failed", self.group, pr.mq)
-            self._pull_later(pr, self.pull_time_delay_ms_when_exception)
-
-    def _process_pull_result(self, pr: PullRequest, result: PullMessageResponse | BaseException) -> None:
-        if isinstance(result, BaseException):
-            log.warning("%s: pull of %s failed: %s", self.group, pr.mq, result)
-            self._pull_later(pr, self.pull_time_delay_ms_when_exception)
-            return
-        self.pull_nodes.update(pr.mq, result.suggest_which_broker_id)
-        status = result.status
-        pr.next_offset = result.next_begin_offset
-        if status is PullStatus.FOUND:
-            tags = self._tag_filters.get(pr.mq.topic)
-            msgs = [m for m in result.messages if tags is None or m.tags in tags]
-            for m in msgs:
-                m.broker_name = pr.mq.broker_name
-            if msgs:
-                dispatch = pr.pq.put_messages(msgs)
-                assert self.consume_service is not None
-                self.consume_service.submit(msgs, pr.pq, pr.mq, dispatch)
-            elif pr.pq.msg_count == 0:
-                self.offset_store.update_offset(pr.mq, pr.next_offset, True)
-        elif status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
-            if pr.pq.msg_count == 0:  # correctTagsOffset: nothing in flight, so the pulled-to offset is safe
-                self.offset_store.update_offset(pr.mq, pr.next_offset, True)
-        else:
-            log.warning("%s: offset of %s illegal, moving to %d", self.group, pr.mq, pr.next_offset)
-            self.offset_store.update_offset(pr.mq, pr.next_offset, False)
-            self.offset_store.persist(pr.mq)
-        self.pull_queue.put(pr)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker_sim.client.producer import Producer
+from broker_sim.common.channels import CheckTransactionStateRequest
 from broker_sim.common.errors import BrokerResponseError, SendFailedError, TransportError
 from broker_sim.common.message import (
     LocalTransactionState,
@@ -24,7 +25,7 @@ from broker_sim.common.message import (
     TransactionSendResult,
     decode_offset_msg_id,
 )
-from broker_sim.common.requests import CheckTransactionStateRequest, EndTransactionRequest, TransactionType
+from broker_sim.common.requests import EndTransactionRequest, TransactionType
 
 log = logging.getLogger(__name__)
 

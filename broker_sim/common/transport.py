@@ -31,30 +31,19 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from broker_sim.clock import Clock
-from broker_sim.common.message import MessageExt, MessageQueue
-from broker_sim.common.requests import (
-    BatchEntry,
-    ClientChannel,
-    ConsumerSendMsgBackRequest,
-    EndTransactionRequest,
-    HeartbeatData,
-    PullMessageRequest,
-    PullMessageResponse,
-    SendMessageRequest,
-    SendMessageResponse,
-    SubscriptionData,
-    TopicRouteData,
-)
+from broker_sim.common.broker_requests import BrokerRequests
+from broker_sim.common.broker_requests import PullCallback as PullCallback
+from broker_sim.common.requests import BatchEntry, SendMessageRequest, SendMessageResponse, TopicRouteData
 
 log = logging.getLogger(__name__)
 
-PullCallback = Callable[[PullMessageResponse | BaseException], None]
 SendCallback = Callable[[SendMessageResponse | BaseException], None]
 
 
 @runtime_checkable
-class BrokerTransport(Protocol):
-    """Requests a RocketMQ client sends (request code in brackets)."""
+class BrokerTransport(BrokerRequests, Protocol):
+    """Requests a RocketMQ client sends (request code in brackets): those of :class:`BrokerRequests`, and
+    the ones below, whose client form routes by ``broker_name`` or bounds a send by ``timeout_ms``."""
 
     @property
     def address(self) -> str:
@@ -81,33 +70,8 @@ class BrokerTransport(Protocol):
         """SEND_BATCH_MESSAGE (320): all entries to ``request.topic``/``request.queue_id``."""
         ...
 
-    def pull_message(self, request: PullMessageRequest, timeout_ms: int = 30_000) -> PullMessageResponse:
-        """PULL_MESSAGE (11), blocking; with the SUSPEND bit the broker may hold it up to the suspend
-        timeout."""
-        ...
-
-    def pull_message_async(self, request: PullMessageRequest, callback: PullCallback) -> None:
-        """PULL_MESSAGE (11) without blocking the caller; ``callback`` gets the response or the error."""
-        ...
-
-    def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:
-        """HEART_BEAT (34)."""
-        ...
-
-    def unregister_client(
-        self, client_id: str, producer_group: str | None, consumer_group: str | None
-    ) -> None:
-        """UNREGISTER_CLIENT (35)."""
-        ...
-
     def get_consumer_list(self, consumer_group: str) -> list[str]:
         """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat."""
-        ...
-
-    def check_client_config(
-        self, consumer_group: str, client_id: str, subscription: SubscriptionData
-    ) -> None:
-        """CHECK_CLIENT_CONFIG (46): BrokerResponseError if the broker cannot serve the subscription."""
         ...
 
     def query_consumer_offset(
@@ -134,26 +98,6 @@ class BrokerTransport(Protocol):
         self, topic: str, queue_id: int, timestamp_ms: int, broker_name: str = ""
     ) -> int:
         """SEARCH_OFFSET_BY_TIMESTAMP (29)."""
-        ...
-
-    def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None:
-        """CONSUMER_SEND_MSG_BACK (36)."""
-        ...
-
-    def end_transaction(self, request: EndTransactionRequest) -> None:
-        """END_TRANSACTION (37, oneway)."""
-        ...
-
-    def lock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> set[MessageQueue]:
-        """LOCK_BATCH_MQ (41): the subset now locked by ``client_id``."""
-        ...
-
-    def unlock_batch_mq(self, consumer_group: str, client_id: str, mqs: set[MessageQueue]) -> None:
-        """UNLOCK_BATCH_MQ (42)."""
-        ...
-
-    def view_message_by_id(self, offset_msg_id: str) -> MessageExt:
-        """VIEW_MESSAGE_BY_ID (33), by the broker's offset message id."""
         ...
 
     def close(self) -> None:

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from broker_sim.broker.api import CheckTransactionStateRequest, HeartbeatData
+from broker_sim.broker.api import HeartbeatData
 from broker_sim.client.message import MessageExt, Prop
+from broker_sim.common.channels import CheckTransactionStateRequest
 from broker_sim.grpc.convert import producer_group, to_pb_message
 from broker_sim.grpc.policy import GroupPolicies
 from broker_sim.grpc.protocol import Protocol

@@ -1,7 +1,8 @@
-"""The header fields of a client's SEND_MESSAGE (10) / SEND_BATCH_MESSAGE (320) and PULL_MESSAGE (11)
-requests, and the decoding of their replies — the part of :mod:`broker_sim.remoting.client_transport` that
-is pure encoding. A reply that does not parse raises :class:`~broker_sim.remoting.errors.RemotingError`,
-which :func:`reply_errors` turns into the transport contract's TransportError."""
+"""The header fields of a client's SEND_MESSAGE (10) / SEND_BATCH_MESSAGE (320), PULL_MESSAGE (11),
+CONSUMER_SEND_MSG_BACK (36) and END_TRANSACTION (37) requests, and the decoding of their replies — the part
+of :mod:`broker_sim.remoting.client_transport` that is pure encoding. A reply that does not parse raises
+:class:`~broker_sim.remoting.errors.RemotingError`, which :func:`reply_errors` turns into the transport
+contract's TransportError."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import ParamSpec, TypeVar
 from broker_sim.common.errors import TransportError, error_for_code
 from broker_sim.common.message import MessageQueue, properties_to_string
 from broker_sim.common.requests import (
+    ConsumerSendMsgBackRequest,
+    EndTransactionRequest,
     PullMessageRequest,
     PullMessageResponse,
     ResponseCode,
@@ -107,6 +110,30 @@ def pull_response(reply: RemotingCommand, broker_name: str) -> PullMessageRespon
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def send_back_fields(request: ConsumerSendMsgBackRequest) -> dict[str, object]:
+    return {
+        "group": request.group,
+        "offset": request.offset,
+        "delayLevel": request.delay_level,
+        "originMsgId": request.origin_msg_id,
+        "originTopic": request.origin_topic,
+        "unitMode": request.unit_mode,
+        "maxReconsumeTimes": request.max_reconsume_times,
+    }
+
+
+def end_transaction_fields(request: EndTransactionRequest) -> dict[str, object]:
+    return {
+        "producerGroup": request.producer_group,
+        "msgId": request.msg_id,
+        "transactionId": request.transaction_id,
+        "tranStateTableOffset": request.tran_state_table_offset,
+        "commitLogOffset": request.commit_log_offset,
+        "commitOrRollback": int(request.commit_or_rollback),
+        "fromTransactionCheck": request.from_transaction_check,
+    }
 
 
 def reply_errors(fn: Callable[P, R]) -> Callable[P, R]:

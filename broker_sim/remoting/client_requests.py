@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from broker_sim.common.requests import AdminChannel, CheckTransactionStateRequest, ClientChannel
+from broker_sim.common.channels import AdminChannel, CheckTransactionStateRequest, ClientChannel
 from broker_sim.remoting import bodies
 from broker_sim.remoting.codes import RequestCode, ResponseCode
 from broker_sim.remoting.command import RemotingCommand

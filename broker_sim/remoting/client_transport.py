@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from broker_sim.common.channels import ClientChannel
 from broker_sim.common.errors import BrokerResponseError, TransportError, error_for_code
 from broker_sim.common.message import MessageExt, MessageQueue, decode_offset_msg_id
 from broker_sim.common.requests import (
     BatchEntry,
-    ClientChannel,
     ConsumerSendMsgBackRequest,
     EndTransactionRequest,
     HeartbeatData,
@@ -37,9 +37,11 @@ from broker_sim.remoting.client import RemotingConnection, ReplyCallback
 from broker_sim.remoting.client_codec import (
     by_broker,
     check,
+    end_transaction_fields,
     pull_fields,
     pull_response,
     reply_errors,
+    send_back_fields,
     send_fields,
     send_response,
 )
@@ -336,29 +338,11 @@ class RemotingTransport:
     # -- messages --
 
     def consumer_send_msg_back(self, request: ConsumerSendMsgBackRequest) -> None:
-        fields = {
-            "group": request.group,
-            "offset": request.offset,
-            "delayLevel": request.delay_level,
-            "originMsgId": request.origin_msg_id,
-            "originTopic": request.origin_topic,
-            "unitMode": request.unit_mode,
-            "maxReconsumeTimes": request.max_reconsume_times,
-        }
-        cmd = self._req(RequestCode.CONSUMER_SEND_MSG_BACK, fields)
+        cmd = self._req(RequestCode.CONSUMER_SEND_MSG_BACK, send_back_fields(request))
         self._ok(self._invoke(self._broker(request.broker_name or None), cmd))
 
     def end_transaction(self, request: EndTransactionRequest) -> None:
-        fields = {
-            "producerGroup": request.producer_group,
-            "msgId": request.msg_id,
-            "transactionId": request.transaction_id,
-            "tranStateTableOffset": request.tran_state_table_offset,
-            "commitLogOffset": request.commit_log_offset,
-            "commitOrRollback": int(request.commit_or_rollback),
-            "fromTransactionCheck": request.from_transaction_check,
-        }
-        cmd = self._req(RequestCode.END_TRANSACTION, fields, oneway=True)
+        cmd = self._req(RequestCode.END_TRANSACTION, end_transaction_fields(request), oneway=True)
         try:  # the half message's own broker: its address is in the offset message id
             addr = decode_offset_msg_id(request.msg_id)[0]
         except ValueError:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from broker_sim.common.channels import CheckTransactionStateRequest
 from broker_sim.common.errors import BrokerResponseError
 from broker_sim.common.message import MessageExt, MessageQueue
-from broker_sim.common.requests import CheckTransactionStateRequest
 from broker_sim.remoting import bodies
 from broker_sim.remoting.codes import RequestCode, ResponseCode
 from broker_sim.remoting.command import RemotingCommand

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,17 +23,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.errors import KafkaError
 
 from reliable import constants as C
+from reliable.adapters.kafka.loop import TP, GuardedLoop, deadline_of, run_outcome
 from reliable.adapters.kafka_common import (
     Record,
     RetryPolicy,
     UndecodableRecord,
-    decode_headers,
-    due_in_s,
     raw_forward_headers,
     send_headers,
-    to_envelope,
 )
-from reliable.adapters.kafka_steps import AnswerBook, Step, copy_headers
+from reliable.adapters.kafka_steps import Step, copy_headers
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import Envelope
@@ -42,7 +39,6 @@ from reliable.types import Envelope
 log = logging.getLogger("reliable.adapters.kafka")
 
 AsyncGuardedHandler = Callable[[Envelope], Awaitable[Any]]
-TP = tuple[str, int]
 WireHeaders = Sequence[tuple[str, str | bytes | None]]
 
 #: what reliable consumption needs (aiokafka's names for the confluent defaults of ``kafka.admin``)
@@ -72,7 +68,7 @@ def _wire(headers: WireHeaders) -> list[tuple[str, bytes]]:
     return [(k, v.encode("utf-8") if isinstance(v, str) else (v or b"")) for k, v in headers]
 
 
-class AioKafkaGuardedConsumer:
+class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
     """Consumes ``topic`` and its retry topics for ``group`` through an async guarded ``handler``.
 
     ``await start()`` (or ``async with``), then ``await run(until=…, timeout_s=…)``; ``config``/``producer``
@@ -96,17 +92,11 @@ class AioKafkaGuardedConsumer:
     ) -> None:
         if not bootstrap:
             raise ConfigurationError("no Kafka bootstrap servers given")
-        self.topic, self.group = topic, group
-        self.retry = retry or RetryPolicy()
-        self.batch_size, self.poll_s = batch_size, poll_s
-        self.id_header, self.allow_position_id = id_header, allow_position_id
-        decide = getattr(handler, "decide", None)
-        self._decide: AsyncGuardedHandler = decide if callable(decide) else handler
-        #: answers so far: success, duplicate, retry_topic, dead_letter, held, undecodable, handler_error
-        self._book = AnswerBook()
-        self.counts: Counter[str] = self._book.counts
+        super().__init__(
+            topic, group, handler, retry=retry, batch_size=batch_size, poll_s=poll_s, id_header=id_header,
+            allow_position_id=allow_position_id,
+        )  # fmt: skip
         self._stop = asyncio.Event()
-        self._paused: dict[TP, float] = {}
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap, group_id=group, **{**AIO_CONSUMER_DEFAULTS, **(config or {})}
         )
@@ -138,12 +128,11 @@ class AioKafkaGuardedConsumer:
 
     async def run(self, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> bool:
         """Consume until ``until()`` is true (then ``True``), :meth:`stop`, or ``timeout_s`` (``False``)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = deadline_of(timeout_s)
         while not self._stop.is_set():
-            if until is not None and until():
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
+            outcome = run_outcome(until, deadline)
+            if outcome is not None:
+                return outcome
             await self.poll_once()
         return False
 
@@ -173,9 +162,7 @@ class AioKafkaGuardedConsumer:
         done: int | None = None
         for rec in records:
             try:
-                headers = decode_headers(rec.headers)
-                wait = due_in_s(headers)
-                env = None if wait > 0 else self._envelope(rec)
+                headers, wait, env = self._read(rec)
             except UndecodableRecord as exc:
                 self.counts["undecodable"] += 1
                 log.error("%s-%d@%d undecodable, dead-lettered: %s", *tp, rec.offset, exc)
@@ -191,9 +178,6 @@ class AioKafkaGuardedConsumer:
                 return done
             done = rec.offset + 1
         return done
-
-    def _envelope(self, rec: Record) -> Envelope:
-        return to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
 
     async def _decide_safely(self, env: Envelope) -> object:
         try:

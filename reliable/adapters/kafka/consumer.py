@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -42,24 +42,21 @@ from reliable import constants as C
 from reliable.adapters import kafka_offsets
 from reliable.adapters.kafka.admin import consumer_config, producer_config
 from reliable.adapters.kafka.forwarder import Forwarder
+from reliable.adapters.kafka.loop import TP, GuardedLoop, deadline_of, run_outcome
 from reliable.adapters.kafka_common import (
     Record,
     RetryMode,
     RetryPolicy,
     UndecodableRecord,
-    decode_headers,
-    due_in_s,
     raw_forward_headers,
-    to_envelope,
 )
-from reliable.adapters.kafka_steps import AnswerBook, Step, copy_headers
+from reliable.adapters.kafka_steps import Step, copy_headers
 from reliable.errors import ConfigurationError
 from reliable.types import Envelope
 
 log = logging.getLogger("reliable.adapters.kafka")
 
 GuardedHandler = Callable[[Envelope], Any]
-TP = tuple[str, int]
 
 
 def to_record(msg: Message) -> Record:
@@ -78,7 +75,7 @@ def to_record(msg: Message) -> Record:
     )
 
 
-class KafkaGuardedConsumer:
+class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
     """Consumes ``topic`` and its retry topics for ``group`` through ``handler`` (a guarded handler).
 
     ``retry``: the :class:`RetryPolicy` (delays, retry topics or blocking). ``batch`` (default on, retry
@@ -113,18 +110,12 @@ class KafkaGuardedConsumer:
             raise ConfigurationError(
                 "db_offsets=True needs rel (the Reliability whose database keeps offsets)"
             )
-        self.topic = topic
-        self.group = group
-        self.handler = handler
-        self.retry = retry or RetryPolicy()
+        super().__init__(
+            topic, group, handler, retry=retry, batch_size=batch_size, poll_s=poll_s, id_header=id_header,
+            allow_position_id=allow_position_id,
+        )  # fmt: skip
         self.rel = rel
         self.db_offsets = db_offsets
-        self.batch_size = batch_size
-        self.poll_s = poll_s
-        self.id_header = id_header
-        self.allow_position_id = allow_position_id
-        decide = getattr(handler, "decide", None)
-        self._decide: GuardedHandler = decide if callable(decide) else handler
         decide_batch = getattr(handler, "decide_batch", None) or getattr(handler, "batch", None)
         #: batch mode: one guard call per partition chunk (retry topics only: blocking retry needs each
         #: record's answer before the next one runs)
@@ -132,11 +123,7 @@ class KafkaGuardedConsumer:
         self._decide_batch: Callable[[Sequence[Envelope]], Sequence[object]] | None = (
             decide_batch if self._batching else None
         )
-        #: answers so far: success, duplicate, retry_topic, dead_letter, held, undecodable, handler_error
-        self._book = AnswerBook()
-        self.counts: Counter[str] = self._book.counts
         self._stop = threading.Event()
-        self._paused: dict[TP, float] = {}  # partition → monotonic time it may resume
         self._failures = self._book.failures  # consecutive failures at each partition head
         #: the partitions this member holds now
         self.assigned: set[TP] = set()
@@ -150,12 +137,11 @@ class KafkaGuardedConsumer:
 
     def run(self, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> bool:
         """Consume until ``until()`` is true (then ``True``), :meth:`stop`, or ``timeout_s`` (``False``)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        deadline = deadline_of(timeout_s)
         while not self._stop.is_set():
-            if until is not None and until():
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
+            outcome = run_outcome(until, deadline)
+            if outcome is not None:
+                return outcome
             self.poll_once()
         return False
 
@@ -207,9 +193,7 @@ class KafkaGuardedConsumer:
         chunk: list[tuple[Record, dict[str, str], Envelope]] = []
         for rec in records:
             try:
-                headers = decode_headers(rec.headers)
-                wait = due_in_s(headers)
-                env = None if wait > 0 else self._envelope(rec)
+                headers, wait, env = self._read(rec)
             except UndecodableRecord as exc:
                 done = self._decide_chunk(tp, chunk, done)
                 chunk = []
@@ -230,9 +214,6 @@ class KafkaGuardedConsumer:
                 if tp in self._paused:
                     return done
         return self._decide_chunk(tp, chunk, done)
-
-    def _envelope(self, rec: Record) -> Envelope:
-        return to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
 
     def _dead_letter_raw(self, rec: Record, exc: UndecodableRecord) -> None:
         self.counts["undecodable"] += 1

@@ -1,0 +1,83 @@
+"""What the two Kafka consumer loops (confluent-kafka's :mod:`~reliable.adapters.kafka.consumer` and
+aiokafka's :mod:`~reliable.adapters.kafka.aio`) set up and read alike, written once.
+
+Both take the same settings (topic and its retry policy, poll size and wait, the id header and whether a
+record's position may stand in for a missing id), call the handler's ``decide`` when it has one (a guard:
+its answer carries the reason) and the handler itself otherwise, count answers in one
+:class:`~reliable.adapters.kafka_steps.AnswerBook`, keep the partitions they hold back, read a record's
+headers, due time and envelope the same way, and stop on the same condition. What differs — blocking or
+awaited I/O, batching, offsets in the database — stays in each loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from reliable import constants as C
+from reliable.adapters.kafka_common import Record, RetryPolicy, decode_headers, due_in_s, to_envelope
+from reliable.adapters.kafka_steps import AnswerBook
+from reliable.types import Envelope
+
+TP = tuple[str, int]
+#: the handler's type: a plain callable (confluent-kafka loop) or one returning an awaitable (aiokafka)
+H = TypeVar("H", bound=Callable[[Envelope], Any])
+
+
+class GuardedLoop(Generic[H]):
+    """The settings and bookkeeping of a guarded Kafka consumer loop (the base of both flavours)."""
+
+    def __init__(
+        self,
+        topic: str,
+        group: str,
+        handler: H,
+        *,
+        retry: RetryPolicy | None,
+        batch_size: int,
+        poll_s: float,
+        id_header: str = C.KAFKA_ID_HEADER,
+        allow_position_id: bool = True,
+    ) -> None:
+        self.topic = topic
+        self.group = group
+        self.handler = handler
+        self.retry = retry or RetryPolicy()
+        self.batch_size = batch_size
+        self.poll_s = poll_s
+        self.id_header = id_header
+        self.allow_position_id = allow_position_id
+        decide = getattr(handler, "decide", None)
+        self._decide: H = decide if callable(decide) else handler
+        #: answers so far: success, duplicate, retry_topic, dead_letter, held, undecodable, handler_error
+        self._book = AnswerBook()
+        self.counts: Counter[str] = self._book.counts
+        self._paused: dict[TP, float] = {}  # partition → monotonic time it may resume
+
+    def _read(self, rec: Record) -> tuple[dict[str, str], float, Envelope | None]:
+        """A record's decoded headers, how long until it is due (a retry copy), and its envelope once it
+        is due (``None`` before). Raises :class:`~reliable.adapters.kafka_common.UndecodableRecord`."""
+        headers = decode_headers(rec.headers)
+        wait = due_in_s(headers)
+        env = None if wait > 0 else self._envelope(rec)
+        return headers, wait, env
+
+    def _envelope(self, rec: Record) -> Envelope:
+        return to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
+
+
+def deadline_of(timeout_s: float | None) -> float | None:
+    """The monotonic time a ``run(timeout_s=…)`` ends at (``None``: never)."""
+    return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def run_outcome(until: Callable[[], bool] | None, deadline: float | None) -> bool | None:
+    """Before each poll of ``run``: ``True`` once ``until()`` holds, ``False`` once the deadline has
+    passed, ``None`` to poll again."""
+    if until is not None and until():
+        return True
+    if deadline is not None and time.monotonic() >= deadline:
+        return False
+    return None
