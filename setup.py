@@ -10,7 +10,7 @@ setup(
         Extension(
             "broker_sim.store._codec",
             ["broker_sim/store/_codec.c"],
-            depends=[f"broker_sim/store/_codec_{part}.h" for part in ("support", "dispatch", "put")],
+            depends=[f"broker_sim/store/_codec_{part}.h" for part in ("support", "dispatch", "put", "gate")],
             optional=True,
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
         )

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 
 #define MESSAGE_MAGIC 0xDAA320A7u
 #define BLANK_MIN 8
@@ -29,7 +30,7 @@ static PyObject *s_topic, *s_body, *s_queue_id, *s_flag, *s_properties, *s_sys_f
     *s_born_host, *s_store_host, *s_reconsume_times, *s_prepared, *s_tags_key, *s_mfq, *s_files, *s_wrote,
     *s_file_from_offset, *s_mm, *s_file_size, *s_table, *s_hints, *s_max_hints, *s_last_append, *s_roll,
     *s_append, *s_popleft, *s_prefault_mark, *s_prefault_wake, *s_put_state, *s_acquire, *s_release,
-    *s_flag_attr, *s_set, *s_empty;
+    *s_flag_attr, *s_set, *s_empty, *s_running, *s_disk_full, *s_delay, *s_crashed;
 #include "_codec_support.h"
 
 #define NEED_CONFIGURED(ret)                                                                    \
@@ -50,7 +51,7 @@ static PyObject *prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     NEED_CONFIGURED(NULL)
     PyObject *msg = args[0], *store_host = args[1], *cache = args[2];
-    PyObject *topic = NULL, *field = NULL, *props = NULL, *body = NULL, *shost = NULL, *born = NULL;
+    PyObject *topic = NULL, *field = NULL, *props = NULL, *body = NULL, *shost = NULL;
     PyObject *record = NULL, *props_b = NULL, *key = NULL, *qid_obj = NULL, *tags = NULL;
     PyObject *out = NULL, *res = NULL;
     long long max_size = PyLong_AsLongLong(args[3]), file_size = PyLong_AsLongLong(args[4]);
@@ -118,22 +119,22 @@ static PyObject *prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         || !get_int(msg, s_reconsume_times, INT32_MIN, INT32_MAX, &reconsume)
         || !get_int(msg, s_prepared, INT64_MIN, INT64_MAX, &prepared))
         goto slow;
-    PyObject *sh = getattr_fast(msg, s_store_host);
+    unsigned char born[8];
+    PyObject *sh = getattr_fast(msg, s_store_host), *bh = NULL;
     if (sh == NULL) goto slow;
     if (sh == Py_None) {
         shost = store_host;
         Py_INCREF(shost);
     } else {
-        shost = PyObject_CallOneArg(host_bytes, sh);
+        unsigned char sh8[8];
+        shost = host8(sh, sh8) ? PyBytes_FromStringAndSize((const char *)sh8, 8) : NULL;
     }
     Py_DECREF(sh);
-    PyObject *bh = getattr_fast(msg, s_born_host);
-    if (bh == NULL) goto slow;
-    born = PyObject_CallOneArg(host_bytes, bh);
+    if (shost == NULL || !PyBytes_CheckExact(shost) || PyBytes_GET_SIZE(shost) != 8) goto slow;
+    if ((bh = getattr_fast(msg, s_born_host)) == NULL) goto slow;
+    int born_ok = host8(bh, born);
     Py_DECREF(bh);
-    if (shost == NULL || born == NULL || !PyBytes_CheckExact(shost) || PyBytes_GET_SIZE(shost) != 8
-        || !PyBytes_CheckExact(born) || PyBytes_GET_SIZE(born) != 8)
-        goto slow;
+    if (!born_ok) goto slow;
     unsigned long crcv;
     if (body_crc(body, &crcv) < 0) goto slow;
     record = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
@@ -148,7 +149,7 @@ static PyObject *prepare(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     be32(r + 16, (uint32_t)flag);
     be32(r + 36, (uint32_t)sys_flag);
     be64(r + 40, (uint64_t)born_ts);
-    memcpy(r + 48, PyBytes_AS_STRING(born), 8);
+    memcpy(r + 48, born, 8);
     memcpy(r + 64, PyBytes_AS_STRING(shost), 8);
     be32(r + 72, (uint32_t)reconsume);
     be64(r + 76, (uint64_t)prepared);
@@ -204,7 +205,7 @@ fail:
     res = NULL;
 done:
     Py_XDECREF(topic); Py_XDECREF(field); Py_XDECREF(props); Py_XDECREF(body); Py_XDECREF(shost);
-    Py_XDECREF(born); Py_XDECREF(record); Py_XDECREF(props_b); Py_XDECREF(key);
+    Py_XDECREF(record); Py_XDECREF(props_b); Py_XDECREF(key);
     Py_XDECREF(qid_obj); Py_XDECREF(tags);
     return res;
 }
@@ -330,6 +331,8 @@ done:
 
 #include "_codec_dispatch.h"
 
+#include "_codec_gate.h"
+
 #include "_codec_put.h"
 
 static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -382,6 +385,7 @@ PyMODINIT_FUNC PyInit__codec(void) {
         {&s_max_hints, "max_hints"}, {&s_last_append, "last_append"}, {&s_roll, "roll"}, {&s_append, "append"}, {&s_popleft, "popleft"},
         {&s_prefault_mark, "prefault_mark"}, {&s_prefault_wake, "prefault_wake"}, {&s_put_state, "put_state"},
         {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_flag_attr, "_flag"}, {&s_set, "set"}, {&s_empty, ""},
+        {&s_running, "running"}, {&s_disk_full, "disk_full"}, {&s_delay, "DELAY"}, {&s_crashed, "crashed"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) return NULL;
@@ -391,5 +395,14 @@ PyMODINIT_FUNC PyInit__codec(void) {
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
-    return PyModule_Create(&module);
+    if (PyType_Ready(&GateType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&GateType);
+    if (PyModule_AddObject(m, "FlushGate", (PyObject *)&GateType) < 0) {
+        Py_DECREF(&GateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

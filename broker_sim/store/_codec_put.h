@@ -35,42 +35,51 @@ static PyObject *now_obj_ms(void) {
     return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
 }
 
-/* put_plain(commit_log, msg) -> PutMessageResult | None: MessageStore.put_message's common case in one call
- * (ASYNC_FLUSH, asynchronous dispatch, system clock, no replication; the caller checked the rest). None when
- * the message needs the general path — it fails a check (that path reports the status) or the commit-log
- * lock is held by someone else (that path waits for it). commit_log.put_state = (store host, topic cache,
- * max message size, segment size, commit-log lock, the dispatcher's wake-up Event). */
+/* put_plain(commit_log, msg) -> PutMessageResult: MessageStore.put_message's common case in one call
+ * (ASYNC_FLUSH, asynchronous dispatch, system clock, no replication), bound to the commit log by
+ * CommitLog.plain_put. commit_log.put_state = (store host, topic cache, max message size, segment size,
+ * commit-log lock, the dispatcher's wake-up Event, gate, expiry, general, flush gate, flush timeout in
+ * seconds, outcome). With a flush gate (SYNC_FLUSH) the put then waits on it instead of waking the
+ * dispatcher (the flush round does), and hands a late flush or a crash to outcome(append result, flushed),
+ * which builds that status. Any put it does not take itself
+ * goes to general(msg) (PutPath.put_general), which reports the status: the store is stopped
+ * (gate.running false) or the disk full (expiry.disk_full), the message has a DELAY property, the encoder
+ * rejects it, or the commit-log lock is held by someone else (the general path waits for it). */
 static PyObject *put_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "put_plain(commit_log, msg)");
         return NULL;
     }
     NEED_CONFIGURED(NULL)
-    PyObject *cl = args[0], *st = getattr_fast(cl, s_put_state), *p = NULL, *now = NULL, *ar = NULL;
-    PyObject *res = NULL;
+    PyObject *cl = args[0], *msg = args[1], *st = getattr_fast(cl, s_put_state), *p = NULL, *now = NULL;
+    PyObject *ar = NULL, *res = NULL, *props = NULL;
     if (st == NULL) return NULL;
-    if (!PyTuple_CheckExact(st) || PyTuple_GET_SIZE(st) != 6) {
+    if (!PyTuple_CheckExact(st) || PyTuple_GET_SIZE(st) != 12) {
         PyErr_SetString(PyExc_TypeError, "put_plain: put_state is not set");
         goto done;
     }
-    PyObject *a5[5] = {args[1], PyTuple_GET_ITEM(st, 0), PyTuple_GET_ITEM(st, 1), PyTuple_GET_ITEM(st, 2),
-                       PyTuple_GET_ITEM(st, 3)};
     PyObject *lock = PyTuple_GET_ITEM(st, 4), *event = PyTuple_GET_ITEM(st, 5);
+    PyObject *general = PyTuple_GET_ITEM(st, 8);
+    int ok = flag_is(PyTuple_GET_ITEM(st, 6), s_running, 1);
+    if (ok > 0) ok = flag_is(PyTuple_GET_ITEM(st, 7), s_disk_full, 0);
+    if (ok < 0) goto done;
+    if (ok == 0) goto general;
+    if ((props = getattr_fast(msg, s_properties)) == NULL) goto done;
+    if (!PyDict_CheckExact(props)) goto general;
+    ok = PyDict_Contains(props, s_delay);
+    if (ok < 0) goto done;
+    if (ok) goto general;
+    PyObject *a5[5] = {msg, PyTuple_GET_ITEM(st, 0), PyTuple_GET_ITEM(st, 1), PyTuple_GET_ITEM(st, 2),
+                       PyTuple_GET_ITEM(st, 3)};
     if ((p = prepare(NULL, a5, 5)) == NULL) {
-        PyErr_Clear();
-        res = Py_None;
-        Py_INCREF(res);
-        goto done;
+        PyErr_Clear();  /* general() prepares again and turns the error into its status */
+        goto general;
     }
     PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
     if (got == NULL) goto done;
     int locked = got == Py_True;
     Py_DECREF(got);
-    if (!locked) {
-        res = Py_None;
-        Py_INCREF(res);
-        goto done;
-    }
+    if (!locked) goto general;
     now = now_obj_ms();
     if (now != NULL) {
         PyObject *a3[3] = {cl, p, now};
@@ -82,21 +91,47 @@ static PyObject *put_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
         goto done;
     }
     Py_DECREF(rel);
-    PyObject *flag = PyObject_GetAttr(event, s_flag_attr);
-    if (flag == NULL) goto done;
-    if (flag != Py_True) {
-        PyObject *ok = PyObject_CallMethodNoArgs(event, s_set);
-        if (ok == NULL) {
-            Py_DECREF(flag);
+    PyObject *fgate = PyTuple_GET_ITEM(st, 9);
+    if (fgate != Py_None) {
+        if (!Py_IS_TYPE(fgate, &GateType)) {
+            PyErr_SetString(PyExc_TypeError, "put_plain: the flush gate is not a FlushGate");
             goto done;
         }
-        Py_DECREF(ok);
+        double timeout = PyFloat_AsDouble(PyTuple_GET_ITEM(st, 10));
+        if (timeout == -1.0 && PyErr_Occurred()) goto done;
+        PyObject *phys = *(PyObject **)((char *)ar + append_result_cls.offset[1]);
+        PyObject *size = *(PyObject **)((char *)ar + append_result_cls.offset[2]);
+        long long end = PyLong_AsLongLong(phys) + PyLong_AsLongLong(size);
+        if (PyErr_Occurred()) goto done;
+        int flushed = gate_wait_end((Gate *)fgate, end, timeout);
+        if (flushed < 0) goto done;
+        int fine = flushed ? flag_is(PyTuple_GET_ITEM(st, 6), s_crashed, 0) : 0;
+        if (fine < 0) goto done;
+        if (!fine) {
+            PyObject *oargs[2] = {ar, flushed ? Py_True : Py_False};
+            res = PyObject_Vectorcall(PyTuple_GET_ITEM(st, 11), oargs, 2, NULL);
+            goto done;
+        }
+    } else {
+        PyObject *flag = PyObject_GetAttr(event, s_flag_attr);
+        if (flag == NULL) goto done;
+        if (flag != Py_True) {
+            PyObject *set = PyObject_CallMethodNoArgs(event, s_set);
+            if (set == NULL) {
+                Py_DECREF(flag);
+                goto done;
+            }
+            Py_DECREF(set);
+        }
+        Py_DECREF(flag);
     }
-    Py_DECREF(flag);
     PyObject *rargs[3] = {put_status_ok, ar, s_empty};
     res = new_slots(&put_result_cls, rargs);
+    goto done;
+general:
+    res = PyObject_CallOneArg(general, msg);
 done:
-    Py_XDECREF(st); Py_XDECREF(p); Py_XDECREF(now); Py_XDECREF(ar);
+    Py_XDECREF(st); Py_XDECREF(p); Py_XDECREF(now); Py_XDECREF(ar); Py_XDECREF(props);
     return res;
 }
 

@@ -303,3 +303,40 @@ static PyObject *register_slots(PyObject *self, PyObject *const *args, Py_ssize_
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
+
+/* 1 when obj.name is exactly True (want=1) / False-or-falsy (want=0) as wanted, 0 when not, -1 on error. */
+static int flag_is(PyObject *obj, PyObject *name, int want) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    int truth = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (truth < 0) return -1;
+    return truth == want;
+}
+
+/* BORNHOST/STOREHOST bytes of host = (ip, port) exactly as message_record.host_bytes packs them: inet_aton
+ * (the libc function socket.inet_aton calls) + big-endian int32 port. 1 = done; 0 = not handled here (not an
+ * exact (str, int) tuple, a NUL in the string, an address inet_aton rejects, a port out of range): the
+ * caller then takes the Python path, which raises the right error. */
+static int host8(PyObject *host, unsigned char *out) {
+    if (!PyTuple_CheckExact(host) || PyTuple_GET_SIZE(host) != 2) return 0;
+    PyObject *ip = PyTuple_GET_ITEM(host, 0), *port = PyTuple_GET_ITEM(host, 1);
+    if (!PyUnicode_CheckExact(ip) || !PyLong_CheckExact(port)) return 0;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(ip, &n);
+    if (s == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int overflow = 0;
+    long long pv = PyLong_AsLongLongAndOverflow(port, &overflow);
+    if (overflow || pv < 0 || pv > 0x7FFFFFFF || (Py_ssize_t)strlen(s) != n) {
+        PyErr_Clear();
+        return 0;
+    }
+    struct in_addr addr;
+    if (!inet_aton(s, &addr)) return 0;
+    memcpy(out, &addr.s_addr, 4);  /* already in network (big-endian) order */
+    be32(out + 4, (uint32_t)pv);
+    return 1;
+}

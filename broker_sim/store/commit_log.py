@@ -16,6 +16,7 @@ a gap, hints dropped because the dispatcher lags far behind) is dispatched from 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -43,7 +44,7 @@ _PUT_OK = AppendMessageStatus.PUT_OK
 SIZE_MAGIC = BLANK  # the same ">ii" shape reads (TOTALSIZE, MAGICCODE) of a record
 MAX_HINTS = 200_000  # beyond this backlog new appends leave no hint (the log bytes still dispatch them)
 NO_PREFAULT = 2**63 - 1
-PlainPut = Callable[["CommitLog", MessageInner], PutMessageResult | None]
+PlainPut = Callable[[MessageInner], PutMessageResult]
 
 
 def _nothing() -> None:
@@ -109,22 +110,27 @@ class CommitLog:
             mf = self.mfq.create(mf.end_offset)
         return mf
 
-    def plain_put(self, wake: threading.Event) -> PlainPut | None:
-        """The compiled one-call put (codec ``put_plain``) for a store whose puts only append and then set
-        ``wake`` (ASYNC_FLUSH, asynchronous dispatch, no replication) — if this log appends in C on the
-        system clock; else None."""
+    def plain_put(
+        self,
+        wake: threading.Event,
+        gate: object,
+        expiry: object,
+        general: PlainPut,
+        sync: tuple[object, float, Callable[[AppendMessageResult, bool], PutMessageResult]] | None = None,
+    ) -> PlainPut | None:
+        """The compiled one-call put (codec ``put_plain`` bound to this log) for a store whose puts only
+        append and then set ``wake`` (ASYNC_FLUSH, asynchronous dispatch, no replication) or, with ``sync`` =
+        (compiled flush gate, timeout in seconds, outcome), wait on that gate (SYNC_FLUSH) — if this log
+        appends in C on the system clock; else None. It reads ``gate.running`` (and ``gate.crashed``) and
+        ``expiry.disk_full`` and hands every put it does not take itself to ``general``."""
         if codec.compiled is None or self.impl != "c" or self._now is not self.codec.now_ms:
             return None
+        flush_gate, timeout_s, outcome = sync or (None, 0.0, None)
         self.put_state = (
-            self.store_host,
-            self.topic_fields,
-            self.max_message_size,
-            self.file_size,
-            self.lock,
-            wake,
-        )
-        put: PlainPut = codec.compiled.put_plain
-        return put
+            self.store_host, self.topic_fields, self.max_message_size, self.file_size, self.lock, wake,
+            gate, expiry, general, flush_gate, timeout_s, outcome,
+        )  # fmt: skip
+        return functools.partial(codec.compiled.put_plain, self)
 
     def append(self, msg: MessageInner) -> AppendMessageResult:
         """Append one message; raises MessageIllegalError/PropertiesSizeExceededError for bad input."""

@@ -24,8 +24,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from broker_sim.clock import Clock
+from broker_sim.clock import Clock, SystemClock
+from broker_sim.store import codec
 from broker_sim.store.checkpoint import StoreCheckpoint
 from broker_sim.store.commit_log import CommitLog
 
@@ -34,19 +36,125 @@ MAX_GATHER_S = 0.002  # upper bound of the wait for a full group (real time, not
 RETRY_S = 0.01  # after a failed flush (RocketMQ's GroupCommitService also retries every 10 ms)
 
 
+class PyFlushGate:
+    """Where SYNC_FLUSH puts wait for the group-commit thread (the pure-Python twin of the compiled
+    ``_codec.FlushGate``, used without the extension or on a clock other than the system clock: a waiter
+    sleeps on its own Event through ``clock.wait`` so that timeouts follow the store's clock)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._flushed = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._waiters: list[tuple[int, threading.Event]] = []
+        self._expected = 1  # how many waiters the last release saw: the group to gather next
+        self._stopping = False
+        self._abandoned = False
+
+    @property
+    def flushed(self) -> int:
+        """Commit-log offset known to be on disk."""
+        return self._flushed
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return len(self._waiters)
+
+    def wait(self, end_offset: int, timeout_s: float) -> bool:
+        """Block until flushed up to ``end_offset`` (True), abandoned (True), or timed out (False)."""
+        done = threading.Event()
+        with self._cond:
+            if end_offset <= self._flushed or self._abandoned:
+                return True
+            waiters = self._waiters
+            waiters.append((end_offset, done))
+            if len(waiters) == 1 or len(waiters) >= self._expected:
+                self._cond.notify()  # wake the flusher only when it has something to do
+        if self.clock.wait(done, timeout_s):
+            return True
+        with self._cond:
+            if (end_offset, done) in self._waiters:
+                self._waiters.remove((end_offset, done))
+            return done.is_set()
+
+    def gather(self, idle_s: float, gather_s: float) -> int:
+        """Flusher: wait up to ``idle_s`` for a first waiter, then up to ``gather_s`` for as many as the last
+        release saw; how many are registered (0: idle or stopping)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._waiters or self._stopping, idle_s)
+            if self._waiters and not self._stopping:
+                self._cond.wait_for(lambda: len(self._waiters) >= self._expected or self._stopping, gather_s)
+            return 0 if self._stopping else len(self._waiters)
+
+    def release(self, flushed: int) -> int:
+        """Flusher, after a flush: wake every waiter it covers; how many that is."""
+        with self._cond:
+            self._flushed = max(self._flushed, flushed)
+            waiters, self._waiters = self._waiters, []
+            self._expected = max(1, len(waiters))
+            for target, ev in waiters:
+                if target <= self._flushed:
+                    ev.set()
+                else:
+                    self._waiters.append((target, ev))  # appended after the flush began: next round
+            return len(waiters) - len(self._waiters)
+
+    def reset(self, flushed: int) -> None:
+        with self._cond:
+            self._flushed = flushed
+            self._waiters, self._expected = [], 1
+            self._stopping = self._abandoned = False
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def abandon(self) -> None:
+        with self._cond:
+            self._stopping = self._abandoned = True
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for _, ev in waiters:
+            ev.set()
+
+
+class FlushGate(Protocol):
+    """What :class:`PyFlushGate` and the compiled ``_codec.FlushGate`` both offer."""
+
+    @property
+    def flushed(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    def wait(self, end_offset: int, timeout_s: float) -> bool: ...
+    def gather(self, idle_s: float, gather_s: float) -> int: ...
+    def release(self, flushed: int) -> int: ...
+    def reset(self, flushed: int) -> None: ...
+    def stop(self) -> None: ...
+    def abandon(self) -> None: ...
+
+
+def new_gate(clock: Clock) -> FlushGate:
+    """The compiled gate on the system clock when the extension is built; else :class:`PyFlushGate`."""
+    if codec.compiled is not None and type(clock) is SystemClock:
+        gate: FlushGate = codec.compiled.FlushGate()
+        return gate
+    return PyFlushGate(clock)
+
+
 class GroupCommitService:
     def __init__(self, commit_log: CommitLog, checkpoint: StoreCheckpoint, clock: Clock) -> None:
         self.commit_log = commit_log
         self.checkpoint = checkpoint
         self.clock = clock
         self.before_flush: Callable[[], None] | None = None
+        #: called as each round starts, before its flush: the put path wakes the dispatcher here (once per
+        #: round rather than once per put: every put the round covers has appended by then)
+        self.before_round: Callable[[], None] | None = None
         self.flush_count = 0  # number of flush rounds (group commit makes it ≪ number of puts)
         self.in_flight = 0  # puts registered before the round in progress began
         self.largest_group = 0  # most puts one flush has released
-        self.flushed = 0  # commit-log offset known to be on disk
-        self._cond = threading.Condition(threading.Lock())
-        self._waiters: list[tuple[int, threading.Event]] = []
-        self._expected = 1  # how many waiters the last round released: the group to gather next
+        self.gate: FlushGate = new_gate(clock)
         self._gather_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -55,43 +163,32 @@ class GroupCommitService:
     def start(self) -> None:
         self._stop.clear()
         self._abandoned = False
-        self.flushed = self.commit_log.mfq.flushed_offset
+        self.gate.reset(self.commit_log.mfq.flushed_offset)
         self._thread = threading.Thread(target=self._run, name="broker_sim-group-commit", daemon=True)
         self._thread.start()
 
     @property
+    def flushed(self) -> int:
+        """Commit-log offset known to be on disk."""
+        return self.gate.flushed
+
+    @property
     def pending(self) -> int:
         """Puts waiting that the round in progress (if any) does not cover yet."""
-        with self._cond:
-            return len(self._waiters) - self.in_flight
+        return max(0, self.waiting - self.in_flight)
 
     @property
     def waiting(self) -> int:
         """Puts waiting for their flush (the next round's and the current one's)."""
-        with self._cond:
-            return len(self._waiters)
+        return self.gate.waiting
 
     def wait_flushed(self, end_offset: int, timeout_ms: int) -> bool:
         """Block until the commit log is on disk up to ``end_offset``; False on timeout."""
-        if end_offset <= self.flushed:
-            return True
-        done = threading.Event()
-        with self._cond:
-            if end_offset <= self.flushed:
-                return True
-            self._waiters.append((end_offset, done))
-            self._cond.notify()
-        return self.clock.wait(done, timeout_ms / 1000)
+        return self.gate.wait(end_offset, timeout_ms / 1000)
 
     def _run(self) -> None:
-        cond = self._cond
         while not self._stop.is_set():
-            with cond:
-                cond.wait_for(lambda: self._waiters or self._stop.is_set(), 1.0)
-                if self._waiters and not self._stop.is_set():
-                    cond.wait_for(lambda: len(self._waiters) >= self._expected or self._stop.is_set(),
-                                  self._gather_s)  # fmt: skip
-            if not self._commit_round():
+            if self.gate.gather(1.0, self._gather_s) and not self._commit_round():
                 self._stop.wait(RETRY_S)  # the disk failed: retry soon, without spinning on it
         if not self._abandoned:
             self._commit_round()  # release whoever is still waiting
@@ -100,12 +197,13 @@ class GroupCommitService:
         """One flush and the release of every waiter it covers; False when the flush failed."""
         if self._abandoned:
             return True
-        with self._cond:
-            self.in_flight = len(self._waiters)
-            if not self._waiters:
-                return True
+        self.in_flight = self.gate.waiting
+        if not self.in_flight:
+            return True
         started = time.monotonic()
         try:
+            if self.before_round is not None:
+                self.before_round()
             if self.before_flush is not None:
                 self.before_flush()
             end, ts = self.commit_log.last_append
@@ -115,29 +213,17 @@ class GroupCommitService:
                 self.checkpoint.physic_msg_timestamp = ts
         except Exception:
             log.exception("group commit flush failed; %d waiting puts wait for the retry", self.in_flight)
-            with self._cond:
-                self.in_flight = 0
+            self.in_flight = 0
             return False
         self._gather_s = min(MAX_GATHER_S, time.monotonic() - started)
-        with self._cond:
-            self.flushed = max(self.flushed, flushed)
-            waiters, self._waiters = self._waiters, []
-            self.in_flight = 0
-            released = 0
-            self._expected = max(1, len(waiters))  # every producer seen around this flush
-            for target, ev in waiters:
-                if target <= flushed:
-                    ev.set()
-                    released += 1
-                else:
-                    self._waiters.append((target, ev))  # appended after the flush began: next round
+        released = self.gate.release(flushed)
+        self.in_flight = 0
         self.largest_group = max(self.largest_group, released)
         return True
 
     def stop(self) -> None:
         self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
+        self.gate.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -145,11 +231,8 @@ class GroupCommitService:
     def abandon(self) -> None:
         """Crash: stop without flushing and release every waiting put (which then reports failure)."""
         self._abandoned = True
+        self.gate.abandon()
         self.stop()
-        with self._cond:
-            waiters, self._waiters = self._waiters, []
-        for _, ev in waiters:
-            ev.set()
 
 
 class PeriodicFlusher:

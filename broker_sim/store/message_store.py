@@ -21,29 +21,26 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
 from broker_sim.clock import Clock, SystemClock
 from broker_sim.store.checkpoint import AbortFile, StoreCheckpoint
-from broker_sim.store.commit_log import CommitLog, PlainPut
+from broker_sim.store.commit_log import CommitLog
 from broker_sim.store.config import FlushDiskType, StoreConfig
 from broker_sim.store.consume_queue import ConsumeQueue
 from broker_sim.store.dispatcher import Dispatcher, TagsCodeHook
-from broker_sim.store.errors import MessageIllegalError, PropertiesSizeExceededError
 from broker_sim.store.expiry import ExpiryService, default_disk_usage
 from broker_sim.store.flush import GroupCommitService, PeriodicFlusher
-from broker_sim.store.ha.master import ReplicaResult
 from broker_sim.store.ha.replication import Replication
 from broker_sim.store.index_service import IndexService
 from broker_sim.store.message_record import (
-    PROPERTY_DELAY,
     MessageInner,
     host_bytes,
-    schedule_rewrite,
 )
 from broker_sim.store.prefault import Prefaulter
+from broker_sim.store.put_path import PutFn, PutPath
 from broker_sim.store.reader import StoreReader
 from broker_sim.store.recovery import choose_start, count_dirty_bytes, scan_commit_log
 from broker_sim.store.results import (
@@ -101,15 +98,15 @@ class MessageStore:
         usage = cfg.disk_usage or default_disk_usage(self.store_dir)
         self.expiry = ExpiryService(cfg, self.clock, self.commit_log, usage, self._clean_logics)
         self.recovery_report = RecoveryReport()
-        self._sync = sync
-        self._running = False
-        self._crashed = False
-        rep = self.replication = Replication(cfg, self.commit_log, self.dispatcher.wake)
-        plain = not sync and cfg.dispatch_async and rep.service is None and not rep.is_slave
-        self._put_plain: PlainPut | None = (
-            self.commit_log.plain_put(self.dispatcher.wake_event) if plain else None
+        self.replication = Replication(cfg, self.commit_log, self.dispatcher.wake)
+        self.put_path = PutPath(
+            cfg, self.commit_log, self.dispatcher, self.group_commit, self.replication, self.expiry
         )
-        self.reader = StoreReader(cfg, self.commit_log, self.index, self._cqs, lambda: self._running)
+        #: Append one message. Expected failures come back as a status (MESSAGE_ILLEGAL for a bad topic or
+        #: an oversized body, PROPERTIES_SIZE_EXCEEDED, SERVICE_NOT_AVAILABLE when stopped or the disk is
+        #: full, FLUSH_DISK_TIMEOUT when a sync flush is late — the message is stored all the same).
+        self.put_message: PutFn = self.put_path.put_message
+        self.reader = StoreReader(cfg, self.commit_log, self.index, self._cqs, lambda: self.put_path.running)
         r = self.reader
         self.get_message = r.get_message
         self.select_one_message_by_offset = r.select_one_message_by_offset
@@ -140,13 +137,13 @@ class MessageStore:
 
     @property
     def running(self) -> bool:
-        return self._running
+        return self.put_path.running
 
     # ================================================================================== lifecycle
     def start(self) -> RecoveryReport:
         """Load files, recover (normally or, if ``abort`` exists, abnormally), rebuild what is missing,
         create ``abort`` and start the background services. Raises CorruptRecordError (see recovery)."""
-        if self._running:
+        if self.put_path.running:
             return self.recovery_report
         for sub in ("commitlog", "consumequeue", "index", "config"):
             (self.store_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -157,8 +154,8 @@ class MessageStore:
             raise
         self.recovery_report = report
         self.abort_file.create()
-        self._running = True
-        self._crashed = False
+        self.put_path.running = True
+        self.put_path.crashed = False
         self.dispatcher.start()
         if self.config.warm_mapped_file:
             self.prefaulter.start()
@@ -223,9 +220,9 @@ class MessageStore:
 
     def shutdown(self) -> None:
         """Clean stop: dispatch what is pending, flush everything, write the checkpoint, remove ``abort``."""
-        if not self._running:
+        if not self.put_path.running:
             return
-        self._running = False
+        self.put_path.running = False
         self.replication.stop()
         self.expiry.stop()
         self.flusher.stop()
@@ -240,10 +237,10 @@ class MessageStore:
 
     def crash(self) -> None:
         """Fault injection: stop as a power cut would (see the module docstring)."""
-        if not self._running:
+        if not self.put_path.running:
             return
-        self._running = False
-        self._crashed = True
+        self.put_path.running = False
+        self.put_path.crashed = True
         self.replication.stop()
         self.expiry.stop()
         self.flusher.stop()
@@ -309,83 +306,11 @@ class MessageStore:
         return flushed
 
     # ================================================================================== put
-    def _refusal(self) -> PutMessageResult | None:
-        if not self._running:
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="store is not running")
-        if self.expiry.disk_full:
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="disk full")
-        if self.replication.is_slave:
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="this broker is a slave")
-        return None
-
-    def put_message(self, msg: MessageInner) -> PutMessageResult:
-        """Append one message. Expected failures come back as a status (MESSAGE_ILLEGAL for a bad topic or
-        an oversized body, PROPERTIES_SIZE_EXCEEDED, SERVICE_NOT_AVAILABLE when stopped or the disk is
-        full, FLUSH_DISK_TIMEOUT when a sync flush is late — the message is stored all the same)."""
-        plain = self._put_plain
-        if plain and self._running and not self.expiry.disk_full and PROPERTY_DELAY not in msg.properties:
-            r = plain(self.commit_log, msg)  # the common case in one compiled call (None: take this path)
-            if r is not None:
-                return r
-        if not self._running or self.expiry.disk_full or self.replication.is_slave:
-            return self._refusal() or PutMessageResult(PutMessageStatus.UNKNOWN_ERROR)
-        if PROPERTY_DELAY in msg.properties:
-            try:
-                msg = schedule_rewrite(msg, len(self.config.delay_levels_ms))
-            except MessageIllegalError as exc:
-                return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
-        result = self._append(self.commit_log.append, msg)
-        if isinstance(result, PutMessageResult):
-            return result
-        if self._sync or not self.config.dispatch_async or self.replication.service is not None:
-            return self._after_append(result)
-        self.dispatcher.wake()  # the common ASYNC_FLUSH case, inlined: nothing to wait for
-        return PutMessageResult(_PUT_OK, result)
-
+    # put_message (an attribute: the compiled one-call put or PutPath.put_general) is bound in __init__
     def put_messages(self, msgs: Sequence[MessageInner]) -> PutMessageResult:
         """Append several messages contiguously and atomically (all or none are validated and written);
         ``append_result`` covers the batch (``msg_num``, ``offsets``, ``msg_ids``, first queue offset)."""
-        refusal = self._refusal()
-        if refusal is not None:
-            return refusal
-        if not msgs:
-            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="empty batch")
-        levels = len(self.config.delay_levels_ms)
-        try:
-            batch = [schedule_rewrite(m, levels) if PROPERTY_DELAY in m.properties else m for m in msgs]
-        except MessageIllegalError as exc:
-            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
-        result = self._append(self.commit_log.append_batch, batch)
-        return result if isinstance(result, PutMessageResult) else self._after_append(result)
-
-    def _append(self, fn: Callable[[_T], AppendMessageResult], arg: _T) -> _Appended:
-        """``append(arg)``, with bad input and a failed segment creation turned into their statuses."""
-        try:
-            return fn(arg)
-        except PropertiesSizeExceededError as exc:
-            return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, remark=str(exc))
-        except MessageIllegalError as exc:
-            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=str(exc))
-        except OSError as exc:
-            log.exception("cannot create a commit-log segment")
-            return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, remark=str(exc))
-
-    def _after_append(self, result: AppendMessageResult) -> PutMessageResult:
-        if self.config.dispatch_async:
-            self.dispatcher.wake()
-        else:
-            self.dispatcher.dispatch_pending()
-        if self._sync:
-            end = result.wrote_offset + result.wrote_bytes if result.msg_num == 1 else result.offsets[-1] + 1
-            flushed = self.group_commit.wait_flushed(end, self.config.sync_flush_timeout_ms)
-            if self._crashed:
-                return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, result, "store crashed")
-            if not flushed:
-                return PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, result, "sync flush timed out")
-        replicated = self.replication.wait(result.wrote_offset + result.wrote_bytes)
-        if replicated is not ReplicaResult.OK:
-            return PutMessageResult(PutMessageStatus[replicated.value], result, "not on a slave")
-        return PutMessageResult(_PUT_OK, result)
+        return self.put_path.put_messages(msgs)
 
     # ================================================================================== queues
     def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker_sim.clock import ManualClock
+from broker_sim.clock import Clock, ManualClock
 from broker_sim.store import MessageInner, MessageStore, StoreConfig
 
 StoreFactory = Callable[..., MessageStore]
@@ -47,7 +47,9 @@ def clock() -> ManualClock:
 def make_store(tmp_path: Path, clock: ManualClock) -> Iterator[StoreFactory]:
     stores: list[MessageStore] = []
 
-    def factory(path: Path | None = None, start: bool = True, **overrides: Any) -> MessageStore:
+    def factory(
+        path: Path | None = None, start: bool = True, clock: Clock = clock, **overrides: Any
+    ) -> MessageStore:
         store = MessageStore(path or tmp_path / "store", small_config(**overrides), clock)
         if start:
             store.start()

@@ -18,7 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker_sim.clock import ManualClock
-from broker_sim.store import MessageInner, MessageStore, PutMessageResult, PutMessageStatus, codec
+from broker_sim.store import (
+    FlushDiskType,
+    MessageInner,
+    MessageStore,
+    PutMessageResult,
+    PutMessageStatus,
+    codec,
+)
 from broker_sim.store.codec import TAGS_UNKNOWN, DispatchHint
 from broker_sim.store.config import SCHEDULE_TOPIC
 from broker_sim.store.message_record import decode_record, encode_record, host_bytes
@@ -36,6 +43,25 @@ ints = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**64), 2**64))
 hosts = st.one_of(
     st.tuples(st.sampled_from(["10.0.0.7", "127.0.0.1", "255.255.255.255"]), st.integers(0, 2**31 - 1)),
     st.tuples(st.sampled_from(["::1", "nope", "10.0.0.7"]), st.integers(-5, 2**32)),
+    # what libc's inet_aton (socket.inet_aton's, and the compiled packer's) accepts or refuses
+    st.tuples(
+        st.sampled_from(
+            [
+                "127.1",
+                "0x7f.0.0.1",
+                "010.0.0.1",
+                "4294967295",
+                "10.0.0.7 x",
+                " 10.0.0.7",
+                "1.2.3.4\x00",
+                "256.1.1.1",
+                "Ü",
+                "",
+            ]
+        ),
+        st.integers(0, 2**31 - 1),
+    ),
+    st.builds(lambda ip, port: [ip, port], st.just("10.0.0.7"), st.sampled_from([1, True])),
 )
 messages = st.builds(
     MessageInner,
@@ -217,17 +243,22 @@ def test_store_files_are_identical_with_either_twin(tmp_path: Path) -> None:
 
 
 @needs_c
-def test_one_call_put_equals_general_put(tmp_path: Path) -> None:
-    """The compiled ``put_plain`` (taken for ASYNC_FLUSH puts on the system clock) stores what the general
-    path stores; only STORETIMESTAMP (bytes 56..63, read from the clock) may differ."""
-    stores = [MessageStore(tmp_path / name, small_config(commit_log_file_size=16 * 1024)) for name in "ab"]
-    stores[1]._put_plain = None
-    assert stores[0]._put_plain is not None
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
+def test_one_call_put_equals_general_put(tmp_path: Path, flush: FlushDiskType) -> None:
+    """The compiled ``put_plain`` (taken for puts on the system clock; under SYNC_FLUSH it also waits on the
+    compiled flush gate) stores what the general path stores; only STORETIMESTAMP (bytes 56..63, read from
+    the clock) may differ."""
+    cfg = small_config(commit_log_file_size=16 * 1024, flush_disk_type=flush)
+    stores = [MessageStore(tmp_path / name, cfg) for name in "ab"]
+    stores[1].put_message = stores[1].put_path.put_general
+    assert stores[0].put_message != stores[0].put_path.put_general
     out = []
     for store in stores:
         store.start()
         rs = [store.put_message(m) for m in workload(13) if "DELAY" not in m.properties]
         assert store.wait_dispatched()
+        if flush is FlushDiskType.SYNC_FLUSH:  # acknowledged means on disk
+            assert store.commit_log.mfq.flushed_offset == store.max_phy_offset
         log = b"".join(mf.mm[: mf.wrote] for mf in store.commit_log.mfq.files)
         units = [store.consume_queue_units("TopicA", q, 0, 1000) for q in range(3)]
         out.append((rs, log, units))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from broker_sim.clock import ManualClock
-from broker_sim.store import FlushDiskType, PutMessageResult, PutMessageStatus
+import pytest
+
+from broker_sim.clock import ManualClock, SystemClock
+from broker_sim.store import FlushDiskType, PutMessageResult, PutMessageStatus, codec
 from tests.broker_sim.store.conftest import StoreFactory, msg
 
 
@@ -80,11 +82,16 @@ def test_async_put_does_not_wait_for_disk(make_store: StoreFactory) -> None:
     assert store.commit_log.mfq.flushed_offset == 0  # the manual clock has not reached the flush interval
 
 
-def test_group_commit_acknowledged_puts_survive_a_power_cut(make_store: StoreFactory) -> None:
+@pytest.mark.parametrize("system_clock", [False, True], ids=["manual-clock", "system-clock"])
+def test_group_commit_acknowledged_puts_survive_a_power_cut(
+    make_store: StoreFactory, system_clock: bool
+) -> None:
     """16 producers under SYNC_FLUSH; after a few hundred acknowledged puts the disk stops flushing (the
     power is going) while every producer has one more put appended and waiting; then the power cut. Every
-    acknowledged put is back after recovery, byte for byte; the ones caught waiting were not acknowledged."""
-    store = make_store(flush_disk_type=FlushDiskType.SYNC_FLUSH, commit_log_file_size=64 * 1024)
+    acknowledged put is back after recovery, byte for byte; the ones caught waiting were not acknowledged.
+    On the system clock (with the extension built) puts take the compiled one-call put and flush gate."""
+    clock = {"clock": SystemClock()} if system_clock else {}
+    store = make_store(flush_disk_type=FlushDiskType.SYNC_FLUSH, commit_log_file_size=64 * 1024, **clock)
     power_failing = threading.Event()
 
     def before_flush() -> None:
@@ -130,9 +137,28 @@ def test_group_commit_acknowledged_puts_survive_a_power_cut(make_store: StoreFac
     for t in threads:
         t.join(30)
     assert len(unacked) == 16 and not any(r.ok and r.status is PutMessageStatus.PUT_OK for r in unacked)
-    again = make_store(flush_disk_type=FlushDiskType.SYNC_FLUSH, commit_log_file_size=64 * 1024)
+    again = make_store(flush_disk_type=FlushDiskType.SYNC_FLUSH, commit_log_file_size=64 * 1024, **clock)
     assert again.recovery_report.abnormal
     for off, size, body in acked:
         ext = again.look_message_by_offset(off)
         assert ext is not None and ext.store_size == size and ext.body == body
     assert sum(again.get_max_offset_in_queue("TopicA", q) for q in range(4)) >= len(acked)
+
+
+def test_flush_disk_timeout_on_the_system_clock(make_store: StoreFactory) -> None:
+    """The compiled one-call put (system clock) reports a late flush as FLUSH_DISK_TIMEOUT, message stored."""
+    store = make_store(
+        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=100, clock=SystemClock()
+    )
+    if codec.compiled is not None:
+        assert store.put_message != store.put_path.put_general  # the compiled put is what runs
+    gate = threading.Event()
+    store.group_commit.before_flush = lambda: gate.wait(10) and None
+    try:
+        r = store.put_message(msg(body=b"late"))
+    finally:
+        gate.set()
+    assert r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT and r.ok
+    assert r.append_result is not None
+    assert store.look_message_by_offset(r.append_result.wrote_offset).body == b"late"  # type: ignore[union-attr]
+    assert store.group_commit.waiting == 0  # the late put withdrew
