@@ -25,6 +25,7 @@ from reliable.reconcile import aggregates as A
 from reliable.reconcile import io, rollup
 from reliable.reconcile import transforms as T
 from reliable.reconcile.config import ORPHAN_BROADCAST_ROWS, ReconcileConfig, Thresholds
+from reliable.reconcile.gaps import offset_gaps
 from reliable.reconcile.report_html import render_html
 from reliable.reconcile.summary import ATTENTION_KINDS, Collected, build_summary, headline
 from reliable.reconcile.timeline import timeline_frame
@@ -166,7 +167,7 @@ def reconcile(
         io.write_detail(orphans, out_dir, "orphans")
 
         p.step("offset gaps")
-        io.write_detail(T.offset_gaps(inputs.logs, cfg), out_dir, "gaps")
+        io.write_detail(offset_gaps(inputs.logs, cfg), out_dir, "gaps")
     finally:
         for df in persisted:
             df.unpersist(blocking=True)  # the next job in this JVM gets the memory back before it starts
