@@ -1,6 +1,7 @@
 """The reconciliation as pure DataFrame → DataFrame functions (no I/O, no actions), per consumer group.
 
-Every anomaly the report names is defined here, once, as a column expression; ``docs/reconcile.md`` repeats
+Every anomaly the report names is defined here, once, as a column expression (offset gaps in :mod:`.gaps`,
+whose sort-free computation needs more room); ``docs/reconcile.md`` repeats
 the definitions in prose, and ``bench/reconcile_duckdb.py`` writes them again, independently, in SQL (the
 benchmark's cross-check). Functions take and return Spark DataFrames and never collect, so the caller
 decides what is cached, written or brought to the driver. The aggregations over these rows are in
@@ -355,25 +356,6 @@ def orphan_logs(
         classified.where(in_log_window(cfg))
         .join(F.broadcast(orphan_ids) if few_candidates else orphan_ids, "message_id", "left_semi")
         .select(*_DELIVERY_DETAIL, F.col("id").alias("log_id"))
-    )
-
-
-def offset_gaps(logs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
-    """Holes between consecutive distinct offsets each delivered queue's log holds (inside the window).
-
-    A hole is a range of offsets the consumer group never journaled although it journaled offsets on both
-    sides: a message lost for that group, a delivery that bypassed the guard, a purged log row or a
-    tag-filtered message. Offsets before the first or after the last journaled one are not holes (they are
-    lag or history).
-    """
-    offsets = logs.where(in_log_window(cfg)).select(*QUEUE_KEY, "queue_offset").distinct()
-    w = Window.partitionBy(*QUEUE_KEY).orderBy("queue_offset")
-    prev = offsets.withColumn("prev_offset", F.lag("queue_offset").over(w))
-    return prev.where(F.col("queue_offset") - F.col("prev_offset") > 1).select(
-        *QUEUE_KEY,
-        (F.col("prev_offset") + 1).alias("gap_start"),
-        (F.col("queue_offset") - 1).alias("gap_end"),
-        (F.col("queue_offset") - F.col("prev_offset") - 1).alias("missing"),
     )
 
 

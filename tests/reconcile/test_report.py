@@ -171,6 +171,27 @@ def test_window_keeps_a_messages_deliveries_together(spark: Any, planted: D.Data
     assert result.summary["window"] == {"since": "2026-11-20T10:10:00Z", "until": "2026-11-20T10:30:00Z"}
 
 
+def test_attention_lists_keep_the_first_pairs_and_count_them_all(
+    spark: Any, planted: D.Dataset, tmp_path: Path
+) -> None:
+    """With a limit of one pair per list, each list shows its first pair (by group, then message id) and
+    its total."""
+    from reliable.reconcile import io
+    from reliable.reconcile.config import ReconcileConfig
+
+    cfg = ReconcileConfig(as_of=D.AS_OF, attention_limit=1)
+    src = write_parquet(planted, tmp_path / "in")
+    summary = _run(spark, io.read_parquet(spark, src, cfg), tmp_path / "out", cfg).summary
+    exp = D.EXPECTED
+    expected = {name: exp[name] for name in ("lost", "stuck", "dead", "unsent", "orphans")}
+    expected["duplicates"] = {(gr, m) for gr, m, _ in exp["duplicates"]}
+    for name, pairs in expected.items():
+        entry = summary["attention"][name]
+        assert entry["total"] == len(pairs), name
+        first = min(pairs)
+        assert entry["pairs"] == [{"consumer_group": first[0], "message_id": first[1]}], name
+
+
 def _cli_args(*argv: str) -> argparse.Namespace:
     from reliable.cli import build_parser
 
