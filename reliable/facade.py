@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from reliable.aio_backends import AsyncBackends
 
 log = logging.getLogger("reliable")
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
 class Reliability:
@@ -62,6 +67,9 @@ class Reliability:
         self.redis: RedisClient | None = redis
         self._redis_url = redis_url
         self._aio: AsyncBackends | None = None  # asyncio flavour, created on first use
+        # guards made from this object: close() flushes what they still hold (write-behind rows, done markers)
+        # before the pools go, so nothing arrives later through a timer thread or at interpreter exit.
+        self._closables: weakref.WeakSet[_Closable] = weakref.WeakSet()
 
     @property
     def dialect(self) -> str:
@@ -124,8 +132,15 @@ class Reliability:
 
         migrate.upgrade(self.engine)
 
+    def track(self, closable: _Closable) -> None:
+        """Close ``closable`` (a guard) first when this object closes; held weakly."""
+        self._closables.add(closable)
+
     def close(self) -> None:
-        """Release pooled connections (and the Redis pool)."""
+        """Close the guards made from this object (flushing their buffered writes), then release the pools."""
+        for closable in list(self._closables):
+            closable.close()
+        self._closables.clear()
         self.engine.dispose()
         if self._aio is not None:
             self._aio.close_sync()

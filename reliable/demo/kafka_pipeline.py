@@ -112,11 +112,15 @@ class ChaosConsumer(KafkaGuardedConsumer):
     crashed = False
     #: a stalled consumer does not poll (a slow or stuck service): records pile up unconsumed
     stalled = False
+    #: set once a stalled consumer is out of the poll it was in (that poll may still have handled records)
+    parked = False
 
     def poll_once(self) -> int:
         if self.stalled:
+            self.parked = True
             time.sleep(self.poll_s)
             return 0
+        self.parked = False
         return super().poll_once()
 
     def _commit_to_kafka(self, offsets: list[TopicPartition]) -> None:
@@ -328,8 +332,20 @@ def _stall_consumers(
     for t in threads:
         if t.consumer is not None:
             t.consumer.stalled = True
+    _wait_parked(threads)
     say("chaos: every consumer stalls: the next orders are acknowledged by the broker but not consumed")
     return "consumers stalled"
+
+
+def _wait_parked(threads: list[ConsumerThread], timeout_s: float = 20.0) -> None:
+    """Until every live consumer has left the poll it was in: only then are the next orders unconsumed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        live = [t.consumer for t in threads if t.consumer is not None and t.is_alive()]
+        if all(c.parked for c in live):
+            return
+        time.sleep(0.05)
+    log.warning("a stalled consumer is still in its poll after %.0fs; restarting the broker", timeout_s)
 
 
 def _restart_broker(

@@ -93,6 +93,21 @@ def test_close_flushes_and_later_duplicates_are_written_at_once(
         rel.close()
 
 
+def test_closing_reliability_writes_what_its_guards_still_hold(
+    sqlite_db: str, redis_url: str, key_prefix: str
+) -> None:
+    """``rel.close()`` alone (guard never closed) leaves no row to arrive later from a timer or at exit."""
+    rel = make_rel(sqlite_db, redis_url, key_prefix, journal_write_behind=True, journal_flush_ms=600_000)
+    handle = idempotent_consumer(rel, group=GROUP)(apply)
+    e = env("wb-rel-close")
+    handle(e)
+    handle(_later(e, 1))
+    assert len(log_rows(rel, "wb-rel-close")) == 1
+    rel.close()
+    with Reliability(sqlite_db, None) as fresh:
+        assert [r[1] for r in log_rows(fresh, "wb-rel-close")] == ["SUCCESS", "DUPLICATE"]
+
+
 def test_a_full_buffer_is_written_by_the_delivering_thread(
     sqlite_db: str, redis_url: str, key_prefix: str
 ) -> None:
