@@ -67,8 +67,9 @@ def _list(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise ValueError("--limit must be > 0")
     # where the group's newest copy is: a targeted resend's position (on the inbox row), else the producer's
-    targeted = MessageInbox.queue_offset.is_not(None)
-    broker = case((targeted, MessageInbox.broker_name), else_=MessageStub.broker_name)
+    broker = case(
+        (MessageInbox.queue_offset.is_not(None), MessageInbox.broker_name), else_=MessageStub.broker_name
+    )
     stmt = (
         select(
             MessageInbox,
