@@ -18,6 +18,7 @@ from reliable import Reliability
 from reliable.models import StubNotification
 from reliable.sweeper import EmailChannel, FixedBackoff, SmtpConfig, Sweeper, WebhookChannel, revive
 from reliable.sweeper.errors import SweeperConfigError
+from reliable.sweeper.notify import Channel
 from reliable.types import StubStatus
 from tests.services import free_port
 from tests.sweeper.helpers import Clock, QueueSender, add_stub, get_stub, set_progress
@@ -131,18 +132,18 @@ def test_dead_stub_gives_exactly_one_email_and_one_webhook_even_when_both_fail_f
     assert body["notices"][0]["send_count"] == 3
 
 
+def two_send_sweeper(rel: Reliability, sender: QueueSender, clock: Clock, *channels: Channel) -> Sweeper:
+    """A budget of the producer's send plus one resend, 10 s apart."""
+    return Sweeper(
+        rel, sender, max_sends=2, backoff=FixedBackoff((10.0,)), clock=clock, channels=list(channels)
+    )
+
+
 def test_revived_stub_that_dies_again_is_reported_again(
     rel: Reliability, sender: QueueSender, clock: Clock, webhook: Webhook
 ) -> None:
     webhook.fail_first = 0
-    sweeper = Sweeper(
-        rel,
-        sender,
-        max_sends=2,
-        backoff=FixedBackoff((10.0,)),
-        clock=clock,
-        channels=[WebhookChannel(webhook.url, 5)],
-    )
+    sweeper = two_send_sweeper(rel, sender, clock, WebhookChannel(webhook.url, 5))
     add_stub(rel, "twice", send_count=2)
     assert sweeper.run_once().dead == 1
     revive(rel.engine, ["twice"], now=clock.now)
@@ -180,14 +181,7 @@ def test_dead_notices_name_the_broker_group_of_the_newest_copy_in_every_channel(
         SmtpConfig("127.0.0.1", "s@example.org", ("ops@example.org",), port=port, timeout_s=5)
     )
     sender = QueueSender(queues=1, start=70, broker_name="broker-b")
-    sweeper = Sweeper(
-        rel,
-        sender,
-        max_sends=2,
-        backoff=FixedBackoff((10.0,)),
-        clock=clock,
-        channels=[email, WebhookChannel(webhook.url, 5)],
-    )
+    sweeper = two_send_sweeper(rel, sender, clock, email, WebhookChannel(webhook.url, 5))
     caplog.set_level(logging.ERROR, logger="reliable.sweeper")
     try:
         add_stub(rel, "moved", broker_name="broker-a", queue_id=3, queue_offset=40)
