@@ -29,7 +29,8 @@ class Cluster:
         self.namesrvs.append(srv)
         return srv
 
-    def add_broker(self, name: str, **config: Any) -> BrokerSimServer:
+    def add_broker(self, name: str, *, grpc: bool = False, **config: Any) -> BrokerSimServer:
+        """A broker group's master; with ``grpc`` its own 5.x front end too (``.grpc.address``)."""
         srv = BrokerSimServer(
             ServeConfig(
                 store_dir=self.base / name,
@@ -38,6 +39,7 @@ class Cluster:
                 run_namesrv=False,
                 namesrv_addrs=self.namesrv_addrs,
                 broker_config=config,
+                grpc_port=0 if grpc else None,
             )
         )
         srv.start()
@@ -54,18 +56,21 @@ ClusterFactory = Callable[..., Cluster]
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ClusterFactory]:
-    """``cluster(namesrvs=1, brokers=("broker-a", "broker-b"), **broker_config)``."""
+    """``cluster(namesrvs=1, brokers=("broker-a", "broker-b"), grpc=False, **broker_config)``."""
     made: list[Cluster] = []
 
     def factory(
-        namesrvs: int = 1, brokers: tuple[str, ...] = ("broker-a", "broker-b"), **config: Any
+        namesrvs: int = 1,
+        brokers: tuple[str, ...] = ("broker-a", "broker-b"),
+        grpc: bool = False,
+        **config: Any,
     ) -> Cluster:
         c = Cluster(tmp_path / f"cluster{len(made)}")
         made.append(c)
         for _ in range(namesrvs):
             c.add_namesrv()
         for name in brokers:
-            c.add_broker(name, **config)
+            c.add_broker(name, grpc=grpc, **config)
         return c
 
     yield factory

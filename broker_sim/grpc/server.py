@@ -2,17 +2,20 @@
 
 ``GrpcFrontEnd(broker, port=0).start()`` binds (port 0: any free port, read back from ``.port``), builds the
 pop, timer and telemetry services and serves ``apache.rocketmq.v2.MessagingService`` until ``stop()``.
-``broker-sim serve --grpc-port N`` does this next to the remoting servers, over the same Broker.
+``broker-sim serve --grpc-port N`` does this next to the remoting servers, over the same Broker; given the
+name servers (``namesrv_addrs``) it answers QueryOffset for the cluster's other broker groups too.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import grpc
 
+from broker_sim.grpc.peers import PeerGroups
 from broker_sim.grpc.policy import GroupPolicies, GroupPolicy
 from broker_sim.grpc.pop import PopService
 from broker_sim.grpc.protocol import load_protocol
@@ -41,6 +44,7 @@ class GrpcFrontEnd:
         workers: int = 64,
         long_polling_s: int = 20,
         groups: dict[str, GroupPolicy] | None = None,
+        namesrv_addrs: Sequence[str] = (),
     ) -> None:
         self.pb = load_protocol()
         self.broker = broker
@@ -52,7 +56,9 @@ class GrpcFrontEnd:
         self.pop = PopService(broker, self.policies)
         self.timer = TimerService(broker)
         self.hub = TelemetryHub(self.pb, broker, self.policies, long_polling_s)
-        self.service = MessagingService(self.pb, broker, self.pop, self.timer, self.hub)
+        #: QueryOffset of another broker group's queue is answered through the cluster's name servers
+        self.peers = PeerGroups(namesrv_addrs) if namesrv_addrs else None
+        self.service = MessagingService(self.pb, broker, self.pop, self.timer, self.hub, self.peers)
         self._server: grpc.Server | None = None
         self.port = 0
 
@@ -91,3 +97,5 @@ class GrpcFrontEnd:
         if self._server is not None:
             self._server.stop(grace_s).wait()
             self._server = None
+        if self.peers is not None:
+            self.peers.close()

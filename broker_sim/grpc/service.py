@@ -25,6 +25,7 @@ from broker_sim.broker.constants import parse_tag_expression
 from broker_sim.broker.errors import BrokerResponseError, TopicNotExistError
 from broker_sim.errors import BrokerSimError
 from broker_sim.grpc.convert import producer_group, to_pb_message, to_send_request
+from broker_sim.grpc.peers import PeerGroups, QueueOffsets, UnknownBrokerError
 from broker_sim.grpc.pop import PopService
 from broker_sim.grpc.protocol import Protocol
 from broker_sim.grpc.receipt import InvalidReceiptHandleError
@@ -52,9 +53,17 @@ def _metadata(context: Any, key: str) -> str:
 
 class MessagingService:
     def __init__(
-        self, pb: Protocol, broker: Broker, pop: PopService, timer: TimerService, hub: TelemetryHub
+        self,
+        pb: Protocol,
+        broker: Broker,
+        pop: PopService,
+        timer: TimerService,
+        hub: TelemetryHub,
+        peers: PeerGroups | None = None,
     ) -> None:
         self.pb = pb
+        #: the cluster's other broker groups (``None``: a broker registered with no name server)
+        self.peers = peers
         self.broker = broker
         self.pop = pop
         self.timer = timer
@@ -287,22 +296,41 @@ class MessagingService:
         return self._status(resp, d.OK)
 
     def QueryOffset(self, request: Any, context: Any) -> Any:
-        """A queue's first or next-to-write offset (or the offset at a time): the 5.x loss probe."""
+        """A queue's first or next-to-write offset (or the offset at a time): the 5.x loss probe. The queue
+        is the broker group's its message queue names — this broker's, or another group's of the cluster,
+        asked through the name servers as the 5.x proxy does (:mod:`.peers`); no name: this broker's."""
         d, s = self.pb.definition, self.pb.service
         resp = s.QueryOffsetResponse()
         mq = request.message_queue
-        if self.broker.topics.select(mq.topic.name) is None:
-            return self._status(resp, d.TOPIC_NOT_FOUND, f"topic {mq.topic.name} does not exist")
-        if request.query_offset_policy == d.BEGINNING:
-            resp.offset = self.broker.get_min_offset(mq.topic.name, mq.id)
-        elif request.query_offset_policy == d.END:
-            resp.offset = self.broker.get_max_offset(mq.topic.name, mq.id)
-        else:
-            ts = request.timestamp
-            resp.offset = self.broker.search_offset_by_timestamp(
-                mq.topic.name, mq.id, ts.seconds * 1000 + ts.nanos // 1_000_000
-            )
+        topic, name = mq.topic.name, mq.broker.name
+        try:
+            source = self._offsets_of(topic, name)
+            if request.query_offset_policy == d.BEGINNING:
+                resp.offset = source.get_min_offset(topic, mq.id)
+            elif request.query_offset_policy == d.END:
+                resp.offset = source.get_max_offset(topic, mq.id)
+            else:
+                ts = request.timestamp
+                resp.offset = source.search_offset_by_timestamp(
+                    topic, mq.id, ts.seconds * 1000 + ts.nanos // 1_000_000
+                )
+        except TopicNotExistError:
+            return self._status(resp, d.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
+        except UnknownBrokerError:
+            return self._status(resp, d.BAD_REQUEST, f"cannot find broker {name}")
+        except BrokerSimError as exc:  # the other group's broker could not be asked
+            log.warning("QueryOffset of %s queue %d on %s failed: %s", topic, mq.id, name, exc)
+            return self._status(resp, d.INTERNAL_SERVER_ERROR, f"broker {name}: {exc}")
         return self._status(resp, d.OK)
+
+    def _offsets_of(self, topic: str, broker_name: str) -> QueueOffsets:
+        if not broker_name or broker_name == self.broker.config.broker_name:
+            if self.broker.topics.select(topic) is None:
+                raise TopicNotExistError(f"topic {topic} does not exist")
+            return self.broker
+        if self.peers is None:  # a broker without name servers knows no other group
+            raise UnknownBrokerError(f"cannot find broker {broker_name}")
+        return self.peers.group(topic, broker_name)
 
     # -- not served ----------------------------------------------------------------------------------------
 

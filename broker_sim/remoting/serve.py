@@ -180,7 +180,11 @@ class BrokerSimServer:
             from broker_sim.grpc.server import GrpcFrontEnd
 
             self.grpc = GrpcFrontEnd(
-                broker, self.config.host, self.config.grpc_port, groups=self.config.grpc_groups
+                broker,
+                self.config.host,
+                self.config.grpc_port,
+                groups=self.config.grpc_groups,
+                namesrv_addrs=self.config.namesrv_addrs or [a for a in [self.namesrv_address] if a],
             ).start()
         self.broker_server.start()
         replication = broker.store.replication

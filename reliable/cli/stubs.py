@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, case, func, select
 from sqlalchemy.orm import Session
 
 from reliable.cli.common import add_db_options, ready_engine, require_db
@@ -32,6 +32,11 @@ def register(sub: Any) -> None:
         help="only rows of this status (the group's)",
     )
     ls.add_argument("--topic")
+    ls.add_argument(
+        "--broker-name",
+        metavar="NAME",
+        help="only rows whose newest copy is on this RocketMQ broker group ('' : rows without one)",
+    )
     ls.add_argument("--group")
     ls.add_argument("--limit", type=int, default=50)
     add_db_options(ls)
@@ -61,8 +66,18 @@ def _engine(args: argparse.Namespace) -> Engine:
 def _list(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise ValueError("--limit must be > 0")
+    # where the group's newest copy is: a targeted resend's position (on the inbox row), else the producer's
+    broker = case(
+        (MessageInbox.queue_offset.is_not(None), MessageInbox.broker_name), else_=MessageStub.broker_name
+    )
     stmt = (
-        select(MessageInbox, MessageStub.topic, MessageStub.queue_id, MessageStub.queue_offset)
+        select(
+            MessageInbox,
+            MessageStub.topic,
+            MessageStub.queue_id,
+            MessageStub.queue_offset,
+            broker.label("broker_name"),
+        )
         .join(MessageStub, MessageStub.message_id == MessageInbox.message_id)
         .order_by(MessageInbox.created_at.desc(), MessageInbox.consumer_group)
         .limit(args.limit)
@@ -73,21 +88,24 @@ def _list(args: argparse.Namespace) -> int:
         stmt = stmt.where(MessageStub.topic == args.topic)
     if args.group:
         stmt = stmt.where(MessageInbox.consumer_group == args.group)
+    if args.broker_name is not None:
+        stmt = stmt.where(broker == args.broker_name)
     engine = _engine(args)
     try:
         with Session(engine) as s:
             rows = s.execute(stmt).all()
             print(
-                f"{'MESSAGE_ID':<32} {'GROUP':<16} {'STATUS':<9} {'SENDS':>5} {'TOPIC':<16} {'Q':>3} "
-                f"{'OFFSET':>8} {'RESEND_AT':<25} LAST_ERROR"
+                f"{'MESSAGE_ID':<32} {'GROUP':<16} {'STATUS':<9} {'SENDS':>5} {'TOPIC':<16} "
+                f"{'BROKER':<12} {'Q':>3} {'OFFSET':>8} {'RESEND_AT':<25} LAST_ERROR"
             )
-            for row, topic, stub_q, stub_off in rows:
+            for row, topic, stub_q, stub_off, broker_name in rows:
                 targeted = row.queue_offset is not None
                 q, off = (row.queue_id, row.queue_offset) if targeted else (stub_q, stub_off)
                 resend = row.resend_at.isoformat(timespec="seconds") if row.resend_at else "-"
                 print(
                     f"{row.message_id:<32} {_clip(row.consumer_group, 16):<16} {row.status.value:<9} "
-                    f"{1 + row.resend_count:>5} {_clip(topic, 16):<16} {'' if q is None else q:>3} "
+                    f"{1 + row.resend_count:>5} {_clip(topic, 16):<16} {_clip(broker_name, 12) or '-':<12} "
+                    f"{'' if q is None else q:>3} "
                     f"{'' if off is None else off:>8} {resend:<25} {_clip(row.last_error, 60)}"
                 )
             print(f"({len(rows)} row(s))")

@@ -36,6 +36,7 @@ from reliable.demo import database, ledger, parts, stats
 from reliable.demo import groups as groups_mod
 from reliable.demo.chaos import ChaosController
 from reliable.demo.cluster import ClusterTopology
+from reliable.demo.crashloop import CrashLoopGuard
 from reliable.demo.errors import DemoError, DemoTimeoutError
 from reliable.demo.faults import ChaosActions
 from reliable.demo.netproxy import TcpRelay, relayed
@@ -103,6 +104,7 @@ class DemoRunner(ChaosActions):
         self.chaos: ChaosController | None = None
         self.orders: list[ledger.Order] = []
         self.sweeping: SweepLoop | None = None
+        self.crash_loop = CrashLoopGuard()
 
     # --- the run ---------------------------------------------------------------------------------------
 
@@ -318,8 +320,9 @@ class DemoRunner(ChaosActions):
             dead = [s for s in self.slots if not s.alive()]
             for s in dead:
                 self.slots.remove(s)
-        for s in dead:
-            self.summary.notes.append(f"{s.name} exited unexpectedly and was replaced")
+        for s in dead:  # a start-up bug stops the run here, at once, not as a timeout (crashloop.py)
+            self.crash_loop.died(s.name, s.started_at, s.exit_reason())
+            self.summary.notes.append(f"{s.name} exited unexpectedly ({s.exit_reason()}) and was replaced")
             self._add_consumer()
 
     # --- chaos (ChaosTarget) ---------------------------------------------------------------------------

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from reliable.demo import parts
 from reliable.demo.chaos import FaultUnsupported
+from reliable.demo.crashloop import exit_reason
 from reliable.demo.services import (
     SIG_DROP_DB,
     SIG_LOSE_COMMITS,
@@ -44,8 +46,14 @@ def network_available() -> bool:
 
 class ConsumerSlot(Protocol):
     name: str
+    #: ``time.monotonic()`` when the consumer was started (a death soon after is a start-up failure)
+    started_at: float
 
     def alive(self) -> bool: ...
+
+    def exit_reason(self) -> str:
+        """How a consumer that is no longer alive ended (exit code or signal, and its last log line)."""
+        ...
 
 
 class Topology(Protocol):
@@ -73,9 +81,14 @@ class Topology(Protocol):
 class ProcessSlot:
     name: str
     process: ManagedProcess
+    started_at: float = field(default_factory=time.monotonic)
 
     def alive(self) -> bool:
         return self.process.alive()
+
+    def exit_reason(self) -> str:
+        proc = self.process.proc
+        return exit_reason(None if proc is None else proc.returncode, self.process.log_path)
 
 
 @dataclass
@@ -180,9 +193,13 @@ class ThreadSlot:
     name: str
     worker: Any
     running: bool = True
+    started_at: float = field(default_factory=time.monotonic)
 
     def alive(self) -> bool:
         return self.running
+
+    def exit_reason(self) -> str:
+        return "its consumer thread stopped"
 
 
 @dataclass

@@ -88,6 +88,7 @@ def mark_dead(
             queue_offset=cand.queue_offset,
             reason=reason,
             dead_at=now.isoformat(),
+            broker_name=cand.broker_name,
         )
         log_dead(notice)
         notices.append(notice)

@@ -109,6 +109,9 @@ class DeadNotice:
     reason: str
     dead_at: str  # ISO-8601 UTC
     kind: NoticeKind = NoticeKind.DEAD
+    #: the RocketMQ broker group of the queue (``(topic, broker_name, queue_id)``): for DEAD the group's
+    #: newest copy's; ``''``: no broker groups (Kafka, RabbitMQ, one broker), or sent before migration 0006
+    broker_name: str = ""
 
 
 #: the generic name
@@ -157,6 +160,19 @@ _HEADS = {
 }
 
 
+def _broker(x: DeadNotice) -> str:
+    """`` broker=broker-b`` — the broker group, as every notice text names it (nothing without one)."""
+    return f" broker={x.broker_name}" if x.broker_name else ""
+
+
+def dead_line(x: DeadNotice) -> str:
+    """The always-on log line of a DEAD notice (its message id, queue and reason, all on one line)."""
+    return (
+        f"stub DEAD message_id={x.message_id} topic={x.topic}{_broker(x)} group={x.consumer_group} "
+        f"sends={x.send_count} queue={x.queue_id} offset={x.queue_offset} reason={x.reason}"
+    )
+
+
 def body(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
     """The plain text of a message about ``notices`` (all of ``kind``)."""
     lines = [line.format(n=len(notices)) for line in _HEADS[kind]] + [""]
@@ -166,12 +182,12 @@ def body(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
                 f"queue {x.queue_id} offset {x.queue_offset}" if x.queue_offset is not None else "no offset"
             )
             lines.append(
-                f"- {x.message_id}  topic={x.topic} group={x.consumer_group} sends={x.send_count} {where}"
-                f"  dead_at={x.dead_at}\n  reason: {x.reason}"
+                f"- {x.message_id}  topic={x.topic}{_broker(x)} group={x.consumer_group} sends={x.send_count}"
+                f" {where}  dead_at={x.dead_at}\n  reason: {x.reason}"
             )
         else:
             lines.append(
-                f"- group={x.consumer_group} topic={x.topic} queue={x.queue_id}  raised_at={x.dead_at}\n"
-                f"  {x.reason}"
+                f"- group={x.consumer_group} topic={x.topic}{_broker(x)} queue={x.queue_id}"
+                f"  raised_at={x.dead_at}\n  {x.reason}"
             )
     return "\n".join(lines) + "\n"

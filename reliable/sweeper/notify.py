@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 from email.message import EmailMessage
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlalchemy import Engine, and_, case, func, or_, select, update
 
 from reliable import constants as C
 from reliable.sweeper.claim import LockMode, lock_mode
 from reliable.sweeper.errors import NotifyError, SweeperConfigError
-from reliable.sweeper.notices import DeadNotice, NoticeKind, body, event_name, parse_tag, subject
+from reliable.sweeper.notices import DeadNotice, NoticeKind, body, dead_line, event_name, parse_tag, subject
 from reliable.sweeper.selection import inbox, notif, stub
 
 log = logging.getLogger("reliable.sweeper")
@@ -188,14 +188,7 @@ def by_kind(notices: Sequence[DeadNotice]) -> list[tuple[NoticeKind, list[DeadNo
 
 def log_dead(notice: DeadNotice) -> None:
     """The always-on channel: one ERROR line per dead stub, in the round that gave up."""
-    log.error(
-        "stub DEAD message_id=%s topic=%s group=%s sends=%d reason=%s",
-        notice.message_id,
-        notice.topic,
-        notice.consumer_group,
-        notice.send_count,
-        notice.reason,
-    )
+    log.error("%s", dead_line(notice))
 
 
 @dataclass
@@ -240,6 +233,10 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
             inbox.c.resend_count,
             func.coalesce(inbox.c.queue_id, stub.c.queue_id).label("queue_id"),
             func.coalesce(inbox.c.queue_offset, stub.c.queue_offset).label("queue_offset"),
+            # the newest copy's broker group: a targeted resend's (on the inbox row), else the producer's
+            case((inbox.c.queue_offset.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name).label(
+                "broker_name"
+            ),
         )
         # outer joins: a stall's rows are keyed by their queue, not by a message (notices.stall_key)
         .select_from(
@@ -303,6 +300,7 @@ def _notice(r: Any) -> DeadNotice:
         reason=r.reason,
         dead_at=r.created_at.isoformat(),
         kind=NoticeKind.DEAD if tag is None else tag.kind,
+        broker_name=tag.queue.broker_name if tag is not None else r.broker_name or "",
     )
 
 

@@ -54,7 +54,9 @@ class QueueSender:
     Thread-safe, so two sweepers in two threads can share it and the test can look for a double send.
     """
 
-    def __init__(self, queues: int = 4, start: int = 1000, retry_prefix: str | None = None) -> None:
+    def __init__(
+        self, queues: int = 4, start: int = 1000, retry_prefix: str | None = None, broker_name: str = ""
+    ) -> None:
         self.sent: list[OutgoingMessage] = []
         self.receipts: list[SendReceipt] = []
         self.fail_next = 0
@@ -64,6 +66,8 @@ class QueueSender:
         self._lock = threading.Lock()
         #: like broker_sim/RocketMQ: a targeted resend lands on ``{retry_prefix}{group}`` (None: the topic)
         self.retry_prefix = retry_prefix
+        #: the RocketMQ broker group every send lands on (``''``: a broker without groups)
+        self.broker_name = broker_name
 
     def resend_topic(self, topic: str, group: str) -> str:
         return topic if self.retry_prefix is None else self.retry_prefix + group
@@ -83,7 +87,10 @@ class QueueSender:
             offset = self._next.get((topic, queue_id), self._start)
             self._next[(topic, queue_id)] = offset + 1
             receipt = SendReceipt(
-                queue_id=queue_id, queue_offset=offset, broker_message_id=f"b{len(self.sent)}"
+                queue_id=queue_id,
+                queue_offset=offset,
+                broker_message_id=f"b{len(self.sent)}",
+                broker_name=self.broker_name,
             )
             self.sent.append(message)
             self.receipts.append(receipt)

@@ -20,7 +20,7 @@ from reliable.models import utcnow
 from reliable.sweeper import metrics
 from reliable.types import StubStatus
 from tests.services import free_port
-from tests.sweeper.helpers import add_stub, clean, get_inbox
+from tests.sweeper.helpers import add_stub, clean, get_inbox, set_inbox
 from tests.sweeper.senders import MEMORY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +111,34 @@ def test_stubs_list_show_revive(
     assert "revived 1 row(s)" in capsys.readouterr().out
     assert get_inbox(sqlite_rel, "dead-1", "audit").status is StubStatus.PENDING
     assert get_inbox(sqlite_rel, "dead-1", "billing").status is StubStatus.DEAD
+
+
+def test_stubs_list_shows_and_filters_by_the_broker_group_of_the_newest_copy(
+    sqlite_rel: Reliability, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a RocketMQ cluster queue 3 is one queue per broker group: the list says which, and filters by it.
+    A group whose newest copy is a targeted resend is where that resend landed, not where the producer
+    sent."""
+    add_stub(sqlite_rel, "on-a", broker_name="broker-a", queue_id=3, queue_offset=40)
+    add_stub(sqlite_rel, "moved", broker_name="broker-a", queue_id=3, queue_offset=41)
+    set_inbox(sqlite_rel, "moved", queue_id=1, queue_offset=7, broker_name="broker-b")
+    add_stub(sqlite_rel, "plain", queue_id=3, queue_offset=42)  # no broker groups (Kafka, one broker)
+
+    def listed(*extra: str) -> dict[str, list[str]]:
+        assert main(["stubs", "list", *extra, "--db", sqlite_url]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        header = lines[0].split()
+        assert header[5:8] == ["BROKER", "Q", "OFFSET"]
+        return {line.split()[0]: line.split()[5:8] for line in lines[1:-1]}
+
+    assert listed() == {
+        "on-a": ["broker-a", "3", "40"],
+        "moved": ["broker-b", "1", "7"],
+        "plain": ["-", "3", "42"],
+    }
+    assert listed("--broker-name", "broker-b").keys() == {"moved"}
+    assert listed("--broker-name", "broker-a").keys() == {"on-a"}
+    assert listed("--broker-name", "").keys() == {"plain"}
 
 
 SENDER = ["--sender", "tests.sweeper.senders:memory_sender"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from email import message_from_bytes
@@ -17,6 +18,7 @@ from reliable import Reliability
 from reliable.models import StubNotification
 from reliable.sweeper import EmailChannel, FixedBackoff, SmtpConfig, Sweeper, WebhookChannel, revive
 from reliable.sweeper.errors import SweeperConfigError
+from reliable.sweeper.notify import Channel
 from reliable.types import StubStatus
 from tests.services import free_port
 from tests.sweeper.helpers import Clock, QueueSender, add_stub, get_stub, set_progress
@@ -130,18 +132,18 @@ def test_dead_stub_gives_exactly_one_email_and_one_webhook_even_when_both_fail_f
     assert body["notices"][0]["send_count"] == 3
 
 
+def two_send_sweeper(rel: Reliability, sender: QueueSender, clock: Clock, *channels: Channel) -> Sweeper:
+    """A budget of the producer's send plus one resend, 10 s apart."""
+    return Sweeper(
+        rel, sender, max_sends=2, backoff=FixedBackoff((10.0,)), clock=clock, channels=list(channels)
+    )
+
+
 def test_revived_stub_that_dies_again_is_reported_again(
     rel: Reliability, sender: QueueSender, clock: Clock, webhook: Webhook
 ) -> None:
     webhook.fail_first = 0
-    sweeper = Sweeper(
-        rel,
-        sender,
-        max_sends=2,
-        backoff=FixedBackoff((10.0,)),
-        clock=clock,
-        channels=[WebhookChannel(webhook.url, 5)],
-    )
+    sweeper = two_send_sweeper(rel, sender, clock, WebhookChannel(webhook.url, 5))
     add_stub(rel, "twice", send_count=2)
     assert sweeper.run_once().dead == 1
     revive(rel.engine, ["twice"], now=clock.now)
@@ -162,6 +164,51 @@ def test_many_dead_stubs_are_batched_into_one_message_per_channel(
     summary = Sweeper(rel, sender, batch=5, clock=clock, channels=[WebhookChannel(webhook.url, 5)]).run_once()
     assert (summary.dead, summary.notified) == (12, 12)
     assert [len(b["notices"]) for _, b in webhook.posts] == [5, 5, 2]
+
+
+def test_dead_notices_name_the_broker_group_of_the_newest_copy_in_every_channel(
+    rel: Reliability, clock: Clock, webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a RocketMQ cluster ``queue 3`` exists once per broker group: a person must know which broker to
+    look at. A copy the sweeper re-sent is where that resend landed (broker-b), not where the producer sent
+    (broker-a); a broker without groups is not given a made-up one."""
+    webhook.fail_first = 0
+    inbox = Inbox()
+    port = free_port()
+    controller = Controller(inbox, hostname="127.0.0.1", port=port)
+    controller.start()
+    email = EmailChannel(
+        SmtpConfig("127.0.0.1", "s@example.org", ("ops@example.org",), port=port, timeout_s=5)
+    )
+    sender = QueueSender(queues=1, start=70, broker_name="broker-b")
+    sweeper = two_send_sweeper(rel, sender, clock, email, WebhookChannel(webhook.url, 5))
+    caplog.set_level(logging.ERROR, logger="reliable.sweeper")
+    try:
+        add_stub(rel, "moved", broker_name="broker-a", queue_id=3, queue_offset=40)
+        add_stub(rel, "plain", send_count=2, queue_id=2, queue_offset=41)  # spent: DEAD at once
+        set_progress(rel, 50, queue_id=3, broker_name="broker-a")  # the group passed both copies: lost
+        set_progress(rel, 50, queue_id=2)
+        first = sweeper.run_once()
+        assert (first.resent, first.dead) == (1, 1)
+        set_progress(rel, 80, queue_id=0, broker_name="broker-b")  # broker-b's queue 0 passed the resend
+        clock.advance(60)
+        assert sweeper.run_once().dead == 1
+    finally:
+        controller.stop()
+
+    posted = {n["message_id"]: n for _, b in webhook.posts for n in b["notices"]}
+    assert {m: (n["broker_name"], n["queue_id"], n["queue_offset"]) for m, n in posted.items()} == {
+        "plain": ("", 2, 41),
+        "moved": ("broker-b", 0, 70),
+    }
+    texts = [m["msg"].get_payload(decode=True).decode() for m in inbox.messages]
+    assert any("- moved  topic=orders broker=broker-b group=billing" in t for t in texts)
+    assert any("- plain  topic=orders group=billing" in t for t in texts)
+    logged = [r.getMessage() for r in caplog.records if "stub DEAD" in r.getMessage()]
+    assert [line.split(" reason=")[0] for line in logged] == [
+        "stub DEAD message_id=plain topic=orders group=billing sends=2 queue=2 offset=41",
+        "stub DEAD message_id=moved topic=orders broker=broker-b group=billing sends=2 queue=0 offset=70",
+    ]
 
 
 def test_smtp_config_from_env_and_validation() -> None:

@@ -1,0 +1,110 @@
+"""What a staged message is and which names it may carry: the producer's vocabulary.
+
+:class:`StagedMessage`, :class:`SendResult` and :class:`SendOutcome` are shared by the synchronous producer
+(:mod:`reliable.producer`), the asyncio one (:mod:`reliable.aio_producer`) and their tests; the name checks
+run at staging time, in the caller's transaction, so input no broker or column can carry fails there
+instead of leaving a stub no send can ever deliver. :mod:`reliable.producer` re-exports all of it (its
+public API is unchanged).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from reliable import constants as C
+from reliable.errors import InvalidMessageError
+from reliable.sender import OutgoingMessage, SendReceipt
+
+#: The broker-neutral name language: RocketMQ's topic/group set (``Validators.PATTERN``) plus Kafka's '.'.
+#: A sender whose broker accepts less says so with a ``name_pattern`` attribute (RocketMQ, broker_sim: no
+#: '.'), checked at staging time so a name the broker will refuse fails in the caller's transaction instead
+#: of leaving a stub no send can ever deliver.
+_NAME_RE = re.compile(r"^[%|a-zA-Z0-9._-]+$")
+
+
+class SendOutcome(enum.StrEnum):
+    """What became of one staged message when the producer tried to send it."""
+
+    SENT = "SENT"  # the broker accepted it; the receipt is recorded on the stub
+    FAILED = "FAILED"  # the sender raised; the stub stays PENDING with last_error, due for the sweeper
+    SKIPPED = "SKIPPED"  # no PENDING stub any more (voided, already confirmed, or never committed)
+
+
+@dataclass(frozen=True, slots=True)
+class StagedMessage:
+    """A stub written in the caller's transaction and not yet sent."""
+
+    message_id: str
+    topic: str
+    body: bytes
+    #: the consumer groups with a PENDING inbox row (each must process the message once)
+    groups: tuple[str, ...]
+    tags: str | None
+    payload_hash: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def outgoing(self, send_count: int = 0) -> OutgoingMessage:
+        return OutgoingMessage(
+            message_id=self.message_id,
+            topic=self.topic,
+            body=self.body,
+            tags=self.tags,
+            send_count=send_count,
+            properties=self.properties,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """The outcome of one send attempt, as recorded on the stub."""
+
+    message_id: str
+    outcome: SendOutcome
+    receipt: SendReceipt | None = None
+    error: str | None = None
+
+
+def validate_message(message_id: str, topic: str, groups: Sequence[str], tags: str | None) -> None:
+    """Raise :class:`InvalidMessageError` for input no broker adapter or table column can carry."""
+    if not isinstance(message_id, str) or not message_id.strip():
+        raise InvalidMessageError("message id must be a non-empty string")
+    if len(message_id) > C.MESSAGE_ID_MAX:
+        raise InvalidMessageError(
+            f"message id longer than {C.MESSAGE_ID_MAX} characters: {message_id[:80]!r}"
+        )
+    _check_name("topic", topic, C.TOPIC_MAX)
+    if not groups:
+        raise InvalidMessageError(
+            f"no consumer group for topic {topic!r}: pass groups=, or set topic_groups / default_group"
+        )
+    for group in groups:
+        _check_name("consumer group", group, C.GROUP_MAX)
+    if tags is not None and (len(tags) > C.TAGS_MAX or "||" in tags):
+        raise InvalidMessageError(f"tags must be at most {C.TAGS_MAX} characters without '||': {tags[:80]!r}")
+
+
+def _check_name(what: str, value: str, limit: int) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidMessageError(f"{what} must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidMessageError(f"{what} longer than {limit} characters: {value[:80]!r}")
+    if not _NAME_RE.match(value):
+        raise InvalidMessageError(
+            f"{what} {value!r} may only contain letters, digits, '.', '_', '-', '%' and '|'"
+        )
+
+
+def check_broker_names(sender: object, topic: str, groups: Sequence[str]) -> None:
+    """Refuse names the sender's broker cannot carry (its optional ``name_pattern``)."""
+    pattern = getattr(sender, "name_pattern", None)
+    if not isinstance(pattern, re.Pattern):
+        return
+    for what, name in (("topic", topic), *(("consumer group", g) for g in groups)):
+        if not pattern.match(name):
+            raise InvalidMessageError(
+                f"{what} {name!r} is not a valid name for {type(sender).__name__} "
+                f"(must match {pattern.pattern})"
+            )
