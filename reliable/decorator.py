@@ -115,6 +115,8 @@ def idempotent_consumer(
             from reliable.guard.aio import AsyncGuard, AsyncGuardedHandler
 
             return AsyncGuardedHandler(AsyncGuard(rel, group, handler, **options))
-        return GuardedHandler(Guard(rel, group, handler, **options))
+        guard = Guard(rel, group, handler, **options)
+        rel.track(guard)  # rel.close() closes it first, so its buffered rows land before the pools go
+        return GuardedHandler(guard)
 
     return wrap

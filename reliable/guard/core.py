@@ -116,7 +116,6 @@ class Guard:
         self._host = socket.gethostname()
         self._token = uuid.uuid4().hex[:8]
         self._seq = itertools.count()
-        rel.track(self)  # rel.close() closes this guard first (flushes what it still holds)
 
     # --- public -------------------------------------------------------------------------------------
     def __call__(self, env: Any) -> Decision:
