@@ -197,10 +197,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--sync-n", type=int, default=4000, help="messages per a2 run")
     ap.add_argument("--runs", type=int, default=3, help="attempts per measurement (best is kept)")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--only", default="a1,a2,a3", help="comma-separated families to run (a1 includes a1')")
     args = ap.parse_args(argv)
+    only = {f.strip() for f in args.only.split(",") if f.strip()}
+    if not only or only - {"a1", "a2", "a3"}:
+        ap.error(f"--only takes a1, a2, a3; got {args.only!r}")
     root = Path(tempfile.mkdtemp(prefix="bench_store_", dir=args.dir))
     try:
-        return _run(root, args.n, args.sync_n, args.runs)
+        return _run(root, args.n, args.sync_n, args.runs, only)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -211,8 +215,18 @@ def line(name: str, ours: float, base_name: str, base: float, target: str, extra
           f"   (target {target})")  # fmt: skip
 
 
-def _run(root: Path, n: int, sync_n: int, runs: int) -> int:
+def _run(root: Path, n: int, sync_n: int, runs: int, only: set[str]) -> int:
     print(f"broker_sim store benchmarks, n={n}, best of {runs} interleaved runs, scratch {root}")
+    if "a1" in only:
+        _a1(root, n, runs)
+    if "a3" in only:
+        _a3(root, n, runs)
+    if "a2" in only:
+        _a2(root, sync_n, runs)
+    return 0
+
+
+def _a1(root: Path, n: int, runs: int) -> None:
     for size in (1024, 128):
         msgs = messages(n, size)
         plain_msgs = messages(n, size, keys=False)
@@ -232,6 +246,9 @@ def _run(root: Path, n: int, sync_n: int, runs: int) -> int:
         line(f"a1 {size} B", ours_plain, "bare mmap", base, ">= 0.5 at 1 KiB")
         line(f"a1+idx {size} B", ours, "bare mmap", base, "none: + UNIQ_KEY, index on")
         line(f"a1' {size} B", ours_plain, "persist-queue", pq, ">= 20")
+
+
+def _a3(root: Path, n: int, runs: int) -> None:
     store = new_store(root, "a3")
     ours_append(store, messages(n, 1024))
     rate = bare = 0.0
@@ -241,6 +258,9 @@ def _run(root: Path, n: int, sync_n: int, runs: int) -> int:
         rate, bare = max(rate, r), max(bare, bare_read(store))
     line("a3 1024 B", rate, "bare read", bare, ">= 0.3", f" ({count} msgs)")
     store.shutdown()
+
+
+def _a2(root: Path, sync_n: int, runs: int) -> None:
     msgs = messages(sync_n, 1024)
     ours_s, raw, flushes = 0.0, 0.0, 0
     for k in range(max(1, runs - 1)):
@@ -251,7 +271,6 @@ def _run(root: Path, n: int, sync_n: int, runs: int) -> int:
     line(
         "a2 1024 B", ours_s, "write+fdatasync", raw, ">= 4", f" (16 threads, {flushes} flushes/{sync_n} puts)"
     )
-    return 0
 
 
 if __name__ == "__main__":
