@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from broker_sim.broker.clients import SubscriptionGroupConfig
 
 VERSION_DESC = "V4_9_8"  # what broker_sim answers as brokerVersionDesc: the release it follows
+#: runtime-info key naming the 5.x gRPC front end that serves this broker (a broker_sim key, absent without a
+#: front end): another group's front end reads it to put this group's queues in a cluster-wide 5.x route
+GRPC_ENDPOINT_KEY = "brokerSimGrpcEndpoint"
 
 
 class ClientAdminService:
@@ -30,6 +33,8 @@ class ClientAdminService:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.boot_ms = int(time.time() * 1000)
+        #: "host:port" of the 5.x front end serving this broker, set by it while it serves ("" without one)
+        self.grpc_endpoint = ""
 
     # -- broker and groups ----------------------------------------------------------------------------------
 
@@ -51,6 +56,7 @@ class ClientAdminService:
             "topicCount": str(len(b.topics.topics())),
             "consumerGroupCount": str(len(b.groups.groups())),
             "enablePropertyFilter": str(b.config.enable_property_filter).lower(),
+            **({GRPC_ENDPOINT_KEY: self.grpc_endpoint} if self.grpc_endpoint else {}),
         }
 
     def update_subscription_group(self, config: SubscriptionGroupConfig) -> None:

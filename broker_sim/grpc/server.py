@@ -3,7 +3,8 @@
 ``GrpcFrontEnd(broker, port=0).start()`` binds (port 0: any free port, read back from ``.port``), builds the
 pop, timer and telemetry services and serves ``apache.rocketmq.v2.MessagingService`` until ``stop()``.
 ``broker-sim serve --grpc-port N`` does this next to the remoting servers, over the same Broker; given the
-name servers (``namesrv_addrs``) it answers QueryOffset for the cluster's other broker groups too.
+name servers (``namesrv_addrs``) it answers QueryOffset for the cluster's other broker groups too, and its
+QueryRoute / QueryAssignment list every group's queues at that group's own front end (:mod:`.route`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class GrpcFrontEnd:
             raise OSError(f"cannot bind the gRPC port {self.host}:{self.requested_port}")
         server.start()
         self._server = server
+        # announced in the broker's runtime info: other groups' front ends route 5.x clients here
+        self.broker.client_admin.grpc_endpoint = self.address
         log.info("gRPC MessagingService on %s", self.address)
         return self
 
@@ -92,6 +95,7 @@ class GrpcFrontEnd:
         self.pop.renew(self.hub.is_open, RENEW_AHEAD_MS, RENEW_SLICE_MS, RENEW_MAX_MS)
 
     def stop(self, grace_s: float = 1.0) -> None:
+        self.broker.client_admin.grpc_endpoint = ""
         self.service.stop()
         self.pop.wake()
         if self._server is not None:

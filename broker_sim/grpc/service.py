@@ -29,6 +29,7 @@ from broker_sim.grpc.peers import PeerGroups, QueueOffsets, UnknownBrokerError
 from broker_sim.grpc.pop import PopService
 from broker_sim.grpc.protocol import Protocol
 from broker_sim.grpc.receipt import InvalidReceiptHandleError
+from broker_sim.grpc.route import add_assignments, add_route, cluster_queues
 from broker_sim.grpc.telemetry import TelemetryHub
 from broker_sim.grpc.timer import TimerService
 from broker_sim.store.message_record import decode_msg_id
@@ -92,22 +93,14 @@ class MessagingService:
     # -- routes and clients -------------------------------------------------------------------------------
 
     def QueryRoute(self, request: Any, context: Any) -> Any:
+        """The topic's queues on every broker group of the cluster, each group's at its own endpoints."""
         d, s = self.pb.definition, self.pb.service
         resp = s.QueryRouteResponse()
-        topic = request.topic.name
-        tc = self.broker.topics.select(topic)
-        if tc is None:
-            return self._status(resp, d.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
-        for queue_id in range(max(tc.read_queue_nums, tc.write_queue_nums)):
-            mq = resp.message_queues.add()
-            mq.topic.CopyFrom(request.topic)
-            mq.id = queue_id
-            readable, writable = queue_id < tc.read_queue_nums, queue_id < tc.write_queue_nums
-            mq.permission = d.READ_WRITE if readable and writable else (d.READ if readable else d.WRITE)
-            mq.broker.name = self.broker.config.broker_name
-            mq.broker.id = 0
-            mq.broker.endpoints.CopyFrom(request.endpoints)
-            mq.accept_message_types.extend([d.NORMAL, d.FIFO, d.DELAY, d.TRANSACTION])
+        try:
+            groups = cluster_queues(self.broker, self.peers, request.topic.name)
+            add_route(self.pb, resp, request, groups)
+        except TopicNotExistError as exc:
+            return self._status(resp, d.TOPIC_NOT_FOUND, str(exc))
         return self._status(resp, d.OK)
 
     def Heartbeat(self, request: Any, context: Any) -> Any:
@@ -121,18 +114,15 @@ class MessagingService:
         return self._status(self.pb.service.NotifyClientTerminationResponse(), self.pb.definition.OK)
 
     def QueryAssignment(self, request: Any, context: Any) -> Any:
-        """Pop consumers share every queue: one assignment per broker (queue -1 = all of its queues)."""
+        """Pop consumers share every queue: one assignment per broker group of the cluster (queue -1 = all
+        of its queues), each at that group's endpoints."""
         d, s = self.pb.definition, self.pb.service
         resp = s.QueryAssignmentResponse()
-        if self.broker.topics.select(request.topic.name) is None:
-            return self._status(resp, d.TOPIC_NOT_FOUND, f"topic {request.topic.name} does not exist")
-        mq = resp.assignments.add().message_queue
-        mq.topic.CopyFrom(request.topic)
-        mq.id = -1
-        mq.permission = d.READ_WRITE
-        mq.broker.name = self.broker.config.broker_name
-        mq.broker.endpoints.CopyFrom(request.endpoints)
-        mq.accept_message_types.extend([d.NORMAL, d.FIFO, d.DELAY, d.TRANSACTION])
+        try:
+            groups = cluster_queues(self.broker, self.peers, request.topic.name)
+            add_assignments(self.pb, resp, request, groups)
+        except TopicNotExistError as exc:
+            return self._status(resp, d.TOPIC_NOT_FOUND, str(exc))
         return self._status(resp, d.OK)
 
     def Telemetry(self, request_iterator: Any, context: Any) -> Iterator[Any]:

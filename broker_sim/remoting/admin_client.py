@@ -20,8 +20,8 @@ from broker_sim.remoting.records import decode_records
 class AdminClient:
     """Admin requests (topic create/list, consume stats, query by key) on top of a RemotingTransport."""
 
-    def __init__(self, namesrv: str) -> None:
-        self.transport = RemotingTransport(namesrv, request_timeout_ms=5000)
+    def __init__(self, namesrv: str, request_timeout_ms: int = 5000) -> None:
+        self.transport = RemotingTransport(namesrv, request_timeout_ms=request_timeout_ms)
 
     def close(self) -> None:
         self.transport.close()

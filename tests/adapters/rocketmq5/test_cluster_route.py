@@ -1,0 +1,133 @@
+"""A 5.x client on a cluster of two broker groups, each with its own 5.x front end.
+
+What a 5.x user needs: whichever endpoint the client is given, it sees the topic's whole route (every group's
+message queues, each at the endpoints of the front end serving that group) and a push consumer is assigned
+every group, so messages stored on either group are consumed — none is stranded on the group the client
+was not pointed at.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from broker_sim.broker.api import SendMessageRequest
+from broker_sim.client.message import Prop
+from broker_sim.grpc.protocol import load_protocol
+from tests.adapters.rocketmq5.conftest import Client5, wait_until
+from tests.clusters import Cluster, ClusterFactory
+from tests.clusters import cluster as cluster  # the fixture
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+TOPIC = "Routed5"
+GROUPS = ("broker-a", "broker-b")
+
+
+def endpoint(c: Cluster, broker: str) -> str:
+    front = c.brokers[broker].grpc
+    assert front is not None
+    return front.address
+
+
+def send(c: Cluster, broker: str, queue_id: int, count: int) -> set[str]:
+    b = c.brokers[broker].broker
+    assert b is not None
+    bodies = set()
+    for i in range(count):
+        body = f"{broker}-{queue_id}-{i}"
+        b.send_message(
+            SendMessageRequest("p", TOPIC, queue_id, properties={Prop.UNIQ_KEY: body}), body.encode()
+        )
+        bodies.add(body)
+    return bodies
+
+
+@pytest.fixture
+def two_groups(rmq5_python: Path, cluster: ClusterFactory) -> Cluster:
+    return cluster(grpc=True, topics={TOPIC: 2})
+
+
+def ask(c: Cluster, broker: str, rpc: str) -> Any:
+    """A raw QueryRoute / QueryAssignment at ``broker``'s front end, as a 5.x client sends it."""
+    pb = load_protocol()
+    host, port = endpoint(c, broker).rsplit(":", 1)
+    req = getattr(pb.service, f"{rpc}Request")()
+    req.topic.name = TOPIC
+    req.endpoints.scheme = pb.definition.IPv4
+    req.endpoints.addresses.add(host=host, port=int(port))
+    if rpc == "QueryAssignment":
+        req.group.name = "G"
+    with grpc.insecure_channel(endpoint(c, broker)) as channel:
+        resp = getattr(pb.grpc.MessagingServiceStub(channel), rpc)(req, timeout=10)
+    assert resp.status.code == pb.definition.OK, resp.status.message
+    return resp
+
+
+def where(mq: Any) -> tuple[str, int, str]:
+    addr = mq.broker.endpoints.addresses[0]
+    return mq.broker.name, mq.id, f"{addr.host}:{addr.port}"
+
+
+def test_every_front_end_routes_every_groups_queues_to_that_groups_endpoint(two_groups: Cluster) -> None:
+    a, b = endpoint(two_groups, "broker-a"), endpoint(two_groups, "broker-b")
+    expected = {("broker-a", 0, a), ("broker-a", 1, a), ("broker-b", 0, b), ("broker-b", 1, b)}
+    for asked in GROUPS:
+        route = ask(two_groups, asked, "QueryRoute")
+        assert sorted(where(mq) for mq in route.message_queues) == sorted(expected)
+        assignments = ask(two_groups, asked, "QueryAssignment").assignments
+        assert sorted(where(x.message_queue) for x in assignments) == [
+            ("broker-a", -1, a),
+            ("broker-b", -1, b),
+        ]
+
+
+def consumed(client: Client5, expected: set[str]) -> set[str]:
+    got: set[str] = set()
+
+    def more() -> bool:
+        for m in client.call("receive", max=32, invisible_s=30)["messages"]:
+            got.add(m["body"])
+            client.call("ack", handle=m["handle"])
+        return got >= expected
+
+    wait_until(more, what=f"{len(expected)} messages from both groups")
+    return got
+
+
+def sent_to_both(c: Cluster) -> set[str]:
+    return send(c, "broker-a", 0, 2) | send(c, "broker-b", 1, 3) | send(c, "broker-b", 0, 1)
+
+
+def test_a_simple_consumer_given_one_endpoint_consumes_both_groups(
+    two_groups: Cluster, rmq5_python: Path, tmp_path: Path
+) -> None:
+    sent = sent_to_both(two_groups)
+    client = Client5(rmq5_python, endpoint(two_groups, "broker-a"), tmp_path)
+    try:
+        client.call("simple", group="S1", topic=TOPIC, await_s=1)
+        assert consumed(client, sent) == sent
+    finally:
+        client.close()
+
+
+def test_a_push_consumer_given_one_endpoint_consumes_both_groups(
+    two_groups: Cluster, rmq5_python: Path, tmp_path: Path
+) -> None:
+    sent = sent_to_both(two_groups)
+    client = Client5(rmq5_python, endpoint(two_groups, "broker-b"), tmp_path)
+    got: set[str] = set()
+
+    def everything() -> bool:
+        got.update(e["body"] for e in client.call("events")["events"] if e["event"] == "push")
+        return got >= sent
+
+    try:
+        client.call("push", group="P1", topic=TOPIC)
+        wait_until(everything, what=f"{len(sent)} push deliveries from both groups")
+        assert got == sent
+    finally:
+        client.close()
