@@ -7,9 +7,11 @@ Two parts, both tested against ``broker-sim serve`` (tests/adapters/test_rocketm
   queue to compare the offset with the right watermark. So the sender picks the queue itself through
   ``send_orderly`` with a round-robin selector and records the index it chose, mapped to (broker group,
   queue id) through the name server's route by :class:`QueueBook` (the client's list is built from that
-  route in a known order; with one broker and no probe the index *is* the queue id). ``send_orderly`` does
-  not move to another queue on failure (``retry_times`` retries the same
-  queue), which is what the receipt needs: the offset belongs to the queue we recorded.
+  route in a known order; with one broker and no probe the index *is* the queue id). The client's own
+  retry would move a failed send to a queue of *another* broker group without asking the selector
+  (``sendAutoRetrySelectImpl``), so the offset would belong to a queue nobody recorded: the sender asks
+  the client for one attempt at a time and retries itself, each attempt through the selector (the next
+  index), so the receipt names the queue of the attempt that succeeded.
 * :func:`subscribe_guarded` — registers an ``@idempotent_consumer`` handler on a ``PushConsumer``. The
   wrapper's own ``subscribe`` re-raises a callback's exception out of the ctypes callback, where the C side
   sees an undefined return value (``rocketmq-reference.md`` lists it as unverified); a guard must never risk
@@ -99,8 +101,10 @@ class QueueBook:
     """The broker group of a queue, derived from the name server's topic route (0.4.4 tells neither).
 
     Sending: the C++ client's ``send_orderly`` hands our selector an index into its publish list, which it
-    builds from the route the way this class does (queue data sorted by broker name; writable groups that
-    have a master; queues ``0 … writeQueueNums-1`` of each). The list is rebuilt here and used only when its
+    builds from the route the way this class does: in the order of the route's ``orderTopicConf``
+    (``"broker-b:2;broker-a:2"``, set by a name server's ORDER_TOPIC_CONFIG) when it has one, else from the
+    queue data sorted by broker name whatever order the name server sent it in (writable groups that have
+    a master; queues ``0 … writeQueueNums-1`` of each). The list is rebuilt here and used only when its
     length equals the size the client passed; otherwise the route is read again once, and if it still
     differs the send's broker group is recorded as unknown (``""``, queue id = the index).
 
@@ -130,8 +134,14 @@ class QueueBook:
     @staticmethod
     def publish_list(route: Any) -> list[tuple[str, int]]:
         """(broker name, queue id) in the order of the C++ client's publish list."""
-        masters = {b.broker_name for b in route.broker_datas if 0 in b.broker_addrs}
         out: list[tuple[str, int]] = []
+        if route.order_topic_conf:  # the client takes this order as it is (no permission or master check)
+            for entry in route.order_topic_conf.split(";"):
+                name, _, nums = entry.partition(":")
+                if name and nums.strip().isdigit():
+                    out.extend((name, i) for i in range(int(nums)))
+            return out
+        masters = {b.broker_name for b in route.broker_datas if 0 in b.broker_addrs}
         for qd in sorted(route.queue_datas, key=lambda q: q.broker_name):
             if qd.perm & _PERM_WRITE and qd.broker_name in masters:
                 out.extend((qd.broker_name, i) for i in range(qd.write_queue_nums))
@@ -211,9 +221,8 @@ class RocketMQSender:
             msg.set_property(RETRY_TOPIC_PROPERTY, message.topic)
         return msg
 
-    def send(self, message: OutgoingMessage) -> SendReceipt:
-        with self._lock:
-            turn = next(self._next)
+    def _attempt(self, msg: Any, turn: int) -> tuple[Any, tuple[int, int] | None]:
+        """One send through the selector (index ``turn``), no retry by the client: (result, (index, size))."""
         chosen: list[tuple[int, int]] = []
 
         def round_robin(mq_size: int, _msg: Any, _arg: Any) -> int:
@@ -221,20 +230,29 @@ class RocketMQSender:
             chosen.append((index, mq_size))
             return index
 
-        try:
-            result = self.producer.send_orderly(
-                self._message(message), 0, retry_times=self.retry_times, queue_selector=round_robin
-            )
-        except Exception as exc:
-            raise SendError(
-                f"RocketMQ send of {message.message_id} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        if not chosen:
+        result = self.producer.send_orderly(msg, 0, retry_times=0, queue_selector=round_robin)
+        return result, (chosen[-1] if chosen else None)
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        with self._lock:
+            turn = next(self._next)
+        msg = self._message(message)
+        for attempt in range(max(0, self.retry_times) + 1):
+            try:
+                result, chosen = self._attempt(msg, turn + attempt)
+                break
+            except Exception as exc:
+                if attempt >= self.retry_times:
+                    raise SendError(
+                        f"RocketMQ send of {message.message_id} failed: {type(exc).__name__}: {exc}"
+                    ) from exc
+                log.warning("send of %s failed (%r); retrying on the next queue", message.message_id, exc)
+        if chosen is None:
             raise SendError(f"RocketMQ send of {message.message_id}: the client never selected a queue")
         status = getattr(result.status, "name", str(result.status))
         if status != "OK":
             log.warning("message %s stored with status %s", message.message_id, status)
-        index, size = chosen[-1]
+        index, size = chosen
         broker, queue_id = "", index  # one broker without a probe: the index is the queue id
         if self.probe is not None:
             topic = retry_topic(message.target_group) if message.target_group else message.topic

@@ -8,6 +8,7 @@ was not pointed at.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,32 +103,40 @@ def sent_to_both(c: Cluster) -> set[str]:
     return send(c, "broker-a", 0, 2) | send(c, "broker-b", 1, 3) | send(c, "broker-b", 0, 1)
 
 
+@pytest.fixture
+def client_at(two_groups: Cluster, rmq5_python: Path, tmp_path: Path) -> Iterator[Callable[[str], Client5]]:
+    """An official 5.x client given one broker's front end as its only endpoint."""
+    made: list[Client5] = []
+
+    def make(broker: str) -> Client5:
+        made.append(Client5(rmq5_python, endpoint(two_groups, broker), tmp_path))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
 def test_a_simple_consumer_given_one_endpoint_consumes_both_groups(
-    two_groups: Cluster, rmq5_python: Path, tmp_path: Path
+    two_groups: Cluster, client_at: Callable[[str], Client5]
 ) -> None:
     sent = sent_to_both(two_groups)
-    client = Client5(rmq5_python, endpoint(two_groups, "broker-a"), tmp_path)
-    try:
-        client.call("simple", group="S1", topic=TOPIC, await_s=1)
-        assert consumed(client, sent) == sent
-    finally:
-        client.close()
+    client = client_at("broker-a")
+    client.call("simple", group="S1", topic=TOPIC, await_s=1)
+    assert consumed(client, sent) == sent
 
 
 def test_a_push_consumer_given_one_endpoint_consumes_both_groups(
-    two_groups: Cluster, rmq5_python: Path, tmp_path: Path
+    two_groups: Cluster, client_at: Callable[[str], Client5]
 ) -> None:
     sent = sent_to_both(two_groups)
-    client = Client5(rmq5_python, endpoint(two_groups, "broker-b"), tmp_path)
+    client = client_at("broker-b")
     got: set[str] = set()
 
     def everything() -> bool:
         got.update(e["body"] for e in client.call("events")["events"] if e["event"] == "push")
         return got >= sent
 
-    try:
-        client.call("push", group="P1", topic=TOPIC)
-        wait_until(everything, what=f"{len(sent)} push deliveries from both groups")
-        assert got == sent
-    finally:
-        client.close()
+    client.call("push", group="P1", topic=TOPIC)
+    wait_until(everything, what=f"{len(sent)} push deliveries from both groups")
+    assert got == sent
