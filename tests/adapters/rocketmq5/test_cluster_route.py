@@ -52,12 +52,12 @@ def two_groups(rmq5_python: Path, cluster: ClusterFactory) -> Cluster:
     return cluster(grpc=True, topics={TOPIC: 2})
 
 
-def ask(c: Cluster, broker: str, rpc: str) -> Any:
+def ask(c: Cluster, broker: str, rpc: str, topic: str = TOPIC) -> Any:
     """A raw QueryRoute / QueryAssignment at ``broker``'s front end, as a 5.x client sends it."""
     pb = load_protocol()
     host, port = endpoint(c, broker).rsplit(":", 1)
     req = getattr(pb.service, f"{rpc}Request")()
-    req.topic.name = TOPIC
+    req.topic.name = topic
     req.endpoints.scheme = pb.definition.IPv4
     req.endpoints.addresses.add(host=host, port=int(port))
     if rpc == "QueryAssignment":
@@ -140,3 +140,38 @@ def test_a_push_consumer_given_one_endpoint_consumes_both_groups(
     client.call("push", group="P1", topic=TOPIC)
     wait_until(everything, what=f"{len(sent)} push deliveries from both groups")
     assert got == sent
+
+
+def test_a_producer_given_one_endpoint_spreads_sends_over_both_groups(
+    two_groups: Cluster, client_at: Callable[[str], Client5]
+) -> None:
+    producer, consumer = client_at("broker-a"), client_at("broker-b")
+    producer.call("producer", topics=[TOPIC])
+    sent = {f"p{i}" for i in range(4)}
+    for body in sorted(sent):
+        producer.call("send", topic=TOPIC, body=body)
+    for name in GROUPS:  # round robin over the 4 writable queues of the route: 2 on each group
+        b = two_groups.brokers[name].broker
+        assert b is not None
+        assert sum(b.get_max_offset(TOPIC, q) for q in (0, 1)) == 2, name
+    consumer.call("simple", group="S2", topic=TOPIC, await_s=1)
+    assert consumed(consumer, sent) == sent
+
+
+def test_the_route_leaves_out_a_group_without_a_front_end_and_finds_a_topic_only_another_group_has(
+    rmq5_python: Path, cluster: ClusterFactory
+) -> None:
+    c = cluster(brokers=())
+    c.add_broker("broker-a", grpc=True, topics={TOPIC: 2})
+    c.add_broker("broker-b", grpc=True, topics={TOPIC: 2})
+    c.add_broker("broker-c", topics={TOPIC: 2})  # 4.x only: a 5.x client could not reach it
+    only_b = c.brokers["broker-b"].broker
+    assert only_b is not None
+    only_b.create_topic("OnlyB5", 1)
+    a, b = endpoint(c, "broker-a"), endpoint(c, "broker-b")
+    both = [("broker-a", 0, a), ("broker-a", 1, a), ("broker-b", 0, b), ("broker-b", 1, b)]
+    assert sorted(where(mq) for mq in ask(c, "broker-a", "QueryRoute").message_queues) == both
+    routed = ask(c, "broker-a", "QueryRoute", "OnlyB5").message_queues
+    assert [where(mq) for mq in routed] == [("broker-b", 0, b)]
+    assigned = ask(c, "broker-a", "QueryAssignment", "OnlyB5").assignments
+    assert [where(x.message_queue) for x in assigned] == [("broker-b", -1, b)]
