@@ -93,14 +93,22 @@ def bucket_value_column(bucket: Column) -> Column:
 
 def latency_sketch(enriched: DataFrame) -> DataFrame:
     """Pairs per (queue, latency metric, log bucket): the mergeable sketch the percentiles are read from."""
+    # the metric is keyed by its index (a byte), not its name: hashing and comparing a string key per row
+    # was a visible part of this aggregation over millions of pairs; the names come back on the few
+    # aggregated rows
     both = F.array(
-        *(F.struct(F.lit(m).alias("metric"), log_bucket(m).alias("bucket")) for m in LATENCY_METRICS)
+        *(
+            F.struct(F.lit(i).cast("byte").alias("metric"), log_bucket(m).alias("bucket"))
+            for i, m in enumerate(LATENCY_METRICS)
+        )
     )
+    name = F.element_at(F.array(*(F.lit(m) for m in LATENCY_METRICS)), F.col("metric").cast("int") + 1)
     return (
         enriched.select(*QUEUE_KEY, F.inline(both))
         .where(F.col("bucket").isNotNull())
         .groupBy(*QUEUE_KEY, "metric", "bucket")
         .agg(F.count(F.lit(1)).alias("n"))
+        .select(*QUEUE_KEY, name.alias("metric"), "bucket", "n")
     )
 
 
