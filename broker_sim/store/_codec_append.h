@@ -267,9 +267,9 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     PyBuffer_Release(&view);
     if (props_b == NULL) goto done;
     /* the new end of the log and of the segment are one int in the first segment (base 0) */
-    PyObject *end_obj = PyLong_FromLongLong(phys + size), *wrote_obj = base == 0 ? Py_NewRef(end_obj)
-                                                                                  : PyLong_FromLongLong(wrote + size);
-    int set = end_obj && wrote_obj ? setattr_fast(mf, s_wrote, wrote_obj) : -1;
+    PyObject *end_obj = PyLong_FromLongLong(phys + size), *wrote_obj = NULL;
+    if (end_obj != NULL) wrote_obj = base == 0 ? Py_NewRef(end_obj) : PyLong_FromLongLong(wrote + size);
+    int set = wrote_obj != NULL ? setattr_fast(mf, s_wrote, wrote_obj) : -1;
     Py_XDECREF(wrote_obj);
     if (set < 0) {
         Py_XDECREF(end_obj);
