@@ -5,12 +5,14 @@ headers are available the install still succeeds and broker_sim uses the pure-Py
 
 from setuptools import Extension, setup
 
+HEADERS = ("support", "append", "dispatch", "put", "gate")  # included by _codec.c
+
 setup(
     ext_modules=[
         Extension(
             "broker_sim.store._codec",
             ["broker_sim/store/_codec.c"],
-            depends=[f"broker_sim/store/_codec_{part}.h" for part in ("support", "dispatch", "put", "gate")],
+            depends=[f"broker_sim/store/_codec_{part}.h" for part in HEADERS],
             optional=True,
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wno-declaration-after-statement"],
         )

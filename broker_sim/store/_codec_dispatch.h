@@ -1,7 +1,7 @@
 /* Dispatch helpers of _codec.c (included once, from there only): take_hints and build_runs, the twins of
  * codec.py's py_take_hints and py_build_runs. */
 static int hint_ll(PyObject *h, Py_ssize_t i, long long *out) {
-    *out = PyLong_AsLongLong(PyTuple_GET_ITEM(h, i));
+    *out = as_ll(PyTuple_GET_ITEM(h, i));
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
 

@@ -7,6 +7,17 @@ static void be64(unsigned char *p, uint64_t v) {
     be32(p, (uint32_t)(v >> 32)); be32(p + 4, (uint32_t)v);
 }
 
+/* PyLong_AsLongLong with its errors, without its slow path: for an int of more than one digit (offsets,
+ * timestamps) CPython 3.11 goes through _PyLong_AsByteArray, several hundred instructions per call. */
+static long long as_ll(PyObject *v) {
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow) return x;
+    }
+    return PyLong_AsLongLong(v);
+}
+
 
 /* ---- BODYCRC: zlib's CRC-32 (reflected polynomial 0xEDB88320) -------------------------------------------
  * x86-64 with PCLMULQDQ: fold the body 16 bytes at a time by carry-less multiplication (Gopal et al.,
@@ -173,6 +184,8 @@ typedef struct {
     Py_ssize_t offs[MAX_FAST_FIELDS];
 } FastType;
 static FastType fast_types[4];
+#define SLOT_MEMO 256
+static struct { PyTypeObject *type; PyObject *name; Py_ssize_t off; } slot_memo[SLOT_MEMO];
 static int n_fast_types;
 
 static int member_offset(PyObject *cls, PyObject *name, Py_ssize_t *off) {
@@ -198,19 +211,30 @@ static int register_fast(int k, PyObject *cls, PyObject **names, int n) {
     Py_INCREF(cls);
     ft->type = (PyTypeObject *)cls;
     ft->n = n;
+    memset(slot_memo, 0, sizeof(slot_memo));  /* forget "not a slot" answers about this type */
     if (k + 1 > n_fast_types) n_fast_types = k + 1;
     return 0;
 }
 
+/* (type, name) -> slot offset (-1: not a registered slot), remembered per pair: a put reads ≈ 20 slots, and
+ * scanning the registered types and names for each cost more than the read itself. */
+
 static PyObject **fast_slot(PyObject *obj, PyObject *name) {
     PyTypeObject *t = Py_TYPE(obj);
-    for (int k = 0; k < n_fast_types; k++) {
-        if (fast_types[k].type != t) continue;
-        for (int i = 0; i < fast_types[k].n; i++)
-            if (fast_types[k].names[i] == name) return (PyObject **)((char *)obj + fast_types[k].offs[i]);
-        return NULL;
+    size_t h = (((uintptr_t)t >> 4) * 31u + ((uintptr_t)name >> 4)) % SLOT_MEMO;
+    if (slot_memo[h].type != t || slot_memo[h].name != name) {
+        Py_ssize_t off = -1;
+        for (int k = 0; k < n_fast_types && off < 0; k++) {
+            if (fast_types[k].type != t) continue;
+            for (int i = 0; i < fast_types[k].n; i++)
+                if (fast_types[k].names[i] == name) off = fast_types[k].offs[i];
+            break;
+        }
+        slot_memo[h].type = t;  /* types and names of registered slots stay alive: registry references */
+        slot_memo[h].name = name;
+        slot_memo[h].off = off;
     }
-    return NULL;
+    return slot_memo[h].off < 0 ? NULL : (PyObject **)((char *)obj + slot_memo[h].off);
 }
 
 static PyObject *getattr_fast(PyObject *obj, PyObject *name) {
@@ -238,8 +262,7 @@ static int get_int(PyObject *obj, PyObject *name, long long lo, long long hi, lo
     if (PyLong_CheckExact(v)) {
         int overflow = 0;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (!overflow && !(x == -1 && PyErr_Occurred()) && x >= lo && x <= hi) { *out = x; ok = 1; }
-        PyErr_Clear();
+        if (!overflow && x >= lo && x <= hi) { *out = x; ok = 1; }
     }
     Py_DECREF(v);
     return ok;
@@ -267,17 +290,9 @@ static int64_t java_hash(PyObject *s) {
 static int attr_ll(PyObject *obj, PyObject *name, long long *out) {
     PyObject *v = getattr_fast(obj, name);
     if (v == NULL) return -1;
-    *out = PyLong_AsLongLong(v);
+    *out = as_ll(v);
     Py_DECREF(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static int set_ll(PyObject *obj, PyObject *name, long long x) {
-    PyObject *v = PyLong_FromLongLong(x);
-    if (v == NULL) return -1;
-    int rc = setattr_fast(obj, name, v);
-    Py_DECREF(v);
-    return rc;
 }
 
 /* place(commit_log, prepared, now) -> AppendMessageResult (see codec.py's py_place; lock held). */
@@ -334,9 +349,16 @@ static int host8(PyObject *host, unsigned char *out) {
         PyErr_Clear();
         return 0;
     }
-    struct in_addr addr;
-    if (!inet_aton(s, &addr)) return 0;
-    memcpy(out, &addr.s_addr, 4);  /* already in network (big-endian) order */
+    static PyObject *last_ip;  /* the address string parsed last (str is immutable: same object, same bytes) */
+    static unsigned char last_addr[4];
+    if (ip != last_ip) {
+        struct in_addr addr;
+        if (!inet_aton(s, &addr)) return 0;
+        memcpy(last_addr, &addr.s_addr, 4);  /* already in network (big-endian) order */
+        Py_INCREF(ip);
+        Py_XSETREF(last_ip, ip);
+    }
+    memcpy(out, last_addr, 4);
     be32(out + 4, (uint32_t)pv);
     return 1;
 }

@@ -14,6 +14,10 @@ is a few bytecodes, so only moving the whole step into C removes it. Three funct
   leave a dispatch hint, return the :class:`AppendMessageResult`.
 * :func:`py_build_runs` — group a batch of hints into consume-queue runs of packed 20-byte units.
 
+The compiled one-call put (``put_plain``, see :mod:`broker_sim.store.put_path`) does not go through the
+two tuples: it runs ``prepare``'s checks, then, under the lock, writes the record straight into the mapped
+segment and does ``place``'s bookkeeping — the same bytes, hint and result as ``py_place(py_prepare(…))``.
+
 The C twin must give the same bytes, tuples, results and exceptions; whenever it meets input it does not
 handle itself (a non-``str`` property, a non-``bytes`` body, any field that fails a check) it calls the
 Python function, so every error message comes from one place. ``tests/broker_sim/store/test_codec.py``

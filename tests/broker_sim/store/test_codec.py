@@ -29,6 +29,7 @@ from broker_sim.store import (
 from broker_sim.store.codec import TAGS_UNKNOWN, DispatchHint
 from broker_sim.store.config import SCHEDULE_TOPIC
 from broker_sim.store.message_record import decode_record, encode_record, host_bytes
+from broker_sim.store.results import DispatchRequest
 from tests.broker_sim.store.conftest import small_config
 from tests.broker_sim.store.test_hot_paths import workload
 
@@ -242,44 +243,68 @@ def test_store_files_are_identical_with_either_twin(tmp_path: Path) -> None:
     assert all(r.status is PutMessageStatus.PUT_OK for r in c["results"])
 
 
+def repeats() -> list[MessageInner]:
+    """Runs of equal properties, hosts, topics and queues with changes in between: what the compiled put keeps
+    from one put for the next (the properties bytes, queue keys, the last parsed address) must not leak."""
+    same_ip = "".join(["10.0.0.", "7"])  # equal to the first address, another object
+    hosts = [("10.0.0.7", 5555), ("10.0.0.8", 5555), (same_ip, 6000)]
+    kinds: list[dict[str, str]] = [{"TAGS": "TagA"}, {"TAGS": "TagA"}, {"TAGS": "TagC"}, {"KEYS": "k"}, {}]
+    out = []
+    for i in range(150):
+        m = MessageInner(
+            ["TopicA", "TopicB"][i // 7 % 2], bytes([i % 256]) * (i * 13 % 500 + 1), queue_id=i // 3 % 3,
+            properties=dict(kinds[i % 5]), born_host=hosts[i // 5 % 3],
+            store_host=None if i % 6 else ("10.1.1.1", 10911),
+        )  # fmt: skip
+        out.append(m)
+    return out
+
+
 @needs_c
 @pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
-def test_one_call_put_equals_general_put(tmp_path: Path, flush: FlushDiskType) -> None:
+@pytest.mark.parametrize("kind", ["workload", "repeats"])
+def test_one_call_put_equals_general_put(tmp_path: Path, flush: FlushDiskType, kind: str) -> None:
     """The compiled ``put_plain`` (taken for puts on the system clock; under SYNC_FLUSH it also waits on the
-    compiled flush gate) stores what the general path stores; only STORETIMESTAMP (bytes 56..63, read from
-    the clock) may differ."""
+    compiled flush gate; it encodes straight into the mapped segment) stores what the general path stores;
+    only STORETIMESTAMP (bytes 56..63, read from the clock) may differ."""
+    msgs = workload(13) if kind == "workload" else repeats()
     cfg = small_config(commit_log_file_size=16 * 1024, flush_disk_type=flush)
     stores = [MessageStore(tmp_path / name, cfg) for name in "ab"]
     stores[1].put_message = stores[1].put_path.put_general
     assert stores[0].put_message != stores[0].put_path.put_general
     out = []
     for store in stores:
+        seen: list[DispatchRequest] = []
+        store.add_dispatch_listener(seen.append)
         store.start()
-        rs = [store.put_message(m) for m in workload(13) if "DELAY" not in m.properties]
+        rs = [store.put_message(m) for m in msgs if "DELAY" not in m.properties]
         assert store.wait_dispatched()
         if flush is FlushDiskType.SYNC_FLUSH:  # acknowledged means on disk
             assert store.commit_log.mfq.flushed_offset == store.max_phy_offset
         log = b"".join(mf.mm[: mf.wrote] for mf in store.commit_log.mfq.files)
-        units = [store.consume_queue_units("TopicA", q, 0, 1000) for q in range(3)]
-        out.append((rs, log, units))
+        units = [store.consume_queue_units(t, q, 0, 1000) for t in ("TopicA", "TopicB") for q in range(3)]
+        heard = [(d.topic, d.queue_id, d.commit_log_offset, d.tags_code, d.properties) for d in seen]
+        out.append((rs, log, units, heard))
         store.shutdown()
-    (ra, la, ua), (rb, lb, ub) = out
+    (ra, la, ua, ha), (rb, lb, ub, hb) = out
 
-    def where(results: list[PutMessageResult]) -> list[tuple[PutMessageStatus, int, int]]:
+    def where(results: list[PutMessageResult]) -> list[tuple[object, ...]]:
         return [
-            (r.status, r.append_result.wrote_offset, r.append_result.queue_offset)
+            (r.status, a.wrote_offset, a.wrote_bytes, a.queue_offset, a.store_host, a.msg_num)
             for r in results
-            if r.append_result
+            if (a := r.append_result)
         ]
 
     assert where(ra) == where(rb) and len(where(ra)) == len(ra)
     assert len(la) == len(lb) > 0 and ua == ub
+    assert ha == hb and len(ha) == len(ra)
     pos = 0
     while pos < len(la):
         size = int.from_bytes(la[pos : pos + 4], "big")
         if la[pos + 4 : pos + 8] == bytes.fromhex("CBD43194"):
             assert la[pos : pos + 8] == lb[pos : pos + 8]
-            break  # a segment's BLANK tail is not copied out whole
+            pos += 16 * 1024 - pos % (16 * 1024)  # a segment's BLANK tail: on to the next segment
+            continue
         assert (
             la[pos : pos + 56] + la[pos + 64 : pos + size] == lb[pos : pos + 56] + lb[pos + 64 : pos + size]
         )
