@@ -35,40 +35,8 @@ static PyObject *now_obj_ms(void) {
     return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
 }
 
-/* The commit-log lock (a threading.Lock) taken and released without two method calls: acquire's argument
- * parsing alone cost ≈ 500 instructions per put. Only for CPython versions whose _thread.lock layout is the
- * one below (3.8-3.12: the PyThread lock, then the weak-reference list, then the "locked" flag that release()
- * checks); any other lock object goes through its acquire(False)/release() methods. */
-#if PY_VERSION_HEX >= 0x030800F0 && PY_VERSION_HEX < 0x030D0000
-#include <pythread.h>
-typedef struct {
-    PyObject_HEAD
-    PyThread_type_lock lock_lock;
-    PyObject *in_weakreflist;
-    char locked;
-} ThreadLock;
-static PyTypeObject *thread_lock_type;
-
-static int is_thread_lock(PyObject *lock) {
-    if (Py_TYPE(lock) == thread_lock_type) return 1;
-    if (thread_lock_type != NULL || strcmp(Py_TYPE(lock)->tp_name, "_thread.lock") != 0) return 0;
-    thread_lock_type = Py_TYPE(lock);  /* a static type of the interpreter: never freed */
-    return 1;
-}
-#else
-static int is_thread_lock(PyObject *lock) { return 0; }
-#endif
-
 /* 1 = acquired, 0 = held by someone else, -1 = error. */
 static int lock_try(PyObject *lock) {
-#if PY_VERSION_HEX >= 0x030800F0 && PY_VERSION_HEX < 0x030D0000
-    if (is_thread_lock(lock)) {
-        ThreadLock *tl = (ThreadLock *)lock;
-        if (!PyThread_acquire_lock(tl->lock_lock, NOWAIT_LOCK)) return 0;
-        tl->locked = 1;
-        return 1;
-    }
-#endif
     PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
     if (got == NULL) return -1;
     int locked = got == Py_True;
@@ -77,14 +45,6 @@ static int lock_try(PyObject *lock) {
 }
 
 static int lock_release(PyObject *lock) {
-#if PY_VERSION_HEX >= 0x030800F0 && PY_VERSION_HEX < 0x030D0000
-    if (is_thread_lock(lock)) {
-        ThreadLock *tl = (ThreadLock *)lock;
-        tl->locked = 0;
-        PyThread_release_lock(tl->lock_lock);
-        return 0;
-    }
-#endif
     PyObject *rel = PyObject_CallMethodNoArgs(lock, s_release);
     Py_XDECREF(rel);
     return rel == NULL ? -1 : 0;
