@@ -156,7 +156,14 @@ class DbapiRunner:
         except BaseException as exc:  # failed mid-way (socket, interrupt): its protocol state is unknown
             conn.invalidate(exc if isinstance(exc, Exception) else None)
             if isinstance(exc, self._dbapi_error):
-                raise self._wrapped(conn, text, params, exc, None) from exc
+                raise DBAPIError.instance(
+                    text,
+                    params,
+                    exc,
+                    self._dbapi_error,
+                    connection_invalidated=True,
+                    dialect=self.engine.dialect,
+                ) from exc
             raise
         if out.error is not None:
             raise self._wrapped(conn, text, params, out.error, None) from out.error
@@ -204,6 +211,8 @@ def _watch_rollbacks(engine: Engine) -> None:
 
 
 def _on_rollback(conn: Connection) -> None:
+    if conn.invalidated:  # its DBAPI connection is gone, and with it what was prepared there
+        return
     fairy = conn.connection
     pgconn = getattr(fairy.driver_connection, "pgconn", None)
     if pgconn is not None:

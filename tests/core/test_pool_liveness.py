@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from reliable import Reliability, idempotent_consumer
 from reliable.guard.decision import Reason
 from reliable.pool_liveness import install
-from tests.core.guard_helpers import applied, apply, env
+from tests.core.guard_helpers import applied, apply, env, ledger_md
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres", "mariadb"], indirect=True)
 
@@ -114,3 +114,27 @@ def test_a_killed_session_is_replaced_at_checkout(db_url: str) -> None:
             assert conn.execute(text("SELECT 1")).scalar_one() == 1
     finally:
         engine.dispose()
+
+
+def test_a_connection_its_first_statement_finds_dead_is_replaced_without_a_failed_delivery(
+    db_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """An engine of the user's own, without any checkout check: the guard's opener is what finds the dead
+    session, and the guard runs the delivery again on a new connection (nothing of it had run)."""
+    own = Reliability(engine=create_engine(db_url), redis=None, key_prefix=key_prefix)
+    ledger_md.create_all(own.engine, checkfirst=True)
+
+    def handler(e: Any, session: Session) -> None:
+        apply(e, session)
+
+    handle = idempotent_consumer(own, group="stale", registry=CollectorRegistry())(handler)
+    try:
+        first = f"stale-{uuid.uuid4().hex[:8]}"
+        assert handle.decide(env(first)).reason is Reason.PROCESSED
+        kill_session_of(own.engine)
+        second = f"stale-{uuid.uuid4().hex[:8]}"
+        assert handle.decide(env(second)).reason is Reason.PROCESSED
+        assert [applied(own, m) for m in (first, second)] == [1, 1]
+    finally:
+        handle.close()
+        own.close()
