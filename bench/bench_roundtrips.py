@@ -7,8 +7,9 @@ What is counted, per delivery, on the calling thread (what a delivery waits for;
 write-behind journal, the done-marker timer — are counted apart as ``bg``):
 * ``db``: database round trips: every statement the guard sends (a statement carrying ``BEGIN`` or
   ``COMMIT`` with it is one), the handler's and SQLAlchemy's statements, psycopg's own ``BEGIN`` when it sends
-  one, a ``COMMIT``/``ROLLBACK`` that reaches the server. The pool's pre-ping (one per checkout, the same for
-  any code on the engine) is counted apart.
+  one, a ``COMMIT``/``ROLLBACK`` that reaches the server, and a ping the pool sends at checkout (with the
+  engine's defaults only for a connection idle over ``pool_ping_idle_s`` or found hung up: none in steady
+  use; SQLAlchemy's ``pool_pre_ping`` would add one per delivery).
 * ``commits``: commits that reach the server (a ``COMMIT``, or a statement that commits by itself).
 * ``redis``: Redis round trips (one command, or one pipeline).
 
@@ -79,8 +80,15 @@ class Counter:
         ):
             event.listen(engine, name, fn)
             self._listeners.append((name, fn))
-        if engine.pool._pre_ping:
-            event.listen(engine.pool, "checkout", self._checkout)
+        real_ping = engine.dialect.do_ping
+
+        def ping(dbapi_conn: Any) -> bool:
+            if self._mine():
+                self.db += 1
+                self.pings += 1
+            return real_ping(dbapi_conn)
+
+        engine.dialect.do_ping = ping  # type: ignore[method-assign]  # instance attribute, removed on detach
         if self.rel.redis is not None:
             self.rel.redis.connection_pool.connection_class = _counting_connection(self)  # type: ignore[union-attr]
             self.rel.redis.connection_pool.reset()  # type: ignore[union-attr]
@@ -90,8 +98,7 @@ class Counter:
         sql_runner.STATEMENT_HOOKS.remove(self._statement)
         for name, fn in self._listeners:
             event.remove(self.rel.engine, name, fn)
-        if event.contains(self.rel.engine.pool, "checkout", self._checkout):
-            event.remove(self.rel.engine.pool, "checkout", self._checkout)
+        vars(self.rel.engine.dialect).pop("do_ping", None)
 
     def _statement(self, conn: Connection, sql: str, params: Any, many: bool) -> None:
         if not self._mine():
@@ -125,10 +132,6 @@ class Counter:
     def _rollback(self, conn: Connection) -> None:
         if self._mine() and (not self.pg or _pg_busy(conn.connection.dbapi_connection)):
             self.db += 1
-
-    def _checkout(self, *a: Any) -> None:
-        if self._mine():
-            self.pings += 1  # pool pre-ping: one round trip per checkout, kept apart from ``db``
 
 
 def _counting_connection(counter: Counter) -> type[redis_lib.Connection]:
@@ -219,7 +222,9 @@ def main(argv: list[str]) -> int:
             rel = make_rel(url, prefix)
             counts = Counter(rel).attach()
             try:
-                print(f"-- {kind} (per delivery: db round trips / commits / redis round trips; + pre-ping)")
+                print(
+                    f"-- {kind} (per delivery: db round trips / commits / redis round trips; pings included)"
+                )
                 for path, (db, commits, red) in measure(rel, counts, prefix, args.n).items():
                     print(f"{path:40s} {db:6.2f} {commits:6.2f} {red:6.2f}")
             finally:

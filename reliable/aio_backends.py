@@ -80,8 +80,13 @@ def make_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
         engine = create_async_engine(u, **kwargs)
         configure_sqlite(engine.sync_engine, u.render_as_string(hide_password=False))
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_async_engine(u, **kwargs)
+    from reliable import pool_liveness
+
+    ping_idle_s = kwargs.pop("pool_ping_idle_s", C.POOL_PING_IDLE_S)
+    engine = create_async_engine(u, **kwargs)
+    if not kwargs.get("pool_pre_ping"):  # as make_engine: ping only an idle or hung-up connection
+        pool_liveness.install(engine.sync_engine, idle_s=ping_idle_s)
+    return engine
 
 
 def async_redis_like(client: RedisClient, url: str | None, socket_timeout_s: float) -> aioredis.Redis:

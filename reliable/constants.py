@@ -100,6 +100,9 @@ ENV_WEBHOOK_URL: Final = "RELIABLE_WEBHOOK_URL"
 # --- consumer guard (reliable.guard) ----------------------------------------------------------------------
 #: after a Redis failure the guard stays on the database alone this long before trying Redis again.
 DEFAULT_REDIS_RETRY_AFTER_S: Final = 1.0
+#: a pooled database connection idle longer than this is pinged at checkout (reliable.pool_liveness); one in
+#: use within it is checked with a non-blocking poll of its socket instead of a round trip.
+POOL_PING_IDLE_S: Final = 5.0
 #: logger of the per-decision structured line (message id, group, outcome, reason).
 GUARD_LOGGER: Final = "reliable.guard"
 

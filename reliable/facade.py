@@ -17,7 +17,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from reliable import constants as C
-from reliable import redis_connect
+from reliable import pool_liveness, redis_connect
 from reliable.errors import ConfigurationError
 from reliable.redis_connect import RedisClient
 from reliable.settings import Settings
@@ -157,6 +157,10 @@ class Reliability:
 def make_engine(db_url: str, **kwargs: Any) -> Engine:
     """An engine with the per-backend settings the guard relies on.
 
+    Server databases: a pooled connection is checked at checkout by :mod:`reliable.pool_liveness` (a ping only
+    when its socket shows the server hung up or it sat idle over ``pool_ping_idle_s``), not by a ping on every
+    checkout; ``pool_pre_ping=True`` restores SQLAlchemy's.
+
     SQLite: WAL, a busy timeout, and ``BEGIN IMMEDIATE`` so a read-then-write transaction takes the write lock
     up front (SQLite has no ``SELECT … FOR UPDATE``; without this two workers deadlock on the lock upgrade).
     """
@@ -165,8 +169,11 @@ def make_engine(db_url: str, **kwargs: Any) -> Engine:
         engine = create_engine(db_url, **kwargs)
         configure_sqlite(engine, db_url)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(db_url, **kwargs)
+    ping_idle_s = kwargs.pop("pool_ping_idle_s", C.POOL_PING_IDLE_S)
+    engine = create_engine(db_url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):  # the caller may still ask for SQLAlchemy's ping on every checkout
+        pool_liveness.install(engine, idle_s=ping_idle_s)
+    return engine
 
 
 def configure_sqlite(engine: Engine, db_url: str) -> None:

@@ -15,6 +15,7 @@ fixes what the broker is told and what the journal says (:data:`reliable.guard.d
        │
     work transaction (WorkTransaction), one commit: the journal row (delivered position) first, then lock
     the group's inbox row, or insert it CONFIRMED if there is none ─── DB down ─▶ DATABASE_UNAVAILABLE
+       (a pooled connection its first statement finds dead is replaced and the transaction run once more)
        ├─ CONFIRMED ──────────────────────────────────────────────────────▶ DUPLICATE_CONFIRMED
        ├─ VOIDED ─────────────────────────────────────────────────────────▶ VOIDED
        ├─ payload hash differs ───────────────────────────────────────────▶ PAYLOAD_MISMATCH
@@ -62,7 +63,7 @@ from reliable import constants as C
 from reliable.guard import plan
 from reliable.guard.decision import TEXTS, Decision, GuardHooks, Reason, failure_reason
 from reliable.guard.plan import Item
-from reliable.guard.work import Handler, WorkTransaction
+from reliable.guard.work import Handler, StaleConnection, WorkTransaction
 from reliable.metrics import DecisionObserver, guard_metrics
 from reliable.models import utcnow
 from reliable.stores.behind import JournalBuffer
@@ -141,13 +142,7 @@ class Guard:
         if now_due:
             for h in self.hooks:
                 h.before_journal([it.env for it in now_due])
-            try:
-                with self.engine.connect() as conn:
-                    if self._peek_held(conn, now_due):
-                        self.work.run(conn, now_due)
-                        self._settle(conn, now_due)
-            except SQLAlchemyError as exc:  # connect/checkout itself failed: the database is down
-                self._database_down(now_due, "connect", exc)
+            self._database_steps(now_due)
         self._after_commit(items)
         return [self._finish(it) for it in items]
 
@@ -160,6 +155,29 @@ class Guard:
         if self.behind is not None:
             self.behind.close()
         self.lease.close()
+
+    # --- steps 2b, 3 and 5 on one pooled connection ---------------------------------------------------
+    def _database_steps(self, items: list[Item]) -> None:
+        """Peek held rows, run the work transaction, settle the rest; once more on a fresh connection if the
+        first statement found the pooled one dead (nothing had run: :class:`StaleConnection`)."""
+        for attempt in (1, 2):
+            try:
+                with self.engine.connect() as conn:
+                    if not self._peek_held(conn, items):
+                        return
+                    try:
+                        self.work.run(conn, items)
+                    except StaleConnection as exc:
+                        if attempt == 2:
+                            self._database_down(items, "work", exc)
+                            return
+                        log.info("guard connection found dead (group %s), retrying on a new one", self.group)
+                        continue
+                    self._settle(conn, items)
+                    return
+            except SQLAlchemyError as exc:  # connect/checkout itself failed: the database is down
+                self._database_down(items, "connect", exc)
+                return
 
     # --- step 2: Redis fast path --------------------------------------------------------------------
     def _fast_path(self, items: list[Item]) -> None:

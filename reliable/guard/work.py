@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reliable import constants as C
@@ -39,6 +39,14 @@ Handler = Callable[[Envelope, Session], None]
 
 class HandlerFailed(Exception):
     """Internal: unwinds a savepoint-less work transaction after a handler raised."""
+
+
+class StaleConnection(Exception):
+    """The connection was found dead by the transaction's first statement: nothing ran, nothing was written.
+
+    The pool checks a connection at checkout without a round trip (:mod:`reliable.pool_liveness`), so a
+    session the server killed a moment ago can still reach here; the guard retries the work transaction once
+    on a fresh connection instead of answering the delivery ``database_unavailable``."""
 
 
 class ConfirmConflict(Exception):
@@ -90,6 +98,8 @@ class WorkTransaction:
                 for it in run:  # a handler that failed in savepoint mode has a row but no outcome yet
                     it.written = it.decision is not None
                 return
+            except StaleConnection:
+                raise
             except HandlerFailed:  # rolled back as a whole; the guard's settle step decides the failed one
                 run = [it for it in run if it.error is None]
                 savepoints = True
@@ -108,19 +118,13 @@ class WorkTransaction:
 
     def _transaction(self, conn: Connection, run: list[Item], savepoints: bool) -> None:
         now = utcnow()
-        if self._mariadb:
-            # no gap locks on absent inbox rows: two inserts of one key wait, not deadlock
-            self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         entries = [journal_entry(it, self.group, now) for it in run]
-        # the first statement opens the transaction (and, for one message, tries the happy case): only
-        # without savepoints, because the happy case confirms before the handler and needs a handler failure
-        # to roll back the whole transaction; a savepoint would undo the handler's writes but keep the confirm
-        recorded, settled = False, True
-        if len(run) == 1 and not savepoints:
-            recorded, settled = self._happy_case_first(conn, run[0], entries[0], now)
-        else:
-            for it, log_id in zip(run, self.sql.log.log_rows(conn, entries, begin=True), strict=True):
-                it.log_id = log_id
+        try:
+            recorded, settled = self._open(conn, run, entries, now, savepoints)
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StaleConnection(repr(exc)[:300]) from exc
+            raise
         for h in self.hooks:
             h.after_journal([it.env for it in run], [it.log_id or 0 for it in run])
         states: dict[str, InboxState] = {}
@@ -161,6 +165,24 @@ class WorkTransaction:
             if n_settled < changed:  # as above, for the rows this batch confirmed
                 self.sql.settle_exact(conn, self.group, to_confirm, now)
         self.sql.log.progress(conn, entries, commit=True)
+
+    def _open(
+        self, conn: Connection, run: list[Item], entries: list[JournalEntry], now: Any, savepoints: bool
+    ) -> tuple[bool, bool]:
+        """The transaction's first statement(s): journal rows, and for one message the happy case.
+
+        Only without savepoints, because the happy case confirms before the handler and needs a handler
+        failure to roll back the whole transaction; a savepoint would undo the handler's writes but keep the
+        confirm. Returns (recorded, stub settled) as :meth:`_happy_case_first`.
+        """
+        if self._mariadb:
+            # no gap locks on absent inbox rows: two inserts of one key wait, not deadlock
+            self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        if len(run) == 1 and not savepoints:
+            return self._happy_case_first(conn, run[0], entries[0], now)
+        for it, log_id in zip(run, self.sql.log.log_rows(conn, entries, begin=True), strict=True):
+            it.log_id = log_id
+        return False, True
 
     def _happy_case_first(
         self, conn: Connection, it: Item, entry: JournalEntry, now: Any

@@ -10,8 +10,10 @@ Key ``{prefix}:{group}:{message_id}`` (see :mod:`reliable.constants`) holds
 
 The acquire is one round trip: ``SET key value NX PX ms GET`` (Redis ≥ 7.0) sets the key if absent and returns
 the previous value otherwise — nothing (taken by us), ``done…`` or ``processing:…`` (held) in one answer.
-Release is a Lua compare-and-delete so a worker whose lease expired can never delete the lease a second worker
-has since taken.
+On a standalone or Sentinel client the commands are written straight onto a pooled connection
+(:mod:`reliable.stores.resp`: a fraction of redis-py's per-command CPU); a Cluster client goes through
+redis-py's pipeline, which routes each key to its node. Release is a Lua compare-and-delete so a worker
+whose lease expired can never delete the lease a second worker has since taken.
 
 The ``done`` marker is not waited for (issue 18): :meth:`RedisLeaseStore.mark_done_many` queues it, and it
 goes out in the same pipeline as the next acquire of this store (no round trip of its own), or from a timer
@@ -37,7 +39,7 @@ import redis as redis_lib
 
 from reliable import constants as C
 from reliable.redis_connect import REDIS_ERRORS, RedisClient
-from reliable.stores import LeaseAnswer, LeaseState
+from reliable.stores import LeaseAnswer, LeaseState, resp
 from reliable.stores.breaker import FallbackHook, RedisBreaker
 
 log = logging.getLogger("reliable.guard")
@@ -72,11 +74,14 @@ def done_value(payload_hash: str | None) -> str:
     return C.LEASE_DONE_VALUE if not payload_hash else f"{C.LEASE_DONE_VALUE}:{payload_hash[:16]}"
 
 
-def classify(previous: bytes | str | None) -> LeaseAnswer:
-    """Interpret the value ``SET NX GET`` returned: ``None`` means we took the key."""
+def classify(previous: bytes | str | None, ours: str | None = None) -> LeaseAnswer:
+    """Interpret the value ``SET NX GET`` returned: ``None`` means we took the key — and so does our own
+    value ``ours`` (a retried write whose first attempt had reached the server)."""
     if previous is None:
         return LeaseAnswer(LeaseState.ACQUIRED)
     raw = previous.encode() if isinstance(previous, str) else previous
+    if ours is not None and raw == ours.encode():
+        return LeaseAnswer(LeaseState.ACQUIRED)
     if raw == _DONE:
         return LeaseAnswer(LeaseState.DONE)
     if raw.startswith(_DONE_PREFIX):
@@ -122,6 +127,8 @@ class RedisLeaseStore:
         self.client = client
         self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
         self._cad = client.register_script(_COMPARE_AND_DELETE)
+        #: packed commands on the pool's connections (standalone, Sentinel); None: a cluster client
+        self._raw = resp.for_client(client)
         self._set_get = True  # SET … NX GET needs Redis 7; flipped off once on an older server
         self._marks: list[tuple[str, str, int]] = []  # done markers not yet sent: (key, value, ttl_s)
         self._marks_lock = threading.Lock()
@@ -141,12 +148,19 @@ class RedisLeaseStore:
             self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
-        return [classify(p) for p in previous]
+        return [classify(p, v) for p, v in zip(previous, values, strict=True)]
 
     def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
         marks = self._take_marks()
         if self._set_get:
             try:
+                if self._raw is not None:
+                    px = str(lease_ms)
+                    commands: list[resp.Command] = [("SET", k, v, "EX", str(ttl_s)) for k, v, ttl_s in marks]
+                    commands += [
+                        ("SET", k, v, "NX", "PX", px, "GET") for k, v in zip(keys, values, strict=True)
+                    ]
+                    return self._raw.execute(commands)[len(marks) :]
                 if len(keys) == 1 and not marks:
                     return [self.client.set(keys[0], values[0], nx=True, px=lease_ms, get=True)]
                 pipe = self.client.pipeline(transaction=False)
@@ -206,6 +220,9 @@ class RedisLeaseStore:
         if not marks or self.breaker.open():
             return
         try:
+            if self._raw is not None:
+                self._raw.execute([("SET", key, value, "EX", str(ttl_s)) for key, value, ttl_s in marks])
+                return
             pipe = self.client.pipeline(transaction=False)
             for key, value, ttl_s in marks:
                 pipe.set(key, value, ex=ttl_s)

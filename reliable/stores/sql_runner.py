@@ -12,9 +12,10 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import DBAPIError
 
+from reliable.stores import pg_pipeline
 from reliable.stores.sql_text import ts_converter
 
 _MOGRIFY = "reliable_mogrify_cursor"
@@ -40,10 +41,13 @@ class DbapiRunner:
         self.piggybacks = self.dialect == "postgresql" and engine.dialect.driver == "psycopg"
         #: the synchronous psycopg connection class, if this engine may hand one out (see :meth:`_pipelined`)
         self._sync_psycopg: type | None = None
+        #: the guard's statements as libpq pipelines send them (``$n`` placeholders, prepared names)
+        self._statements = pg_pipeline.Statements()
         if self.piggybacks:
             import psycopg
 
             self._sync_psycopg = psycopg.Connection
+            _watch_rollbacks(engine)
 
     # --- rendering -----------------------------------------------------------------------------------
     def render(self, text: str) -> str:
@@ -127,32 +131,43 @@ class DbapiRunner:
         )
 
     def _pipelined(self, conn: Connection, sql: str, params: Any, edge: str, fetch: bool) -> Any:
-        """``BEGIN`` + ``sql`` or ``sql`` + ``COMMIT`` in one round trip, ``sql`` as a prepared statement.
-
-        psycopg's pipeline mode sends both in one go and reads both answers after one sync; ``prepare=True``
-        makes the server parse and plan ``sql`` once per connection (psycopg names and caches it) instead of
-        on every call, which is what a client-bound multi-statement query costs. If ``sql`` fails, the
-        pipeline skips the ``COMMIT`` and the error surfaces here; the caller's rollback then also makes
-        psycopg forget (``DEALLOCATE ALL``) its prepared statements, so a connection whose statements the
-        server lost (``DISCARD ALL`` behind a pooler) heals with that one rolled-back delivery.
-        """
+        """``BEGIN`` + ``sql`` or ``sql`` + ``COMMIT`` in one round trip through libpq's pipeline mode,
+        ``sql``
+        prepared once per connection (:mod:`reliable.stores.pg_pipeline`, which says what happens when the
+        server loses the prepared statement). A statement error surfaces here as SQLAlchemy's ``DBAPIError``
+        after the round trip completed; a connection failure invalidates ``conn``."""
         text = f"{sql}; {edge}"
         for hook in STATEMENT_HOOKS:  # one round trip, counted as the simple-query form would be
             hook(conn, text, params, False)
-        driver: Any = conn.connection.driver_connection
-        cur = driver.cursor()
+        fairy = conn.connection
+        driver: Any = fairy.driver_connection
+        pgconn = driver.pgconn
+        prepared = pg_pipeline.prepared_on(fairy.info, pgconn)
+        edge_sql = edge.encode()
         try:
-            with driver.pipeline():
-                if edge == "BEGIN":
-                    driver.execute(edge, prepare=False)
-                cur.execute(sql, params, prepare=True)
-                if edge != "BEGIN":
-                    driver.execute(edge, prepare=False)
-            return cur.fetchall() if fetch else cur.rowcount
-        except self._dbapi_error as exc:
-            raise self._wrapped(conn, text, params, exc, cur) from exc
-        finally:
-            cur.close()
+            out = pg_pipeline.run(
+                pgconn,
+                prepared,
+                self._statements.get(sql),
+                params,
+                before=edge_sql if edge == "BEGIN" else None,
+                after=edge_sql if edge != "BEGIN" else None,
+            )
+        except BaseException as exc:  # failed mid-way (socket, interrupt): its protocol state is unknown
+            conn.invalidate(exc if isinstance(exc, Exception) else None)
+            if isinstance(exc, self._dbapi_error):
+                raise DBAPIError.instance(
+                    text,
+                    params,
+                    exc,
+                    self._dbapi_error,
+                    connection_invalidated=True,
+                    dialect=self.engine.dialect,
+                ) from exc
+            raise
+        if out.error is not None:
+            raise self._wrapped(conn, text, params, out.error, None) from out.error
+        return out.rows if fetch else out.rowcount
 
     def _literal(self, conn: Connection, sql: str, params: Any) -> str:
         """``sql`` with ``params`` bound client-side (psycopg's own quoting), for a multi-statement query.
@@ -186,3 +201,25 @@ class DbapiRunner:
         # dbapi_connection, not driver_connection: under the asyncio engine it is SQLAlchemy's adapter, which
         # awaits psycopg's set_autocommit (the async driver object refuses the plain assignment)
         conn.connection.dbapi_connection.autocommit = on  # type: ignore[union-attr]
+
+
+def _watch_rollbacks(engine: Engine) -> None:
+    """Forget what was prepared on a connection when psycopg may deallocate it (once per engine)."""
+    if not event.contains(engine, "rollback", _on_rollback):
+        event.listen(engine, "rollback", _on_rollback)
+        event.listen(engine.pool, "reset", _on_reset)
+
+
+def _on_rollback(conn: Connection) -> None:
+    if conn.invalidated:  # its DBAPI connection is gone, and with it what was prepared there
+        return
+    fairy = conn.connection
+    pgconn = getattr(fairy.driver_connection, "pgconn", None)
+    if pgconn is not None:
+        pg_pipeline.forget_after_rollback(fairy.info, pgconn)
+
+
+def _on_reset(dbapi_conn: Any, record: Any, state: Any) -> None:
+    pgconn = getattr(dbapi_conn, "pgconn", None)
+    if pgconn is not None and record is not None:
+        pg_pipeline.forget_after_rollback(record.info, pgconn)

@@ -10,7 +10,6 @@ never lose or double an effect, and run the next one normally.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,16 +20,9 @@ from sqlalchemy.orm import Session
 from reliable import Reliability, idempotent_consumer
 from reliable.decorator import GuardedHandler
 from reliable.guard.decision import Reason
-from tests.core.guard_helpers import applied, apply, env, make_rel
+from tests.core.guard_helpers import applied, apply, env
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
-
-
-@pytest.fixture
-def rel(db_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
-    r = make_rel(db_url, redis_url, key_prefix)
-    yield r
-    r.close()
 
 
 def guard(rel: Reliability) -> GuardedHandler:

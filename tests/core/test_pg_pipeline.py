@@ -1,0 +1,106 @@
+"""PostgreSQL: the guard's statements sent through libpq's pipeline mode (:mod:`reliable.stores.pg_pipeline`).
+
+What a user needs: every value the guard binds reaches the server unchanged; a failing statement leaves the
+connection usable; and psycopg throwing away every prepared statement of a session (it does on a rollback once
+a handler's own query got prepared) never costs a delivery.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from reliable import Reliability, idempotent_consumer
+from reliable.guard.decision import Reason
+from reliable.stores import pg_pipeline
+from tests.core.guard_helpers import applied, apply, env
+
+pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+
+
+@pytest.fixture
+def pg(db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    conn = psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
+    yield conn
+    conn.close()
+
+
+def one(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...], prepared: set[bytes]) -> Any:
+    out = pg_pipeline.run(
+        conn.pgconn, prepared, pg_pipeline.Statements().get(sql), params, before=None, after=None
+    )
+    assert out.error is None, out.error
+    return out.rows[0]
+
+
+texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=200)
+stamps = st.datetimes(
+    min_value=dt.datetime(1970, 1, 1), max_value=dt.datetime(2200, 1, 1), timezones=st.just(dt.UTC)
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(s=texts, n=st.integers(-(2**63), 2**63 - 1), t=stamps, b=st.booleans(), none=st.none())
+def test_every_bound_value_reaches_the_server_unchanged(
+    pg: psycopg.Connection[Any], s: str, n: int, t: dt.datetime, b: bool, none: None
+) -> None:
+    prepared: set[bytes] = set()
+    row = one(
+        pg,
+        "SELECT %s::text, %s::bigint::text, %s::timestamptz = %s::timestamptz, %s::boolean::text, "
+        "%s::text IS NULL",
+        (s, n, t, t.isoformat(), b, none),
+        prepared,
+    )
+    assert row == (s, str(n), "t", "true" if b else "false", "t")
+    assert one(pg, "SELECT %s::timestamptz::text", (t,), prepared)[0] == str(
+        pg.execute("SELECT %s::timestamptz::text", (t,)).fetchone()[0]
+    )  # type: ignore[index]
+
+
+def test_a_failing_statement_leaves_the_connection_idle_and_usable(pg: psycopg.Connection[Any]) -> None:
+    prepared: set[bytes] = set()
+    stmts = pg_pipeline.Statements()
+    bad = pg_pipeline.run(pg.pgconn, prepared, stmts.get("SELECT 1 / %s"), (0,), before=b"BEGIN", after=None)
+    assert isinstance(bad.error, psycopg.errors.DivisionByZero)
+    assert not prepared  # the rollback that follows may deallocate: parse again next time
+    pg.execute("ROLLBACK")
+    good = pg_pipeline.run(
+        pg.pgconn, prepared, stmts.get("SELECT 4 / %s"), (2,), before=b"BEGIN", after=b"COMMIT"
+    )
+    assert good.error is None and good.rows == [("2",)]
+    assert pg.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert pg.execute("SELECT 1").fetchone() == (1,)  # psycopg's own use of the connection is unaffected
+
+
+def test_psycopg_deallocating_everything_on_a_rollback_costs_no_delivery(rel: Reliability) -> None:
+    fail = {"now": False}
+
+    def handler(e: Any, session: Session) -> None:
+        session.execute(text("SELECT count(*) FROM message_inbox WHERE consumer_group = 'pl'"))  # psycopg
+        apply(e, session)  # prepares these itself after five runs
+        if fail["now"]:
+            raise RuntimeError("handler failed once")
+
+    handle = idempotent_consumer(rel, group="pl", registry=CollectorRegistry())(handler)
+    ids = [f"pl-{uuid.uuid4().hex[:8]}" for _ in range(8)]
+    assert [handle.decide(env(m)).reason for m in ids] == [Reason.PROCESSED] * 8
+    with rel.engine.connect() as conn:  # the guard's pooled connection: psycopg holds prepared statements
+        assert conn.connection.driver_connection._prepared._names  # type: ignore[union-attr]
+    fail["now"] = True
+    assert handle.decide(env(f"pl-{uuid.uuid4().hex[:8]}")).reason is Reason.HANDLER_FAILED
+    fail["now"] = False
+    after = [f"pl-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    assert [handle.decide(env(m)).reason for m in after] == [Reason.PROCESSED] * 3
+    assert [applied(rel, m) for m in ids + after] == [1] * 11
+    handle.close()
