@@ -90,9 +90,10 @@ class ConcurrentConsumeService:
             status = None
         if not isinstance(status, ConsumeStatus):
             status = ConsumeStatus.RECONSUME_LATER
-        if pq.dropped or c.stopped:
+        if pq.dropped:
             # The queue was rebalanced away or the consumer killed while the listener ran: RocketMQ drops the
-            # result, so the new owner consumes these messages again from the committed offset.
+            # result, so the new owner consumes these messages again from the committed offset. A graceful
+            # shutdown is not a drop: it waits for this call and persists the offsets after its result.
             log.info("%s: result for %s dropped (queue no longer ours)", c.group, mq)
             return
         self.consumed += 1
@@ -190,7 +191,7 @@ class OrderlyConsumeService:
                     log.exception("orderly listener of %s raised on %s@%d", c.group, mq, msgs[0].queue_offset)
                     raw = None
                 ok = raw in (ConsumeOrderlyStatus.SUCCESS, ConsumeStatus.CONSUME_SUCCESS)
-                if pq.dropped or c.stopped:
+                if pq.dropped:  # rebalanced away or killed; a graceful shutdown still commits this batch
                     return
                 self.consumed += 1
                 if ok:

@@ -243,7 +243,8 @@ class PushConsumer(ClientBase):
         return self
 
     def shutdown(self) -> None:
-        """Graceful stop: persist offsets, unlock queues, unregister (the group rebalances at once)."""
+        """Graceful stop: no new listener calls; the running ones finish and their results move the offsets;
+        then persist offsets, unlock queues, unregister (the group rebalances at once)."""
         if self._state != "RUNNING":
             self._state = "SHUTDOWN"
             return

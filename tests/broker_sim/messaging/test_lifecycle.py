@@ -18,6 +18,7 @@ from broker_sim import (
     PushConsumer,
 )
 from broker_sim.common.errors import ClientStateError, ServiceNotAvailableError
+from broker_sim.common.requests import ConsumeFromWhere
 
 from .conftest import SMALL_STORE, wait_until
 
@@ -85,6 +86,43 @@ def test_offsets_survive_a_broker_restart(store_dir: Path) -> None:
         c2.shutdown()
     finally:
         b2.shutdown()
+
+
+@pytest.mark.parametrize("orderly", [False, True], ids=["concurrently", "orderly"])
+def test_graceful_shutdown_commits_what_a_running_listener_finishes(broker: Broker, orderly: bool) -> None:
+    """``shutdown()`` waits for the listener calls still running; what they finish is committed before the
+    offsets are persisted, so the group's next owner of the queue does not get it (and apply it) again."""
+    entered, release = threading.Event(), threading.Event()
+    calls: list[bytes] = []
+    q = MessageQueue("T", "broker-a", 0)
+
+    def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+        calls.extend(m.body for m in msgs)
+        entered.set()
+        release.wait(30)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    p = Producer(broker, "P")
+    p.send(Message("T", b"in flight"), queue=q)
+    p.shutdown()
+    c = PushConsumer(broker, "G", consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    c.subscribe("T", "*")
+    if orderly:
+        c.register_message_listener_orderly(listener)
+    else:
+        c.register_message_listener(listener)
+    c.start()
+    stopping = threading.Thread(target=c.shutdown)
+    try:
+        assert entered.wait(30), "the listener was never called"
+        stopping.start()
+        wait_until(lambda: c.stopped, what="the shutdown to begin")  # it now waits for the listener
+    finally:
+        release.set()
+    stopping.join(30)
+    assert not stopping.is_alive()
+    assert calls == [b"in flight"]
+    assert broker.query_consumer_offset("G", "T", 0) == 1
 
 
 def test_life_cycle_errors(broker: Broker, store_dir: Path) -> None:
