@@ -136,8 +136,19 @@ class Counter:
 
 def _counting_connection(counter: Counter) -> type[redis_lib.Connection]:
     class CountingConnection(redis_lib.Connection):
+        _handshake = False
+
+        def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+            # a new pool connection's handshake (CLIENT SETINFO …) is paid once per connection, not per
+            # delivery: it happens whenever another thread (the done-marker timer) holds the pooled one
+            self._handshake = True
+            try:
+                super().connect_check_health(*args, **kwargs)
+            finally:
+                self._handshake = False
+
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-            if counter._mine():  # one packed send: one command or a whole pipeline
+            if counter._mine() and not self._handshake:  # one packed send: one command or a pipeline
                 counter.redis += 1
             super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 

@@ -112,3 +112,25 @@ def test_round_trips_per_path(counted: tuple[Reliability, Counter]) -> None:
         broken.close()
     dialect = "mysql" if rel.dialect in ("mysql", "mariadb") else rel.dialect
     assert seen == {path: tuple(float(v) for v in counts) for path, counts in EXPECTED[dialect].items()}
+
+
+def test_a_pool_connection_opened_mid_measurement_is_not_a_delivery_round_trip(
+    counted: tuple[Reliability, Counter],
+) -> None:
+    """The done-marker timer thread can hold the pooled Redis connection at the moment a delivery needs one;
+    the pool then opens another, whose handshake (CLIENT SETINFO …) is paid once per connection. Counting it
+    per delivery made the figures above flaky."""
+    rel, counter = counted
+    assert rel.redis is not None
+    guard = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(apply)
+    try:
+        guard(env(uid("warm")))
+        pool = rel.redis.connection_pool  # type: ignore[union-attr]
+        held = pool.get_connection()  # busy elsewhere: the next delivery opens a new one
+        try:
+            _, _, redis_trips = per_delivery(counter, lambda: guard(env(uid("new"))), 1)
+        finally:
+            pool.release(held)
+    finally:
+        guard.close()
+    assert redis_trips == 1.0
