@@ -155,8 +155,12 @@ def run(
 
 
 def _flush(pgconn: Any) -> None:
-    while pgconn.flush():  # 1: the socket buffer is full, wait until it drains
-        select.select([], [pgconn.socket], [])
+    poller: Any = None
+    while pgconn.flush():  # 1: the socket buffer is full, wait until it drains (poll: any fd number)
+        if poller is None:
+            poller = select.poll()
+            poller.register(pgconn.socket, select.POLLOUT)
+        poller.poll()
 
 
 def _read(pgconn: Any, encoding: str) -> Outcome:
