@@ -175,7 +175,10 @@ def _read(pgconn: Any, encoding: str) -> Outcome:
             poller.poll()  # the GIL is released while waiting: other threads keep working
             pgconn.consume_input()
         res = pgconn.get_result()
-        if res is None:  # end of one command's results
+        if res is None:  # end of one command's results — or, on a connection libpq gave up, of all of them
+            if pgconn.status != pq.ConnStatus.OK:
+                message = pgconn.error_message.decode(encoding, "replace").strip()
+                raise errors.OperationalError(f"connection lost mid-pipeline: {message or 'no message'}")
             continue
         status = res.status
         if status == _SYNC:
