@@ -131,11 +131,12 @@ class DbapiRunner:
         )
 
     def _pipelined(self, conn: Connection, sql: str, params: Any, edge: str, fetch: bool) -> Any:
-        """``BEGIN`` + ``sql`` or ``sql`` + ``COMMIT`` in one round trip through libpq's pipeline mode,
-        ``sql``
-        prepared once per connection (:mod:`reliable.stores.pg_pipeline`, which says what happens when the
-        server loses the prepared statement). A statement error surfaces here as SQLAlchemy's ``DBAPIError``
-        after the round trip completed; a connection failure invalidates ``conn``."""
+        """``BEGIN`` + ``sql`` or ``sql`` + ``COMMIT`` in one round trip through libpq's pipeline mode.
+
+        ``sql`` is prepared once per connection (:mod:`reliable.stores.pg_pipeline` says what happens when
+        the server loses it). A statement error surfaces here as SQLAlchemy's ``DBAPIError`` after the round
+        trip completed; a connection failure invalidates ``conn``.
+        """
         text = f"{sql}; {edge}"
         for hook in STATEMENT_HOOKS:  # one round trip, counted as the simple-query form would be
             hook(conn, text, params, False)
