@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from sqlalchemy.engine import URL, make_url
 
 from reliable import constants as C
-from reliable import redis_connect
+from reliable import pool_liveness, redis_connect
 from reliable.errors import ConfigurationError
 from reliable.redis_connect import RedisClient
 
@@ -80,8 +80,6 @@ def make_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
         engine = create_async_engine(u, **kwargs)
         configure_sqlite(engine.sync_engine, u.render_as_string(hide_password=False))
         return engine
-    from reliable import pool_liveness
-
     ping_idle_s = kwargs.pop("pool_ping_idle_s", C.POOL_PING_IDLE_S)
     engine = create_async_engine(u, **kwargs)
     if not kwargs.get("pool_pre_ping"):  # as make_engine: ping only an idle or hung-up connection

@@ -98,8 +98,6 @@ class WorkTransaction:
                 for it in run:  # a handler that failed in savepoint mode has a row but no outcome yet
                     it.written = it.decision is not None
                 return
-            except StaleConnection:
-                raise
             except HandlerFailed:  # rolled back as a whole; the guard's settle step decides the failed one
                 run = [it for it in run if it.error is None]
                 savepoints = True

@@ -89,6 +89,11 @@ def classify(previous: bytes | str | None, ours: str | None = None) -> LeaseAnsw
     return LeaseAnswer(LeaseState.HELD)
 
 
+def _mark_commands(marks: Sequence[tuple[str, str, int]]) -> list[resp.Command]:
+    """``SET key done… EX ttl`` per queued marker, for :mod:`reliable.stores.resp`."""
+    return [("SET", key, value, "EX", str(ttl_s)) for key, value, ttl_s in marks]
+
+
 class NoLeaseStore:
     """Database-only mode (``redis_url=None``): every message goes to the database check."""
 
@@ -156,7 +161,7 @@ class RedisLeaseStore:
             try:
                 if self._raw is not None:
                     px = str(lease_ms)
-                    commands: list[resp.Command] = [("SET", k, v, "EX", str(ttl_s)) for k, v, ttl_s in marks]
+                    commands = _mark_commands(marks)
                     commands += [
                         ("SET", k, v, "NX", "PX", px, "GET") for k, v in zip(keys, values, strict=True)
                     ]
@@ -221,7 +226,7 @@ class RedisLeaseStore:
             return
         try:
             if self._raw is not None:
-                self._raw.execute([("SET", key, value, "EX", str(ttl_s)) for key, value, ttl_s in marks])
+                self._raw.execute(_mark_commands(marks))
                 return
             pipe = self.client.pipeline(transaction=False)
             for key, value, ttl_s in marks:

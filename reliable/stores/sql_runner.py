@@ -86,9 +86,12 @@ class DbapiRunner:
             cur.close()
 
     def _wrapped(self, conn: Connection, sql: str, params: Any, exc: Exception, cur: Any) -> Exception:
-        """``exc`` as SQLAlchemy's ``DBAPIError``; a disconnect invalidates ``conn``, as SQLAlchemy does."""
-        disconnect = self.engine.dialect.is_disconnect(cast(Any, exc), conn.connection.dbapi_connection, cur)
-        if disconnect:
+        """``exc`` as SQLAlchemy's ``DBAPIError``; a disconnect invalidates ``conn``, as SQLAlchemy does (a
+        connection the caller invalidated already counts as one)."""
+        disconnect = conn.invalidated or self.engine.dialect.is_disconnect(
+            cast(Any, exc), conn.connection.dbapi_connection, cur
+        )
+        if disconnect and not conn.invalidated:
             conn.invalidate(exc)
         return DBAPIError.instance(
             sql,
@@ -157,14 +160,7 @@ class DbapiRunner:
         except BaseException as exc:  # failed mid-way (socket, interrupt): its protocol state is unknown
             conn.invalidate(exc if isinstance(exc, Exception) else None)
             if isinstance(exc, self._dbapi_error):
-                raise DBAPIError.instance(
-                    text,
-                    params,
-                    exc,
-                    self._dbapi_error,
-                    connection_invalidated=True,
-                    dialect=self.engine.dialect,
-                ) from exc
+                raise self._wrapped(conn, text, params, exc, None) from exc
             raise
         if out.error is not None:
             raise self._wrapped(conn, text, params, out.error, None) from out.error
