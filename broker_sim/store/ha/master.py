@@ -106,12 +106,20 @@ class HAService:
             return bool(self._conns) and master_put_offset - self.acked < self.fallbehind_max
 
     def wait_replicated(self, end_offset: int, timeout_s: float) -> ReplicaResult:
-        """Block until a slave acknowledged ``end_offset`` (CommitLog.submitReplicaRequest)."""
+        """Block until a slave acknowledged ``end_offset`` (CommitLog.submitReplicaRequest).
+
+        Unlike Java, which waits out ``syncFlushTimeout`` even after its last slave went away, the wait
+        ends as soon as no slave is connected and the put reports SLAVE_NOT_AVAILABLE: the producer
+        learns the truth at once instead of running out its own send timeout behind a dead slave."""
         if not self.slave_ok(end_offset):
             return ReplicaResult.SLAVE_NOT_AVAILABLE
         with self._cond:
-            self._cond.wait_for(lambda: self.acked >= end_offset or self._stop.is_set(), timeout_s)
-            return ReplicaResult.OK if self.acked >= end_offset else ReplicaResult.FLUSH_SLAVE_TIMEOUT
+            self._cond.wait_for(
+                lambda: self.acked >= end_offset or not self._conns or self._stop.is_set(), timeout_s
+            )
+            if self.acked >= end_offset:
+                return ReplicaResult.OK
+            return ReplicaResult.FLUSH_SLAVE_TIMEOUT if self._conns else ReplicaResult.SLAVE_NOT_AVAILABLE
 
     # -- connections --
 

@@ -4,10 +4,13 @@ of the master's, and its own consume queues and index are built from it."""
 
 from __future__ import annotations
 
+import socket
+import threading
 from pathlib import Path
 
 from broker_sim.store import MessageStore
 from broker_sim.store.config import BrokerRole
+from broker_sim.store.ha.protocol import ACK
 from broker_sim.store.results import PutMessageStatus
 from tests.broker_sim.remoting.conftest import wait_until
 from tests.broker_sim.store.conftest import StoreFactory, msg
@@ -99,3 +102,32 @@ def test_a_slave_that_restarts_continues_from_its_own_end(make_store: StoreFacto
     bodies = [m.ext.body for m in again.get_message("G", "TopicA", 0, 0, 32).messages]
     bodies += [m.ext.body for m in again.get_message("G", "TopicA", 0, len(bodies), 32).messages]
     assert bodies == [f"a{i}".encode() for i in range(10)] + [f"b{i}".encode() for i in range(10)]
+
+
+def test_a_sync_put_waiting_on_a_slave_that_goes_away_reports_slave_not_available(
+    make_store: StoreFactory, tmp_path: Path
+) -> None:
+    """A SYNC_MASTER put waiting for the acknowledgement of a slave that then disconnects answers
+    SLAVE_NOT_AVAILABLE as soon as the connection is gone, not after ``syncFlushTimeout`` (a producer's
+    own 3 s send timeout would run out first and the send would look failed although it was stored)."""
+    master = make_store(
+        tmp_path / "master",
+        broker_role=BrokerRole.SYNC_MASTER,
+        ha_listen_port=0,
+        sync_flush_timeout_ms=120_000,
+    )
+    service = master.replication.service
+    assert service is not None
+    host, port = master.replication.ha_address.rsplit(":", 1)
+    silent = socket.create_connection((host, int(port)))  # acknowledges once, then never again
+    silent.sendall(ACK.pack(master.max_phy_offset))
+    assert wait_until(lambda: service.slaves == 1)
+    before = master.max_phy_offset
+    results: list[PutMessageStatus] = []
+    put = threading.Thread(target=lambda: results.append(master.put_message(msg()).status), daemon=True)
+    put.start()
+    assert wait_until(lambda: master.max_phy_offset > before)  # stored; now waiting for the slave
+    silent.close()
+    put.join(timeout=30)
+    assert not put.is_alive()
+    assert results == [PutMessageStatus.SLAVE_NOT_AVAILABLE]
