@@ -139,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
             namesrv_addrs=list(args.namesrv) if is_broker else [],
             grpc_port=grpc_port,
             grpc_groups=grpc_groups,
+            announce_host=args.announce_host,
         )
     server = BrokerSimServer(config)
     server.install_stop_signals()  # before start(): a SIGTERM right after the ports open still stops cleanly

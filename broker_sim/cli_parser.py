@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--store", required=True, type=Path, help="store directory (created if missing)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     s.add_argument(
+        "--announce-host",
+        metavar="HOST",
+        help="address registered with the name servers for clients to connect to (RocketMQ brokerIP1; "
+        "default: --host, or this machine's address when --host is 0.0.0.0)",
+    )
+    s.add_argument(
         "--namesrv-port", type=port_number, default=9876, help="name server port (0: any free port)"
     )
     s.add_argument("--broker-port", type=port_number, default=10911, help="broker port (0: any free port)")
@@ -153,6 +159,12 @@ def _build_rest(p: argparse.ArgumentParser, sub: Any) -> argparse.ArgumentParser
     )
     b.add_argument("--store", required=True, type=Path, help="store directory (created if missing)")
     b.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    b.add_argument(
+        "--announce-host",
+        metavar="HOST",
+        help="address registered with the name servers for clients to connect to (RocketMQ brokerIP1; "
+        "default: --host, or this machine's address when --host is 0.0.0.0)",
+    )
     b.add_argument("--name", default="broker-a", help="brokerName: the broker group (default broker-a)")
     b.add_argument("--cluster", default="DefaultCluster", help="cluster name (default DefaultCluster)")
     b.add_argument("--port", type=port_number, default=10911, help="broker port (0: any free port)")

@@ -18,13 +18,17 @@ class Cluster:
     base: Path
     namesrvs: list[BrokerSimServer] = field(default_factory=list)
     brokers: dict[str, BrokerSimServer] = field(default_factory=dict)
+    #: the host every server binds (``0.0.0.0``: all interfaces, each announcing this machine's address)
+    host: str = "127.0.0.1"
 
     @property
     def namesrv_addrs(self) -> list[str]:
         return [n.namesrv_address for n in self.namesrvs]
 
     def add_namesrv(self) -> BrokerSimServer:
-        srv = BrokerSimServer(ServeConfig(store_dir=self.base, namesrv_port=0, run_broker=False))
+        srv = BrokerSimServer(
+            ServeConfig(store_dir=self.base, host=self.host, namesrv_port=0, run_broker=False)
+        )
         srv.start()
         self.namesrvs.append(srv)
         return srv
@@ -34,6 +38,7 @@ class Cluster:
         srv = BrokerSimServer(
             ServeConfig(
                 store_dir=self.base / name,
+                host=self.host,
                 broker_port=0,
                 broker_name=name,
                 run_namesrv=False,
@@ -56,16 +61,18 @@ ClusterFactory = Callable[..., Cluster]
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ClusterFactory]:
-    """``cluster(namesrvs=1, brokers=("broker-a", "broker-b"), grpc=False, **broker_config)``."""
+    """``cluster(namesrvs=1, brokers=("broker-a", "broker-b"), grpc=False, host="127.0.0.1", **config)``:
+    ``config`` is every broker's configuration."""
     made: list[Cluster] = []
 
     def factory(
         namesrvs: int = 1,
         brokers: tuple[str, ...] = ("broker-a", "broker-b"),
         grpc: bool = False,
+        host: str = "127.0.0.1",
         **config: Any,
     ) -> Cluster:
-        c = Cluster(tmp_path / f"cluster{len(made)}")
+        c = Cluster(tmp_path / f"cluster{len(made)}", host=host)
         made.append(c)
         for _ in range(namesrvs):
             c.add_namesrv()

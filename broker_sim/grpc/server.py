@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from broker_sim.common.net import announce_host as announce_host_for
 from broker_sim.grpc.peers import PeerGroups
 from broker_sim.grpc.policy import GroupPolicies, GroupPolicy
 from broker_sim.grpc.pop import PopService
@@ -46,10 +47,13 @@ class GrpcFrontEnd:
         long_polling_s: int = 20,
         groups: dict[str, GroupPolicy] | None = None,
         namesrv_addrs: Sequence[str] = (),
+        announce_host: str | None = None,
     ) -> None:
         self.pb = load_protocol()
         self.broker = broker
         self.host = host
+        #: the host 5.x clients are told to connect to (``broker_sim.common.net``)
+        self.announce_host = announce_host_for(host, announce_host)
         self.requested_port = port
         self.workers = workers
         self.policies = GroupPolicies(broker.store.config_dir / POLICY_FILE)
@@ -65,7 +69,7 @@ class GrpcFrontEnd:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{self.announce_host}:{self.port}"
 
     def start(self) -> GrpcFrontEnd:
         self.policies.load()

@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from broker_sim.common.net import announce_host
 from broker_sim.namesrv.processor import NameServerProcessor
 from broker_sim.remoting.acl import AclGuard
 from broker_sim.remoting.admin_handlers import AdminHandlers
@@ -85,11 +86,15 @@ class ServeConfig:
     grpc_port: int | None = None
     #: 5.x consumer group policies (retry, FIFO) by group name: ``broker_sim.grpc.policy.GroupPolicy``
     grpc_groups: dict[str, Any] = field(default_factory=dict)
+    #: the host registered with the name servers and told to clients (brokerIP1); None: ``host``, or this
+    #: machine's own address when ``host`` is a wildcard such as 0.0.0.0 (``broker_sim.common.net``)
+    announce_host: str | None = None
 
 
 class BrokerSimServer:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
+        self.announced_host = announce_host(config.host, config.announce_host)
         guard = AclGuard(config.acl_accounts) if config.acl_accounts else None
         self.broker_server = RemotingServer(
             {},
@@ -126,12 +131,12 @@ class BrokerSimServer:
     def namesrv_address(self) -> str:
         """This process's name server, or (``broker-sim broker``) the first one the broker registers with."""
         if self.config.run_namesrv:
-            return self.namesrv_server.address
+            return f"{self.announced_host}:{self.namesrv_server.port}"
         return self.config.namesrv_addrs[0] if self.config.namesrv_addrs else ""
 
     @property
     def broker_address(self) -> str:
-        return self.broker_server.address if self.config.run_broker else ""
+        return f"{self.announced_host}:{self.broker_server.port}" if self.config.run_broker else ""
 
     def start(self) -> None:
         """Bind, build the Broker, start serving, register with the name servers. With ``fault_signals`` the
@@ -158,11 +163,12 @@ class BrokerSimServer:
         from broker_sim.store.config import FlushDiskType
 
         self.broker_server.bind()
-        address = self.broker_server.address
+        address = self.broker_address
         options = {
             "broker_name": self.config.broker_name,
             "cluster_name": self.config.cluster,
             "broker_addr": address,
+            "ha_listen_host": self.config.host,
             **self.config.broker_config,
         }
         broker = self.broker = Broker(self.config.store_dir, **options)
@@ -185,6 +191,7 @@ class BrokerSimServer:
                 self.config.grpc_port,
                 groups=self.config.grpc_groups,
                 namesrv_addrs=self.config.namesrv_addrs or [a for a in [self.namesrv_address] if a],
+                announce_host=self.announced_host,
             ).start()
         self.broker_server.start()
         replication = broker.store.replication

@@ -104,6 +104,8 @@ class StoreConfig:
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
     #: a master's HA port (haListenPort; 0 = any free port); None = no replication service (a lone broker)
     ha_listen_port: int | None = None
+    #: the host a master's HA port binds (None: the store host, which is also what is announced)
+    ha_listen_host: str | None = None
     #: a slave's master HA address "host:port" (haMasterAddress); "" = learnt from the name server
     ha_master_address: str = ""
     ha_slave_fallbehind_max: int = 256 * 1024 * 1024

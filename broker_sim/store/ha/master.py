@@ -48,8 +48,11 @@ class HAService:
         *,
         batch_bytes: int = TRANSFER_BATCH_BYTES,
         fallbehind_max: int = SLAVE_FALLBEHIND_MAX,
+        announce_host: str | None = None,
     ) -> None:
         self.commit_log = commit_log
+        #: the host slaves are told to connect to (brokerIP2); None: the bound one
+        self.announce_host = announce_host
         self.batch_bytes = batch_bytes
         self.fallbehind_max = fallbehind_max
         self._bind = (host, port)
@@ -64,7 +67,7 @@ class HAService:
     def address(self) -> str:
         assert self._sock is not None, "not started"
         host, port = self._sock.getsockname()[:2]
-        return f"{host}:{port}"
+        return f"{self.announce_host or host}:{port}"
 
     @property
     def slaves(self) -> int:

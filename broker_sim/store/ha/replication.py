@@ -32,8 +32,9 @@ class Replication:
             # a SYNC_MASTER always has the service: without a slave its sends report SLAVE_NOT_AVAILABLE
             self.service = HAService(
                 commit_log,
-                config.store_host[0],
+                config.ha_listen_host or config.store_host[0],
                 config.ha_listen_port or 0,
+                announce_host=config.store_host[0],
                 fallbehind_max=config.ha_slave_fallbehind_max,
             )
 

@@ -17,6 +17,7 @@ import pytest
 
 from broker_sim.broker.api import SendMessageRequest
 from broker_sim.client.message import Prop
+from broker_sim.common.net import local_address
 from broker_sim.grpc.protocol import load_protocol
 from tests.adapters.rocketmq5.conftest import Client5, wait_until
 from tests.clusters import Cluster, ClusterFactory
@@ -175,3 +176,23 @@ def test_the_route_leaves_out_a_group_without_a_front_end_and_finds_a_topic_only
     assert [where(mq) for mq in routed] == [("broker-b", 0, b)]
     assigned = ask(c, "broker-a", "QueryAssignment", "OnlyB5").assignments
     assert [where(x.message_queue) for x in assigned] == [("broker-b", -1, b)]
+
+
+def test_front_ends_bound_to_all_interfaces_route_clients_to_reachable_endpoints(
+    rmq5_python: Path, cluster: ClusterFactory, tmp_path: Path
+) -> None:
+    """Every server bound to 0.0.0.0 (a container's usual setting): the route lists each group at this
+    machine's address — never 0.0.0.0, which no other machine can connect to — and a client given one
+    endpoint consumes from both groups through what the route told it."""
+    c = cluster(grpc=True, topics={TOPIC: 2}, host="0.0.0.0")
+    here = local_address()
+    route = ask(c, "broker-a", "QueryRoute")
+    assert {where(mq)[0] for mq in route.message_queues} == set(GROUPS)
+    assert {where(mq)[2].rpartition(":")[0] for mq in route.message_queues} == {here}
+    sent = sent_to_both(c)
+    client = Client5(rmq5_python, endpoint(c, "broker-a"), tmp_path)
+    try:
+        client.call("simple", group="S0", topic=TOPIC, await_s=1)
+        assert consumed(client, sent) == sent
+    finally:
+        client.close()
