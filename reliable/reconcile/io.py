@@ -87,9 +87,10 @@ def build_session(
     if shuffle_partitions or local:  # on a cluster, the cluster's own setting (or --conf) stands
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions or local_shuffle_partitions(cores))
     if local:
-        # the driver is the only JVM and runs every task: the throughput collector (no concurrent GC
-        # threads, no G1 write barriers) took the 3 M benchmark job from ≈ 53 to ≈ 47 s warm and from
-        # ≈ 78 to ≈ 64 s cold on 2 cores; on a cluster the executors' own JVM options stand
+        # the driver is the only JVM and runs every task: the throughput collector has no concurrent GC
+        # threads competing with the task threads on a small machine, nor G1's write barriers (the job
+        # keeps one big cache and makes short-lived rows); docs/benchmarks.md, d1 fifth round. On a
+        # cluster the executors' own JVM options stand
         conf["spark.driver.extraJavaOptions"] += " " + LOCAL_DRIVER_GC
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
