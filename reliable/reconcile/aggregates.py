@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from reliable.reconcile.rollup import GAMMA, LATENCY_METRICS, LOG_GAMMA, MIN_MS
+from reliable.reconcile.timeline import timeline_kinds
 from reliable.reconcile.transforms import QUEUE_KEY, STATUSES
 
 #: upper edges (ms) of the latency histogram buckets; the last bucket is open-ended.
@@ -22,47 +23,61 @@ LATENCY_LABELS = ("<10ms", "<100ms", "<1s", "<10s", "<1m", "<10m", "<1h", ">=1h"
 RESEND_CAP = 10
 
 
-def _count_if(cond: Column) -> Column:
-    return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
+def _bucket_index(col: str) -> Column:
+    """The index of ``col``'s latency histogram bucket (:data:`LATENCY_LABELS`), null when ``col`` is."""
+    x = F.col(col)
+    index = F.when(x.isNull(), F.lit(None))
+    for i, edge in enumerate(LATENCY_EDGES_MS):
+        index = index.when(x < edge, F.lit(i))
+    return index.otherwise(F.lit(len(LATENCY_EDGES_MS))).cast("byte")
 
 
-def _bucket_counts(col: str) -> list[Column]:
-    out: list[Column] = []
-    lower: float | None = None
-    for edge, label in zip((*LATENCY_EDGES_MS, None), LATENCY_LABELS, strict=True):
-        cond = F.col(col).isNotNull()
-        if lower is not None:
-            cond = cond & (F.col(col) >= lower)
-        if edge is not None:
-            cond = cond & (F.col(col) < edge)
-        out.append(_count_if(cond).alias(f"{col}_hist_{label}"))
-        lower = edge
-    return out
+def _sum_if(cond: Column) -> Column:
+    """The pair count of the fine rows (``n``) meeting ``cond``."""
+    return F.sum(F.when(cond, F.col("n")).otherwise(0)).cast("long")
 
 
 def queue_stats(enriched: DataFrame) -> DataFrame:
     """Per queue: pair counts by status, anomaly counts, max offset, latency counts/maxima and histogram
     buckets, the never-consumed flag count and the targeted-resend histogram (``resend_<k>``).
 
-    A plain hash aggregation (no percentile sketch, no grouping sets): the group and overall rows are summed
-    from these on the driver (:func:`reliable.reconcile.rollup.roll_up`), the percentiles come from
-    :func:`latency_sketch`.
+    Two plain hash aggregations (no percentile sketch, no grouping sets): the pairs are first counted per
+    queue *and* status, flags, capped resend count and latency histogram buckets — a few aggregate
+    functions per row instead of one per output column (about fifty), which was most of this scan's CPU —
+    and those few hundred rows per queue are then summed into the queue's columns. The group and overall
+    rows are summed from these on the driver (:func:`reliable.reconcile.rollup.roll_up`), the percentiles
+    come from :func:`latency_sketch`.
     """
-    resend = F.least(F.col("resend_count"), F.lit(RESEND_CAP))
-    return enriched.groupBy(*QUEUE_KEY).agg(
-        F.count(F.lit(1)).alias("inbox_rows"),
-        F.sum("deliveries").cast("long").alias("deliveries"),
-        *(_count_if(F.col("status") == s).alias(s.lower()) for s in STATUSES),
-        _count_if(F.col("is_lost")).alias("lost"),
-        _count_if(F.col("is_stuck")).alias("stuck"),
-        _count_if(F.col("is_unsent")).alias("unsent"),
-        _count_if(F.col("is_never_consumed")).alias("never_consumed_rows"),
+    flags = ("is_lost", "is_stuck", "is_unsent", "is_never_consumed")
+    fine = enriched.groupBy(
+        *QUEUE_KEY,
+        "status",
+        *flags,
+        F.least(F.col("resend_count"), F.lit(RESEND_CAP)).alias("resend"),
+        *(_bucket_index(m).alias(f"{m}_hist") for m in LATENCY_METRICS),
+    ).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum("deliveries").alias("deliveries"),
         F.max("queue_offset").alias("max_stub_offset"),
         *(F.max(m).alias(f"{m}_max") for m in LATENCY_METRICS),
-        *(F.count(m).alias(f"{m}_count") for m in LATENCY_METRICS),
-        *_bucket_counts("first_delivery_ms"),
-        *_bucket_counts("confirm_ms"),
-        *(_count_if(resend == k).alias(f"resend_{k}") for k in range(RESEND_CAP + 1)),
+    )
+    return fine.groupBy(*QUEUE_KEY).agg(
+        F.sum("n").cast("long").alias("inbox_rows"),
+        F.sum("deliveries").cast("long").alias("deliveries"),
+        *(_sum_if(F.col("status") == s).alias(s.lower()) for s in STATUSES),
+        _sum_if(F.col("is_lost")).alias("lost"),
+        _sum_if(F.col("is_stuck")).alias("stuck"),
+        _sum_if(F.col("is_unsent")).alias("unsent"),
+        _sum_if(F.col("is_never_consumed")).alias("never_consumed_rows"),
+        F.max("max_stub_offset").alias("max_stub_offset"),
+        *(F.max(f"{m}_max").alias(f"{m}_max") for m in LATENCY_METRICS),
+        *(_sum_if(F.col(f"{m}_hist").isNotNull()).alias(f"{m}_count") for m in LATENCY_METRICS),
+        *(
+            _sum_if(F.col(f"{m}_hist") == i).alias(f"{m}_hist_{label}")
+            for m in LATENCY_METRICS
+            for i, label in enumerate(LATENCY_LABELS)
+        ),
+        *(_sum_if(F.col("resend") == k).alias(f"resend_{k}") for k in range(RESEND_CAP + 1)),
     )
 
 
@@ -91,24 +106,87 @@ def bucket_value_column(bucket: Column) -> Column:
     )
 
 
-def latency_sketch(enriched: DataFrame) -> DataFrame:
-    """Pairs per (queue, latency metric, log bucket): the mergeable sketch the percentiles are read from."""
-    # the metric is keyed by its index (a byte), not its name: hashing and comparing a string key per row
-    # was a visible part of this aggregation over millions of pairs; the names come back on the few
-    # aggregated rows
-    both = F.array(
+def _metric_bytes() -> Column:
+    return F.array(
         *(
             F.struct(F.lit(i).cast("byte").alias("metric"), log_bucket(m).alias("bucket"))
             for i, m in enumerate(LATENCY_METRICS)
         )
     )
-    name = F.element_at(F.array(*(F.lit(m) for m in LATENCY_METRICS)), F.col("metric").cast("int") + 1)
+
+
+def _metric_names(index: Column) -> Column:
+    return F.element_at(F.array(*(F.lit(m) for m in LATENCY_METRICS)), index.cast("int") + 1)
+
+
+def latency_sketch(enriched: DataFrame) -> DataFrame:
+    """Pairs per (queue, latency metric, log bucket): the mergeable sketch the percentiles are read from."""
+    # the metric is keyed by its index (a byte), not its name: hashing and comparing a string key per row
+    # was a visible part of this aggregation over millions of pairs; the names come back on the few
+    # aggregated rows
     return (
-        enriched.select(*QUEUE_KEY, F.inline(both))
+        enriched.select(*QUEUE_KEY, F.inline(_metric_bytes()))
         .where(F.col("bucket").isNotNull())
         .groupBy(*QUEUE_KEY, "metric", "bucket")
         .agg(F.count(F.lit(1)).alias("n"))
-        .select(*QUEUE_KEY, name.alias("metric"), "bucket", "n")
+        .select(*QUEUE_KEY, _metric_names(F.col("metric")).alias("metric"), "bucket", "n")
+    )
+
+
+def sketch_and_timeline_counts(enriched: DataFrame) -> DataFrame:
+    """:func:`latency_sketch` and the timeline's pair counts in one pass: one row per aggregated key.
+
+    Each pair becomes two sketch rows (``kind`` the metric's index, the queue key, ``minute`` null) and
+    the timeline's three (``kind`` ``len(LATENCY_METRICS)`` + the timeline's kind, ``consumer_group``
+    only, ``minute`` set); one hash aggregation counts them all, so the cached pairs are scanned once for
+    both, and :func:`sketch_rows` / :func:`timeline_rows` split the (small) result.
+    """
+    queue_id = dict(enriched.dtypes)["queue_id"]
+    metrics = [
+        F.struct(
+            F.lit(i).cast("byte").alias("kind"),
+            F.col("topic").alias("topic"),
+            F.col("broker_name").alias("broker_name"),
+            F.col("queue_id").alias("queue_id"),
+            F.lit(None).cast("timestamp").alias("minute"),
+            log_bucket(m).alias("bucket"),
+        )
+        for i, m in enumerate(LATENCY_METRICS)
+    ]
+    first = len(LATENCY_METRICS)
+    timeline = [
+        F.struct(
+            F.lit(first + kind).cast("byte").alias("kind"),
+            F.lit(None).cast("string").alias("topic"),
+            F.lit(None).cast("string").alias("broker_name"),
+            F.lit(None).cast(queue_id).alias("queue_id"),
+            minute.alias("minute"),
+            bucket.cast("int").alias("bucket"),
+        )
+        for kind, minute, bucket in timeline_kinds()
+    ]
+    wanted = F.when(F.col("kind") < first, F.col("bucket").isNotNull()).otherwise(F.col("minute").isNotNull())
+    return (
+        enriched.select("consumer_group", F.inline(F.array(*metrics, *timeline)))
+        .where(wanted)
+        .groupBy(*QUEUE_KEY, "kind", "minute", "bucket")
+        .agg(F.count(F.lit(1)).alias("n"))
+    )
+
+
+def sketch_rows(counts: DataFrame) -> DataFrame:
+    """The :func:`latency_sketch` rows of :func:`sketch_and_timeline_counts`."""
+    return counts.where(F.col("kind") < len(LATENCY_METRICS)).select(
+        *QUEUE_KEY, _metric_names(F.col("kind")).alias("metric"), "bucket", "n"
+    )
+
+
+def timeline_rows(counts: DataFrame) -> DataFrame:
+    """The timeline's pair counts of :func:`sketch_and_timeline_counts`: ``consumer_group, kind, minute,
+    bucket, n`` (:func:`reliable.reconcile.timeline.timeline_frame`'s ``counted``)."""
+    first = len(LATENCY_METRICS)
+    return counts.where(F.col("kind") >= first).select(
+        "consumer_group", (F.col("kind") - first).cast("byte").alias("kind"), "minute", "bucket", "n"
     )
 
 

@@ -29,6 +29,10 @@ from reliable.reconcile.jdbc import JdbcTarget, jdbc_target, range_bounds_sql, r
 JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
 
 
+#: the garbage collector of a local-mode driver (see :func:`build_session`)
+LOCAL_DRIVER_GC = "-XX:+UseParallelGC"
+
+
 def default_parallelism() -> int:
     return max(1, os.cpu_count() or 1)
 
@@ -50,7 +54,8 @@ def build_session(
     """A SparkSession with the settings the job relies on.
 
     UTC everywhere (session and JVM), so a MariaDB ``DATETIME`` holding naive UTC reads back as the right
-    instant; the Debian JDBC jars on the class path when present; adaptive execution on. ``master=None``
+    instant; the Debian JDBC jars on the class path when present; adaptive execution on; in local mode the
+    parallel (throughput) garbage collector for the driver JVM. ``master=None``
     leaves the master to ``spark-submit``. Settings that need a new JVM (driver memory, jars) only apply when
     this call starts it.
     """
@@ -82,6 +87,11 @@ def build_session(
     if shuffle_partitions or local:  # on a cluster, the cluster's own setting (or --conf) stands
         conf["spark.sql.shuffle.partitions"] = str(shuffle_partitions or local_shuffle_partitions(cores))
     if local:
+        # the driver is the only JVM and runs every task: the throughput collector has no concurrent GC
+        # threads competing with the task threads on a small machine, nor G1's write barriers (the job
+        # keeps one big cache and makes short-lived rows); docs/benchmarks.md, d1 fifth round. On a
+        # cluster the executors' own JVM options stand
+        conf["spark.driver.extraJavaOptions"] += " " + LOCAL_DRIVER_GC
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
     if jars:

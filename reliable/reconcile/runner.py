@@ -175,13 +175,14 @@ def reconcile(
         p.step("per-queue counts, lag and latency sketch (group and overall rows summed on the driver)")
         c = Collected()
         queue_rows = _rows(A.queue_stats(pairs))
-        c.pair_stats = rollup.roll_up(queue_rows, _rows(A.latency_sketch(pairs)))
+        counts = keep_now(A.sketch_and_timeline_counts(pairs))  # one scan for the sketch and the timeline
+        c.pair_stats = rollup.roll_up(queue_rows, _rows(A.sketch_rows(counts)))
         c.never_consumed = rollup.never_consumed(queue_rows)
         c.targeted_resends = rollup.targeted_resends(queue_rows, A.RESEND_CAP)
         c.message_resends = _rows(A.message_resend_histogram(inputs.stubs))
         c.messages = sum(int(r["messages"]) for r in c.message_resends)
         c.progress = _rows(inputs.progress)
-        c.timeline = _rows(timeline_frame(inputs.logs, pairs, duplicates, keep_now))
+        c.timeline = _rows(timeline_frame(inputs.logs, pairs, duplicates, keep_now, A.timeline_rows(counts)))
 
         p.step("lost, stuck, dead and unsent pairs")
         attention = keep(T.needs_attention(pairs))  # few rows: one pass over the join, four small writes

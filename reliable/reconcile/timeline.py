@@ -37,33 +37,57 @@ P95 = 0.95
 _STAGED, _FIRST, _RESENDS = 0, 1, 2
 
 
+def _minute(col: str) -> Any:
+    """``date_trunc("minute")`` in UTC, as integer arithmetic (no calendar lookup per row)."""
+    from pyspark.sql import functions as F
+
+    micros = F.unix_micros(F.col(col))
+    return F.timestamp_micros(micros - F.pmod(micros, F.lit(60_000_000)))
+
+
+def timeline_kinds() -> list[tuple[int, Any, Any]]:
+    """What one pair row counts for: ``(kind, minute, latency bucket)`` columns, a null minute counting for
+    nothing — staged at ``created_at``, first delivered (with the log bucket of send → first delivery) and
+    re-sent at ``last_sent_at``."""
+    from pyspark.sql import functions as F
+
+    from reliable.reconcile.aggregates import log_bucket
+
+    resent = (F.col("send_count") > 1) & F.col("last_sent_at").isNotNull()
+    return [
+        (_STAGED, _minute("created_at"), F.lit(None).cast("int")),
+        (_FIRST, _minute("first_received_at"), log_bucket("first_delivery_ms")),
+        (_RESENDS, F.when(resent, _minute("last_sent_at")), F.lit(None).cast("int")),
+    ]
+
+
 def timeline_frame(
     deliveries: Any,
     enriched: Any,
     duplicates: Any = None,
     keep: Callable[[Any], Any] = lambda df: df,
+    counted: Any = None,
 ) -> Any:
     """Per-minute counts (see module docstring) from the deliveries and the enriched pairs.
 
     ``deliveries`` has ``consumer_group, received_at`` and, unless ``duplicates`` (the extra deliveries, with
-    their ``cause``) is given separately, ``cause``. ``keep`` is applied to the two small aggregated frames
+    their ``cause``) is given separately, ``cause``. ``keep`` is applied to the small aggregated frames
     the rest reads several times (the job persists and materialises them, so each big scan runs once).
 
     Two scans, both per group: deliveries by minute and cause, and one pass over the pairs that counts, per
     (group, kind, minute[, latency bucket]), the staged, first-delivered and re-sent pairs — the first
     delivery's minute keyed with its log bucket (:func:`reliable.reconcile.aggregates.log_bucket`), so the
     p95 is read from bucket counts (within :data:`reliable.reconcile.rollup.LATENCY_RELATIVE_ERROR` of the
-    nearest-rank value) instead of a percentile sketch object per minute. Everything after that works on the
-    small aggregated rows: the "all groups" rows are their sums, never a second copy of the input.
+    nearest-rank value) instead of a percentile sketch object per minute. ``counted`` (``consumer_group,
+    kind, minute, bucket, n``, already kept) replaces the second scan when the caller counted the pairs
+    together with something else (:func:`reliable.reconcile.aggregates.sketch_and_timeline_counts`).
+    Everything after that works on the small aggregated rows: the "all groups" rows are their sums, never a
+    second copy of the input.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from reliable.reconcile.aggregates import bucket_value_column, log_bucket
-
-    def minute(col: str) -> Any:  # date_trunc("minute") in UTC, as integer arithmetic (no calendar lookup)
-        micros = F.unix_micros(F.col(col))
-        return F.timestamp_micros(micros - F.pmod(micros, F.lit(60_000_000)))
+    from reliable.reconcile.aggregates import bucket_value_column
 
     def count_if(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
@@ -82,36 +106,25 @@ def timeline_frame(
             F.lit(None).cast("string").alias("cause"),
             F.lit(1).alias("counts"),
         ).unionByName(duplicates.select("consumer_group", "received_at", "cause", F.lit(0).alias("counts")))
-    per_minute = arrivals.groupBy("consumer_group", minute("received_at").alias("minute")).agg(
+    per_minute = arrivals.groupBy("consumer_group", _minute("received_at").alias("minute")).agg(
         F.sum("counts").cast("long").alias("deliveries"),
         *(count_if(F.col("cause") == c).alias(f"dup_{c}") for c in CAUSES),
     )
     per_minute = with_all(keep(per_minute), ["minute"], ["deliveries", *(f"dup_{c}" for c in CAUSES)])
-    resent = (F.col("send_count") > 1) & F.col("last_sent_at").isNotNull()
-    kinds = F.array(
-        F.struct(
-            F.lit(_STAGED).cast("byte").alias("kind"),
-            minute("created_at").alias("minute"),
-            F.lit(None).cast("int").alias("bucket"),
-        ),
-        F.struct(
-            F.lit(_FIRST).cast("byte").alias("kind"),
-            minute("first_received_at").alias("minute"),
-            log_bucket("first_delivery_ms").alias("bucket"),
-        ),
-        F.struct(
-            F.lit(_RESENDS).cast("byte").alias("kind"),
-            F.when(resent, minute("last_sent_at")).alias("minute"),
-            F.lit(None).cast("int").alias("bucket"),
-        ),
-    )
-    counted = (
-        enriched.select("consumer_group", F.inline(kinds))
-        .where(F.col("minute").isNotNull())
-        .groupBy("consumer_group", "kind", "minute", "bucket")
-        .agg(F.count(F.lit(1)).alias("n"))
-    )
-    counted = with_all(keep(counted), ["kind", "minute", "bucket"], ["n"])
+    if counted is None:
+        kinds = F.array(
+            *(
+                F.struct(F.lit(k).cast("byte").alias("kind"), minute.alias("minute"), b.alias("bucket"))
+                for k, minute, b in timeline_kinds()
+            )
+        )
+        counted = keep(
+            enriched.select("consumer_group", F.inline(kinds))
+            .where(F.col("minute").isNotNull())
+            .groupBy("consumer_group", "kind", "minute", "bucket")
+            .agg(F.count(F.lit(1)).alias("n"))
+        )
+    counted = with_all(counted, ["kind", "minute", "bucket"], ["n"])
     counts = counted.groupBy(*key).agg(
         *(
             F.sum(F.when(F.col("kind") == k, F.col("n")).otherwise(0)).cast("long").alias(name)
