@@ -5,7 +5,7 @@ headers are available the install still succeeds and broker_sim uses the pure-Py
 
 from setuptools import Extension, setup
 
-HEADERS = ("support", "append", "dispatch", "put", "gate")  # included by _codec.c
+HEADERS = ("support", "append", "dispatch", "put", "gate", "lock")  # included by _codec.c
 
 setup(
     ext_modules=[

@@ -29,7 +29,7 @@ static PyObject *py_prepare, *check_topic, *host_bytes, *tags_unknown, *crc32_fn
 static PyObject *s_topic, *s_body, *s_queue_id, *s_flag, *s_properties, *s_sys_flag, *s_born_timestamp,
     *s_born_host, *s_store_host, *s_reconsume_times, *s_prepared, *s_tags_key, *s_mfq, *s_files, *s_wrote,
     *s_file_from_offset, *s_mm, *s_file_size, *s_table, *s_hints, *s_max_hints, *s_last_append, *s_roll,
-    *s_append, *s_popleft, *s_prefault_mark, *s_prefault_wake, *s_put_state, *s_acquire, *s_release,
+    *s_append, *s_popleft, *s_appendleft, *s_prefault_mark, *s_prefault_wake, *s_put_state, *s_acquire, *s_release,
     *s_flag_attr, *s_set, *s_empty, *s_running, *s_disk_full, *s_delay, *s_crashed;
 #include "_codec_support.h"
 
@@ -44,6 +44,8 @@ static PyObject *s_topic, *s_body, *s_queue_id, *s_flag, *s_properties, *s_sys_f
 #include "_codec_dispatch.h"
 
 #include "_codec_gate.h"
+
+#include "_codec_lock.h"
 
 #include "_codec_put.h"
 
@@ -94,7 +96,7 @@ PyMODINIT_FUNC PyInit__codec(void) {
         {&s_prepared, "prepared_transaction_offset"}, {&s_tags_key, "TAGS"}, {&s_mfq, "mfq"},
         {&s_files, "files"}, {&s_wrote, "wrote"}, {&s_file_from_offset, "file_from_offset"}, {&s_mm, "mm"},
         {&s_file_size, "file_size"}, {&s_table, "topic_queue_table"}, {&s_hints, "dispatch_hints"},
-        {&s_max_hints, "max_hints"}, {&s_last_append, "last_append"}, {&s_roll, "roll"}, {&s_append, "append"}, {&s_popleft, "popleft"},
+        {&s_max_hints, "max_hints"}, {&s_last_append, "last_append"}, {&s_roll, "roll"}, {&s_append, "append"}, {&s_popleft, "popleft"}, {&s_appendleft, "appendleft"},
         {&s_prefault_mark, "prefault_mark"}, {&s_prefault_wake, "prefault_wake"}, {&s_put_state, "put_state"},
         {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_flag_attr, "_flag"}, {&s_set, "set"}, {&s_empty, ""},
         {&s_running, "running"}, {&s_disk_full, "disk_full"}, {&s_delay, "DELAY"}, {&s_crashed, "crashed"},
@@ -107,12 +109,18 @@ PyMODINIT_FUNC PyInit__codec(void) {
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 #endif
-    if (PyType_Ready(&GateType) < 0) return NULL;
+    if (PyType_Ready(&GateType) < 0 || PyType_Ready(&AppendLockType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&GateType);
     if (PyModule_AddObject(m, "FlushGate", (PyObject *)&GateType) < 0) {
         Py_DECREF(&GateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&AppendLockType);
+    if (PyModule_AddObject(m, "AppendLock", (PyObject *)&AppendLockType) < 0) {
+        Py_DECREF(&AppendLockType);
         Py_DECREF(m);
         return NULL;
     }

@@ -49,11 +49,11 @@ static int encode_fields(PyObject *const *args, Enc *e) {
     memset(e, 0, sizeof(*e));
     long long max_size = as_ll(args[3]), file_size = as_ll(args[4]);
     if (PyErr_Occurred() || !PyDict_CheckExact(cache)) goto slow;
-    e->topic = getattr_fast(msg, s_topic);
+    e->topic = getattr_fast(msg, SLOT(topic));
     if (e->topic == NULL || !PyUnicode_CheckExact(e->topic)) goto slow;
     if ((e->field = topic_field(cache, e->topic)) == NULL || !PyBytes_CheckExact(e->field)) goto slow;
     /* properties: "k\x01v" joined by "\x02"; clean = no \x01/\x02 inside a name or value */
-    e->props = getattr_fast(msg, s_properties);
+    e->props = getattr_fast(msg, SLOT(properties));
     if (e->props == NULL || !PyDict_CheckExact(e->props)) goto slow;
     Py_ssize_t pos = 0, n = PyDict_GET_SIZE(e->props);
     int clean = 1;
@@ -78,20 +78,20 @@ static int encode_fields(PyObject *const *args, Enc *e) {
         e->tags = e->tags ? e->tags : Py_None;
     }
     Py_INCREF(e->tags);
-    e->body = getattr_fast(msg, s_body);
+    e->body = getattr_fast(msg, SLOT(body));
     if (e->body == NULL || !PyBytes_CheckExact(e->body)) goto slow;
     e->blen = PyBytes_GET_SIZE(e->body);
     e->flen = PyBytes_GET_SIZE(e->field);
     e->size = 90 + (long long)e->blen + e->flen + e->plen;
     if (e->blen > max_size || e->size + BLANK_MIN > file_size) goto slow;
-    if (!get_int(msg, s_queue_id, 0, 0x7FFFFFFF, &e->qid)
-        || !get_int(msg, s_sys_flag, INT32_MIN, INT32_MAX, &e->sys_flag) || (e->sys_flag & 0x30)
-        || !get_int(msg, s_flag, INT32_MIN, INT32_MAX, &e->flag)
-        || !get_int(msg, s_born_timestamp, INT64_MIN, INT64_MAX, &e->born_ts)
-        || !get_int(msg, s_reconsume_times, INT32_MIN, INT32_MAX, &e->reconsume)
-        || !get_int(msg, s_prepared, INT64_MIN, INT64_MAX, &e->prepared))
+    if (!get_int(msg, SLOT(queue_id), 0, 0x7FFFFFFF, &e->qid)
+        || !get_int(msg, SLOT(sys_flag), INT32_MIN, INT32_MAX, &e->sys_flag) || (e->sys_flag & 0x30)
+        || !get_int(msg, SLOT(flag), INT32_MIN, INT32_MAX, &e->flag)
+        || !get_int(msg, SLOT(born_timestamp), INT64_MIN, INT64_MAX, &e->born_ts)
+        || !get_int(msg, SLOT(reconsume_times), INT32_MIN, INT32_MAX, &e->reconsume)
+        || !get_int(msg, SLOT(prepared), INT64_MIN, INT64_MAX, &e->prepared))
         goto slow;
-    PyObject *sh = getattr_fast(msg, s_store_host), *bh;
+    PyObject *sh = getattr_fast(msg, SLOT(store_host)), *bh;
     if (sh == NULL) goto slow;
     if (sh == Py_None) {
         e->shost = store_host;
@@ -102,11 +102,11 @@ static int encode_fields(PyObject *const *args, Enc *e) {
     }
     Py_DECREF(sh);
     if (e->shost == NULL || !PyBytes_CheckExact(e->shost) || PyBytes_GET_SIZE(e->shost) != 8) goto slow;
-    if ((bh = getattr_fast(msg, s_born_host)) == NULL) goto slow;
+    if ((bh = getattr_fast(msg, SLOT(born_host))) == NULL) goto slow;
     int born_ok = host8(bh, e->born);
     Py_DECREF(bh);
     if (!born_ok || body_crc(e->body, &e->crc) < 0) goto slow;
-    if ((e->qid_obj = getattr_fast(msg, s_queue_id)) == NULL) goto slow;
+    if ((e->qid_obj = getattr_fast(msg, SLOT(queue_id))) == NULL) goto slow;
     return 1;
 slow:
     PyErr_Clear();
@@ -220,8 +220,8 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     PyObject *props_b = NULL;  /* owned once the record is written */
     long long file_size, wrote = 0, base = 0, prev_end = 0, qoff = 0, max_hints;
     Py_buffer view = {0};
-    if (attr_ll(cl, s_file_size, &file_size) < 0 || attr_ll(cl, s_max_hints, &max_hints) < 0) return NULL;
-    if ((mfq = getattr_fast(cl, s_mfq)) == NULL || (files = getattr_fast(mfq, s_files)) == NULL) goto done;
+    if (attr_ll(cl, SLOT(file_size), &file_size) < 0 || attr_ll(cl, SLOT(max_hints), &max_hints) < 0) return NULL;
+    if ((mfq = getattr_fast(cl, SLOT(mfq))) == NULL || (files = getattr_fast(mfq, SLOT(files))) == NULL) goto done;
     if (!PyList_Check(files)) {
         PyErr_SetString(PyExc_TypeError, "place: segment list is not a list");
         goto done;
@@ -230,7 +230,7 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     if (nfiles > 0) {
         mf = PyList_GET_ITEM(files, nfiles - 1);
         Py_INCREF(mf);
-        if (attr_ll(mf, s_wrote, &wrote) < 0 || attr_ll(mf, s_file_from_offset, &base) < 0) goto done;
+        if (attr_ll(mf, SLOT(wrote), &wrote) < 0 || attr_ll(mf, SLOT(file_from_offset), &base) < 0) goto done;
         prev_end = base + wrote;
     }
     if (mf == NULL || size + BLANK_MIN > file_size - wrote) {
@@ -239,16 +239,16 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
         mf = size_arg ? PyObject_CallMethodOneArg(cl, s_roll, size_arg) : NULL;
         Py_XDECREF(size_arg);
         if (mf == NULL) goto done;
-        if (attr_ll(mf, s_wrote, &wrote) < 0 || attr_ll(mf, s_file_from_offset, &base) < 0) goto done;
+        if (attr_ll(mf, SLOT(wrote), &wrote) < 0 || attr_ll(mf, SLOT(file_from_offset), &base) < 0) goto done;
     }
     long long phys = base + wrote;
-    if ((table = getattr_fast(cl, s_table)) == NULL || !PyDict_Check(table)) goto done_type;
+    if ((table = getattr_fast(cl, SLOT(table))) == NULL || !PyDict_Check(table)) goto done_type;
     if (pl->counted) {
         PyObject *q = PyDict_GetItemWithError(table, pl->key);
         if (q == NULL && PyErr_Occurred()) goto done;
         if (q != NULL && ((qoff = as_ll(q)) == -1 && PyErr_Occurred())) goto done;
     }
-    if ((mm = getattr_fast(mf, s_mm)) == NULL || PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) goto done;
+    if ((mm = getattr_fast(mf, SLOT(mm))) == NULL || PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) goto done;
     if (wrote < 0 || wrote + size > view.len) {
         PyErr_SetString(PyExc_ValueError, "place: record does not fit the mapped segment");
         goto done;
@@ -269,7 +269,7 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     /* the new end of the log and of the segment are one int in the first segment (base 0) */
     PyObject *end_obj = PyLong_FromLongLong(phys + size), *wrote_obj = NULL;
     if (end_obj != NULL) wrote_obj = base == 0 ? Py_NewRef(end_obj) : PyLong_FromLongLong(wrote + size);
-    int set = wrote_obj != NULL ? setattr_fast(mf, s_wrote, wrote_obj) : -1;
+    int set = wrote_obj != NULL ? setattr_fast(mf, SLOT(wrote), wrote_obj) : -1;
     Py_XDECREF(wrote_obj);
     if (set < 0) {
         Py_XDECREF(end_obj);
@@ -286,7 +286,7 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
         }
         Py_DECREF(next);
     }
-    if ((hints = getattr_fast(cl, s_hints)) == NULL) goto done_objs;
+    if ((hints = getattr_fast(cl, SLOT(hints))) == NULL) goto done_objs;
     Py_ssize_t nh = PyObject_Size(hints);
     if (nh < 0) goto done_objs;
     if (nh < max_hints) {
@@ -303,7 +303,7 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
         Py_DECREF(ok);
     }
     long long mark;
-    if (attr_ll(cl, s_prefault_mark, &mark) < 0) goto done_objs;
+    if (attr_ll(cl, SLOT(prefault_mark), &mark) < 0) goto done_objs;
     if (phys + size >= mark) {
         PyObject *ok = PyObject_CallMethodNoArgs(cl, s_prefault_wake);
         if (ok == NULL) goto done_objs;
@@ -311,7 +311,7 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     }
     PyObject *last = PyTuple_Pack(2, end_obj, now_obj);
     if (last != NULL) PyObject_GC_UnTrack(last);
-    if (last == NULL || setattr_fast(cl, s_last_append, last) < 0) {
+    if (last == NULL || setattr_fast(cl, SLOT(last_append), last) < 0) {
         Py_XDECREF(last);
         goto done_objs;
     }

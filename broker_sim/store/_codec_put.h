@@ -35,26 +35,11 @@ static PyObject *now_obj_ms(void) {
     return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
 }
 
-/* 1 = acquired, 0 = held by someone else, -1 = error. */
-static int lock_try(PyObject *lock) {
-    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
-    if (got == NULL) return -1;
-    int locked = got == Py_True;
-    Py_DECREF(got);
-    return locked;
-}
-
-static int lock_release(PyObject *lock) {
-    PyObject *rel = PyObject_CallMethodNoArgs(lock, s_release);
-    Py_XDECREF(rel);
-    return rel == NULL ? -1 : 0;
-}
-
 /* put_plain(commit_log, msg) -> PutMessageResult: MessageStore.put_message's common case in one call
  * (ASYNC_FLUSH, asynchronous dispatch, system clock, no replication), bound to the commit log by
  * CommitLog.plain_put. commit_log.put_state = (store host, topic cache, max message size, segment size,
  * commit-log lock, the dispatcher's wake-up Event, gate, expiry, general, flush gate, flush timeout in
- * seconds, outcome). With a flush gate (SYNC_FLUSH) the put then waits on it instead of waking the
+ * seconds, outcome, the Event's __dict__). With a flush gate (SYNC_FLUSH) the put then waits on it instead of waking the
  * dispatcher (the flush round does), and hands a late flush or a crash to outcome(append result, flushed),
  * which builds that status. Any put it does not take itself
  * goes to general(msg) (PutPath.put_general), which reports the status: the store is stopped
@@ -66,22 +51,22 @@ static PyObject *put_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     NEED_CONFIGURED(NULL)
-    PyObject *cl = args[0], *msg = args[1], *st = getattr_fast(cl, s_put_state), *now = NULL;
+    PyObject *cl = args[0], *msg = args[1], *st = getattr_fast(cl, SLOT(put_state)), *now = NULL;
     PyObject *ar = NULL, *res = NULL, *props = NULL;
     Enc e;
     int encoded = 0;
     if (st == NULL) return NULL;
-    if (!PyTuple_CheckExact(st) || PyTuple_GET_SIZE(st) != 12) {
+    if (!PyTuple_CheckExact(st) || PyTuple_GET_SIZE(st) != 13) {
         PyErr_SetString(PyExc_TypeError, "put_plain: put_state is not set");
         goto done;
     }
     PyObject *lock = PyTuple_GET_ITEM(st, 4), *event = PyTuple_GET_ITEM(st, 5);
     PyObject *general = PyTuple_GET_ITEM(st, 8);
-    int ok = flag_is(PyTuple_GET_ITEM(st, 6), s_running, 1);
-    if (ok > 0) ok = flag_is(PyTuple_GET_ITEM(st, 7), s_disk_full, 0);
+    int ok = flag_is(PyTuple_GET_ITEM(st, 6), SLOT(running), 1);
+    if (ok > 0) ok = flag_is(PyTuple_GET_ITEM(st, 7), SLOT(disk_full), 0);
     if (ok < 0) goto done;
     if (ok == 0) goto general;
-    if ((props = getattr_fast(msg, s_properties)) == NULL) goto done;
+    if ((props = getattr_fast(msg, SLOT(properties))) == NULL) goto done;
     if (!PyDict_CheckExact(props)) goto general;
     ok = PyDict_Contains(props, s_delay);
     if (ok < 0) goto done;
@@ -110,7 +95,7 @@ static PyObject *put_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (PyErr_Occurred()) goto done;
         int flushed = gate_wait_end((Gate *)fgate, end, timeout);
         if (flushed < 0) goto done;
-        int fine = flushed ? flag_is(PyTuple_GET_ITEM(st, 6), s_crashed, 0) : 0;
+        int fine = flushed ? flag_is(PyTuple_GET_ITEM(st, 6), SLOT(crashed), 0) : 0;
         if (fine < 0) goto done;
         if (!fine) {
             PyObject *oargs[2] = {ar, flushed ? Py_True : Py_False};
@@ -118,8 +103,11 @@ static PyObject *put_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
             goto done;
         }
     } else {
-        PyObject *flag = PyObject_GetAttr(event, s_flag_attr);
-        if (flag == NULL) goto done;
+        /* the Event's _flag read from its __dict__ (put_state[12]) rather than through getattr */
+        PyObject *evdict = PyTuple_GET_ITEM(st, 12);
+        PyObject *flag = PyDict_CheckExact(evdict) ? PyDict_GetItemWithError(evdict, s_flag_attr) : NULL;
+        if (flag != NULL) Py_INCREF(flag);
+        else if (PyErr_Occurred() || (flag = PyObject_GetAttr(event, s_flag_attr)) == NULL) goto done;
         if (flag != Py_True) {
             PyObject *set = PyObject_CallMethodNoArgs(event, s_set);
             if (set == NULL) {

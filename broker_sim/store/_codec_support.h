@@ -9,7 +9,29 @@ static void be64(unsigned char *p, uint64_t v) {
 
 /* PyLong_AsLongLong with its errors, without its slow path: for an int of more than one digit (offsets,
  * timestamps) CPython 3.11 goes through _PyLong_AsByteArray, several hundred instructions per call. */
+/* 1 = *out is v (an exact int of at most two 30-bit digits: every offset, size and millisecond timestamp), read
+ * straight from CPython 3.11's digits; 0 = use the API. Other versions always use the API. */
+static inline int small_ll(PyObject *v, long long *out) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+    if (!PyLong_CheckExact(v)) return 0;
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    switch (Py_SIZE(v)) {
+    case 0: *out = 0; return 1;
+    case 1: *out = (long long)d[0]; return 1;
+    case -1: *out = -(long long)d[0]; return 1;
+    case 2: *out = ((long long)d[1] << 30) | (long long)d[0]; return 1;
+    case -2: *out = -(((long long)d[1] << 30) | (long long)d[0]); return 1;
+    default: return 0;
+    }
+#else
+    (void)v; (void)out;
+    return 0;
+#endif
+}
+
 static long long as_ll(PyObject *v) {
+    long long x;
+    if (small_ll(v, &x)) return x;
     if (PyLong_CheckExact(v)) {
         int overflow = 0;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
@@ -183,10 +205,7 @@ typedef struct {
     PyObject *names[MAX_FAST_FIELDS];
     Py_ssize_t offs[MAX_FAST_FIELDS];
 } FastType;
-static FastType fast_types[4];
-#define SLOT_MEMO 256
-static struct { PyTypeObject *type; PyObject *name; Py_ssize_t off; } slot_memo[SLOT_MEMO];
-static int n_fast_types;
+static FastType fast_types[6];
 
 static int member_offset(PyObject *cls, PyObject *name, Py_ssize_t *off) {
     PyObject *d = PyDict_GetItemWithError(((PyTypeObject *)cls)->tp_dict, name);
@@ -209,36 +228,50 @@ static int register_fast(int k, PyObject *cls, PyObject **names, int n) {
         ft->names[i] = names[i];
     }
     Py_INCREF(cls);
-    ft->type = (PyTypeObject *)cls;
+    Py_XSETREF(ft->type, (PyTypeObject *)cls);
     ft->n = n;
-    memset(slot_memo, 0, sizeof(slot_memo));  /* forget "not a slot" answers about this type */
-    if (k + 1 > n_fast_types) n_fast_types = k + 1;
     return 0;
 }
 
-/* (type, name) -> slot offset (-1: not a registered slot), remembered per pair: a put reads ≈ 20 slots, and
- * scanning the registered types and names for each cost more than the read itself. */
+/* Where each registered slot sits in its type's FastType (the order of the name lists given to register_fast
+ * by configure and register_slots): call sites say SLOT(name), which expands to (kind, index, name). */
+enum { K_MSG = 0, K_FILE = 1, K_LOG = 2, K_QUEUE = 3, K_PUT_PATH = 4, K_EXPIRY = 5 };
+#define SLOT_topic K_MSG, 0
+#define SLOT_body K_MSG, 1
+#define SLOT_queue_id K_MSG, 2
+#define SLOT_flag K_MSG, 3
+#define SLOT_properties K_MSG, 4
+#define SLOT_sys_flag K_MSG, 5
+#define SLOT_born_timestamp K_MSG, 6
+#define SLOT_born_host K_MSG, 7
+#define SLOT_store_host K_MSG, 8
+#define SLOT_reconsume_times K_MSG, 9
+#define SLOT_prepared K_MSG, 10
+#define SLOT_wrote K_FILE, 0
+#define SLOT_file_from_offset K_FILE, 1
+#define SLOT_mm K_FILE, 2
+#define SLOT_file_size K_LOG, 0
+#define SLOT_max_hints K_LOG, 1
+#define SLOT_mfq K_LOG, 2
+#define SLOT_table K_LOG, 3
+#define SLOT_hints K_LOG, 4
+#define SLOT_prefault_mark K_LOG, 5
+#define SLOT_last_append K_LOG, 6
+#define SLOT_put_state K_LOG, 7
+#define SLOT_files K_QUEUE, 0
+#define SLOT_running K_PUT_PATH, 0
+#define SLOT_crashed K_PUT_PATH, 1
+#define SLOT_disk_full K_EXPIRY, 0
+#define SLOT(f) SLOT_##f, s_##f
 
-static PyObject **fast_slot(PyObject *obj, PyObject *name) {
-    PyTypeObject *t = Py_TYPE(obj);
-    size_t h = (((uintptr_t)t >> 4) * 31u + ((uintptr_t)name >> 4)) % SLOT_MEMO;
-    if (slot_memo[h].type != t || slot_memo[h].name != name) {
-        Py_ssize_t off = -1;
-        for (int k = 0; k < n_fast_types && off < 0; k++) {
-            if (fast_types[k].type != t) continue;
-            for (int i = 0; i < fast_types[k].n; i++)
-                if (fast_types[k].names[i] == name) off = fast_types[k].offs[i];
-            break;
-        }
-        slot_memo[h].type = t;  /* types and names of registered slots stay alive: registry references */
-        slot_memo[h].name = name;
-        slot_memo[h].off = off;
-    }
-    return slot_memo[h].off < 0 ? NULL : (PyObject **)((char *)obj + slot_memo[h].off);
+/* The slot of obj's exactly registered type (kind k, index i), or NULL: then the generic protocol. */
+static inline PyObject **slot_ptr(PyObject *obj, int k, int i) {
+    if (Py_TYPE(obj) != fast_types[k].type) return NULL;
+    return (PyObject **)((char *)obj + fast_types[k].offs[i]);
 }
 
-static PyObject *getattr_fast(PyObject *obj, PyObject *name) {
-    PyObject **slot = fast_slot(obj, name);
+static PyObject *getattr_fast(PyObject *obj, int k, int i, PyObject *name) {
+    PyObject **slot = slot_ptr(obj, k, i);
     if (slot != NULL && *slot != NULL) {
         Py_INCREF(*slot);
         return *slot;
@@ -246,8 +279,8 @@ static PyObject *getattr_fast(PyObject *obj, PyObject *name) {
     return PyObject_GetAttr(obj, name);
 }
 
-static int setattr_fast(PyObject *obj, PyObject *name, PyObject *v) {
-    PyObject **slot = fast_slot(obj, name);
+static int setattr_fast(PyObject *obj, int k, int i, PyObject *name, PyObject *v) {
+    PyObject **slot = slot_ptr(obj, k, i);
     if (slot == NULL) return PyObject_SetAttr(obj, name, v);
     Py_INCREF(v);
     Py_XSETREF(*slot, v);
@@ -255,13 +288,16 @@ static int setattr_fast(PyObject *obj, PyObject *name, PyObject *v) {
 }
 
 /* An attribute that must be an exact int within [lo, hi]; 0 = not so (no exception left set). */
-static int get_int(PyObject *obj, PyObject *name, long long lo, long long hi, long long *out) {
-    PyObject *v = getattr_fast(obj, name);
+static int get_int(PyObject *obj, int k, int f, PyObject *name, long long lo, long long hi, long long *out) {
+    PyObject *v = getattr_fast(obj, k, f, name);
     if (v == NULL) { PyErr_Clear(); return 0; }
     int ok = 0;
-    if (PyLong_CheckExact(v)) {
+    long long x;
+    if (small_ll(v, &x)) {
+        if (x >= lo && x <= hi) { *out = x; ok = 1; }
+    } else if (PyLong_CheckExact(v)) {
         int overflow = 0;
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        x = PyLong_AsLongLongAndOverflow(v, &overflow);
         if (!overflow && x >= lo && x <= hi) { *out = x; ok = 1; }
     }
     Py_DECREF(v);
@@ -287,8 +323,8 @@ static int64_t java_hash(PyObject *s) {
 }
 
 /* prepare(msg, store_host, topic_fields, max_message_size, file_size) -> Prepared (see codec.py) */
-static int attr_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = getattr_fast(obj, name);
+static int attr_ll(PyObject *obj, int k, int f, PyObject *name, long long *out) {
+    PyObject *v = getattr_fast(obj, k, f, name);
     if (v == NULL) return -1;
     *out = as_ll(v);
     Py_DECREF(v);
@@ -297,7 +333,8 @@ static int attr_ll(PyObject *obj, PyObject *name, long long *out) {
 
 /* place(commit_log, prepared, now) -> AppendMessageResult (see codec.py's py_place; lock held). */
 
-/* register_slots(cls, kind): read/write these slots of ``cls`` in place ("commit_log" / "file_queue"). */
+/* register_slots(cls, kind): read/write these slots of ``cls`` in place ("commit_log" / "file_queue" /
+ * "put_path" / "expiry": the store state flags put_plain reads on every put). */
 static PyObject *register_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyUnicode_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "register_slots(cls, kind)");
@@ -305,12 +342,16 @@ static PyObject *register_slots(PyObject *self, PyObject *const *args, Py_ssize_
     }
     PyObject *log_fields[] = {s_file_size, s_max_hints, s_mfq, s_table, s_hints, s_prefault_mark, s_last_append,
                               s_put_state};
-    PyObject *queue_fields[] = {s_files};
+    PyObject *queue_fields[] = {s_files}, *state_fields[] = {s_running, s_crashed}, *expiry_fields[] = {s_disk_full};
     int rc;
     if (PyUnicode_CompareWithASCIIString(args[1], "commit_log") == 0)
         rc = register_fast(2, args[0], log_fields, 8);
     else if (PyUnicode_CompareWithASCIIString(args[1], "file_queue") == 0)
         rc = register_fast(3, args[0], queue_fields, 1);
+    else if (PyUnicode_CompareWithASCIIString(args[1], "put_path") == 0)
+        rc = register_fast(4, args[0], state_fields, 2);
+    else if (PyUnicode_CompareWithASCIIString(args[1], "expiry") == 0)
+        rc = register_fast(5, args[0], expiry_fields, 1);
     else {
         PyErr_SetString(PyExc_ValueError, "register_slots: unknown kind");
         rc = -1;
@@ -320,8 +361,8 @@ static PyObject *register_slots(PyObject *self, PyObject *const *args, Py_ssize_
 }
 
 /* 1 when obj.name is exactly True (want=1) / False-or-falsy (want=0) as wanted, 0 when not, -1 on error. */
-static int flag_is(PyObject *obj, PyObject *name, int want) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+static int flag_is(PyObject *obj, int k, int f, PyObject *name, int want) {
+    PyObject *v = getattr_fast(obj, k, f, name);
     if (v == NULL) return -1;
     int truth = PyObject_IsTrue(v);
     Py_DECREF(v);

@@ -21,6 +21,8 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Protocol
 
 from broker_sim.clock import Clock, SystemClock
 from broker_sim.store import codec
@@ -51,6 +53,24 @@ def _nothing() -> None:
     return None
 
 
+class LockLike(Protocol):
+    """What the commit-log lock offers: threading.Lock's interface (and the compiled ``AppendLock``'s)."""
+
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+    def locked(self) -> bool: ...
+    def __enter__(self) -> bool: ...
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None, /
+    ) -> None: ...
+
+
+def compiled_lock() -> LockLike:
+    """A new compiled ``AppendLock`` (requires the compiled codec)."""
+    lock: LockLike = codec.compiled.AppendLock()
+    return lock
+
+
 class CommitLog:
     # slots: the compiled append reads several of them per put, in place (``codec.register_slots``)
     __slots__ = (
@@ -73,7 +93,7 @@ class CommitLog:
         self.max_message_size = max_message_size
         self.store_host = store_host
         self.clock = clock
-        self.lock = threading.Lock()
+        self.impl = impl or codec.IMPL
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.topic_fields: dict[str, bytes] = {}
         # (end offset, store timestamp) of the newest record: the flusher turns it into the checkpoint
@@ -85,9 +105,11 @@ class CommitLog:
         self.prefault_wake: Callable[[], None] = _nothing
         #: what the compiled ``put_plain`` needs (set by MessageStore when it uses it)
         self.put_state: tuple[object, ...] = ()
-        #: "c" or "python": which twin of :mod:`broker_sim.store.codec` appends (tests pick both)
-        self.impl = impl or codec.IMPL
+        #: "c" or "python" (``impl``): which twin of :mod:`broker_sim.store.codec` appends (tests pick both)
         self.codec = codec.implementation(self.impl)
+        #: taken around every append; the compiled twin's lock has threading.Lock's interface and is taken by
+        #: the compiled put without a Python call
+        self.lock: LockLike = compiled_lock() if self.impl == "c" else threading.Lock()
         self._prepare, self._place = self.codec.prepare, self.codec.place
         self._now = self.codec.now_ms if type(clock) is SystemClock else clock.now_ms
 
@@ -128,7 +150,7 @@ class CommitLog:
         flush_gate, timeout_s, outcome = sync or (None, 0.0, None)
         self.put_state = (
             self.store_host, self.topic_fields, self.max_message_size, self.file_size, self.lock, wake,
-            gate, expiry, general, flush_gate, timeout_s, outcome,
+            gate, expiry, general, flush_gate, timeout_s, outcome, vars(wake),
         )  # fmt: skip
         return functools.partial(codec.compiled.put_plain, self)
 

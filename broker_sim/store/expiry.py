@@ -54,6 +54,12 @@ def last_store_timestamp(mf: MappedFile) -> int:
 
 
 class ExpiryService:
+    # slots: the compiled put reads ``disk_full`` in place on every put (``codec.register_slots``)
+    __slots__ = (
+        "_last_ts", "_lock", "_stop", "_thread", "clean_logics", "clock", "commit_log", "config", "disk_full",
+        "disk_usage",
+    )  # fmt: skip
+
     def __init__(
         self,
         config: StoreConfig,

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from broker_sim.store import codec
 from broker_sim.store.commit_log import CommitLog
 from broker_sim.store.config import FlushDiskType, StoreConfig
 from broker_sim.store.dispatcher import Dispatcher
@@ -152,3 +153,8 @@ class PutPath:
         if replicated is not ReplicaResult.OK:
             return PutMessageResult(PutMessageStatus[replicated.value], result, "not on a slave")
         return PutMessageResult(_PUT_OK, result)
+
+
+if codec.compiled is not None:
+    codec.compiled.register_slots(PutPath, "put_path")  # running / crashed, read by the compiled put
+    codec.compiled.register_slots(ExpiryService, "expiry")  # disk_full, read by the compiled put
