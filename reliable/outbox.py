@@ -57,7 +57,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from reliable.errors import DuplicateMessageIdError
-from reliable.models import MessageInbox, MessageStub
+from reliable.models import MessageInbox, MessageStub, status_literal
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.types import StubStatus
 
@@ -270,7 +270,7 @@ def settle(conn: Connection, now: dt.datetime) -> int:
 
     Looks at every PENDING stub: its cost grows with them. The sweeper walks them in slices instead
     (:func:`settle_slice`)."""
-    return _settle_where(conn, now, stub.c.status == StubStatus.PENDING)
+    return _settle_where(conn, now, stub.c.status == status_literal(StubStatus.PENDING))
 
 
 #: where a :func:`settle_slice` walk stopped: the last stub's (resend_at, message_id); ``None``: the start
@@ -284,7 +284,7 @@ def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit:
     the end and starts over). A PENDING stub without ``resend_at`` (not staged by the producer) is left out.
     """
     q = select(stub.c.resend_at, stub.c.message_id).where(
-        stub.c.status == StubStatus.PENDING, stub.c.resend_at.is_not(None)
+        stub.c.status == status_literal(StubStatus.PENDING), stub.c.resend_at.is_not(None)
     )
     if after is not None:
         q = q.where(

@@ -77,7 +77,13 @@ def snapshot(engine: Engine) -> dict[str, Any]:
             ],
             "pk": (pk.get("name"), tuple(pk["constrained_columns"])),
             "indexes": sorted(
-                (i["name"], tuple(str(c) for c in i["column_names"]), bool(i["unique"]))
+                (
+                    i["name"],
+                    tuple(str(c) for c in i["column_names"]),
+                    bool(i["unique"]),
+                    # a partial index's predicate (migration 0007, PostgreSQL)
+                    str(i.get("dialect_options", {}).get("postgresql_where")),
+                )
                 for i in insp.get_indexes(table)
             ),
             "checks": sorted(

@@ -51,6 +51,7 @@ from reliable.models import (
     MessageStub,
     StubNotification,
     UTCDateTime,
+    status_literal,
 )
 from reliable.types import LogOutcome, StubStatus
 
@@ -199,7 +200,7 @@ def due_statement(
             last_outcome.label("last_outcome"),
         )
         .where(
-            inbox.c.status == StubStatus.PENDING,
+            inbox.c.status == status_literal(StubStatus.PENDING),  # the partial index's predicate
             budget_clause,
             inbox.c.resend_at <= now,
             ~dead_lettered,

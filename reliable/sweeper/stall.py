@@ -44,6 +44,7 @@ from sqlalchemy import Connection, Engine, and_, case, delete, exists, func, ins
 from sqlalchemy.exc import IntegrityError
 
 from reliable import constants as C
+from reliable.models import status_literal
 from reliable.sweeper import metrics
 from reliable.sweeper.notices import STALLED_TAG, QueueRef, parse_tag, queue_tag, stall_key
 from reliable.sweeper.notify import notification_rows
@@ -221,7 +222,7 @@ def _owed(
     mine = and_(
         inbox.c.message_id == stub.c.message_id,
         inbox.c.consumer_group == group,
-        inbox.c.status == StubStatus.PENDING,
+        inbox.c.status == status_literal(StubStatus.PENDING),  # may walk the partial status index
         stub.c.topic == queue.topic,
     )
     if probed:
