@@ -7,12 +7,15 @@
  * new topic's field) and write_record (the record's bytes at any address, position fields zero). */
 
 /* What encode_fields found out about a message; the PyObject fields hold references (enc_clear). */
+#define PBUF_MAX 256
 typedef struct {
     PyObject *topic, *field, *props, *body, *shost, *qid_obj, *tags;
     Py_ssize_t plen, blen, flen;
     long long size, qid, flag, sys_flag, born_ts, reconsume, prepared;
     unsigned char born[8];
     unsigned long crc;
+    int pinline;  /* 1: the PROPERTIES bytes are pbuf[:plen] (walked once); 0: write_record walks the dict */
+    unsigned char pbuf[PBUF_MAX];  /* last member: not cleared by encode_fields */
 } Enc;
 
 static void enc_clear(Enc *e) {
@@ -46,7 +49,7 @@ static PyObject *topic_field(PyObject *cache, PyObject *topic) {
  * (a failed check or unusual input; no exception left set, e cleared): the Python twin decides. */
 static int encode_fields(PyObject *const *args, Enc *e) {
     PyObject *msg = args[0], *store_host = args[1], *cache = args[2], *k, *v;
-    memset(e, 0, sizeof(*e));
+    memset(e, 0, offsetof(Enc, pbuf));
     long long max_size = as_ll(args[3]), file_size = as_ll(args[4]);
     if (PyErr_Occurred() || !PyDict_CheckExact(cache)) goto slow;
     e->topic = getattr_fast(msg, SLOT(topic));
@@ -55,17 +58,39 @@ static int encode_fields(PyObject *const *args, Enc *e) {
     /* properties: "k\x01v" joined by "\x02"; clean = no \x01/\x02 inside a name or value */
     e->props = getattr_fast(msg, SLOT(properties));
     if (e->props == NULL || !PyDict_CheckExact(e->props)) goto slow;
-    Py_ssize_t pos = 0, n = PyDict_GET_SIZE(e->props);
-    int clean = 1;
+    /* One walk: each entry is copied into pbuf as "k\x01v\x02" while it fits (write_record then copies
+     * pbuf[:plen]); an entry past that is checked with memchr and written by a second walk. TAGS is noted
+     * on the way (a str equal to "TAGS" has exactly those UTF-8 bytes). */
+    Py_ssize_t pos = 0, n = PyDict_GET_SIZE(e->props), copied = 0;
+    unsigned char *w = e->pbuf;
+    PyObject *tags = NULL;
+    int clean = 1, inl = 1;
     while (PyDict_Next(e->props, &pos, &k, &v)) {
         Py_ssize_t kl, vl;
         const char *kb, *vb;
         if (!PyUnicode_CheckExact(k) || !PyUnicode_CheckExact(v)) goto slow;
         if ((kb = PyUnicode_AsUTF8AndSize(k, &kl)) == NULL || (vb = PyUnicode_AsUTF8AndSize(v, &vl)) == NULL)
             goto slow;
-        if (memchr(kb, 1, kl) || memchr(kb, 2, kl) || memchr(vb, 1, vl) || memchr(vb, 2, vl)) clean = 0;
+        if (inl && kl + vl + 2 <= PBUF_MAX - (w - e->pbuf)) {
+            memcpy(w, kb, kl);
+            w += kl;
+            *w++ = 1;
+            memcpy(w, vb, vl);
+            w += vl;
+            *w++ = 2;
+            copied++;
+        } else {
+            inl = 0;
+            if (memchr(kb, 1, kl) || memchr(kb, 2, kl) || memchr(vb, 1, vl) || memchr(vb, 2, vl)) clean = 0;
+        }
+        if (kl == 4 && memcmp(kb, "TAGS", 4) == 0) tags = v;
         e->plen += kl + 1 + vl + 1;
     }
+    /* the copied entries are clean when their only \x01/\x02 bytes are the separators written above */
+    Py_ssize_t seps = 0;
+    for (const unsigned char *q = e->pbuf; q < w; q++) seps += (unsigned char)(*q - 1) < 2;
+    if (seps != 2 * copied) clean = 0;
+    e->pinline = inl;
     if (n > 0) e->plen -= 1;
     if (e->plen > PROPS_MAX) goto slow;
     if (n == 0) {
@@ -73,9 +98,7 @@ static int encode_fields(PyObject *const *args, Enc *e) {
     } else if (!clean) {
         e->tags = tags_unknown;
     } else {
-        e->tags = PyDict_GetItemWithError(e->props, s_tags_key);
-        if (e->tags == NULL && PyErr_Occurred()) goto slow;
-        e->tags = e->tags ? e->tags : Py_None;
+        e->tags = tags ? tags : Py_None;
     }
     Py_INCREF(e->tags);
     e->body = getattr_fast(msg, SLOT(body));
@@ -137,6 +160,10 @@ static void write_record(const Enc *e, unsigned char *r) {
     p[0] = (unsigned char)(e->plen >> 8);
     p[1] = (unsigned char)e->plen;
     p += 2;
+    if (e->pinline) {
+        memcpy(p, e->pbuf, e->plen);
+        return;
+    }
     Py_ssize_t pos = 0;
     PyObject *k, *v;
     int first = 1;
@@ -192,7 +219,18 @@ typedef struct {
     PyObject *record, *key, *shost, *tags, *props_b, *sf, *pr;  /* borrowed; props_b NULL: from the segment */
     const Enc *e;
     int counted;
+    Py_hash_t key_hash;  /* hash(key), or -1: not known yet */
 } Placing;
+
+/* The queue-offset table read and written with the key's hash computed once (CPython 3.11/3.12 export the
+ * known-hash dict calls; elsewhere the public ones, which hash the tuple again). */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000
+#define TABLE_GET(t, k, h) _PyDict_GetItem_KnownHash((t), (k), (h))
+#define TABLE_SET(t, k, v, h) _PyDict_SetItem_KnownHash((t), (k), (v), (h))
+#else
+#define TABLE_GET(t, k, h) PyDict_GetItemWithError((t), (k))
+#define TABLE_SET(t, k, v, h) PyDict_SetItem((t), (k), (v))
+#endif
 
 /* The last properties bytes put_direct made: the next put with the same properties (the common case: one
  * producer, one tag) shares the immutable object instead of allocating its own. */
@@ -212,12 +250,25 @@ static PyObject *props_bytes(const unsigned char *p, Py_ssize_t plen) {
     return b;
 }
 
+/* The ints of the previous append that the next one often needs again (ints are immutable, so any object of
+ * the right value will do): its end (the next record's offset) and its size. */
+static PyObject *last_end_int, *last_size_int;
+
+/* An int of value v: *cache when it is one, else a new one, which becomes *cache. */
+static PyObject *int_cached(PyObject **cache, long long v) {
+    if (*cache != NULL && as_ll(*cache) == v) return Py_NewRef(*cache);
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o != NULL) Py_XSETREF(*cache, Py_NewRef(o));
+    return o;
+}
+
 /* py_place's body (commit-log lock held) for pl; returns the AppendMessageResult. */
 static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, PyObject *now_obj) {
     long long now = as_ll(now_obj);
     if (now == -1 && PyErr_Occurred()) return NULL;
     PyObject *mfq = NULL, *files = NULL, *mf = NULL, *mm = NULL, *table = NULL, *hints = NULL, *res = NULL;
     PyObject *props_b = NULL;  /* owned once the record is written */
+    PyObject *q_held = NULL;  /* the table's current offset for the key: it is the queue offset of this record */
     long long file_size, wrote = 0, base = 0, prev_end = 0, qoff = 0, max_hints;
     Py_buffer view = {0};
     if (attr_ll(cl, SLOT(file_size), &file_size) < 0 || attr_ll(cl, SLOT(max_hints), &max_hints) < 0) return NULL;
@@ -243,10 +294,13 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     }
     long long phys = base + wrote;
     if ((table = getattr_fast(cl, SLOT(table))) == NULL || !PyDict_Check(table)) goto done_type;
+    Py_hash_t kh = pl->key_hash;
     if (pl->counted) {
-        PyObject *q = PyDict_GetItemWithError(table, pl->key);
+        if (kh == -1 && (kh = PyObject_Hash(pl->key)) == -1) goto done;
+        PyObject *q = TABLE_GET(table, pl->key, kh);
         if (q == NULL && PyErr_Occurred()) goto done;
         if (q != NULL && ((qoff = as_ll(q)) == -1 && PyErr_Occurred())) goto done;
+        if (q != NULL && PyLong_CheckExact(q)) q_held = Py_NewRef(q);
     }
     if ((mm = getattr_fast(mf, SLOT(mm))) == NULL || PyObject_GetBuffer(mm, &view, PyBUF_WRITABLE) < 0) goto done;
     if (wrote < 0 || wrote + size > view.len) {
@@ -266,21 +320,21 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     be64(dst + 56, (uint64_t)now);
     PyBuffer_Release(&view);
     if (props_b == NULL) goto done;
-    /* the new end of the log and of the segment are one int in the first segment (base 0) */
+    /* this record's offset is usually the previous one's end, its size the previous size, its queue offset the
+     * table's int; the new end of the log and of the segment are one int in the first segment (base 0) */
+    PyObject *phys_obj = int_cached(&last_end_int, phys), *size_obj = int_cached(&last_size_int, size);
+    PyObject *qoff_obj = q_held != NULL ? Py_NewRef(q_held) : PyLong_FromLongLong(qoff);
     PyObject *end_obj = PyLong_FromLongLong(phys + size), *wrote_obj = NULL;
-    if (end_obj != NULL) wrote_obj = base == 0 ? Py_NewRef(end_obj) : PyLong_FromLongLong(wrote + size);
+    if (end_obj != NULL) {
+        Py_XSETREF(last_end_int, Py_NewRef(end_obj));
+        wrote_obj = base == 0 ? Py_NewRef(end_obj) : PyLong_FromLongLong(wrote + size);
+    }
     int set = wrote_obj != NULL ? setattr_fast(mf, SLOT(wrote), wrote_obj) : -1;
     Py_XDECREF(wrote_obj);
-    if (set < 0) {
-        Py_XDECREF(end_obj);
-        goto done;
-    }
-    PyObject *qoff_obj = PyLong_FromLongLong(qoff), *phys_obj = PyLong_FromLongLong(phys);
-    PyObject *size_obj = PyLong_FromSsize_t(size);
-    if (qoff_obj == NULL || phys_obj == NULL || size_obj == NULL) goto done_objs;
+    if (set < 0 || qoff_obj == NULL || phys_obj == NULL || size_obj == NULL) goto done_objs;
     if (pl->counted) {
         PyObject *next = PyLong_FromLongLong(qoff + 1);
-        if (next == NULL || PyDict_SetItem(table, pl->key, next) < 0) {
+        if (next == NULL || TABLE_SET(table, pl->key, next, kh) < 0) {
             Py_XDECREF(next);
             goto done_objs;
         }
@@ -297,7 +351,10 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
                          : NULL;
         Py_XDECREF(pe);
         if (h != NULL) PyObject_GC_UnTrack(h);  /* atomic contents; it may wait long in the deque */
-        PyObject *ok = h ? PyObject_CallMethodOneArg(hints, s_append, h) : NULL;
+        /* the deque's bound append, kept by the log (no method lookup per put) */
+        PyObject *append = h ? getattr_fast(cl, SLOT(hint_append)) : NULL;
+        PyObject *ok = append ? PyObject_CallOneArg(append, h) : NULL;
+        Py_XDECREF(append);
         Py_XDECREF(h);
         if (ok == NULL) goto done_objs;
         Py_DECREF(ok);
@@ -322,13 +379,13 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
     Py_XDECREF(one);
     Py_XDECREF(none);
 done_objs:
-    Py_XDECREF(qoff_obj); Py_XDECREF(phys_obj); Py_XDECREF(size_obj); Py_DECREF(end_obj);
+    Py_XDECREF(qoff_obj); Py_XDECREF(phys_obj); Py_XDECREF(size_obj); Py_XDECREF(end_obj);
     goto done;
 done_type:
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "place: queue table is not a dict");
 done:
     if (view.obj != NULL) PyBuffer_Release(&view);
-    Py_XDECREF(props_b);
+    Py_XDECREF(props_b); Py_XDECREF(q_held);
     Py_XDECREF(mfq); Py_XDECREF(files); Py_XDECREF(mf); Py_XDECREF(mm); Py_XDECREF(table); Py_XDECREF(hints);
     return res;
 }
@@ -343,7 +400,7 @@ static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     PyObject *p = args[1];
     Placing pl = {PyTuple_GET_ITEM(p, 0), PyTuple_GET_ITEM(p, 1), PyTuple_GET_ITEM(p, 3), PyTuple_GET_ITEM(p, 4),
                   PyTuple_GET_ITEM(p, 5), PyTuple_GET_ITEM(p, 6), PyTuple_GET_ITEM(p, 7), NULL,
-                  PyTuple_GET_ITEM(p, 2) == Py_True};
+                  PyTuple_GET_ITEM(p, 2) == Py_True, -1};
     if (!PyBytes_CheckExact(pl.record) || !PyTuple_CheckExact(pl.key) || PyTuple_GET_SIZE(pl.key) != 2) {
         PyErr_SetString(PyExc_TypeError, "place: not a prepared record");
         return NULL;
@@ -355,29 +412,38 @@ static PyObject *place(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
  * same topic object and queue id, so the tuple (and its hash inputs) is not built again. */
 #define KEY_CACHE 64
 static PyObject *key_cache[KEY_CACHE];
+static Py_hash_t key_hashes[KEY_CACHE];  /* hash(key_cache[i]) */
 
-static PyObject *queue_key(PyObject *topic, PyObject *qid_obj, long long qid) {
+/* The key and its hash (*hash). */
+static PyObject *queue_key(PyObject *topic, PyObject *qid_obj, long long qid, Py_hash_t *hash) {
     size_t slot = (((uintptr_t)topic >> 4) ^ (size_t)qid) % KEY_CACHE;
     PyObject *k = key_cache[slot];
     if (k != NULL && PyTuple_GET_ITEM(k, 0) == topic && as_ll(PyTuple_GET_ITEM(k, 1)) == qid) {
         Py_INCREF(k);
+        *hash = key_hashes[slot];
         return k;
     }
     k = PyTuple_Pack(2, topic, qid_obj);
     if (k == NULL) return NULL;
+    if ((*hash = PyObject_Hash(k)) == -1) {
+        Py_DECREF(k);
+        return NULL;
+    }
     PyObject_GC_UnTrack(k);
     Py_INCREF(k);
     Py_XSETREF(key_cache[slot], k);
+    key_hashes[slot] = *hash;
     return k;
 }
 
 /* encode_fields + place_core: the record of an encoded message written straight into the segment (lock held
  * by the caller). */
 static PyObject *put_direct(PyObject *cl, const Enc *e, PyObject *now_obj) {
-    PyObject *key = queue_key(e->topic, e->qid_obj, e->qid), *res = NULL;
+    Py_hash_t kh = -1;
+    PyObject *key = queue_key(e->topic, e->qid_obj, e->qid, &kh), *res = NULL;
     PyObject *sf = PyLong_FromLongLong(e->sys_flag), *pr = PyLong_FromLongLong(e->prepared);
     if (key != NULL && sf != NULL && pr != NULL) {
-        Placing pl = {NULL, key, e->shost, e->tags, NULL, sf, pr, e, counted_of(e->sys_flag)};
+        Placing pl = {NULL, key, e->shost, e->tags, NULL, sf, pr, e, counted_of(e->sys_flag), kh};
         res = place_core(cl, &pl, (Py_ssize_t)e->size, now_obj);
     }
     Py_XDECREF(key); Py_XDECREF(sf); Py_XDECREF(pr);

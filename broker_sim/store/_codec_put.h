@@ -29,10 +29,20 @@ static PyObject *populate(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyBool_FromLong(ok);
 }
 
+/* Wall-clock milliseconds as an int: puts within the same millisecond share one object. */
 static PyObject *now_obj_ms(void) {
+    static PyObject *last;
+    static long long last_ms;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return PyLong_FromLongLong((long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    long long ms = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    if (last != NULL && ms == last_ms) return Py_NewRef(last);
+    PyObject *o = PyLong_FromLongLong(ms);
+    if (o != NULL) {
+        Py_XSETREF(last, Py_NewRef(o));
+        last_ms = ms;
+    }
+    return o;
 }
 
 /* put_plain(commit_log, msg) -> PutMessageResult: MessageStore.put_message's common case in one call
@@ -45,13 +55,9 @@ static PyObject *now_obj_ms(void) {
  * goes to general(msg) (PutPath.put_general), which reports the status: the store is stopped
  * (gate.running false) or the disk full (expiry.disk_full), the message has a DELAY property, the encoder
  * rejects it, or the commit-log lock is held by someone else (the general path waits for it). */
-static PyObject *put_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "put_plain(commit_log, msg)");
-        return NULL;
-    }
+static PyObject *put_one(PyObject *cl, PyObject *msg) {
     NEED_CONFIGURED(NULL)
-    PyObject *cl = args[0], *msg = args[1], *st = getattr_fast(cl, SLOT(put_state)), *now = NULL;
+    PyObject *st = getattr_fast(cl, SLOT(put_state)), *now = NULL;
     PyObject *ar = NULL, *res = NULL, *props = NULL;
     Enc e;
     int encoded = 0;
@@ -127,6 +133,27 @@ done:
     if (encoded) enc_clear(&e);
     Py_XDECREF(st); Py_XDECREF(now); Py_XDECREF(ar); Py_XDECREF(props);
     return res;
+}
+
+static PyObject *put_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "put_plain(commit_log, msg)");
+        return NULL;
+    }
+    return put_one(args[0], args[1]);
+}
+
+/* The bound form: a builtin method whose self is the commit log (METH_O: CPython calls it with the message
+ * directly, no functools.partial in between). */
+static PyObject *put_bound(PyObject *cl, PyObject *msg) {
+    return put_one(cl, msg);
+}
+
+static PyMethodDef put_bound_def = {"put_message", put_bound, METH_O, "put_plain bound to a commit log."};
+
+/* bind_put(commit_log) -> put_message(msg): put_plain with the commit log bound. */
+static PyObject *bind_put(PyObject *self, PyObject *cl) {
+    return PyCFunction_NewEx(&put_bound_def, cl, NULL);
 }
 
 static PyObject *now_ms(PyObject *self, PyObject *unused) {

@@ -258,6 +258,7 @@ enum { K_MSG = 0, K_FILE = 1, K_LOG = 2, K_QUEUE = 3, K_PUT_PATH = 4, K_EXPIRY =
 #define SLOT_prefault_mark K_LOG, 5
 #define SLOT_last_append K_LOG, 6
 #define SLOT_put_state K_LOG, 7
+#define SLOT_hint_append K_LOG, 8
 #define SLOT_files K_QUEUE, 0
 #define SLOT_running K_PUT_PATH, 0
 #define SLOT_crashed K_PUT_PATH, 1
@@ -341,11 +342,11 @@ static PyObject *register_slots(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *log_fields[] = {s_file_size, s_max_hints, s_mfq, s_table, s_hints, s_prefault_mark, s_last_append,
-                              s_put_state};
+                              s_put_state, s_hint_append};
     PyObject *queue_fields[] = {s_files}, *state_fields[] = {s_running, s_crashed}, *expiry_fields[] = {s_disk_full};
     int rc;
     if (PyUnicode_CompareWithASCIIString(args[1], "commit_log") == 0)
-        rc = register_fast(2, args[0], log_fields, 8);
+        rc = register_fast(2, args[0], log_fields, 9);
     else if (PyUnicode_CompareWithASCIIString(args[1], "file_queue") == 0)
         rc = register_fast(3, args[0], queue_fields, 1);
     else if (PyUnicode_CompareWithASCIIString(args[1], "put_path") == 0)

@@ -16,7 +16,6 @@ a gap, hints dropped because the dispatcher lags far behind) is dispatched from 
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -74,9 +73,9 @@ def compiled_lock() -> LockLike:
 class CommitLog:
     # slots: the compiled append reads several of them per put, in place (``codec.register_slots``)
     __slots__ = (
-        "_now", "_place", "_prepare", "clock", "codec", "dispatch_hints", "file_size", "impl", "last_append",
-        "lock", "max_hints", "max_message_size", "mfq", "prefault_mark", "prefault_wake", "put_state",
-        "store_host", "topic_fields", "topic_queue_table",
+        "_now", "_place", "_prepare", "clock", "codec", "dispatch_hints", "file_size", "hint_append", "impl",
+        "last_append", "lock", "max_hints", "max_message_size", "mfq", "prefault_mark", "prefault_wake",
+        "put_state", "store_host", "topic_fields", "topic_queue_table",
     )  # fmt: skip
 
     def __init__(
@@ -99,6 +98,8 @@ class CommitLog:
         # (end offset, store timestamp) of the newest record: the flusher turns it into the checkpoint
         self.last_append: tuple[int, int] = (0, 0)
         self.dispatch_hints: deque[DispatchHint] = deque()
+        #: ``dispatch_hints.append``, bound once (the compiled append calls it without a method lookup)
+        self.hint_append: Callable[[DispatchHint], None] = self.dispatch_hints.append
         self.max_hints = MAX_HINTS
         # an append ending at or past this offset calls prefault_wake (see broker_sim.store.prefault)
         self.prefault_mark = NO_PREFAULT
@@ -152,7 +153,8 @@ class CommitLog:
             self.store_host, self.topic_fields, self.max_message_size, self.file_size, self.lock, wake,
             gate, expiry, general, flush_gate, timeout_s, outcome, vars(wake),
         )  # fmt: skip
-        return functools.partial(codec.compiled.put_plain, self)
+        put: PlainPut = codec.compiled.bind_put(self)
+        return put
 
     def append(self, msg: MessageInner) -> AppendMessageResult:
         """Append one message; raises MessageIllegalError/PropertiesSizeExceededError for bad input."""

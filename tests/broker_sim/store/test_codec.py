@@ -39,7 +39,16 @@ needs_c = pytest.mark.skipif(codec.compiled is None, reason="the compiled codec 
 
 topics = st.one_of(st.from_regex(r"\A[%|a-zA-Z0-9_-]{1,130}\Z"), st.sampled_from(["", " ", "bad topic", "Ü"]))
 text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12)  # \x01, \x02 and all
-props = st.dictionaries(st.one_of(text, st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY"])), text, max_size=6)
+# values long enough that the compiled encoder's 256-byte properties buffer fills part-way through the dict
+# (entries after that are checked and written by a second walk), separators placed on either side of that
+# point, and "TAGS" also as an equal str that is another object
+long_text = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=60, max_size=260)
+values = st.one_of(text, long_text, st.sampled_from(["a\x01b", "\x02", "x" * 250 + "\x01", "TagA"]))
+props = st.dictionaries(
+    st.one_of(text, st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "".join(["TA", "GS"]), "k\x02"])),
+    values,
+    max_size=6,
+)
 ints = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**64), 2**64))
 hosts = st.one_of(
     st.tuples(st.sampled_from(["10.0.0.7", "127.0.0.1", "255.255.255.255"]), st.integers(0, 2**31 - 1)),
@@ -101,6 +110,29 @@ def test_compiled_prepare_equals_python(msg: MessageInner, max_size: int, file_s
     assert c_cache == py_cache
     if c[0] == "ok":  # again, now from the topic cache
         assert codec.compiled.prepare(msg, STORE_HOST, c_cache, max_size, file_size) == py[1]
+
+
+@needs_c
+@pytest.mark.parametrize(
+    "properties",
+    [
+        {"KEYS": "k" * 300, "TAGS": "TagB"},  # TAGS after the entry that overflows the buffer
+        {"TAGS": "TagB", "KEYS": "k" * 300, "A": "b"},
+        {"A": "x" * 240, "B": "y" * 20, "TAGS": "t"},  # the second entry is the first that does not fit
+        {"A": "x" * 250, "TAGS": "t\x01"},  # a separator after the buffer filled
+        {"TAGS": "t\x02", "A": "x" * 250},  # ... and before
+        {"A\x01": "b", "TAGS": "t"},
+        {"A": "x" * 252},  # exactly the buffer: "A" + 1 + 252 + 2 = 256
+        {"A": "x" * 253},  # one byte past it
+        {"Ü": "ß" * 200, "TAGS": "TagC"},  # non-ASCII: UTF-8 lengths, not character counts
+    ],
+)
+def test_compiled_prepare_equals_python_on_long_properties(properties: dict[str, str]) -> None:
+    """The compiled encoder copies properties into a 256-byte buffer on its one walk and writes the rest
+    with a second walk: record bytes, TAGS and raw properties match the Python encoder on both sides."""
+    msg = MessageInner("T", b"body", properties=properties, born_host=("10.0.0.7", 5555))
+    args = (msg, STORE_HOST, {}, 4 * 1024 * 1024, 2**30)
+    assert codec.compiled.prepare(*args) == codec.py_prepare(*args)
 
 
 @settings(max_examples=200, deadline=None)
@@ -252,12 +284,16 @@ def repeats() -> list[MessageInner]:
     from one put for the next (the properties bytes, queue keys, the last parsed address) must not leak."""
     same_ip = "".join(["10.0.0.", "7"])  # equal to the first address, another object
     hosts = [("10.0.0.7", 5555), ("10.0.0.8", 5555), (same_ip, 6000)]
-    kinds: list[dict[str, str]] = [{"TAGS": "TagA"}, {"TAGS": "TagA"}, {"TAGS": "TagC"}, {"KEYS": "k"}, {}]
+    kinds: list[dict[str, str]] = [
+        {"TAGS": "TagA"}, {"TAGS": "TagA"}, {"TAGS": "TagC"}, {"KEYS": "k"}, {},
+        {"KEYS": "k" * 300, "TAGS": "TagB"},  # past the encoder's 256-byte properties buffer
+        {"TAGS": "a\x01b", "KEYS": "k"},  # a separator inside a value: tags unknown, the dispatcher decodes
+    ]  # fmt: skip
     out = []
     for i in range(150):
         m = MessageInner(
             ["TopicA", "TopicB"][i // 7 % 2], bytes([i % 256]) * (i * 13 % 500 + 1), queue_id=i // 3 % 3,
-            properties=dict(kinds[i % 5]), born_host=hosts[i // 5 % 3],
+            properties=dict(kinds[i % len(kinds)]), born_host=hosts[i // 5 % 3],
             store_host=None if i % 6 else ("10.1.1.1", 10911),
         )  # fmt: skip
         out.append(m)
@@ -276,6 +312,8 @@ def test_one_call_put_equals_general_put(tmp_path: Path, flush: FlushDiskType, k
     stores = [MessageStore(tmp_path / name, cfg) for name in "ab"]
     stores[1].put_message = stores[1].put_path.put_general
     assert stores[0].put_message != stores[0].put_path.put_general
+    # the compiled put is a builtin method bound to the log (no functools.partial in between)
+    assert getattr(stores[0].put_message, "__self__", None) is stores[0].commit_log
     out = []
     for store in stores:
         seen: list[DispatchRequest] = []
