@@ -366,13 +366,23 @@ static PyObject *place_core(PyObject *cl, const Placing *pl, Py_ssize_t size, Py
         if (ok == NULL) goto done_objs;
         Py_DECREF(ok);
     }
-    PyObject *last = PyTuple_Pack(2, end_obj, now_obj);
-    if (last != NULL) PyObject_GC_UnTrack(last);
-    if (last == NULL || setattr_fast(cl, SLOT(last_append), last) < 0) {
-        Py_XDECREF(last);
-        goto done_objs;
+    /* last_append = (end, now): a tuple only the log holds (nobody can see it change) is refilled in place */
+    PyObject **last_slot = slot_ptr(cl, SLOT_last_append), *last = last_slot != NULL ? *last_slot : NULL;
+    if (last != NULL && PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) == 2 && Py_REFCNT(last) == 1) {
+        PyObject *old_end = PyTuple_GET_ITEM(last, 0), *old_now = PyTuple_GET_ITEM(last, 1);
+        PyTuple_SET_ITEM(last, 0, Py_NewRef(end_obj));
+        PyTuple_SET_ITEM(last, 1, Py_NewRef(now_obj));
+        Py_DECREF(old_end);  /* ints: freeing them runs no code */
+        Py_DECREF(old_now);
+    } else {
+        last = PyTuple_Pack(2, end_obj, now_obj);
+        if (last != NULL) PyObject_GC_UnTrack(last);
+        if (last == NULL || setattr_fast(cl, SLOT(last_append), last) < 0) {
+            Py_XDECREF(last);
+            goto done_objs;
+        }
+        Py_DECREF(last);
     }
-    Py_DECREF(last);
     PyObject *one = PyLong_FromLong(1), *none = PyTuple_New(0);
     PyObject *rargs[8] = {put_ok, phys_obj, size_obj, qoff_obj, now_obj, one, pl->shost, none};
     res = one && none ? new_slots(&append_result_cls, rargs) : NULL;

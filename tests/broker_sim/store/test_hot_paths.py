@@ -5,7 +5,9 @@
   decode unchanged, delayed and transactional records, and segment rolls;
 * ``get_message`` without a filter vs the same call with an accept-all predicate, across segment rolls and
   byte caps (the loop's reordered removal/segment checks must not change statuses or next offsets);
-* a header field out of int32 range is MESSAGE_ILLEGAL, not a struct error.
+* a header field out of int32 range is MESSAGE_ILLEGAL, not a struct error;
+* the one-call put keeps ``last_append`` (what the flusher checkpoints) right whether or not it can refill
+  the tuple in place.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from broker_sim.store import MessageInner, MessageStore, PutMessageStatus
+from broker_sim.clock import SystemClock
+from broker_sim.store import MessageInner, MessageStore, PutMessageStatus, codec
 from broker_sim.store import commit_log as commit_log_module
 from broker_sim.store.results import DispatchRequest
 from tests.broker_sim.store.conftest import StoreFactory, msg
@@ -111,3 +114,24 @@ def test_header_field_out_of_range_is_illegal(make_store: StoreFactory) -> None:
     bad = MessageInner("TopicA", b"x", flag=2**31, born_host=("10.0.0.7", 5555))
     assert store.put_message(bad).status is PutMessageStatus.MESSAGE_ILLEGAL
     assert store.put_message(msg()).status is PutMessageStatus.PUT_OK
+
+
+def test_last_append_follows_every_put(make_store: StoreFactory) -> None:
+    """``commit_log.last_append`` = (end of the log, store time of the newest record) after each put, across
+    segment rolls; a tuple someone else holds is never changed under them (the compiled put refills the
+    tuple in place only while the log alone holds it)."""
+    store = make_store(clock=SystemClock(), commit_log_file_size=4096)
+    cl = store.commit_log
+    if codec.compiled is not None:  # the one-call put is taken on the system clock
+        assert getattr(store.put_message, "__self__", None) is cl
+    for i in range(60):
+        held = cl.last_append if i % 2 else None
+        snapshot = list(held) if held is not None else None  # tuple(held) would be held itself
+        r = store.put_message(msg(body=b"x" * (i * 7 % 300 + 1), queue_id=i % 3, tags="T"))
+        a = r.append_result
+        assert r.status is PutMessageStatus.PUT_OK and a is not None
+        assert cl.last_append == (a.wrote_offset + a.wrote_bytes, a.store_timestamp)
+        assert cl.last_append[0] == store.max_phy_offset
+        if held is not None:
+            assert list(held) == snapshot
+    assert len(cl.mfq.files) > 2
