@@ -30,7 +30,7 @@ static PyObject *s_topic, *s_body, *s_queue_id, *s_flag, *s_properties, *s_sys_f
     *s_born_host, *s_store_host, *s_reconsume_times, *s_prepared, *s_tags_key, *s_mfq, *s_files, *s_wrote,
     *s_file_from_offset, *s_mm, *s_file_size, *s_table, *s_hints, *s_max_hints, *s_last_append, *s_roll,
     *s_append, *s_popleft, *s_appendleft, *s_prefault_mark, *s_prefault_wake, *s_put_state, *s_acquire, *s_release,
-    *s_flag_attr, *s_set, *s_empty, *s_running, *s_disk_full, *s_delay, *s_crashed, *s_hint_append;
+    *s_flag_attr, *s_set, *s_empty, *s_running, *s_disk_full, *s_crashed, *s_hint_append;
 #include "_codec_support.h"
 
 #define NEED_CONFIGURED(ret)                                                                    \
@@ -100,7 +100,7 @@ PyMODINIT_FUNC PyInit__codec(void) {
         {&s_max_hints, "max_hints"}, {&s_last_append, "last_append"}, {&s_roll, "roll"}, {&s_append, "append"}, {&s_popleft, "popleft"}, {&s_appendleft, "appendleft"},
         {&s_prefault_mark, "prefault_mark"}, {&s_prefault_wake, "prefault_wake"}, {&s_put_state, "put_state"},
         {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_flag_attr, "_flag"}, {&s_set, "set"}, {&s_empty, ""},
-        {&s_running, "running"}, {&s_disk_full, "disk_full"}, {&s_delay, "DELAY"}, {&s_crashed, "crashed"},
+        {&s_running, "running"}, {&s_disk_full, "disk_full"}, {&s_crashed, "crashed"},
         {&s_hint_append, "hint_append"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {

@@ -15,6 +15,7 @@ typedef struct {
     unsigned char born[8];
     unsigned long crc;
     int pinline;  /* 1: the PROPERTIES bytes are pbuf[:plen] (walked once); 0: write_record walks the dict */
+    int delay;  /* a DELAY property is set (put_plain leaves such a put to the general path) */
     unsigned char pbuf[PBUF_MAX];  /* last member: not cleared by encode_fields */
 } Enc;
 
@@ -59,8 +60,8 @@ static int encode_fields(PyObject *const *args, Enc *e) {
     e->props = getattr_fast(msg, SLOT(properties));
     if (e->props == NULL || !PyDict_CheckExact(e->props)) goto slow;
     /* One walk: each entry is copied into pbuf as "k\x01v\x02" while it fits (write_record then copies
-     * pbuf[:plen]); an entry past that is checked with memchr and written by a second walk. TAGS is noted
-     * on the way (a str equal to "TAGS" has exactly those UTF-8 bytes). */
+     * pbuf[:plen]); an entry past that is checked with memchr and written by a second walk. TAGS and DELAY
+     * are noted on the way (a str equal to "TAGS" has exactly those UTF-8 bytes). */
     Py_ssize_t pos = 0, n = PyDict_GET_SIZE(e->props), copied = 0;
     unsigned char *w = e->pbuf;
     PyObject *tags = NULL;
@@ -84,6 +85,7 @@ static int encode_fields(PyObject *const *args, Enc *e) {
             if (memchr(kb, 1, kl) || memchr(kb, 2, kl) || memchr(vb, 1, vl) || memchr(vb, 2, vl)) clean = 0;
         }
         if (kl == 4 && memcmp(kb, "TAGS", 4) == 0) tags = v;
+        else if (kl == 5 && memcmp(kb, "DELAY", 5) == 0) e->delay = 1;
         e->plen += kl + 1 + vl + 1;
     }
     /* the copied entries are clean when their only \x01/\x02 bytes are the separators written above */

@@ -58,7 +58,7 @@ static PyObject *now_obj_ms(void) {
 static PyObject *put_one(PyObject *cl, PyObject *msg) {
     NEED_CONFIGURED(NULL)
     PyObject *st = getattr_fast(cl, SLOT(put_state)), *now = NULL;
-    PyObject *ar = NULL, *res = NULL, *props = NULL;
+    PyObject *ar = NULL, *res = NULL;
     Enc e;
     int encoded = 0;
     if (st == NULL) return NULL;
@@ -72,15 +72,11 @@ static PyObject *put_one(PyObject *cl, PyObject *msg) {
     if (ok > 0) ok = flag_is(PyTuple_GET_ITEM(st, 7), SLOT(disk_full), 0);
     if (ok < 0) goto done;
     if (ok == 0) goto general;
-    if ((props = getattr_fast(msg, SLOT(properties))) == NULL) goto done;
-    if (!PyDict_CheckExact(props)) goto general;
-    ok = PyDict_Contains(props, s_delay);
-    if (ok < 0) goto done;
-    if (ok) goto general;
     PyObject *a5[5] = {msg, PyTuple_GET_ITEM(st, 0), PyTuple_GET_ITEM(st, 1), PyTuple_GET_ITEM(st, 2),
                        PyTuple_GET_ITEM(st, 3)};
     if (!encode_fields(a5, &e)) goto general;  /* general() prepares again and reports the error */
     encoded = 1;
+    if (e.delay) goto general;  /* noted by encode_fields' walk of the properties */
     int locked = lock_try(lock);
     if (locked < 0) goto done;
     if (!locked) goto general;
@@ -131,7 +127,7 @@ general:
     res = PyObject_CallOneArg(general, msg);
 done:
     if (encoded) enc_clear(&e);
-    Py_XDECREF(st); Py_XDECREF(now); Py_XDECREF(ar); Py_XDECREF(props);
+    Py_XDECREF(st); Py_XDECREF(now); Py_XDECREF(ar);
     return res;
 }
 

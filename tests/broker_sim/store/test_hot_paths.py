@@ -7,7 +7,9 @@
   byte caps (the loop's reordered removal/segment checks must not change statuses or next offsets);
 * a header field out of int32 range is MESSAGE_ILLEGAL, not a struct error;
 * the one-call put keeps ``last_append`` (what the flusher checkpoints) right whether or not it can refill
-  the tuple in place.
+  the tuple in place;
+* the one-call put hands a message with a DELAY property to the general path (the schedule rewrite), wherever
+  DELAY sits among the properties.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import pytest
 from broker_sim.clock import SystemClock
 from broker_sim.store import MessageInner, MessageStore, PutMessageStatus, codec
 from broker_sim.store import commit_log as commit_log_module
+from broker_sim.store.config import SCHEDULE_TOPIC
+from broker_sim.store.message_record import decode_record
 from broker_sim.store.results import DispatchRequest
 from tests.broker_sim.store.conftest import StoreFactory, msg
 
@@ -135,3 +139,25 @@ def test_last_append_follows_every_put(make_store: StoreFactory) -> None:
         if held is not None:
             assert list(held) == snapshot
     assert len(cl.mfq.files) > 2
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"KEYS": "k" * 300},  # DELAY after the entry that overflows the compiled encoder's properties buffer
+        {"A": "b", "B": "c"},
+    ],
+)
+def test_delayed_put_goes_to_the_schedule_topic(make_store: StoreFactory, extra: dict[str, str]) -> None:
+    store = make_store(clock=SystemClock())
+    delay_key = "".join(["DEL", "AY"])  # equal to "DELAY", another object
+    for key in ("DELAY", delay_key):
+        r = store.put_message(msg(body=b"later", queue_id=1, tags="T", **extra, **{key: "2"}))
+        a = r.append_result
+        assert r.status is PutMessageStatus.PUT_OK and a is not None
+        raw = store.commit_log.record_at(a.wrote_offset, a.wrote_bytes)
+        assert raw is not None
+        ext = decode_record(raw)
+        assert (ext.topic, ext.queue_id) == (SCHEDULE_TOPIC, 1)
+        assert (ext.properties["REAL_TOPIC"], ext.properties["REAL_QID"]) == ("TopicA", "1")
