@@ -46,8 +46,8 @@ static PyObject *now_obj_ms(void) {
 }
 
 /* put_plain(commit_log, msg) -> PutMessageResult: MessageStore.put_message's common case in one call
- * (ASYNC_FLUSH, asynchronous dispatch, system clock, no replication), bound to the commit log by
- * CommitLog.plain_put. commit_log.put_state = (store host, topic cache, max message size, segment size,
+ * (ASYNC_FLUSH, asynchronous dispatch, system clock, no replication); CommitLog.plain_put binds it to the
+ * commit log with bind_put (below). commit_log.put_state = (store host, topic cache, max message size, segment size,
  * commit-log lock, the dispatcher's wake-up Event, gate, expiry, general, flush gate, flush timeout in
  * seconds, outcome, the Event's __dict__). With a flush gate (SYNC_FLUSH) the put then waits on it instead of waking the
  * dispatcher (the flush round does), and hands a late flush or a crash to outcome(append result, flushed),
