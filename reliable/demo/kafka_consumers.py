@@ -33,17 +33,27 @@ class ChaosConsumer(KafkaGuardedConsumer):
     drop_commits = False
     crash_before_commit = False
     crashed = False
-    #: a stalled consumer does not poll (a slow or stuck service): records pile up unconsumed
+    #: a stalled consumer neither polls nor fetches (a slow or stuck service): records pile up on the broker
     stalled = False
     #: set once a stalled consumer is out of the poll it was in (that poll may still have handled records)
     parked = False
 
     def poll_once(self) -> int:
         if self.stalled:
-            self.parked = True
+            if not self.parked:
+                # not polling is not enough: librdkafka keeps fetching into its local queue in the background,
+                # and records it already holds would survive the broker losing them. Paused partitions fetch
+                # nothing; on resume they are fetched again from the consumer's position.
+                self._consumer.pause(self._consumer.assignment())
+                self.parked = True
             time.sleep(self.poll_s)
             return 0
-        self.parked = False
+        if self.parked:
+            self.parked = False
+            own = self._paused  # the adapter's retry pauses stay until their delay is over
+            self._consumer.resume(
+                [tp for tp in self._consumer.assignment() if (tp.topic, tp.partition) not in own]
+            )
         return super().poll_once()
 
     def _commit_to_kafka(self, offsets: list[TopicPartition]) -> None:

@@ -4,7 +4,7 @@
   replay from the last commit that did arrive (the guard suppresses the duplicates);
 * **consumer crash** — one consumer stops after its guard commits and before its offset commit, and leaves
   without committing: the next owner of its partitions gets the batch again;
-* **consumers stalled, then broker restart with memory storage** — the consumers stop polling, the next
+* **consumers stalled, then broker restart with memory storage** — the consumers stop fetching, the next
   orders are acknowledged and then lost with every committed offset (what a lost produce acknowledgement or
   an unflushed power cut loses): the sweeper must repair them from the stubs.
 
