@@ -88,17 +88,16 @@ class DbapiRunner:
     def _wrapped(self, conn: Connection, sql: str, params: Any, exc: Exception, cur: Any) -> Exception:
         """``exc`` as SQLAlchemy's ``DBAPIError``; a disconnect invalidates ``conn``, as SQLAlchemy does (a
         connection the caller invalidated already counts as one)."""
-        disconnect = conn.invalidated or self.engine.dialect.is_disconnect(
+        if not conn.invalidated and self.engine.dialect.is_disconnect(
             cast(Any, exc), conn.connection.dbapi_connection, cur
-        )
-        if disconnect and not conn.invalidated:
+        ):
             conn.invalidate(exc)
         return DBAPIError.instance(
             sql,
             params,
             exc,
             self._dbapi_error,
-            connection_invalidated=disconnect,
+            connection_invalidated=conn.invalidated,
             dialect=self.engine.dialect,
         )
 
