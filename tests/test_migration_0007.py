@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Connection, Engine, bindparam, text
 
-from reliable.facade import make_engine
 from reliable.migrate import downgrade, upgrade
 from reliable.outbox import settle_slice
 from reliable.sweeper.selection import due_statement
 from tests import services
+from tests.test_migrations import engine_for
 
 INDEXES = {
     "ix_message_inbox_status_resend_at": "message_inbox",
@@ -23,12 +23,8 @@ INDEXES = {
 
 @pytest.fixture
 def engine() -> Iterator[Engine]:
-    with services.scratch_database("postgres") as url:
-        eng = make_engine(url)
-        try:
-            yield eng
-        finally:
-            eng.dispose()
+    with services.scratch_database("postgres") as url, engine_for(url) as eng:
+        yield eng
 
 
 def _index_defs(engine: Engine) -> dict[str, str]:
