@@ -46,7 +46,7 @@ def queue_stats(enriched: DataFrame) -> DataFrame:
     functions per row instead of one per output column (about fifty), which was most of this scan's CPU —
     and those few hundred rows per queue are then summed into the queue's columns. The group and overall
     rows are summed from these on the driver (:func:`reliable.reconcile.rollup.roll_up`), the percentiles
-    come from :func:`latency_sketch`.
+    come from :func:`sketch_rows`.
     """
     flags = ("is_lost", "is_stuck", "is_unsent", "is_never_consumed")
     fine = enriched.groupBy(
@@ -106,35 +106,13 @@ def bucket_value_column(bucket: Column) -> Column:
     )
 
 
-def _metric_bytes() -> Column:
-    return F.array(
-        *(
-            F.struct(F.lit(i).cast("byte").alias("metric"), log_bucket(m).alias("bucket"))
-            for i, m in enumerate(LATENCY_METRICS)
-        )
-    )
-
-
 def _metric_names(index: Column) -> Column:
     return F.element_at(F.array(*(F.lit(m) for m in LATENCY_METRICS)), index.cast("int") + 1)
 
 
-def latency_sketch(enriched: DataFrame) -> DataFrame:
-    """Pairs per (queue, latency metric, log bucket): the mergeable sketch the percentiles are read from."""
-    # the metric is keyed by its index (a byte), not its name: hashing and comparing a string key per row
-    # was a visible part of this aggregation over millions of pairs; the names come back on the few
-    # aggregated rows
-    return (
-        enriched.select(*QUEUE_KEY, F.inline(_metric_bytes()))
-        .where(F.col("bucket").isNotNull())
-        .groupBy(*QUEUE_KEY, "metric", "bucket")
-        .agg(F.count(F.lit(1)).alias("n"))
-        .select(*QUEUE_KEY, _metric_names(F.col("metric")).alias("metric"), "bucket", "n")
-    )
-
-
 def sketch_and_timeline_counts(enriched: DataFrame) -> DataFrame:
-    """:func:`latency_sketch` and the timeline's pair counts in one pass: one row per aggregated key.
+    """The latency sketch (pairs per queue, latency metric and log bucket: the mergeable sketch the
+    percentiles are read from) and the timeline's pair counts in one pass: one row per aggregated key.
 
     Each pair becomes two sketch rows (``kind`` the metric's index, the queue key, ``minute`` null) and
     the timeline's three (``kind`` ``len(LATENCY_METRICS)`` + the timeline's kind, ``consumer_group``
@@ -175,7 +153,9 @@ def sketch_and_timeline_counts(enriched: DataFrame) -> DataFrame:
 
 
 def sketch_rows(counts: DataFrame) -> DataFrame:
-    """The :func:`latency_sketch` rows of :func:`sketch_and_timeline_counts`."""
+    """The latency sketch rows of :func:`sketch_and_timeline_counts`: ``QUEUE_KEY, metric, bucket, n``, the
+    metric by name (it is counted by its index, a byte: hashing a string key per pair was a visible part of
+    the aggregation over millions of pairs)."""
     return counts.where(F.col("kind") < len(LATENCY_METRICS)).select(
         *QUEUE_KEY, _metric_names(F.col("kind")).alias("metric"), "bucket", "n"
     )

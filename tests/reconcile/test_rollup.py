@@ -79,16 +79,18 @@ def test_group_and_overall_percentiles_are_those_of_their_own_pairs() -> None:
 def test_spark_buckets_latencies_exactly_as_documented(spark: Any) -> None:
     from pyspark.sql import functions as F
 
-    from reliable.reconcile.aggregates import latency_sketch
+    from reliable.reconcile.aggregates import sketch_and_timeline_counts, sketch_rows
 
     values = [None, 0.0, 0.0004, -0.0004, 0.001, 0.0011, 1.0, 49.999, 50.0, 250.0, -12.5, 86_400_000.0]
-    rows = [("g", "t", "", 0, v, v) for v in values]
+    rows = [("g", "t", "", 0, v, v, None, None, 1, None) for v in values]
     df = spark.createDataFrame(
         rows,
         "consumer_group string, topic string, broker_name string, queue_id int, first_delivery_ms double, "
-        "confirm_ms double",
+        "confirm_ms double, created_at timestamp, first_received_at timestamp, send_count int, "
+        "last_sent_at timestamp",
     )
-    got = {(r["bucket"], r["n"]) for r in latency_sketch(df).where(F.col("metric") == "confirm_ms").collect()}
+    sketch = sketch_rows(sketch_and_timeline_counts(df))
+    got = {(r["bucket"], r["n"]) for r in sketch.where(F.col("metric") == "confirm_ms").collect()}
     want: dict[int, int] = {}
     for v in values:
         if v is not None:
