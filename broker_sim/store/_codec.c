@@ -82,6 +82,8 @@ static PyMethodDef methods[] = {
     {"build_runs", (PyCFunction)(void (*)(void))build_runs, METH_FASTCALL, "Group hints into queue runs."},
     {"populate", (PyCFunction)(void (*)(void))populate, METH_FASTCALL, "Prefault pages without the GIL."},
     {"crc32", crc32_py, METH_O, "zlib.crc32 as the encoder computes it."},
+    {"java_hash_concat", (PyCFunction)(void (*)(void))java_hash_concat, METH_FASTCALL,
+     "String.hashCode() of a prefix (by its hash) + s."},
     {"now_ms", now_ms, METH_NOARGS, "Wall-clock milliseconds (time.time_ns() // 1_000_000)."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, "Hand over the Python helpers."},
     {NULL, NULL, 0, NULL},

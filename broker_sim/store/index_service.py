@@ -11,12 +11,19 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from broker_sim.clock import Clock
+from broker_sim.store import codec
 from broker_sim.store.index_file import IndexFile, index_key_hash
 from broker_sim.store.mapped_file import fsync_dir
 from broker_sim.store.message_record import KEY_SEPARATOR, java_hash_concat, java_string_hash
+
+#: ``java_hash_concat``, compiled when the extension is built (the index hashes every key it dispatches)
+_hash_concat: Callable[[int, str], int] = (
+    codec.compiled.java_hash_concat if codec.compiled is not None else java_hash_concat
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +113,11 @@ class IndexService:
             if prefix is None:
                 prefix = self._prefix_hashes[topic] = java_string_hash(topic + "#")
             if uniq:
-                f = self._put(f, index_key_hash(java_hash_concat(prefix, uniq)), phy_offset, store_ts)
+                f = self._put(f, index_key_hash(_hash_concat(prefix, uniq)), phy_offset, store_ts)
             if raw_keys:
                 for key in raw_keys.split(KEY_SEPARATOR):
                     if key:
-                        f = self._put(f, index_key_hash(java_hash_concat(prefix, key)), phy_offset, store_ts)
+                        f = self._put(f, index_key_hash(_hash_concat(prefix, key)), phy_offset, store_ts)
             self._end_phy = phy_offset
 
     def _put(self, f: IndexFile, key_hash: int, phy_offset: int, store_ts: int) -> IndexFile:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_sim.store import MessageIllegalError, MessageInner
+from broker_sim.store import MessageIllegalError, MessageInner, codec
 from broker_sim.store.message_record import (
     decode_msg_id,
     decode_properties,
@@ -122,10 +123,24 @@ def test_java_hash_matches_reference(s: str) -> None:
     assert java_string_hash(s) == java_hash_reference(s)
 
 
+# the index hashes its keys with the compiled twin when the extension is built: both must give Java's value
+CONCAT: list[tuple[str, Callable[[int, str], int]]] = [("python", java_hash_concat)]
+if codec.compiled is not None:
+    CONCAT.append(("c", codec.compiled.java_hash_concat))
+
+
+@pytest.mark.parametrize("concat", [fn for _, fn in CONCAT], ids=[name for name, _ in CONCAT])
 @settings(deadline=None)
 @given(st.text(max_size=40), st.text(max_size=60))
-def test_java_hash_of_a_concatenation(prefix: str, suffix: str) -> None:
-    assert java_hash_concat(java_string_hash(prefix), suffix) == java_hash_reference(prefix + suffix)
+def test_java_hash_of_a_concatenation(concat: Callable[[int, str], int], prefix: str, suffix: str) -> None:
+    assert concat(java_string_hash(prefix), suffix) == java_hash_reference(prefix + suffix)
+
+
+@pytest.mark.parametrize("concat", [fn for _, fn in CONCAT], ids=[name for name, _ in CONCAT])
+def test_java_hash_of_index_keys(concat: Callable[[int, str], int]) -> None:
+    prefix = java_string_hash("BenchTopic#")
+    for key in ("7F0000010A2B18B4AAC2000000000123", "", "order-1", "clé", "key-\U0001f600", "k" * 300):
+        assert concat(prefix, key) == java_hash_reference("BenchTopic#" + key)
 
 
 def test_java_hash_known_values() -> None:
