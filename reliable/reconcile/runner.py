@@ -182,7 +182,7 @@ def reconcile(
         c.message_resends = _rows(A.message_resend_histogram(inputs.stubs))
         c.messages = sum(int(r["messages"]) for r in c.message_resends)
         c.progress = _rows(inputs.progress)
-        c.timeline = _rows(timeline_frame(inputs.logs, pairs, duplicates, keep_now, A.timeline_rows(counts)))
+        c.timeline = _rows(timeline_frame(inputs.logs, duplicates, A.timeline_rows(counts), keep_now))
 
         p.step("lost, stuck, dead and unsent pairs")
         attention = keep(T.needs_attention(pairs))  # few rows: one pass over the join, four small writes

@@ -63,26 +63,26 @@ def timeline_kinds() -> list[tuple[int, Any, Any]]:
 
 def timeline_frame(
     deliveries: Any,
-    enriched: Any,
-    duplicates: Any = None,
+    duplicates: Any,
+    counted: Any,
     keep: Callable[[Any], Any] = lambda df: df,
-    counted: Any = None,
 ) -> Any:
-    """Per-minute counts (see module docstring) from the deliveries and the enriched pairs.
+    """Per-minute counts (see module docstring) from the deliveries, the extra deliveries and the pair counts.
 
-    ``deliveries`` has ``consumer_group, received_at`` and, unless ``duplicates`` (the extra deliveries, with
-    their ``cause``) is given separately, ``cause``. ``keep`` is applied to the small aggregated frames
-    the rest reads several times (the job persists and materialises them, so each big scan runs once).
+    ``deliveries`` has ``consumer_group, received_at`` (every delivery, counted once); ``duplicates`` the
+    extra deliveries with their ``cause`` (:func:`reliable.reconcile.transforms.duplicate_deliveries`);
+    ``counted`` the pairs counted per (group, kind, minute, latency bucket) — ``consumer_group, kind, minute,
+    bucket, n``, from :func:`reliable.reconcile.aggregates.timeline_rows` of
+    :func:`reliable.reconcile.aggregates.sketch_and_timeline_counts`, which counts the pairs for the latency
+    sketch in the same scan. ``keep`` is applied to the small aggregated frame the rest reads several times
+    (the job persists and materialises it, so the scan of the deliveries runs once).
 
-    Two scans, both per group: deliveries by minute and cause, and one pass over the pairs that counts, per
-    (group, kind, minute[, latency bucket]), the staged, first-delivered and re-sent pairs — the first
-    delivery's minute keyed with its log bucket (:func:`reliable.reconcile.aggregates.log_bucket`), so the
-    p95 is read from bucket counts (within :data:`reliable.reconcile.rollup.LATENCY_RELATIVE_ERROR` of the
-    nearest-rank value) instead of a percentile sketch object per minute. ``counted`` (``consumer_group,
-    kind, minute, bucket, n``, already kept) replaces the second scan when the caller counted the pairs
-    together with something else (:func:`reliable.reconcile.aggregates.sketch_and_timeline_counts`).
-    Everything after that works on the small aggregated rows: the "all groups" rows are their sums, never a
-    second copy of the input.
+    One scan of the deliveries by minute and cause; the staged, first-delivered and re-sent pairs come
+    from ``counted``, the first delivery's minute keyed with its log bucket
+    (:func:`reliable.reconcile.aggregates.log_bucket`), so the p95 is read from bucket counts (within
+    :data:`reliable.reconcile.rollup.LATENCY_RELATIVE_ERROR` of the nearest-rank value) instead of a
+    percentile sketch object per minute. Everything after that works on the small aggregated rows: the "all
+    groups" rows are their sums, never a second copy of the input.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -97,33 +97,18 @@ def timeline_frame(
         return df.unionByName(total.withColumn("consumer_group", F.lit(ALL_GROUPS)))
 
     key = ["consumer_group", "minute"]
-    if duplicates is None:
-        arrivals = deliveries.select("consumer_group", "received_at", "cause", F.lit(1).alias("counts"))
-    else:  # every delivery counted once, each extra one's cause from the duplicates
-        arrivals = deliveries.select(
-            "consumer_group",
-            "received_at",
-            F.lit(None).cast("string").alias("cause"),
-            F.lit(1).alias("counts"),
-        ).unionByName(duplicates.select("consumer_group", "received_at", "cause", F.lit(0).alias("counts")))
+    # every delivery counted once, each extra one's cause from the duplicates
+    arrivals = deliveries.select(
+        "consumer_group",
+        "received_at",
+        F.lit(None).cast("string").alias("cause"),
+        F.lit(1).alias("counts"),
+    ).unionByName(duplicates.select("consumer_group", "received_at", "cause", F.lit(0).alias("counts")))
     per_minute = arrivals.groupBy("consumer_group", _minute("received_at").alias("minute")).agg(
         F.sum("counts").cast("long").alias("deliveries"),
         *(count_if(F.col("cause") == c).alias(f"dup_{c}") for c in CAUSES),
     )
     per_minute = with_all(keep(per_minute), ["minute"], ["deliveries", *(f"dup_{c}" for c in CAUSES)])
-    if counted is None:
-        kinds = F.array(
-            *(
-                F.struct(F.lit(k).cast("byte").alias("kind"), minute.alias("minute"), b.alias("bucket"))
-                for k, minute, b in timeline_kinds()
-            )
-        )
-        counted = keep(
-            enriched.select("consumer_group", F.inline(kinds))
-            .where(F.col("minute").isNotNull())
-            .groupBy("consumer_group", "kind", "minute", "bucket")
-            .agg(F.count(F.lit(1)).alias("n"))
-        )
     counted = with_all(counted, ["kind", "minute", "bucket"], ["n"])
     counts = counted.groupBy(*key).agg(
         *(

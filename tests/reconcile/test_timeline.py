@@ -1,9 +1,10 @@
 """The timeline: per minute, what arrived, which arrivals were duplicates and why, what was re-sent, the
 latency and the backlog (Spark, local[2]).
 
-The inputs are the two frames the job already has — classified deliveries and the enriched (group, message)
-rows — built here from plain rows with only the columns the timeline reads; the full pipeline (those frames
-from the tables) runs in test_report.py / test_html.py.
+The inputs are what the job gives the timeline — every delivery, the extra deliveries with their cause, and
+the pairs counted by the job's own one-scan aggregation (``sketch_and_timeline_counts`` → ``timeline_rows``)
+— built here from plain rows with only the columns those read; the full pipeline (those frames from the
+tables) runs in test_report.py / test_html.py.
 """
 
 from __future__ import annotations
@@ -38,9 +39,13 @@ def row(
     ms = None if first is None else (first - created).total_seconds() * 1000
     return {
         "consumer_group": group,
+        "topic": "orders",
+        "broker_name": "",
+        "queue_id": 0,
         "created_at": created,
         "first_received_at": first,
         "first_delivery_ms": ms,
+        "confirm_ms": None,
         "send_count": sends,
         "last_sent_at": last_sent or created,
     }
@@ -49,29 +54,33 @@ def row(
 @pytest.mark.spark
 @pytest.mark.slow
 def test_per_minute_figures(spark: Any) -> None:
+    from reliable.reconcile.aggregates import sketch_and_timeline_counts, timeline_rows
     from reliable.reconcile.timeline import timeline_frame
 
-    classified = spark.createDataFrame(
-        [
-            delivery(G1, at(0, 10)),  # A, first delivery 5 s after creation
-            delivery(G1, at(1, 20), "retry"),  # A again: the consumer asked for a retry
-            delivery(G1, at(2, 5)),  # B, 95 s after creation
-            delivery(G1, at(2, 30), "producer_double_send"),  # B at another offset
-            delivery(G2, at(0, 41)),  # E, another group
-        ],
-        "consumer_group string, received_at timestamp, cause string",
-    )
-    enriched = spark.createDataFrame(
+    arrivals = [
+        delivery(G1, at(0, 10)),  # A, first delivery 5 s after creation
+        delivery(G1, at(1, 20), "retry"),  # A again: the consumer asked for a retry
+        delivery(G1, at(2, 5)),  # B, 95 s after creation
+        delivery(G1, at(2, 30), "producer_double_send"),  # B at another offset
+        delivery(G2, at(0, 41)),  # E, another group
+    ]
+    schema = "consumer_group string, received_at timestamp, cause string"
+    deliveries = spark.createDataFrame(arrivals, schema).drop("cause")
+    duplicates = spark.createDataFrame([d for d in arrivals if d["cause"]], schema)
+    pairs = spark.createDataFrame(
         [
             row(G1, at(0, 5), at(0, 10)),  # A
             row(G1, at(0, 30), at(2, 5), sends=2, last_sent=at(2, 0)),  # B, re-sent at minute 2
             row(G1, at(1, 0), None),  # C, never delivered: the backlog stays up
             row(G2, at(0, 40), at(0, 41)),  # E
         ],
-        "consumer_group string, created_at timestamp, first_received_at timestamp, first_delivery_ms double, "
-        "send_count int, last_sent_at timestamp",
+        "consumer_group string, topic string, broker_name string, queue_id int, created_at timestamp, "
+        "first_received_at timestamp, first_delivery_ms double, confirm_ms double, send_count int, "
+        "last_sent_at timestamp",
     )
-    timeline = timeline_summary(r.asDict() for r in timeline_frame(classified, enriched).collect())
+    counted = timeline_rows(sketch_and_timeline_counts(pairs))
+    frame = timeline_frame(deliveries, duplicates, counted)
+    timeline = timeline_summary(r.asDict() for r in frame.collect())
 
     g1 = timeline["groups"][G1]
     assert [p["minute"][-6:] for p in g1] == ["11:30Z", "11:31Z", "11:32Z"]
