@@ -49,6 +49,12 @@ def _autocommit(dbapi_conn: Any) -> bool:
     return bool(getattr(dbapi_conn, "autocommit", False))
 
 
+def _psycopg_begins(dbapi_conn: Any) -> bool:
+    """Whether psycopg sends a ``BEGIN`` of its own before the statement about to go out: it does when it is
+    not in autocommit mode and the server session is idle (a pipelined opener's ``BEGIN`` makes it busy)."""
+    return not _autocommit(dbapi_conn) and not _pg_busy(dbapi_conn)
+
+
 class Counter:
     """Counts the round trips of one ``Reliability`` on the thread that calls :meth:`attach` (see above)."""
 
@@ -74,7 +80,6 @@ class Counter:
         engine = self.rel.engine
         for name, fn in (
             ("before_cursor_execute", self._sqlalchemy_statement),
-            ("begin", self._begin),
             ("commit", self._commit),
             ("rollback", self._rollback),
         ):
@@ -103,6 +108,9 @@ class Counter:
     def _statement(self, conn: Connection, sql: str, params: Any, many: bool) -> None:
         if not self._mine():
             return
+        edge = sql.rstrip().endswith(("BEGIN", "COMMIT"))  # sent through libpq with its BEGIN / COMMIT
+        if self.pg and not edge and _psycopg_begins(conn.connection.dbapi_connection):
+            self.db += 1  # psycopg sends BEGIN before this statement
         # psycopg pipelines an executemany into one round trip; PyMySQL folds a multi-row INSERT into one
         # statement but sends any other executemany row by row (SQLite: one call per row, in-process)
         folded = self.pg or sql.lstrip().upper().startswith("INSERT")
@@ -117,10 +125,8 @@ class Counter:
     def _sqlalchemy_statement(self, conn: Any, cursor: Any, statement: str, *a: Any) -> None:
         if self._mine():
             self.db += 1
-
-    def _begin(self, conn: Connection) -> None:
-        if self._mine() and self.pg and not _autocommit(conn.connection.dbapi_connection):
-            self.db += 1  # psycopg sends BEGIN before the first statement
+            if self.pg and _psycopg_begins(conn.connection.dbapi_connection):
+                self.db += 1  # psycopg sends BEGIN before this statement
 
     def _commit(self, conn: Connection) -> None:
         if not self._mine():

@@ -92,7 +92,7 @@ class WorkTransaction:
                 it.decision, it.claimed, it.verdict, it.log_id = None, False, None, None
             attempt, committed = run, False
             try:
-                with self.sql.transaction(conn):
+                with self.sql.transaction(conn, pipelined_begin=True):  # _open sends BEGIN with its statement
                     self._transaction(conn, run, savepoints)
                 committed = True
                 for it in run:  # a handler that failed in savepoint mode has a row but no outcome yet

@@ -40,8 +40,13 @@ from typing import Any
 
 from psycopg import errors, pq
 
+# enum members looked up once: these are compared several times per round trip
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+_PIPELINE_OFF = pq.PipelineStatus.OFF
+_CONN_OK = pq.ConnStatus.OK
 _PLACEHOLDER = re.compile(r"%s|%%")
 
 #: key in a pooled connection's ``info``: (the PGconn the names were prepared on, names prepared there)
@@ -130,7 +135,8 @@ def run(
     error comes back in :attr:`Outcome.error` after every result was read, so the connection is idle again.
     """
     name, text = statement
-    values = [as_text(v) for v in params]
+    text_of = _TEXT.get  # the exact-type lookup inline; as_text for None and the rest
+    values = [conv(v) if (conv := text_of(type(v))) is not None else as_text(v) for v in params]
     pgconn.enter_pipeline_mode()
     try:
         if before is not None:
@@ -145,7 +151,7 @@ def run(
         _flush(pgconn)
         out = _read(pgconn, encoding)
     finally:
-        if pgconn.pipeline_status != pq.PipelineStatus.OFF and pgconn.status == pq.ConnStatus.OK:
+        if pgconn.pipeline_status != _PIPELINE_OFF and pgconn.status == _CONN_OK:
             pgconn.exit_pipeline_mode()
     if out.error is None:
         prepared.add(name)
@@ -176,7 +182,7 @@ def _read(pgconn: Any, encoding: str) -> Outcome:
             pgconn.consume_input()
         res = pgconn.get_result()
         if res is None:  # end of one command's results — or, on a connection libpq gave up, of all of them
-            if pgconn.status != pq.ConnStatus.OK:
+            if pgconn.status != _CONN_OK:
                 message = pgconn.error_message.decode(encoding, "replace").strip()
                 raise errors.OperationalError(f"connection lost mid-pipeline: {message or 'no message'}")
             continue
@@ -186,13 +192,13 @@ def _read(pgconn: Any, encoding: str) -> Outcome:
         if status == _FATAL:
             if out.error is None:
                 out.error = errors.error_from_result(res, encoding=encoding)
-        elif status == pq.ExecStatus.TUPLES_OK:
+        elif status == _TUPLES_OK:
             ntuples, nfields = res.ntuples, res.nfields
             out.rows = [
                 tuple(_decode(res.get_value(r, c), encoding) for c in range(nfields)) for r in range(ntuples)
             ]
             out.rowcount = ntuples
-        elif status == pq.ExecStatus.COMMAND_OK and res.command_tuples is not None:
+        elif status == _COMMAND_OK and res.command_tuples is not None:
             out.rowcount = res.command_tuples
         # anything else (PIPELINE_ABORTED: skipped after an error; Parse/Close/BEGIN without a count) is
         # part of the same round trip and carries nothing the caller needs

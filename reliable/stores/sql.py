@@ -79,16 +79,21 @@ class SqlStore:
         self.db.execute(conn, sql)
 
     @contextlib.contextmanager
-    def transaction(self, conn: Connection) -> Iterator[None]:
+    def transaction(self, conn: Connection, *, pipelined_begin: bool = False) -> Iterator[None]:
         """One guard transaction on ``conn``: commits on normal exit, rolls back on an exception.
 
-        On psycopg the driver runs in autocommit mode meanwhile and the transaction is driven by the
-        statements themselves: the first one the guard sends carries ``BEGIN`` (``begin=True``), the last
-        ``COMMIT`` (``commit=True``), so neither costs a round trip of its own. SQLAlchemy still sees an open
-        transaction (the handler's ``Session`` joins it, savepoints work), and its commit at the end finds
-        the server idle and sends nothing; a rollback is sent only if the server is still in the block.
+        On psycopg the transaction is driven by the statements themselves: the first one the guard sends
+        carries ``BEGIN`` (``begin=True``), the last ``COMMIT`` (``commit=True``), so neither costs a round
+        trip of its own. SQLAlchemy still sees an open transaction (the handler's ``Session`` joins it,
+        savepoints work), and its commit at the end finds the server idle and sends nothing; a rollback is
+        sent only if the server is still in the block. The driver runs in autocommit mode meanwhile, so that
+        a first statement sent through psycopg itself does not get a ``BEGIN`` of psycopg's own — unless
+        ``pipelined_begin`` says the first statement is sent with ``BEGIN`` through libpq's pipeline
+        (:meth:`DbapiRunner.all`, synchronous psycopg): psycopg then only ever sees the session inside that
+        transaction (or idle after its ``COMMIT``), so its autocommit setting is never consulted and is left
+        alone.
         """
-        if not self.db.piggybacks:
+        if not self.db.piggybacks or (pipelined_begin and self.db.pipelines(conn)):
             with conn.begin():
                 yield
             return

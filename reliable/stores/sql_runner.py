@@ -104,7 +104,7 @@ class DbapiRunner:
     def all(self, conn: Connection, sql: str, params: Any, *, begin: bool = False) -> list[Any]:
         """Rows of one statement; ``begin`` (PostgreSQL): open the transaction in the same round trip."""
         if begin and self.piggybacks:
-            if self._pipelines(conn):
+            if self.pipelines(conn):
                 return cast(list[Any], self._pipelined(conn, sql, params, "BEGIN", True))
             rows: list[Any] = self._cursor_call(
                 conn, self._literal(conn, sql, params) + "; BEGIN", None, False, True
@@ -118,7 +118,7 @@ class DbapiRunner:
     ) -> int:
         """Row count of one statement; ``commit`` (PostgreSQL): send ``COMMIT`` in the same round trip."""
         if commit and self.piggybacks:
-            if self._pipelines(conn):
+            if self.pipelines(conn):
                 return int(self._pipelined(conn, sql, params, "COMMIT", False))
             return int(
                 self._cursor_call(conn, self._literal(conn, sql, params) + "; COMMIT", None, False, False)
@@ -126,7 +126,7 @@ class DbapiRunner:
         return int(self._cursor_call(conn, sql, params, many, False))
 
     # --- PostgreSQL: BEGIN and COMMIT ride on a statement -------------------------------------------------
-    def _pipelines(self, conn: Connection) -> bool:
+    def pipelines(self, conn: Connection) -> bool:
         """Whether ``conn`` is a synchronous psycopg connection (asyncio takes :meth:`_literal`)."""
         return self._sync_psycopg is not None and isinstance(
             conn.connection.driver_connection, self._sync_psycopg
@@ -199,20 +199,43 @@ class DbapiRunner:
         conn.connection.dbapi_connection.autocommit = on  # type: ignore[union-attr]
 
 
+#: set on a dialect whose ``do_rollback`` already forgets prepared statements (:func:`_watch_rollbacks`)
+_WATCHED = "reliable_forgets_prepared_on_rollback"
+
+
 def _watch_rollbacks(engine: Engine) -> None:
-    """Forget what was prepared on a connection when psycopg may deallocate it (once per engine)."""
-    if not event.contains(engine, "rollback", _on_rollback):
-        event.listen(engine, "rollback", _on_rollback)
-        event.listen(engine.pool, "reset", _on_reset)
+    """Forget what was prepared on a connection when psycopg may deallocate it (once per engine).
 
-
-def _on_rollback(conn: Connection) -> None:
-    if conn.invalidated:  # its DBAPI connection is gone, and with it what was prepared there
+    Every rollback SQLAlchemy sends — a ``Connection``'s, or the pool's reset at check-in — goes through the
+    dialect's ``do_rollback``, so that is wrapped, on this engine's dialect only. Not an engine ``rollback``
+    event: any engine-level listener makes SQLAlchemy dispatch events at every begin, statement and commit
+    of every connection of the engine, handlers' statements included. The pool's ``reset`` event (which
+    does not) covers a pool that resets without a rollback.
+    """
+    dialect = engine.dialect
+    if getattr(dialect, _WATCHED, False):
         return
-    fairy = conn.connection
+    rollback = dialect.do_rollback
+
+    def do_rollback(dbapi_connection: Any) -> None:
+        _forget_prepared(dbapi_connection)
+        rollback(dbapi_connection)
+
+    dialect.do_rollback = do_rollback  # type: ignore[method-assign]
+    setattr(dialect, _WATCHED, True)
+    event.listen(engine.pool, "reset", _on_reset)
+
+
+def _forget_prepared(fairy: Any) -> None:
+    """``fairy``: the pool's proxy of the DBAPI connection, about to be rolled back."""
     pgconn = getattr(fairy.driver_connection, "pgconn", None)
-    if pgconn is not None:
-        pg_pipeline.forget_after_rollback(fairy.info, pgconn)
+    if pgconn is None:
+        return
+    try:
+        info = fairy.info
+    except NotImplementedError:  # the ad-hoc proxy of an engine's very first connection: nothing prepared yet
+        return
+    pg_pipeline.forget_after_rollback(info, pgconn)
 
 
 def _on_reset(dbapi_conn: Any, record: Any, state: Any) -> None:

@@ -104,3 +104,40 @@ def test_psycopg_deallocating_everything_on_a_rollback_costs_no_delivery(rel: Re
     assert [handle.decide(env(m)).reason for m in after] == [Reason.PROCESSED] * 3
     assert [applied(rel, m) for m in ids + after] == [1] * 11
     handle.close()
+
+
+def test_the_guard_adds_no_engine_event_that_every_statement_would_pay_for(rel: Reliability) -> None:
+    """Any engine-level listener makes SQLAlchemy dispatch events at every begin, statement and commit of
+    every connection of the engine, the handler's own statements included."""
+    handle = idempotent_consumer(rel, group="ev", registry=CollectorRegistry())(apply)
+    assert handle.decide(env(f"ev-{uuid.uuid4().hex[:8]}")).reason is Reason.PROCESSED
+    connection_events = [
+        "engine_connect",
+        "begin",
+        "commit",
+        "rollback",
+        "before_execute",
+        "after_execute",
+        "before_cursor_execute",
+        "after_cursor_execute",
+        "savepoint",
+        "rollback_savepoint",
+        "release_savepoint",
+    ]
+    assert [name for name in connection_events if getattr(rel.engine.dispatch, name)] == []
+    handle.close()
+
+
+def test_a_guard_made_before_its_engine_ever_connected_works(
+    rel: Reliability, db_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """The engine's first connection is rolled back by SQLAlchemy through a stand-in proxy (no pool entry)."""
+    fresh = Reliability(db_url, redis_url, key_prefix=key_prefix)
+    try:
+        handle = idempotent_consumer(fresh, group="first", registry=CollectorRegistry())(apply)
+        mid = f"first-{uuid.uuid4().hex[:8]}"
+        assert handle.decide(env(mid)).reason is Reason.PROCESSED
+        assert applied(fresh, mid) == 1
+        handle.close()
+    finally:
+        fresh.close()
