@@ -52,9 +52,11 @@ from bench.bench_core import (
     powertools,
 )
 from reliable import Envelope, Reliability
+from reliable import constants as C
 from reliable.models import utcnow
 from reliable.stores import pg_pipeline as P
 from reliable.stores import sql_text as T
+from reliable.stores.lease import done_value, lease_key, processing_value
 
 #: the bench's bodies are all ``{}`` (bench_core.envelopes); the producer rows carry this hash
 PAYLOAD_HASH = hashlib.sha256(b"{}").hexdigest()
@@ -90,11 +92,11 @@ class WireFloor:
     def __call__(self, envs: Sequence[Envelope]) -> None:
         pg = self.conn.pgconn
         for e in envs:
-            key = f"{self.prefix}:{self.group}:{e.message_id}"
+            key = lease_key(self.prefix, self.group, str(e.message_id))
             self._lease(key)
             now = utcnow()
             log = (e.message_id, self.group, e.topic, e.queue_id, e.queue_offset, 0, now, "SUCCESS", "floor")
-            log_row = (*log, "processed", None, "")
+            log_row = (*log, "processed", e.topic, "")  # original topic: the delivered one (no retry)
             if self.claim:
                 head: tuple[Any, ...] = (self.group, e.message_id, "CONFIRMED", 0, PAYLOAD_HASH, now, now, 0)
                 params: tuple[Any, ...] = (*head, now, now, *log_row)
@@ -107,11 +109,14 @@ class WireFloor:
             self._ok(P.run(pg, self.prepared, self.insert, (e.message_id,), before=None, after=None))
             mark = (self.group, e.topic, "", e.queue_id, e.queue_offset, e.queue_offset, now, now, 1)
             self._ok(P.run(pg, self.prepared, self.progress, mark, before=None, after=b"COMMIT"))
-            self.done_marker = resp("SET", key, "done", "EX", 3600)
+            self.done_marker = resp("SET", key, done_value(PAYLOAD_HASH), "EX", C.DEFAULT_DONE_TTL_S)
 
     def _lease(self, key: str) -> None:
         """The previous done marker and this lease in one write; one reply line each (+OK, then nil)."""
-        self.redis.sendall(self.done_marker + resp("SET", key, "processing:floor", "NX", "PX", 60_000, "GET"))
+        self.redis.sendall(
+            self.done_marker
+            + resp("SET", key, processing_value("floor"), "NX", "PX", C.DEFAULT_LEASE_MS, "GET")
+        )
         want = 2 if self.done_marker else 1
         buf = b""
         while buf.count(b"\r\n") < want:
@@ -128,6 +133,12 @@ class WireFloor:
             raise outcome.error
 
     def close(self) -> None:
+        """Write the last message's done marker (the guard flushes its queued markers too), then close."""
+        if self.done_marker:
+            self.redis.sendall(self.done_marker)
+            if not self.redis.recv(64).startswith(b"+OK"):
+                raise RuntimeError("Redis refused the last done marker")
+            self.done_marker = b""
         self.redis.close()
         self.conn.close()
 
