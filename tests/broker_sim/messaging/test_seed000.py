@@ -71,8 +71,14 @@ def test_stalled_offset_kill_and_redelivery(broker: Broker) -> None:
     try:
         wait_until(stalled.is_set, what="the stall at 2101")
         wait_until(lambda: len(first) == 4 * PER_QUEUE - 1, timeout=60, what="everything but 2101")
-        stall_mq = MessageQueue("T", "broker-a", STALL_QUEUE)
-        assert c1.process_queues[stall_mq].committable_offset() == STALL_OFFSET
+        # the listener records a message before it returns, and the message leaves its process queue only
+        # after that: wait for the last ones to be finished, not just seen
+        expected = {q: STALL_OFFSET if q == STALL_QUEUE else PER_QUEUE for q in range(4)}
+        queues = {q: MessageQueue("T", "broker-a", q) for q in range(4)}
+        wait_until(
+            lambda: {q: c1.process_queues[mq].committable_offset() for q, mq in queues.items()} == expected,
+            what="every finished message committable",
+        )
         c1.persist_offsets()  # the consumer's 5-second commit tick
         broker.persist_all()  # and the broker's 5-second flush of consumerOffset.json
         table = json.loads((broker.store.config_dir / "consumerOffset.json").read_text())["offsetTable"][
