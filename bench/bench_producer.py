@@ -12,7 +12,7 @@ sides in alternating chunks (ours, baseline, ours, …) so background load on a 
 * p3 — consuming: ``RabbitMQConsumer`` running an ``@idempotent_consumer`` handler (journal, Redis lease,
   stub lock + confirm, business insert) ÷ a bare pika consumer doing the business insert and ``basic_ack``.
 
-No targets are set by the issues for these; the figures are recorded in docs/benchmarks.md.
+No targets are set by the issues for these; the figures are recorded in docs/benchmarks/producer.md.
 
 ``python -m bench.bench_producer [--n 600] [--chunks 3]`` (``python -m bench producer`` uses the defaults)
 """

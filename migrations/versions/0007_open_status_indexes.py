@@ -6,7 +6,7 @@
 read through them, yet each such write added an entry (a status change is never a HOT update while the
 column is indexed). On PostgreSQL they become partial, ``WHERE status IN ('PENDING', 'DEAD')``: a confirm or
 a claim writes one index entry fewer per row (two on the stub path), and the indexes stay the size of the
-open rows instead of growing with history (issue 18, server work per message; docs/benchmarks.md). Same
+open rows instead of growing with history (issue 18, server work per message; docs/benchmarks/core.md). Same
 names and columns; SQLite and MariaDB keep the full indexes (MariaDB has no partial indexes).
 
 Revision ID: 0007

@@ -89,7 +89,7 @@ def build_session(
     if local:
         # the driver is the only JVM and runs every task: the throughput collector has no concurrent GC
         # threads competing with the task threads on a small machine, nor G1's write barriers (the job
-        # keeps one big cache and makes short-lived rows); docs/benchmarks.md, d1 fifth round. On a
+        # keeps one big cache and makes short-lived rows); docs/benchmarks/reconcile.md, fifth round. On a
         # cluster the executors' own JVM options stand
         conf["spark.driver.extraJavaOptions"] += " " + LOCAL_DRIVER_GC
         conf["spark.driver.bindAddress"] = "127.0.0.1"
