@@ -20,16 +20,14 @@ from collections.abc import Callable, Sequence
 
 from bench.bench_core import (
     Runner,
-    _clean_redis,
     _ledger_sql,
     add_stubs,
-    database,
     envelopes,
     fresh,
     guarded,
     interleaved,
-    make_rel,
     report,
+    scratch_rel,
 )
 from reliable import Envelope, Reliability
 
@@ -69,14 +67,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--chunks", type=int, default=6)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    prefix = f"bench{os.getpid()}"
-    with database("postgres") as url:
-        rel = make_rel(url, prefix)
-        try:
-            ratios = [b5(rel, args.n, args.chunks) for _ in range(args.runs)]
-        finally:
-            _clean_redis(rel.redis, prefix)
-            rel.close()
+    with scratch_rel("postgres", f"bench{os.getpid()}") as (rel, _):
+        ratios = [b5(rel, args.n, args.chunks) for _ in range(args.runs)]
     runs = ", ".join(f"{r:.2f}" for r in ratios)
     print(f"b5 median of {len(ratios)}: {statistics.median(ratios):.2f}  (runs {runs})")
     return 0

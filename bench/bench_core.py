@@ -83,6 +83,19 @@ def make_rel(url: str, prefix: str) -> Reliability:
     return rel
 
 
+@contextlib.contextmanager
+def scratch_rel(kind: str, prefix: str) -> Iterator[tuple[Reliability, str]]:
+    """(:func:`make_rel` on a scratch database of ``kind``, its URL); Redis keys under ``prefix`` removed
+    afterwards."""
+    with database(kind) as url:
+        rel = make_rel(url, prefix)
+        try:
+            yield rel, url
+        finally:
+            _clean_redis(rel.redis, prefix)
+            rel.close()
+
+
 def add_stubs(rel: Reliability, ids: Sequence[str], group: str) -> None:
     import hashlib
 
@@ -409,7 +422,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _clean_redis(client: redis_lib.Redis | None, prefix: str) -> None:
+def _clean_redis(client: redis_lib.Redis | redis_lib.RedisCluster | None, prefix: str) -> None:
     if client is None:
         return
     for pattern in (f"{prefix}:*", "bare:*", f"benchpt{os.getpid()}*"):

@@ -41,15 +41,13 @@ from bench.bench_ceiling import commit_loop
 from bench.bench_core import (
     REDIS_URL,
     Runner,
-    _clean_redis,
     add_stubs,
-    database,
     envelopes,
     fresh,
     guarded,
     interleaved,
-    make_rel,
     powertools,
+    scratch_rel,
 )
 from reliable import Envelope, Reliability
 from reliable import constants as C
@@ -190,13 +188,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
     prefix = f"benchfl{os.getpid()}"
-    with database("postgres") as url:
-        rel = make_rel(url, prefix)
-        try:
-            results = [one_run(rel, url, prefix, args.n, args.chunks) for _ in range(args.runs)]
-        finally:
-            _clean_redis(rel.redis, prefix)
-            rel.close()
+    with scratch_rel("postgres", prefix) as (rel, url):
+        results = [one_run(rel, url, prefix, args.n, args.chunks) for _ in range(args.runs)]
     for name in results[0]:
         values = [r[name] for r in results]
         runs = ", ".join(f"{v:.2f}" for v in values)
