@@ -55,18 +55,10 @@ from reliable.models import utcnow
 from reliable.stores import pg_pipeline as P
 from reliable.stores import sql_text as T
 from reliable.stores.lease import done_value, lease_key, processing_value
+from reliable.stores.resp import encode
 
 #: the bench's bodies are all ``{}`` (bench_core.envelopes); the producer rows carry this hash
 PAYLOAD_HASH = hashlib.sha256(b"{}").hexdigest()
-
-
-def resp(*args: str | int) -> bytes:
-    """One Redis command in RESP."""
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
 
 
 class WireFloor:
@@ -83,9 +75,8 @@ class WireFloor:
         where = urlsplit(REDIS_URL)
         self.redis = socket.create_connection((where.hostname or "127.0.0.1", where.port or 6379))
         self.redis.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.done_marker = (
-            b""  # the previous message's, sent with the next lease (the guard's unwaited write)
-        )
+        # the previous message's done marker, sent with the next lease (the guard does not wait for it either)
+        self.done_marker = b""
 
     def __call__(self, envs: Sequence[Envelope]) -> None:
         pg = self.conn.pgconn
@@ -107,13 +98,15 @@ class WireFloor:
             self._ok(P.run(pg, self.prepared, self.insert, (e.message_id,), before=None, after=None))
             mark = (self.group, e.topic, "", e.queue_id, e.queue_offset, e.queue_offset, now, now, 1)
             self._ok(P.run(pg, self.prepared, self.progress, mark, before=None, after=b"COMMIT"))
-            self.done_marker = resp("SET", key, done_value(PAYLOAD_HASH), "EX", C.DEFAULT_DONE_TTL_S)
+            self.done_marker = encode(
+                [("SET", key, done_value(PAYLOAD_HASH), "EX", str(C.DEFAULT_DONE_TTL_S))]
+            )
 
     def _lease(self, key: str) -> None:
         """The previous done marker and this lease in one write; one reply line each (+OK, then nil)."""
         self.redis.sendall(
             self.done_marker
-            + resp("SET", key, processing_value("floor"), "NX", "PX", C.DEFAULT_LEASE_MS, "GET")
+            + encode([("SET", key, processing_value("floor"), "NX", "PX", str(C.DEFAULT_LEASE_MS), "GET")])
         )
         want = 2 if self.done_marker else 1
         buf = b""
