@@ -11,7 +11,15 @@ rows. Two scratch databases (empty, big) are timed in alternating chunks; each r
 the figure is the median ratio of ``--repeat`` repetitions. ``--explain`` prints the plans of the guard's
 lookups at the big size.
 
+``--lagging N`` measures a second topology instead: two consumer groups on the topic, every message sent
+with a producer stub and an inbox row per group, and the big side's *other* group ``LAGGING`` behind by ``N``
+messages (its ``N`` inbox rows PENDING, the guard's group done with them). Each message the guard confirms
+asks whether another group still owes it (the stub settle), so this shows whether a lagging group's backlog
+slows the group that keeps up. The backlog is added after both guards have warmed up (their prepared
+statements planned on small tables) and is not analysed.
+
     .venv/bin/python -m bench.bench_growth [--rows 10000000] [--n 600] [--chunks 6] [--repeat 3] [--explain]
+                                           [--lagging N]
 """
 
 from __future__ import annotations
@@ -23,9 +31,20 @@ import time
 
 from sqlalchemy import Engine, text
 
-from bench.bench_core import _clean_redis, database, envelopes, fresh, guarded, interleaved, make_rel
+from bench.bench_core import (
+    _clean_redis,
+    add_stubs,
+    database,
+    envelopes,
+    fresh,
+    guarded,
+    interleaved,
+    make_rel,
+)
+from reliable import Envelope, Reliability
 
 GROUP = "b4"
+LAGGING = "b4-lagging"  # --lagging: the topic's second group, which has not caught up
 #: psycopg sends small Python ints as smallint, which generate_series does not take
 SERIES = "generate_series(CAST(:a AS bigint), CAST(:b AS bigint))"
 FILL_BATCH = 1_000_000  # rows per INSERT … SELECT: one statement per million keeps each transaction short
@@ -62,6 +81,48 @@ def fill(engine: Engine, rows: int, group: str = GROUP) -> float:
     return time.perf_counter() - t
 
 
+def owe(engine: Engine, rows: int) -> float:
+    """``rows`` stubbed messages ``GROUP`` has confirmed and ``LAGGING`` still owes; returns seconds."""
+    t = time.perf_counter()
+    for start in range(0, rows, FILL_BATCH):
+        span = {"a": start, "b": min(rows, start + FILL_BATCH) - 1}
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO message_stub (message_id, topic, content, status, send_count, created_at, "
+                    f"updated_at) SELECT 'owed-' || i, 'bench', '\\x7b7d'::bytea, 'PENDING', 1, now(), now() "
+                    f"FROM {SERIES} i"
+                ),
+                span,
+            )
+            for group, status in ((GROUP, "CONFIRMED"), (LAGGING, "PENDING")):
+                conn.execute(
+                    text(
+                        "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, "
+                        "resend_count, resend_at, created_at, updated_at) SELECT :g, 'owed-' || i, :s, 0, 0, "
+                        f"now() + i * interval '1 ms', now(), now() FROM {SERIES} i"
+                    ),
+                    {**span, "g": group, "s": status},
+                )
+    return time.perf_counter() - t
+
+
+def two_groups(rel: Reliability, n: int) -> list[Envelope]:
+    """``n`` new messages with a stub and a PENDING inbox row for ``GROUP`` and for ``LAGGING``."""
+    ids = fresh("b4", n)
+    add_stubs(rel, ids, GROUP)
+    with rel.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count, "
+                "created_at, updated_at) SELECT :g, x, 'PENDING', 0, 0, now(), now() "
+                "FROM unnest(CAST(:ids AS text[])) x"
+            ),
+            {"g": LAGGING, "ids": ids},
+        )
+    return envelopes(ids)
+
+
 #: the guard's own statements that read an existing table (appends need no plan)
 EXPLAINED = {
     "inbox row lock": "SELECT status FROM message_inbox WHERE consumer_group = 'b4' AND message_id = 'x' "
@@ -89,29 +150,38 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--chunks", type=int, default=6)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--explain", action="store_true")
+    ap.add_argument("--lagging", type=int, default=0, help="instead of --rows: another group owes N messages")
     args = ap.parse_args(argv)
     prefix = f"bench{os.getpid()}"
     with database("postgres") as empty_url, database("postgres") as big_url:
         empty, big = make_rel(empty_url, prefix + "e"), make_rel(big_url, prefix + "b")
         try:
-            took = fill(big.engine, args.rows)
-            print(f"filled {args.rows:,} rows per table in {took:.0f} s (load {os.getloadavg()[0]:.2f})")
+            ours, base = guarded(big, GROUP), guarded(empty, GROUP)
+            if args.lagging:
+                for rel, side in ((big, ours), (empty, base)):  # plan the guard's statements on small tables
+                    side.batch_each(two_groups(rel, 50))
+                took = owe(big.engine, args.lagging)
+                what, other = f"{args.lagging:,} owed by {LAGGING}", "none owed"
+                print(f"{LAGGING} now owes {args.lagging:,} messages (added in {took:.0f} s, not analysed)")
+            else:
+                took = fill(big.engine, args.rows)
+                what, other = f"{args.rows:,} rows", "empty"
+                print(f"filled {args.rows:,} rows per table in {took:.0f} s (load {os.getloadavg()[0]:.2f})")
             if args.explain:
                 explain(big.engine)
-            ours, base = guarded(big, GROUP), guarded(empty, GROUP)
             ratios: list[float] = []
             for r in range(args.repeat):
                 load = os.getloadavg()[0]
+                if args.lagging:
+                    sides = (two_groups(big, args.n), two_groups(empty, args.n))
+                else:
+                    sides = (envelopes(fresh("b4", args.n)), envelopes(fresh("b4", args.n)))
                 big_side, empty_side = interleaved(
-                    [
-                        (ours.batch_each, envelopes(fresh("b4", args.n))),
-                        (base.batch_each, envelopes(fresh("b4", args.n))),
-                    ],
-                    args.chunks,
+                    [(ours.batch_each, sides[0]), (base.batch_each, sides[1])], args.chunks
                 )
                 ratios.append(big_side[0] / empty_side[0])
                 print(
-                    f"b4 run {r + 1}: {args.rows:,} rows {big_side[0]:6.0f} msg/s ÷ empty "
+                    f"b4 run {r + 1}: {what} {big_side[0]:6.0f} msg/s ÷ {other} "
                     f"{empty_side[0]:6.0f} msg/s = {ratios[-1]:.2f}  (load {load:.2f})"
                 )
             med = statistics.median(ratios)
