@@ -19,9 +19,12 @@ text>``), as before.
 Prepared statements and psycopg: psycopg discards *every* prepared statement of a session (``DEALLOCATE
 ALL``) when it rolls back a transaction while holding prepared statements of its own (a handler's query that
 ran five times is one), so a rollback seen on the connection makes the next opener re-parse: ``Close`` (not an
-error when the statement is gone) then ``Parse``, in the same round trip. Statements lost any other way (a
-pooler's ``DISCARD ALL``) fail the delivery once with SQLSTATE 26000 — it is answered ``database_unavailable``
-and redelivered — and the error's rollback makes the next one re-parse.
+error when the statement is gone) then ``Parse``, in the same round trip. Statements lost any other way —
+psycopg does the same when it sees a ``DROP`` or ``ALTER`` committed on the connection, a pooler may
+``DISCARD ALL`` — make the opener fail with SQLSTATE 26000 before anything of its transaction ran: it is
+rolled back and sent again with ``Parse`` (two round trips more, once). Lost between the opener and the closer
+(a handler's own DDL), the closer fails and the delivery with it: answered ``database_unavailable``,
+redelivered, re-parsed.
 
 Parameters go as text (the server parses them with the types it inferred at ``Parse``): ``str``, ``int``,
 ``bool``, ``float``, aware ``datetime`` and ``None`` — what the guard binds; anything else raises
@@ -97,6 +100,18 @@ def as_text(value: Any) -> bytes | None:
     if conv is None:
         raise TypeError(f"cannot bind {type(value).__name__} as a PostgreSQL text parameter")
     return conv(value)
+
+
+#: SQLSTATE invalid_sql_statement_name: a prepared statement the session no longer has
+LOST_STATEMENT = "26000"
+
+
+def roll_back(pgconn: Any) -> None:
+    """End the session's failed transaction (outside pipeline mode); ``OperationalError`` if that fails."""
+    res = pgconn.exec_(b"ROLLBACK")
+    if res.status != _COMMAND_OK:
+        message = res.error_message.decode("utf-8", "replace").strip()
+        raise errors.OperationalError(f"ROLLBACK failed: {message}")
 
 
 def prepared_on(info: dict[str, Any], pgconn: Any) -> set[bytes]:

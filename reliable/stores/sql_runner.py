@@ -146,16 +146,24 @@ class DbapiRunner:
         driver: Any = fairy.driver_connection
         pgconn = driver.pgconn
         prepared = pg_pipeline.prepared_on(fairy.info, pgconn)
+        statement = self._statements.get(sql)
+        opener = edge == "BEGIN"
         edge_sql = edge.encode()
         try:
             out = pg_pipeline.run(
                 pgconn,
                 prepared,
-                self._statements.get(sql),
+                statement,
                 params,
-                before=edge_sql if edge == "BEGIN" else None,
-                after=edge_sql if edge != "BEGIN" else None,
+                before=edge_sql if opener else None,
+                after=None if opener else edge_sql,
             )
+            if opener and out.error is not None and out.error.sqlstate == pg_pipeline.LOST_STATEMENT:
+                # the session lost the statement behind the guard's back (psycopg deallocates every prepared
+                # statement when it sees a DROP or ALTER on the connection, a pooler may DISCARD ALL): nothing
+                # of this transaction has run, so end it and open it again, parsing the statement this time
+                pg_pipeline.roll_back(pgconn)
+                out = pg_pipeline.run(pgconn, prepared, statement, params, before=edge_sql, after=None)
         except BaseException as exc:  # failed mid-way (socket, interrupt): its protocol state is unknown
             conn.invalidate(exc if isinstance(exc, Exception) else None)
             if isinstance(exc, self._dbapi_error):

@@ -1,8 +1,8 @@
 """PostgreSQL: the guard's statements sent through libpq's pipeline mode (:mod:`reliable.stores.pg_pipeline`).
 
 What a user needs: every value the guard binds reaches the server unchanged; a failing statement leaves the
-connection usable; and psycopg throwing away every prepared statement of a session (it does on a rollback once
-a handler's own query got prepared) never costs a delivery.
+connection usable; and psycopg throwing away every prepared statement of a session (it does on a rollback, a
+``DROP`` or an ``ALTER`` once a handler's own query got prepared) never costs a delivery.
 """
 
 from __future__ import annotations
@@ -101,6 +101,30 @@ def test_psycopg_deallocating_everything_on_a_rollback_costs_no_delivery(rel: Re
     assert handle.decide(env(f"pl-{uuid.uuid4().hex[:8]}")).reason is Reason.HANDLER_FAILED
     fail["now"] = False
     after = [f"pl-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    assert [handle.decide(env(m)).reason for m in after] == [Reason.PROCESSED] * 3
+    assert [applied(rel, m) for m in ids + after] == [1] * 11
+    handle.close()
+
+
+def test_an_applications_ddl_on_the_guards_connection_costs_no_delivery(rel: Reliability) -> None:
+    """psycopg deallocates every prepared statement of a session when it sees a ``DROP`` or ``ALTER`` there
+    (once it holds prepared statements of its own); an application sharing the engine may run one."""
+
+    def handler(e: Any, session: Session) -> None:
+        session.execute(text("SELECT count(*) FROM message_inbox WHERE consumer_group = 'dd'"))  # psycopg
+        apply(e, session)  # prepares these itself after five runs
+
+    handle = idempotent_consumer(rel, group="dd", registry=CollectorRegistry())(handler)
+    ids = [f"dd-{uuid.uuid4().hex[:8]}" for _ in range(8)]
+    assert [handle.decide(env(m)).reason for m in ids] == [Reason.PROCESSED] * 8
+    table = f"ddl_probe_{uuid.uuid4().hex[:8]}"
+    with rel.engine.begin() as conn:  # the guard's pooled connection, committed: no rollback to watch
+        held = conn.connection.driver_connection._prepared._names  # type: ignore[union-attr]
+        assert held
+        conn.exec_driver_sql(f"CREATE TABLE {table} (x int)")
+        conn.exec_driver_sql(f"DROP TABLE {table}")
+        assert not held  # psycopg deallocated everything, the guard's statements included
+    after = [f"dd-{uuid.uuid4().hex[:8]}" for _ in range(3)]
     assert [handle.decide(env(m)).reason for m in after] == [Reason.PROCESSED] * 3
     assert [applied(rel, m) for m in ids + after] == [1] * 11
     handle.close()
