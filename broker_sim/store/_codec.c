@@ -49,6 +49,8 @@ static PyObject *s_topic, *s_body, *s_queue_id, *s_flag, *s_properties, *s_sys_f
 
 #include "_codec_put.h"
 
+#include "_codec_prefault.h"
+
 static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject **slots[] = {&py_prepare, &check_topic, &host_bytes, &tags_unknown, &crc32_fn, &result_type,
                           &put_ok, &schedule_topic, &py_build_runs, &put_result_type, &put_status_ok};
@@ -81,6 +83,9 @@ static PyMethodDef methods[] = {
     {"take_hints", (PyCFunction)(void (*)(void))take_hints, METH_FASTCALL, "Pop hints continuing the log."},
     {"build_runs", (PyCFunction)(void (*)(void))build_runs, METH_FASTCALL, "Group hints into queue runs."},
     {"populate", (PyCFunction)(void (*)(void))populate, METH_FASTCALL, "Prefault pages without the GIL."},
+    {"populate_async", (PyCFunction)(void (*)(void))populate_async, METH_FASTCALL,
+     "Have the prefault worker populate pages."},
+    {"populate_idle", populate_idle, METH_NOARGS, "Wait until the prefault worker is between ranges."},
     {"crc32", crc32_py, METH_O, "zlib.crc32 as the encoder computes it."},
     {"java_hash_concat", (PyCFunction)(void (*)(void))java_hash_concat, METH_FASTCALL,
      "String.hashCode() of a prefix (by its hash) + s."},
@@ -109,6 +114,7 @@ PyMODINIT_FUNC PyInit__codec(void) {
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL) return NULL;
     }
     crc_table_init();
+    pthread_atfork(NULL, NULL, pf_after_fork);
 #ifdef HAVE_CLMUL_PATH
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");

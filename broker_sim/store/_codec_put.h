@@ -1,23 +1,35 @@
 /* The one-call put and small system helpers of _codec.c (included once, from there only): put_plain,
  * populate (prefaulting), now_ms. */
+/* The page-aligned address range [*lo, *hi) of mm[start:start+length] (args = mm, start, length), cut at the
+ * end of the mapping; empty when the range is. -1 with an exception set on bad arguments. */
+static int page_range(PyObject *const *args, Py_ssize_t nargs, const char *usage, uintptr_t *lo, uintptr_t *hi) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), length = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return -1;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return -1;
+    long page = sysconf(_SC_PAGESIZE);
+    *lo = *hi = 0;
+    if (start >= 0 && length > 0 && start < view.len) {
+        *lo = ((uintptr_t)view.buf + start) & ~(uintptr_t)(page - 1);
+        *hi = (uintptr_t)view.buf + (start + length < view.len ? start + length : view.len);
+    }
+    PyBuffer_Release(&view);
+    return 0;
+}
+
 /* populate(mm, start, length) -> bool: map the pages of mm[start:start+length] writable now, without the
  * GIL (MADV_POPULATE_WRITE: the page faults a later copy would take, paid on another thread; contents are
  * not touched, so the writer may be copying into the same pages). False where the kernel cannot. */
 static PyObject *populate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "populate(mm, start, length)");
-        return NULL;
-    }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]), length = PyLong_AsSsize_t(args[2]);
-    if (PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    uintptr_t lo, hi;
+    if (page_range(args, nargs, "populate(mm, start, length)", &lo, &hi) < 0) return NULL;
     int ok = 0;
 #ifdef MADV_POPULATE_WRITE
-    long page = sysconf(_SC_PAGESIZE);
-    if (start >= 0 && length > 0 && start < view.len) {
-        uintptr_t lo = ((uintptr_t)view.buf + start) & ~(uintptr_t)(page - 1);
-        uintptr_t hi = (uintptr_t)view.buf + (start + length < view.len ? start + length : view.len);
+    if (hi > lo) {
         int rc;
         Py_BEGIN_ALLOW_THREADS
         rc = madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
@@ -25,7 +37,6 @@ static PyObject *populate(PyObject *self, PyObject *const *args, Py_ssize_t narg
         ok = rc == 0;
     }
 #endif
-    PyBuffer_Release(&view);
     return PyBool_FromLong(ok);
 }
 

@@ -75,10 +75,11 @@ class StoreConfig:
     # Fault hook, called by the flusher before every commit-log flush (a test blocks it to provoke
     # FLUSH_DISK_TIMEOUT). Not part of RocketMQ.
     before_flush: Callable[[], None] | None = None
-    # RocketMQ's warmMapedFileEnable (default false there too): a thread populates the pages ahead of the
-    # commit log's write position (broker_sim/store/prefault.py). Measured slower end to end on the 2-core
-    # box (bench a1 −20 %: the populating thread competes for the cores), so off by default.
-    warm_mapped_file: bool = False
+    # RocketMQ's warmMapedFileEnable: the pages ahead of the commit log's write position are populated off
+    # the put path (broker_sim/store/prefault.py). None (default): on where the compiled extension's worker
+    # thread does it and the flush is ASYNC_FLUSH (populated pages are dirty, so a SYNC_FLUSH fdatasync would
+    # write them); the Python thread measured slower end to end on the 2-core box (bench a1 −20 %).
+    warm_mapped_file: bool | None = None
     # --- dispatch ---
     # True: a background dispatcher builds consume queues/index (RocketMQ's ReputMessageService, so a
     # message is readable a moment after its put returns). False: the put dispatches before returning.

@@ -157,7 +157,10 @@ class MessageStore:
         self.put_path.running = True
         self.put_path.crashed = False
         self.dispatcher.start()
-        if self.config.warm_mapped_file:
+        warm = self.config.warm_mapped_file
+        if warm is None:
+            warm = self.prefaulter.compiled and self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
+        if warm:
             self.prefaulter.start()
         self.group_commit.start()
         self.flusher.start()
