@@ -78,11 +78,14 @@ class Counter:
     def attach(self) -> Counter:
         sql_runner.STATEMENT_HOOKS.append(self._statement)
         engine = self.rel.engine
-        for name, fn in (
+        listeners: list[tuple[str, Callable[..., None]]] = [
             ("before_cursor_execute", self._sqlalchemy_statement),
             ("commit", self._commit),
             ("rollback", self._rollback),
-        ):
+        ]
+        if self.rel.dialect == "sqlite":  # BEGIN IMMEDIATE is sent by the dialect's do_begin, not a cursor
+            listeners.append(("begin", self._begin))
+        for name, fn in listeners:
             event.listen(engine, name, fn)
             self._listeners.append((name, fn))
         real_ping = engine.dialect.do_ping
@@ -127,6 +130,10 @@ class Counter:
             self.db += 1
             if self.pg and _psycopg_begins(conn.connection.dbapi_connection):
                 self.db += 1  # psycopg sends BEGIN before this statement
+
+    def _begin(self, conn: Connection) -> None:
+        if self._mine():
+            self.db += 1
 
     def _commit(self, conn: Connection) -> None:
         if not self._mine():

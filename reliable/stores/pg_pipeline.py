@@ -43,6 +43,8 @@ from typing import Any
 
 from psycopg import errors, pq
 
+from reliable.stores.sql_text import last_one
+
 # enum members looked up once: these are compared several times per round trip
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FATAL = pq.ExecStatus.FATAL_ERROR
@@ -74,10 +76,14 @@ class Statements:
         return found
 
 
-def _aware(value: dt.datetime) -> bytes:
+def _to_text(value: dt.datetime) -> bytes:
     if value.tzinfo is None:
         raise TypeError("naive datetime bound for PostgreSQL: the guard binds UTC-aware timestamps")
     return value.isoformat().encode()
+
+
+#: a delivery binds one ``now`` up to seven times: converted once
+_aware = last_one(_to_text)
 
 
 #: exact type → text input format (a dict lookup per value: this runs ~30 times per delivery)

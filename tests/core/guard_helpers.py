@@ -27,6 +27,22 @@ ledger = Table(
 
 _offsets = itertools.count(1)
 
+#: SQLAlchemy's connection events: a listener for any of them on an engine makes SQLAlchemy dispatch events at
+#: every begin, statement and commit of every connection of that engine, the handler's statements included
+CONNECTION_EVENTS = (
+    "engine_connect",
+    "begin",
+    "commit",
+    "rollback",
+    "before_execute",
+    "after_execute",
+    "before_cursor_execute",
+    "after_cursor_execute",
+    "savepoint",
+    "rollback_savepoint",
+    "release_savepoint",
+)
+
 
 def make_rel(db_url: str, redis_url: str | None, key_prefix: str, **settings: object) -> Reliability:
     rel = Reliability(db_url, redis_url, key_prefix=key_prefix, **settings)

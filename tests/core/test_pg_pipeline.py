@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from reliable import Reliability, idempotent_consumer
 from reliable.guard.decision import Reason
 from reliable.stores import pg_pipeline
-from tests.core.guard_helpers import applied, apply, env
+from tests.core.guard_helpers import CONNECTION_EVENTS, applied, apply, env
 
 pytestmark = pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
 
@@ -135,20 +135,7 @@ def test_the_guard_adds_no_engine_event_that_every_statement_would_pay_for(rel: 
     every connection of the engine, the handler's own statements included."""
     handle = idempotent_consumer(rel, group="ev", registry=CollectorRegistry())(apply)
     assert handle.decide(env(f"ev-{uuid.uuid4().hex[:8]}")).reason is Reason.PROCESSED
-    connection_events = [
-        "engine_connect",
-        "begin",
-        "commit",
-        "rollback",
-        "before_execute",
-        "after_execute",
-        "before_cursor_execute",
-        "after_cursor_execute",
-        "savepoint",
-        "rollback_savepoint",
-        "release_savepoint",
-    ]
-    assert [name for name in connection_events if getattr(rel.engine.dispatch, name)] == []
+    assert [name for name in CONNECTION_EVENTS if getattr(rel.engine.dispatch, name)] == []
     handle.close()
 
 
