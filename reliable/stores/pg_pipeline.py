@@ -23,8 +23,8 @@ error when the statement is gone) then ``Parse``, in the same round trip. Statem
 psycopg does the same when it sees a ``DROP`` or ``ALTER`` committed on the connection, a pooler may
 ``DISCARD ALL`` — make the opener fail with SQLSTATE 26000 before anything of its transaction ran: it is
 rolled back and sent again with ``Parse`` (two round trips more, once). Lost between the opener and the closer
-(a handler's own DDL), the closer fails and the delivery with it: answered ``database_unavailable``,
-redelivered, re-parsed.
+(a ``DEALLOCATE ALL`` sent behind psycopg's back while the handler runs), the closer fails and the delivery
+with it: answered ``database_unavailable``, redelivered, re-parsed.
 
 Parameters go as text (the server parses them with the types it inferred at ``Parse``): ``str``, ``int``,
 ``bool``, ``float``, aware ``datetime`` and ``None`` — what the guard binds; anything else raises
