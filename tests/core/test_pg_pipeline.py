@@ -130,6 +130,30 @@ def test_an_applications_ddl_on_the_guards_connection_costs_no_delivery(rel: Rel
     handle.close()
 
 
+@pytest.mark.parametrize("step", ["savepoint rolled back", "temporary table dropped"])
+def test_a_handlers_savepoint_rollback_or_ddl_costs_no_delivery(rel: Reliability, step: str) -> None:
+    """Both run through psycopg between the guard's opener and closer, once psycopg holds prepared
+    statements of its own; neither may cost the guard its closing statement."""
+
+    def handler(e: Any, session: Session) -> None:
+        session.execute(text("SELECT count(*) FROM message_inbox WHERE consumer_group = 'hs'"))  # psycopg
+        apply(e, session)
+        conn = session.connection()
+        if step == "savepoint rolled back":
+            nested = conn.begin_nested()
+            conn.exec_driver_sql("SELECT 1")
+            nested.rollback()
+        else:
+            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS hs_scratch (x int)")
+            conn.exec_driver_sql("DROP TABLE hs_scratch")
+
+    handle = idempotent_consumer(rel, group="hs", registry=CollectorRegistry())(handler)
+    ids = [f"hs-{uuid.uuid4().hex[:8]}" for _ in range(10)]
+    assert [handle.decide(env(m)).reason for m in ids] == [Reason.PROCESSED] * 10
+    assert [applied(rel, m) for m in ids] == [1] * 10
+    handle.close()
+
+
 def test_the_guard_adds_no_engine_event_that_every_statement_would_pay_for(rel: Reliability) -> None:
     """Any engine-level listener makes SQLAlchemy dispatch events at every begin, statement and commit of
     every connection of the engine, the handler's own statements included."""
