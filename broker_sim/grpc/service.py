@@ -226,9 +226,12 @@ class MessagingService:
         deadline = time.monotonic() + poll_s
         batch = max(1, request.batch_size)
         owner = _metadata(context, "x-mq-client-id") if request.auto_renew else None
-        while True:
+        found: list[Any] = []
+        # a call whose client went away (its connection closed while it waited) takes no message: what it
+        # popped would stay invisible, held for nobody, until its invisible time ran out
+        while context.is_active() and not self._stopping.is_set():
             found = self.pop.pop(group, topic, batch, invisible_ms, tags, owner)
-            if found or time.monotonic() >= deadline or not context.is_active() or self._stopping.is_set():
+            if found or time.monotonic() >= deadline:
                 break
             self.pop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
         if found:  # the client measures receive latency from this (and fails without it)
