@@ -60,6 +60,8 @@ class HAService:
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._conns: set[socket.socket] = set()
+        #: connections whose first offset report arrived, so their transfer start is fixed
+        self._streaming: set[socket.socket] = set()
         self._appends = 0  # bumped by every append, so a writer never sleeps through one
         self.acked = 0
 
@@ -71,8 +73,17 @@ class HAService:
 
     @property
     def slaves(self) -> int:
+        """Connected slaves, including any whose first offset report has not arrived yet."""
         with self._cond:
             return len(self._conns)
+
+    @property
+    def streaming(self) -> int:
+        """Slaves whose first report arrived: the offset the master sends them from is settled (a slave
+        reporting 0 gets the segment the master is writing *then*, so anything written earlier in an older
+        segment is never sent to it)."""
+        with self._cond:
+            return len(self._streaming)
 
     def start(self) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -150,7 +161,8 @@ class HAService:
                     (offset,) = ACK.unpack(read_exact(conn, ACK.size))
                     with self._cond:
                         if not first.is_set():
-                            start[0] = offset
+                            start[0] = self._start_offset(offset)
+                            self._streaming.add(conn)
                             first.set()
                         if offset > self.acked:
                             self.acked = offset
@@ -170,12 +182,17 @@ class HAService:
         finally:
             self._drop(conn)
 
-    def _write(self, conn: socket.socket, requested: int) -> None:
+    def _start_offset(self, reported: int) -> int:
+        """Where a slave's transfer starts: its own end, or, for a slave reporting 0, the start of the
+        segment the master is writing now (HAConnection.WriteSocketService)."""
+        if reported:
+            return reported
         cl = self.commit_log
-        if requested == 0:
-            top = cl.max_offset
-            requested = max(cl.min_offset, top - top % cl.file_size)
-        nxt = requested
+        top = cl.max_offset
+        return max(cl.min_offset, top - top % cl.file_size)
+
+    def _write(self, conn: socket.socket, nxt: int) -> None:
+        cl = self.commit_log
         last_write = time.monotonic()
         while self._alive(conn):
             with self._cond:
@@ -207,6 +224,7 @@ class HAService:
             if conn not in self._conns:
                 return
             self._conns.discard(conn)
+            self._streaming.discard(conn)
             self._cond.notify_all()
         _close(conn)
 
