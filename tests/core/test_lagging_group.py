@@ -1,0 +1,141 @@
+"""A group that keeps up while another group on the same topic owes a backlog (DESIGN.md §2).
+
+A confirm settles the message's stub only when no *other* group still owes the message, so every confirm
+asks about the other groups. The lagging group's backlog is its PENDING inbox rows, exactly the rows the
+open-status index holds; in production that is millions of rows. The question must be asked by message
+id. If a confirm walks the backlog instead, the group that keeps up slows to the lagging group's pace: a
+bench measured 0.01 of the normal speed with the per-message index missing
+(``python -m bench.bench_growth --lagging``).
+
+Checked on PostgreSQL with generic plans, which are what a long-running consumer's prepared statements
+end up with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Connection, Engine, text
+
+from reliable import ConsumeResult, Reliability, StubStatus, idempotent_consumer
+from reliable.facade import make_engine
+from reliable.migrate import upgrade
+from tests import services
+from tests.core.guard_helpers import (
+    add_stub,
+    env,
+    inbox_status,
+    ledger_writer,
+    make_rel,
+    per_group,
+    stub_status,
+    wait_until,
+)
+
+BACKLOG = 3000
+LAGGING = "search"
+KEEPS_UP = "billing"
+PER_MESSAGE_INDEX = "ix_message_inbox_message_id_status"
+OPEN_STATUS_INDEX = "ix_message_inbox_status_resend_at"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A database of its own: its plan settings and statistics counters are this test's alone."""
+    with services.scratch_database("postgres") as url:
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+            with engine.begin() as conn:
+                _owe_backlog(conn)
+                conn.execute(text("ANALYZE message_inbox"))
+                conn.execute(text("ANALYZE message_stub"))
+                name = conn.execute(text("SELECT current_database()")).scalar_one()
+                # every connection opened from now on plans its prepared statements without their values
+                conn.execute(text(f"ALTER DATABASE {name} SET plan_cache_mode = force_generic_plan"))
+        finally:
+            engine.dispose()
+        yield url
+
+
+def _owe_backlog(conn: Connection) -> None:
+    """``BACKLOG`` older messages that both groups must process: one group has, the other owes."""
+    conn.execute(
+        text(
+            "INSERT INTO message_stub (message_id, topic, content, send_count, status, resend_at, "
+            "created_at, updated_at) SELECT 'old-' || i, 'orders', '\\x00'::bytea, 1, 'PENDING', "
+            "now() + i * interval '1 ms', now(), now() FROM generate_series(1, :n) i"
+        ),
+        {"n": BACKLOG},
+    )
+    for group, status in ((KEEPS_UP, "CONFIRMED"), (LAGGING, "PENDING")):
+        conn.execute(
+            text(
+                "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count, "
+                "resend_at, created_at, updated_at) SELECT :g, 'old-' || i, :s, 0, 0, "
+                "now() + i * interval '1 ms', now(), now() FROM generate_series(1, :n) i"
+            ),
+            {"g": group, "s": status, "n": BACKLOG},
+        )
+
+
+def _inbox_counters(engine: Engine) -> dict[str, int]:
+    """message_inbox's sequential scans, rows updated and scans of its two status indexes, over the
+    database's life (a server process reports its counters when it exits)."""
+    with engine.connect() as conn:
+        seq, updated = conn.execute(
+            text("SELECT seq_scan, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'message_inbox'")
+        ).one()
+        rows = conn.execute(
+            text("SELECT indexrelname, idx_scan FROM pg_stat_user_indexes WHERE relname = 'message_inbox'")
+        ).all()
+    scans = {str(r[0]): int(r[1]) for r in rows}
+    return {
+        "seq": int(seq),
+        "updated": int(updated),
+        PER_MESSAGE_INDEX: scans.get(PER_MESSAGE_INDEX, 0),
+        OPEN_STATUS_INDEX: scans.get(OPEN_STATUS_INDEX, 0),
+    }
+
+
+def test_the_group_that_keeps_up_confirms_by_message_id_and_leaves_the_backlog_to_its_owner(
+    pg_url: str, redis_url: str, key_prefix: str
+) -> None:
+    rel: Reliability = make_rel(pg_url, redis_url, key_prefix)
+    registry = CollectorRegistry()
+    keeps_up = idempotent_consumer(rel, group=KEEPS_UP, registry=registry)(ledger_writer(KEEPS_UP))
+    lagging = idempotent_consumer(rel, group=LAGGING, registry=registry)(ledger_writer(LAGGING))
+    probe = make_engine(pg_url)
+    ids = [f"new-{i}" for i in range(20)]
+    try:
+        for m in ids:
+            add_stub(rel, m, [KEEPS_UP, LAGGING])
+        before = _inbox_counters(probe)
+
+        assert [keeps_up(env(m)) for m in ids] == [ConsumeResult.SUCCESS] * len(ids)
+        rel.engine.dispose()  # the guard's server processes exit and report their counters
+        wait_until(lambda: _inbox_counters(probe)["updated"] >= before["updated"] + len(ids))
+        after = _inbox_counters(probe)
+        added = {k: after[k] - before[k] for k in after}
+        # each confirm asked about its own message; none read the lagging group's backlog
+        assert added["seq"] == 0 and added[OPEN_STATUS_INDEX] == 0, added
+        assert added[PER_MESSAGE_INDEX] >= len(ids), added
+
+        # the stubs wait for the lagging group, whose rows the confirms left as they were
+        assert {stub_status(rel, m) for m in ids} == {StubStatus.PENDING}
+        assert {inbox_status(rel, LAGGING, m) for m in ids} == {StubStatus.PENDING}
+        assert {inbox_status(rel, KEEPS_UP, m) for m in ids} == {StubStatus.CONFIRMED}
+
+        # the lagging group catches up on these messages: each applied once per group, the stubs settle
+        assert [lagging(env(m)) for m in ids] == [ConsumeResult.SUCCESS] * len(ids)
+        assert {keeps_up(env(m)) for m in ids} == {
+            ConsumeResult.SUCCESS
+        }  # redelivered: answered, not applied
+        assert per_group(rel) == {(g, m): 1 for g in (KEEPS_UP, LAGGING) for m in ids}
+        assert {stub_status(rel, m) for m in ids} == {StubStatus.CONFIRMED}
+        assert stub_status(rel, "old-1") is StubStatus.PENDING  # the older backlog is still owed
+    finally:
+        rel.close()
+        probe.dispose()
