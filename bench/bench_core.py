@@ -96,8 +96,11 @@ def scratch_rel(kind: str, prefix: str) -> Iterator[tuple[Reliability, str]]:
             rel.close()
 
 
-def add_stubs(rel: Reliability, ids: Sequence[str], group: str) -> None:
+def add_stubs(rel: Reliability, ids: Sequence[str], group: str | Sequence[str]) -> None:
+    """A PENDING stub per id, and a PENDING inbox row per id for ``group`` (or each of several groups)."""
     import hashlib
+
+    groups = [group] if isinstance(group, str) else list(group)
 
     h = hashlib.sha256(b"{}").hexdigest()
     now = utcnow()
@@ -116,7 +119,7 @@ def add_stubs(rel: Reliability, ids: Sequence[str], group: str) -> None:
     ]
     inbox = [
         {
-            "consumer_group": group,
+            "consumer_group": g,
             "message_id": m,
             "status": "PENDING",
             "attempts": 0,
@@ -125,6 +128,7 @@ def add_stubs(rel: Reliability, ids: Sequence[str], group: str) -> None:
             "created_at": now,
             "updated_at": now,
         }
+        for g in groups
         for m in ids
     ]
     from reliable.models import MessageInbox, MessageStub

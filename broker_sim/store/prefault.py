@@ -15,6 +15,7 @@ where the kernel cannot do it we give up for good and appends fault as before.
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import threading
@@ -52,7 +53,7 @@ class Prefaulter:
         cl = self.commit_log
         cl.prefault_mark = 0  # the first append wakes us
         if self._async is not None:  # the compiled worker: the append itself hands it the next window
-            cl.prefault_wake = self._submit
+            cl.prefault_wake = functools.partial(self._submit, self._async)
             return
         cl.prefault_wake = self._wake.set
         self._thread = threading.Thread(target=self._run, name="broker_sim-prefault", daemon=True)
@@ -69,10 +70,10 @@ class Prefaulter:
         if self._idle is not None:
             self._idle()  # the worker is done with every range handed over before
 
-    def _submit(self) -> None:
+    def _submit(self, populate_async: Callable[[mmap.mmap, int, int], bool]) -> None:
         """``prefault_wake`` with the compiled worker: called by the append that reached the mark (commit-log
         lock held), hands the next window to the worker and returns."""
-        if self._async is not None and not self._round(self._async):
+        if not self._round(populate_async):
             self.commit_log.prefault_wake = _nothing
 
     def _run(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -83,24 +83,39 @@ def test_a_failing_statement_leaves_the_connection_idle_and_usable(pg: psycopg.C
     assert pg.execute("SELECT 1").fetchone() == (1,)  # psycopg's own use of the connection is unaffected
 
 
+def preparing(group: str, then: Callable[[Session], None] | None = None) -> Callable[[Any, Session], None]:
+    """A handler whose own queries psycopg prepares after five runs, so that the guard's pooled connection
+    holds prepared statements of psycopg's as well as the guard's; ``then`` runs after its write."""
+
+    def handler(e: Any, session: Session) -> None:
+        session.execute(text(f"SELECT count(*) FROM message_inbox WHERE consumer_group = '{group}'"))
+        apply(e, session)
+        if then is not None:
+            then(session)
+
+    return handler
+
+
+def fresh(group: str, n: int) -> list[str]:
+    return [f"{group}-{uuid.uuid4().hex[:8]}" for _ in range(n)]
+
+
 def test_psycopg_deallocating_everything_on_a_rollback_costs_no_delivery(rel: Reliability) -> None:
     fail = {"now": False}
 
-    def handler(e: Any, session: Session) -> None:
-        session.execute(text("SELECT count(*) FROM message_inbox WHERE consumer_group = 'pl'"))  # psycopg
-        apply(e, session)  # prepares these itself after five runs
+    def fail_once(_: Session) -> None:
         if fail["now"]:
             raise RuntimeError("handler failed once")
 
-    handle = idempotent_consumer(rel, group="pl", registry=CollectorRegistry())(handler)
-    ids = [f"pl-{uuid.uuid4().hex[:8]}" for _ in range(8)]
+    handle = idempotent_consumer(rel, group="pl", registry=CollectorRegistry())(preparing("pl", fail_once))
+    ids = fresh("pl", 8)
     assert [handle.decide(env(m)).reason for m in ids] == [Reason.PROCESSED] * 8
     with rel.engine.connect() as conn:  # the guard's pooled connection: psycopg holds prepared statements
         assert conn.connection.driver_connection._prepared._names  # type: ignore[union-attr]
     fail["now"] = True
-    assert handle.decide(env(f"pl-{uuid.uuid4().hex[:8]}")).reason is Reason.HANDLER_FAILED
+    assert handle.decide(env(fresh("pl", 1)[0])).reason is Reason.HANDLER_FAILED
     fail["now"] = False
-    after = [f"pl-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    after = fresh("pl", 3)
     assert [handle.decide(env(m)).reason for m in after] == [Reason.PROCESSED] * 3
     assert [applied(rel, m) for m in ids + after] == [1] * 11
     handle.close()
@@ -109,13 +124,8 @@ def test_psycopg_deallocating_everything_on_a_rollback_costs_no_delivery(rel: Re
 def test_an_applications_ddl_on_the_guards_connection_costs_no_delivery(rel: Reliability) -> None:
     """psycopg deallocates every prepared statement of a session when it sees a ``DROP`` or ``ALTER`` there
     (once it holds prepared statements of its own); an application sharing the engine may run one."""
-
-    def handler(e: Any, session: Session) -> None:
-        session.execute(text("SELECT count(*) FROM message_inbox WHERE consumer_group = 'dd'"))  # psycopg
-        apply(e, session)  # prepares these itself after five runs
-
-    handle = idempotent_consumer(rel, group="dd", registry=CollectorRegistry())(handler)
-    ids = [f"dd-{uuid.uuid4().hex[:8]}" for _ in range(8)]
+    handle = idempotent_consumer(rel, group="dd", registry=CollectorRegistry())(preparing("dd"))
+    ids = fresh("dd", 8)
     assert [handle.decide(env(m)).reason for m in ids] == [Reason.PROCESSED] * 8
     table = f"ddl_probe_{uuid.uuid4().hex[:8]}"
     with rel.engine.begin() as conn:  # the guard's pooled connection, committed: no rollback to watch
@@ -124,7 +134,7 @@ def test_an_applications_ddl_on_the_guards_connection_costs_no_delivery(rel: Rel
         conn.exec_driver_sql(f"CREATE TABLE {table} (x int)")
         conn.exec_driver_sql(f"DROP TABLE {table}")
         assert not held  # psycopg deallocated everything, the guard's statements included
-    after = [f"dd-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    after = fresh("dd", 3)
     assert [handle.decide(env(m)).reason for m in after] == [Reason.PROCESSED] * 3
     assert [applied(rel, m) for m in ids + after] == [1] * 11
     handle.close()
@@ -135,9 +145,7 @@ def test_a_handlers_savepoint_rollback_or_ddl_costs_no_delivery(rel: Reliability
     """Both run through psycopg between the guard's opener and closer, once psycopg holds prepared
     statements of its own; neither may cost the guard its closing statement."""
 
-    def handler(e: Any, session: Session) -> None:
-        session.execute(text("SELECT count(*) FROM message_inbox WHERE consumer_group = 'hs'"))  # psycopg
-        apply(e, session)
+    def then(session: Session) -> None:
         conn = session.connection()
         if step == "savepoint rolled back":
             nested = conn.begin_nested()
@@ -147,8 +155,8 @@ def test_a_handlers_savepoint_rollback_or_ddl_costs_no_delivery(rel: Reliability
             conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS hs_scratch (x int)")
             conn.exec_driver_sql("DROP TABLE hs_scratch")
 
-    handle = idempotent_consumer(rel, group="hs", registry=CollectorRegistry())(handler)
-    ids = [f"hs-{uuid.uuid4().hex[:8]}" for _ in range(10)]
+    handle = idempotent_consumer(rel, group="hs", registry=CollectorRegistry())(preparing("hs", then))
+    ids = fresh("hs", 10)
     assert [handle.decide(env(m)).reason for m in ids] == [Reason.PROCESSED] * 10
     assert [applied(rel, m) for m in ids] == [1] * 10
     handle.close()
