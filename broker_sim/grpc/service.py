@@ -71,6 +71,15 @@ class MessagingService:
         self.hub = hub
         self._next_queue = itertools.count()
         self._stopping = threading.Event()
+        self._waiting: set[object] = set()  # one token per ReceiveMessage long-polling for a connected client
+
+    @property
+    def waiting_receives(self) -> int:
+        """ReceiveMessage calls long-polling for a message on behalf of a client still connected. A call
+        stops counting as soon as the server sees its client go, before its loop notices: from then on it
+        takes no message, so at 0 a message that becomes visible goes to the next live receive (what a
+        caller waits for before it sends to a consumer that took over from one that went away)."""
+        return len(self._waiting)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -227,13 +236,19 @@ class MessagingService:
         batch = max(1, request.batch_size)
         owner = _metadata(context, "x-mq-client-id") if request.auto_renew else None
         found: list[Any] = []
-        # a call whose client went away (its connection closed while it waited) takes no message: what it
-        # popped would stay invisible, held for nobody, until its invisible time ran out
-        while context.is_active() and not self._stopping.is_set():
-            found = self.pop.pop(group, topic, batch, invisible_ms, tags, owner)
-            if found or time.monotonic() >= deadline:
-                break
-            self.pop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        token = object()
+        self._waiting.add(token)
+        context.add_callback(lambda: self._waiting.discard(token))  # runs once the client is seen gone
+        try:
+            # a call whose client went away (its connection closed while it waited) takes no message: what
+            # it popped would stay invisible, held for nobody, until its invisible time ran out
+            while context.is_active() and not self._stopping.is_set():
+                found = self.pop.pop(group, topic, batch, invisible_ms, tags, owner)
+                if found or time.monotonic() >= deadline:
+                    break
+                self.pop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        finally:
+            self._waiting.discard(token)
         if found:  # the client measures receive latency from this (and fails without it)
             stamp = s.ReceiveMessageResponse()
             stamp.delivery_timestamp.FromMilliseconds(self.broker.clock.now_ms())
