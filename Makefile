@@ -29,8 +29,10 @@ lint: install
 	$(BIN)/ruff check reliable broker_sim jobs tests bench migrations
 	$(BIN)/ruff format --check reliable broker_sim jobs tests bench migrations
 
+# the packages as configured in pyproject.toml, then the code around them under the same strict settings
 typecheck: install
 	$(BIN)/mypy
+	$(BIN)/mypy tests bench jobs
 
 pytest: install system-deps services
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -108,7 +108,11 @@ def baseline(rel: Reliability, bootstrap: str, topic: str, n: int, batch: bool =
                 with rel.engine.begin() as conn:
                     conn.execute(insert(ledger).values(**row))
             if messages:
-                ends = {(m.topic(), m.partition()): (m.offset() or 0) + 1 for m in messages}
+                ends: dict[tuple[str, int], int] = {}
+                for m in messages:
+                    got_topic, got_partition = m.topic(), m.partition()
+                    assert got_topic is not None and got_partition is not None  # a consumed record has both
+                    ends[(got_topic, got_partition)] = (m.offset() or 0) + 1
                 consumer.commit(
                     offsets=[TopicPartition(t, p, o) for (t, p), o in ends.items()], asynchronous=False
                 )

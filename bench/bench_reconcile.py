@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         last = (spark["report"], duck)
 
     def med(key: str) -> float:
-        return round(statistics.median(r[key] for r in rounds), 2)
+        return round(float(statistics.median(r[key] for r in rounds)), 2)
 
     from reliable.reconcile.rollup import LATENCY_RELATIVE_ERROR
 

@@ -53,7 +53,7 @@ def served(store: Path) -> Iterator[str]:
 
 def ours(target: object, n: int, group: str) -> tuple[float, float]:
     """(produce msgs/s, consume msgs/s) with broker_sim's own client against ``target``."""
-    from broker_sim import ConsumeStatus, Message, Producer, PushConsumer
+    from broker_sim import ConsumeStatus, Message, MessageExt, Producer, PushConsumer
     from broker_sim.common.requests import ConsumeFromWhere
 
     producer = Producer(target, f"{group}P")
@@ -65,7 +65,7 @@ def ours(target: object, n: int, group: str) -> tuple[float, float]:
     got = 0
     lock, done = threading.Lock(), threading.Event()
 
-    def listener(msgs: list[object]) -> ConsumeStatus:
+    def listener(msgs: list[MessageExt]) -> ConsumeStatus:
         nonlocal got
         with lock:
             got += len(msgs)

@@ -28,6 +28,7 @@ from typing import Any
 import redis as redis_lib
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection, bindparam, event, text
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session
 
 from bench.bench_core import add_stubs, database, envelopes, fresh, make_rel
@@ -90,11 +91,11 @@ class Counter:
             self._listeners.append((name, fn))
         real_ping = engine.dialect.do_ping
 
-        def ping(dbapi_conn: Any) -> bool:
+        def ping(dbapi_connection: DBAPIConnection) -> bool:
             if self._mine():
                 self.db += 1
                 self.pings += 1
-            return real_ping(dbapi_conn)
+            return real_ping(dbapi_connection)
 
         engine.dialect.do_ping = ping  # type: ignore[method-assign]  # instance attribute, removed on detach
         if self.rel.redis is not None:

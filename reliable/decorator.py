@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 class GuardedHandler:
     """A handler wrapped by the guard: called with an :class:`Envelope`, returns a :class:`ConsumeResult`."""
 
+    __name__: str  # the handler's, copied by functools.update_wrapper (as are __doc__ and __module__)
+
     def __init__(self, guard: Guard) -> None:
         self.guard = guard
         functools.update_wrapper(self, guard.handler)

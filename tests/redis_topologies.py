@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -71,6 +72,15 @@ class Server:
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=2)
+
+    def sentinel_command(self, *args: str) -> Any:
+        """``SENTINEL *args`` on this server, the reply as sent (redis-py types no ``execute_command``)."""
+        execute: Callable[..., Any] = self.client().execute_command
+        return execute("SENTINEL", *args)
+
+    def cluster_ok(self) -> bool:
+        info: dict[str, Any] = self.client().cluster("info")
+        return info.get("cluster_state") == "ok"
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -134,10 +144,7 @@ def redis_cluster(masters: int = 3) -> Iterator[Cluster]:
         )
         assert created.returncode == 0, created.stdout + created.stderr
         for n in nodes:
-            wait_for(
-                f"cluster_state:ok on {n.port}",
-                lambda n=n: n.client().cluster("info").get("cluster_state") == "ok",
-            )
+            wait_for(f"cluster_state:ok on {n.port}", n.cluster_ok)
         yield Cluster(nodes)
 
 
@@ -153,7 +160,7 @@ class SentinelGroup:
         return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{SERVICE}/0"
 
     def master_port(self) -> int:
-        addr = self.sentinel.client().execute_command("SENTINEL", "get-master-addr-by-name", SERVICE)
+        addr = self.sentinel.sentinel_command("get-master-addr-by-name", SERVICE)
         return int(addr[1])
 
     def fail_over(self, timeout_s: float = 60.0) -> Server:
@@ -196,6 +203,6 @@ def redis_sentinel() -> Iterator[SentinelGroup]:
         group = SentinelGroup(master, replica, sentinel)
         wait_for(
             "the sentinel to discover the replica",
-            lambda: len(sentinel.client().execute_command("SENTINEL", "replicas", SERVICE)) == 1,
+            lambda: len(sentinel.sentinel_command("replicas", SERVICE)) == 1,
         )
         yield group

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -39,7 +40,7 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def unavailable(what: str) -> None:
+def unavailable(what: str) -> NoReturn:
     """Skip locally, fail in CI."""
     if IN_CI:
         pytest.fail(f"required service not available in CI: {what}", pytrace=False)
@@ -61,21 +62,21 @@ def _from_container(kind: str) -> str | None:  # pragma: no cover - no Docker en
     if kind == "postgres":
         from testcontainers.postgres import PostgresContainer
 
-        c = PostgresContainer("postgres:15", driver="psycopg")
-        c.start()
-        return str(c.get_connection_url())
+        pg = PostgresContainer("postgres:15", driver="psycopg")
+        pg.start()
+        return str(pg.get_connection_url())
     if kind == "mariadb":
         from testcontainers.mysql import MySqlContainer
 
-        c = MySqlContainer("mariadb:10.11")
-        c.start()
-        return str(c.get_connection_url()).replace("mysql://", "mysql+pymysql://")
+        maria = MySqlContainer("mariadb:10.11")
+        maria.start()
+        return str(maria.get_connection_url()).replace("mysql://", "mysql+pymysql://")
     if kind == "redis":
         from testcontainers.redis import RedisContainer
 
-        c = RedisContainer()
-        c.start()
-        return f"redis://{c.get_container_host_ip()}:{c.get_exposed_port(6379)}/0"
+        rd = RedisContainer()
+        rd.start()
+        return f"redis://{rd.get_container_host_ip()}:{rd.get_exposed_port(6379)}/0"
     return None
 
 
@@ -91,7 +92,6 @@ def service_url(kind: str) -> str:
     if url:
         return url
     unavailable(f"{kind} (set {env} or start it on 127.0.0.1:{port})")
-    raise AssertionError("unreachable")
 
 
 @contextmanager

@@ -162,6 +162,8 @@ class AsyncGuard:
 class AsyncGuardedHandler:
     """An ``async def`` handler wrapped by the guard: ``await handle(env)`` gives a :class:`ConsumeResult`."""
 
+    __name__: str  # the handler's, copied by functools.update_wrapper (as are __doc__ and __module__)
+
     def __init__(self, guard: AsyncGuard) -> None:
         self.guard = guard
         functools.update_wrapper(self, guard.handler)

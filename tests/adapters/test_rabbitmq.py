@@ -122,7 +122,7 @@ def effect_counts(rel: Reliability) -> dict[str, int]:
 
 
 def dlq_messages(admin: Any, topo: Topology) -> list[tuple[BasicProperties, bytes]]:
-    out = []
+    out: list[tuple[BasicProperties, bytes]] = []
     while True:
         method, props, body = admin.basic_get(topo.dead_letter_queue, auto_ack=True)
         if method is None:
@@ -254,6 +254,7 @@ def test_consumer_process_killed_before_ack_is_redelivered_and_suppressed(
         # declare first (the worker would too) so the publish is routable
         RabbitMQConsumer(rabbitmq_url, topology, lambda env: ConsumeResult.SUCCESS, declare=True).close()
         StubProducer(rel, sender, default_group=GROUP).publish("k-1", TOPIC, b"pay 5")
+    assert topology.exchange is not None  # the fixture's topology has one; the worker binds it
     argv = [postgres_url, redis_url, key_prefix, rabbitmq_url, topology.queue, topology.exchange, TOPIC]
     proc = subprocess.run(
         [sys.executable, "-c", CRASH_WORKER, *argv], capture_output=True, text=True, timeout=90

@@ -14,6 +14,7 @@ import pytest
 
 from broker_sim.broker.api import SendMessageRequest
 from broker_sim.client.message import Prop
+from broker_sim.common.requests import TopicRouteData
 from broker_sim.remoting.client_transport import RemotingTransport
 from reliable.adapters.rocketmq import QueueBook, RocketMQSender
 from reliable.sender import OutgoingMessage
@@ -25,6 +26,11 @@ TOPIC = "RmqRouteT"
 
 def mapped(book: QueueBook, size: int) -> list[tuple[str, int]]:
     return [book.sent_to(TOPIC, i, size) for i in range(size)]
+
+
+def answering(route: TopicRouteData) -> QueueBook:
+    """A book whose name server answers ``route`` for every topic."""
+    return QueueBook(lambda _topic: route)
 
 
 def test_the_index_maps_through_the_clients_order_whatever_order_the_route_comes_in(
@@ -39,10 +45,10 @@ def test_the_index_maps_through_the_clients_order_whatever_order_the_route_comes
     by_name = [("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1)]
     reordered = replace(route, queue_datas=route.queue_datas[::-1], broker_datas=route.broker_datas[::-1])
     for r in (route, reordered):  # the client sorts the queue data by broker name
-        assert mapped(QueueBook(lambda _topic, r=r: r), 4) == by_name
+        assert mapped(answering(r), 4) == by_name
     # a name server with ORDER_TOPIC_CONFIG for the topic: the client's list follows orderTopicConf as given
     ordered = replace(route, order_topic_conf="broker-b:2;broker-a:2")
-    assert mapped(QueueBook(lambda _topic: ordered), 4) == by_name[2:] + by_name[:2]
+    assert mapped(answering(ordered), 4) == by_name[2:] + by_name[:2]
 
 
 @pytest.mark.slow

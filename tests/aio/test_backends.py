@@ -89,12 +89,12 @@ def test_async_redis_is_the_server_of_the_sync_client(
     assert rel.redis is not None
     rel.redis.set(f"{key_prefix}:k", "from-sync", ex=60)
 
-    async def read() -> bytes | None:
+    async def read() -> bytes | str | None:
         client = rel.async_redis
         assert client is not None
         value = await client.get(f"{key_prefix}:k")
         await rel.aclose()
-        return value  # type: ignore[no-any-return]
+        return value
 
     try:
         assert asyncio.run(read()) == b"from-sync"

@@ -83,7 +83,7 @@ def test_staged_in_an_async_session_sent_after_commit_and_confirmed_by_each_grou
                 result = await producer.publish("p-2", "orders", b'{"n": 2}', groups=groups)
                 assert result.outcome is SendOutcome.SENT
             assert facts(rel, "p-rolled-back") == (None, [])  # neither rows nor a send
-            delivered = []
+            delivered: list[Envelope] = []
             deadline = asyncio.get_running_loop().time() + 20
             while len(delivered) < 2:
                 assert asyncio.get_running_loop().time() < deadline, f"only {delivered} arrived"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select, text
 from sqlalchemy.orm import Session
@@ -44,7 +45,7 @@ CONNECTION_EVENTS = (
 )
 
 
-def make_rel(db_url: str, redis_url: str | None, key_prefix: str, **settings: object) -> Reliability:
+def make_rel(db_url: str, redis_url: str | None, key_prefix: str, **settings: Any) -> Reliability:
     rel = Reliability(db_url, redis_url, key_prefix=key_prefix, **settings)
     ledger_md.create_all(rel.engine, checkfirst=True)
     with rel.engine.begin() as conn:
@@ -106,7 +107,7 @@ def stub_status(rel: Reliability, message_id: str) -> StubStatus | None:
 def inbox_status(rel: Reliability, group: str, message_id: str) -> StubStatus | None:
     """The status of ``group``'s inbox row of ``message_id`` (``None``: the group has none)."""
     v = _inbox_column(rel, "status", group, message_id)
-    return None if v is None else StubStatus(v)
+    return None if v is None else StubStatus(str(v))
 
 
 def inbox_attempts(rel: Reliability, group: str, message_id: str) -> int | None:

@@ -183,7 +183,7 @@ def test_random_schedules_keep_the_ledger_invariant(
     db_url: str,
     private_redis: PrivateRedis,
     key_prefix: str,
-    schedule: list[tuple[str, object, bool]],
+    schedule: list[tuple[str, int | list[int], bool]],
     stubbed: set[int],
 ) -> None:
     """Deliveries, failing deliveries, batches, Redis flushes in any order: acked ⇔ applied exactly once."""
@@ -207,7 +207,7 @@ def test_random_schedules_keep_the_ledger_invariant(
                 assert rel.redis is not None
                 rel.redis.flushall()
                 continue
-            picks = [ids[arg]] if isinstance(arg, int) else [ids[i] for i in arg]  # type: ignore[union-attr]
+            picks = [ids[arg]] if isinstance(arg, int) else [ids[i] for i in arg]
             failing.clear()
             if fail:
                 failing.add(picks[0])

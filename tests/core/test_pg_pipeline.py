@@ -43,7 +43,7 @@ def one(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...], prepar
     return out.rows[0]
 
 
-texts = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=200)
+texts = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00"), max_size=200)
 stamps = st.datetimes(
     min_value=dt.datetime(1970, 1, 1), max_value=dt.datetime(2200, 1, 1), timezones=st.just(dt.UTC)
 )
@@ -63,9 +63,10 @@ def test_every_bound_value_reaches_the_server_unchanged(
         prepared,
     )
     assert row == (s, str(n), "t", "true" if b else "false", "t")
-    assert one(pg, "SELECT %s::timestamptz::text", (t,), prepared)[0] == str(
-        pg.execute("SELECT %s::timestamptz::text", (t,)).fetchone()[0]
-    )  # type: ignore[index]
+    pipelined = one(pg, "SELECT %s::timestamptz::text", (t,), prepared)
+    direct = pg.execute("SELECT %s::timestamptz::text", (t,)).fetchone()
+    assert direct is not None
+    assert pipelined[0] == str(direct[0])
 
 
 def test_a_failing_statement_leaves_the_connection_idle_and_usable(pg: psycopg.Connection[Any]) -> None:

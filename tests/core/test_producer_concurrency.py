@@ -50,7 +50,7 @@ def lock_waiters(rel: Reliability) -> int:
 
 
 def record_failures(outcome: str) -> float:
-    return RECORD_FAILURES.labels(outcome)._value.get()
+    return float(RECORD_FAILURES.labels(outcome)._value.get())
 
 
 def send_count(rel: Reliability, message_id: str) -> int:

@@ -52,7 +52,7 @@ def test_journal_returns_ids_in_entry_order_and_raises_watermarks(engine: Engine
         ids2 = store.log.journal(conn, [entry("e", 2, outcome=LogOutcome.DUPLICATE)])
     assert ids == sorted(ids) and len(set(ids)) == 4 and ids2[0] > ids[-1]
     with engine.connect() as conn:
-        by_id = dict(conn.execute(text("SELECT id, message_id FROM message_log")).all())
+        by_id: dict[int, str] = dict(conn.execute(text("SELECT id, message_id FROM message_log")).all())
         outcome = conn.execute(text("SELECT outcome FROM message_log WHERE message_id = 'e'")).scalar()
     assert [by_id[i] for i in ids] == ["a", "b", "c", "d"]
     assert outcome == "DUPLICATE"
@@ -353,7 +353,9 @@ def test_confirm_first_only_takes_the_happy_case(engine: Engine) -> None:
             (g, m): st
             for g, m, st in conn.execute(text("SELECT consumer_group, message_id, status FROM message_inbox"))
         }
-        outcomes = dict(conn.execute(text("SELECT message_id, outcome FROM message_log")).all())
+        outcomes: dict[str, str] = dict(
+            conn.execute(text("SELECT message_id, outcome FROM message_log")).all()
+        )
     assert statuses == {
         ("g", "ok"): "CONFIRMED",
         ("g", "dead"): "CONFIRMED",

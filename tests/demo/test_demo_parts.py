@@ -4,27 +4,29 @@ counters and duplicate attribution."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import insert, update
+from sqlalchemy import Engine, insert, update
 
 from reliable.demo import audit, chaos, groups, ledger, stats
 from reliable.demo.errors import BadOrderError
 from reliable.facade import make_engine
 from reliable.migrate import upgrade
 from reliable.models import MessageInbox, MessageLog, MessageStub, utcnow
+from reliable.sweeper.selection import inbox, log, stub
 from reliable.types import Envelope
 
 
 @pytest.fixture
-def engine(sqlite_url: str):  # type: ignore[no-untyped-def]
+def engine(sqlite_url: str) -> Iterator[Engine]:
     eng = make_engine(sqlite_url)
     upgrade(eng)
     with eng.begin() as conn:
-        for model in (MessageLog, MessageInbox, MessageStub):
-            conn.execute(model.__table__.delete())
+        for table in (log, inbox, stub):
+            conn.execute(table.delete())
     yield eng
     eng.dispose()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, NumberDataPoint
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session
 
@@ -36,6 +36,7 @@ def points(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, Any
             for metric in sm.metrics:
                 if metric.name == name:
                     for p in metric.data.data_points:
+                        assert isinstance(p, NumberDataPoint) and p.attributes is not None  # counters
                         out[tuple(sorted(p.attributes.items()))] = p.value
     return out
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from reliable.reconcile.config import ReconcileConfig, Thresholds
 from reliable.reconcile.errors import OptionError, ReconcileError
-from reliable.reconcile.summary import Collected, build_summary, evaluate_thresholds
+from reliable.reconcile.summary import Collected, Row, build_summary, evaluate_thresholds
 from tests.reconcile import dataset as D
 from tests.reconcile.conftest import write_database
 
@@ -90,7 +90,7 @@ def test_summary_of_nothing_has_every_key_and_zero_counts() -> None:
 
 
 def test_lag_is_offsets_beyond_the_watermark() -> None:
-    rows = [
+    rows: list[Row] = [
         {
             "consumer_group": g,
             "topic": "t",
@@ -101,7 +101,7 @@ def test_lag_is_offsets_beyond_the_watermark() -> None:
         }
         for g, q, m in (("g", 0, 9), ("g", 1, 4), ("g", 2, 0), ("h", 0, 9))
     ]
-    progress = [
+    progress: list[Row] = [
         {"consumer_group": "g", "topic": "t", "queue_id": 0, "max_offset": 6},
         {"consumer_group": "g", "topic": "t", "queue_id": 1, "max_offset": 7},
         {"consumer_group": "h", "topic": "t", "queue_id": 0, "max_offset": 9},

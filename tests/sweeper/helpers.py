@@ -18,6 +18,7 @@ from reliable import Reliability
 from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub, StubNotification
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import DeadNotice
+from reliable.sweeper.selection import inbox, log, progress, stub
 from reliable.types import StubStatus
 
 T0 = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
@@ -153,14 +154,14 @@ def add_stub(
         for g in group_list
     ]
     with rel.engine.begin() as conn:
-        conn.execute(insert(MessageStub.__table__), [row])
-        conn.execute(insert(MessageInbox.__table__), inbox_rows)
+        conn.execute(insert(stub), [row])
+        conn.execute(insert(inbox), inbox_rows)
 
 
 def set_inbox(rel: Reliability, message_id: str, group: str = "billing", **fields: Any) -> None:
     with rel.engine.begin() as conn:
         conn.execute(
-            update(MessageInbox.__table__)
+            update(inbox)
             .where(MessageInbox.message_id == message_id, MessageInbox.consumer_group == group)
             .values(**fields)
         )
@@ -185,7 +186,7 @@ def add_log(rel: Reliability, message_id: str, received_at: dt.datetime, **field
     }
     row.update(fields)
     with rel.engine.begin() as conn:
-        conn.execute(insert(MessageLog.__table__), [row])
+        conn.execute(insert(log), [row])
 
 
 def set_progress(
@@ -210,7 +211,7 @@ def set_progress(
             )
         )
         conn.execute(
-            insert(ConsumeProgress.__table__),
+            insert(progress),
             [
                 {
                     "consumer_group": group,

@@ -128,6 +128,7 @@ def test_stuck_with_live_lease_is_left_alone_then_recovered_when_it_expires(
     assert (summary.resent, summary.lease_held) == (0, 1)
     row = get_inbox(redis_rel, "held")
     # postponed by the lease's time left, so it does not take batch slots every round
+    assert row.resend_at is not None
     assert T0 + dt.timedelta(seconds=40) < row.resend_at <= T0 + dt.timedelta(seconds=45)
     redis_rel.redis.delete(key)  # the worker died; its lease expired
     clock.advance(45)

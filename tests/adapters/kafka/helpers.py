@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, delete, func, select
 from sqlalchemy.orm import Session
 
@@ -68,6 +69,10 @@ def log_rows(engine: Engine, group: str) -> list[tuple[str, str, str]]:
         return [(m, str(o), r or "") for m, o, r in conn.execute(stmt)]
 
 
+def _delivered(into: list[tuple[KafkaError | None, Message]], err: KafkaError | None, msg: Message) -> None:
+    into.append((err, msg))
+
+
 def produce(
     bootstrap: str,
     topic: str,
@@ -78,20 +83,22 @@ def produce(
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
     out: list[tuple[int, int]] = []
     for key, value, headers in records:
-        got: list[Any] = []
+        got: list[tuple[KafkaError | None, Message]] = []
         kwargs: dict[str, Any] = {} if partition is None else {"partition": partition}
         producer.produce(
             topic,
             key=key,
             value=value,
             headers=list(headers),
-            on_delivery=lambda e, m, got=got: got.append((e, m)),
+            on_delivery=partial(_delivered, got),
             **kwargs,
         )
         producer.flush(10)
         err, msg = got[0]
         assert err is None, err
-        out.append((msg.partition(), msg.offset()))
+        landed_partition, landed_offset = msg.partition(), msg.offset()
+        assert landed_partition is not None and landed_offset is not None  # a delivered record has both
+        out.append((landed_partition, landed_offset))
     return out
 
 

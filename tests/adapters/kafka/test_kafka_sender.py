@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reliability, StubProducer, idempotent_consumer
 from reliable import constants as C
-from reliable.adapters.kafka import KafkaProbe, KafkaSender, RetryPolicy, ensure_topics
+from reliable.adapters.kafka import KafkaGuardedConsumer, KafkaProbe, KafkaSender, RetryPolicy, ensure_topics
 from reliable.demo.tansu import Tansu
 from reliable.errors import SendError
 from reliable.sender import BrokerProbe, OutgoingMessage, Sender
@@ -127,13 +128,12 @@ def test_fan_out_every_group_applies_every_record_once(tansu: Tansu, rel: Reliab
         )
         for g in groups
     }
+
+    def all_settled(consumer: KafkaGuardedConsumer) -> bool:
+        return consumer.counts["success"] + consumer.counts["dead_letter"] >= len(ids)
+
     with ThreadPoolExecutor(2) as pool:  # both groups at once, each in its own thread
-        runs = [
-            pool.submit(
-                c.run, lambda c=c: c.counts["success"] + c.counts["dead_letter"] >= len(ids), TIMEOUT_S
-            )
-            for c in consumers.values()
-        ]
+        runs = [pool.submit(c.run, partial(all_settled, c), TIMEOUT_S) for c in consumers.values()]
         assert all(r.result() for r in runs)
     for g, consumer in consumers.items():
         consumer.close()

@@ -113,8 +113,11 @@ class GrpcBroker:
         self.clock.advance(seconds)
 
 
+GrpcBrokerFactory = Callable[..., GrpcBroker]
+
+
 @pytest.fixture
-def make_broker(rmq5_python: Path, tmp_path: Path) -> Iterator[Callable[..., GrpcBroker]]:
+def make_broker(rmq5_python: Path, tmp_path: Path) -> Iterator[GrpcBrokerFactory]:
     made: list[GrpcBroker] = []
 
     def make(

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from sqlalchemy import create_engine, text
 
 from reliable import Reliability
 from tests.adapters.rocketmq5 import venv5
-from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, wait_until
+from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(240)]
 HERE = Path(__file__).resolve().parent
@@ -110,7 +111,7 @@ def assert_nothing_left(broker: GrpcBroker, group: str) -> None:
 
 
 def test_a_handler_longer_than_the_invisible_duration_is_applied_once(
-    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
 ) -> None:
     broker = make_broker()
     group, key, control = f"long{uuid.uuid4().hex[:6]}", f"slow-{uuid.uuid4().hex[:8]}", tmp_path / "c"
@@ -120,10 +121,15 @@ def test_a_handler_longer_than_the_invisible_duration_is_applied_once(
     wait_until(lambda: started_files(control, key), what="the handler to start")
     assert broker.server.grpc is not None
     pop = broker.server.grpc.pop
+
+    def serial() -> int:
+        return next(iter(pop.inflight(group, TOPIC).values())).serial
+
+    def extended_since(before: int) -> bool:
+        return serial() != before
+
     for _ in range(5):  # 40 s of broker time under a 10 s invisible duration, extended as it goes
-        serial = next(iter(pop.inflight(group, TOPIC).values())).serial
-        wait_until(lambda s=serial: next(iter(pop.inflight(group, TOPIC).values())).serial != s,
-                   what="an extension")  # fmt: skip
+        wait_until(partial(extended_since, serial()), what="an extension")
         broker.advance(8)
     assert len(started_files(control, key)) == 1
     (control / "release").touch()
@@ -138,7 +144,7 @@ def test_a_handler_longer_than_the_invisible_duration_is_applied_once(
 
 @pytest.mark.parametrize("mode", ["simple", "push"])
 def test_a_consumer_killed_mid_handler_is_replaced_and_the_message_applied_once(
-    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path, mode: str
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path, mode: str
 ) -> None:
     broker = make_broker()
     group, key, control = f"kill{uuid.uuid4().hex[:6]}", f"kill-{uuid.uuid4().hex[:8]}", tmp_path / "c"
@@ -160,7 +166,7 @@ def test_a_consumer_killed_mid_handler_is_replaced_and_the_message_applied_once(
 
 
 def test_bad_input_goes_to_the_dead_letter_queue(
-    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
 ) -> None:
     """A second body under a known id is refused by the guard: forwarded to %DLQ%{group}, not acked."""
     broker = make_broker()
@@ -176,7 +182,7 @@ def test_bad_input_goes_to_the_dead_letter_queue(
 
 
 def test_fan_out_to_two_groups_applies_every_message_once_per_group(
-    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
 ) -> None:
     broker = make_broker()
     tag = uuid.uuid4().hex[:6]
@@ -193,7 +199,7 @@ def test_fan_out_to_two_groups_applies_every_message_once_per_group(
 
 
 def test_reconsume_later_comes_back_after_the_guard_backoff(
-    make_broker: Any, db: str, workers: list[Worker], tmp_path: Path
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
 ) -> None:
     from reliable.adapters.rocketmq5 import retry_delay_s
 
@@ -229,7 +235,7 @@ def test_reconsume_later_comes_back_after_the_guard_backoff(
     assert journal() == [(0, "RETRY"), (1, "SUCCESS")]
 
 
-def test_sender_receipts_and_the_query_offset_probe(make_broker: Any, tmp_path: Path) -> None:
+def test_sender_receipts_and_the_query_offset_probe(make_broker: GrpcBrokerFactory, tmp_path: Path) -> None:
     """The 5.x send reports the offset but not the queue; QueryOffset(END) is each queue's max offset."""
     broker = make_broker()
     ids = [f"snd-{i}" for i in range(6)]

@@ -9,13 +9,14 @@ order, delay and transactional messages behave.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 
 from broker_sim.grpc.policy import GroupPolicy
 from broker_sim.store.results import GetMessageStatus
-from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, wait_until
+from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -42,7 +43,7 @@ def stored(broker: GrpcBroker, topic: str, queue_id: int = 0) -> list[Any]:
     return [sel.ext for sel in r.messages] if r.status is GetMessageStatus.FOUND else []
 
 
-def test_every_message_is_received_and_an_ack_stops_redelivery(make_broker: Any) -> None:
+def test_every_message_is_received_and_an_ack_stops_redelivery(make_broker: GrpcBrokerFactory) -> None:
     broker = make_broker()
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -55,7 +56,7 @@ def test_every_message_is_received_and_an_ack_stops_redelivery(make_broker: Any)
     assert consumer.call("receive", max=32, invisible_s=30)["messages"] == []
 
 
-def test_invisible_expiry_redelivers_with_the_next_attempt(make_broker: Any) -> None:
+def test_invisible_expiry_redelivers_with_the_next_attempt(make_broker: GrpcBrokerFactory) -> None:
     broker = make_broker()
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -76,7 +77,7 @@ def test_invisible_expiry_redelivers_with_the_next_attempt(make_broker: Any) -> 
     assert consumer.call("receive", max=8, invisible_s=20)["messages"] == []
 
 
-def test_change_invisible_duration_postpones_redelivery(make_broker: Any) -> None:
+def test_change_invisible_duration_postpones_redelivery(make_broker: GrpcBrokerFactory) -> None:
     broker = make_broker()
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -92,7 +93,7 @@ def test_change_invisible_duration_postpones_redelivery(make_broker: Any) -> Non
     assert consumer.call("receive", max=8, invisible_s=10)["messages"] == []
 
 
-def test_max_attempts_move_the_message_to_the_dead_letter_queue(make_broker: Any) -> None:
+def test_max_attempts_move_the_message_to_the_dead_letter_queue(make_broker: GrpcBrokerFactory) -> None:
     broker = make_broker(groups={"G4": GroupPolicy(max_attempts=2, backoff_s=(1,))})
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -109,7 +110,9 @@ def test_max_attempts_move_the_message_to_the_dead_letter_queue(make_broker: Any
     assert [m.uniq_key for m in dlq] == [mid]
 
 
-def test_fifo_group_holds_a_message_group_until_its_earlier_message_is_acked(make_broker: Any) -> None:
+def test_fifo_group_holds_a_message_group_until_its_earlier_message_is_acked(
+    make_broker: GrpcBrokerFactory,
+) -> None:
     broker = make_broker(groups={"F1": GroupPolicy(fifo=True)})
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -136,7 +139,7 @@ def test_fifo_group_holds_a_message_group_until_its_earlier_message_is_acked(mak
     assert seen == {g: [f"{g}-{i}" for i in range(4)] for g in ("ga", "gb")}
 
 
-def test_delay_message_arrives_at_its_delivery_time(make_broker: Any) -> None:
+def test_delay_message_arrives_at_its_delivery_time(make_broker: GrpcBrokerFactory) -> None:
     broker = make_broker()
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -150,7 +153,7 @@ def test_delay_message_arrives_at_its_delivery_time(make_broker: Any) -> None:
     assert m["id"] == mid and m["body"] == "later"
 
 
-def test_transactions_commit_rollback_and_check_back(make_broker: Any) -> None:
+def test_transactions_commit_rollback_and_check_back(make_broker: GrpcBrokerFactory) -> None:
     broker = make_broker()
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -168,7 +171,12 @@ def test_transactions_commit_rollback_and_check_back(make_broker: Any) -> None:
         return [e for e in producer.call("events")["events"] if e["event"] == "check"]
 
     checks: list[dict[str, Any]] = []
-    wait_until(lambda: checks.extend(checked()) or len(checks) >= 2, what="two check-backs")
+
+    def two_checks() -> bool:
+        checks.extend(checked())
+        return len(checks) >= 2
+
+    wait_until(two_checks, what="two check-backs")
     assert sorted(c["keys"][0] for c in checks) == ["tx-late", "tx-never"]
     [m] = receive_ids(consumer, 1)
     assert m["id"] == late
@@ -176,7 +184,9 @@ def test_transactions_commit_rollback_and_check_back(make_broker: Any) -> None:
     assert consumer.call("receive", max=8, invisible_s=30)["messages"] == []
 
 
-def test_push_consumer_gets_everything_and_retries_a_failure_by_the_group_backoff(make_broker: Any) -> None:
+def test_push_consumer_gets_everything_and_retries_a_failure_by_the_group_backoff(
+    make_broker: GrpcBrokerFactory,
+) -> None:
     broker = make_broker(groups={"P1": GroupPolicy(max_attempts=3, backoff_s=(5,))})
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])
@@ -204,14 +214,16 @@ def test_push_consumer_gets_everything_and_retries_a_failure_by_the_group_backof
     for attempt in (2, 3):
         wait_until(backoff_asked, what=f"the backoff after attempt {attempt - 1}")
         broker.advance(6)
-        wait_until(lambda a=attempt: delivered("bad", a), what=f"attempt {attempt}")
+        wait_until(partial(delivered, "bad", attempt), what=f"attempt {attempt}")
     wait_until(backoff_asked, what="the backoff after attempt 3")
     broker.advance(6)
     assert wait_until(lambda: stored(broker, "%DLQ%P1"), what="the DLQ copy")[0].body == b"bad"
     assert sorted(e["attempt"] for e in events if e["body"] == "a") == [1]
 
 
-def test_push_deliveries_are_renewed_while_the_client_lives_then_come_back(make_broker: Any) -> None:
+def test_push_deliveries_are_renewed_while_the_client_lives_then_come_back(
+    make_broker: GrpcBrokerFactory,
+) -> None:
     """The 5.x proxy renews a push consumer's invisible time while that client is connected; a killed
     client's message is delivered again (attempt 2) one invisible duration later."""
     broker = make_broker()
@@ -223,10 +235,14 @@ def test_push_deliveries_are_renewed_while_the_client_lives_then_come_back(make_
     other.call("simple", group="R1", topic=TOPIC, await_s=1)
     assert broker.server.grpc is not None
     pop = broker.server.grpc.pop
+
+    def renewed_after(rounds: int) -> bool:
+        return pop.renew_rounds > rounds
+
     for _ in range(30):  # 150 s, far past the 60 s invisible duration
         rounds = pop.renew_rounds
         broker.advance(5)
-        wait_until(lambda r=rounds: pop.renew_rounds > r, what="a renewal round")
+        wait_until(partial(renewed_after, rounds), what="a renewal round")
         [handle] = pop.inflight("R1", TOPIC).values()
         assert handle.expires_ms > broker.clock.now_ms()
     assert other.call("receive", max=8, invisible_s=30)["messages"] == []
@@ -240,7 +256,7 @@ def test_push_deliveries_are_renewed_while_the_client_lives_then_come_back(make_
     assert (again["id"], again["attempt"]) == (mid, 2)
 
 
-def test_fifo_push_consumer_consumes_each_message_group_in_order(make_broker: Any) -> None:
+def test_fifo_push_consumer_consumes_each_message_group_in_order(make_broker: GrpcBrokerFactory) -> None:
     broker = make_broker(groups={"F2": GroupPolicy(fifo=True)})
     producer, consumer = broker.client(), broker.client()
     producer.call("producer", topics=[TOPIC])

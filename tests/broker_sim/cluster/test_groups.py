@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import partial
 
-from broker_sim import ConsumeStatus, Message, Producer, PushConsumer
+from broker_sim import Broker, ConsumeStatus, Message, Producer, PushConsumer
 from broker_sim.common.message import MessageExt
 from broker_sim.common.requests import ConsumeFromWhere
 from broker_sim.remoting.admin_client import AdminClient
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.codes import RequestCode
-from tests.broker_sim.remoting.conftest import wait_until
+from tests.broker_sim.remoting.conftest import running_broker, wait_until
 from tests.clusters import ClusterFactory
 
 
@@ -87,14 +88,13 @@ def test_clients_spread_over_both_groups_and_rotate_past_a_dead_name_server(clus
         assert wait_until(lambda: len(seen) == 40)
         assert {m.broker_name for m in seen.values()} == {"broker-a", "broker-b"}
         consumer.persist_offsets()
+
+        def committed(broker: Broker, want: int) -> bool:
+            return sum(p.consumer_offset for p in broker.consumer_progress("CG", "T")) == want
+
         for name, srv in c.brokers.items():
-            assert srv.broker is not None
             want = sum(1 for r in results if r.broker_name == name)
-            assert wait_until(
-                lambda b=srv.broker, w=want: (
-                    sum(p.consumer_offset for p in b.consumer_progress("CG", "T")) == w
-                )
-            )
+            assert wait_until(partial(committed, running_broker(srv), want))
     finally:
         consumer.shutdown()
         producer.shutdown()

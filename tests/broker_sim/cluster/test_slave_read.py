@@ -115,7 +115,10 @@ def test_a_slow_reader_moves_to_the_slave_gets_everything_once_and_keeps_its_off
         with lock:
             assert seen == Counter(bodies)  # every message, once
         consumer.persist_offsets()
-        committed = lambda: sum(p.consumer_offset for p in master.consumer_progress("CG", TOPIC))  # noqa: E731
+
+        def committed() -> int:
+            return sum(p.consumer_offset for p in master.consumer_progress("CG", TOPIC))
+
         assert wait_until(lambda: committed() == BACKLOG)
     finally:
         consumer.shutdown()

@@ -92,12 +92,22 @@ def test_invalid_expressions_are_refused(expression: str) -> None:
 names = st.from_regex(r"[a-z_$][a-z0-9_$]{0,6}", fullmatch=True).filter(
     lambda s: s.upper() not in {"NOT", "AND", "OR", "BETWEEN", "IN", "TRUE", "FALSE", "NULL", "IS"}
 )
-strings = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)
+strings = st.text(st.characters(blacklist_categories=["Cs"]), max_size=8)
 numbers = st.one_of(
     st.integers(0, 2**31 - 1).map(lambda v: Num("int", v)),
     st.integers(2**31, 2**63 - 1).map(lambda v: Num("long", v)),
     st.floats(min_value=1e-300, max_value=1e300).map(lambda v: Num("double", v)),
 )
+
+
+def ordered_bounds(between: Between) -> bool:
+    """``low <= high`` for a generated BETWEEN, whose bounds are ``numbers.map(Const)``."""
+    low, high = between.low, between.high
+    assert isinstance(low, Const) and isinstance(low.value, Num)
+    assert isinstance(high, Const) and isinstance(high.value, Num)
+    return low.value.value <= high.value.value
+
+
 values: st.SearchStrategy[Node] = st.one_of(
     names.map(Prop), strings.map(Const), numbers.map(Const), numbers.map(lambda n: Unary("-", Const(n)))
 )
@@ -105,7 +115,7 @@ conditions: st.SearchStrategy[Node] = st.recursive(
     st.one_of(
         st.builds(Compare, st.sampled_from(["=", "<>", ">", ">=", "<", "<="]), values, values),
         st.builds(Between, names.map(Prop), numbers.map(Const), numbers.map(Const), st.booleans()).filter(
-            lambda b: b.low.value.value <= b.high.value.value  # type: ignore[union-attr]
+            ordered_bounds
         ),
         st.builds(In, names.map(Prop), st.lists(strings, min_size=1, max_size=3).map(tuple), st.booleans()),
         st.builds(IsNull, values, st.booleans()),

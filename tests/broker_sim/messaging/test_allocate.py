@@ -4,6 +4,7 @@ strategy."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from broker_sim.client.allocate import (
     STRATEGIES,
+    Allocator,
     average,
     average_by_circle,
     consistent_hash,
@@ -23,7 +25,9 @@ Q8 = [MessageQueue("T", "broker-a", i) for i in range(8)]
 CIDS = ["c1", "c2", "c3"]
 
 
-def assignment(alloc, queues, clients):  # type: ignore[no-untyped-def]
+def assignment(
+    alloc: Allocator, queues: Sequence[MessageQueue], clients: Sequence[str]
+) -> dict[str, list[int]]:
     return {c: [q.queue_id for q in alloc("G", c, queues, clients)] for c in clients}
 
 
@@ -57,7 +61,9 @@ def assignment(alloc, queues, clients):  # type: ignore[no-untyped-def]
     ],
     ids=["average", "average_by_circle", "machine_room"],
 )
-def test_one_two_three_consumers_over_eight_queues(alloc, expected) -> None:  # type: ignore[no-untyped-def]
+def test_one_two_three_consumers_over_eight_queues(
+    alloc: Allocator, expected: list[dict[str, list[int]]]
+) -> None:
     for n, want in zip((1, 2, 3), expected, strict=True):
         assert assignment(alloc, Q8, CIDS[:n]) == want
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,16 @@ from broker_sim.common.errors import ClientStateError, ServiceNotAvailableError
 from broker_sim.common.requests import ConsumeFromWhere
 
 from .conftest import SMALL_STORE, wait_until
+
+
+def collecting(bodies: list[bytes]) -> Callable[[list[MessageExt]], ConsumeStatus]:
+    """A listener that appends every body it is given to ``bodies`` and consumes it."""
+
+    def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+        bodies.extend(m.body for m in msgs)
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    return listener
 
 
 def test_consume_timeout_sends_the_stuck_message_back(manual_broker: Broker, clock: ManualClock) -> None:
@@ -63,9 +74,7 @@ def test_offsets_survive_a_broker_restart(store_dir: Path) -> None:
         p.send(Message("T", f"{i}".encode()))
     p.shutdown()
     got: list[bytes] = []
-    c = PushConsumer(b, "G").subscribe(
-        "T", "*", lambda ms: (got.extend(m.body for m in ms), ConsumeStatus.CONSUME_SUCCESS)[1]
-    )
+    c = PushConsumer(b, "G").subscribe("T", "*", collecting(got))
     c.start()
     wait_until(lambda: len(got) == 10, what="first 10")
     c.shutdown()
@@ -78,9 +87,7 @@ def test_offsets_survive_a_broker_restart(store_dir: Path) -> None:
         p2.send(Message("T", b"new"))
         p2.shutdown()
         got2: list[bytes] = []
-        c2 = PushConsumer(b2, "G").subscribe(
-            "T", "*", lambda ms: (got2.extend(m.body for m in ms), ConsumeStatus.CONSUME_SUCCESS)[1]
-        )
+        c2 = PushConsumer(b2, "G").subscribe("T", "*", collecting(got2))
         c2.start()
         wait_until(lambda: got2 == [b"new"], what="only the new message")
         c2.shutdown()

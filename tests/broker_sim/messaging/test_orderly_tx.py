@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from functools import partial
 
 from broker_sim import (
     Broker,
@@ -142,10 +143,14 @@ def test_transaction_commit_rollback_and_check_back(manual_broker: Broker, clock
     wait_until(lambda: visible() == {b"commit", b"unknown"}, what="the checked message")
     # the checker runs on the producer's threads: "never" may be asked after "unknown" is already visible
     wait_until(lambda: sorted(checked) == [b"never", b"unknown"], what="both open transactions checked")
+
+    def answered_after(n: int) -> bool:
+        return len(checked) > n or bool(b.transactions.discarded)
+
     for _ in range(20):  # "never" is asked 15 times in all, then discarded
         n = len(checked)
         clock.advance(60)
-        wait_until(lambda n=n: len(checked) > n or b.transactions.discarded, what="a round's check answered")  # type: ignore[misc]
+        wait_until(partial(answered_after, n), what="a round's check answered")
         if b.transactions.discarded:
             break
     assert b.transactions.discarded == 1

@@ -11,7 +11,7 @@ from broker_sim import Broker, Message, Producer, SendStatus
 from broker_sim.client.selectors import LatencyFaultTolerance, TopicPublishInfo, select_by_hash
 from broker_sim.clock import ManualClock
 from broker_sim.common.errors import BrokerConfigError, InvalidMessageError, SendFailedError
-from broker_sim.common.message import Prop
+from broker_sim.common.message import Prop, SendResult
 from broker_sim.common.requests import BrokerData, QueueData, TopicRouteData
 from broker_sim.faults import FaultKind
 
@@ -78,8 +78,13 @@ def test_sharding_key_keeps_a_key_on_one_queue(broker: Broker) -> None:
 def test_async_oneway_batch_and_compression(broker: Broker) -> None:
     p = Producer(broker, "P")
     done = threading.Event()
-    got = []
-    fut = p.send_async(Message("T", b"async"), on_success=lambda r: (got.append(r), done.set()))
+    got: list[SendResult] = []
+
+    def on_success(result: SendResult) -> None:
+        got.append(result)
+        done.set()
+
+    fut = p.send_async(Message("T", b"async"), on_success=on_success)
     assert done.wait(5) and fut.result(5) == got[0]
     p.send_oneway(Message("T", b"oneway", keys="ow"))
     batch = p.send_batch([Message("T", f"b{i}".encode(), keys=f"bk{i}") for i in range(5)])

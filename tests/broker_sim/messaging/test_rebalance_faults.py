@@ -179,14 +179,14 @@ def test_broker_crash_loses_unflushed_messages_only_under_async_flush(
 ) -> None:
     clock = ManualClock()  # the async flusher never runs: everything acknowledged is still unflushed
     kw = dict(SMALL_STORE, topics={"T": 4}, clock=clock, flush_disk_type=flush)
-    b = Broker(tmp_path / "s", **kw).start()  # type: ignore[arg-type]
+    b = Broker(tmp_path / "s", **kw).start()
     p = Producer(b, "P")
     for i in range(10):
         p.send(Message("T", f"{i}".encode(), keys=f"k{i}"))
     p.shutdown()
     b.faults.crash_broker(b)
     assert b.faults.counts[FaultKind.BROKER_CRASHED] == 1
-    b2 = Broker(tmp_path / "s", **kw).start()  # type: ignore[arg-type]
+    b2 = Broker(tmp_path / "s", **kw).start()
     try:
         stored = sum(len(b2.messages("T", q)) for q in range(4))
         assert stored == (10 if survive else 0)

@@ -4,6 +4,7 @@ after 16."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 from broker_sim import (
     Broker,
@@ -36,16 +37,22 @@ def test_full_retry_schedule_then_dead_letter(manual_broker: Broker, clock: Manu
     p = Producer(b, "P")
     sent = p.send(Message("T", b"poison", keys="order-42", tags="A"))
     c = PushConsumer(b, "G").subscribe("T", "*", always_fail).start()
-    assert b.schedule_service is not None
+    schedule = b.schedule_service
+    assert schedule is not None
+
+    def parked_at(level: int) -> bool:
+        return schedule.pending() == {level: 1}
+
+    def delivered(n: int) -> bool:
+        return len(deliveries) == n
+
     wait_until(lambda: len(deliveries) == 1, what="first delivery")
     for attempt in range(16):
         level = 3 + attempt
-        wait_until(
-            lambda lv=level: b.schedule_service.pending() == {lv: 1}, what=f"send-back at level {level}"
-        )  # type: ignore[union-attr]
+        wait_until(partial(parked_at, level), what=f"send-back at level {level}")
         failed_at = deliveries[-1][0]
         clock.advance(ms=LEVELS[level - 1])
-        wait_until(lambda n=attempt + 2: len(deliveries) == n, what=f"retry {attempt + 1}")  # type: ignore[misc]
+        wait_until(partial(delivered, attempt + 2), what=f"retry {attempt + 1}")
         at, msg = deliveries[-1]
         assert msg.reconsume_times == attempt + 1
         assert (
@@ -62,7 +69,7 @@ def test_full_retry_schedule_then_dead_letter(manual_broker: Broker, clock: Manu
     dead = b.dlq_messages("G")[0]
     assert dead.topic == "%DLQ%G" and dead.uniq_key == sent.msg_id and dead.reconsume_times == 17
     assert dead.properties[Prop.RETRY_TOPIC] == "T"
-    assert b.schedule_service.pending() == {}
+    assert schedule.pending() == {}
     clock.advance(3 * 3600)
     assert len(deliveries) == 17  # nothing more comes back
     tc = b.topics.select("%DLQ%G")

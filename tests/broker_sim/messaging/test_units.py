@@ -128,7 +128,7 @@ def test_bad_delay_level_spec_and_tag_expressions() -> None:
     with pytest.raises(ValueError):
         parse_delay_levels("1s 5x")
     assert parse_tag_expression("*") is None
-    assert parse_tag_expression("A || B ||C") == {"A", "B", "C"}
+    assert parse_tag_expression("A || B ||C") == frozenset({"A", "B", "C"})
     with pytest.raises(ValueError):
         parse_tag_expression("||")
 

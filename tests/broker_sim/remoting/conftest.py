@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from broker_sim.remoting.serve import BrokerSimServer, ServeConfig
+
+if TYPE_CHECKING:
+    from broker_sim.broker.broker import Broker
 
 FAST_DELAYS = " ".join(["1s"] * 18)  # every retry level 1 s, so retry/DLQ tests finish in seconds
 
@@ -40,6 +43,12 @@ def serve(tmp_path: Path) -> Iterator[ServerFactory]:
     yield factory
     for s in started:
         s.shutdown()
+
+
+def running_broker(server: BrokerSimServer) -> Broker:
+    """The broker a started server runs in this process (every server these tests start runs one)."""
+    assert server.broker is not None
+    return server.broker
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.02) -> bool:

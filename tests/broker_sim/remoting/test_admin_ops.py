@@ -15,7 +15,7 @@ from broker_sim.cli import main
 from broker_sim.remoting.admin_client import AdminClient
 from broker_sim.remoting.codes import RequestCode, ResponseCode
 from broker_sim.remoting.serve import BrokerSimServer
-from tests.broker_sim.remoting.conftest import ServerFactory, wait_until
+from tests.broker_sim.remoting.conftest import ServerFactory, running_broker, wait_until
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -120,8 +120,8 @@ def test_reset_offset_by_time_restarts_a_live_consumer(
     try:
         _send(srv.namesrv_address, 6)
         assert wait_until(lambda: sum(seen.bodies.values()) == 6)
-        assert srv.broker is not None
-        assert wait_until(lambda: sum(p.lag for p in srv.broker.consumer_progress("G", "T")) == 0)
+        broker = running_broker(srv)
+        assert wait_until(lambda: sum(p.lag for p in broker.consumer_progress("G", "T")) == 0)
         ns = ["admin", "--namesrv", srv.namesrv_address, "--json"]
         code, out, err = cli([*ns, "consumer", "reset-offset", "G", "--topic", "T", "--time", "0"], capsys)
         assert code == 0, err
@@ -135,16 +135,16 @@ def test_reset_offset_by_time_restarts_a_live_consumer(
 def test_reset_offset_of_an_offline_group(srv: BrokerSimServer, capsys: pytest.CaptureFixture[str]) -> None:
     """Broker2Client.resetOffset answers CONSUMER_NOT_ONLINE (206) for a group without live clients; the
     command then commits the offsets itself, as mqadmin's fallback does."""
-    assert srv.broker is not None
+    broker = running_broker(srv)
     _send(srv.namesrv_address, 4)
-    assert wait_until(lambda: sum(srv.broker.get_max_offset("T", q) for q in (0, 1)) == 4)
+    assert wait_until(lambda: sum(broker.get_max_offset("T", q) for q in (0, 1)) == 4)
     for q in (0, 1):
-        srv.broker.update_consumer_offset("G", "T", q, 0)
+        broker.update_consumer_offset("G", "T", q, 0)
     ns = ["admin", "--namesrv", srv.namesrv_address]
     code, out, err = cli([*ns, "consumer", "reset-offset", "G", "--topic", "T", "--time", "latest"], capsys)
     assert code == 0, err
     assert "offline" in out
-    assert wait_until(lambda: sum(p.lag for p in srv.broker.consumer_progress("G", "T")) == 0)
+    assert wait_until(lambda: sum(p.lag for p in broker.consumer_progress("G", "T")) == 0)
 
 
 def test_delete_topic_removes_config_offsets_and_route(
@@ -182,19 +182,19 @@ def test_name_server_kv_config_and_topics_by_cluster(srv: BrokerSimServer) -> No
 
 def test_topic_consumed_by_and_query_consume_queue(srv: BrokerSimServer) -> None:
     """QUERY_TOPIC_CONSUME_BY_WHO (300) and QUERY_CONSUME_QUEUE (321)."""
-    assert srv.broker is not None
+    broker = running_broker(srv)
     _send(srv.namesrv_address, 3)
-    srv.broker.update_consumer_offset("G1", "T", 0, 0)
+    broker.update_consumer_offset("G1", "T", 0, 0)
     admin = AdminClient(srv.namesrv_address)
     try:
         reply = admin._broker_call(RequestCode.QUERY_TOPIC_CONSUME_BY_WHO, {"topic": "T"})
         assert json.loads(reply.body)["groupList"] == ["G1"]
-        assert wait_until(lambda: srv.broker.get_max_offset("T", 0) >= 1)
+        assert wait_until(lambda: broker.get_max_offset("T", 0) >= 1)
         fields = {"topic": "T", "queueId": 0, "index": 0, "count": 10, "consumerGroup": "G1"}
         body = json.loads(admin._broker_call(RequestCode.QUERY_CONSUME_QUEUE, fields).body)
         units = body["queueData"]
         assert [u["queueOffset"] for u in units] == list(range(body["maxQueueIndex"]))
-        first = srv.broker.messages("T", 0)[0]
+        first = broker.messages("T", 0)[0]
         assert units[0]["physicOffset"] == first.commit_log_offset
     finally:
         admin.close()

@@ -15,11 +15,12 @@ from broker_sim import Message, Producer
 from broker_sim.client.async_send import WindowGate
 from broker_sim.common.errors import InvalidMessageError, RequestTimeoutError, SendFailedError, TransportError
 from broker_sim.common.message import SendResult, SendStatus
-from tests.broker_sim.remoting.conftest import ServerFactory
+from tests.broker_sim.remoting.conftest import ServerFactory, running_broker
 
 
 def test_a_window_of_async_sends_all_land_once(serve: ServerFactory) -> None:
     srv = serve(topics={"T": 4})
+    broker = running_broker(srv)
     producer = Producer(srv.namesrv_address, "PA", async_send_window=64)
     successes: list[SendResult] = []
     lock = threading.Lock()
@@ -38,7 +39,7 @@ def test_a_window_of_async_sends_all_land_once(serve: ServerFactory) -> None:
     assert {r.queue_id for r in results} == {0, 1, 2, 3}
     assert sorted(r.msg_id for r in successes) == sorted(r.msg_id for r in results)
     stored = sorted(
-        m.body for q in range(4) for m in srv.broker.messages("T", q, 0, 500) if m.topic == "T"
+        m.body for q in range(4) for m in broker.messages("T", q, 0, 500) if m.topic == "T"
     )  # every message stored exactly once
     assert stored == sorted(f"m{i}".encode() for i in range(500))
 
@@ -76,9 +77,12 @@ def test_async_send_to_a_stopped_broker_fails_through_future_and_callback(serve:
         srv.shutdown()
         failed = threading.Event()
         errors: list[BaseException] = []
-        future = producer.send_async(
-            Message("T", b"y"), on_exception=lambda e: (errors.append(e), failed.set())
-        )
+
+        def on_exception(exc: BaseException) -> None:
+            errors.append(exc)
+            failed.set()
+
+        future = producer.send_async(Message("T", b"y"), on_exception=on_exception)
         exc = future.exception(10)
         assert isinstance(exc, SendFailedError) and isinstance(exc.__cause__, TransportError)
         assert failed.wait(10) and errors == [exc]
@@ -146,7 +150,12 @@ def test_a_waiting_sender_resumes_once_the_window_has_drained() -> None:
     gate = WindowGate(4)  # low-water mark 3
     assert all(gate.acquire(0) for _ in range(4))
     resumed = threading.Event()
-    threading.Thread(target=lambda: gate.acquire(10) and resumed.set(), daemon=True).start()
+
+    def wait_then_resume() -> None:
+        if gate.acquire(10):
+            resumed.set()
+
+    threading.Thread(target=wait_then_resume, daemon=True).start()
     gate.release()  # 3 in flight: at the mark, the waiter may go
     assert resumed.wait(10)
     assert gate.in_flight == 4

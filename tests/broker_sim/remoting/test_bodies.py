@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -22,7 +23,7 @@ from broker_sim.remoting.errors import HeaderFieldError
 from broker_sim.remoting.records import RecordError, decode_records, split_records, with_store_host
 from broker_sim.store.message_record import MessageInner, encode_record, host_bytes
 
-CPP_HEARTBEAT = {
+CPP_HEARTBEAT: dict[str, Any] = {  # a JSON document, as the C++ client sends it
     "clientID": "4242-127.0.0.1@DEFAULT",
     "consumerDataSet": [
         {
@@ -55,7 +56,7 @@ def test_cpp_heartbeat_parses() -> None:
     java = dict(
         CPP_HEARTBEAT,
         consumerDataSet=[dict(CPP_HEARTBEAT["consumerDataSet"][0], consumeType="CONSUME_ACTIVELY")],
-    )  # type: ignore[arg-type]
+    )
     assert (
         bodies.parse_heartbeat(json.dumps(java).encode()).consumers[0].consume_type
         is ConsumeType.CONSUME_ACTIVELY
@@ -90,11 +91,11 @@ entries = st.lists(
         body=st.binary(max_size=100),
         properties=st.dictionaries(
             st.text(
-                st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)),
+                st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]),
                 min_size=1,
                 max_size=8,
             ),
-            st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=8),
+            st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]), max_size=8),
             max_size=3,
         ),
         flag=st.integers(-(2**31), 2**31 - 1),

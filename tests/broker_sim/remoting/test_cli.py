@@ -12,7 +12,7 @@ from broker_sim import Message, Producer
 from broker_sim.cli import main
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.serve_process import ServeProcess
-from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, wait_until
+from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -57,6 +57,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 
 def test_admin_commands(serve: ServerFactory, capsys: pytest.CaptureFixture[str]) -> None:
     srv = serve(topics={"T": 2}, max_reconsume_times=0, message_delay_level=FAST_DELAYS)
+    broker = running_broker(srv)
     ns = ["admin", "--namesrv", srv.namesrv_address]
     assert run_cli([*ns, "topic", "create", "Orders", "--queues", "3"], capsys)[0] == 0
     code, out, _ = run_cli([*ns, "--json", "topic", "list"], capsys)
@@ -67,9 +68,9 @@ def test_admin_commands(serve: ServerFactory, capsys: pytest.CaptureFixture[str]
     producer = Producer(srv.namesrv_address, "PG")
     sent = [producer.send(Message("T", f"b{i}".encode(), keys=f"key{i}")) for i in range(6)]
     producer.shutdown()
-    srv.broker.update_consumer_offset("CG", "T", 0, 1)
+    broker.update_consumer_offset("CG", "T", 0, 1)
     # consume queues are built asynchronously from the commit log: wait until both queues show the sends
-    assert wait_until(lambda: sum(p.broker_offset for p in srv.broker.consumer_progress("CG", "T")) == 6)
+    assert wait_until(lambda: sum(p.broker_offset for p in broker.consumer_progress("CG", "T")) == 6)
     code, out, _ = run_cli([*ns, "--json", "consumer", "progress", "CG"], capsys)
     rows = {(r["topic"], r["queue"]): r for r in json.loads(out)}
     q0 = rows[("T", 0)]
@@ -91,7 +92,7 @@ def test_admin_commands(serve: ServerFactory, capsys: pytest.CaptureFixture[str]
     from broker_sim.common.message import decode_offset_msg_id
     from broker_sim.common.requests import ConsumerSendMsgBackRequest
 
-    srv.broker.consumer_send_msg_back(
+    broker.consumer_send_msg_back(
         ConsumerSendMsgBackRequest("CG", decode_offset_msg_id(sent[1].offset_msg_id)[1])
     )
     code, out, _ = run_cli([*ns, "--json", "dlq", "list"], capsys)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, wait_until
+from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker, wait_until
 
 pytest.importorskip("rocketmq.client")
 
@@ -57,12 +57,13 @@ def start_worker(mode: str, namesrv: str, args: dict[str, Any], home: Path) -> s
 
 def test_send_sync_lands_in_the_store(serve: ServerFactory, tmp_path: Path) -> None:
     srv = serve(topics={"RealT": 4})
+    broker = running_broker(srv)
     events = run_worker("produce", srv.namesrv_address, {"topic": "RealT", "count": 12}, tmp_path)
     sent = [e for e in events if e["event"] == "sent"]
     assert len(sent) == 12 and all(e["status"] == 0 for e in sent)
 
     def stored_now() -> list[Any]:
-        return [m for q in range(4) for m in srv.broker.messages("RealT", q)]
+        return [m for q in range(4) for m in broker.messages("RealT", q)]
 
     assert wait_until(lambda: len(stored_now()) == 12)  # consume queues are dispatched asynchronously
     stored = stored_now()
@@ -73,19 +74,20 @@ def test_send_sync_lands_in_the_store(serve: ServerFactory, tmp_path: Path) -> N
         assert m.uniq_key == e["msg_id"] and m.queue_offset == e["offset"]
         assert m.key_list == [f"k{e['i']}"] and m.tags == "TagA"
     assert {m.queue_id for m in stored} == {0, 1, 2, 3}  # round robin over writeQueueNums
-    assert [m.body for m in srv.broker.query_message_by_key("RealT", "k5")] == [b"m5"]
+    assert [m.body for m in broker.query_message_by_key("RealT", "k5")] == [b"m5"]
 
 
 def test_send_orderly_keeps_a_sharding_key_on_one_queue(serve: ServerFactory, tmp_path: Path) -> None:
     srv = serve(topics={"OrdT": 4})
+    broker = running_broker(srv)
     args = {"topic": "OrdT", "count": 24, "sharding": [1, 2, 3]}
     sent = [e for e in run_worker("produce", srv.namesrv_address, args, tmp_path) if e["event"] == "sent"]
     assert all(e["status"] == 0 for e in sent)
-    assert wait_until(lambda: sum(len(srv.broker.messages("OrdT", q)) for q in range(4)) == 24)
+    assert wait_until(lambda: sum(len(broker.messages("OrdT", q)) for q in range(4)) == 24)
     queue_of: dict[int, set[int]] = defaultdict(set)
     order: dict[int, list[bytes]] = defaultdict(list)
     for q in range(4):
-        for m in srv.broker.messages("OrdT", q):
+        for m in broker.messages("OrdT", q):
             shard = int(m.body[1:]) % 3 + 1
             queue_of[shard].add(q)
             order[shard].append(m.body)
@@ -97,6 +99,7 @@ def test_send_orderly_keeps_a_sharding_key_on_one_queue(serve: ServerFactory, tm
 
 def test_push_consumer_consumes_every_message(serve: ServerFactory, tmp_path: Path) -> None:
     srv = serve(topics={"PushT": 4})
+    broker = running_broker(srv)
     run_worker("produce", srv.namesrv_address, {"topic": "PushT", "count": 30}, tmp_path)
     events = run_worker(
         "push", srv.namesrv_address, {"topic": "PushT", "expect": 30, "timeout_s": 40}, tmp_path
@@ -105,11 +108,12 @@ def test_push_consumer_consumes_every_message(serve: ServerFactory, tmp_path: Pa
     assert {e["body"] for e in delivered} == {f"m{i}" for i in range(30)}
     assert all(e["topic"] == "PushT" and e["reconsume"] == 0 for e in delivered)
     # offsets were committed (piggy-backed on pulls or UPDATE_CONSUMER_OFFSET at shutdown)
-    assert wait_until(lambda: sum(p.lag for p in srv.broker.consumer_progress("RealCG", "PushT")) == 0)
+    assert wait_until(lambda: sum(p.lag for p in broker.consumer_progress("RealCG", "PushT")) == 0)
 
 
 def test_failed_message_comes_back_through_retry(serve: ServerFactory, tmp_path: Path) -> None:
     srv = serve(topics={"RetT": 3}, message_delay_level=FAST_DELAYS)
+    broker = running_broker(srv)
     # one message per queue, so every pull carries a single message (see the batch test below)
     run_worker("produce", srv.namesrv_address, {"topic": "RetT", "count": 3}, tmp_path)
     args = {"topic": "RetT", "expect": 3, "fail_times": 1, "timeout_s": 40, "group": "RetryG"}
@@ -123,7 +127,7 @@ def test_failed_message_comes_back_through_retry(serve: ServerFactory, tmp_path:
         assert e["reconsume"] == 1 and first[body]["reconsume"] == 0
         assert e["topic"] == "RetT" and e["retry_topic"] == "RetT"  # renamed back from %RETRY%RetryG
         assert e["id"] == first[body]["id"]  # same UNIQ_KEY
-    retry = srv.broker.retry_messages("RetryG")
+    retry = broker.retry_messages("RetryG")
     assert sorted(m.body for m in retry) == [b"m0", b"m1", b"m2"]
     assert all(m.reconsume_times == 1 for m in retry)
 
@@ -133,30 +137,32 @@ def test_one_failure_sends_back_the_whole_pulled_batch(serve: ServerFactory, tmp
     one by one but reports one status for the pulled batch, so the first RECONSUME_LATER sends back every
     message of that pull, including ones the callback never saw or already processed."""
     srv = serve(topics={"BatchT": 1}, message_delay_level=FAST_DELAYS)
+    broker = running_broker(srv)
     run_worker("produce", srv.namesrv_address, {"topic": "BatchT", "count": 3}, tmp_path)
     # all three in the consume queue before the consumer starts, so its first pull returns them together
-    assert wait_until(lambda: len(srv.broker.messages("BatchT")) == 3)
+    assert wait_until(lambda: len(broker.messages("BatchT")) == 3)
     args = {"topic": "BatchT", "expect": 3, "fail_times": 1, "timeout_s": 40, "group": "BatchG"}
     delivered = [
         e for e in run_worker("push", srv.namesrv_address, args, tmp_path) if e["event"] == "delivery"
     ]
     assert (delivered[0]["body"], delivered[0]["outcome"], delivered[0]["reconsume"]) == ("m0", "LATER", 0)
     assert [e for e in delivered if e["reconsume"] == 0] == delivered[:1]  # m1, m2 never shown at 0
-    first_round = sorted(m.body for m in srv.broker.retry_messages("BatchG") if m.reconsume_times == 1)
+    first_round = sorted(m.body for m in broker.retry_messages("BatchG") if m.reconsume_times == 1)
     assert first_round == [b"m0", b"m1", b"m2"]  # ... yet all three were sent back
 
 
 def test_message_reaches_dlq_after_max_reconsume_times(serve: ServerFactory, tmp_path: Path) -> None:
     srv = serve(topics={"DlqT": 1}, max_reconsume_times=2, message_delay_level=FAST_DELAYS)
+    broker = running_broker(srv)
     run_worker("produce", srv.namesrv_address, {"topic": "DlqT", "count": 1}, tmp_path)
     args = {"topic": "DlqT", "expect": 1, "fail_times": -1, "timeout_s": 60, "group": "DlqG"}
     proc = start_worker("push", srv.namesrv_address, args, tmp_path)
     try:
-        assert wait_until(lambda: len(srv.broker.dlq_messages("DlqG")) == 1, timeout=40)
+        assert wait_until(lambda: len(broker.dlq_messages("DlqG")) == 1, timeout=40)
     finally:
         proc.kill()
         out, _ = proc.communicate(timeout=10)
-    (dead,) = srv.broker.dlq_messages("DlqG")
+    (dead,) = broker.dlq_messages("DlqG")
     assert dead.body == b"m0" and dead.reconsume_times == 3 and dead.properties["RETRY_TOPIC"] == "DlqT"
     attempts = [json.loads(line)["reconsume"] for line in out.splitlines() if '"delivery"' in line]
     assert attempts == [0, 1, 2]  # the 1.x client sends no maxReconsumeTimes: the group's limit (2) applies
@@ -164,9 +170,10 @@ def test_message_reaches_dlq_after_max_reconsume_times(serve: ServerFactory, tmp
 
 def test_pull_consumer_reads_from_zero(serve: ServerFactory, tmp_path: Path) -> None:
     srv = serve(topics={"PullT": 2})
+    broker = running_broker(srv)
     run_worker("produce", srv.namesrv_address, {"topic": "PullT", "count": 10}, tmp_path)
     # the pull loop stops at the first PULL_NOT_FOUND: let the asynchronous dispatch catch up first
-    assert wait_until(lambda: sum(len(srv.broker.messages("PullT", q)) for q in (0, 1)) == 10)
+    assert wait_until(lambda: sum(len(broker.messages("PullT", q)) for q in (0, 1)) == 10)
     events = run_worker("pull", srv.namesrv_address, {"topic": "PullT"}, tmp_path)
     pulled = [e for e in events if e["event"] == "pulled"]
     assert sorted(e["body"] for e in pulled) == sorted(f"m{i}" for i in range(10))
@@ -178,13 +185,14 @@ def test_unknown_topic_is_created_through_tbw102_when_auto_create_is_on(
     serve: ServerFactory, tmp_path: Path
 ) -> None:
     srv = serve(auto_create_topic_enable=True)
+    broker = running_broker(srv)
     sent = [
         e
         for e in run_worker("produce", srv.namesrv_address, {"topic": "AutoT", "count": 3}, tmp_path)
         if e["event"] == "sent"
     ]
     assert len(sent) == 3
-    route = srv.broker.get_route_info_by_topic("AutoT")
+    route = broker.get_route_info_by_topic("AutoT")
     assert route.queue_datas[0].write_queue_nums == 4  # min(client's defaultTopicQueueNums 4, TBW102's 8)
 
 
@@ -203,6 +211,7 @@ def test_orderly_push_consumer_locks_queues_and_keeps_order(serve: ServerFactory
 def test_send_batch_arrives_as_separate_messages(serve: ServerFactory, tmp_path: Path) -> None:
     """The C++ client sends a batch as SEND_MESSAGE with batch=1 and a §F batch body (not code 320)."""
     srv = serve(topics={"BatchT": 1})
+    broker = running_broker(srv)
     events = run_worker(
         "produce", srv.namesrv_address, {"topic": "BatchT", "count": 4, "batch": True}, tmp_path
     )
@@ -210,5 +219,5 @@ def test_send_batch_arrives_as_separate_messages(serve: ServerFactory, tmp_path:
     assert ev["event"] == "sent_batch" and ev["status"] == 0
     expected = [(f"m{i}".encode(), [f"k{i}"], i) for i in range(4)]
     assert wait_until(
-        lambda: [(m.body, m.key_list, m.queue_offset) for m in srv.broker.messages("BatchT")] == expected
+        lambda: [(m.body, m.key_list, m.queue_offset) for m in broker.messages("BatchT")] == expected
     )

@@ -14,11 +14,12 @@ from broker_sim.common.errors import TopicNotExistError, TransportError
 from broker_sim.common.message import ConsumeOrderlyStatus, LocalTransactionState, MessageExt, MessageQueue
 from broker_sim.common.requests import ConsumeFromWhere, MessageModel, PullStatus
 from broker_sim.remoting.client_transport import RemotingTransport
-from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, wait_until
+from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker, wait_until
 
 
 def test_produce_push_consume_and_progress(serve: ServerFactory) -> None:
     srv = serve(topics={"T": 4})
+    broker = running_broker(srv)
     ns = srv.namesrv_address
     producer = Producer(ns, "PG")
     results = [producer.send(Message("T", f"m{i}".encode(), keys=f"k{i}", tags="A")) for i in range(40)]
@@ -45,8 +46,8 @@ def test_produce_push_consume_and_progress(serve: ServerFactory) -> None:
         producer.send(Message("T", b"late"))
         assert wait_until(lambda: b"late" in seen)
         consumer.persist_offsets()
-        assert wait_until(lambda: sum(p.lag for p in srv.broker.consumer_progress("CG", "T")) == 0)
-        assert sum(p.broker_offset for p in srv.broker.consumer_progress("CG", "T")) == 41
+        assert wait_until(lambda: sum(p.lag for p in broker.consumer_progress("CG", "T")) == 0)
+        assert sum(p.broker_offset for p in broker.consumer_progress("CG", "T")) == 41
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -54,14 +55,13 @@ def test_produce_push_consume_and_progress(serve: ServerFactory) -> None:
 
 def test_pull_consumer_batch_view_and_query(serve: ServerFactory) -> None:
     srv = serve(topics={"T": 2})
+    broker = running_broker(srv)
     ns = srv.namesrv_address
     producer = Producer(ns, "PG")
     mq = MessageQueue("T", "broker-a", 1)
     batch = producer.send_batch([Message("T", f"b{i}".encode(), keys=f"bk{i}") for i in range(5)], queue=mq)
     assert batch.queue_id == 1
-    assert wait_until(
-        lambda: srv.broker.get_max_offset("T", 1) == 5
-    )  # consume queues dispatch asynchronously
+    assert wait_until(lambda: broker.get_max_offset("T", 1) == 5)  # consume queues dispatch asynchronously
     pull = PullConsumer(ns, "PullG")
     pull.start()
     try:
@@ -94,6 +94,7 @@ def test_pull_consumer_batch_view_and_query(serve: ServerFactory) -> None:
 
 def test_retry_then_dlq_over_tcp(serve: ServerFactory) -> None:
     srv = serve(topics={"T": 1}, max_reconsume_times=2, message_delay_level=FAST_DELAYS)
+    broker = running_broker(srv)
     ns = srv.namesrv_address
     producer = Producer(ns, "PG")
     sent = producer.send(Message("T", b"poison", keys="p1"))
@@ -110,8 +111,8 @@ def test_retry_then_dlq_over_tcp(serve: ServerFactory) -> None:
     consumer.subscribe("T", "*", listener)
     consumer.start()
     try:
-        assert wait_until(lambda: len(srv.broker.dlq_messages("CG")) == 1, timeout=30)
-        (dead,) = srv.broker.dlq_messages("CG")
+        assert wait_until(lambda: len(broker.dlq_messages("CG")) == 1, timeout=30)
+        (dead,) = broker.dlq_messages("CG")
         assert dead.body == b"poison" and dead.msg_id == sent.msg_id
         assert dead.properties["RETRY_TOPIC"] == "T"
         assert attempts == [0, 1, 2]
@@ -122,6 +123,7 @@ def test_retry_then_dlq_over_tcp(serve: ServerFactory) -> None:
 
 def test_transaction_check_back_over_tcp(serve: ServerFactory) -> None:
     srv = serve(topics={"T": 1}, transaction_check_interval_ms=100, transaction_timeout_ms=0)
+    broker = running_broker(srv)
     ns = srv.namesrv_address
     checked = threading.Event()
 
@@ -136,9 +138,9 @@ def test_transaction_check_back_over_tcp(serve: ServerFactory) -> None:
     try:
         result = producer.send_message_in_transaction(Message("T", b"tx"))
         assert result.local_transaction_state is LocalTransactionState.UNKNOW
-        assert srv.broker.messages("T") == []  # half message invisible
+        assert broker.messages("T") == []  # half message invisible
         assert checked.wait(20)  # CHECK_TRANSACTION_STATE reached us over the connection
-        assert wait_until(lambda: [m.body for m in srv.broker.messages("T")] == [b"tx"])
+        assert wait_until(lambda: [m.body for m in broker.messages("T")] == [b"tx"])
     finally:
         producer.shutdown()
 
@@ -168,6 +170,7 @@ def test_server_gone_is_a_transport_error(serve: ServerFactory) -> None:
 
 def test_orderly_consumption_takes_queue_locks_over_tcp(serve: ServerFactory) -> None:
     srv = serve(topics={"T": 2})
+    broker = running_broker(srv)
     ns = srv.namesrv_address
     producer = Producer(ns, "PG")
     for i in range(20):
@@ -187,7 +190,7 @@ def test_orderly_consumption_takes_queue_locks_over_tcp(serve: ServerFactory) ->
     try:
         assert wait_until(lambda: len(seen[0]) + len(seen[1]) == 20)
         assert seen[0] == list(range(0, 20, 2)) and seen[1] == list(range(1, 20, 2))  # per key, in send order
-        held = srv.broker.locks.try_lock_batch("OrdG", set(consumer.assigned_queues()), "someone-else")
+        held = broker.locks.try_lock_batch("OrdG", set(consumer.assigned_queues()), "someone-else")
         assert held == set()  # the queues are locked by our consumer (LOCK_BATCH_MQ over the wire)
     finally:
         consumer.shutdown()

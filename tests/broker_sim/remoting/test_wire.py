@@ -85,13 +85,13 @@ def test_pull_body_is_records_with_the_reachable_store_host(
     for i in range(3):
         broker.invoke(cpp_send("T", 0, f"m{i}".encode(), f"k{i}"), 5)
     replies: list[RemotingCommand] = []
+
+    def pulled_all_three() -> bool:
+        replies.append(broker.invoke(cpp_pull("T", 0, 0, sys_flag=4), 5))
+        return replies[-1].ext_fields.get("nextBeginOffset") == "3"
+
     # consume queues are dispatched asynchronously from the commit log: poll until all three are visible
-    assert wait_until(
-        lambda: (
-            replies.append(broker.invoke(cpp_pull("T", 0, 0, sys_flag=4), 5))
-            or replies[-1].ext_fields.get("nextBeginOffset") == "3"
-        )
-    )
+    assert wait_until(pulled_all_three)
     rep = replies[-1]
     assert rep.code == ResponseCode.SUCCESS and rep.body  # G10
     assert set(rep.ext_fields) >= {"nextBeginOffset", "minOffset", "maxOffset", "suggestWhichBrokerId"}
@@ -135,9 +135,12 @@ def test_suspended_pull_is_held_until_a_message_arrives(broker: RemotingConnecti
     """G9: SUSPEND at the end of a queue parks the pull; a send wakes it with the new message."""
     box: list[RemotingCommand | BaseException] = []
     done = threading.Event()
-    broker.invoke_async(
-        cpp_pull("T", 0, 0, sys_flag=6, suspend_ms=15000), lambda r: (box.append(r), done.set()), 30
-    )
+
+    def on_reply(reply: RemotingCommand | BaseException) -> None:
+        box.append(reply)
+        done.set()
+
+    broker.invoke_async(cpp_pull("T", 0, 0, sys_flag=6, suspend_ms=15000), on_reply, 30)
     assert not done.wait(0.3)  # held (nothing to return yet)
     broker.invoke(cpp_send("T", 0, b"wake", "kw"), 5)
     assert done.wait(10)

@@ -131,7 +131,8 @@ def test_compiled_prepare_equals_python_on_long_properties(properties: dict[str,
     """The compiled encoder copies properties into a 256-byte buffer on its one walk and writes the rest
     with a second walk: record bytes, TAGS and raw properties match the Python encoder on both sides."""
     msg = MessageInner("T", b"body", properties=properties, born_host=("10.0.0.7", 5555))
-    args = (msg, STORE_HOST, {}, 4 * 1024 * 1024, 2**30)
+    topic_fields: dict[str, bytes] = {}
+    args = (msg, STORE_HOST, topic_fields, 4 * 1024 * 1024, 2**30)
     assert codec.compiled.prepare(*args) == codec.py_prepare(*args)
 
 

@@ -153,7 +153,11 @@ def test_flush_disk_timeout_on_the_system_clock(make_store: StoreFactory) -> Non
     if codec.compiled is not None:
         assert store.put_message != store.put_path.put_general  # the compiled put is what runs
     gate = threading.Event()
-    store.group_commit.before_flush = lambda: gate.wait(10) and None
+
+    def hold_the_flush() -> None:
+        gate.wait(10)
+
+    store.group_commit.before_flush = hold_the_flush
     try:
         r = store.put_message(msg(body=b"late"))
     finally:

@@ -15,7 +15,7 @@ from broker_sim.store.flush import FlushGate, PyFlushGate
 
 GATES: list[tuple[str, Callable[[], FlushGate]]] = [("python", lambda: PyFlushGate(SystemClock()))]
 if codec.compiled is not None:
-    GATES.append(("c", lambda: codec.compiled.FlushGate()))  # type: ignore[no-any-return]
+    GATES.append(("c", lambda: codec.compiled.FlushGate()))
 
 
 def until(pred: Callable[[], bool], timeout_s: float = 10.0) -> bool:
