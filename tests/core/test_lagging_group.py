@@ -8,7 +8,7 @@ bench measured 0.01 of the normal speed with the per-message index missing
 (``python -m bench.bench_growth --lagging``).
 
 Checked on PostgreSQL with generic plans, which are what a long-running consumer's prepared statements
-end up with.
+end up with, and on MariaDB with the plan of the statement its guard sends.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sqlalchemy import Connection, Engine, text
 from reliable import ConsumeResult, Reliability, StubStatus, idempotent_consumer
 from reliable.facade import make_engine
 from reliable.migrate import upgrade
+from reliable.stores import sql_text
 from tests import services
 from tests.core.guard_helpers import (
     add_stub,
@@ -139,3 +140,44 @@ def test_the_group_that_keeps_up_confirms_by_message_id_and_leaves_the_backlog_t
     finally:
         rel.close()
         probe.dispose()
+
+
+def _owe_backlog_mariadb(conn: Connection) -> None:
+    """:func:`_owe_backlog` in MariaDB's SQL (its sequence engine instead of generate_series)."""
+    conn.execute(
+        text(
+            "INSERT INTO message_stub (message_id, topic, content, send_count, status, resend_at, "
+            "created_at, updated_at) SELECT concat('old-', seq), 'orders', 'x', 1, 'PENDING', now(), now(), "
+            f"now() FROM seq_1_to_{BACKLOG}"
+        )
+    )
+    for group, status in ((KEEPS_UP, "CONFIRMED"), (LAGGING, "PENDING")):
+        conn.execute(
+            text(
+                "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count, "
+                "resend_at, created_at, updated_at) SELECT :g, concat('old-', seq), :s, 0, 0, now(), now(), "
+                f"now() FROM seq_1_to_{BACKLOG}"
+            ),
+            {"g": group, "s": status},
+        )
+    conn.execute(text("ANALYZE TABLE message_inbox, message_stub"))
+
+
+def test_on_mariadb_the_confirms_question_about_other_groups_uses_the_message_id_index() -> None:
+    """MariaDB has neither partial indexes nor generic plans: the statement its guard sends to settle a stub
+    (:func:`reliable.stores.sql_text.settle_stubs`) must still reach the other groups' rows by message id."""
+    settle = sql_text.settle_stubs(1)
+    for value in ("now()", "now()", "'old-7'", f"'{KEEPS_UP}'"):  # its parameters: now twice, id, group
+        settle = settle.replace("?", value, 1)
+    with services.scratch_database("mariadb") as url:
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+            with engine.begin() as conn:
+                _owe_backlog_mariadb(conn)
+            with engine.connect() as conn:
+                plan = {str(r["table"]): r for r in conn.execute(text(f"EXPLAIN {settle}")).mappings()}
+        finally:
+            engine.dispose()
+    assert plan["i"]["key"] == PER_MESSAGE_INDEX and plan["i"]["type"] == "ref", plan
+    assert plan["message_stub"]["key"] == "PRIMARY", plan
