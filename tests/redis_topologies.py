@@ -15,7 +15,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 import redis
 
 from tests import services
+from tests.waiting import wait_until
 
 SERVICE = "reliable-test"
 
@@ -36,18 +36,17 @@ def redis_server() -> str:
     return str(binary)
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Poll ``check`` until it is true; fail the test with ``what`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+def answering(check: Callable[[], bool]) -> Callable[[], bool]:
+    """``check`` for :func:`tests.waiting.wait_until` while a server may still be starting: a server that
+    does not answer yet counts as "not yet", not as a failure."""
+
+    def probe() -> bool:
         try:
-            if check():
-                return
+            return check()
         except (redis.RedisError, OSError):
-            pass  # not up yet: that is what we are waiting for
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
+            return False
+
+    return probe
 
 
 def cluster_port() -> int:
@@ -96,7 +95,9 @@ def start(stack: ExitStack, port: int, workdir: Path, *args: str) -> Server:
     )
     server = Server(port, proc)
     stack.callback(server.kill)
-    wait_for(f"redis-server on port {port}", lambda: services.port_open("127.0.0.1", port, 0.1), 10)
+    wait_until(
+        answering(lambda: services.port_open("127.0.0.1", port, 0.1)), 10, f"redis-server on port {port}"
+    )
     return server
 
 
@@ -144,7 +145,7 @@ def redis_cluster(masters: int = 3) -> Iterator[Cluster]:
         )
         assert created.returncode == 0, created.stdout + created.stderr
         for n in nodes:
-            wait_for(f"cluster_state:ok on {n.port}", n.cluster_ok)
+            wait_until(answering(n.cluster_ok), what=f"cluster_state:ok on {n.port}")
         yield Cluster(nodes)
 
 
@@ -167,13 +168,15 @@ class SentinelGroup:
         """Kill the master and wait until the sentinel has promoted the replica; returns the new master."""
         self.master.kill()
         self.killed.append(self.master)
-        wait_for(
-            "the sentinel to promote the replica", lambda: self.master_port() == self.replica.port, timeout_s
-        )
-        wait_for(
-            "the promoted replica to accept writes",
-            lambda: self.replica.client().info("replication")["role"] == "master",
+        wait_until(
+            answering(lambda: self.master_port() == self.replica.port),
             timeout_s,
+            "the sentinel to promote the replica",
+        )
+        wait_until(
+            answering(lambda: self.replica.client().info("replication")["role"] == "master"),
+            timeout_s,
+            "the promoted replica to accept writes",
         )
         return self.replica
 
@@ -188,9 +191,9 @@ def redis_sentinel() -> Iterator[SentinelGroup]:
             path.mkdir()
         master = start(stack, mport, dirs[mport], *common)
         replica = start(stack, rport, dirs[rport], *common, "--replicaof", "127.0.0.1", str(mport))
-        wait_for(
-            "the replica to sync",
-            lambda: replica.client().info("replication").get("master_link_status") == "up",
+        wait_until(
+            answering(lambda: replica.client().info("replication").get("master_link_status") == "up"),
+            what="the replica to sync",
         )
         conf = dirs[sport] / "sentinel.conf"
         conf.write_text(
@@ -201,8 +204,8 @@ def redis_sentinel() -> Iterator[SentinelGroup]:
         )
         sentinel = start(stack, sport, dirs[sport], str(conf), "--sentinel")
         group = SentinelGroup(master, replica, sentinel)
-        wait_for(
-            "the sentinel to discover the replica",
-            lambda: len(sentinel.sentinel_command("replicas", SERVICE)) == 1,
+        wait_until(
+            answering(lambda: len(sentinel.sentinel_command("replicas", SERVICE)) == 1),
+            what="the sentinel to discover the replica",
         )
         yield group

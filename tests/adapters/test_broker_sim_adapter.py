@@ -3,9 +3,7 @@ broker (in-process and over TCP via ``broker-sim serve``) into the real guard on
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from reliable.models import ConsumeProgress, MessageLog, MessageStub
 from reliable.producer import StubProducer
 from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope, StubStatus
+from tests.waiting import wait_until
 
 TOPIC = "AdapterT"
 GROUP = "adapter_g"
@@ -158,14 +157,6 @@ def test_sender_failure_is_a_send_error() -> None:
 # --- through a real broker -----------------------------------------------------------------------------
 
 
-def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.05)
-
-
 @pytest.fixture
 def rel(sqlite_url: str) -> Iterator[Reliability]:
     from tests.conftest import _ensure_clean_schema
@@ -235,8 +226,8 @@ def test_guarded_consumption_applies_each_order_once(rel: Reliability, broker_ta
                     s.scalar(select(func.count()).where(MessageStub.status == StubStatus.CONFIRMED)) or 0
                 )
 
-        wait_for(lambda: confirmed() == 60, what="60 confirmed stubs")
-        wait_for(lambda: listener.stats.delivered >= 61, what="the duplicate copy")
+        wait_until(lambda: confirmed() == 60, what="60 confirmed stubs")
+        wait_until(lambda: listener.stats.delivered >= 61, what="the duplicate copy")
         probe = BrokerSimProbe(consumer.transport)  # the sweeper's view: what the broker holds
         assert sum(probe.max_offset(TOPIC, q) or 0 for q in range(4)) == 61
         assert probe.max_offset("NoSuchTopic", 0) in (0, None)
@@ -280,7 +271,7 @@ def test_retry_deliveries_move_only_the_retry_queues_watermark(rel: Reliability,
     consumer.subscribe(TOPIC, "*", listener)
     consumer.start()
     try:
-        wait_for(lambda: listener.stats.success == 4, what="4 messages applied on their retry")
+        wait_until(lambda: listener.stats.success == 4, what="4 messages applied on their retry")
     finally:
         consumer.shutdown()
         producer.shutdown()
@@ -313,9 +304,9 @@ def test_dead_letter_goes_to_the_dlq_at_once(rel: Reliability, broker_target: An
     consumer.subscribe(TOPIC, "*", listener)
     consumer.start()
     try:
-        wait_for(lambda: listener.stats.dead_lettered == 1, what="a dead-lettered message")
+        wait_until(lambda: listener.stats.dead_lettered == 1, what="a dead-lettered message")
         dlq = f"%DLQ%{GROUP}"
-        wait_for(lambda: consumer.transport.get_max_offset(dlq, 0) == 1, what="the message in the DLQ")
+        wait_until(lambda: consumer.transport.get_max_offset(dlq, 0) == 1, what="the message in the DLQ")
     finally:
         consumer.shutdown()
         producer.shutdown()

@@ -8,9 +8,7 @@ RocketMQ's wire protocol, and the guard writes to a real SQLite database.
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope, StubStatus
 from tests.clusters import ClusterFactory
 from tests.clusters import cluster as cluster  # the fixture
+from tests.waiting import wait_until
 
 TOPIC = "RmqAdapterT"
 ENV = Envelope("m-1", TOPIC, 0, 0, b"{}")
@@ -51,14 +50,6 @@ def test_consume_status_never_acks_a_failure() -> None:
         == 0
     )
     assert dead == ["m-1"]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.1)
 
 
 @pytest.fixture
@@ -140,7 +131,7 @@ def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -
                     ).scalar_one()
                 )
 
-        wait_for(lambda: confirmed() == 24, what="24 confirmed stubs")
+        wait_until(lambda: confirmed() == 24, what="24 confirmed stubs")
         with rel.engine.connect() as conn:
             retried = (
                 conn.execute(
@@ -156,8 +147,8 @@ def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -
         # the retry (its first delivery never reached the guard) and the targeted copy are journaled where
         # they were delivered from, with the original topic beside it
         assert _delivered(rel, orders[5].order_id) == {(RETRY, TOPIC)}
-        wait_for(lambda: (RETRY, TOPIC) in _delivered(rel, orders[1].order_id), what="the targeted copy")
-        wait_for(lambda: _log_count(rel, orders[0].order_id) == 2, what="the duplicate copy")
+        wait_until(lambda: (RETRY, TOPIC) in _delivered(rel, orders[1].order_id), what="the targeted copy")
+        wait_until(lambda: _log_count(rel, orders[0].order_id) == 2, what="the duplicate copy")
         assert copies >= 1
         assert ledger.check(rel.engine, [o.order_id for o in orders], 10).ok
     finally:

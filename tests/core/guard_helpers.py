@@ -158,15 +158,6 @@ def add_stub(
                 row.payload_hash = stub.payload_hash = payload_hash or hashlib.sha256(body).hexdigest()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.02) -> None:
-    """Poll-with-timeout (not a sleep used as synchronisation: the condition decides)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the timeout")
-        time.sleep(interval)
-
-
 def settled(handler: Callable[[Envelope], object], e: Envelope, timeout: float = 30.0) -> list[object]:
     """Redeliver ``e`` (as a broker would, counting reconsume_times) until the guard stops asking for it.
 

@@ -24,9 +24,9 @@ from tests.core.guard_helpers import (
     log_rows,
     make_rel,
     per_message,
-    wait_until,
 )
 from tests.services import PrivateRedis
+from tests.waiting import wait_until
 
 
 def uid(tag: str) -> str:

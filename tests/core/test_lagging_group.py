@@ -32,8 +32,8 @@ from tests.core.guard_helpers import (
     make_rel,
     per_group,
     stub_status,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 BACKLOG = 3000
 LAGGING = "search"

@@ -34,10 +34,10 @@ from tests.core.guard_helpers import (
     log_rows,
     make_rel,
     stub_status,
-    wait_until,
 )
 from tests.services import PrivateRedis
 from tests.sweeper.helpers import Clock, QueueSender
+from tests.waiting import wait_until
 
 
 def uid(tag: str) -> str:

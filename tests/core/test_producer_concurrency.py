@@ -8,8 +8,7 @@ the committing session still holds its first (more committers than pool slots mu
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,16 +23,9 @@ from reliable.types import ConsumeResult
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import apply, env, make_rel
 from tests.core.test_producer import RecordingSender
+from tests.waiting import wait_until
 
 WAIT_S = 20.0
-
-
-def poll(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def lock_waiters(rel: Reliability) -> int:
@@ -103,10 +95,10 @@ def test_recording_sends_while_a_batch_confirms_does_not_deadlock(pg_rel: Reliab
         )
         consumer = threading.Thread(target=consume)
         consumer.start()
-        poll(lambda: lock_waiters(rel) == 1, "the guard to queue behind the blocker")
+        wait_until(lambda: lock_waiters(rel) == 1, WAIT_S, "the guard to queue behind the blocker")
         producer_thread = threading.Thread(target=record)
         producer_thread.start()
-        poll(lambda: lock_waiters(rel) == 2, "the producer's bookkeeping to queue behind it")
+        wait_until(lambda: lock_waiters(rel) == 2, WAIT_S, "the producer's bookkeeping to queue behind it")
         blocker.rollback()
     consumer.join(WAIT_S)
     producer_thread.join(WAIT_S)

@@ -26,7 +26,8 @@ from reliable.decorator import GuardedHandler
 from reliable.errors import ConfigurationError
 from reliable.redis_connect import parse_topology
 from tests.core.guard_helpers import applied, apply, env, make_rel
-from tests.redis_topologies import Cluster, SentinelGroup, redis_cluster, redis_sentinel, wait_for
+from tests.redis_topologies import Cluster, SentinelGroup, answering, redis_cluster, redis_sentinel
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -194,7 +195,7 @@ def test_guard_survives_a_sentinel_failover_applying_each_message_once(
             assert handle.decide(env(mid)).reason is Reason.PROCESSED
             return done_on(new_master.client(), key_prefix)(mid)
 
-        wait_for("the guard to use the promoted master", redis_is_used_again)
+        wait_until(answering(redis_is_used_again), what="the guard to use the promoted master")
         everything = before + during + after
         assert all(d.duplicate for d in handle.decide_batch([env(m) for m in everything])), (
             "every redelivery after the failover is a duplicate"

@@ -21,8 +21,8 @@ from reliable.stores.lease import RedisLeaseStore, classify, done_value, lease_k
 from reliable.stores.sql import SqlStore, reason_text
 from reliable.types import LogOutcome, StubStatus
 from tests.conftest import _ensure_clean_schema
-from tests.core.guard_helpers import wait_until
 from tests.services import PrivateRedis
+from tests.waiting import wait_until
 
 
 @pytest.fixture

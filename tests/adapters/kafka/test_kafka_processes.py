@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,19 +17,12 @@ from reliable import Reliability
 from reliable.adapters.kafka import RetryPolicy, ensure_topics
 from reliable.demo.tansu import Tansu
 from tests.adapters.kafka.helpers import TIMEOUT_S, committed, effect_counts, produce, with_ids
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
 PARTITIONS = 4
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def status(path: Path) -> dict[str, Any]:
@@ -89,22 +81,23 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     victim, victim_status = workers("victim", die_after=5, **common)
     survivor, survivor_status = workers("survivor", **common)
     # both members hold a share of the partitions before any record exists
-    wait_for(
-        "a balanced group",
+    wait_until(
         lambda: (
             len(status(victim_status)["assigned"])
             == len(status(survivor_status)["assigned"])
             == PARTITIONS // 2
         ),
+        TIMEOUT_S,
+        "a balanced group",
     )
     ids = [f"m{i:03d}" for i in range(80)]
     produce(tansu.bootstrap, topic, with_ids(ids))
     assert victim.wait(TIMEOUT_S) == -signal.SIGKILL
-    wait_for("every record applied", lambda: set(effect_counts(rel.engine, group)) == set(ids), timeout_s=45)
-    wait_for(
-        "the survivor to commit every partition",
+    wait_until(lambda: set(effect_counts(rel.engine, group)) == set(ids), 45, "every record applied")
+    wait_until(
         lambda: sum(committed(tansu.bootstrap, group, topic, PARTITIONS)) == len(ids),
-        timeout_s=20,
+        20,
+        "the survivor to commit every partition",
     )
     counts = effect_counts(rel.engine, group)
     assert counts == {i: 1 for i in ids}

@@ -8,7 +8,6 @@ import os
 import queue
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,18 +24,6 @@ from tests.adapters.rocketmq5 import venv5
 HERE = Path(__file__).resolve().parent
 TOPIC = "Orders5"
 REPLY_TIMEOUT_S = 60.0
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it returns something truthy (returned), or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        threading.Event().wait(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,8 @@ from sqlalchemy import create_engine, text
 
 from reliable import Reliability
 from tests.adapters.rocketmq5 import venv5
-from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory, wait_until
+from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(240)]
 HERE = Path(__file__).resolve().parent

@@ -19,9 +19,10 @@ from broker_sim.broker.api import SendMessageRequest
 from broker_sim.client.message import Prop
 from broker_sim.common.net import local_address
 from broker_sim.grpc.protocol import load_protocol
-from tests.adapters.rocketmq5.conftest import Client5, wait_until
+from tests.adapters.rocketmq5.conftest import Client5
 from tests.clusters import Cluster, ClusterFactory
 from tests.clusters import cluster as cluster  # the fixture
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from reliable.demo.services import BrokerServer, free_port, wait_port
-from tests.adapters.rocketmq5.conftest import Client5, wait_until
+from tests.adapters.rocketmq5.conftest import Client5
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOPIC = "Interop5"

@@ -16,7 +16,8 @@ import pytest
 
 from broker_sim.grpc.policy import GroupPolicy
 from broker_sim.store.results import GetMessageStatus
-from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory, wait_until
+from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -12,7 +12,7 @@ import pytest
 from broker_sim.cli import main
 from broker_sim.remoting.admin_client import AdminClient
 from broker_sim.remoting.serve_process import ServeProcess
-from tests.broker_sim.remoting.conftest import wait_until
+from tests.waiting import wait_until
 
 
 @pytest.mark.parametrize("argv", [["namesrv"], ["broker"]])

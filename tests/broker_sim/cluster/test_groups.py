@@ -13,8 +13,9 @@ from broker_sim.common.requests import ConsumeFromWhere
 from broker_sim.remoting.admin_client import AdminClient
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.codes import RequestCode
-from tests.broker_sim.remoting.conftest import running_broker, wait_until
+from tests.broker_sim.remoting.conftest import running_broker
 from tests.clusters import ClusterFactory
+from tests.waiting import wait_until
 
 
 def ask(namesrv: str, code: int, fields: dict[str, object] | None = None) -> object:

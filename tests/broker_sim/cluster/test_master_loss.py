@@ -29,7 +29,7 @@ from broker_sim.remoting.client_codec import send_fields, send_response
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.cluster_process import ClusterProcess
 from broker_sim.remoting.codes import RequestCode
-from tests.broker_sim.remoting.conftest import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 TOPIC = "HaT"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_sim.remoting.conftest import wait_until
 from tests.clusters import ClusterFactory
+from tests.waiting import wait_until
 
 pytest.importorskip("rocketmq.client")
 

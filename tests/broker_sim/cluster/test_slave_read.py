@@ -22,7 +22,7 @@ from broker_sim.common.message import MessageExt
 from broker_sim.common.requests import ConsumeFromWhere, PullMessageRequest
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.serve import BrokerSimServer, ServeConfig
-from tests.broker_sim.remoting.conftest import wait_until
+from tests.waiting import wait_until
 
 TOPIC = "SlowT"
 #: the broker's "machine memory": 40 % of it (8 000 bytes, ~8 records) is the in-memory share

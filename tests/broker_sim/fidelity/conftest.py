@@ -13,9 +13,9 @@ from broker_sim import Broker, ManualClock
 from broker_sim.common.requests import SendMessageRequest, SendMessageResponse
 from broker_sim.common.transport import BrokerTransport
 
-from ..messaging.conftest import SMALL_STORE, wait_until
+from ..messaging.conftest import SMALL_STORE
 
-__all__ = ["SMALL_STORE", "FaultyTransport", "wait_until"]
+__all__ = ["SMALL_STORE", "FaultyTransport"]
 
 
 class FaultyTransport:

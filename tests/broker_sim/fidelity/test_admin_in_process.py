@@ -11,8 +11,7 @@ import pytest
 from broker_sim import Broker, ConsumeFromWhere, ConsumeStatus, Message, MessageExt, Producer, PushConsumer
 from broker_sim.common.errors import BrokerResponseError
 from broker_sim.common.requests import ResponseCode
-
-from .conftest import wait_until
+from tests.waiting import wait_until
 
 
 def test_reset_running_info_and_consume_directly_in_process(broker: Broker) -> None:

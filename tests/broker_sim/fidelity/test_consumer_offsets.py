@@ -15,8 +15,9 @@ from broker_sim.common.requests import (
     SubscriptionData,
 )
 from broker_sim.remoting.bodies import parse_heartbeat
+from tests.waiting import wait_until
 
-from .conftest import SMALL_STORE, wait_until
+from .conftest import SMALL_STORE
 
 
 def _fill(broker: Broker, n: int, size: int) -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from broker_sim import Broker, ManualClock, Message, Producer, PullConsumer
 from broker_sim.common.message import MessageExt, Prop
 from broker_sim.common.requests import ConsumerSendMsgBackRequest, Perm, PullStatus
-
-from .conftest import wait_until
+from tests.waiting import wait_until
 
 
 def _stored(broker: Broker, topic: str) -> list[MessageExt]:

@@ -29,8 +29,9 @@ from broker_sim.filter import Sql92Error, compile_sql92, parse, render
 from broker_sim.filter.sql92 import Between, Compare, Const, In, IsNull, Logic, Node, Prop, Unary
 from broker_sim.filter.values import Num
 from broker_sim.remoting import BrokerSimServer, RemotingTransport, ServeConfig
+from tests.waiting import wait_until
 
-from .conftest import SMALL_STORE, wait_until
+from .conftest import SMALL_STORE
 
 PROPS = {"a": "6", "b": "x", "c": "2.5", "flag": "true", "neg": "-3"}
 

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 from broker_sim import Broker, LocalTransactionState, ManualClock, Message, MessageExt, TransactionProducer
-
-from .conftest import wait_until
+from tests.waiting import wait_until
 
 
 def test_check_back_message_is_on_its_real_topic_and_queue(manual_broker: Broker, clock: ManualClock) -> None:

@@ -20,7 +20,8 @@ from broker_sim.client.message import Prop
 from broker_sim.grpc.protocol import Protocol
 from broker_sim.grpc.server import GrpcFrontEnd
 from tests.adapters.rocketmq5.conftest import rmq5_python as rmq5_python  # the fixture
-from tests.broker_sim.messaging.conftest import SMALL_STORE, wait_until
+from tests.broker_sim.messaging.conftest import SMALL_STORE
+from tests.waiting import wait_until
 
 TOPIC, GROUP = "T", "g"
 

@@ -3,8 +3,7 @@ ManualClock."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,6 @@ import pytest
 from broker_sim import Broker, ManualClock
 
 SMALL_STORE = {"commit_log_file_size": 4 * 1024 * 1024, "index_hash_slots": 1024, "index_max_entries": 8192}
-
-
-def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll ``pred`` (real time) until true; fail the test with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture

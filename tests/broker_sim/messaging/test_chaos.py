@@ -11,8 +11,7 @@ from collections import Counter
 from broker_sim import Broker, ConsumeStatus, Message, MessageExt, Producer, PushConsumer
 from broker_sim.common.errors import SendFailedError
 from broker_sim.faults import FaultInjector, FaultKind
-
-from .conftest import wait_until
+from tests.waiting import wait_until
 
 
 def test_seeded_chaos_loses_nothing_acknowledged(broker: Broker) -> None:

@@ -22,8 +22,9 @@ from broker_sim import (
 )
 from broker_sim.common.errors import ClientStateError
 from broker_sim.common.requests import PullStatus
+from tests.waiting import wait_until
 
-from .conftest import SMALL_STORE, wait_until
+from .conftest import SMALL_STORE
 
 
 class Collector:

@@ -20,8 +20,9 @@ from broker_sim import (
 )
 from broker_sim.common.errors import ClientStateError, ServiceNotAvailableError
 from broker_sim.common.requests import ConsumeFromWhere
+from tests.waiting import wait_until
 
-from .conftest import SMALL_STORE, wait_until
+from .conftest import SMALL_STORE
 
 
 def collecting(bodies: list[bytes]) -> Callable[[list[MessageExt]], ConsumeStatus]:

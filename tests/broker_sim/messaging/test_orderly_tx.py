@@ -18,8 +18,7 @@ from broker_sim import (
     PushConsumer,
     TransactionProducer,
 )
-
-from .conftest import wait_until
+from tests.waiting import wait_until
 
 
 def test_orderly_keeps_per_key_order_under_failures(broker: Broker) -> None:

@@ -145,7 +145,7 @@ def test_hash_selector_is_stable() -> None:
 
 
 def test_delayed_message_is_invisible_until_due(manual_broker: Broker, clock: ManualClock) -> None:
-    from .conftest import wait_until
+    from tests.waiting import wait_until
 
     p = Producer(manual_broker, "P")
     r = p.send(Message("T", b"later", delay_time_level=3))  # 10 s

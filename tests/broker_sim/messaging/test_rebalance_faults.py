@@ -21,8 +21,9 @@ from broker_sim import (
 )
 from broker_sim.client.allocate import STRATEGIES
 from broker_sim.faults import FaultKind
+from tests.waiting import wait_until
 
-from .conftest import SMALL_STORE, wait_until
+from .conftest import SMALL_STORE
 
 
 class Log:

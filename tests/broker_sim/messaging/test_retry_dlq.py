@@ -18,8 +18,7 @@ from broker_sim import (
 )
 from broker_sim.common.constants import parse_delay_levels
 from broker_sim.common.message import Prop
-
-from .conftest import wait_until
+from tests.waiting import wait_until
 
 LEVELS = parse_delay_levels()
 

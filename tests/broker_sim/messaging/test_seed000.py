@@ -23,8 +23,7 @@ from broker_sim import (
     PushConsumer,
 )
 from broker_sim.faults import FaultKind
-
-from .conftest import wait_until
+from tests.waiting import wait_until
 
 PER_QUEUE = 2201
 STALL_QUEUE, STALL_OFFSET = 1, 2101

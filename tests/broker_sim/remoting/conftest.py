@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,13 +48,3 @@ def running_broker(server: BrokerSimServer) -> Broker:
     """The broker a started server runs in this process (every server these tests start runs one)."""
     assert server.broker is not None
     return server.broker
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.02) -> bool:
-    """Poll ``predicate`` until true or ``timeout``; the return value is asserted by the caller."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()

@@ -15,7 +15,8 @@ from broker_sim.cli import main
 from broker_sim.remoting.admin_client import AdminClient
 from broker_sim.remoting.codes import RequestCode, ResponseCode
 from broker_sim.remoting.serve import BrokerSimServer
-from tests.broker_sim.remoting.conftest import ServerFactory, running_broker, wait_until
+from tests.broker_sim.remoting.conftest import ServerFactory, running_broker
+from tests.waiting import wait_until
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

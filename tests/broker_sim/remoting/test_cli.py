@@ -12,7 +12,8 @@ from broker_sim import Message, Producer
 from broker_sim.cli import main
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.serve_process import ServeProcess
-from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker, wait_until
+from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -21,7 +21,7 @@ from broker_sim import Message, Producer
 from broker_sim.remoting.client_transport import RemotingTransport
 from broker_sim.remoting.serve import POWER_CUT_EXIT, POWER_CUT_SIGNAL
 from broker_sim.remoting.serve_process import ServeProcess
-from tests.broker_sim.remoting.conftest import wait_until
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

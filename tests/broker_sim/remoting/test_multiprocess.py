@@ -21,7 +21,7 @@ import pytest
 from broker_sim import PullConsumer
 from broker_sim.common.requests import PullStatus
 from broker_sim.remoting.serve_process import ServeProcess
-from tests.broker_sim.remoting.conftest import wait_until
+from tests.waiting import wait_until
 
 WORKER = Path(__file__).with_name("mp_worker.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -212,7 +212,7 @@ def test_broker_restart_loses_nothing_acknowledged_under_sync_flush(
 
         try:
             # consume queues are rebuilt/dispatched asynchronously after the restart: poll, then check
-            wait_until(scan, timeout=30)
+            wait_until(scan, 30, "every acknowledged message to be visible")
         finally:
             pull.shutdown()
         for i, e in acked.items():  # every acknowledged message is there, where the ack said it was

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker, wait_until
+from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker
+from tests.waiting import wait_until
 
 pytest.importorskip("rocketmq.client")
 

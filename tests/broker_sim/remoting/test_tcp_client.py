@@ -14,7 +14,8 @@ from broker_sim.common.errors import TopicNotExistError, TransportError
 from broker_sim.common.message import ConsumeOrderlyStatus, LocalTransactionState, MessageExt, MessageQueue
 from broker_sim.common.requests import ConsumeFromWhere, MessageModel, PullStatus
 from broker_sim.remoting.client_transport import RemotingTransport
-from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker, wait_until
+from tests.broker_sim.remoting.conftest import FAST_DELAYS, ServerFactory, running_broker
+from tests.waiting import wait_until
 
 
 def test_produce_push_consume_and_progress(serve: ServerFactory) -> None:

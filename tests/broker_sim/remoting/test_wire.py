@@ -14,7 +14,8 @@ from broker_sim.remoting.client import RemotingConnection
 from broker_sim.remoting.codes import RequestCode, ResponseCode
 from broker_sim.remoting.frame import RemotingCommand
 from broker_sim.remoting.serve import BrokerSimServer
-from tests.broker_sim.remoting.conftest import ServerFactory, wait_until
+from tests.broker_sim.remoting.conftest import ServerFactory
+from tests.waiting import wait_until
 
 # Field types as the 0.4.4 client sends them (numbers where it sends JSON numbers)
 CPP_ACL = {"AccessKey": "", "OnsChannel": "ALIYUN", "Signature": "x"}

@@ -12,8 +12,8 @@ from broker_sim.store import MessageStore
 from broker_sim.store.config import BrokerRole
 from broker_sim.store.ha.protocol import ACK
 from broker_sim.store.results import PutMessageStatus
-from tests.broker_sim.remoting.conftest import wait_until
 from tests.broker_sim.store.conftest import StoreFactory, msg
+from tests.waiting import wait_until
 
 
 def pair(make_store: StoreFactory, tmp_path: Path, role: BrokerRole) -> tuple[MessageStore, MessageStore]:
