@@ -26,11 +26,12 @@ loop has closed). A long-running service has one loop and so one of each.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 
 from reliable import constants as C
 from reliable import pool_liveness, redis_connect
@@ -129,11 +130,12 @@ def async_redis_like(client: RedisClient, url: str | None, socket_timeout_s: flo
 class PerLoop(Generic[T]):
     """One ``T`` per running event loop, made by ``make`` on first use in that loop.
 
-    The values of loops that have closed are dropped (``on_drop``) when the next loop asks for its own, so a
-    process that runs many loops in turn (tests, ``asyncio.run`` per job) does not keep their connections.
+    The values of loops that have closed are dropped (``on_drop``, told whether the value's loop is closed)
+    when the next loop asks for its own, so a process that runs many loops in turn (tests, ``asyncio.run`` per
+    job) does not keep their connections.
     """
 
-    def __init__(self, make: Callable[[], T], on_drop: Callable[[T], None] | None = None) -> None:
+    def __init__(self, make: Callable[[], T], on_drop: Callable[[T, bool], None] | None = None) -> None:
         self._make = make
         self._on_drop = on_drop
         self._values: dict[asyncio.AbstractEventLoop, T] = {}
@@ -143,7 +145,7 @@ class PerLoop(Generic[T]):
         value = self._values.get(loop)
         if value is None:
             for closed in [lp for lp in self._values if lp.is_closed()]:
-                self._drop(self._values.pop(closed))
+                self._drop(self._values.pop(closed), True)
             value = self._values[loop] = self._make()
         return value
 
@@ -151,13 +153,35 @@ class PerLoop(Generic[T]):
         return self._values.pop(asyncio.get_running_loop(), None)
 
     def clear(self) -> None:
-        for value in self._values.values():
-            self._drop(value)
+        for loop, value in self._values.items():
+            self._drop(value, loop.is_closed())
         self._values.clear()
 
-    def _drop(self, value: T) -> None:
+    def _drop(self, value: T, loop_closed: bool) -> None:
         if self._on_drop is not None:
-            self._on_drop(value)
+            self._on_drop(value, loop_closed)
+
+
+def forget_engine(sync_engine: Engine, loop_closed: bool) -> None:
+    """Let go of the pool of an async engine made for one event loop, without that loop.
+
+    asyncpg and aiomysql connections belong to their loop and cannot be closed from another one, so their
+    references are dropped (``dispose(close=False)``). aiosqlite connections run on threads of their own:
+    once their loop is closed they are closed properly on a fresh loop in a short-lived thread (the caller
+    may be inside a running loop). Dropped instead, each would be closed by aiosqlite's ``__del__``, which
+    warns and binds the close to whatever loop is current then, raising in its thread if that loop has
+    closed first.
+    """
+    if loop_closed and sync_engine.dialect.driver == "aiosqlite":
+        from sqlalchemy.ext.asyncio import AsyncEngine as Async
+
+        closer = threading.Thread(
+            target=asyncio.run, args=(Async(sync_engine).dispose(),), name="reliable-aiosqlite-close"
+        )
+        closer.start()
+        closer.join(C.AIOSQLITE_CLOSE_TIMEOUT_S)
+        return
+    sync_engine.dispose(close=False)
 
 
 @dataclass(slots=True)
@@ -183,7 +207,7 @@ class AsyncBackends:
         self._redis_url = redis_url
         self._timeout = redis_socket_timeout_s
         # a closed loop's connections cannot be closed politely: its pool's references are dropped
-        self._loops = PerLoop(self._open, lambda b: b.engine.sync_engine.dispose(close=False))
+        self._loops = PerLoop(self._open, lambda b, closed: forget_engine(b.engine.sync_engine, closed))
 
     def _open(self) -> _Backends:
         from sqlalchemy.ext.asyncio import async_sessionmaker

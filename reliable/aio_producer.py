@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.util import await_only, greenlet_spawn
 
-from reliable.aio_backends import PerLoop, make_async_engine
+from reliable.aio_backends import PerLoop, forget_engine, make_async_engine
 from reliable.facade import Reliability
 from reliable.models import utcnow
 from reliable.producer import SendResult, StagedMessage, StubProducer
@@ -60,7 +60,7 @@ class AsyncStubProducer:
         self.sender = sender
         self.default_group = default_group
         self.clock = clock
-        self._producers = PerLoop(self._loop_producer, lambda p: p.rel.engine.dispose(close=False))
+        self._producers = PerLoop(self._loop_producer, lambda p, closed: forget_engine(p.rel.engine, closed))
 
     def _producer(self) -> StubProducer:
         return self._producers.get()

@@ -82,6 +82,8 @@ ROCKETMQ_NAME_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 ROCKETMQ_DELAY_LEVELS: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_BACKOFF: Final = "fixed:" + ",".join(ROCKETMQ_DELAY_LEVELS.split())
 DEFAULT_NOTIFY_TIMEOUT_S: Final = 10.0
+#: how long letting go of a closed event loop's aiosqlite pool waits for its connections to close
+AIOSQLITE_CLOSE_TIMEOUT_S: Final = 5.0
 NOTIFY_CHANNEL_LOG: Final = "log"
 NOTIFY_CHANNEL_EMAIL: Final = "email"
 NOTIFY_CHANNEL_WEBHOOK: Final = "webhook"

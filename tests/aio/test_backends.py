@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import threading
+import warnings
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
@@ -112,3 +115,35 @@ def test_without_redis_the_async_client_is_none(sqlite_url: str) -> None:
         assert asyncio.run(client()) is None
     finally:
         rel.close()
+
+
+def test_a_closed_loops_sqlite_connections_are_closed_not_left_to_the_garbage_collector(
+    sqlite_url: str,
+) -> None:
+    """A process that runs one loop after another (``asyncio.run`` per job) and never calls ``aclose``: when
+    the next loop starts, the previous loop's aiosqlite connections are closed, so nothing warns about an
+    unclosed connection and no connection thread fails later on a loop that has gone."""
+    rel = Reliability(sqlite_url)
+    notes_md.create_all(rel.engine)
+    failed: list[BaseException | None] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: failed.append(args.exc_value)
+
+    async def count() -> int:
+        async with rel.async_session() as s:
+            return int((await s.execute(select(func.count()).select_from(notes))).scalar_one())
+
+    gc.collect()  # what earlier tests left behind is not this test's
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):  # each new loop lets go of the one before
+                asyncio.run(count())
+                gc.collect()
+    finally:
+        threading.excepthook = hook
+        rel.close()
+    unclosed = [
+        str(w.message) for w in caught if "deleted before being closed" in str(w.message)
+    ]  # aiosqlite
+    assert unclosed == [] and failed == []
