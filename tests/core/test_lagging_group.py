@@ -14,10 +14,11 @@ end up with, and on MariaDB with the plan of the statement its guard sends.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Engine, text
 
 from reliable import ConsumeResult, Reliability, StubStatus, idempotent_consumer
 from reliable.facade import make_engine
@@ -42,44 +43,65 @@ PER_MESSAGE_INDEX = "ix_message_inbox_message_id_status"
 OPEN_STATUS_INDEX = "ix_message_inbox_status_resend_at"
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A database of its own: its plan settings and statistics counters are this test's alone."""
-    with services.scratch_database("postgres") as url:
+#: per backend: the ids ``1 … BACKLOG`` as rows of ``i``, one millisecond times ``i``, analysing both tables
+_DIALECT = {
+    "postgres": (
+        f"generate_series(1, {BACKLOG}) AS s(i)",
+        "i * interval '1 ms'",
+        ["ANALYZE message_inbox", "ANALYZE message_stub"],
+    ),
+    "mariadb": (
+        f"(SELECT seq AS i FROM seq_1_to_{BACKLOG}) s",
+        "INTERVAL i * 1000 MICROSECOND",
+        ["ANALYZE TABLE message_inbox, message_stub"],
+    ),
+}
+
+
+@contextmanager
+def _owing_a_backlog(kind: str) -> Iterator[tuple[str, Engine]]:
+    """A database of its own at head, holding ``BACKLOG`` older messages that both groups must process: one
+    group has, the other owes; analysed, so its plans are those of a table that size."""
+    series, ms, analyse = _DIALECT[kind]
+    with services.scratch_database(kind) as url:
         engine = make_engine(url)
         try:
             upgrade(engine)
             with engine.begin() as conn:
-                _owe_backlog(conn)
-                conn.execute(text("ANALYZE message_inbox"))
-                conn.execute(text("ANALYZE message_stub"))
-                name = conn.execute(text("SELECT current_database()")).scalar_one()
-                # every connection opened from now on plans its prepared statements without their values
-                conn.execute(text(f"ALTER DATABASE {name} SET plan_cache_mode = force_generic_plan"))
+                conn.execute(
+                    text(
+                        "INSERT INTO message_stub (message_id, topic, content, send_count, status, "
+                        "resend_at, created_at, updated_at) SELECT concat('old-', i), 'orders', :c, 1, "
+                        f"'PENDING', now() + {ms}, now(), now() FROM {series}"
+                    ),
+                    {"c": b"\x00"},
+                )
+                for group, status in ((KEEPS_UP, "CONFIRMED"), (LAGGING, "PENDING")):
+                    conn.execute(
+                        text(
+                            "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, "
+                            "resend_count, resend_at, created_at, updated_at) SELECT :g, concat('old-', i), "
+                            f":s, 0, 0, now() + {ms}, now(), now() FROM {series}"
+                        ),
+                        {"g": group, "s": status},
+                    )
+                for statement in analyse:
+                    conn.execute(text(statement))
+            yield url, engine
         finally:
             engine.dispose()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A database of its own: its plan settings and statistics counters are this test's alone."""
+    with _owing_a_backlog("postgres") as (url, engine):
+        with engine.begin() as conn:
+            name = conn.execute(text("SELECT current_database()")).scalar_one()
+            # every connection opened from now on plans its prepared statements without their values
+            conn.execute(text(f"ALTER DATABASE {name} SET plan_cache_mode = force_generic_plan"))
+        engine.dispose()  # the test's connections are all opened after the setting
         yield url
-
-
-def _owe_backlog(conn: Connection) -> None:
-    """``BACKLOG`` older messages that both groups must process: one group has, the other owes."""
-    conn.execute(
-        text(
-            "INSERT INTO message_stub (message_id, topic, content, send_count, status, resend_at, "
-            "created_at, updated_at) SELECT 'old-' || i, 'orders', '\\x00'::bytea, 1, 'PENDING', "
-            "now() + i * interval '1 ms', now(), now() FROM generate_series(1, :n) i"
-        ),
-        {"n": BACKLOG},
-    )
-    for group, status in ((KEEPS_UP, "CONFIRMED"), (LAGGING, "PENDING")):
-        conn.execute(
-            text(
-                "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count, "
-                "resend_at, created_at, updated_at) SELECT :g, 'old-' || i, :s, 0, 0, "
-                "now() + i * interval '1 ms', now(), now() FROM generate_series(1, :n) i"
-            ),
-            {"g": group, "s": status, "n": BACKLOG},
-        )
 
 
 def _inbox_counters(engine: Engine) -> dict[str, int]:
@@ -142,42 +164,13 @@ def test_the_group_that_keeps_up_confirms_by_message_id_and_leaves_the_backlog_t
         probe.dispose()
 
 
-def _owe_backlog_mariadb(conn: Connection) -> None:
-    """:func:`_owe_backlog` in MariaDB's SQL (its sequence engine instead of generate_series)."""
-    conn.execute(
-        text(
-            "INSERT INTO message_stub (message_id, topic, content, send_count, status, resend_at, "
-            "created_at, updated_at) SELECT concat('old-', seq), 'orders', 'x', 1, 'PENDING', now(), now(), "
-            f"now() FROM seq_1_to_{BACKLOG}"
-        )
-    )
-    for group, status in ((KEEPS_UP, "CONFIRMED"), (LAGGING, "PENDING")):
-        conn.execute(
-            text(
-                "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count, "
-                "resend_at, created_at, updated_at) SELECT :g, concat('old-', seq), :s, 0, 0, now(), now(), "
-                f"now() FROM seq_1_to_{BACKLOG}"
-            ),
-            {"g": group, "s": status},
-        )
-    conn.execute(text("ANALYZE TABLE message_inbox, message_stub"))
-
-
 def test_on_mariadb_the_confirms_question_about_other_groups_uses_the_message_id_index() -> None:
     """MariaDB has neither partial indexes nor generic plans: the statement its guard sends to settle a stub
     (:func:`reliable.stores.sql_text.settle_stubs`) must still reach the other groups' rows by message id."""
     settle = sql_text.settle_stubs(1)
     for value in ("now()", "now()", "'old-7'", f"'{KEEPS_UP}'"):  # its parameters: now twice, id, group
         settle = settle.replace("?", value, 1)
-    with services.scratch_database("mariadb") as url:
-        engine = make_engine(url)
-        try:
-            upgrade(engine)
-            with engine.begin() as conn:
-                _owe_backlog_mariadb(conn)
-            with engine.connect() as conn:
-                plan = {str(r["table"]): r for r in conn.execute(text(f"EXPLAIN {settle}")).mappings()}
-        finally:
-            engine.dispose()
+    with _owing_a_backlog("mariadb") as (_, engine), engine.connect() as conn:
+        plan = {str(r["table"]): r for r in conn.execute(text(f"EXPLAIN {settle}")).mappings()}
     assert plan["i"]["key"] == PER_MESSAGE_INDEX and plan["i"]["type"] == "ref", plan
     assert plan["message_stub"]["key"] == "PRIMARY", plan
