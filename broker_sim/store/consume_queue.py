@@ -55,6 +55,7 @@ class ConsumeQueue:
                 continue
             last.wrote = last.flushed = n * CQ_UNIT_SIZE
             break
+        self.mfq.start_appending()
         end = self.mfq.max_offset
         if end > self.min_logic_offset:
             phys, size, _ = self.unit_at_byte(end - CQ_UNIT_SIZE)

@@ -14,6 +14,7 @@ creation time ``yyyyMMddHHmmssSSS`` and is full when ``indexCount >= maxEntries`
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from pathlib import Path
@@ -43,6 +44,9 @@ class IndexFile:
         self.max_entries = max_entries
         self.file_size = HEADER_SIZE + hash_slots * 4 + max_entries * ENTRY_SIZE
         self.mm, self._fd = map_file(path, self.file_size)
+        # slots are hashed and lookups follow chains: no readahead (nor the large folios it would make, each
+        # rewritten whole by the periodic flush; see mapped_file.py)
+        self.mm.madvise(mmap.MADV_RANDOM)
         (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
          self.hash_slot_count, self.index_count) = HEADER.unpack_from(self.mm, 0)  # fmt: skip
         if self.index_count <= 0:

@@ -3,17 +3,39 @@
 Writers put bytes straight into :attr:`MappedFile.mm` (``struct.pack_into``/slice assignment, no syscalls);
 ``wrote`` is the end of valid data and ``flushed`` how much of it has been ``msync``-ed to disk. Files are
 created sparse at full size, as RocketMQ pre-allocates them, so a torn write leaves zeros after it.
+
+Why the part still to be written is advised ``MADV_RANDOM`` (:meth:`MappedFile.advise_appending`): a fault
+on a mapped page goes through the kernel's readahead, and with large page-cache folios (ext4 on Linux 6.x)
+a run of sequential faults — an append — makes readahead hand out ever larger folios (measured here: 4 KiB
+at the start of a fresh segment, 2 MiB from 40 MiB on). Dirty state is kept per folio, so a flush deep into
+a segment writes whole folios for the few KiB appended since the last one: 40 MiB in, SYNC_FLUSH group
+commit sent ≈ 130 KiB to the disk per 1 KiB put and ran ≈ 3.7 k puts/s against ≈ 14 k at the start. Without
+readahead each fault brings one 4 KiB page and a flush writes what was appended. A segment the writer has
+left gets ``MADV_NORMAL`` back (:meth:`MappedFile.advise_reading`): consumers catching up read it in order.
+
+Why recovery's truncation punches a hole (:meth:`MappedFile.zero_from`): the bytes after the recovered end
+must read as zeros, and writing zeros through the mapping to the end of a 1 GiB segment — what this did
+before — allocated a 1 GiB buffer and wrote 1 GiB at every start, clean or not. ``fallocate(PUNCH_HOLE)``
+frees the blocks instead (the file stays sparse, pages read back as zeros); where a file system cannot punch,
+only the data extents holding non-zero bytes are overwritten.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from broker_sim.store.errors import StoreLayoutError
 
 NAME_DIGITS = 20
+PAGE = mmap.PAGESIZE
+ZERO_CHUNK = 1024 * 1024  # the compare-and-zero fallback of zero_from works in pieces this large
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 
 
 def file_name(offset: int) -> str:
@@ -46,6 +68,56 @@ def map_file(path: Path, size: int, must_match: bool = False) -> tuple[mmap.mmap
     except BaseException:
         os.close(fd)
         raise
+
+
+def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name, use_errno=True)
+        fn = libc.fallocate64
+    except (OSError, AttributeError):
+        return None  # not glibc/Linux: zero_from falls back to overwriting
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    call: Callable[[int, int, int, int], int] = fn
+    return call
+
+
+_fallocate = _load_fallocate()
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free ``[offset, offset + length)`` of the file (it reads back as zeros, the size is kept); False where
+    the platform or the file system cannot, so the caller overwrites instead."""
+    if _fallocate is None:
+        return False
+    if _fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, length) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return False
+    raise OSError(err, os.strerror(err))
+
+
+def zero_data_extents(mm: mmap.mmap, fd: int, start: int, end: int) -> None:
+    """Make ``mm[start:end]`` zeros, writing only pieces of data extents that hold a non-zero byte (holes and
+    zero pieces are left alone): ``zero_from`` where no hole can be punched."""
+    pos = start
+    while pos < end:
+        try:
+            pos = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                return  # only holes from here on
+            raise
+        if pos >= end:
+            return
+        stop = min(end, os.lseek(fd, pos, os.SEEK_HOLE))
+        for a in range(pos, stop, ZERO_CHUNK):
+            b = min(stop, a + ZERO_CHUNK)
+            if mm[a:b].strip(b"\0"):
+                mm[a:b] = bytes(b - a)
+        pos = stop
 
 
 class MappedFile:
@@ -97,11 +169,26 @@ class MappedFile:
             os.fdatasync(self.fd)
 
     def zero_from(self, pos: int) -> None:
-        """Erase everything from ``pos`` to the end of the file (recovery's truncation) and persist it."""
+        """Erase everything from ``pos`` to the end of the file (recovery's truncation) and persist it: the
+        rest of ``pos``'s page through the mapping, the whole pages after it by punching a hole (see the
+        module docstring), so a clean segment costs no writes."""
         if pos < self.file_size:
-            self.mm[pos:] = bytes(self.file_size - pos)
-            self.flush_range(pos, self.file_size)
+            page_end = min(self.file_size, -(-pos // PAGE) * PAGE)
+            self.mm[pos:page_end] = bytes(page_end - pos)
+            if page_end < self.file_size and not punch_hole(self.fd, page_end, self.file_size - page_end):
+                zero_data_extents(self.mm, self.fd, page_end, self.file_size)
+            os.fsync(self.fd)  # the freed blocks are metadata, which fdatasync may leave for later
         self.wrote = self.flushed = pos
+
+    def advise_appending(self) -> None:
+        """The writer works here now: no readahead from ``wrote`` on (module docstring)."""
+        start = self.wrote - self.wrote % PAGE
+        if start < self.file_size:
+            self.mm.madvise(mmap.MADV_RANDOM, start, self.file_size - start)
+
+    def advise_reading(self) -> None:
+        """The writer has left this segment: readers get the kernel's readahead back."""
+        self.mm.madvise(mmap.MADV_NORMAL)
 
     def read(self, pos: int, size: int) -> bytes:
         return self.mm[pos : pos + size]

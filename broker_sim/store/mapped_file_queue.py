@@ -1,6 +1,7 @@
 """An ordered run of equal-size :class:`MappedFile` segments covering one logical byte space (the commit
 log, or one consume queue). Finds the segment holding an offset in O(1), creates the next one on demand,
-flushes, truncates and deletes from the head for expiry."""
+flushes, truncates and deletes from the head for expiry. It also tells the kernel which segment is being
+appended to (no readahead there) and which ones are only read any more (see mapped_file.py for why)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ class MappedFileQueue:
         self.files: list[MappedFile] = []
 
     def load(self) -> None:
-        """Map every existing segment (positions are set later by recovery); reject gaps and odd names."""
+        """Map every existing segment (positions are set later by recovery; readahead stays on for its scan,
+        until :meth:`start_appending`); reject gaps and odd names."""
         if not self.directory.is_dir():
             return
         names = sorted(p.name for p in self.directory.iterdir() if p.is_file())
@@ -74,8 +76,16 @@ class MappedFileQueue:
             raise StoreLayoutError(f"new segment at {start_offset} does not follow {self.files[-1].path}")
         self.directory.mkdir(parents=True, exist_ok=True)
         mf = MappedFile(self.directory / file_name(start_offset), self.file_size)
+        if self.files:
+            self.files[-1].advise_reading()
         self.files.append(mf)
+        mf.advise_appending()
         return mf
+
+    def start_appending(self) -> None:
+        """Recovery has set the positions: appends go to the last segment from its write position on."""
+        if self.files:
+            self.files[-1].advise_appending()
 
     def file_for_write(self, offset: int) -> MappedFile:
         """The segment holding ``offset``, creating segments up to it (consume queues write by position)."""
@@ -117,6 +127,7 @@ class MappedFileQueue:
         if len(keep) != len(self.files):
             fsync_dir(self.directory)
         self.files = keep
+        self.start_appending()
 
     def delete_first(self, count: int) -> list[MappedFile]:
         """Remove the ``count`` oldest segments (never the last, which is still being written)."""
