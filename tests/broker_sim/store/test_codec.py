@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import zlib
 from collections import deque
 from pathlib import Path
@@ -32,6 +31,7 @@ from broker_sim.store.message_record import decode_record, encode_record, host_b
 from broker_sim.store.results import DispatchRequest
 from tests.broker_sim.store.conftest import small_config
 from tests.broker_sim.store.test_hot_paths import workload
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 STORE_HOST = host_bytes(("192.168.1.9", 10911))
@@ -433,12 +433,8 @@ def test_prefaulter_runs_ahead_of_appends(tmp_path: Path) -> None:
                 store.put_message(MessageInner("T", b"%06d" % i + bytes(400))).status
                 is PutMessageStatus.PUT_OK
             )
-        tick = threading.Event()
-        for _ in range(500):
-            if store.prefaulter.populated >= store.max_phy_offset:
-                break
-            tick.wait(0.01)
-        assert store.prefaulter.rounds >= 1 and store.prefaulter.populated >= store.max_phy_offset
+        wait_until(lambda: store.prefaulter.populated >= store.max_phy_offset, what="the log populated")
+        assert store.prefaulter.rounds >= 1
     finally:
         store.shutdown()
     again = MessageStore(tmp_path, small_config(commit_log_file_size=256 * 1024), ManualClock())

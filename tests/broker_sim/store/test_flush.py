@@ -9,6 +9,7 @@ import pytest
 from broker_sim.clock import ManualClock, SystemClock
 from broker_sim.store import FlushDiskType, PutMessageResult, PutMessageStatus, codec
 from tests.broker_sim.store.conftest import StoreFactory, msg
+from tests.waiting import wait_until
 
 
 def test_group_commit_shares_flushes(make_store: StoreFactory) -> None:
@@ -35,11 +36,7 @@ def test_group_commit_shares_flushes(make_store: StoreFactory) -> None:
         t.start()
     assert entered.wait(10)
     # the first round is stuck on the disk: every other producer appends and queues behind it
-    tick = threading.Event()
-    for _ in range(1000):
-        if store.group_commit.waiting >= 16:
-            break
-        tick.wait(0.01)
+    wait_until(lambda: store.group_commit.waiting >= 16, what="16 puts waiting")
     assert store.group_commit.waiting == 16
     store.group_commit.before_flush = None
     gate.set()
@@ -120,17 +117,10 @@ def test_group_commit_acknowledged_puts_survive_a_power_cut(
     threads = [threading.Thread(target=producer, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
-    tick = threading.Event()
-    for _ in range(3000):
-        if len(acked) >= 300:
-            break
-        tick.wait(0.01)
+    wait_until(lambda: len(acked) >= 300, what="300 acknowledged puts")
     power_failing.set()
-    for _ in range(3000):  # every producer now has a put appended and waiting for a flush that fails
-        if store.group_commit.waiting == 16:
-            break
-        tick.wait(0.01)
-    assert store.group_commit.waiting == 16
+    # every producer now has a put appended and waiting for a flush that fails
+    wait_until(lambda: store.group_commit.waiting == 16, what="16 puts waiting")
     assert store.group_commit.largest_group > 1  # acknowledgements really came in groups
     store.crash()
     stop.set()

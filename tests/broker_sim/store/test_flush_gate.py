@@ -12,19 +12,11 @@ import pytest
 from broker_sim.clock import SystemClock
 from broker_sim.store import codec
 from broker_sim.store.flush import FlushGate, PyFlushGate
+from tests.waiting import wait_until
 
 GATES: list[tuple[str, Callable[[], FlushGate]]] = [("python", lambda: PyFlushGate(SystemClock()))]
 if codec.compiled is not None:
     GATES.append(("c", lambda: codec.compiled.FlushGate()))
-
-
-def until(pred: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    tick = threading.Event()
-    for _ in range(int(timeout_s / 0.005)):
-        if pred():
-            return True
-        tick.wait(0.005)
-    return pred()
 
 
 def waiter(gate: FlushGate, end: int, timeout_s: float, out: dict[int, bool]) -> threading.Thread:
@@ -44,10 +36,11 @@ def test_a_release_wakes_exactly_the_waiters_it_covers(gate: FlushGate) -> None:
     assert gate.wait(100, 0.0) is True  # already on disk: no wait at all
     out: dict[int, bool] = {}
     threads = [waiter(gate, end, 30.0, out) for end in (150, 200, 300)]
-    assert until(lambda: gate.waiting == 3)
+    wait_until(lambda: gate.waiting == 3, what="3 waiters")
     assert gate.gather(1.0, 0.0) == 3
     assert gate.release(200) == 2
-    assert until(lambda: len(out) == 2) and out == {150: True, 200: True}
+    wait_until(lambda: len(out) == 2, what="2 waiters answered")
+    assert out == {150: True, 200: True}
     assert gate.waiting == 1 and gate.flushed == 200
     assert gate.release(299) == 0 and gate.waiting == 1  # 300 is not covered yet
     assert gate.release(300) == 1
@@ -65,7 +58,7 @@ def test_a_late_flush_times_out_and_withdraws(gate: FlushGate) -> None:
 def test_abandon_releases_everyone_and_stop_ends_gather(gate: FlushGate) -> None:
     out: dict[int, bool] = {}
     threads = [waiter(gate, end, 30.0, out) for end in (500, 600)]
-    assert until(lambda: gate.waiting == 2)
+    wait_until(lambda: gate.waiting == 2, what="2 waiters")
     gate.abandon()
     for t in threads:
         t.join(10)
@@ -81,7 +74,7 @@ def test_abandon_releases_everyone_and_stop_ends_gather(gate: FlushGate) -> None
 def test_gather_waits_for_the_group_the_last_release_saw(gate: FlushGate) -> None:
     out: dict[int, bool] = {}
     threads = [waiter(gate, 100 + k, 30.0, out) for k in range(1, 5)]
-    assert until(lambda: gate.waiting == 4)
+    wait_until(lambda: gate.waiting == 4, what="4 waiters")
     assert gate.release(104) == 4  # four waited around this flush: the next round gathers four
     for t in threads:
         t.join(10)

@@ -4,8 +4,6 @@ when a store warms its segments by default."""
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,20 +13,16 @@ from broker_sim.clock import ManualClock
 from broker_sim.store import FlushDiskType, MessageInner, MessageStore, PutMessageStatus, codec
 from broker_sim.store.mapped_file import map_file
 from tests.broker_sim.store.conftest import small_config
+from tests.waiting import wait_until
 
 SIZE = 512 * 1024
 needs_c = pytest.mark.skipif(codec.compiled is None, reason="the compiled codec is not built here")
 
 
-def allocated(fd: int, expect: int, timeout_s: float = 10.0) -> int:
-    """Bytes the file has on disk after a flush, polled until ``expect`` (the worker runs on its own)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        os.fdatasync(fd)
-        have = os.fstat(fd).st_blocks * 512
-        if have >= expect or time.monotonic() > deadline:
-            return have
-        time.sleep(0.01)
+def allocated(fd: int) -> int:
+    """Bytes the file has on disk after a flush."""
+    os.fdatasync(fd)
+    return os.fstat(fd).st_blocks * 512
 
 
 def python_populate(mm: object, start: int, length: int) -> bool:
@@ -57,7 +51,9 @@ def test_worker_populates_like_python(
         assert populate(mm, start, length)
         lo, hi = start - start % 4096, min(SIZE, start + length)
         expect = blocks + hi - lo - max(0, min(hi, 8192) - lo)  # pages 0 and 1 were written already
-        assert allocated(fd, expect) >= expect
+        wait_until(
+            lambda: allocated(fd) >= expect, what=f"{expect} bytes allocated"
+        )  # the worker runs on its own
         assert bytes(mm) == before
     finally:
         if codec.compiled is not None:
@@ -117,11 +113,6 @@ def test_python_thread_still_used_when_asked(tmp_path: Path) -> None:
     store.start()
     try:
         assert store.put_message(MessageInner("T", b"x" * 100)).status is PutMessageStatus.PUT_OK
-        tick = threading.Event()
-        for _ in range(500):
-            if store.prefaulter.rounds:
-                break
-            tick.wait(0.01)
-        assert store.prefaulter.rounds >= 1
+        wait_until(lambda: store.prefaulter.rounds >= 1, what="a prefault round")
     finally:
         store.shutdown()

@@ -11,6 +11,7 @@ import pytest
 from broker_sim.clock import ManualClock
 from broker_sim.store import CorruptRecordError, FlushDiskType, MessageStore, PutMessageStatus
 from tests.broker_sim.store.conftest import StoreFactory, msg
+from tests.waiting import wait_until
 
 
 def fill(store: MessageStore, n: int, start: int = 0) -> list[tuple[int, int]]:
@@ -58,21 +59,10 @@ def test_async_flusher_runs_on_the_clock(make_store: StoreFactory, clock: Manual
     end = store.max_phy_offset
     deadline_rounds = store.flusher.rounds + 1
     clock.advance(0.6)
-    assert _poll(lambda: store.flusher.rounds >= deadline_rounds)
+    wait_until(lambda: store.flusher.rounds >= deadline_rounds, what="a flush round once the clock moved")
     assert store.commit_log.mfq.flushed_offset == end
     store.crash()
     assert make_store().max_phy_offset == end
-
-
-def _poll(cond: object, timeout: float = 10.0) -> bool:
-    import threading
-
-    ev = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if cond():  # type: ignore[operator]
-            return True
-        ev.wait(0.01)
-    return False
 
 
 def test_sync_crash_keeps_every_acknowledged_message(make_store: StoreFactory) -> None:
