@@ -8,11 +8,13 @@ bench measured 0.01 of the normal speed with the per-message index missing
 (``python -m bench.bench_growth --lagging``).
 
 Checked on PostgreSQL with generic plans, which are what a long-running consumer's prepared statements
-end up with, and on MariaDB with the plan of the statement its guard sends.
+end up with, on MariaDB with the plan of the statement its guard sends, and on SQLite with the plans of the
+two statements its guard sends, as prepared.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -43,27 +45,47 @@ PER_MESSAGE_INDEX = "ix_message_inbox_message_id_status"
 OPEN_STATUS_INDEX = "ix_message_inbox_status_resend_at"
 
 
-#: per backend: the ids ``1 … BACKLOG`` as rows of ``i``, one millisecond times ``i``, analysing both tables
+#: per backend: the ids ``1 … BACKLOG`` as rows of ``i``, the message id and a time ``i`` ms from now made of
+#: ``i``, the statements that analyse both tables
 _DIALECT = {
     "postgres": (
         f"generate_series(1, {BACKLOG}) AS s(i)",
-        "i * interval '1 ms'",
+        "concat('old-', i)",
+        "now() + i * interval '1 ms'",
         ["ANALYZE message_inbox", "ANALYZE message_stub"],
     ),
     "mariadb": (
         f"(SELECT seq AS i FROM seq_1_to_{BACKLOG}) s",
-        "INTERVAL i * 1000 MICROSECOND",
+        "concat('old-', i)",
+        "now() + INTERVAL i * 1000 MICROSECOND",
         ["ANALYZE TABLE message_inbox, message_stub"],
     ),
+    "sqlite": (
+        f"(WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {BACKLOG}) "
+        "SELECT i FROM s)",
+        "'old-' || i",
+        "strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || (i / 1000.0) || ' seconds')",
+        ["ANALYZE"],
+    ),
 }
+
+
+@contextmanager
+def _scratch(kind: str) -> Iterator[str]:
+    if kind != "sqlite":
+        with services.scratch_database(kind) as url:
+            yield url
+        return
+    with tempfile.TemporaryDirectory() as d:
+        yield f"sqlite:///{d}/lagging.db"
 
 
 @contextmanager
 def _owing_a_backlog(kind: str) -> Iterator[tuple[str, Engine]]:
     """A database of its own at head, holding ``BACKLOG`` older messages that both groups must process: one
     group has, the other owes; analysed, so its plans are those of a table that size."""
-    series, ms, analyse = _DIALECT[kind]
-    with services.scratch_database(kind) as url:
+    series, message_id, at, analyse = _DIALECT[kind]
+    with _scratch(kind) as url:
         engine = make_engine(url)
         try:
             upgrade(engine)
@@ -71,8 +93,8 @@ def _owing_a_backlog(kind: str) -> Iterator[tuple[str, Engine]]:
                 conn.execute(
                     text(
                         "INSERT INTO message_stub (message_id, topic, content, send_count, status, "
-                        "resend_at, created_at, updated_at) SELECT concat('old-', i), 'orders', :c, 1, "
-                        f"'PENDING', now() + {ms}, now(), now() FROM {series}"
+                        f"resend_at, created_at, updated_at) SELECT {message_id}, 'orders', :c, 1, "
+                        f"'PENDING', {at}, {at}, {at} FROM {series}"
                     ),
                     {"c": b"\x00"},
                 )
@@ -80,8 +102,8 @@ def _owing_a_backlog(kind: str) -> Iterator[tuple[str, Engine]]:
                     conn.execute(
                         text(
                             "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, "
-                            "resend_count, resend_at, created_at, updated_at) SELECT :g, concat('old-', i), "
-                            f":s, 0, 0, now() + {ms}, now(), now() FROM {series}"
+                            f"resend_count, resend_at, created_at, updated_at) SELECT :g, {message_id}, "
+                            f":s, 0, 0, {at}, {at}, {at} FROM {series}"
                         ),
                         {"g": group, "s": status},
                     )
@@ -174,3 +196,28 @@ def test_on_mariadb_the_confirms_question_about_other_groups_uses_the_message_id
         plan = {str(r["table"]): r for r in conn.execute(text(f"EXPLAIN {settle}")).mappings()}
     assert plan["i"]["key"] == PER_MESSAGE_INDEX and plan["i"]["type"] == "ref", plan
     assert plan["message_stub"]["key"] == "PRIMARY", plan
+
+
+def test_on_sqlite_a_confirm_reaches_inbox_rows_by_key_not_through_the_backlog() -> None:
+    """SQLite plans a statement when it is prepared, and the guard's statements stay prepared on their
+    connection: the confirm of the group's own row (:func:`reliable.stores.sql_text.confirm_first`) must
+    find it by primary key, and the settle (:func:`reliable.stores.sql_text.settle_stubs`) the other groups'
+    rows by message id — neither through the open-status index, which holds the lagging group's backlog."""
+    statements = {
+        "confirm": (sql_text.confirm_first(False), ("t", "t", KEEPS_UP, "old-7", None, None)),
+        "settle": (sql_text.settle_stubs(1), ("t", "t", "old-7", KEEPS_UP)),
+    }
+    with _owing_a_backlog("sqlite") as (_, engine), engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        plans = {
+            name: [str(row[3]) for row in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+            for name, (sql, params) in statements.items()
+        }
+    steps = plans["confirm"] + plans["settle"]
+    assert not [p for p in steps if p.startswith("SCAN") or OPEN_STATUS_INDEX in p], plans
+    # today the settle uses ix_message_inbox_message_id_status; without it SQLite skip-scans the primary
+    # key per group, also by message id: either is fine, a walk of the open rows is not
+    assert any(p.startswith("SEARCH message_inbox ") and "message_id=?" in p for p in plans["confirm"]), plans
+    assert any(p.startswith("SEARCH i ") and "message_id=?" in p for p in plans["settle"]), plans
+    assert any(p.startswith("SEARCH message_stub ") and "message_id=?" in p for p in plans["settle"]), plans
