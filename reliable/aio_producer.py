@@ -60,7 +60,11 @@ class AsyncStubProducer:
         self.sender = sender
         self.default_group = default_group
         self.clock = clock
-        self._producers = PerLoop(self._loop_producer, lambda p, closed: forget_engine(p.rel.engine, closed))
+        self._producers = PerLoop(
+            self._loop_producer,
+            lambda p, closed: forget_engine(p.rel.engine, closed),
+            lambda p: greenlet_spawn(p.rel.engine.dispose),
+        )
 
     def _producer(self) -> StubProducer:
         return self._producers.get()

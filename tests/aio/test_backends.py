@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import uuid
 import warnings
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, create_engine, func, insert, select, text
+from sqlalchemy.engine import make_url
 
 from reliable import Reliability
 from reliable.aio_backends import async_url
 from reliable.errors import ConfigurationError
+from tests.waiting import wait_until
+
+T = TypeVar("T")
 
 notes_md = MetaData()
 notes = Table(
@@ -117,12 +124,60 @@ def test_without_redis_the_async_client_is_none(sqlite_url: str) -> None:
         rel.close()
 
 
+def run_without_shutting_down(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a loop of its own and close the loop without ``shutdown_asyncgens`` (what code that
+    manages its loop by hand may do; ``asyncio.run`` does shut them down)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def test_each_asyncio_run_closes_its_connections_when_its_loop_ends(
+    postgres_url: str, redis_url: str
+) -> None:
+    """One ``asyncio.run`` per job and no ``aclose``: as each job's loop ends, its PostgreSQL connections and
+    its Redis client are closed — not left open until the garbage collector finds them (before: one more
+    server connection per job, and "unclosed Connection" warnings from redis)."""
+    app = f"reliable-t-{uuid.uuid4().hex[:8]}"
+    url = make_url(postgres_url).update_query_dict({"application_name": app})
+    rel = Reliability(url.render_as_string(hide_password=False), redis_url=redis_url)
+    probe = create_engine(postgres_url)
+
+    def connections() -> int:
+        with probe.connect() as conn:
+            query = text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :app")
+            return int(conn.execute(query, {"app": app}).scalar_one())
+
+    async def job() -> None:
+        async with rel.async_session() as s:
+            await s.execute(text("SELECT 1"))
+        client = rel.aio.redis()
+        assert client is not None
+        assert await client.ping()
+
+    gc.collect()  # what earlier tests left behind is not this test's
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for n in range(3):
+                asyncio.run(job())
+                wait_until(lambda: connections() == 0, 10, f"job {n}'s server connections to close")
+            gc.collect()
+    finally:
+        rel.close()
+        probe.dispose()
+    assert [str(w.message) for w in caught if "unclosed" in str(w.message)] == []
+
+
 def test_a_closed_loops_sqlite_connections_are_closed_not_left_to_the_garbage_collector(
     sqlite_url: str,
 ) -> None:
-    """A process that runs one loop after another (``asyncio.run`` per job) and never calls ``aclose``: when
-    the next loop starts, the previous loop's aiosqlite connections are closed, so nothing warns about an
-    unclosed connection and no connection thread fails later on a loop that has gone."""
+    """A process that runs one loop after another and never calls ``aclose``, closing each loop without
+    letting it shut down (so the loop's end did not close them): when the next loop starts, the previous
+    loop's aiosqlite connections are closed, so nothing warns about an unclosed connection and no connection
+    thread fails later on a loop that has gone."""
     rel = Reliability(sqlite_url)
     notes_md.create_all(rel.engine)
     failed: list[BaseException | None] = []
@@ -138,7 +193,7 @@ def test_a_closed_loops_sqlite_connections_are_closed_not_left_to_the_garbage_co
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(3):  # each new loop lets go of the one before
-                asyncio.run(count())
+                run_without_shutting_down(count())
                 gc.collect()
     finally:
         threading.excepthook = hook
