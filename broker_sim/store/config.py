@@ -75,10 +75,12 @@ class StoreConfig:
     # Fault hook, called by the flusher before every commit-log flush (a test blocks it to provoke
     # FLUSH_DISK_TIMEOUT). Not part of RocketMQ.
     before_flush: Callable[[], None] | None = None
-    # RocketMQ's warmMapedFileEnable: the pages ahead of the commit log's write position are populated off
-    # the put path (broker_sim/store/prefault.py). None (default): on where the compiled extension's worker
-    # thread does it and the flush is ASYNC_FLUSH (populated pages are dirty, so a SYNC_FLUSH fdatasync would
-    # write them); the Python thread measured slower end to end on the 2-core box (bench a1 −20 %).
+    # RocketMQ's warmMapedFileEnable: the commit log just ahead of its write position is made ready.
+    # ASYNC_FLUSH: its pages are populated off the put path (broker_sim/store/prefault.py); SYNC_FLUSH: its
+    # blocks are written with zeros, so group-commit flushes allocate nothing (store/zero_ahead.py).
+    # None (default): for ASYNC_FLUSH where the compiled extension's worker thread populates (the Python
+    # thread measured slower end to end on the 2-core box, bench a1 −20 %); not for SYNC_FLUSH, where it
+    # sends the disk ≈ 1.8× the bytes for ≈ 5–10 % more puts/s (docs/benchmarks/store.md, a2 ninth round).
     warm_mapped_file: bool | None = None
     # --- dispatch ---
     # True: a background dispatcher builds consume queues/index (RocketMQ's ReputMessageService, so a

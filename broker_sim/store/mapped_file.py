@@ -86,6 +86,33 @@ def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
 _fallocate = _load_fallocate()
 
 
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None  # not Linux
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    call: Callable[[int, int, int, int], int] = fn
+    return call
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 0x02
+
+
+def start_writeback(fd: int, offset: int, length: int) -> bool:
+    """Start writing ``[offset, offset + length)`` back to disk without waiting (Linux ``sync_file_range``
+    with ``SYNC_FILE_RANGE_WRITE``: data only, no durability promise); False where it is not available."""
+    if _sync_file_range is None:
+        return False
+    if _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0:
+        return True
+    err = ctypes.get_errno()
+    raise OSError(err, os.strerror(err))
+
+
 def punch_hole(fd: int, offset: int, length: int) -> bool:
     """Free ``[offset, offset + length)`` of the file (it reads back as zeros, the size is kept); False where
     the platform or the file system cannot, so the caller overwrites instead."""

@@ -51,6 +51,7 @@ from broker_sim.store.results import (
     PutMessageStatus,
     RecoveryReport,
 )
+from broker_sim.store.zero_ahead import ZeroAhead
 
 log = logging.getLogger(__name__)
 _PUT_OK = PutMessageStatus.PUT_OK
@@ -86,6 +87,7 @@ class MessageStore:
             self.commit_log, self.find_consume_queue, self.index, cfg.delay_levels_ms
         )
         self.prefaulter = Prefaulter(self.commit_log)
+        self.zero_ahead = ZeroAhead(self.commit_log)
         self.checkpoint = StoreCheckpoint(self.store_dir / "checkpoint")
         self.abort_file = AbortFile(self.store_dir / "abort")
         self.group_commit = GroupCommitService(self.commit_log, self.checkpoint, self.clock)
@@ -158,10 +160,11 @@ class MessageStore:
         self.put_path.crashed = False
         self.dispatcher.start()
         warm = self.config.warm_mapped_file
-        if warm is None:
-            warm = self.prefaulter.compiled and self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
+        sync = self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        if warm is None:  # SYNC_FLUSH: writing zeros ahead is asked for (twice the bytes for ≈ 5–10 % puts/s)
+            warm = not sync and self.prefaulter.compiled
         if warm:
-            self.prefaulter.start()
+            (self.zero_ahead if sync else self.prefaulter).start()
         self.group_commit.start()
         self.flusher.start()
         self.expiry.start()
@@ -231,6 +234,7 @@ class MessageStore:
         self.flusher.stop()
         self.group_commit.stop()
         self.prefaulter.stop()
+        self.zero_ahead.stop()
         self.dispatcher.stop()
         self.dispatcher.dispatch_pending()
         self._flush_commit_log()
@@ -249,6 +253,7 @@ class MessageStore:
         self.flusher.stop()
         self.group_commit.abandon()
         self.prefaulter.stop()
+        self.zero_ahead.stop()
         self.dispatcher.stop()
         self.commit_log.mfq.discard_unflushed()
         with self._cq_lock:

@@ -90,18 +90,29 @@ def test_worker_races_writer_without_changing_bytes(tmp_path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.parametrize("warm", [None, True])
 @pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
-def test_default_warms_only_async_stores_with_the_worker(tmp_path: Path, flush: FlushDiskType) -> None:
-    store = MessageStore(tmp_path, small_config(commit_log_file_size=256 * 1024, flush_disk_type=flush))
-    store.prefaulter.window = 64 * 1024
+def test_async_stores_populate_with_the_worker_and_sync_stores_asked_to_warm_write_zeros_ahead(
+    tmp_path: Path, flush: FlushDiskType, warm: bool | None
+) -> None:
+    """Populated pages are dirty, so a SYNC_FLUSH store would write them at its next flush: asked to warm, it
+    writes the blocks ahead with zeros instead (zero_ahead.py), and by default it does neither; an
+    ASYNC_FLUSH store populates, by default where the worker can."""
+    config = small_config(commit_log_file_size=256 * 1024, flush_disk_type=flush, warm_mapped_file=warm)
+    store = MessageStore(tmp_path, config)
+    store.prefaulter.window = store.zero_ahead.window = 64 * 1024
     store.start()
     try:
         for i in range(600):  # ≈ 3 segments
             put = store.put_message(MessageInner("T", b"%06d" % i + bytes(400)))
             assert put.status is PutMessageStatus.PUT_OK
-        warm = codec.compiled is not None and flush is FlushDiskType.ASYNC_FLUSH
-        assert (store.prefaulter.rounds > 0) is warm
-        if warm:  # handed over on the append itself: nothing to wait for
+        sync = flush is FlushDiskType.SYNC_FLUSH
+        populate = not sync and (warm is True or codec.compiled is not None)
+        if populate and codec.compiled is None:  # the Python thread populates on its own time
+            wait_until(lambda: store.prefaulter.rounds > 0, what="a prefault round")
+        assert (store.prefaulter.rounds > 0) is populate
+        assert (store.zero_ahead.rounds > 0) is (sync and warm is True)
+        if populate and codec.compiled is not None:  # handed over on the append itself: nothing to wait for
             assert store.prefaulter.populated >= store.max_phy_offset
     finally:
         store.shutdown()

@@ -1,6 +1,7 @@
 """What a commit-log segment costs the disk: a flush writes what was appended since the last one, however
-deep into the segment; a restart does not rewrite the segment's empty tail; the bytes after a recovered end
-read as zeros; a segment the writer has left is read back with the kernel's readahead.
+deep into the segment; under SYNC_FLUSH the blocks a flush lands on are already written; a restart does not
+rewrite the segment's empty tail; the bytes after a recovered end read as zeros; a segment the writer has
+left is read back with the kernel's readahead.
 
 ``write_bytes`` of ``/proc/self/io`` is what this process sent, or made dirty, for the disk: the page cache
 accounts a whole folio each time a clean one is dirtied, so large folios around the write position show up
@@ -13,9 +14,12 @@ import errno
 import mmap
 import os
 import resource
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker_sim.store import FlushDiskType, MessageStore, PutMessageStatus
 from broker_sim.store import mapped_file as mapped_file_module
@@ -186,3 +190,63 @@ def test_a_segment_the_writer_has_left_is_read_with_readahead(make_store: StoreF
             assert store.select_one_message_by_offset(off) is not None
     reads = resource.getrusage(resource.RUSAGE_THREAD).ru_majflt - faults
     assert reads < size // PAGE // 8, f"{reads} disk reads for a {size // MiB} MiB segment"
+
+
+def test_under_sync_flush_the_blocks_ahead_of_the_writer_are_already_written(
+    make_store: StoreFactory,
+) -> None:
+    """A SYNC_FLUSH store asked to warm its segments writes zeros ahead of its write position (zero_ahead.py),
+    so a group-commit flush allocates no blocks: at every put, the file holds data from the writer's page to
+    half a window ahead, across segment rolls, and stays a hole beyond what was written ahead."""
+    window = 128 * 1024
+    sync = roomy(flush_disk_type=FlushDiskType.SYNC_FLUSH, warm_mapped_file=True)
+    store = make_store(start=False, commit_log_file_size=512 * 1024, **sync)
+    store.zero_ahead.window = window
+    store.start()
+    for i in range(1200):  # ≈ 1.6 segments
+        assert store.put_message(msg(body=BODY[: 100 + i % 900])).status is PutMessageStatus.PUT_OK
+        if i % 37:
+            continue
+        mf = store.commit_log.mfq.files[-1]
+        page_end = -(-mf.wrote // PAGE) * PAGE
+        want = min(mf.file_size, mf.wrote + window // 2)
+        if page_end < want:
+            assert os.lseek(mf.fd, page_end, os.SEEK_HOLE) >= want, f"put {i}: a hole right after the writer"
+        ahead = store.zero_ahead.zeroed - mf.file_from_offset
+        if ahead < mf.file_size:
+            assert no_data_from(mf.path, ahead), f"put {i}: blocks allocated past the window"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.integers(1, 24_000), min_size=1, max_size=60),
+    batch_every=st.integers(2, 9),
+)
+def test_writing_zeros_ahead_never_touches_a_written_byte(
+    make_store: StoreFactory, tmp_path: Path, sizes: list[int], batch_every: int
+) -> None:
+    """Whatever the record sizes, single puts and batches, rounds falling mid-page and segments rolling:
+    every acknowledged record reads back as written, also after a restart."""
+    store = make_store(
+        path=tmp_path / uuid.uuid4().hex,
+        start=False,
+        commit_log_file_size=128 * 1024,
+        **roomy(flush_disk_type=FlushDiskType.SYNC_FLUSH, warm_mapped_file=True),
+    )
+    store.zero_ahead.window = 3 * PAGE
+    store.start()
+    written: dict[int, bytes] = {}
+    for n, size in enumerate(sizes):
+        bodies = [bytes([n % 251 + 1]) * size]
+        if n % batch_every == 0:
+            bodies.append(bytes([n % 13 + 1]) * (size // 3 + 1))
+        r = store.put_messages([msg(body=b) for b in bodies])
+        assert r.status is PutMessageStatus.PUT_OK and r.append_result is not None
+        written.update(zip(r.append_result.offsets, bodies, strict=True))
+    assert store.zero_ahead.rounds > 0
+    for reopened in (False, True):
+        for off, body in written.items():
+            got = store.look_message_by_offset(off)
+            assert got is not None and got.body == body, f"record at {off} (after restart: {reopened})"
+        store.shutdown()
+        store = make_store(path=store.store_dir, commit_log_file_size=128 * 1024, **roomy())
