@@ -34,6 +34,7 @@ from broker_sim.store.errors import StoreLayoutError
 
 NAME_DIGITS = 20
 PAGE = mmap.PAGESIZE
+LARGEST_FOLIO = 2 * 1024 * 1024  # the largest page-cache folio on x86-64 (a PMD)
 ZERO_CHUNK = 1024 * 1024  # the compare-and-zero fallback of zero_from works in pieces this large
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 
@@ -126,6 +127,17 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
     raise OSError(err, os.strerror(err))
 
 
+def has_data_from(fd: int, offset: int) -> bool:
+    """Whether any block at or after ``offset`` is allocated or cached dirty (``SEEK_DATA``)."""
+    try:
+        os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return False
+        raise
+    return True
+
+
 def zero_data_extents(mm: mmap.mmap, fd: int, start: int, end: int) -> None:
     """Make ``mm[start:end]`` zeros, writing only pieces of data extents that hold a non-zero byte (holes and
     zero pieces are left alone): ``zero_from`` where no hole can be punched."""
@@ -198,20 +210,33 @@ class MappedFile:
     def zero_from(self, pos: int) -> None:
         """Erase everything from ``pos`` to the end of the file (recovery's truncation) and persist it: the
         rest of ``pos``'s page through the mapping, the whole pages after it by punching a hole (see the
-        module docstring), so a clean segment costs no writes."""
+        module docstring). A tail reading as zeros already (a clean shutdown's) is left alone, unsynced."""
         if pos < self.file_size:
             page_end = min(self.file_size, -(-pos // PAGE) * PAGE)
-            self.mm[pos:page_end] = bytes(page_end - pos)
-            if page_end < self.file_size and not punch_hole(self.fd, page_end, self.file_size - page_end):
-                zero_data_extents(self.mm, self.fd, page_end, self.file_size)
-            os.fsync(self.fd)  # the freed blocks are metadata, which fdatasync may leave for later
+            changed = bool(self.mm[pos:page_end].strip(b"\0"))
+            if changed:
+                self.mm[pos:page_end] = bytes(page_end - pos)
+            if page_end < self.file_size and has_data_from(self.fd, page_end):
+                changed = True
+                if not punch_hole(self.fd, page_end, self.file_size - page_end):
+                    zero_data_extents(self.mm, self.fd, page_end, self.file_size)
+            if changed:
+                os.fsync(self.fd)  # the freed blocks are metadata, which fdatasync may leave for later
         self.wrote = self.flushed = pos
 
     def advise_appending(self) -> None:
-        """The writer works here now: no readahead from ``wrote`` on (module docstring)."""
+        """The writer works here now: no readahead from ``wrote`` on (module docstring). Pages already cached
+        around the write position — recovery's scan read ahead past it — may sit in large folios, so from the
+        start of the largest folio that can hold ``wrote`` on they are unmapped and dropped from the page
+        cache (clean ones; the written ones among them are read back as single pages when needed)."""
         start = self.wrote - self.wrote % PAGE
-        if start < self.file_size:
-            self.mm.madvise(mmap.MADV_RANDOM, start, self.file_size - start)
+        if start >= self.file_size:
+            return
+        self.mm.madvise(mmap.MADV_RANDOM, start, self.file_size - start)
+        drop = self.wrote - self.wrote % LARGEST_FOLIO
+        self.mm.madvise(mmap.MADV_DONTNEED, drop, self.file_size - drop)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, drop, self.file_size - drop, os.POSIX_FADV_DONTNEED)
 
     def advise_reading(self) -> None:
         """The writer has left this segment: readers get the kernel's readahead back."""
