@@ -22,6 +22,9 @@ CHECKPOINT = struct.Struct(">qqq")
 FILE_SIZE = 4096
 
 
+RECOVERY_MARGIN_MS = 3000  # RocketMQ's StoreCheckpoint.getMinTimestamp subtracts 3 s too
+
+
 class StoreCheckpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -41,11 +44,15 @@ class StoreCheckpoint:
                  self.index_msg_timestamp) = CHECKPOINT.unpack_from(raw, 0)  # fmt: skip
 
     def min_timestamp(self, with_index: bool) -> int:
-        """The point every structure is durable up to (0 = nothing known: scan everything)."""
+        """The point every structure is durable up to (0 = nothing known: scan everything), moved back by
+        ``RECOVERY_MARGIN_MS`` as RocketMQ's ``getMinTimestamp`` does. Store timestamps are milliseconds of
+        the wall clock: records stamped in the checkpoint's own millisecond, or after the clock stepped back,
+        may follow the record it names with their queue units unflushed, so the segment they start in must
+        be scanned again (tests/broker_sim/store/test_recovery.py)."""
         m = min(self.physic_msg_timestamp, self.logics_msg_timestamp)
         if with_index:
             m = min(m, self.index_msg_timestamp)
-        return m
+        return max(0, m - RECOVERY_MARGIN_MS) if m > 0 else 0
 
     def flush(self) -> None:
         """Rewrite in place and fsync (a 4 KiB write is atomic on the page level)."""
