@@ -29,6 +29,7 @@ import mmap
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from broker_sim.store.errors import StoreLayoutError
 
@@ -71,36 +72,27 @@ def map_file(path: Path, size: int, must_match: bool = False) -> tuple[mmap.mmap
         raise
 
 
-def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
-    name = ctypes.util.find_library("c")
+def _libc(name: str, argtypes: list[type[ctypes._SimpleCData[Any]]]) -> Callable[..., int] | None:
+    """The C library's ``name`` with its argument types, or None where there is none (not glibc/Linux: the
+    callers fall back)."""
     try:
-        libc = ctypes.CDLL(name, use_errno=True)
-        fn = libc.fallocate64
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True), name)
     except (OSError, AttributeError):
-        return None  # not glibc/Linux: zero_from falls back to overwriting
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        return None
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
-    call: Callable[[int, int, int, int], int] = fn
+    call: Callable[..., int] = fn
     return call
 
 
-_fallocate = _load_fallocate()
-
-
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None  # not Linux
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    call: Callable[[int, int, int, int], int] = fn
-    return call
-
-
-_sync_file_range = _load_sync_file_range()
+_fallocate = _libc("fallocate64", [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64])
+_sync_file_range = _libc("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 _SYNC_FILE_RANGE_WRITE = 0x02
+
+
+def _errno_error() -> OSError:
+    err = ctypes.get_errno()
+    return OSError(err, os.strerror(err))
 
 
 def start_writeback(fd: int, offset: int, length: int) -> bool:
@@ -108,10 +100,9 @@ def start_writeback(fd: int, offset: int, length: int) -> bool:
     with ``SYNC_FILE_RANGE_WRITE``: data only, no durability promise); False where it is not available."""
     if _sync_file_range is None:
         return False
-    if _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE) == 0:
-        return True
-    err = ctypes.get_errno()
-    raise OSError(err, os.strerror(err))
+    if _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE) != 0:
+        raise _errno_error()
+    return True
 
 
 def punch_hole(fd: int, offset: int, length: int) -> bool:
@@ -121,21 +112,20 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
         return False
     if _fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, length) == 0:
         return True
-    err = ctypes.get_errno()
-    if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+    if ctypes.get_errno() in (errno.EOPNOTSUPP, errno.ENOSYS):
         return False
-    raise OSError(err, os.strerror(err))
+    raise _errno_error()
 
 
-def has_data_from(fd: int, offset: int) -> bool:
-    """Whether any block at or after ``offset`` is allocated or cached dirty (``SEEK_DATA``)."""
+def next_data(fd: int, offset: int) -> int | None:
+    """Where the first block at or after ``offset`` that is allocated or cached dirty starts (``SEEK_DATA``);
+    None when only holes follow."""
     try:
-        os.lseek(fd, offset, os.SEEK_DATA)
+        return os.lseek(fd, offset, os.SEEK_DATA)
     except OSError as e:
         if e.errno == errno.ENXIO:
-            return False
+            return None
         raise
-    return True
 
 
 def zero_data_extents(mm: mmap.mmap, fd: int, start: int, end: int) -> None:
@@ -143,16 +133,11 @@ def zero_data_extents(mm: mmap.mmap, fd: int, start: int, end: int) -> None:
     zero pieces are left alone): ``zero_from`` where no hole can be punched."""
     pos = start
     while pos < end:
-        try:
-            pos = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                return  # only holes from here on
-            raise
-        if pos >= end:
+        data = next_data(fd, pos)
+        if data is None or data >= end:
             return
-        stop = min(end, os.lseek(fd, pos, os.SEEK_HOLE))
-        for a in range(pos, stop, ZERO_CHUNK):
+        stop = min(end, os.lseek(fd, data, os.SEEK_HOLE))
+        for a in range(data, stop, ZERO_CHUNK):
             b = min(stop, a + ZERO_CHUNK)
             if mm[a:b].strip(b"\0"):
                 mm[a:b] = bytes(b - a)
@@ -216,7 +201,7 @@ class MappedFile:
             changed = bool(self.mm[pos:page_end].strip(b"\0"))
             if changed:
                 self.mm[pos:page_end] = bytes(page_end - pos)
-            if page_end < self.file_size and has_data_from(self.fd, page_end):
+            if page_end < self.file_size and next_data(self.fd, page_end) is not None:
                 changed = True
                 if not punch_hole(self.fd, page_end, self.file_size - page_end):
                     zero_data_extents(self.mm, self.fd, page_end, self.file_size)

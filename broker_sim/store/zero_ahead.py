@@ -44,9 +44,7 @@ class ZeroAhead:
         cl.prefault_wake = self._round
 
     def stop(self) -> None:
-        cl = self.commit_log
-        cl.prefault_mark = NO_PREFAULT
-        cl.prefault_wake = _nothing
+        self.commit_log.prefault_mark = NO_PREFAULT  # no append reaches it: no more rounds
 
     def _round(self) -> None:
         """``prefault_wake``: called by the append that reached the mark, commit-log lock held."""
@@ -67,7 +65,3 @@ class ZeroAhead:
             self.rounds += 1
         self.zeroed = base + max(end, start)
         cl.prefault_mark = base + end - self.window // 2 if end < mf.file_size else base + mf.file_size
-
-
-def _nothing() -> None:
-    pass
