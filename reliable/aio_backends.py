@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sqlalchemy.engine import URL, Engine, make_url
@@ -166,6 +166,10 @@ class PerLoop(Generic[T]):
                 self._watch(loop, value)
         return value
 
+    def current(self) -> T | None:
+        """The running loop's value, if it has one (none is made)."""
+        return self._values.get(asyncio.get_running_loop())
+
     def pop_current(self) -> T | None:
         loop = asyncio.get_running_loop()
         value = self._values.pop(loop, None)
@@ -237,6 +241,8 @@ class _Backends:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     redis: aioredis.Redis | None
+    #: awaited on the loop before the engine and the Redis client close (see AsyncBackends.before_close)
+    closers: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
 
 
 class AsyncBackends:
@@ -276,6 +282,11 @@ class AsyncBackends:
     def redis(self) -> aioredis.Redis | None:
         return self._loops.get().redis
 
+    def before_close(self, closer: Callable[[], Awaitable[object]]) -> None:
+        """Await ``closer`` on the running loop before its engine and Redis client close — at :meth:`aclose`
+        or when the loop ends — e.g. to send what a guard still holds for Redis while the client is open."""
+        self._loops.get().closers.append(closer)
+
     async def aclose(self) -> None:
         """Close the running loop's engine and Redis client (the next async call opens new ones)."""
         state = self._loops.pop_current()
@@ -284,9 +295,14 @@ class AsyncBackends:
 
     @staticmethod
     async def _close_backends(state: _Backends) -> None:
-        await state.engine.dispose()
-        if state.redis is not None:
-            await state.redis.aclose()
+        closers, state.closers = state.closers, []
+        try:
+            for closer in closers:
+                await closer()
+        finally:
+            await state.engine.dispose()
+            if state.redis is not None:
+                await state.redis.aclose()
 
     def close_sync(self) -> None:
         """From synchronous code: forget every loop's engine without awaiting (see :meth:`aclose`)."""

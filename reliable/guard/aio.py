@@ -122,13 +122,23 @@ class AsyncGuard:
         stores = _LoopStores(self.rel.settings.replace(journal_write_behind=False), engine.sync_engine)
         guard = Guard(stores, self.group, self._bridge(engine), **self._options)
         client = self.rel.aio.redis()
+        store = None
         if client is not None:
-            guard.lease = GreenletLeaseStore(  # type: ignore[assignment]
-                AsyncRedisLeaseStore(
-                    client, retry_after_s=self._retry_after_s, on_fallback=guard._redis_fallback
-                )
+            store = AsyncRedisLeaseStore(
+                client, retry_after_s=self._retry_after_s, on_fallback=guard._redis_fallback
             )
+            guard.lease = GreenletLeaseStore(store)  # type: ignore[assignment]
+        self.rel.aio.before_close(functools.partial(self._let_go, guard, store))
         return guard
+
+    async def _let_go(self, guard: Guard, store: AsyncRedisLeaseStore | None) -> None:
+        """Before this loop's engine and Redis client close (``rel.aclose()``, or the loop's end): forget
+        the loop's guard, so a later call on the loop builds one on the new connections, and send the done
+        markers it still has queued (:meth:`AsyncRedisLeaseStore.aclose`)."""
+        if self._guards.current() is guard:
+            self._guards.pop_current()
+        if store is not None:
+            await store.aclose()
 
     def _bridge(self, engine: AsyncEngine) -> Callable[[Envelope, Session], None]:
         """The sync handler the guard calls: awaits ``handler`` with an AsyncSession on the guard's conn."""

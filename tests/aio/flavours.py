@@ -129,18 +129,10 @@ class Flavour:
 
     def close(self) -> None:
         if self.loop is not None:
-            # shut the loop down as asyncio.run does: background tasks (queued done markers) are cancelled
-            self.loop.run_until_complete(_cancel_background_tasks())
+            # as a service closing its own loop would: aclose sends the queued done markers first
             self.loop.run_until_complete(self.rel.aclose())
             self.loop.close()
         self.rel.close()
-
-
-async def _cancel_background_tasks() -> None:
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _redeliver(decide: Callable[[Envelope], Decision], e: Envelope, limit: int) -> list[Decision]:

@@ -13,6 +13,7 @@ from reliable import ConsumeResult, Envelope, Reliability, idempotent_consumer
 from reliable.errors import ConfigurationError
 from reliable.guard import Reason
 from reliable.guard.aio import AsyncGuardedHandler
+from reliable.stores.lease import lease_key
 from tests.aio.flavours import Flavour, applied, env, inbox, journal, ledger, make_rel
 
 TASKS = 64
@@ -103,3 +104,51 @@ def test_write_behind_is_refused_for_async_handlers(sqlite_url: str) -> None:
             idempotent_consumer(rel, group="g")(h)
     finally:
         rel.close()
+
+
+# --- shutting a loop down: the done markers queued after the last commits still reach Redis ---------------
+
+
+def test_a_consumer_restarted_right_after_its_last_delivery_answers_the_redelivery_at_once(
+    rel: Reliability,
+) -> None:
+    """A worker stops (its ``asyncio.run`` ends) right after committing a message; the broker, which had not
+    recorded the ack yet, hands the message to the restarted worker. It must be answered as a duplicate
+    by the ``done`` marker the gone worker had queued, in one Redis round trip — not by a database check
+    because the gone worker's lease was left in Redis in place of the marker."""
+
+    @idempotent_consumer(rel, group="g")
+    async def handle(e: Envelope, session: AsyncSession) -> None:
+        await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
+
+    assert (
+        asyncio.run(handle.decide(env("r"))).reason is Reason.PROCESSED
+    )  # the last delivery before the stop
+    again = asyncio.run(handle.decide(env("r")))  # the restarted worker's first delivery
+    assert (again.result, again.reason) == (ConsumeResult.SUCCESS, Reason.DUPLICATE_DONE_MARKER)
+    assert applied(rel) == {"r": 1}
+
+
+def test_aclose_sends_the_queued_done_markers_and_leaves_no_task_behind(rel: Reliability) -> None:
+    """A loop run by hand: ``await rel.aclose()`` sends the markers still queued and stops the task that
+    would have sent them, so the loop closes with nothing pending (no "Task was destroyed but it is
+    pending!", no traceback from a Redis call cut off at the loop's close)."""
+
+    @idempotent_consumer(rel, group="g")
+    async def handle(e: Envelope, session: AsyncSession) -> None:
+        await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
+
+    async def leftover() -> set[asyncio.Task[object]]:
+        return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+    loop = asyncio.new_event_loop()
+    try:
+        for m in ("m1", "m2"):  # the loop goes on after an aclose: new connections, and closed again
+            assert loop.run_until_complete(handle.decide(env(m))).reason is Reason.PROCESSED
+            loop.run_until_complete(rel.aclose())
+            assert loop.run_until_complete(leftover()) == set()
+    finally:
+        loop.close()
+    assert rel.redis is not None
+    markers = [rel.redis.get(lease_key(rel.settings.key_prefix, "g", m)) for m in ("m1", "m2")]
+    assert all(isinstance(v, bytes) and v.startswith(b"done") for v in markers), markers
