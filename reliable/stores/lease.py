@@ -29,9 +29,11 @@ costs one timeout per interval rather than one per message.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,6 +142,8 @@ class RedisLeaseStore:
         self._flush_s = done_flush_ms / 1000.0
         self._timer: threading.Thread | None = None
         self._closed = threading.Event()
+        # the timer is a daemon thread, stopped without a word at exit: send what it still holds first
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     # --- primitives ---------------------------------------------------------------------------------
     def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
@@ -256,3 +260,9 @@ class RedisLeaseStore:
             self._cad(keys=[key], args=[value])
         except REDIS_ERRORS as exc:
             self.breaker.failed("release", exc)
+
+
+def _flush_at_exit(ref: weakref.ReferenceType[RedisLeaseStore]) -> None:
+    store = ref()
+    if store is not None:
+        store.flush()

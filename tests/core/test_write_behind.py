@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.errors import ConfigurationError
 from reliable.guard.decision import Reason
+from reliable.stores.lease import lease_key
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import applied, apply, env, log_rows, make_rel
 
@@ -221,20 +222,27 @@ def handle(env, session):
 
 handle(Envelope("wb-exit", "orders", 0, 1, b"{}"))
 handle(Envelope("wb-exit", "orders", 0, 2, b"{}"))
-# no close(): the interpreter's exit must write the buffered duplicate row
+handle(Envelope("wb-exit-last", "orders", 0, 3, b"{}"))  # its done marker is queued, not yet sent
+# no close(): the interpreter's exit must write the buffered duplicate row and send the queued marker
 """
 
 
 def test_interpreter_exit_flushes(sqlite_db: str, redis_url: str, key_prefix: str) -> None:
+    """A process that ends without ``close()`` still writes what its guard held back: the duplicate's
+    journal row, and the last delivery's ``done`` marker (else the gone worker's lease stays in its place
+    and the next delivery of that message, the usual duplicate after a restart, costs a database check)."""
     import subprocess
     import sys
 
     subprocess.run(
         [sys.executable, "-c", _EXIT_SCRIPT, sqlite_db, redis_url, key_prefix], check=True, timeout=120
     )
-    rel = Reliability(sqlite_db, None)
+    rel = Reliability(sqlite_db, redis_url, key_prefix=key_prefix)
     try:
         assert [r[1] for r in log_rows(rel, "wb-exit")] == ["SUCCESS", "DUPLICATE"]
+        assert rel.redis is not None
+        marker = rel.redis.get(lease_key(key_prefix, GROUP, "wb-exit-last"))
+        assert isinstance(marker, bytes) and marker.startswith(b"done"), marker
     finally:
         rel.close()
 
