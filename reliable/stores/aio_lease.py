@@ -131,10 +131,8 @@ class AsyncRedisLeaseStore:
         a committed delivery in Redis, and the next delivery of that message — the usual duplicate after a
         restart — costs a database check instead of one Redis round trip."""
         await self.flush()
-        if self._flusher is not None:
-            await asyncio.gather(
-                self._flusher, return_exceptions=True
-            )  # cancelled already at asyncio.run's end
+        if self._flusher is not None:  # at asyncio.run's end it was cancelled already: gather takes that too
+            await asyncio.gather(self._flusher, return_exceptions=True)
 
     async def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
         """Write ``done`` markers now and wait for Redis (what :meth:`flush` does for queued ones)."""
