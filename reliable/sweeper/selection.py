@@ -30,8 +30,10 @@ so they do not take batch slots every round.
 The log conditions are correlated subqueries on ``ix_message_log_message_id_consumer_group_received_at``,
 the budget is a comparison on the inbox row itself, so the statement is an ordered range scan of
 ``ix_message_inbox_status_resend_at`` that stops after ``limit`` rows. The stub (topic, body, topic-wide
-send) is read afterwards by primary key, without a lock: subqueries and a second statement instead of a
-join keep ``FOR UPDATE`` from locking stub and log rows on MariaDB, which has no ``FOR UPDATE OF``.
+send) comes with the row where a join locks no stub row — PostgreSQL (``FOR UPDATE OF message_inbox``) and
+SQLite (no row locks): :func:`with_stub`. On MariaDB/MySQL, which have no ``FOR UPDATE OF``, a join would lock
+the stub rows too, so there :func:`load_stubs` reads them afterwards by primary key, without a lock (the log
+conditions are subqueries for the same reason).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class Budget(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A group's inbox row as the selection returns it, completed with its stub by :func:`load_stubs`."""
+    """A group's inbox row as the selection returns it, with its stub (read with it, or by load_stubs)."""
 
     consumer_group: str
     message_id: str
@@ -102,6 +104,9 @@ class Candidate:
     stub_broker_name: str = ""
     #: the message's stored trace context (JSON), put back into the resend's properties (reliable.otel)
     trace_context: str | None = None
+    #: the stub columns above are read (with the claim, or by :func:`load_stubs`); ``False`` on a row read
+    #: without them, and on a joined row whose stub does not exist
+    has_stub: bool = False
 
     @property
     def sends(self) -> int:
@@ -137,21 +142,46 @@ class Candidate:
         return self.inbox_updated_at if self.targeted else self.stub_last_sent_at
 
     @classmethod
-    def from_row(cls, row: Any) -> Candidate:
-        outcome = row.last_outcome
-        return cls(
-            consumer_group=row.consumer_group,
-            message_id=row.message_id,
-            resend_count=int(row.resend_count),
-            inbox_queue_id=row.queue_id,
-            inbox_queue_offset=row.queue_offset,
-            inbox_broker_name=row.broker_name or "",
-            created_at=row.created_at,
-            inbox_updated_at=row.updated_at,
-            last_received_at=row.last_received_at,
-            last_reconsume_times=row.last_reconsume_times,
-            last_outcome=LogOutcome(outcome) if outcome is not None else None,
-        )
+    def from_rows(cls, keys: Sequence[str], rows: Sequence[Any]) -> list[Candidate]:
+        """The rows of :func:`due_statement` (``keys``: :data:`SELECTED_KEYS`), or of ``with_stub(…)`` of it
+        (:data:`JOINED_KEYS`: the stub's columns too, where the stub exists).
+
+        Unpacked by position: a claimed batch is hundreds of rows, and looking a row's columns up by name was
+        most of what building one cost."""
+        joined = tuple(keys) == JOINED_KEYS
+        if not joined and tuple(keys) != SELECTED_KEYS:
+            raise RuntimeError(f"selection columns changed: {tuple(keys)}")
+        out: list[Candidate] = []
+        for row in rows:
+            (group, message_id, resend_count, queue_id, queue_offset, broker_name, created_at, updated_at,
+             last_received_at, last_reconsume_times, last_outcome) = row[:_SELECTED]  # fmt: skip
+            (stub_id, topic, tags, content, stub_queue_id, stub_queue_offset, stub_last_sent_at,
+             trace_context, stub_broker_name) = row[_SELECTED:] if joined else _NO_STUB  # fmt: skip
+            out.append(
+                cls(
+                    consumer_group=group,
+                    message_id=message_id,
+                    resend_count=int(resend_count),
+                    inbox_queue_id=queue_id,
+                    inbox_queue_offset=queue_offset,
+                    inbox_broker_name=broker_name or "",
+                    created_at=created_at,
+                    inbox_updated_at=updated_at,
+                    last_received_at=last_received_at,
+                    last_reconsume_times=last_reconsume_times,
+                    last_outcome=LogOutcome(last_outcome) if last_outcome is not None else None,
+                    topic=topic or "",
+                    tags=tags,
+                    content=b"" if content is None else bytes(content),
+                    stub_queue_id=stub_queue_id,
+                    stub_queue_offset=stub_queue_offset,
+                    stub_last_sent_at=stub_last_sent_at,
+                    stub_broker_name=stub_broker_name or "",
+                    trace_context=trace_context,
+                    has_stub=stub_id is not None,
+                )
+            )
+        return out
 
 
 #: the index the selection walks (named by the models' naming convention; created by migration 0003)
@@ -216,32 +246,66 @@ def due_statement(
     )
 
 
+#: the stub's columns a candidate carries (:func:`with_stub`, :func:`load_stubs`)
+_STUB_COLUMNS = (
+    stub.c.message_id,
+    stub.c.topic,
+    stub.c.tags,
+    stub.c.content,
+    stub.c.queue_id,
+    stub.c.queue_offset,
+    stub.c.last_sent_at,
+    stub.c.trace_context,
+    stub.c.broker_name,
+)
+
+
+#: the columns of ``due_statement(…)`` and of ``with_stub(due_statement(…))``, in order
+#: (:meth:`Candidate.from_rows` unpacks them by position)
+SELECTED_KEYS = (
+    "consumer_group",
+    "message_id",
+    "resend_count",
+    "queue_id",
+    "queue_offset",
+    "broker_name",
+    "created_at",
+    "updated_at",
+    "last_received_at",
+    "last_reconsume_times",
+    "last_outcome",
+)
+JOINED_KEYS = (*SELECTED_KEYS, *(f"stub_{c.name}" for c in _STUB_COLUMNS))
+_SELECTED = len(SELECTED_KEYS)
+_NO_STUB: tuple[Any, ...] = (None,) * len(_STUB_COLUMNS)
+
+
+def with_stub(stmt: Select[Any]) -> Select[Any]:
+    """``stmt`` with each row's stub columns (``stub_…``), by a left join on the stub's primary key: one
+    statement instead of the selection plus :func:`load_stubs`. Only where the claim's lock clause does not
+    lock the joined stub rows (see the module docstring)."""
+    labelled = [c.label(f"stub_{c.name}") for c in _STUB_COLUMNS]
+    return stmt.add_columns(*labelled).outerjoin_from(inbox, stub, stub.c.message_id == inbox.c.message_id)
+
+
 def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candidate]:
-    """The candidates completed with their stub's topic, body and topic-wide send (one plain SELECT).
+    """The candidates completed with their stub's topic, body and topic-wide send (one plain SELECT for
+    those the claim did not read them for; none when it read them all).
 
     A row whose stub is missing (the inbox pattern: the guard created it, nobody staged the message) cannot
     be re-sent — there is no body — and is left out here (the sweeper postpones it); such rows are born
     ``CONFIRMED`` anyway.
     """
-    ids = sorted({c.message_id for c in candidates})
-    if not ids:
-        return []
-    rows = conn.execute(
-        select(
-            stub.c.message_id,
-            stub.c.topic,
-            stub.c.tags,
-            stub.c.content,
-            stub.c.queue_id,
-            stub.c.queue_offset,
-            stub.c.last_sent_at,
-            stub.c.trace_context,
-            stub.c.broker_name,
-        ).where(stub.c.message_id.in_(ids))
-    ).all()
+    if all(c.has_stub for c in candidates):
+        return list(candidates)
+    ids = sorted({c.message_id for c in candidates if not c.has_stub})
+    rows = conn.execute(select(*_STUB_COLUMNS).where(stub.c.message_id.in_(ids))).all()
     by_id = {r.message_id: r for r in rows}
     out: list[Candidate] = []
     for c in candidates:
+        if c.has_stub:
+            out.append(c)
+            continue
         r = by_id.get(c.message_id)
         if r is None:
             continue
@@ -256,6 +320,7 @@ def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candid
                 stub_last_sent_at=r.last_sent_at,
                 stub_broker_name=r.broker_name or "",
                 trace_context=r.trace_context,
+                has_stub=True,
             )
         )
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.giveup import give_up_reason, mark_dead, raise_never_consumed
 from reliable.sweeper.leases import LeaseView
-from reliable.sweeper.queues import QueueIdKey, load_progress, resolve
+from reliable.sweeper.queues import Position, QueueIdKey, load_progress, resolve
 from reliable.sweeper.resend import BatchResult, copy_topic, postpone
 from reliable.sweeper.selection import Candidate, load_stubs
 from reliable.sweeper.verdict import Facts, RetrySchedule, Verdict, judge, retry_window_end
@@ -96,14 +97,17 @@ def triage(
     alarms: list[tuple[Candidate, str, Facts]] = []
     send: list[Candidate] = []
     waiting = BacklogEstimator(None)  # time for the group to reach *our* offset (not the broker's end)
+    positions: dict[tuple[str, str, str, int], Position] = {}  # a batch has a few queues, many rows
+    verdicts: Counter[Verdict] = Counter()
     for cand, lease in zip(rows, leases, strict=True):
         topic = topics[(cand.consumer_group, cand.message_id)]
         broker = cand.broker_name
-        pos = (
-            None
-            if cand.queue_id is None
-            else resolve(queues, cand.consumer_group, topic, broker, cand.queue_id)
-        )
+        pos = None
+        if cand.queue_id is not None:
+            where = (cand.consumer_group, topic, broker, cand.queue_id)
+            pos = positions.get(where)
+            if pos is None:
+                pos = positions[where] = resolve(queues, *where)
         queue = None if pos is None else pos.progress
         watermark = queue.max_offset if queue is not None else None
         decided = cand.queue_offset is None or (watermark is not None and cand.queue_offset <= watermark)
@@ -121,7 +125,7 @@ def triage(
             max_unconfirmed_age=t.max_unconfirmed_age,
             retry_schedule=t.retry_schedule,
         )
-        metrics.VERDICTS.labels(verdict.value).inc()
+        verdicts[verdict] += 1
         if verdict.resend and lease.blocks_resend:
             if lease.state is LeaseState.HELD:
                 result.lease_held += 1
@@ -150,6 +154,8 @@ def triage(
             dead.append((cand, reason))
         else:
             send.append(cand)
+    for verdict, count in verdicts.items():
+        metrics.VERDICTS.labels(verdict.value).inc(count)
     postpone(conn, holds)
     result.dead = mark_dead(conn, dead, channels=t.channels, now=now)
     result.never_consumed = raise_never_consumed(conn, alarms, channels=t.channels, now=now)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 
 from reliable import Reliability
 from reliable.errors import InvalidStubStateError, StubNotFoundError
 from reliable.models import MessageLog, StubNotification
 from reliable.sweeper import FixedBackoff, Sweeper, purge_logs, revive
 from reliable.sweeper.errors import SweeperConfigError
+from reliable.sweeper.selection import inbox
 from reliable.types import StubStatus
 from tests.sweeper.helpers import (
     T0,
@@ -88,6 +89,35 @@ def test_failed_send_counts_records_error_and_backs_off(
     assert (row.queue_id, row.queue_offset) == (None, None)  # no copy landed: the stub's send still counts
 
 
+def test_one_batch_of_landed_and_failed_resends_records_each_rows_own_outcome(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    """A batch's outcomes are written together: a failed copy must keep its row's last landed position and
+    its attempts, a landed one must take its own receipt and reset them — never each other's."""
+    for mid in ("a", "b", "c"):
+        add_stub(rel, mid, queue_offset=None, resend_at=T0 - dt.timedelta(seconds=ord("z") - ord(mid[0])))
+        set_inbox(rel, mid, resend_count=1, queue_id=3, queue_offset=70 + ord(mid[0]), attempts=2)
+    set_progress(rel, 200, queue_id=3)  # the group passed every earlier copy: all three are lost
+    sender.fail_next = 1  # the first send of the batch ("a", the longest due) is refused
+    summary = make(rel, sender, clock).run_once()
+    assert (summary.resent, summary.send_failures) == (2, 1)
+    failed = get_inbox(rel, "a")
+    assert (failed.resend_count, failed.queue_id, failed.queue_offset, failed.attempts) == (2, 3, 70 + 97, 2)
+    assert failed.last_error is not None and "ConnectionError" in failed.last_error
+    receipts = {m.message_id: r for m, r in zip(sender.sent, sender.receipts, strict=True)}
+    for mid in ("b", "c"):
+        row = get_inbox(rel, mid)
+        r = receipts[mid]
+        assert (row.resend_count, row.queue_id, row.queue_offset, row.attempts) == (
+            2,
+            r.queue_id,
+            r.queue_offset,
+            0,
+        )
+        assert row.last_error is None
+    assert failed.resend_at == T0 + dt.timedelta(seconds=40)  # backoff(3): the group's third send
+
+
 def test_without_probe_or_progress_a_copy_waits_then_is_resent_when_too_old(
     rel: Reliability, sender: QueueSender, clock: Clock
 ) -> None:
@@ -157,6 +187,41 @@ def test_fan_out_resends_only_to_the_group_that_lacks_the_message(rel: Reliabili
     set_inbox(rel, "m", "billing", status=StubStatus.CONFIRMED)
     assert make(rel, sender, clock).run_once().resent == 1
     assert [(m.message_id, m.target_group) for m in sender.sent] == [("m", "audit")]
+
+
+def test_an_inbox_row_without_a_stub_is_held_with_its_reason_and_the_batch_goes_on(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    """A due row whose stub is gone (nothing to re-send: there is no body) must not stop, or empty, the
+    re-send of the rows around it in the same batch; it waits with the reason a person can read."""
+    add_stub(rel, "a-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=30))
+    add_stub(rel, "c-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=10))
+    with rel.engine.begin() as conn:
+        conn.execute(
+            insert(inbox),
+            [
+                {
+                    "consumer_group": "billing",
+                    "message_id": "b-no-stub",
+                    "status": StubStatus.PENDING,
+                    "attempts": 0,
+                    "resend_count": 0,
+                    "resend_at": T0 - dt.timedelta(seconds=20),
+                    "created_at": T0 - dt.timedelta(hours=1),
+                    "updated_at": T0 - dt.timedelta(hours=1),
+                }
+            ],
+        )
+    summary = make(rel, sender, clock, stuck_after_s=600).run_once()
+    assert (summary.selected, summary.resent, summary.dead) == (3, 2, 0)
+    assert [(m.message_id, m.topic, m.body) for m in sender.sent] == [
+        ("a-lost", "orders", b"body-a-lost"),
+        ("c-lost", "orders", b"body-c-lost"),
+    ]
+    held = get_inbox(rel, "b-no-stub")
+    assert (held.status, held.resend_count) == (StubStatus.PENDING, 0)
+    assert held.last_error == "no message_stub row: nothing to re-send"
+    assert held.resend_at == T0 + dt.timedelta(seconds=600)
 
 
 def test_give_up_waits_while_the_last_copy_is_queued(
