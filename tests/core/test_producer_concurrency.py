@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.exc import OperationalError
 
-from reliable import Reliability, StubProducer, idempotent_consumer
+from reliable import Reliability, StubProducer, idempotent_consumer, outbox
 from reliable.facade import make_engine
-from reliable.models import MessageStub
+from reliable.models import MessageStub, utcnow
 from reliable.producer import RECORD_FAILURES, SendOutcome
+from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import apply, env, make_rel
@@ -108,6 +109,72 @@ def test_recording_sends_while_a_batch_confirms_does_not_deadlock(pg_rel: Reliab
     assert outcome["consumer"] == [ConsumeResult.SUCCESS, ConsumeResult.SUCCESS]
     assert (send_count(rel, "dl-a"), send_count(rel, "dl-b")) == (1, 1)
     assert record_failures("retried") == retried_before  # no deadlock was broken and retried either
+
+
+def test_recording_a_sweepers_targeted_resends_while_a_batch_confirms_does_not_deadlock(
+    pg_rel: Reliability,
+) -> None:
+    """A sweeper with lease claims records its resends of [b, a] in a transaction of its own (no row locks
+    held from the claim) while the guard confirms the batch [a, b]: the record must lock the inbox rows in the
+    guard's order too, or it would hold b and wait for a while the guard holds a and waits for b. Lined up
+    behind a third connection holding a's row, as above."""
+    rel = pg_rel
+    producer = StubProducer(rel, RecordingSender(), default_group="billing")
+    with rel.session() as s:
+        for m in ("dl-b", "dl-a"):
+            producer.stage(s, m, "orders", b"{}", send_on_commit=False)
+    guard = idempotent_consumer(rel, group="billing")(apply)
+    now = utcnow()
+    attempts = [
+        (
+            outbox.SendAttempt(
+                OutgoingMessage(m, "orders", b"{}", None, 2, target_group="billing"),
+                receipt=SendReceipt(queue_id=1, queue_offset=offset),
+            ),
+            now,
+        )
+        for m, offset in (("dl-b", 7), ("dl-a", 8))
+    ]
+
+    outcome: dict[str, Any] = {}
+
+    def consume() -> None:
+        outcome["consumer"] = guard.batch([env("dl-a"), env("dl-b")])
+
+    def record() -> None:
+        try:
+            with rel.engine.begin() as conn:
+                outbox.record_sends(conn, attempts, now)
+            outcome["sweeper"] = "recorded"
+        except Exception as exc:  # the assertion below names it
+            outcome["sweeper"] = exc
+
+    with rel.engine.connect() as blocker:
+        blocker.execute(
+            text(
+                "SELECT 1 FROM message_inbox WHERE consumer_group = 'billing' "
+                "AND message_id = 'dl-a' FOR UPDATE"
+            )
+        )
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        wait_until(lambda: lock_waiters(rel) == 1, WAIT_S, "the guard to queue behind the blocker")
+        sweeper = threading.Thread(target=record)
+        sweeper.start()
+        wait_until(lambda: lock_waiters(rel) == 2, WAIT_S, "the sweeper's record to queue behind it")
+        blocker.rollback()
+    consumer.join(WAIT_S)
+    sweeper.join(WAIT_S)
+
+    assert outcome["sweeper"] == "recorded", outcome["sweeper"]
+    assert outcome["consumer"] == [ConsumeResult.SUCCESS, ConsumeResult.SUCCESS]
+    with rel.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT message_id, status, resend_count, queue_offset FROM message_inbox ORDER BY message_id"
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [("dl-a", "CONFIRMED", 1, 8), ("dl-b", "CONFIRMED", 1, 7)]
 
 
 class Fault:
