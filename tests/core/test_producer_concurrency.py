@@ -8,7 +8,8 @@ the committing session still holds its first (more committers than pool slots mu
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -40,6 +41,29 @@ def lock_waiters(rel: Reliability) -> int:
                 )
             ).scalar_one()
         )
+
+
+def waiting(rel: Reliability, n: int) -> bool:
+    return lock_waiters(rel) == n
+
+
+def behind_row_a(rel: Reliability, first: Callable[[], None], second: Callable[[], None]) -> None:
+    """Run ``first`` then ``second`` in threads, each queued behind a third connection holding billing's
+    ``dl-a`` inbox row, then let go of it: the two meet in exactly that order."""
+    with rel.engine.connect() as blocker:
+        blocker.execute(
+            text(
+                "SELECT 1 FROM message_inbox WHERE consumer_group = 'billing' "
+                "AND message_id = 'dl-a' FOR UPDATE"
+            )
+        )
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for queued, thread in enumerate(threads, 1):
+            thread.start()
+            wait_until(partial(waiting, rel, queued), WAIT_S, f"waiter {queued} to queue behind the blocker")
+        blocker.rollback()
+    for thread in threads:
+        thread.join(WAIT_S)
 
 
 def record_failures(outcome: str) -> float:
@@ -87,22 +111,7 @@ def test_recording_sends_while_a_batch_confirms_does_not_deadlock(pg_rel: Reliab
         except Exception as exc:  # the assertion below names it
             outcome["producer"] = exc
 
-    with rel.engine.connect() as blocker:
-        blocker.execute(
-            text(
-                "SELECT 1 FROM message_inbox WHERE consumer_group = 'billing' "
-                "AND message_id = 'dl-a' FOR UPDATE"
-            )
-        )
-        consumer = threading.Thread(target=consume)
-        consumer.start()
-        wait_until(lambda: lock_waiters(rel) == 1, WAIT_S, "the guard to queue behind the blocker")
-        producer_thread = threading.Thread(target=record)
-        producer_thread.start()
-        wait_until(lambda: lock_waiters(rel) == 2, WAIT_S, "the producer's bookkeeping to queue behind it")
-        blocker.rollback()
-    consumer.join(WAIT_S)
-    producer_thread.join(WAIT_S)
+    behind_row_a(rel, consume, record)
 
     assert not isinstance(outcome["producer"], Exception), outcome["producer"]
     assert [r.outcome for r in outcome["producer"]] == [SendOutcome.SENT, SendOutcome.SENT]
@@ -149,22 +158,7 @@ def test_recording_a_sweepers_targeted_resends_while_a_batch_confirms_does_not_d
         except Exception as exc:  # the assertion below names it
             outcome["sweeper"] = exc
 
-    with rel.engine.connect() as blocker:
-        blocker.execute(
-            text(
-                "SELECT 1 FROM message_inbox WHERE consumer_group = 'billing' "
-                "AND message_id = 'dl-a' FOR UPDATE"
-            )
-        )
-        consumer = threading.Thread(target=consume)
-        consumer.start()
-        wait_until(lambda: lock_waiters(rel) == 1, WAIT_S, "the guard to queue behind the blocker")
-        sweeper = threading.Thread(target=record)
-        sweeper.start()
-        wait_until(lambda: lock_waiters(rel) == 2, WAIT_S, "the sweeper's record to queue behind it")
-        blocker.rollback()
-    consumer.join(WAIT_S)
-    sweeper.join(WAIT_S)
+    behind_row_a(rel, consume, record)
 
     assert outcome["sweeper"] == "recorded", outcome["sweeper"]
     assert outcome["consumer"] == [ConsumeResult.SUCCESS, ConsumeResult.SUCCESS]
