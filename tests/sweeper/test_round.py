@@ -118,6 +118,42 @@ def test_one_batch_of_landed_and_failed_resends_records_each_rows_own_outcome(
     assert failed.resend_at == T0 + dt.timedelta(seconds=40)  # backoff(3): the group's third send
 
 
+def test_two_groups_lacking_one_message_in_one_batch_each_keep_their_own_outcome(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    """Fan-out: both groups' rows of one message are resent in the same batch and recorded together; one
+    copy is refused. Each group's row must take its own outcome — never the other group's receipt, error
+    or position."""
+    offsets = {"billing": 170, "audit": 180}  # where each group's last targeted copy landed
+    add_stub(rel, "m", groups=list(offsets), queue_offset=None)
+    for group, offset in offsets.items():
+        set_inbox(rel, "m", group, resend_count=1, queue_id=3, queue_offset=offset, attempts=2)
+        set_progress(rel, 200, group=group, queue_id=3)  # each group passed its copy: both are lost
+    sender.fail_next = 1  # whichever row goes first is refused
+    summary = make(rel, sender, clock).run_once()
+    assert (summary.resent, summary.send_failures) == (1, 1)
+    [landed_msg] = sender.sent
+    [receipt] = sender.receipts
+    assert landed_msg.target_group in offsets
+    landed = get_inbox(rel, "m", landed_msg.target_group)
+    assert (landed.resend_count, landed.queue_id, landed.queue_offset, landed.attempts) == (
+        2,
+        receipt.queue_id,
+        receipt.queue_offset,
+        0,
+    )
+    assert landed.last_error is None
+    failed_group = next(g for g in offsets if g != landed_msg.target_group)
+    failed = get_inbox(rel, "m", failed_group)
+    assert (failed.resend_count, failed.queue_id, failed.queue_offset, failed.attempts) == (
+        2,
+        3,
+        offsets[failed_group],
+        2,
+    )
+    assert failed.last_error is not None and "ConnectionError" in failed.last_error
+
+
 def test_without_probe_or_progress_a_copy_waits_then_is_resent_when_too_old(
     rel: Reliability, sender: QueueSender, clock: Clock
 ) -> None:
