@@ -32,7 +32,19 @@ from reliable.sweeper.verdict import Facts, Verdict
 
 log = logging.getLogger("reliable.sweeper")
 
-__all__ = ["NEVER_CONSUMED_TAG", "give_up_reason", "mark_dead", "never_consumed_key", "raise_never_consumed"]
+__all__ = [
+    "NEVER_CONSUMED_TAG",
+    "NO_STUB",
+    "give_up_reason",
+    "mark_dead",
+    "never_consumed_key",
+    "no_stub_reason",
+    "raise_never_consumed",
+]
+
+#: why a row whose ``message_stub`` is gone (deleted by hand, or an inbox row written without a producer)
+#: is held: there is no body to re-send
+NO_STUB = "no message_stub row: nothing to re-send"
 
 
 def give_up_reason(
@@ -55,6 +67,11 @@ def give_up_reason(
     if verdict is Verdict.TOO_OLD:
         return f"never received {spent}: {where}, unconfirmed for longer than {max_age}"
     return f"never received {spent}: {where}, group watermark {facts.watermark}"
+
+
+def no_stub_reason(cand: Candidate, max_age: dt.timedelta) -> str:
+    """What a person reads about a row given up because its stub is gone."""
+    return f"{NO_STUB}; unconfirmed since {cand.created_at.isoformat()}, longer than {max_age}"
 
 
 def mark_dead(

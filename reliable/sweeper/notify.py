@@ -292,7 +292,7 @@ def _notice(r: Any) -> DeadNotice:
     tag = parse_tag(r.reason)
     return DeadNotice(
         message_id=r.message_id,
-        topic=tag.queue.topic if tag is not None else r.topic,
+        topic=tag.queue.topic if tag is not None else (r.topic or ""),
         consumer_group=r.consumer_group,
         send_count=0 if tag is not None else 1 + int(r.resend_count or 0),
         queue_id=tag.queue.queue_id if tag is not None else r.queue_id,

@@ -2,7 +2,9 @@
 
 Runs in the claiming transaction, after the selection (:mod:`.selection`) and before any send:
 
-1. the rows get their stubs (topic, body, first send);
+1. the rows get their stubs (topic, body, first send); a row whose stub is gone has nothing to re-send: it
+   waits ``stuck_after`` at a time (a copy already sent may still be received) and goes DEAD, with a notice,
+   once it has been unconfirmed for ``max_unconfirmed_age``;
 2. the facts of each row's queue — ``(topic, broker_name, queue_id)``, :mod:`.queues` — are gathered once
    per queue: the group's watermark (one ``consume_progress`` statement for the batch) and, where the
    watermark does not already decide, the broker's max offset (one probe call per queue and round);
@@ -26,7 +28,7 @@ from reliable.sender import BrokerProbe
 from reliable.stores import LeaseState
 from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
-from reliable.sweeper.giveup import give_up_reason, mark_dead, raise_never_consumed
+from reliable.sweeper.giveup import NO_STUB, give_up_reason, mark_dead, no_stub_reason, raise_never_consumed
 from reliable.sweeper.leases import LeaseView
 from reliable.sweeper.queues import Position, QueueIdKey, load_progress, resolve
 from reliable.sweeper.resend import BatchResult, copy_topic, postpone
@@ -80,11 +82,14 @@ def triage(
     orphans = {(c.consumer_group, c.message_id) for c in claimed} - {
         (c.consumer_group, c.message_id) for c in rows
     }
-    holds: list[tuple[Candidate, dt.datetime, str | None]] = [
-        (c, now + t.stuck_after, "no message_stub row: nothing to re-send")
-        for c in claimed
-        if (c.consumer_group, c.message_id) in orphans
-    ]
+    holds: list[tuple[Candidate, dt.datetime, str | None]] = []
+    dead: list[tuple[Candidate, str]] = []
+    for c in claimed:  # no body to re-send: wait for a copy already out, then tell a person
+        if (c.consumer_group, c.message_id) in orphans:
+            if now - c.created_at >= t.max_unconfirmed_age:
+                dead.append((c, no_stub_reason(c, t.max_unconfirmed_age)))
+            else:
+                holds.append((c, now + t.stuck_after, NO_STUB))
     topics = {(c.consumer_group, c.message_id): copy_topic(t.sender, c) for c in rows}
     keys: set[QueueIdKey] = {
         (c.consumer_group, topics[(c.consumer_group, c.message_id)], c.queue_id)
@@ -93,7 +98,6 @@ def triage(
     }
     queues = load_progress(conn, keys)
     leases = read(rows)
-    dead: list[tuple[Candidate, str]] = []
     alarms: list[tuple[Candidate, str, Facts]] = []
     send: list[Candidate] = []
     waiting = BacklogEstimator(None)  # time for the group to reach *our* offset (not the broker's end)

@@ -225,20 +225,15 @@ def test_fan_out_resends_only_to_the_group_that_lacks_the_message(rel: Reliabili
     assert [(m.message_id, m.target_group) for m in sender.sent] == [("m", "audit")]
 
 
-def test_an_inbox_row_without_a_stub_is_held_with_its_reason_and_the_batch_goes_on(
-    rel: Reliability, sender: QueueSender, clock: Clock
-) -> None:
-    """A due row whose stub is gone (nothing to re-send: there is no body) must not stop, or empty, the
-    re-send of the rows around it in the same batch; it waits with the reason a person can read."""
-    add_stub(rel, "a-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=30))
-    add_stub(rel, "c-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=10))
+def add_inbox_without_stub(rel: Reliability, message_id: str) -> None:
+    """A billing row due 20 s ago, written an hour ago, whose stub does not exist."""
     with rel.engine.begin() as conn:
         conn.execute(
             insert(inbox),
             [
                 {
                     "consumer_group": "billing",
-                    "message_id": "b-no-stub",
+                    "message_id": message_id,
                     "status": StubStatus.PENDING,
                     "attempts": 0,
                     "resend_count": 0,
@@ -248,6 +243,16 @@ def test_an_inbox_row_without_a_stub_is_held_with_its_reason_and_the_batch_goes_
                 }
             ],
         )
+
+
+def test_an_inbox_row_without_a_stub_is_held_with_its_reason_and_the_batch_goes_on(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    """A due row whose stub is gone (nothing to re-send: there is no body) must not stop, or empty, the
+    re-send of the rows around it in the same batch; it waits with the reason a person can read."""
+    add_stub(rel, "a-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=30))
+    add_stub(rel, "c-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=10))
+    add_inbox_without_stub(rel, "b-no-stub")
     summary = make(rel, sender, clock, stuck_after_s=600).run_once()
     assert (summary.selected, summary.resent, summary.dead) == (3, 2, 0)
     assert [(m.message_id, m.topic, m.body) for m in sender.sent] == [
@@ -258,6 +263,32 @@ def test_an_inbox_row_without_a_stub_is_held_with_its_reason_and_the_batch_goes_
     assert (held.status, held.resend_count) == (StubStatus.PENDING, 0)
     assert held.last_error == "no message_stub row: nothing to re-send"
     assert held.resend_at == T0 + dt.timedelta(seconds=600)
+
+
+def test_an_inbox_row_whose_stub_is_gone_is_given_up_with_a_notice_once_unconfirmed_too_long(
+    rel: Reliability, sender: QueueSender, clock: Clock
+) -> None:
+    """No stub, no body: the sweeper cannot re-send, so holding the row round after round would leave the
+    message lost with nobody told. It waits while a copy already out may still arrive, then goes DEAD and a
+    person is told, once, like any other give-up."""
+    add_inbox_without_stub(rel, "no-stub")
+    channel = MemoryChannel()
+    sweeper = make(rel, sender, clock, stuck_after_s=600, max_unconfirmed_age_s=DAY, channels=[channel])
+    assert sweeper.run_once().dead == 0  # an hour old: a copy may still be on its way
+    assert get_inbox(rel, "no-stub").status is StubStatus.PENDING
+    assert channel.notices == []
+    clock.advance(DAY - 3600)  # created a day ago now
+    summary = sweeper.run_once()
+    assert (summary.selected, summary.dead, summary.resent, summary.notified) == (1, 1, 0, 1)
+    row = get_inbox(rel, "no-stub")
+    assert row.status is StubStatus.DEAD and row.resend_at is None
+    assert row.last_error is not None and row.last_error.startswith("DEAD: no message_stub row")
+    [notice] = channel.notices
+    assert (notice.message_id, notice.consumer_group, notice.topic) == ("no-stub", "billing", "")
+    assert "longer than 1 day" in notice.reason
+    clock.advance(DAY)
+    assert (sweeper.run_once().selected, len(channel.notices)) == (0, 1)  # told once
+    assert sender.sent == []
 
 
 def test_give_up_waits_while_the_last_copy_is_queued(
