@@ -15,8 +15,11 @@ The value types below are what crosses that seam.
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import enum
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from reliable.types import LogOutcome, StubStatus
@@ -87,3 +90,16 @@ class InboxRow:
 
     message_id: str
     payload_hash: str | None
+
+
+def call_at_exit(method: Callable[[], object]) -> None:
+    """Run the bound ``method`` at interpreter exit if its object is still alive then, without keeping it
+    alive until then (a store's timer is a daemon thread, stopped without a word at exit: what it still
+    buffers is sent by this call)."""
+    atexit.register(_call_if_alive, weakref.WeakMethod(method))
+
+
+def _call_if_alive(ref: weakref.WeakMethod[Callable[[], object]]) -> None:
+    method = ref()
+    if method is not None:
+        method()

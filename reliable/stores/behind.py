@@ -24,17 +24,15 @@ it again; the stubs of the lost duplicates are ``CONFIRMED`` already, so nothing
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from reliable.stores import JournalEntry
+from reliable.stores import JournalEntry, call_at_exit
 from reliable.stores.sql import SqlStore
 
 log = logging.getLogger("reliable.guard")
@@ -65,7 +63,7 @@ class JournalBuffer:
         self._flushing = threading.Lock()  # one flush at a time keeps rows in arrival order
         self._closed = False
         self._thread: threading.Thread | None = None
-        atexit.register(_close_ref, weakref.ref(self))
+        call_at_exit(self.close)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -140,9 +138,3 @@ class JournalBuffer:
                 if self._closed:
                     return
             self.flush()
-
-
-def _close_ref(ref: weakref.ReferenceType[JournalBuffer]) -> None:
-    buf = ref()
-    if buf is not None:
-        buf.close()

@@ -29,11 +29,9 @@ costs one timeout per interval rather than one per message.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,7 +39,7 @@ import redis as redis_lib
 
 from reliable import constants as C
 from reliable.redis_connect import REDIS_ERRORS, RedisClient
-from reliable.stores import LeaseAnswer, LeaseState, resp
+from reliable.stores import LeaseAnswer, LeaseState, call_at_exit, resp
 from reliable.stores.breaker import FallbackHook, RedisBreaker
 
 log = logging.getLogger("reliable.guard")
@@ -143,7 +141,7 @@ class RedisLeaseStore:
         self._timer: threading.Thread | None = None
         self._closed = threading.Event()
         # the timer is a daemon thread, stopped without a word at exit: send what it still holds first
-        atexit.register(_flush_at_exit, weakref.ref(self))
+        call_at_exit(self.flush)
 
     # --- primitives ---------------------------------------------------------------------------------
     def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
@@ -260,9 +258,3 @@ class RedisLeaseStore:
             self._cad(keys=[key], args=[value])
         except REDIS_ERRORS as exc:
             self.breaker.failed("release", exc)
-
-
-def _flush_at_exit(ref: weakref.ReferenceType[RedisLeaseStore]) -> None:
-    store = ref()
-    if store is not None:
-        store.flush()
