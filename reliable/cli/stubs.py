@@ -78,7 +78,8 @@ def _list(args: argparse.Namespace) -> int:
             MessageStub.queue_offset,
             broker.label("broker_name"),
         )
-        .join(MessageStub, MessageStub.message_id == MessageInbox.message_id)
+        # outer: a group's row whose stub is gone is listed too (the sweeper gives it up, a person is told)
+        .outerjoin(MessageStub, MessageStub.message_id == MessageInbox.message_id)
         .order_by(MessageInbox.created_at.desc(), MessageInbox.consumer_group)
         .limit(args.limit)
     )
@@ -104,7 +105,8 @@ def _list(args: argparse.Namespace) -> int:
                 resend = row.resend_at.isoformat(timespec="seconds") if row.resend_at else "-"
                 print(
                     f"{row.message_id:<32} {_clip(row.consumer_group, 16):<16} {row.status.value:<9} "
-                    f"{1 + row.resend_count:>5} {_clip(topic, 16):<16} {_clip(broker_name, 12) or '-':<12} "
+                    f"{1 + row.resend_count:>5} {_clip(topic, 16) or '-':<16} "
+                    f"{_clip(broker_name, 12) or '-':<12} "
                     f"{'' if q is None else q:>3} "
                     f"{'' if off is None else off:>8} {resend:<25} {_clip(row.last_error, 60)}"
                 )
@@ -129,15 +131,20 @@ def _show(args: argparse.Namespace) -> int:
     try:
         with Session(engine) as s:
             stub = s.get(MessageStub, args.message_id)
-            if stub is None:
-                raise StubNotFoundError(f"no such stub: {args.message_id}")
-            for col in MessageStub.__table__.columns:
-                print(f"{col.key:<15} {_value(getattr(stub, col.key))}")
             groups = s.scalars(
                 select(MessageInbox)
-                .where(MessageInbox.message_id == stub.message_id)
+                .where(MessageInbox.message_id == args.message_id)
                 .order_by(MessageInbox.consumer_group)
             ).all()
+            if stub is None and not groups:
+                raise StubNotFoundError(f"no such stub: {args.message_id}")
+            if stub is None:
+                print(f"message_id      {args.message_id}")
+                print("stub            none: deleted, or its group rows were written without a producer")
+                print("                (nothing to re-send; stage the message again to have it delivered)")
+            else:
+                for col in MessageStub.__table__.columns:
+                    print(f"{col.key:<15} {_value(getattr(stub, col.key))}")
             for row in groups:
                 deliveries = s.execute(
                     select(func.count(), func.max(MessageLog.received_at)).where(
@@ -152,7 +159,7 @@ def _show(args: argparse.Namespace) -> int:
                         print(f"  {col.key:<17} {_value(getattr(row, col.key))}")
                 print(f"  {'deliveries':<17} {deliveries[0]} (newest {last})")
             notices = s.scalars(
-                select(StubNotification).where(StubNotification.message_id == stub.message_id)
+                select(StubNotification).where(StubNotification.message_id == args.message_id)
             ).all()
             for n in notices:
                 state = f"sent {n.notified_at.isoformat()}" if n.notified_at else f"OWED ({n.attempts} tries)"

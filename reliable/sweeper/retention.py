@@ -120,7 +120,16 @@ def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, grou
         known = set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(ids))).scalars())
         missing = [i for i in ids if i not in known]
         if missing:
-            raise StubNotFoundError(f"no such stub: {', '.join(missing)}")
+            orphans = set(
+                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(missing))).scalars()
+            )
+            hint = (
+                f" ({', '.join(i for i in missing if i in orphans)}: group rows without a stub have "
+                "nothing to re-send; stage the message again)"
+                if orphans
+                else ""
+            )
+            raise StubNotFoundError(f"no such stub: {', '.join(missing)}{hint}")
         dead = select(inbox.c.message_id).where(
             inbox.c.message_id.in_(ids), inbox.c.status == StubStatus.DEAD
         )

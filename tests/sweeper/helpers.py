@@ -158,6 +158,14 @@ def add_stub(
         conn.execute(insert(inbox), inbox_rows)
 
 
+def add_inbox_without_stub(rel: Reliability, message_id: str, **fields: Any) -> None:
+    """A group's inbox row whose stub is gone (deleted by hand, or written without a producer): the rows
+    :func:`add_stub` writes, then its stub deleted."""
+    add_stub(rel, message_id, **fields)
+    with rel.engine.begin() as conn:
+        conn.execute(delete(stub).where(stub.c.message_id == message_id))
+
+
 def set_inbox(rel: Reliability, message_id: str, group: str = "billing", **fields: Any) -> None:
     with rel.engine.begin() as conn:
         conn.execute(

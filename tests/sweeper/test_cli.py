@@ -20,7 +20,7 @@ from reliable.models import utcnow
 from reliable.sweeper import metrics
 from reliable.types import StubStatus
 from tests.services import free_port
-from tests.sweeper.helpers import add_stub, clean, get_inbox, set_inbox
+from tests.sweeper.helpers import add_inbox_without_stub, add_stub, clean, get_inbox, set_inbox
 from tests.sweeper.senders import MEMORY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +111,28 @@ def test_stubs_list_show_revive(
     assert "revived 1 row(s)" in capsys.readouterr().out
     assert get_inbox(sqlite_rel, "dead-1", "audit").status is StubStatus.PENDING
     assert get_inbox(sqlite_rel, "dead-1", "billing").status is StubStatus.DEAD
+
+
+def test_a_row_given_up_because_its_stub_is_gone_can_be_found_and_read_by_the_person_told(
+    sqlite_rel: Reliability, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The notice names a message whose stub is gone: ``stubs list`` and ``stubs show`` must still show its
+    group's row and why it went DEAD, and ``revive`` must say why it cannot help."""
+    day_ago = utcnow() - dt.timedelta(days=2)
+    add_inbox_without_stub(sqlite_rel, "cli-orphan", created_at=day_ago, resend_at=PAST)
+    argv = ["sweep", "--once", "--db", sqlite_url, "--sender", "tests.sweeper.senders:memory_sender"]
+    assert main([*argv, "--max-unconfirmed-age", "1d"]) == 0
+    assert "dead=1" in capsys.readouterr().out
+    assert main(["stubs", "list", "--status", "dead", "--db", sqlite_url]) == 0
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("cli-orphan")]
+    assert line.split()[1:5] == ["billing", "DEAD", "1", "-"] and "DEAD: no message_stub row" in line
+    assert main(["stubs", "show", "cli-orphan", "--db", sqlite_url]) == 0
+    out = capsys.readouterr().out
+    assert "stub            none" in out and "group billing" in out
+    assert "last_error        DEAD: no message_stub row: nothing to re-send; unconfirmed since" in out
+    assert main(["stubs", "revive", "cli-orphan", "--db", sqlite_url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such stub: cli-orphan (cli-orphan: group rows without a stub" in err
 
 
 def test_stubs_list_shows_and_filters_by_the_broker_group_of_the_newest_copy(

@@ -6,20 +6,20 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 
 from reliable import Reliability
 from reliable.errors import InvalidStubStateError, StubNotFoundError
 from reliable.models import MessageLog, StubNotification
 from reliable.sweeper import FixedBackoff, Sweeper, purge_logs, revive
 from reliable.sweeper.errors import SweeperConfigError
-from reliable.sweeper.selection import inbox
 from reliable.types import StubStatus
 from tests.sweeper.helpers import (
     T0,
     Clock,
     MemoryChannel,
     QueueSender,
+    add_inbox_without_stub,
     add_log,
     add_stub,
     get_inbox,
@@ -225,26 +225,6 @@ def test_fan_out_resends_only_to_the_group_that_lacks_the_message(rel: Reliabili
     assert [(m.message_id, m.target_group) for m in sender.sent] == [("m", "audit")]
 
 
-def add_inbox_without_stub(rel: Reliability, message_id: str) -> None:
-    """A billing row due 20 s ago, written an hour ago, whose stub does not exist."""
-    with rel.engine.begin() as conn:
-        conn.execute(
-            insert(inbox),
-            [
-                {
-                    "consumer_group": "billing",
-                    "message_id": message_id,
-                    "status": StubStatus.PENDING,
-                    "attempts": 0,
-                    "resend_count": 0,
-                    "resend_at": T0 - dt.timedelta(seconds=20),
-                    "created_at": T0 - dt.timedelta(hours=1),
-                    "updated_at": T0 - dt.timedelta(hours=1),
-                }
-            ],
-        )
-
-
 def test_an_inbox_row_without_a_stub_is_held_with_its_reason_and_the_batch_goes_on(
     rel: Reliability, sender: QueueSender, clock: Clock
 ) -> None:
@@ -252,7 +232,7 @@ def test_an_inbox_row_without_a_stub_is_held_with_its_reason_and_the_batch_goes_
     re-send of the rows around it in the same batch; it waits with the reason a person can read."""
     add_stub(rel, "a-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=30))
     add_stub(rel, "c-lost", queue_offset=None, resend_at=T0 - dt.timedelta(seconds=10))
-    add_inbox_without_stub(rel, "b-no-stub")
+    add_inbox_without_stub(rel, "b-no-stub", resend_at=T0 - dt.timedelta(seconds=20))
     summary = make(rel, sender, clock, stuck_after_s=600).run_once()
     assert (summary.selected, summary.resent, summary.dead) == (3, 2, 0)
     assert [(m.message_id, m.topic, m.body) for m in sender.sent] == [
@@ -271,7 +251,7 @@ def test_an_inbox_row_whose_stub_is_gone_is_given_up_with_a_notice_once_unconfir
     """No stub, no body: the sweeper cannot re-send, so holding the row round after round would leave the
     message lost with nobody told. It waits while a copy already out may still arrive, then goes DEAD and a
     person is told, once, like any other give-up."""
-    add_inbox_without_stub(rel, "no-stub")
+    add_inbox_without_stub(rel, "no-stub", resend_at=T0 - dt.timedelta(seconds=20))
     channel = MemoryChannel()
     sweeper = make(rel, sender, clock, stuck_after_s=600, max_unconfirmed_age_s=DAY, channels=[channel])
     assert sweeper.run_once().dead == 0  # an hour old: a copy may still be on its way
