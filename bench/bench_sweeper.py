@@ -319,7 +319,12 @@ def print_explain(rel: Reliability) -> None:
     from reliable.sweeper.selection import Budget, due_statement
 
     due = due_statement(
-        now=NOW, stuck_after=dt.timedelta(minutes=15), max_sends=8, limit=500, budget=Budget.ANY
+        now=NOW,
+        stuck_after=dt.timedelta(minutes=15),
+        max_sends=8,
+        limit=500,
+        budget=Budget.ANY,
+        dialect="postgresql",
     )
     stmt = locking(due, LockMode.SKIP_LOCKED)  # exactly what Sweeper.run_once executes per batch
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]

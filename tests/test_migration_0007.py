@@ -89,7 +89,13 @@ def test_sweeper_walks_use_the_partial_indexes_under_a_generic_plan(engine: Engi
             conn.execute(text("SET LOCAL plan_cache_mode = force_generic_plan"))
             before = _scans(conn)
             due = conn.execute(
-                due_statement(now=now, stuck_after=dt.timedelta(minutes=5), max_sends=10, limit=50)
+                due_statement(
+                    now=now,
+                    stuck_after=dt.timedelta(minutes=5),
+                    max_sends=10,
+                    limit=50,
+                    dialect="postgresql",
+                )
             ).all()
             assert len(due) == 30
             settle_slice(conn, now, None, 50)

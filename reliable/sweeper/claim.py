@@ -43,7 +43,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Select, and_, or_, tuple_, update
 
-from reliable.sweeper.selection import Candidate, inbox, with_stub
+from reliable.sweeper.selection import Candidate, inbox
 
 
 class LockMode(enum.Enum):
@@ -78,14 +78,11 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
     """Lock and return the rows of ``stmt``; with ``until`` also move their ``resend_at`` there.
 
     Runs inside the caller's transaction: the rows are claimed when the caller commits. ``until=None`` keeps
-    the row locks only (the sweeper then finishes its work inside the same transaction). Where the lock
-    clause locks inbox rows only (PostgreSQL's ``FOR UPDATE OF``, SQLite's database lock), the stubs come
-    in the same statement (:func:`~reliable.sweeper.selection.with_stub`).
+    the row locks only (the sweeper then finishes its work inside the same transaction). ``stmt`` in its
+    dialect's shape (``due_statement(…, dialect=…)``) brings the stubs along where the lock clause locks
+    inbox rows only (PostgreSQL's ``FOR UPDATE OF``, SQLite's database lock).
     """
-    # a join locks no stub row on PostgreSQL (FOR UPDATE OF) and SQLite (no row locks); MariaDB/MySQL's
-    # FOR UPDATE would lock every stub it joins
-    joined = conn.dialect.name in ("postgresql", "sqlite")
-    result = conn.execute(locking(with_stub(stmt) if joined else stmt, lock_mode(conn)))
+    result = conn.execute(locking(stmt, lock_mode(conn)))
     candidates = Candidate.from_rows(list(result.keys()), result.all())
     if candidates and until is not None:
         keys = [(c.consumer_group, c.message_id) for c in candidates]

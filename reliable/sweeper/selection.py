@@ -27,13 +27,15 @@ so they do not take batch slots every round.
 ``resend_at IS NULL`` is never due: the producer sets it when it writes the inbox rows
 (``first_resend_delay_s``), so a send still in flight is not raced by the sweeper.
 
-The log conditions are correlated subqueries on ``ix_message_log_message_id_consumer_group_received_at``,
-the budget is a comparison on the inbox row itself, so the statement is an ordered range scan of
-``ix_message_inbox_status_resend_at`` that stops after ``limit`` rows. The stub (topic, body, topic-wide
-send) comes with the row where a join locks no stub row — PostgreSQL (``FOR UPDATE OF message_inbox``) and
-SQLite (no row locks): :func:`with_stub`. On MariaDB/MySQL, which have no ``FOR UPDATE OF``, a join would lock
-the stub rows too, so there :func:`load_stubs` reads them afterwards by primary key, without a lock (the log
-conditions are subqueries for the same reason).
+The log conditions are probes of ``ix_message_log_message_id_consumer_group_received_at`` per row (correlated
+subqueries; on PostgreSQL the newest delivery is one ``LATERAL`` probe that brings its time, reconsume count
+and outcome together), the budget is a comparison on the inbox row itself, so the statement is an ordered
+range scan of ``ix_message_inbox_status_resend_at`` that stops after ``limit`` rows. The stub (topic, body,
+topic-wide send) comes with the row where a join locks no stub row — PostgreSQL (``FOR UPDATE OF
+message_inbox``) and SQLite (no row locks): :func:`with_stub`. On MariaDB/MySQL, which have no ``FOR UPDATE
+OF``, a join would lock the stub rows too, so there :func:`load_stubs` reads them afterwards by primary key,
+without a lock (the log conditions are subqueries for the same reason, and MariaDB has no ``LATERAL``).
+:func:`due_statement` builds the shape of the engine's dialect; every shape returns the same rows.
 """
 
 from __future__ import annotations
@@ -195,46 +197,82 @@ def due_statement(
     max_sends: int,
     limit: int,
     budget: Budget = Budget.RESEND,
+    dialect: str = "",
 ) -> Select[Any]:
-    """The selection statement (without locking clauses: :mod:`reliable.sweeper.claim` adds them)."""
+    """The selection statement (without locking clauses: :mod:`reliable.sweeper.claim` adds them), in the
+    shape for ``dialect`` (an engine's ``dialect.name``; the columns are :data:`SELECTED_KEYS` in every
+    shape, then :data:`JOINED_KEYS`' stub columns where they come along):
+
+    * ``postgresql``: the newest delivery is one ``LATERAL`` probe of the log per row (its time, reconsume
+      count and outcome together, instead of three correlated subqueries), and the stub is joined
+      (:func:`with_stub`);
+    * ``sqlite``: the stub is joined;
+    * anything else (MariaDB/MySQL, whose ``FOR UPDATE`` would lock joined rows; ``""``): subqueries only,
+      the stubs are read afterwards (:func:`load_stubs`).
+    """
     same_group_log = and_(
         log.c.message_id == inbox.c.message_id, log.c.consumer_group == inbox.c.consumer_group
     )
-    last_received = (
-        select(func.max(log.c.received_at, type_=UTCDateTime())).where(same_group_log).scalar_subquery()
-    )
     newest_first = (log.c.received_at.desc(), log.c.id.desc())
-    last_reconsume = (
-        select(log.c.reconsume_times).where(same_group_log).order_by(*newest_first).limit(1).scalar_subquery()
-    )
-    last_outcome = (
-        select(log.c.outcome).where(same_group_log).order_by(*newest_first).limit(1).scalar_subquery()
-    )
     dead_lettered = exists().where(same_group_log, log.c.outcome == LogOutcome.DEAD_LETTER)
     budget_clause = {
         Budget.RESEND: inbox.c.resend_count + 1 < max_sends,
         Budget.ANY: true(),
     }[budget]
-    return (
-        select(
-            inbox.c.consumer_group,
-            inbox.c.message_id,
-            inbox.c.resend_count,
-            inbox.c.queue_id,
-            inbox.c.queue_offset,
-            inbox.c.broker_name,
-            inbox.c.created_at,
-            inbox.c.updated_at,
+    row_columns = (
+        inbox.c.consumer_group,
+        inbox.c.message_id,
+        inbox.c.resend_count,
+        inbox.c.queue_id,
+        inbox.c.queue_offset,
+        inbox.c.broker_name,
+        inbox.c.created_at,
+        inbox.c.updated_at,
+    )
+    if dialect == "postgresql":
+        newest = (
+            select(log.c.received_at, log.c.reconsume_times, log.c.outcome)
+            .where(same_group_log)
+            .order_by(*newest_first)
+            .limit(1)
+            .lateral("newest_delivery")
+        )
+        stmt = (
+            select(
+                *row_columns,
+                newest.c.received_at.label("last_received_at"),
+                newest.c.reconsume_times.label("last_reconsume_times"),
+                newest.c.outcome.label("last_outcome"),
+            )
+            .select_from(inbox.outerjoin(newest, true()))
+            .where(or_(newest.c.received_at.is_(None), newest.c.received_at < now - stuck_after))
+        )
+    else:
+        last_received = (
+            select(func.max(log.c.received_at, type_=UTCDateTime())).where(same_group_log).scalar_subquery()
+        )
+        last_reconsume = (
+            select(log.c.reconsume_times)
+            .where(same_group_log)
+            .order_by(*newest_first)
+            .limit(1)
+            .scalar_subquery()
+        )
+        last_outcome = (
+            select(log.c.outcome).where(same_group_log).order_by(*newest_first).limit(1).scalar_subquery()
+        )
+        stmt = select(
+            *row_columns,
             last_received.label("last_received_at"),
             last_reconsume.label("last_reconsume_times"),
             last_outcome.label("last_outcome"),
-        )
-        .where(
+        ).where(or_(~exists().where(same_group_log), last_received < now - stuck_after))
+    stmt = (
+        stmt.where(
             inbox.c.status == status_literal(StubStatus.PENDING),  # the partial index's predicate
             budget_clause,
             inbox.c.resend_at <= now,
             ~dead_lettered,
-            or_(~exists().where(same_group_log), last_received < now - stuck_after),
         )
         .order_by(inbox.c.resend_at)
         .limit(limit)
@@ -244,6 +282,9 @@ def due_statement(
         .with_hint(inbox, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mysql")
         .with_hint(inbox, f"FORCE INDEX ({STATUS_RESEND_INDEX})", dialect_name="mariadb")
     )
+    # a join locks no stub row on PostgreSQL (FOR UPDATE OF) and SQLite (no row locks); MariaDB/MySQL's
+    # FOR UPDATE would lock every stub it joins
+    return with_stub(stmt) if dialect in ("postgresql", "sqlite") else stmt
 
 
 #: the stub's columns a candidate carries (:func:`with_stub`, :func:`load_stubs`)

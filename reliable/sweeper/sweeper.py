@@ -243,6 +243,7 @@ class Sweeper:
             max_sends=self.max_sends,
             limit=self.batch,
             budget=Budget.ANY,
+            dialect=self.engine.dialect.name,
         )
         t = self._triage()
         for _ in self._batches():

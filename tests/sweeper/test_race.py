@@ -15,7 +15,7 @@ from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.claim import LockMode, claim, lock_mode
 from reliable.sweeper.selection import due_statement
 from tests.conftest import _ensure_clean_schema
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, set_progress
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, set_progress
 
 N = 300
 
@@ -89,7 +89,9 @@ def test_skip_locked_claim_skips_rows_another_claim_holds(rels: tuple[Reliabilit
     a, b = rels
     for i in range(10):
         add_stub(a, f"m{i}", resend_at=T0 - dt.timedelta(seconds=10 - i))
-    stmt = due_statement(now=T0, stuck_after=dt.timedelta(minutes=10), max_sends=5, limit=4)
+    stmt = due_statement(
+        now=T0, stuck_after=dt.timedelta(minutes=10), max_sends=5, limit=4, dialect=a.engine.dialect.name
+    )
     with a.engine.connect() as first:
         tx = first.begin()
         held = claim(first, stmt, until=None)  # rows locked, transaction still open
@@ -102,15 +104,21 @@ def test_skip_locked_claim_skips_rows_another_claim_holds(rels: tuple[Reliabilit
 
 
 def test_claim_does_not_block_consumer_journal_writes(rels: tuple[Reliability, Reliability]) -> None:
-    """The selection reads consume_progress/message_log in subqueries: they must not be locked."""
+    """The selection reads consume_progress, message_log (subqueries, or a LATERAL join on PostgreSQL) and
+    message_stub (joined where the lock clause names message_inbox): only the inbox rows may be locked."""
     a, b = rels
     add_stub(a, "m0", queue_offset=1)
+    add_log(a, "m0", T0 - dt.timedelta(hours=1))  # received, never confirmed: stuck
     set_progress(a, 5)
-    stmt = due_statement(now=T0, stuck_after=dt.timedelta(minutes=10), max_sends=5, limit=4)
+    stmt = due_statement(
+        now=T0, stuck_after=dt.timedelta(minutes=10), max_sends=5, limit=4, dialect=a.engine.dialect.name
+    )
     with a.engine.connect() as first:
         tx = first.begin()
         assert [c.message_id for c in claim(first, stmt, until=None)] == ["m0"]
         with b.engine.connect() as second, second.begin():
             short_lock_wait(second)
             second.execute(text("UPDATE consume_progress SET max_offset = 6"))
+            second.execute(text("UPDATE message_log SET reconsume_times = 1 WHERE message_id = 'm0'"))
+            second.execute(text("UPDATE message_stub SET tags = 'x' WHERE message_id = 'm0'"))
         tx.rollback()

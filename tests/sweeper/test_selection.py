@@ -87,7 +87,14 @@ def build(rel: Reliability, name: str, case: Case) -> None:
 def selected(
     rel: Reliability, budget: Budget = Budget.RESEND, limit: int = 1000
 ) -> dict[tuple[str, str], bool]:
-    stmt = due_statement(now=T0, stuck_after=STUCK, max_sends=MAX_SENDS, limit=limit, budget=budget)
+    stmt = due_statement(
+        now=T0,
+        stuck_after=STUCK,
+        max_sends=MAX_SENDS,
+        limit=limit,
+        budget=budget,
+        dialect=rel.engine.dialect.name,
+    )
     with rel.engine.connect() as conn:
         return {(r.message_id, r.consumer_group): r.last_received_at is not None for r in conn.execute(stmt)}
 
@@ -125,10 +132,38 @@ def test_newest_delivery_facts_come_with_a_stuck_row(rel: Reliability) -> None:
     add_stub(rel, "retried")
     add_log(rel, "retried", ago(7200), reconsume_times=0, outcome=LogOutcome.RETRY)
     add_log(rel, "retried", ago(3600), reconsume_times=4, outcome=LogOutcome.RETRY)
-    stmt = due_statement(now=T0, stuck_after=STUCK, max_sends=MAX_SENDS, limit=10)
+    stmt = due_statement(
+        now=T0, stuck_after=STUCK, max_sends=MAX_SENDS, limit=10, dialect=rel.engine.dialect.name
+    )
     with rel.engine.connect() as conn:
         [row] = conn.execute(stmt).all()
     assert (row.last_reconsume_times, LogOutcome(row.last_outcome)) == (4, LogOutcome.RETRY)
+
+
+def test_each_dialect_shape_selects_what_the_portable_shape_selects(rel: Reliability) -> None:
+    """PostgreSQL reads the newest delivery through a LATERAL join and SQLite/PostgreSQL join the stub; the
+    portable statement (MariaDB/MySQL's) must give the same rows with the same newest-delivery facts."""
+    for name, case in CASES.items():
+        build(rel, name, case)
+    add_stub(rel, "retried")  # deliveries received at the same instant: the later id is the newest
+    add_log(rel, "retried", ago(7200), reconsume_times=0, outcome=LogOutcome.RETRY)
+    add_log(rel, "retried", ago(3600), reconsume_times=3, outcome=LogOutcome.RETRY)
+    add_log(rel, "retried", ago(3600), reconsume_times=4, outcome=LogOutcome.SUCCESS)
+
+    def rows(dialect: str) -> list[tuple[Any, ...]]:
+        stmt = due_statement(now=T0, stuck_after=STUCK, max_sends=MAX_SENDS, limit=1000, dialect=dialect)
+        with rel.engine.connect() as conn:
+            found = conn.execute(stmt).all()
+        return sorted(
+            (r.message_id, r.consumer_group, r.last_received_at, r.last_reconsume_times, r.last_outcome)
+            for r in found
+        )
+
+    portable = rows("")
+    expected = {(n, g) for n, c in CASES.items() for g in c.expected} | {("retried", "billing")}
+    assert {(m, g) for m, g, *_ in portable} == expected
+    assert ("retried", "billing", ago(3600), 4, LogOutcome.SUCCESS) in portable
+    assert rows(rel.engine.dialect.name) == portable
 
 
 def test_batch_limit_and_order_oldest_due_first(rel: Reliability) -> None:
