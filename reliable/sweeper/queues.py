@@ -23,7 +23,7 @@ row of the same queue id counts as "the group has consumed here" (it may predate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, or_, select
 
@@ -53,6 +53,25 @@ def load_progress(conn: Connection, keys: set[QueueIdKey]) -> dict[ProgressKey, 
         )
         for r in rows
     }
+
+
+@dataclass(slots=True)
+class Watermarks:
+    """The ``consume_progress`` rows one batch has read, by the ``(group, topic, queue_id)`` asked for: the
+    watermarks triage read for the copies' queues also serve the backlog estimate of the resends that land
+    on the same queues (a targeted resend's ``%RETRY%`` queue after the first), without a second read. A
+    batch lasts milliseconds, and the estimate only spaces the next look."""
+
+    rows: dict[ProgressKey, QueueProgress] = field(default_factory=dict)
+    asked: set[QueueIdKey] = field(default_factory=set)
+
+    def load(self, conn: Connection, keys: set[QueueIdKey]) -> dict[ProgressKey, QueueProgress]:
+        """The rows of ``keys`` and of every key asked before (one statement for the keys not asked yet)."""
+        missing = keys - self.asked
+        if missing:
+            self.rows.update(load_progress(conn, missing))
+            self.asked |= missing
+        return self.rows
 
 
 @dataclass(frozen=True, slots=True)

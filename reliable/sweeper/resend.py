@@ -41,7 +41,7 @@ from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.notices import DeadNotice
-from reliable.sweeper.queues import load_progress
+from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.selection import Candidate, inbox
 
 log = logging.getLogger("reliable.sweeper")
@@ -84,6 +84,7 @@ def send_claimed(
     policy: BackoffPolicy,
     estimator: BacklogEstimator,
     clock: Callable[[], dt.datetime],
+    marks: Watermarks,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> BatchResult:
     """Send each row's targeted copy, then record all outcomes at once (through :mod:`reliable.outbox`,
@@ -118,7 +119,7 @@ def send_claimed(
             for c, a in sent
             if a.receipt is not None
         }
-        queues = load_progress(conn, keys)
+        queues = marks.load(conn, keys)
         due: list[tuple[outbox.SendAttempt, dt.datetime]] = []
         for cand, attempt in sent:
             sends = cand.sends + 1

@@ -41,6 +41,7 @@ from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.leases import FREE, LeaseView, read_leases
 from reliable.sweeper.notify import Channel, deliver_owed
+from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.resend import BatchResult, send_claimed
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
@@ -254,15 +255,17 @@ class Sweeper:
                     claimed = claim(conn, stmt, until=None)
                     if not claimed:
                         return
-                    send, triaged = triage(t, conn, claimed, self._leases, self.clock())
-                    result = self._send(send, lambda: contextlib.nullcontext(conn))
+                    marks = Watermarks()
+                    send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
+                    result = self._send(send, lambda: contextlib.nullcontext(conn), marks)
             else:  # lease claim: short claim transaction, sends outside any transaction, then record
                 with self.engine.begin() as conn:
                     claimed = claim(conn, stmt, until=self.clock() + self.claim_ttl)
                     if not claimed:
                         return
-                    send, triaged = triage(t, conn, claimed, self._leases, self.clock())
-                result = self._send(send, self.engine.begin)
+                    marks = Watermarks()
+                    send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
+                result = self._send(send, self.engine.begin, marks)
             summary.selected += len(claimed)
             summary.add(triaged)
             summary.add(result)
@@ -270,7 +273,10 @@ class Sweeper:
                 return
 
     def _send(
-        self, candidates: Sequence[Candidate], recorder: Callable[[], AbstractContextManager[Connection]]
+        self,
+        candidates: Sequence[Candidate],
+        recorder: Callable[[], AbstractContextManager[Connection]],
+        marks: Watermarks,
     ) -> BatchResult:
         return send_claimed(
             recorder,
@@ -279,6 +285,7 @@ class Sweeper:
             policy=self.backoff,
             estimator=self.estimator,
             clock=self.clock,
+            marks=marks,
             should_stop=self._stop.is_set,
         )
 

@@ -30,7 +30,7 @@ from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.giveup import NO_STUB, give_up_reason, mark_dead, no_stub_reason, raise_never_consumed
 from reliable.sweeper.leases import LeaseView
-from reliable.sweeper.queues import Position, QueueIdKey, load_progress, resolve
+from reliable.sweeper.queues import Position, QueueIdKey, Watermarks, resolve
 from reliable.sweeper.resend import BatchResult, copy_topic, postpone
 from reliable.sweeper.selection import Candidate, load_stubs
 from reliable.sweeper.verdict import Facts, RetrySchedule, Verdict, judge, retry_window_end
@@ -75,8 +75,10 @@ def triage(
     claimed: Sequence[Candidate],
     read: Callable[[Sequence[Candidate]], list[LeaseView]],
     now: dt.datetime,
+    marks: Watermarks,
 ) -> tuple[list[Candidate], BatchResult]:
-    """Hold, give up and alarm inside ``conn``; return the rows to send and the counts so far."""
+    """Hold, give up and alarm inside ``conn``; return the rows to send and the counts so far. The
+    watermarks read go into ``marks`` (the batch's, for the sends' backlog estimate)."""
     result = BatchResult()
     rows = load_stubs(conn, claimed)
     orphans = {(c.consumer_group, c.message_id) for c in claimed} - {
@@ -96,7 +98,7 @@ def triage(
         for c in rows
         if c.queue_id is not None and not c.stuck
     }
-    queues = load_progress(conn, keys)
+    queues = marks.load(conn, keys)
     leases = read(rows)
     alarms: list[tuple[Candidate, str, Facts]] = []
     send: list[Candidate] = []
