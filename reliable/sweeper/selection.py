@@ -333,9 +333,10 @@ def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candid
     """The candidates completed with their stub's topic, body and topic-wide send (one plain SELECT for
     those the claim did not read them for; none when it read them all).
 
-    A row whose stub is missing (the inbox pattern: the guard created it, nobody staged the message) cannot
-    be re-sent — there is no body — and is left out here (the sweeper postpones it); such rows are born
-    ``CONFIRMED`` anyway.
+    A row whose stub is missing (deleted, or the row written without a producer) cannot be re-sent — there is
+    no body — and is left out here (the sweeper holds it, and gives it up with a notice after
+    ``max_unconfirmed_age``: :mod:`.triage`). The guard's own inbox-pattern rows never get here: they have
+    no ``resend_at``, so they are never due.
     """
     if all(c.has_stub for c in candidates):
         return list(candidates)
