@@ -71,7 +71,10 @@ def give_up_reason(
 
 def no_stub_reason(cand: Candidate, max_age: dt.timedelta) -> str:
     """What a person reads about a row given up because its stub is gone."""
-    return f"{NO_STUB}; unconfirmed since {cand.created_at.isoformat()}, longer than {max_age}"
+    return (
+        f"{NO_STUB}; unconfirmed since {cand.created_at.isoformat()}, longer than {max_age} (revive cannot "
+        "help: stage the message again)"
+    )
 
 
 def mark_dead(

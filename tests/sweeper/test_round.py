@@ -265,7 +265,7 @@ def test_an_inbox_row_whose_stub_is_gone_is_given_up_with_a_notice_once_unconfir
     assert row.last_error is not None and row.last_error.startswith("DEAD: no message_stub row")
     [notice] = channel.notices
     assert (notice.message_id, notice.consumer_group, notice.topic) == ("no-stub", "billing", "")
-    assert "longer than 1 day" in notice.reason
+    assert "longer than 1 day" in notice.reason and notice.reason.endswith("stage the message again)")
     clock.advance(DAY)
     assert (sweeper.run_once().selected, len(channel.notices)) == (0, 1)  # told once
     assert sender.sent == []
