@@ -171,6 +171,27 @@ def test_a_group_joining_late_processes_what_it_never_saw(
         rel.close()
 
 
+def test_a_groups_row_whose_stub_was_deleted_is_confirmed_by_the_copy_that_arrives(
+    db_url: str, redis_url: str, key_prefix: str, registry: CollectorRegistry
+) -> None:
+    """The sweeper holds such a row while a copy may still arrive (it cannot re-send without a body): that
+    copy must confirm the row once, for that group only, with the stub gone."""
+    rel = make_rel(db_url, redis_url, key_prefix)
+    billing = idempotent_consumer(rel, group="billing", registry=registry)(ledger_writer("billing"))
+    m = uid("o")
+    try:
+        add_stub(rel, m, ["billing", "audit"])
+        with rel.engine.begin() as conn:
+            conn.execute(text("DELETE FROM message_stub WHERE message_id = :m"), {"m": m})
+        assert [billing(env(m)) for _ in range(2)] == [ConsumeResult.SUCCESS] * 2
+        assert per_group(rel) == {("billing", m): 1}
+        assert inbox_status(rel, "billing", m) is StubStatus.CONFIRMED
+        assert inbox_status(rel, "audit", m) is StubStatus.PENDING
+        assert stub_status(rel, m) is None
+    finally:
+        rel.close()
+
+
 # --- attempts ----------------------------------------------------------------------------------------------
 def test_attempts_count_handler_failures_of_the_group_only(
     db_url: str, redis_url: str, key_prefix: str, registry: CollectorRegistry
