@@ -39,6 +39,7 @@ from reliable import constants as C
 from reliable import pool_liveness, redis_connect
 from reliable.errors import ConfigurationError
 from reliable.redis_connect import RedisClient
+from reliable.sqlite_engine import configure_sqlite
 
 if TYPE_CHECKING:  # the asyncio extra is optional: imported only when an async API is used
     import redis.asyncio as aioredis
@@ -75,8 +76,6 @@ def make_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
         from sqlalchemy.ext.asyncio import create_async_engine
     except ImportError as exc:  # pragma: no cover - the asyncio extra is part of dev
         raise ConfigurationError("asyncio support needs: pip install 'reliable[asyncio]'") from exc
-    from reliable.facade import configure_sqlite
-
     u = async_url(url)
     if u.get_backend_name() == "sqlite":
         kwargs.setdefault("connect_args", {"timeout": 30})

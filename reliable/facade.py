@@ -13,7 +13,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from reliable import constants as C
@@ -21,6 +21,7 @@ from reliable import pool_liveness, redis_connect
 from reliable.errors import ConfigurationError
 from reliable.redis_connect import RedisClient
 from reliable.settings import Settings
+from reliable.sqlite_engine import configure_sqlite
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -174,36 +175,6 @@ def make_engine(db_url: str, **kwargs: Any) -> Engine:
     if not kwargs.get("pool_pre_ping"):  # the caller may still ask for SQLAlchemy's ping on every checkout
         pool_liveness.install(engine, idle_s=ping_idle_s)
     return engine
-
-
-def configure_sqlite(engine: Engine, db_url: str) -> None:
-    """WAL, busy timeout and ``BEGIN IMMEDIATE`` (sync and aiosqlite engines: ``AsyncEngine.sync_engine``)."""
-
-    @event.listens_for(engine, "connect")
-    def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # the driver sends no BEGIN of its own: do_begin below does
-        cur = dbapi_conn.cursor()
-        if ":memory:" not in db_url and db_url.split("://", 1)[-1] not in ("", "/"):
-            cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA busy_timeout=30000")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-    # BEGIN IMMEDIATE in the engine dialect's do_begin, which every transaction SQLAlchemy opens on this
-    # engine goes through (a Connection's, a Session's). Not an engine "begin" listener (SQLAlchemy's own
-    # recipe): any engine-level listener makes SQLAlchemy dispatch events at every connect, begin, statement
-    # and commit of every connection of the engine — on SQLite, where nothing waits on a network, that was
-    # ≈ 15 % of the guard's CPU per new message. create_engine gives each engine a dialect of its own.
-    engine.dialect.do_begin = _begin_immediate  # type: ignore[method-assign]
-
-
-def _begin_immediate(dbapi_connection: Any) -> None:
-    """Open a SQLite transaction that takes the write lock now (``dbapi_connection``: the pool's proxy)."""
-    cur = dbapi_connection.cursor()
-    try:
-        cur.execute("BEGIN IMMEDIATE")
-    finally:
-        cur.close()
 
 
 def make_redis(url: str, socket_timeout_s: float) -> RedisClient:

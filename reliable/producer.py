@@ -34,7 +34,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
-from prometheus_client import Counter
 from sqlalchemy import event, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, SessionTransaction
@@ -45,6 +44,7 @@ from reliable.errors import InvalidMessageError, InvalidStubStateError, StubNotF
 from reliable.facade import Reliability
 from reliable.models import MessageStub, utcnow
 from reliable.outbox import payload_hash as payload_hash  # re-exported: part of this module's API
+from reliable.producer_metrics import HOOK_ERRORS, RECORD_FAILURES, SENDS
 from reliable.sender import OutgoingMessage, Sender
 from reliable.staged import SendOutcome as SendOutcome  # re-exported, as the rest: this module's API
 from reliable.staged import SendResult as SendResult
@@ -57,14 +57,6 @@ log = logging.getLogger("reliable.producer")
 
 _STAGED_KEY = "reliable.staged"
 _LAST_ERROR_MAX = 2000
-
-SENDS = Counter("reliable_producer_sends", "Staged messages the producer tried to send", ["outcome"])
-HOOK_ERRORS = Counter("reliable_producer_hook_errors", "After-commit send batches that raised")
-RECORD_FAILURES = Counter(
-    "reliable_producer_record_failures",
-    "Transactions recording send results that failed (retried, or given up and left to the sweeper)",
-    ["outcome"],
-)
 
 
 class StubProducer:

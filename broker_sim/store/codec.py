@@ -34,11 +34,12 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from broker_sim.store.config import SCHEDULE_TOPIC
 from broker_sim.store.errors import MessageIllegalError, PropertiesSizeExceededError
 from broker_sim.store.mapped_file import MappedFile
+from broker_sim.store.mapped_file_queue import MappedFileQueue
 from broker_sim.store.message_record import (
     END_FILE_MIN_BLANK,
     FIXED_SIZE,
@@ -60,9 +61,6 @@ from broker_sim.store.results import (
     PutMessageStatus,
 )
 
-if TYPE_CHECKING:
-    from broker_sim.store.commit_log import CommitLog
-
 POSITION = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET at record byte 20
 STORE_TS_AT = 56
 # consume-queue unit: 0 commitLogOffset i64 | 8 size i32 | 12 tagsCode i64
@@ -82,7 +80,26 @@ DispatchHint = tuple[int, int, int, str, int, int, int, int, int, str | None, by
 # (topic, queue id, first queue offset, packed units) — consecutive queue offsets of one queue
 Run = tuple[str, int, int, bytes]
 PrepareFn = Callable[[MessageInner, bytes, dict[str, bytes], int, int], Prepared]
-PlaceFn = Callable[["CommitLog", Prepared, int], AppendMessageResult]
+
+
+class AppendTarget(Protocol):
+    """What placing a record needs of the commit log (:class:`broker_sim.store.commit_log.CommitLog` is
+    one): its files, the per-queue offsets, the dispatch hints, the prefault mark and the newest append. A
+    protocol here, so the codec does not import the commit log that imports it."""
+
+    mfq: MappedFileQueue
+    file_size: int
+    topic_queue_table: dict[tuple[str, int], int]
+    dispatch_hints: deque[DispatchHint]
+    max_hints: int
+    prefault_mark: int
+    prefault_wake: Callable[[], None]
+    last_append: tuple[int, int]
+
+    def roll(self, size: int) -> MappedFile: ...
+
+
+PlaceFn = Callable[[AppendTarget, Prepared, int], AppendMessageResult]
 BuildRunsFn = Callable[[Sequence[DispatchHint], Callable[[DispatchHint], int], bool, bool], "RunsAndCodes"]
 RunsAndCodes = tuple[list[Run], list[int]]
 TakeHintsFn = Callable[["deque[DispatchHint]", int, int, int], tuple[list[DispatchHint], int]]
@@ -139,7 +156,7 @@ def py_prepare(
     return record, (msg.topic, qid), tran != 0x4 and tran != 0xC, shost, tags, props_b, sys_flag, prepared
 
 
-def py_place(cl: CommitLog, p: Prepared, now: int) -> AppendMessageResult:
+def py_place(cl: AppendTarget, p: Prepared, now: int) -> AppendMessageResult:
     """Append one prepared record at the end of the log (commit-log lock held)."""
     record, key, counted = p[0], p[1], p[2]
     size = len(record)

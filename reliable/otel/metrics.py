@@ -59,7 +59,7 @@ def _register_known(registry: CollectorRegistry) -> None:
 
     guard_metrics(registry)
     if registry is REGISTRY:  # the producer's and the sweeper's counters live on the process registry
-        import reliable.producer
+        import reliable.producer_metrics
         import reliable.sweeper.metrics  # noqa: F401
 
 

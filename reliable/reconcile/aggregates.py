@@ -12,7 +12,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from reliable.reconcile.rollup import GAMMA, LATENCY_METRICS, LOG_GAMMA, MIN_MS
+from reliable.reconcile.buckets import log_bucket
+from reliable.reconcile.rollup import LATENCY_METRICS
 from reliable.reconcile.timeline import timeline_kinds
 from reliable.reconcile.transforms import QUEUE_KEY, STATUSES
 
@@ -78,31 +79,6 @@ def queue_stats(enriched: DataFrame) -> DataFrame:
             for i, label in enumerate(LATENCY_LABELS)
         ),
         *(_sum_if(F.col("resend") == k).alias(f"resend_{k}") for k in range(RESEND_CAP + 1)),
-    )
-
-
-def log_bucket(col: str) -> Column:
-    """The Spark twin of :func:`reliable.reconcile.rollup.bucket_of` (built-in SQL, no Python UDF)."""
-    x = F.col(col)
-    k = F.greatest(F.ceil(F.log(F.abs(x) / F.lit(MIN_MS)) / F.lit(LOG_GAMMA)), F.lit(0)) + 1
-    return (
-        F.when(x.isNull(), F.lit(None))
-        .when(F.abs(x) < MIN_MS, F.lit(0))
-        .when(x > 0, k)
-        .otherwise(-k)
-        .cast("int")
-    )
-
-
-def bucket_value_column(bucket: Column) -> Column:
-    """The Spark twin of :func:`reliable.reconcile.rollup.bucket_value`: the value reported for a bucket."""
-    k = F.abs(bucket) - 1
-    value = F.lit(MIN_MS * 2 / (GAMMA + 1)) * F.pow(F.lit(GAMMA), k)
-    return (
-        F.when(bucket.isNull(), F.lit(None))
-        .when(bucket == 0, F.lit(0.0))
-        .when(bucket > 0, value)
-        .otherwise(-value)
     )
 
 

@@ -51,7 +51,7 @@ def timeline_kinds() -> list[tuple[int, Any, Any]]:
     re-sent at ``last_sent_at``."""
     from pyspark.sql import functions as F
 
-    from reliable.reconcile.aggregates import log_bucket
+    from reliable.reconcile.buckets import log_bucket
 
     resent = (F.col("send_count") > 1) & F.col("last_sent_at").isNotNull()
     return [
@@ -79,7 +79,7 @@ def timeline_frame(
 
     One scan of the deliveries by minute and cause; the staged, first-delivered and re-sent pairs come
     from ``counted``, the first delivery's minute keyed with its log bucket
-    (:func:`reliable.reconcile.aggregates.log_bucket`), so the p95 is read from bucket counts (within
+    (:func:`reliable.reconcile.buckets.log_bucket`), so the p95 is read from bucket counts (within
     :data:`reliable.reconcile.rollup.LATENCY_RELATIVE_ERROR` of the nearest-rank value) instead of a
     percentile sketch object per minute. Everything after that works on the small aggregated rows: the "all
     groups" rows are their sums, never a second copy of the input.
@@ -87,7 +87,7 @@ def timeline_frame(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from reliable.reconcile.aggregates import bucket_value_column
+    from reliable.reconcile.buckets import bucket_value_column
 
     def count_if(cond: Any) -> Any:
         return F.sum(F.when(cond, 1).otherwise(0)).cast("long")

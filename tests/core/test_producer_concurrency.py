@@ -19,7 +19,8 @@ from sqlalchemy.exc import OperationalError
 from reliable import Reliability, StubProducer, idempotent_consumer, outbox
 from reliable.facade import make_engine
 from reliable.models import MessageStub, utcnow
-from reliable.producer import RECORD_FAILURES, SendOutcome
+from reliable.producer import SendOutcome
+from reliable.producer_metrics import RECORD_FAILURES
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult
 from tests.conftest import _ensure_clean_schema
