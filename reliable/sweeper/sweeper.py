@@ -250,12 +250,12 @@ class Sweeper:
         for _ in self._batches():
             if self.stopping:
                 return
+            marks = Watermarks()  # this batch's watermark reads, shared by triage and the record
             if self.claim_ttl is None:  # row-lock claim: one transaction around claim, sends and record
                 with self.engine.begin() as conn:
                     claimed = claim(conn, stmt, until=None)
                     if not claimed:
                         return
-                    marks = Watermarks()
                     send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
                     result = self._send(send, lambda: contextlib.nullcontext(conn), marks)
             else:  # lease claim: short claim transaction, sends outside any transaction, then record
@@ -263,7 +263,6 @@ class Sweeper:
                     claimed = claim(conn, stmt, until=self.clock() + self.claim_ttl)
                     if not claimed:
                         return
-                    marks = Watermarks()
                     send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
                 result = self._send(send, self.engine.begin, marks)
             summary.selected += len(claimed)
