@@ -251,7 +251,10 @@ def test_an_inbox_row_whose_stub_is_gone_is_given_up_with_a_notice_once_unconfir
     """No stub, no body: the sweeper cannot re-send, so holding the row round after round would leave the
     message lost with nobody told. It waits while a copy already out may still arrive, then goes DEAD and a
     person is told, once, like any other give-up."""
-    add_inbox_without_stub(rel, "no-stub", resend_at=T0 - dt.timedelta(seconds=20))
+    add_inbox_without_stub(
+        rel, "no-stub", groups=["billing", "audit"], resend_at=T0 - dt.timedelta(seconds=20)
+    )
+    set_inbox(rel, "no-stub", "audit", status=StubStatus.CONFIRMED)  # audit received it before the delete
     channel = MemoryChannel()
     sweeper = make(rel, sender, clock, stuck_after_s=600, max_unconfirmed_age_s=DAY, channels=[channel])
     assert sweeper.run_once().dead == 0  # an hour old: a copy may still be on its way
@@ -263,6 +266,7 @@ def test_an_inbox_row_whose_stub_is_gone_is_given_up_with_a_notice_once_unconfir
     row = get_inbox(rel, "no-stub")
     assert row.status is StubStatus.DEAD and row.resend_at is None
     assert row.last_error is not None and row.last_error.startswith("DEAD: no message_stub row")
+    assert get_inbox(rel, "no-stub", "audit").status is StubStatus.CONFIRMED  # only the group that lacks it
     [notice] = channel.notices
     assert (notice.message_id, notice.consumer_group, notice.topic) == ("no-stub", "billing", "")
     assert "longer than 1 day" in notice.reason and notice.reason.endswith("stage the message again)")
