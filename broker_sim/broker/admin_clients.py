@@ -18,8 +18,8 @@ from broker_sim.common.message import MessageExt, MessageQueue
 from broker_sim.common.requests import ResponseCode
 
 if TYPE_CHECKING:
-    from broker_sim.broker.broker import Broker
     from broker_sim.broker.clients import SubscriptionGroupConfig
+    from broker_sim.broker.context import BrokerContext
 
 VERSION_DESC = "V4_9_8"  # what broker_sim answers as brokerVersionDesc: the release it follows
 #: runtime-info key naming the 5.x gRPC front end that serves this broker (a broker_sim key, absent without a
@@ -30,7 +30,7 @@ GRPC_ENDPOINT_KEY = "brokerSimGrpcEndpoint"
 class ClientAdminService:
     """Owned by the Broker (``broker.client_admin``); reads its managers and store."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self.boot_ms = int(time.time() * 1000)
         #: "host:port" of the 5.x front end serving this broker, set by it while it serves ("" without one)

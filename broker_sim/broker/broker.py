@@ -13,6 +13,9 @@ The request families live in services the broker owns (as RocketMQ's processors 
 ``self.client_manage`` (:class:`~broker_sim.broker.client_manage.ClientManageService`); the
 Broker's methods of the same names delegate to them, so its public surface is unchanged.
 
+The services are typed against :class:`~broker_sim.broker.context.BrokerContext` (what they may use of the
+broker), not against ``Broker``, so they sit below it rather than in an import loop with it.
+
 Timers (offset persistence, delayed delivery, long-poll timeouts, channel expiry, transaction check-back) all
 run on ``self.scheduler`` over ``self.clock``; pass ``clock=ManualClock()`` to drive them from a test.
 """
@@ -92,7 +95,7 @@ class Broker:
         self.pull_processor = PullMessageProcessor(self)
         self.schedule_service: ScheduleMessageService | None = None
         self.transactions = TransactionService(self)
-        self.sender = SendMessageService(self)
+        self.sender = SendMessageService(self, self.transactions)
         self.send_message = self.sender.send_message
         self.send_batch_message = self.sender.send_batch_message
         self.ensure_topic_for_delivery = self.sender.ensure_topic_for_delivery

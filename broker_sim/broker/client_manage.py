@@ -17,13 +17,13 @@ from broker_sim.common.constants import retry_topic
 from broker_sim.common.requests import HeartbeatData, MessageModel, Perm, SubscriptionData
 
 if TYPE_CHECKING:
-    from broker_sim.broker.broker import Broker
+    from broker_sim.broker.context import BrokerContext
 
 log = logging.getLogger("broker_sim.broker")
 
 
 class ClientManageService:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self._broker = broker
 
     def heartbeat(self, data: HeartbeatData, channel: ClientChannel) -> None:

@@ -31,7 +31,7 @@ from broker_sim.common.scheduler import Handle
 from broker_sim.store.results import DispatchRequest, GetMessageStatus
 
 if TYPE_CHECKING:
-    from broker_sim.broker.broker import Broker
+    from broker_sim.broker.context import BrokerContext
     from broker_sim.broker.filtering import PullFilter
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class _Held:
 
 
 class PullMessageProcessor:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._lock = threading.Lock()
         self._held: dict[tuple[str, int], list[_Held]] = {}

@@ -24,13 +24,13 @@ from broker_sim.store.message_record import MessageInner
 from broker_sim.store.results import DispatchRequest, GetMessageStatus
 
 if TYPE_CHECKING:
-    from broker_sim.broker.broker import Broker
+    from broker_sim.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
 
 class ScheduleMessageService:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self.levels_ms: list[int] = list(broker.store.config.delay_levels_ms)
         self._lock = threading.Lock()

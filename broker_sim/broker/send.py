@@ -24,7 +24,8 @@ from broker_sim.store.message_record import MessageInner
 from broker_sim.store.results import PutMessageStatus
 
 if TYPE_CHECKING:
-    from broker_sim.broker.broker import Broker
+    from broker_sim.broker.context import BrokerContext
+    from broker_sim.broker.transaction import TransactionService
 
 
 #: SendMessageProcessor.handlePutMessageResult: a stored message whose flush or replication is late still gets
@@ -40,8 +41,10 @@ _SEND_CODES = {
 class SendMessageService:
     """The Broker's send requests (``broker.sender``)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext, transactions: TransactionService) -> None:
         self.broker = broker
+        #: turns a transactional send into its half message (the broker's transaction service)
+        self.transactions = transactions
 
     def _topic_for_send(self, req: SendMessageRequest) -> TopicConfig:
         tc = self.broker.topics.select(req.topic)
@@ -95,7 +98,7 @@ class SendMessageService:
         inner = self._inner(req, tc, body, props)
         prepared = req.sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_PREPARED
         if prepared:
-            inner = self.broker.transactions.half_message(inner)
+            inner = self.transactions.half_message(inner)
         result = self.broker.store.put_message(inner)
         raise_for_put(result)
         app = result.append_result

@@ -27,7 +27,7 @@ from broker_sim.store.message_record import MessageInner, host_bytes, offset_msg
 from broker_sim.store.results import GetMessageStatus, PutMessageResult
 
 if TYPE_CHECKING:
-    from broker_sim.broker.broker import Broker
+    from broker_sim.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ OP_TAG = "d"
 
 
 class TransactionService:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self._lock = threading.Lock()
         self._ops: set[int] = set()  # half-queue offsets that have an op record

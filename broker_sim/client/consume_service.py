@@ -16,7 +16,7 @@ import logging
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Protocol, Union
 
 from broker_sim.client.process_queue import ProcessQueue
 from broker_sim.common.constants import RETRY_GROUP_TOPIC_PREFIX
@@ -32,9 +32,39 @@ from broker_sim.common.message import (
 from broker_sim.common.requests import ConsumerSendMsgBackRequest, MessageModel
 
 if TYPE_CHECKING:
-    from broker_sim.client.push_consumer import PushConsumer
+    from broker_sim.client.offset_store import OffsetStore
+    from broker_sim.client.rebalance import Rebalancer
+    from broker_sim.clock import Clock
+    from broker_sim.common.scheduler import Scheduler
+    from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger(__name__)
+
+
+class SendBackHost(Protocol):
+    """What sending a message back for redelivery needs of the consumer."""
+
+    group: str
+    transport: BrokerTransport
+    max_reconsume_times: int
+
+
+class ConsumeHost(SendBackHost, Protocol):
+    """What the consume services read of the push consumer that owns them (its listener results move the
+    consumer's offsets; a failed message goes back to the broker through it)."""
+
+    clock: Clock
+    stopped: bool
+    message_model: MessageModel
+    scheduler: Scheduler
+    offset_store: OffsetStore
+    rebalancer: Rebalancer
+    consume_message_batch_max_size: int
+    consume_timeout_ms: int
+    suspend_current_queue_time_ms: int
+
+    def send_message_back(self, msg: MessageExt, delay_level: int) -> bool: ...
+
 
 MessageListener = Callable[[list[MessageExt]], Union[ConsumeStatus, None]]  # noqa: UP007
 OrderlyListener = Callable[[list[MessageExt]], Union[ConsumeOrderlyStatus, ConsumeStatus, None]]  # noqa: UP007
@@ -59,7 +89,7 @@ def prepare_for_listener(msgs: Sequence[MessageExt], group: str, now_ms: int) ->
 
 
 class ConcurrentConsumeService:
-    def __init__(self, consumer: PushConsumer, listener: MessageListener, threads: int) -> None:
+    def __init__(self, consumer: ConsumeHost, listener: MessageListener, threads: int) -> None:
         self.consumer = consumer
         self.listener = listener
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix=f"consume-{consumer.group}")
@@ -147,7 +177,7 @@ class ConcurrentConsumeService:
 class OrderlyConsumeService:
     MAX_TIME_CONSUME_CONTINUOUSLY_MS = 60_000
 
-    def __init__(self, consumer: PushConsumer, listener: OrderlyListener, threads: int) -> None:
+    def __init__(self, consumer: ConsumeHost, listener: OrderlyListener, threads: int) -> None:
         self.consumer = consumer
         self.listener = listener
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix=f"orderly-{consumer.group}")
@@ -238,7 +268,7 @@ def send_back_request(
     )
 
 
-def try_send_back(consumer: PushConsumer, msg: MessageExt, delay_level: int) -> bool:
+def try_send_back(consumer: SendBackHost, msg: MessageExt, delay_level: int) -> bool:
     try:
         consumer.transport.consumer_send_msg_back(
             send_back_request(msg, consumer.group, delay_level, consumer.max_reconsume_times)

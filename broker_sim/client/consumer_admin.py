@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_sim.client.offset_store import ReadOffsetType
 from broker_sim.common.errors import BrokerResponseError, MQClientError, TransportError
@@ -22,9 +23,42 @@ from broker_sim.common.message import ConsumeOrderlyStatus, ConsumeStatus, Messa
 from broker_sim.common.requests import ExpressionType
 
 if TYPE_CHECKING:
-    from broker_sim.client.push_consumer import PushConsumer
+    import threading
+
+    from broker_sim.client.offset_store import OffsetStore
+    from broker_sim.client.process_queue import ProcessQueue
+    from broker_sim.client.rebalance import Rebalancer
+    from broker_sim.common.requests import ConsumeFromWhere, MessageModel, SubscriptionData
+    from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger(__name__)
+
+
+class AdminHost(Protocol):
+    """What the admin requests read of the push consumer they are answered for."""
+
+    group: str
+    client_id: str
+    transport: BrokerTransport
+    message_model: MessageModel
+    consume_from_where: ConsumeFromWhere
+    consume_threads: int
+    pull_batch_size: int
+    start_timestamp_ms: int
+    subscriptions: dict[str, SubscriptionData]
+    process_queues: dict[MessageQueue, ProcessQueue]
+    pq_lock: threading.RLock
+    offset_store: OffsetStore
+    rebalancer: Rebalancer
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def orderly(self) -> bool: ...
+
+    def listener_for_direct_consume(self) -> Callable[[list[MessageExt]], object]: ...
+
 
 _RESULTS: dict[ConsumeStatus | ConsumeOrderlyStatus, str] = {
     ConsumeStatus.CONSUME_SUCCESS: "CR_SUCCESS",
@@ -38,7 +72,7 @@ class ConsumerAdmin:
     """Serves the three admin requests for one push consumer (``consumer.admin``), and checks its
     subscriptions with the broker at start."""
 
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: AdminHost) -> None:
         self.consumer = consumer
 
     def check_client_config(self) -> None:

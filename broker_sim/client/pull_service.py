@@ -11,7 +11,7 @@ cycle, rebalancing and offsets, and owns the queue this loop reads (the rebalanc
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from broker_sim.client.offset_store import ReadOffsetType
 from broker_sim.client.rebalance import PullRequest
@@ -19,16 +19,52 @@ from broker_sim.common.message import SysFlag
 from broker_sim.common.requests import MessageModel, PullMessageRequest, PullMessageResponse, PullStatus
 
 if TYPE_CHECKING:
-    from broker_sim.client.push_consumer import PushConsumer
+    import queue
+
+    from broker_sim.client.consume_service import ConcurrentConsumeService, OrderlyConsumeService
+    from broker_sim.client.offset_store import OffsetStore
+    from broker_sim.client.pull_nodes import PullNodeTable
+    from broker_sim.clock import Clock
+    from broker_sim.common.requests import SubscriptionData
+    from broker_sim.common.scheduler import Scheduler
+    from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger("broker_sim.client.push_consumer")
+
+
+class PullHost(Protocol):
+    """What the pull loop reads and changes on the push consumer it pulls for."""
+
+    group: str
+    clock: Clock
+    transport: BrokerTransport
+    scheduler: Scheduler
+    stopped: bool
+    message_model: MessageModel
+    subscriptions: dict[str, SubscriptionData]
+    tag_filters: dict[str, frozenset[str] | None]
+    offset_store: OffsetStore
+    pull_queue: queue.Queue[PullRequest | None]
+    pull_nodes: PullNodeTable
+    consume_service: ConcurrentConsumeService | OrderlyConsumeService | None
+    pull_batch_size: int
+    pull_threshold_for_queue: int
+    pull_threshold_size_for_queue: int
+    consume_concurrently_max_span: int
+    broker_suspend_max_time_ms: int
+    pull_time_delay_ms_when_exception: int
+    #: pulls held back by flow control (counted, logged every 1000th)
+    flow_control_times: int
+
+    @property
+    def orderly(self) -> bool: ...
 
 
 class PullService:
     """The pull loop of ``consumer`` (run it on its own thread; a ``None`` on the consumer's pull queue
     ends it)."""
 
-    def __init__(self, consumer: PushConsumer) -> None:
+    def __init__(self, consumer: PullHost) -> None:
         self.c = consumer
 
     def pull_later(self, pr: PullRequest, delay_ms: int) -> None:

@@ -30,7 +30,7 @@ from reliable.otel.metrics import mirror_prometheus
 from reliable.otel.propagation import carrier_json
 
 if TYPE_CHECKING:  # the guard's modules are imported only when a guard asks for its hooks (no import cycle)
-    from reliable import GuardHooks
+    from reliable.guard.decision import GuardHooks
     from reliable.sender import Sender
 
 __all__ = ["guard_hooks", "mirror_prometheus", "stage_context", "traced_round", "traced_sender"]

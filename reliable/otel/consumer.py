@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from reliable import Decision, GuardHooks
+from reliable.guard.decision import Decision, GuardHooks
 from reliable.otel import api
 from reliable.otel import attrs as A
 from reliable.otel.propagation import producer_link
