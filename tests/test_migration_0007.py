@@ -13,7 +13,7 @@ from reliable.migrate import downgrade, upgrade
 from reliable.outbox import settle_slice
 from reliable.sweeper.selection import due_statement
 from tests import services
-from tests.test_migrations import engine_for
+from tests.migration_support import engine_for
 
 INDEXES = {
     "ix_message_inbox_status_resend_at": "message_inbox",

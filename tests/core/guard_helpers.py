@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select, text
 from sqlalchemy.orm import Session
 
-from reliable import Envelope, Reliability
+from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.types import StubStatus
 
 ledger_md = MetaData()
@@ -251,3 +253,18 @@ def per_group(rel: Reliability) -> dict[tuple[str, str], int]:
             )
         ).all()
     return {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+
+
+def uid(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:8]}"
+
+
+def counting(rel: Reliability, registry: CollectorRegistry, **kw: object):  # type: ignore[no-untyped-def]
+    calls: list[str] = []
+
+    @idempotent_consumer(rel, group="g", registry=registry, **kw)  # type: ignore[arg-type]
+    def handle(e: Envelope, session: Session) -> None:
+        calls.append(str(e.message_id))
+        apply(e, session)
+
+    return handle, calls
