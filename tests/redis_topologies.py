@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from broker_sim.common.net import listen_port
 from tests import services
 from tests.waiting import wait_until
 
@@ -52,7 +53,7 @@ def answering(check: Callable[[], bool]) -> Callable[[], bool]:
 def cluster_port() -> int:
     """A free port whose cluster bus port (port + 10000) is free too."""
     for _ in range(200):
-        port = services.free_port()
+        port = listen_port()
         if port + 10000 > 65535:
             continue
         with socket.socket() as s:
@@ -185,7 +186,7 @@ class SentinelGroup:
 def redis_sentinel() -> Iterator[SentinelGroup]:
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="reliable-sentinel-") as d:
         common = ["--save", "", "--appendonly", "no"]
-        mport, rport, sport = (services.free_port() for _ in range(3))
+        mport, rport, sport = (listen_port() for _ in range(3))
         dirs = {p: Path(d) / str(p) for p in (mport, rport, sport)}
         for path in dirs.values():
             path.mkdir()

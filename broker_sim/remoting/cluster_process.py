@@ -1,8 +1,10 @@
 """A whole cluster as child processes — one name server, and per broker group a master and its slaves, each
 broker its own process so a test (or ``broker-sim serve --brokers 2 --slaves 1``) can kill one.
 
-Every port is chosen up front (free loopback ports), so a killed broker restarts on the same broker and HA
-ports: its slaves reconnect to the same HA address and clients find it where the name server says.
+Every port is chosen up front, so a killed broker restarts on the same broker and HA ports: its slaves
+reconnect to the same HA address and clients find it where the name server says. The ports are free loopback
+ports outside the kernel's ephemeral range (:func:`broker_sim.common.net.listen_port`), so no connection of
+the cluster itself can take one before its server binds it, or while a killed broker is down.
 Brokers start with ``--fault-signals`` (SIGUSR1 = power cut, see :mod:`broker_sim.remoting.serve`) and
 ``--exit-with-parent``.
 """
@@ -10,20 +12,14 @@ Brokers start with ``--fault-signals`` (SIGUSR1 = power cut, see :mod:`broker_si
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker_sim.common.net import listen_port
 from broker_sim.remoting.serve_process import ServeProcess
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -58,7 +54,7 @@ class ClusterProcess:
         if replication not in ("sync", "async"):
             raise ValueError(f"replication must be sync or async, got {replication!r}")
         self.base = base
-        self.namesrv_port = free_port()
+        self.namesrv_port = listen_port()
         self.namesrv_process = ServeProcess(
             base, "--exit-with-parent", command="namesrv", log_level=log_level, stderr_path=stderr_path
         )
@@ -68,7 +64,7 @@ class ClusterProcess:
             name = f"broker-{chr(ord('a') + g)}"
             for bid in range(slaves + 1):
                 role = master_role if bid == 0 else "SLAVE"
-                port, ha_port = free_port(), free_port()
+                port, ha_port = listen_port(), listen_port()
                 args = [
                     "--namesrv", self.namesrv, "--name", name, "--id", str(bid), "--role", role,
                     "--flush", flush, "--fault-signals", "--exit-with-parent", *extra,

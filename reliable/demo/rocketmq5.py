@@ -17,9 +17,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker_sim.common.net import listen_port
 from reliable.demo import ledger
 from reliable.demo.errors import DemoError
-from reliable.demo.services import BrokerServer, free_port, wait_port
+from reliable.demo.services import BrokerServer, wait_port
 from reliable.facade import Reliability
 
 TOPIC = "demo_transfers5"
@@ -69,7 +70,7 @@ def run5(messages: int, consumers: int, workdir: Path, db: str | None, redis: st
 
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    grpc_port = free_port()
+    grpc_port = listen_port()
     broker = BrokerServer(
         workdir / "rmq5-store", workdir / "logs",
         ["--grpc-port", str(grpc_port), "--set", f"topics={json.dumps({TOPIC: 4})}",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from broker_sim.common.net import listen_port
 from reliable.demo.errors import ServiceStartError
 
 log = logging.getLogger("reliable.demo")
@@ -43,13 +44,6 @@ def on_orphaned(callback: Callable[[], None], interval_s: float = 1.0) -> None:
         callback()
 
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
@@ -146,8 +140,8 @@ class BrokerServer:
     store_dir: Path
     log_dir: Path
     extra_args: list[str] = field(default_factory=list)
-    namesrv_port: int = field(default_factory=free_port)
-    broker_port: int = field(default_factory=free_port)
+    namesrv_port: int = field(default_factory=listen_port)
+    broker_port: int = field(default_factory=listen_port)
     process: ManagedProcess | None = None
     restarts: int = 0
 
@@ -217,7 +211,7 @@ class RedisServer:
 
     db_path: Path
     log_dir: Path
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=listen_port)
     process: ManagedProcess | None = None
 
     @property

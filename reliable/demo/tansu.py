@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from broker_sim.common.net import listen_port
+
 #: consumer group settings for tests: quick joins and quick detection of a killed member
 FAST_GROUP: dict[str, Any] = {
     "session.timeout.ms": 4000,
@@ -32,12 +34,6 @@ FAST_GROUP: dict[str, Any] = {
     "fetch.wait.max.ms": 50,
     "reconnect.backoff.max.ms": 500,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(port: int) -> bool:
@@ -61,7 +57,7 @@ def tansu_binary() -> Path | None:
 class Tansu:
     binary: Path
     log_path: Path
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=listen_port)
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from broker_sim.common.net import listen_port
 from reliable import Reliability
 from reliable.cli import main
 from reliable.models import utcnow
 from reliable.sweeper import metrics
 from reliable.types import StubStatus
-from tests.services import free_port
 from tests.sweeper.helpers import add_inbox_without_stub, add_stub, clean, get_inbox, set_inbox
 from tests.sweeper.senders import MEMORY
 
@@ -217,7 +217,7 @@ def test_missing_or_unmigrated_database_is_one_line_with_the_upgrade_hint(
 
 
 def test_metrics_are_served(sqlite_rel: Reliability) -> None:
-    port = free_port()
+    port = listen_port()
     metrics.serve(port)
     metrics.ROUNDS.inc()
     deadline = time.monotonic() + 10

@@ -14,13 +14,13 @@ import pytest
 from aiosmtpd.controller import Controller
 from sqlalchemy import select
 
+from broker_sim.common.net import listen_port
 from reliable import Reliability
 from reliable.models import StubNotification
 from reliable.sweeper import EmailChannel, FixedBackoff, SmtpConfig, Sweeper, WebhookChannel, revive
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.notify import Channel
 from reliable.types import StubStatus
-from tests.services import free_port
 from tests.sweeper.helpers import Clock, QueueSender, add_stub, get_stub, set_progress
 
 
@@ -80,7 +80,7 @@ def webhook() -> Iterator[Webhook]:
 def test_dead_stub_gives_exactly_one_email_and_one_webhook_even_when_both_fail_first(
     rel: Reliability, sender: QueueSender, clock: Clock, webhook: Webhook
 ) -> None:
-    port = free_port()  # nothing listens yet: the first e-mail attempt is refused
+    port = listen_port()  # nothing listens yet: the first e-mail attempt is refused
     inbox = Inbox()
     email = EmailChannel(
         SmtpConfig(
@@ -174,7 +174,7 @@ def test_dead_notices_name_the_broker_group_of_the_newest_copy_in_every_channel(
     (broker-a); a broker without groups is not given a made-up one."""
     webhook.fail_first = 0
     inbox = Inbox()
-    port = free_port()
+    port = listen_port()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()
     email = EmailChannel(

@@ -14,6 +14,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from sqlalchemy import select
 
+from broker_sim.common.net import listen_port
 from reliable import Reliability
 from reliable import constants as C
 from reliable.models import StubNotification
@@ -29,7 +30,6 @@ from reliable.sweeper.notices import (
     stall_key,
 )
 from reliable.types import StubStatus
-from tests.services import free_port
 from tests.sweeper.helpers import T0, Clock, MemoryChannel, QueueSender, add_stub, set_inbox, set_progress
 from tests.sweeper.test_notify import Inbox, Webhook
 
@@ -282,7 +282,7 @@ def hook() -> Iterator[Webhook]:
 def test_stall_and_never_consumed_notices_have_their_own_text_not_the_dead_one(
     rel: Reliability, clock: Clock, hook: Webhook
 ) -> None:
-    port = free_port()
+    port = listen_port()
     inbox = Inbox()
     controller = Controller(inbox, hostname="127.0.0.1", port=port)
     controller.start()

@@ -65,9 +65,9 @@ def test_the_receipt_is_the_delivery_reports_partition_and_offset(tansu: Tansu, 
 
 
 def test_a_send_the_broker_does_not_acknowledge_raises(topic: str) -> None:
-    from tests.services import free_port
+    from broker_sim.common.net import listen_port
 
-    with KafkaSender(f"127.0.0.1:{free_port()}", timeout_s=1.0) as sender, pytest.raises(SendError):
+    with KafkaSender(f"127.0.0.1:{listen_port()}", timeout_s=1.0) as sender, pytest.raises(SendError):
         sender.send(outgoing("x", topic))
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from reliable.demo.services import BrokerServer, free_port, wait_port
+from broker_sim.common.net import listen_port
+from reliable.demo.services import BrokerServer, wait_port
 from tests.adapters.rocketmq5.conftest import Client5
 from tests.waiting import wait_until
 
@@ -22,7 +23,7 @@ TOPIC = "Interop5"
 
 @pytest.fixture
 def served(rmq5_python: Path, tmp_path: Path) -> Iterator[tuple[BrokerServer, str]]:
-    grpc_port = free_port()
+    grpc_port = listen_port()
     srv = BrokerServer(
         tmp_path / "store", tmp_path / "logs",
         ["--grpc-port", str(grpc_port), "--set", f"topics={json.dumps({TOPIC: 2})}",
