@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from broker_sim.common.net import listen_port
+from reliable.demo.services import port_open
 
 #: consumer group settings for tests: quick joins and quick detection of a killed member
 FAST_GROUP: dict[str, Any] = {
@@ -34,14 +34,6 @@ FAST_GROUP: dict[str, Any] = {
     "fetch.wait.max.ms": 50,
     "reconnect.backoff.max.ms": 500,
 }
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.1):
-            return True
-    except OSError:
-        return False
 
 
 def tansu_binary() -> Path | None:
@@ -89,7 +81,7 @@ class Tansu:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout_s
-        while not port_open(self.port):
+        while not port_open(self.port, timeout=0.1):
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"tansu exited with {self.proc.returncode}; see {self.log_path}")
             if time.monotonic() > deadline:
