@@ -8,7 +8,9 @@ Outcome table (reference §C): found → SUCCESS, next = offset + units scanned;
 → PULL_NOT_FOUND next 0 (elsewhere PULL_OFFSET_MOVED); offset == max → PULL_NOT_FOUND (held if SUSPEND);
 offset < min → PULL_OFFSET_MOVED next min; offset > max → PULL_OFFSET_MOVED next max (4.9.8's
 ``DefaultMessageStore.getMessage``; 4.9.0–4.9.3 answered next 0 while the min offset was 0); everything
-scanned filtered out → PULL_RETRY_IMMEDIATELY.
+scanned filtered out → PULL_RETRY_IMMEDIATELY. A slave moves no offset (``offsetCheckInSlave`` off, the
+default): instead of PULL_OFFSET_MOVED it answers PULL_RETRY_IMMEDIATELY with the offset asked for and sends
+the reader to the group's broker id (the master) — a slave that lacks part of a queue says so, not "move on".
 
 Every reply names the node the client should read the queue from next (``suggestWhichBrokerId``, see
 :meth:`PullMessageProcessor._suggest`): with ``slave_read_enable`` a slave when the read was slow (further
@@ -28,6 +30,7 @@ from broker_sim.common.errors import BrokerResponseError, NoPermissionError, Top
 from broker_sim.common.message import SysFlag
 from broker_sim.common.requests import PullMessageRequest, PullMessageResponse, ResponseCode
 from broker_sim.common.scheduler import Handle
+from broker_sim.store.config import BrokerRole
 from broker_sim.store.results import DispatchRequest, GetMessageStatus
 
 if TYPE_CHECKING:
@@ -138,6 +141,15 @@ class PullMessageProcessor:
             code = ResponseCode.PULL_NOT_FOUND if req.queue_offset == 0 else ResponseCode.PULL_OFFSET_MOVED
         else:
             code = _CODES[status]
+        suggest = self._suggest(req.consumer_group, result.suggest_pulling_from_slave)
+        store_cfg = store.config
+        if (
+            code == ResponseCode.PULL_OFFSET_MOVED
+            and store_cfg.broker_role is BrokerRole.SLAVE
+            and not store_cfg.offset_check_in_slave
+        ):  # "none correction": the reader keeps its offset and is sent to the group's broker (the master)
+            code = ResponseCode.PULL_RETRY_IMMEDIATELY
+            suggest = b.groups.find(req.consumer_group).broker_id
         return PullMessageResponse(
             code,
             result.next_begin_offset,
@@ -145,7 +157,7 @@ class PullMessageProcessor:
             result.max_offset,
             records=[m.raw for m in result.messages],
             broker_name=b.config.broker_name,
-            suggest_which_broker_id=self._suggest(req.consumer_group, result.suggest_pulling_from_slave),
+            suggest_which_broker_id=suggest,
         )
 
     def _suggest(self, group: str, slow: bool) -> int:

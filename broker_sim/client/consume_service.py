@@ -167,7 +167,7 @@ class ConcurrentConsumeService:
             )
             c.send_message_back(m, 3)
             off = pq.remove_messages([m])
-            if off >= 0:
+            if off >= 0 and not pq.dropped:
                 c.offset_store.update_offset(mq, off, True)
 
     def shutdown(self, wait: bool) -> None:

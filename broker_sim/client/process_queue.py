@@ -1,10 +1,15 @@
 """The consumer's in-flight window for one message queue.
 
 Pulled messages wait here, keyed by queue offset, until the listener has finished them. The offset a consumer
-may commit is the *smallest unfinished* offset (or ``max pulled + 1`` when nothing is in flight): committing
+may commit is the *smallest unfinished* offset (or ``last pulled + 1`` when nothing is in flight): committing
 anything larger could skip a message still being processed if the consumer died. This is exactly why one
 stalled message holds a queue's committed offset back while later ones finish (seed 000 §2.3), and why a crash
 then redelivers everything after it.
+
+"Last pulled", not "largest ever pulled" (RocketMQ's ``ProcessQueue.queueOffsetMax`` is assigned, not
+maximised): when the broker moves a queue's offset back — a master that came back behind its slave answers
+``PULL_OFFSET_MOVED`` — the window follows the new position. A largest-ever value would make the first
+commit after the move jump past every message the master stores between the new position and the old one.
 
 Orderly consumption moves messages from the window into a "consuming" map with :meth:`take_messages` and
 either :meth:`commit`\\ s them or puts them back with :meth:`make_message_to_consume_again`.
@@ -55,7 +60,7 @@ class ProcessQueue:
                 bisect.insort(self._offsets, off)
                 self._msgs[off] = msg
                 self._size_bytes += len(msg.body)
-                self.queue_offset_max = max(self.queue_offset_max, off)
+                self.queue_offset_max = off  # a pull's messages come in offset order: the last one
                 added += 1
             dispatch = added > 0 and not self.consuming and bool(self._msgs)
             if dispatch:
@@ -76,7 +81,7 @@ class ProcessQueue:
             return self._offsets[0] if self._offsets else self.queue_offset_max + 1
 
     def committable_offset(self) -> int:
-        """Smallest unfinished offset, or max pulled + 1 when nothing is in flight (-1 if nothing pulled)."""
+        """Smallest unfinished offset, or last pulled + 1 when nothing is in flight (-1 if nothing pulled)."""
         with self._lock:
             candidates = ([self._offsets[0]] if self._offsets else []) + (
                 [min(self._consuming)] if self._consuming else []

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from broker_sim.client.offset_store import ReadOffsetType
-from broker_sim.client.rebalance import PullRequest
+from broker_sim.client.rebalance import PullRequest, Rebalancer
 from broker_sim.common.message import SysFlag
 from broker_sim.common.requests import MessageModel, PullMessageRequest, PullMessageResponse, PullStatus
 
@@ -55,6 +55,7 @@ class PullHost(Protocol):
     pull_time_delay_ms_when_exception: int
     #: pulls held back by flow control (counted, logged every 1000th)
     flow_control_times: int
+    rebalancer: Rebalancer
 
     @property
     def orderly(self) -> bool: ...
@@ -167,7 +168,12 @@ class PullService:
             if pr.pq.msg_count == 0:  # correctTagsOffset: nothing in flight, so the pulled-to offset is safe
                 c.offset_store.update_offset(pr.mq, pr.next_offset, True)
         else:
+            # OFFSET_ILLEGAL (DefaultMQPushConsumerImpl): the queue's window is dropped, so messages still in
+            # a listener commit nothing, and pulling goes on from the broker's offset with a new window. Java
+            # waits 10 s and leaves the new window to the next rebalance; here it is made at once.
             log.warning("%s: offset of %s illegal, moving to %d", c.group, pr.mq, pr.next_offset)
             c.offset_store.update_offset(pr.mq, pr.next_offset, False)
             c.offset_store.persist(pr.mq)
+            c.rebalancer.restart_queues(pr.mq.topic, {pr.mq: pr.next_offset})
+            return
         c.pull_queue.put(pr)

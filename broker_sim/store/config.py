@@ -105,6 +105,9 @@ class StoreConfig:
     disk_usage: Callable[[], float] | None = None
     # --- replication (HAService) ---
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
+    #: offsetCheckInSlave: a SLAVE moves a reader's out-of-range offset as a master does (off: it leaves it
+    #: alone and sends the reader to the master, so a slave behind its master never moves a consumer)
+    offset_check_in_slave: bool = False
     #: a master's HA port (haListenPort; 0 = any free port); None = no replication service (a lone broker)
     ha_listen_port: int | None = None
     #: the host a master's HA port binds (None: the store host, which is also what is announced)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker_sim.store.commit_log import CommitLog
-from broker_sim.store.config import StoreConfig
+from broker_sim.store.config import BrokerRole, StoreConfig
 from broker_sim.store.consume_queue import ConsumeQueue
 from broker_sim.store.errors import StoreNotRunningError
 from broker_sim.store.index_service import IndexService
@@ -65,15 +65,16 @@ class StoreReader:
             raise StoreNotRunningError("message store is not running")
         cq = self._cqs.get((topic, queue_id))
         hi = 0 if cq is None else cq.max_offset
+        moved = self._corrected
         if cq is None or hi == 0:
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, moved(offset, 0), 0, 0)
         lo = cq.min_offset
         if offset < lo:
-            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, moved(offset, lo), lo, hi)
         if offset == hi:
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
         if offset > hi:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, moved(offset, hi), lo, hi)
         cfg = self.config
         max_units = max(cfg.max_filter_units, max_msg_nums * 20) // 20
         cl = self.commit_log
@@ -135,8 +136,19 @@ class StoreReader:
             return GetMessageResult(GetMessageStatus.FOUND, offset + scanned, lo, hi, msgs, slow)
         if scanned == 0:
             per = cfg.consume_queue_units
-            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset + per - offset % per, lo, hi)
+            next_file = offset + per - offset % per
+            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, moved(offset, next_file), lo, hi)
         return GetMessageResult(status, offset + scanned, lo, hi, suggest_pulling_from_slave=slow)
+
+    def _corrected(self, offset: int, new: int) -> int:
+        """``nextOffsetCorrection``: where a reader whose offset is out of range goes next — ``new`` on a
+        master; on a slave its own offset, unless ``offset_check_in_slave``. A slave may be behind its master
+        (dispatch lag, an unreplicated tail, only the master's last segment copied), so what it lacks is no
+        reason to move a consumer."""
+        cfg = self.config
+        if cfg.broker_role is BrokerRole.SLAVE and not cfg.offset_check_in_slave:
+            return offset
+        return new
 
     def memory_share(self) -> int:
         """Bytes of the commit log's tail RocketMQ counts as "in memory":

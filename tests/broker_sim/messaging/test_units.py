@@ -47,10 +47,25 @@ def test_committed_offset_is_smallest_unfinished_then_max_plus_one() -> None:
     assert pq.remove_messages([stalled]) == -1  # nothing in flight at all
 
 
+def test_window_ends_at_the_last_pulled_offset() -> None:
+    """RocketMQ's ``queueOffsetMax`` is the last pulled offset, not the largest ever: pulled at 20, 21 and
+    then (the offset moved back) at 0..2, the window commits 3 once all is finished, not 22 — 22 would skip
+    what the broker stores at 3..21 next. (The pull loop also gives a moved queue a new window.)"""
+    pq = ProcessQueue()
+    before = msgs(20, 21)
+    pq.put_messages(before)
+    assert pq.remove_messages(before) == 22
+    after = msgs(0, 1, 2)
+    pq.put_messages(after)
+    assert pq.remove_messages(after) == 3
+    assert pq.committable_offset() == 3
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 10_000), min_size=1, max_size=60, unique=True), st.randoms())
 def test_commit_offset_never_passes_an_unfinished_message(offsets: list[int], rnd) -> None:  # type: ignore[no-untyped-def]
     pq = ProcessQueue()
+    offsets = sorted(offsets)  # a pull returns a queue's messages in offset order
     batch = msgs(*offsets)
     pq.put_messages(batch)
     pending = set(offsets)
