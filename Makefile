@@ -34,6 +34,9 @@ typecheck: install
 	$(BIN)/mypy
 	$(BIN)/mypy tests bench jobs
 
+# the fifteen slowest tests close the report, so each CI log shows where its time went (30-minute limit)
+PYTEST_ARGS ?= --durations=15
+
 pytest: install system-deps services
 	$(BIN)/pytest $(PYTEST_ARGS)
 

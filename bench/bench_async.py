@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from bench.bench_core import _clean_redis, _ledger_sql, database, envelopes, fresh, make_rel
+from bench.harness import clean_redis, database, envelopes, fresh, ledger_sql, make_rel
 from reliable import Envelope, Reliability, idempotent_consumer
 
 TASKS = 64
@@ -36,7 +36,7 @@ TARGET = 1.5
 
 def handlers(rel: Reliability, io_ms: float) -> tuple[object, object]:
     """The sync and the async guarded handler: one ledger row, then ``io_ms`` of waiting on "the network"."""
-    sql = _ledger_sql(rel)
+    sql = ledger_sql(rel)
     wait_s = io_ms / 1000
 
     def handler(env: Envelope, session: Session) -> None:
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
             loop.run_until_complete(rel.aclose())
         finally:
             loop.close()
-            _clean_redis(rel.redis, prefix)
+            clean_redis(rel.redis, prefix)
             rel.close()
     return 0
 

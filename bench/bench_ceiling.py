@@ -5,7 +5,7 @@ baseline is that alone: one single-row ``INSERT`` + ``COMMIT`` per message on on
 else. Ours: ``@idempotent_consumer`` with the defaults (Redis on), one new message per call, producer stubs
 present, the handler doing the same single-row insert. Target ≥ 0.7 on PostgreSQL.
 
-Both sides run interleaved in chunks in the same process (see :func:`bench.bench_core.interleaved`); the
+Both sides run interleaved in chunks in the same process (see :func:`bench.harness.interleaved`); the
 figure is the median of ``--runs`` ratios (fresh ids each run).
 
 ``python -m bench ceiling [--n 300] [--chunks 6] [--runs 3]``
@@ -18,24 +18,15 @@ import os
 import statistics
 from collections.abc import Callable, Sequence
 
-from bench.bench_core import (
-    Runner,
-    _ledger_sql,
-    add_stubs,
-    envelopes,
-    fresh,
-    guarded,
-    interleaved,
-    report,
-    scratch_rel,
-)
+from bench.bench_core import guarded
+from bench.harness import Runner, add_stubs, envelopes, fresh, interleaved, ledger_sql, report, scratch_rel
 from reliable import Envelope, Reliability
 
 
 def commit_loop(rel: Reliability) -> tuple[Runner, Callable[[], None]]:
     """One held connection; per message one single-row INSERT and a COMMIT (returns run, close)."""
     conn = rel.engine.connect()
-    sql = _ledger_sql(rel)
+    sql = ledger_sql(rel)
 
     def run(envs: Sequence[Envelope]) -> None:
         for e in envs:

@@ -17,7 +17,7 @@ any guard making these round trips and writing these rows can reach from CPython
 * floor ÷ baseline is the best b2 / b5 could be without dropping a round trip or a written row, and
 * guard ÷ floor is what everything else (the framework) costs.
 
-Two paths, each interleaved in one process (:func:`bench.bench_core.interleaved`), median of ``--runs``:
+Two paths, each interleaved in one process (:func:`bench.harness.interleaved`), median of ``--runs``:
 b2's (no producer rows: the opener claims a ``CONFIRMED`` inbox row) with Powertools, and b5's (producer stub
 and ``PENDING`` inbox row: confirm + settle) with the commit ceiling.
 
@@ -38,17 +38,8 @@ from urllib.parse import urlsplit
 import psycopg
 
 from bench.bench_ceiling import commit_loop
-from bench.bench_core import (
-    REDIS_URL,
-    Runner,
-    add_stubs,
-    envelopes,
-    fresh,
-    guarded,
-    interleaved,
-    powertools,
-    scratch_rel,
-)
+from bench.bench_core import guarded, powertools
+from bench.harness import REDIS_URL, Runner, add_stubs, envelopes, fresh, interleaved, scratch_rel
 from reliable import Envelope, Reliability
 from reliable import constants as C
 from reliable.models import utcnow
@@ -57,7 +48,7 @@ from reliable.stores import sql_text as T
 from reliable.stores.lease import done_value, lease_key, processing_value
 from reliable.stores.resp import encode
 
-#: the bench's bodies are all ``{}`` (bench_core.envelopes); the producer rows carry this hash
+#: the bench's bodies are all ``{}`` (bench.harness.envelopes); the producer rows carry this hash
 PAYLOAD_HASH = hashlib.sha256(b"{}").hexdigest()
 
 

@@ -32,16 +32,8 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine, text
 
-from bench.bench_core import (
-    _clean_redis,
-    add_stubs,
-    database,
-    envelopes,
-    fresh,
-    guarded,
-    interleaved,
-    make_rel,
-)
+from bench.bench_core import guarded
+from bench.harness import add_stubs, clean_redis, database, envelopes, fresh, interleaved, make_rel
 from reliable import Envelope, Reliability
 
 GROUP = "b4"
@@ -191,7 +183,7 @@ def main(argv: list[str]) -> int:
             print(f"b4 median of {len(ratios)}: {med:.2f}  target ≥ 0.8  {verdict}")
         finally:
             for rel in (empty, big):
-                _clean_redis(rel.redis, rel.settings.key_prefix)
+                clean_redis(rel.redis, rel.settings.key_prefix)
                 rel.close()
     return 0
 

@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from bench.bench_core import database, ledger, make_rel
+from bench.harness import database, ledger, make_rel
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.adapters.kafka import CONSUMER_DEFAULTS, KafkaGuardedConsumer, RetryPolicy, ensure_topics
 from reliable.demo.tansu import FAST_GROUP, Tansu, tansu_binary

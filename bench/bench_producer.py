@@ -32,7 +32,7 @@ import pika
 from sqlalchemy import Column, Integer, MetaData, String, Table
 from sqlalchemy.orm import Session
 
-from bench.bench_core import database
+from bench.harness import database
 from reliable import ConsumeResult, Envelope, Reliability, StubProducer, idempotent_consumer
 from reliable.adapters.rabbitmq import RabbitMQConsumer, RabbitMQSender, Topology
 from reliable.sender import OutgoingMessage
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", type=int, default=3)
     ap.add_argument("--only", choices=["p1", "p2", "p3"])
     args = ap.parse_args(argv)
-    with database("postgres") as url:  # the scratch PostgreSQL database of bench_core
+    with database("postgres") as url:  # the benches' scratch PostgreSQL database
         rel = Reliability(url, REDIS_URL, key_prefix=f"bp{uuid.uuid4().hex[:8]}")
         rel.create_schema()
         _md.create_all(rel.engine)

@@ -38,9 +38,10 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, delete, func, select, text
 
-from bench.bench_core import _clean_redis, database, envelopes, fresh, guarded, make_rel
+from bench.bench_core import guarded
 from bench.bench_growth import SERIES, fill
 from bench.bench_growth import explain as explain_guard
+from bench.harness import clean_redis, database, envelopes, fresh, make_rel
 from reliable import constants as C
 from reliable.models import MessageLog
 from reliable.sweeper.retention import PROTECTED, find_batch, purge_logs
@@ -239,7 +240,7 @@ def main(argv: list[str]) -> int:
                 print(f"-- pass: duty {duty}", flush=True)
                 _pass(url, rel, consumer, args, duty, survivors)
         finally:
-            _clean_redis(rel.redis, prefix)
+            clean_redis(rel.redis, prefix)
             rel.close()
     return 0
 

@@ -31,7 +31,7 @@ from sqlalchemy import Connection, bindparam, event, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session
 
-from bench.bench_core import add_stubs, database, envelopes, fresh, make_rel
+from bench.harness import add_stubs, database, envelopes, fresh, make_rel
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.stores import sql_runner
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, create_engine, text
 
-from bench.bench_core import database
+from bench.harness import database
 from reliable import Reliability
 from reliable.stores import sql_text as T
 

@@ -16,8 +16,9 @@ import pytest
 import redis as redis_lib
 from sqlalchemy import text
 
-from bench.bench_core import add_stubs, guarded, make_rel
+from bench.bench_core import guarded
 from bench.bench_floor import PAYLOAD_HASH, WireFloor
+from bench.harness import add_stubs, make_rel
 from reliable import Envelope, Reliability
 from reliable.stores.lease import lease_key
 

@@ -25,7 +25,7 @@ from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import apply, env, make_rel
-from tests.core.test_producer import RecordingSender
+from tests.core.producer.support import RecordingSender
 from tests.waiting import wait_until
 
 WAIT_S = 20.0

@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 
 from broker_sim.clock import Clock, ManualClock
-from broker_sim.store import MessageInner, MessageStore, StoreConfig
+from broker_sim.store import MessageInner, MessageStore, StoreConfig, codec
 
 StoreFactory = Callable[..., MessageStore]
+
+
+#: tests comparing the compiled codec with its twin need the extension built
+needs_c = pytest.mark.skipif(codec.compiled is None, reason="the compiled codec is not built here")
 
 
 def small_config(**overrides: Any) -> StoreConfig:

@@ -13,9 +13,7 @@ import pytest
 
 from broker_sim.store import MessageStore, PutMessageStatus, codec
 from broker_sim.store.commit_log import LockLike
-from tests.broker_sim.store.conftest import msg
-
-needs_c = pytest.mark.skipif(codec.compiled is None, reason="the compiled codec is not built")
+from tests.broker_sim.store.conftest import msg, needs_c
 
 
 def kinds() -> list[Callable[[], LockLike]]:

@@ -12,11 +12,10 @@ import pytest
 from broker_sim.clock import ManualClock
 from broker_sim.store import FlushDiskType, MessageInner, MessageStore, PutMessageStatus, codec
 from broker_sim.store.mapped_file import map_file
-from tests.broker_sim.store.conftest import small_config
+from tests.broker_sim.store.conftest import needs_c, small_config
 from tests.waiting import wait_until
 
 SIZE = 512 * 1024
-needs_c = pytest.mark.skipif(codec.compiled is None, reason="the compiled codec is not built here")
 
 
 def allocated(fd: int) -> int:

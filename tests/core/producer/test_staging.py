@@ -1,20 +1,19 @@
-"""The stub-first producer against real SQLite, PostgreSQL and MariaDB.
+"""The stub-first producer against real SQLite, PostgreSQL and MariaDB: staging with the business write,
+sending after the commit, failures and crashes between the two, bad input, voiding.
 
-The sender here is an in-process implementation of the ``Sender`` protocol that records what it was given
-(the broker side is exercised for real in tests/adapters); everything that touches a database is real.
+The sender is an in-process implementation of the ``Sender`` protocol that records what it was given (the
+broker side is exercised for real in tests/adapters); everything that touches a database is real.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Column, Integer, MetaData, String, Table, delete, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from reliable import Reliability, StubProducer, StubStatus
@@ -25,80 +24,11 @@ from reliable.errors import (
     ReliableError,
     StubNotFoundError,
 )
-from reliable.models import MessageInbox, MessageStub
+from reliable.models import MessageStub
 from reliable.producer import SendOutcome, StagedMessage, payload_hash, validate_message
 from reliable.sender import OutgoingMessage, SendReceipt
 from tests.conftest import _ensure_clean_schema
-
-T0 = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
-DELAY_S = 30.0
-
-business = MetaData()
-orders = Table(
-    "producer_test_order", business, Column("id", Integer, primary_key=True), Column("item", String(40))
-)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> dt.datetime:
-        return self.now
-
-
-class RecordingSender:
-    """Accepts every message and hands out increasing offsets on queue 3 (or fails while ``broken``)."""
-
-    def __init__(self) -> None:
-        self.sent: list[OutgoingMessage] = []
-        self.broken = False
-        self._offsets = itertools.count(100)
-
-    def send(self, message: OutgoingMessage) -> SendReceipt:
-        if self.broken:
-            raise ConnectionError("broker unreachable")
-        self.sent.append(message)
-        return SendReceipt(
-            queue_id=3, queue_offset=next(self._offsets), broker_message_id=f"b-{len(self.sent)}"
-        )
-
-
-@pytest.fixture
-def rel(db_url: str) -> Iterator[Reliability]:
-    r = Reliability(db_url, first_resend_delay_s=DELAY_S)
-    business.create_all(r.engine)
-    with r.engine.begin() as conn:
-        conn.execute(delete(orders))
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def sender() -> RecordingSender:
-    return RecordingSender()
-
-
-@pytest.fixture
-def producer(rel: Reliability, sender: RecordingSender, clock: Clock) -> StubProducer:
-    return StubProducer(rel, sender, default_group="billing", clock=clock)
-
-
-def stub(rel: Reliability, message_id: str) -> MessageStub | None:
-    with rel.session() as s:
-        return s.get(MessageStub, message_id)
-
-
-def inbox(rel: Reliability, message_id: str) -> dict[str, tuple[StubStatus, dt.datetime | None]]:
-    """group → (status, resend_at) of the message's inbox rows."""
-    with rel.session() as s:
-        rows = s.scalars(select(MessageInbox).where(MessageInbox.message_id == message_id)).all()
-        return {r.consumer_group: (r.status, r.resend_at) for r in rows}
+from tests.core.producer.support import DELAY_S, T0, Clock, RecordingSender, inbox, orders, stub
 
 
 def test_stage_commits_with_business_write_and_sends_after_commit(
@@ -401,72 +331,3 @@ def test_after_commit_failure_never_reaches_the_caller_and_is_counted(
         row = stub(rel, "h-1")
         assert row is not None and row.status is StubStatus.PENDING and row.queue_offset is None
         assert row.send_count == 0
-
-
-# --- fan-out: one stub, one inbox row per expected group ------------------------------------------------
-def test_stage_for_several_groups_writes_one_inbox_row_each(
-    rel: Reliability, producer: StubProducer, sender: RecordingSender
-) -> None:
-    with rel.session() as s:
-        staged = producer.stage(s, "f-1", "orders", b"x", groups=["billing", "audit", "search", "audit"])
-    assert staged.groups == ("billing", "audit", "search")  # in order, each once
-    assert len(sender.sent) == 1  # one send to the topic, whatever the number of groups
-    assert set(inbox(rel, "f-1")) == {"billing", "audit", "search"}
-    assert {st for st, _ in inbox(rel, "f-1").values()} == {StubStatus.PENDING}
-    with pytest.raises(DuplicateMessageIdError):  # one message, one stub: fan-out is groups=, not a 2nd stub
-        producer.publish("f-1", "orders", b"x", groups=["ledger"])
-
-
-def test_topic_subscribers_come_from_settings_then_the_default_group(
-    db_url: str, sender: RecordingSender, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("RELIABLE_TOPIC_GROUPS", "orders=billing,audit;payments=ledger")
-    with Reliability(db_url) as rel:
-        assert rel.settings.topic_groups == {"orders": ("billing", "audit"), "payments": ("ledger",)}
-        producer = StubProducer(rel, sender, default_group="fallback")
-        producer.publish("s-1", "orders", b"1")
-        producer.publish("s-2", "payments", b"2")
-        producer.publish("s-3", "refunds", b"3")  # not configured: the producer's default group
-        producer.publish("s-4", "orders", b"4", groups=["only-me"])  # explicit groups win
-        assert set(inbox(rel, "s-1")) == {"billing", "audit"}
-        assert set(inbox(rel, "s-2")) == {"ledger"}
-        assert set(inbox(rel, "s-3")) == {"fallback"}
-        assert set(inbox(rel, "s-4")) == {"only-me"}
-    with Reliability(db_url, topic_groups={}, default_group="settings-default") as rel:
-        StubProducer(rel, sender).publish("s-5", "orders", b"5")
-        assert set(inbox(rel, "s-5")) == {"settings-default"}
-
-
-def test_void_before_every_group_confirmed_voids_the_open_rows_only(
-    rel: Reliability, producer: StubProducer
-) -> None:
-    producer.publish("v-3", "orders", b"x", groups=["billing", "audit"])
-    with rel.session() as s:
-        s.execute(
-            update(MessageInbox)
-            .where(MessageInbox.message_id == "v-3", MessageInbox.consumer_group == "billing")
-            .values(status=StubStatus.CONFIRMED)
-        )
-    producer.void("v-3")
-    assert {g: st for g, (st, _) in inbox(rel, "v-3").items()} == {
-        "billing": StubStatus.CONFIRMED,  # done is done
-        "audit": StubStatus.VOIDED,
-    }
-
-
-def test_kafka_style_topic_stages_unless_the_sender_is_rocketmq(rel: Reliability) -> None:
-    """Kafka topics and groups commonly carry dots ("orders.v1"): a broker-neutral sender accepts them, while
-    a RocketMQ-family sender (whose broker refuses them: ``Validators.PATTERN``) refuses them at staging time,
-    before any row is written — not later as a stub no send can ever deliver."""
-    from reliable.adapters.broker_sim import BrokerSimSender
-
-    neutral = StubProducer(rel, RecordingSender())
-    neutral.publish("kafka-1", "orders.v1", b"{}", groups=["billing.eu"])
-    rocket = StubProducer(rel, BrokerSimSender(producer=None))  # type: ignore[arg-type]  # never sends
-    with pytest.raises(InvalidMessageError, match="not a valid name for BrokerSimSender"):
-        rocket.publish("rocket-1", "orders.v1", b"{}", groups=["billing"])
-    with pytest.raises(InvalidMessageError, match=r"consumer group 'billing\.eu'"):
-        rocket.publish("rocket-2", "orders", b"{}", groups=["billing.eu"])
-    with rel.session() as s:
-        ids = set(s.scalars(select(MessageStub.message_id)))
-    assert ids == {"kafka-1"}
