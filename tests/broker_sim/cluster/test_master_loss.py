@@ -3,7 +3,13 @@
 lost). Facts from RocketMQ 4.9.8: ``CommitLog.handleHA`` / ``HAService.isSlaveOK`` (a SYNC_MASTER
 acknowledges only what a slave has), ``MQClientInstance.findBrokerAddressInSubscribe`` (pulls and offset
 commits go to the slave when the master is not in the route), ``DefaultMQProducerImpl.sendDefaultImpl`` /
-``MQFaultStrategy`` (a failed group is skipped on retry), ``SlaveSynchronize`` (the slave's offsets).
+``MQFaultStrategy`` (a failed group is skipped on retry), ``SlaveSynchronize`` (the slave's offsets),
+``DefaultMessageStore.getMessage`` / ``nextOffsetCorrection`` (only a master moves a reader's offset).
+
+After the master's return the tests state what the group needs in both cases a power cut leaves: the master
+kept what the group had consumed (its offsets stay, nothing is consumed again), or, under ASYNC_FLUSH, it
+came back behind its slave (its offsets move into the master's range and nothing the master stores from then
+on is skipped).
 
 Times are recorded (printed, and in docs/broker_sim-ha.md), never asserted.
 """
