@@ -52,7 +52,9 @@ def test_chaos_master_loss_on_an_async_cluster_keeps_the_promise(tmp_path: Path)
         # while a master was down, no send to its group was acknowledged: they went to the other group
         assert f"{dead} SUCCESS" not in meanwhile, detail
     assert any(re.search(r"broker-[ab] SUCCESS ×\d+", d.split("meanwhile: ")[1]) for d in losses), losses
-    assert s["duplicates_suppressed"] > 0
+    # no count of duplicates is required: every fault here may or may not redeliver (a lost ACK's message is
+    # often confirmed before its resend is due), and since slaves keep a reader's offset as RocketMQ's do, a
+    # run can see none; what is required is that none was applied twice (assert_promise_kept)
 
 
 def test_slave_loss_under_sync_master_loses_nothing(tmp_path: Path) -> None:
