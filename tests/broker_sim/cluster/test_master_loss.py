@@ -290,7 +290,8 @@ def test_a_master_back_behind_its_slave_moves_the_group_into_its_range(tmp_path:
     """SYNC_MASTER + ASYNC_FLUSH with flushes ten minutes apart: the power cut takes everything the master
     acknowledged, though its slave holds all of it. The group had consumed it all. When the master is back,
     empty, the group's offsets move to 0 (NO_MESSAGE_IN_QUEUE → PULL_OFFSET_MOVED) and it consumes every
-    message the master stores from then on, once each: none is skipped for the offsets it had reached before.
+    message the master stores from then on, once each, and commits exactly the master's offsets — not the
+    larger ones it had reached before (which would skip what the master stores up to them).
     (What the slave holds beyond the master is not read again: RocketMQ 4.x master/slave cannot reconcile
     them; see docs/broker_sim-ha.md.)"""
     never = 600_000
@@ -328,7 +329,8 @@ def test_a_master_back_behind_its_slave_moves_the_group_into_its_range(tmp_path:
                 what="offsets at 0",
             )
             # stored by the master, acknowledged or not: SLAVE_NOT_AVAILABLE until its slave reconnects
-            after_bodies = {f"after{i}".encode() for i in range(40)}
+            # fewer than before: a window that still remembered the old offsets would commit past them
+            after_bodies = {f"after{i}".encode() for i in range(20)}
             returned = Producer(cluster.namesrv, "HaAfterPG")
             try:
                 for body in sorted(after_bodies):
