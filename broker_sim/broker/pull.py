@@ -30,7 +30,6 @@ from broker_sim.common.errors import BrokerResponseError, NoPermissionError, Top
 from broker_sim.common.message import SysFlag
 from broker_sim.common.requests import PullMessageRequest, PullMessageResponse, ResponseCode
 from broker_sim.common.scheduler import Handle
-from broker_sim.store.config import BrokerRole
 from broker_sim.store.results import DispatchRequest, GetMessageStatus
 
 if TYPE_CHECKING:
@@ -141,15 +140,12 @@ class PullMessageProcessor:
             code = ResponseCode.PULL_NOT_FOUND if req.queue_offset == 0 else ResponseCode.PULL_OFFSET_MOVED
         else:
             code = _CODES[status]
-        suggest = self._suggest(req.consumer_group, result.suggest_pulling_from_slave)
-        store_cfg = store.config
-        if (
-            code == ResponseCode.PULL_OFFSET_MOVED
-            and store_cfg.broker_role is BrokerRole.SLAVE
-            and not store_cfg.offset_check_in_slave
-        ):  # "none correction": the reader keeps its offset and is sent to the group's broker (the master)
+        if code == ResponseCode.PULL_OFFSET_MOVED and not store.config.moves_readers:
+            # "none correction": the reader keeps its offset and is sent to the group's broker (the master)
             code = ResponseCode.PULL_RETRY_IMMEDIATELY
             suggest = b.groups.find(req.consumer_group).broker_id
+        else:
+            suggest = self._suggest(req.consumer_group, result.suggest_pulling_from_slave)
         return PullMessageResponse(
             code,
             result.next_begin_offset,

@@ -129,6 +129,12 @@ class StoreConfig:
             raise ValueError("max_message_size out of range")
         self.delay_levels_ms = parse_delay_levels(self.message_delay_level)
 
+    @property
+    def moves_readers(self) -> bool:
+        """Whether this store gives a reader whose offset is out of range a new one
+        (``nextOffsetCorrection``): a master does; a slave only with ``offset_check_in_slave``."""
+        return self.broker_role is not BrokerRole.SLAVE or self.offset_check_in_slave
+
     def delete_hours(self) -> set[int]:
         """``"04"`` or ``"04;16"`` → ``{4, 16}`` (RocketMQ's ``deleteWhen``)."""
         return {int(h) for h in self.delete_when.split(";") if h.strip()}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker_sim.store.commit_log import CommitLog
-from broker_sim.store.config import BrokerRole, StoreConfig
+from broker_sim.store.config import StoreConfig
 from broker_sim.store.consume_queue import ConsumeQueue
 from broker_sim.store.errors import StoreNotRunningError
 from broker_sim.store.index_service import IndexService
@@ -141,14 +141,11 @@ class StoreReader:
         return GetMessageResult(status, offset + scanned, lo, hi, suggest_pulling_from_slave=slow)
 
     def _corrected(self, offset: int, new: int) -> int:
-        """``nextOffsetCorrection``: where a reader whose offset is out of range goes next — ``new`` on a
-        master; on a slave its own offset, unless ``offset_check_in_slave``. A slave may be behind its master
-        (dispatch lag, an unreplicated tail, only the master's last segment copied), so what it lacks is no
-        reason to move a consumer."""
-        cfg = self.config
-        if cfg.broker_role is BrokerRole.SLAVE and not cfg.offset_check_in_slave:
-            return offset
-        return new
+        """``nextOffsetCorrection``: where a reader whose offset is out of range goes next — ``new`` where the
+        store moves readers (a master), else its own offset. A slave may be behind its master (dispatch lag,
+        an unreplicated tail, only the master's last segment copied), so what it lacks is no reason to move a
+        consumer."""
+        return new if self.config.moves_readers else offset
 
     def memory_share(self) -> int:
         """Bytes of the commit log's tail RocketMQ counts as "in memory":

@@ -90,9 +90,9 @@ def group_consumer(cluster: ClusterProcess, deliveries: Deliveries) -> PushConsu
     return consumer.start()
 
 
-def committed(probe: RemotingTransport, q: int, broker: str = "broker-a") -> int:
-    """HaCG's committed offset of ``broker``'s queue ``q`` (its master's, or its slave's while it is down)."""
-    return probe.query_consumer_offset("HaCG", TOPIC, q, broker) or 0
+def committed(probe: RemotingTransport, q: int) -> int:
+    """HaCG's committed offset of broker-a's queue ``q`` (its master's, or its slave's while it is down)."""
+    return probe.query_consumer_offset("HaCG", TOPIC, q, "broker-a") or 0
 
 
 def master_back(cluster: ClusterProcess, probe: RemotingTransport, consumer: PushConsumer) -> dict[int, int]:
