@@ -80,6 +80,7 @@ class SendMessageService:
                 topic = dlq_topic(group)
                 self.broker.topics.create_in_send_back(topic, 1, int(Perm.READ_WRITE))
                 queue_id = 0
+                props.pop(Prop.DELAY, None)  # dead-lettered at once, not after the retry's delay
         # As SendMessageProcessor does: the broker's cluster name is added, and WAIT is not stored.
         props.pop(Prop.WAIT, None)
         props[Prop.CLUSTER] = self.broker.config.cluster_name

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol, Union
 
 from broker_sim.client.process_queue import ProcessQueue
+from broker_sim.client.send_back import SendBackHost
 from broker_sim.common.constants import RETRY_GROUP_TOPIC_PREFIX
-from broker_sim.common.errors import BrokerResponseError, TransportError
 from broker_sim.common.message import (
     ConsumeOrderlyStatus,
     ConsumeStatus,
@@ -29,24 +29,15 @@ from broker_sim.common.message import (
     Prop,
     SysFlag,
 )
-from broker_sim.common.requests import ConsumerSendMsgBackRequest, MessageModel
+from broker_sim.common.requests import MessageModel
 
 if TYPE_CHECKING:
     from broker_sim.client.offset_store import OffsetStore
     from broker_sim.client.rebalance import Rebalancer
     from broker_sim.clock import Clock
     from broker_sim.common.scheduler import Scheduler
-    from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger(__name__)
-
-
-class SendBackHost(Protocol):
-    """What sending a message back for redelivery needs of the consumer."""
-
-    group: str
-    transport: BrokerTransport
-    max_reconsume_times: int
 
 
 class ConsumeHost(SendBackHost, Protocol):
@@ -252,28 +243,3 @@ class OrderlyConsumeService:
 
     def shutdown(self, wait: bool) -> None:
         self.executor.shutdown(wait=wait, cancel_futures=not wait)
-
-
-def send_back_request(
-    msg: MessageExt, group: str, delay_level: int, max_reconsume_times: int
-) -> ConsumerSendMsgBackRequest:
-    return ConsumerSendMsgBackRequest(
-        group=group,
-        offset=msg.commit_log_offset,
-        delay_level=delay_level,
-        origin_msg_id=msg.msg_id,
-        origin_topic=msg.topic,
-        max_reconsume_times=max_reconsume_times,
-        broker_name=msg.broker_name or "",
-    )
-
-
-def try_send_back(consumer: SendBackHost, msg: MessageExt, delay_level: int) -> bool:
-    try:
-        consumer.transport.consumer_send_msg_back(
-            send_back_request(msg, consumer.group, delay_level, consumer.max_reconsume_times)
-        )
-        return True
-    except (TransportError, BrokerResponseError) as exc:
-        log.warning("send back of %s for %s failed: %s; retrying locally", msg.msg_id, consumer.group, exc)
-        return False

@@ -28,6 +28,7 @@ from broker_sim.client.selectors import (
 )
 from broker_sim.client.send_retry import send_with_retries
 from broker_sim.clock import Clock
+from broker_sim.common.constants import is_retry_topic
 from broker_sim.common.errors import (
     BrokerResponseError,
     ClientStateError,
@@ -62,6 +63,13 @@ _STATUS = {
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
     ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
+
+
+def _count(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidMessageError(f"property {name} must be a whole number, got {value!r}") from None
 
 
 class Producer(ClientBase):
@@ -201,14 +209,24 @@ class Producer(ClientBase):
         return body, sys_flag
 
     def _request(self, msg: Message, mq: MessageQueue, sys_flag: int) -> SendMessageRequest:
+        props = dict(msg.properties)
+        reconsume_times, max_reconsume_times = 0, None
+        if is_retry_topic(msg.topic):
+            # a retry copy the client sends itself: its counts travel in the header, where the broker
+            # decides on the DLQ (DefaultMQProducerImpl.sendKernelImpl)
+            reconsume_times = _count(props.pop(Prop.RECONSUME_TIME, "0"), Prop.RECONSUME_TIME)
+            if Prop.MAX_RECONSUME_TIMES in props:
+                max_reconsume_times = _count(props.pop(Prop.MAX_RECONSUME_TIMES), Prop.MAX_RECONSUME_TIMES)
         return SendMessageRequest(
             producer_group=self.group,
             topic=msg.topic,
             queue_id=mq.queue_id,
-            properties=dict(msg.properties),
+            properties=props,
             sys_flag=sys_flag,
             born_timestamp=self.clock.now_ms(),
             flag=msg.flag,
+            reconsume_times=reconsume_times,
+            max_reconsume_times=max_reconsume_times,
             default_topic_queue_nums=self.default_topic_queue_nums,
             broker_name=mq.broker_name,
         )

@@ -12,9 +12,9 @@ import zlib
 from dataclasses import dataclass, field
 
 from broker_sim.client.client_base import ClientBase, check_group
-from broker_sim.client.consume_service import send_back_request
 from broker_sim.client.offset_store import ReadOffsetType, RemoteBrokerOffsetStore
 from broker_sim.client.pull_nodes import PullNodeTable
+from broker_sim.client.send_back import send_back_request
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression
 from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError

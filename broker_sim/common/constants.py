@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+#: the group of the producer a consumer sends its own retry copies with (MixAll.CLIENT_INNER_PRODUCER_GROUP)
+INNER_PRODUCER_GROUP = "CLIENT_INNER_PRODUCER"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
