@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from broker_sim.client.client_base import ClientBase, check_group
 from broker_sim.client.offset_store import ReadOffsetType, RemoteBrokerOffsetStore
 from broker_sim.client.pull_nodes import PullNodeTable
-from broker_sim.client.send_back import send_back_request
+from broker_sim.client.send_back import InnerProducer, send_back
 from broker_sim.clock import Clock
 from broker_sim.common.constants import parse_tag_expression
 from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
@@ -61,6 +61,7 @@ class PullConsumer(ClientBase):
         super().__init__(broker_or_address, clock=clock, instance_name=instance_name)
         self.group = group
         self.max_reconsume_times = max_reconsume_times
+        self.inner_producer = InnerProducer(broker_or_address, self.clock)  # retry copies (send_back)
         self.offset_store = RemoteBrokerOffsetStore(self.transport, group)
         #: the node of each queue's group the next pull goes to (the last reply's suggestion)
         self.pull_nodes = PullNodeTable()
@@ -96,6 +97,7 @@ class PullConsumer(ClientBase):
             self.transport.unregister_client(self.client_id, None, self.group)
         except (TransportError, BrokerResponseError) as exc:
             log.warning("%s: unregister failed: %s", self.group, exc)
+        self.inner_producer.shutdown()
         self.transport.close()
 
     def _check(self) -> None:
@@ -193,8 +195,8 @@ class PullConsumer(ClientBase):
         return self.transport.search_offset_by_timestamp(mq.topic, mq.queue_id, timestamp_ms, mq.broker_name)
 
     def send_message_back(self, msg: MessageExt, delay_level: int = 0) -> None:
-        """Hand a failed message to the broker's retry path (``%RETRY%`` or, past the maximum, ``%DLQ%``)."""
+        """Hand a failed message to the broker's retry path (``%RETRY%`` or, past the maximum, ``%DLQ%``);
+        when its broker cannot take it, a retry copy goes through the client's own producer
+        (:mod:`broker_sim.client.send_back`)."""
         self._check()
-        self.transport.consumer_send_msg_back(
-            send_back_request(msg, self.group, delay_level, self.max_reconsume_times)
-        )
+        send_back(self, msg, delay_level)

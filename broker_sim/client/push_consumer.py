@@ -31,13 +31,12 @@ from broker_sim.client.offset_store import (
     RemoteBrokerOffsetStore,
 )
 from broker_sim.client.process_queue import ProcessQueue
-from broker_sim.client.producer import Producer
 from broker_sim.client.pull_nodes import PullNodeTable
 from broker_sim.client.pull_service import PullService
 from broker_sim.client.rebalance import PullRequest, Rebalancer
-from broker_sim.client.send_back import try_send_back
+from broker_sim.client.send_back import InnerProducer, try_send_back
 from broker_sim.clock import Clock
-from broker_sim.common.constants import INNER_PRODUCER_GROUP, parse_tag_expression, retry_topic
+from broker_sim.common.constants import parse_tag_expression, retry_topic
 from broker_sim.common.errors import BrokerResponseError, ClientStateError, TransportError
 from broker_sim.common.message import MessageExt, MessageQueue
 from broker_sim.common.requests import (
@@ -51,7 +50,6 @@ from broker_sim.common.requests import (
     SubscriptionData,
 )
 from broker_sim.common.scheduler import Scheduler
-from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +86,7 @@ class PushConsumer(ClientBase):
     ) -> None:
         check_group(group)
         super().__init__(broker_or_address, clock=clock, instance_name=instance_name)
-        # what the client's own producer (retry copies, see send_back) connects through; a ready transport
-        # is the caller's to close, so a consumer built on one has no such producer
-        self._producer_target = None if isinstance(broker_or_address, BrokerTransport) else broker_or_address
-        self._retry_producer: Producer | None = None
-        self._retry_producer_lock = threading.Lock()
+        self.inner_producer = InnerProducer(broker_or_address, self.clock)  # retry copies (send_back)
         self.group = group
         self.message_model = message_model
         self.consume_from_where = consume_from_where
@@ -275,7 +269,7 @@ class PushConsumer(ClientBase):
             self.transport.unregister_client(self.client_id, None, self.group)
         except (TransportError, BrokerResponseError) as exc:
             log.warning("%s: unregister failed: %s", self.group, exc)
-        self._stop_retry_producer()
+        self.inner_producer.shutdown()
         self.transport.close()
 
     def kill(self) -> None:
@@ -290,7 +284,7 @@ class PushConsumer(ClientBase):
                 pq.dropped = True
         if self.consume_service is not None:
             self.consume_service.shutdown(wait=False)
-        self._stop_retry_producer()
+        self.inner_producer.shutdown()
         self.transport.close()
 
     # -- broker callbacks -----------------------------------------------------------------------------------
@@ -327,21 +321,6 @@ class PushConsumer(ClientBase):
 
     def send_message_back(self, msg: MessageExt, delay_level: int) -> bool:
         return try_send_back(self, msg, delay_level)
-
-    def retry_producer(self) -> Producer | None:
-        """The client's own producer (``CLIENT_INNER_PRODUCER`` in RocketMQ), started on first use."""
-        if self._producer_target is None or self.stopped:
-            return None
-        with self._retry_producer_lock:
-            if self._retry_producer is None:
-                self._retry_producer = Producer(self._producer_target, INNER_PRODUCER_GROUP, clock=self.clock)
-            return self._retry_producer
-
-    def _stop_retry_producer(self) -> None:
-        with self._retry_producer_lock:
-            producer, self._retry_producer = self._retry_producer, None
-        if producer is not None:
-            producer.shutdown()
 
     def _clean_expired(self) -> None:
         svc = self.consume_service

@@ -11,28 +11,59 @@ while the master is away. The copy carries what the broker would have added: the
 (``RECONSUME_TIME``/``MAX_RECONSUME_TIMES``, which the producer moves into the request header so the
 receiving broker dead-letters it past the maximum), and delay level ``3 + reconsume times``.
 
-Only when both fail is the message retried locally (the caller's business; Java does the same with
-``submitConsumeRequestLater``).
+The push consumer retries a message in memory after 5 s only when both fail (Java's
+``submitConsumeRequestLater``); the pull consumer's caller gets the error. Both consumers do this, as
+``DefaultMQPushConsumerImpl`` and ``DefaultMQPullConsumerImpl`` do.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+import threading
+from typing import Protocol
 
-from broker_sim.common.constants import RETRY_GROUP_TOPIC_PREFIX
+from broker_sim.client.producer import Producer
+from broker_sim.clock import Clock
+from broker_sim.common.constants import INNER_PRODUCER_GROUP, RETRY_GROUP_TOPIC_PREFIX
 from broker_sim.common.errors import BrokerResponseError, ClientError
 from broker_sim.common.message import Message, MessageExt, Prop
 from broker_sim.common.requests import ConsumerSendMsgBackRequest
-
-if TYPE_CHECKING:
-    from broker_sim.client.producer import Producer
-    from broker_sim.common.transport import BrokerTransport
+from broker_sim.common.transport import BrokerTransport
 
 log = logging.getLogger(__name__)
 
 #: the delay level of a client-sent retry copy is this plus the message's reconsume count (as in Java)
 CLIENT_RETRY_BASE_LEVEL = 3
+
+
+class InnerProducer:
+    """The client's own producer (``MQClientInstance``'s ``CLIENT_INNER_PRODUCER``), started on first use and
+    shut down with its consumer. It connects the way the consumer was told to (a broker or a name server
+    address); a consumer built on a ready transport has none, since closing that transport is its caller's."""
+
+    def __init__(self, broker_or_address: object, clock: Clock) -> None:
+        self._target = None if isinstance(broker_or_address, BrokerTransport) else broker_or_address
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._producer: Producer | None = None
+        self._closed = False
+
+    def get(self) -> Producer | None:
+        if self._target is None:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            if self._producer is None:
+                self._producer = Producer(self._target, INNER_PRODUCER_GROUP, clock=self._clock)
+            return self._producer
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.shutdown()
 
 
 class SendBackHost(Protocol):
@@ -41,10 +72,7 @@ class SendBackHost(Protocol):
     group: str
     transport: BrokerTransport
     max_reconsume_times: int
-
-    def retry_producer(self) -> Producer | None:
-        """The client's own producer for retry copies, or None where the consumer has none."""
-        ...
+    inner_producer: InnerProducer
 
 
 def send_back_request(
@@ -79,24 +107,20 @@ def retry_copy(msg: MessageExt, group: str, max_reconsume_times: int) -> Message
     )
 
 
-def try_send_back(consumer: SendBackHost, msg: MessageExt, delay_level: int) -> bool:
-    """Send ``msg`` back through its broker, else as a retry copy through the client's producer; False when
-    neither took it (the caller then retries it locally)."""
+def send_back(consumer: SendBackHost, msg: MessageExt, delay_level: int) -> None:
+    """Send ``msg`` back through its broker, else as a retry copy through the client's producer; raises the
+    copy's send error when neither took it (or the first error when the consumer has no producer)."""
     try:
         consumer.transport.consumer_send_msg_back(
             send_back_request(msg, consumer.group, delay_level, consumer.max_reconsume_times)
         )
-        return True
+        return
     except (ClientError, BrokerResponseError) as exc:
         log.warning("send back of %s for %s failed: %s", msg.msg_id, consumer.group, exc)
-    producer = consumer.retry_producer()
-    if producer is None:
-        return False
-    try:
-        result = producer.send(retry_copy(msg, consumer.group, consumer.max_reconsume_times))
-    except (ClientError, BrokerResponseError) as exc:
-        log.warning("retry copy of %s for %s not sent: %s; retrying locally", msg.msg_id, consumer.group, exc)
-        return False
+        producer = consumer.inner_producer.get()
+        if producer is None:
+            raise
+    result = producer.send(retry_copy(msg, consumer.group, consumer.max_reconsume_times))
     log.info(
         "%s: %s sent as a retry copy to %s (%s queue %d)",
         consumer.group,
@@ -105,4 +129,13 @@ def try_send_back(consumer: SendBackHost, msg: MessageExt, delay_level: int) -> 
         result.broker_name,
         result.queue_id,
     )
+
+
+def try_send_back(consumer: SendBackHost, msg: MessageExt, delay_level: int) -> bool:
+    """:func:`send_back`; False when neither way took the message (the caller then retries it locally)."""
+    try:
+        send_back(consumer, msg, delay_level)
+    except (ClientError, BrokerResponseError) as exc:
+        log.warning("%s: %s not sent back: %s; retrying locally", consumer.group, msg.msg_id, exc)
+        return False
     return True

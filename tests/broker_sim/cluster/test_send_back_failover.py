@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_sim import ConsumeStatus, Message, Producer, PushConsumer
+from broker_sim import ConsumeStatus, Message, Producer, PullConsumer, PushConsumer
+from broker_sim.common.errors import TransportError
 from broker_sim.common.message import MessageExt, MessageQueue, Prop
 from broker_sim.common.requests import ConsumeFromWhere
 from broker_sim.faults import FaultInjector
@@ -76,6 +77,17 @@ class FailFirst:
             return list(self.seen.get(body, []))
 
 
+def lose_broker_a(cluster: ClusterProcess, probe: RemotingTransport) -> None:
+    """Cut broker-a's master's power and wait until the name server no longer lists it."""
+    FaultInjector().lose_master(cluster, "broker-a")
+
+    def master_gone() -> bool:
+        probe.locator.refresh()
+        return probe.locator.directory.master("broker-a") is None
+
+    assert wait_until(master_gone, timeout=60, what="broker-a's master out of the route")
+
+
 def test_a_failed_message_is_retried_through_another_master_while_its_own_is_down(tmp_path: Path) -> None:
     cluster = ClusterProcess(
         tmp_path,
@@ -104,13 +116,7 @@ def test_a_failed_message_is_retried_through_another_master_while_its_own_is_dow
             for i, body in enumerate(on_a):
                 producer.send(Message(TOPIC, body), queue=MessageQueue(TOPIC, "broker-a", i % 2))
             producer.shutdown()
-            FaultInjector().lose_master(cluster, "broker-a")
-
-            def master_gone() -> bool:
-                probe.locator.refresh()
-                return probe.locator.directory.master("broker-a") is None
-
-            assert wait_until(master_gone, timeout=60, what="broker-a's master out of the route")
+            lose_broker_a(cluster, probe)
             slave_max = {q: probe.get_max_offset(TOPIC, q, "broker-a") for q in range(2)}
             assert sum(slave_max.values()) == len(on_a)
 
@@ -155,4 +161,45 @@ def test_a_failed_message_is_retried_through_another_master_while_its_own_is_dow
         finally:
             for c in consumers:
                 c.shutdown()
+            probe.close()
+
+
+def test_a_pull_consumer_sends_its_retry_copy_to_another_master_while_its_own_is_down(tmp_path: Path) -> None:
+    """DefaultMQPullConsumerImpl.sendMessageBack (4.9.8) falls back the same way: the copy lands on the
+    group's retry topic of the master that is up, and the call returns."""
+    cluster = ClusterProcess(
+        tmp_path,
+        brokers=2,
+        slaves=1,
+        replication="sync",
+        flush="SYNC_FLUSH",
+        extra=(f"--set=topics={json.dumps({TOPIC: 1})}", f"--set=message_delay_level={LEVELS}"),
+    )
+    with cluster:
+        probe = RemotingTransport(cluster.namesrv)
+        producer = Producer(cluster.namesrv, "FailoverPG")
+        consumer = PullConsumer(cluster.namesrv, "FailoverPullCG")
+        try:
+            producer.send(Message(TOPIC, b"pulled"), queue=MessageQueue(TOPIC, "broker-a", 0))
+            producer.shutdown()
+            consumer.start()
+            lose_broker_a(cluster, probe)
+
+            def pulled() -> list[MessageExt]:
+                try:  # the first pull may still go to the dead master, which makes the client look again
+                    return consumer.pull(MessageQueue(TOPIC, "broker-a", 0), "*", 0).msgs
+                except TransportError:
+                    return []
+
+            (msg,) = wait_until(pulled, timeout=30, what="the message pulled from broker-a's slave")
+            consumer.send_message_back(msg)
+
+            def copy_on_b() -> bool:
+                return probe.get_max_offset("%RETRY%FailoverPullCG", 0, "broker-b") == 1
+
+            assert wait_until(
+                copy_on_b, timeout=30, what="the retry copy on broker-b's %RETRY%FailoverPullCG"
+            )
+        finally:
+            consumer.shutdown()
             probe.close()
