@@ -1,14 +1,18 @@
-"""``reliable stubs list|show|revive``: look at messages per consumer group and put DEAD rows back to PENDING.
+"""``reliable stubs list|show|revive|void|retire``: look at messages per consumer group and close what the
+sweeper gave up on.
 
 A message has one stub (the producer's record) and one inbox row per consumer group that must process it;
 ``list`` shows one line per (message, group), ``show`` the stub, every group's row, their deliveries and the
-notices owed, ``revive`` puts DEAD rows (all groups', or ``--group``'s) back to PENDING. The database is
-checked first: missing or un-migrated → one line with the hint to run ``reliable db upgrade``.
+notices owed, ``revive`` puts DEAD rows (all groups', or ``--group``'s) back to PENDING, ``void`` closes open
+rows without a delivery, ``retire`` voids every open row of a group taken out of service
+(:mod:`reliable.sweeper.resolve`). The database is checked first: missing or un-migrated → one line with the
+hint to run ``reliable db upgrade``.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine, case, func, select
@@ -17,12 +21,12 @@ from sqlalchemy.orm import Session
 from reliable.cli.common import add_db_options, ready_engine, require_db
 from reliable.errors import StubNotFoundError
 from reliable.models import MessageInbox, MessageLog, MessageStub, StubNotification, utcnow
-from reliable.sweeper.retention import revive
+from reliable.sweeper.resolve import count_open, retire_group, revive, void
 from reliable.types import StubStatus
 
 
 def register(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser("stubs", help="list, show and revive message stubs")
+    p: argparse.ArgumentParser = sub.add_parser("stubs", help="list, show, revive and void message stubs")
     ssub = p.add_subparsers(dest="stubs_command", metavar="ACTION", required=True)
     ls = ssub.add_parser("list", help="one line per (message, consumer group), newest first")
     ls.add_argument(
@@ -50,6 +54,20 @@ def register(sub: Any) -> None:
     rv.add_argument("--group", help="only this group's row (default: every DEAD row of the message)")
     add_db_options(rv)
     rv.set_defaults(func=_revive)
+    vd = ssub.add_parser(
+        "void", help="close PENDING/DEAD rows without a delivery (the message must not be processed any more)"
+    )
+    vd.add_argument("message_ids", nargs="+", metavar="ID")
+    vd.add_argument("--group", help="only this group's row; the others go on (default: cancel the message)")
+    add_db_options(vd)
+    vd.set_defaults(func=_void)
+    rt = ssub.add_parser("retire", help="void every open row of a consumer group taken out of service")
+    rt.add_argument("group", metavar="GROUP")
+    rt.add_argument(
+        "--yes", action="store_true", help="do it (without: only say how many rows it would void)"
+    )
+    add_db_options(rt)
+    rt.set_defaults(func=_retire)
 
 
 def _clip(text: str | None, width: int) -> str:
@@ -169,11 +187,32 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _revive(args: argparse.Namespace) -> int:
+def _on_db(args: argparse.Namespace, action: Callable[[Engine], int]) -> int:
+    """``action`` on the command's database; the engine is disposed of whatever happens."""
     engine = _engine(args)
     try:
-        count = revive(engine, args.message_ids, now=utcnow(), group=args.group)
+        return action(engine)
     finally:
         engine.dispose()
+
+
+def _revive(args: argparse.Namespace) -> int:
+    count = _on_db(args, lambda e: revive(e, args.message_ids, now=utcnow(), group=args.group))
     print(f"revived {count} row(s): PENDING, send budget reset, due at the next sweep round")
+    return 0
+
+
+def _void(args: argparse.Namespace) -> int:
+    count = _on_db(args, lambda e: void(e, args.message_ids, now=utcnow(), group=args.group))
+    print(f"voided {count} row(s): no further sends, a delivery is acknowledged without running the handler")
+    return 0
+
+
+def _retire(args: argparse.Namespace) -> int:
+    if not args.yes:
+        n = _on_db(args, lambda e: count_open(e, args.group))
+        print(f"group {args.group} has {n} open row(s); run again with --yes to void them")
+        return 0
+    count = _on_db(args, lambda e: retire_group(e, args.group, now=utcnow()))
+    print(f"retired group {args.group}: voided {count} open row(s)")
     return 0

@@ -21,7 +21,8 @@ from reliable.sweeper.backoff import (
 from reliable.sweeper.errors import NotifyError, SenderLoadError, SweeperConfigError, SweeperError
 from reliable.sweeper.notices import DeadNotice, Notice, NoticeKind
 from reliable.sweeper.notify import Channel, EmailChannel, SmtpConfig, WebhookChannel
-from reliable.sweeper.retention import purge_logs, revive
+from reliable.sweeper.resolve import retire_group, revive, void
+from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.sweeper import RoundSummary, Sweeper
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule, Verdict
 
@@ -49,5 +50,7 @@ __all__ = [
     "parse_backoff",
     "parse_duration",
     "purge_logs",
+    "retire_group",
     "revive",
+    "void",
 ]

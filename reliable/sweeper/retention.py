@@ -7,27 +7,21 @@ would lose its history. The consumer's position survives the purge in ``consume_
 yields to consumers (:mod:`.throttle`): small transactions committed without waiting for the disk, a rest
 after each batch (duty cycle, longer while batches slow down), and at most ``budget_s`` per call.
 ``log_retention = 0`` is the seed's "delete the log on success": every round deletes the log of every
-confirmed (or voided) row. Rows of a group with no inbox row age out like confirmed ones.
-
-Revive: a person fixed the cause of a ``DEAD`` row and wants it delivered. Each DEAD inbox row of the message
-(or of one group) goes back to ``PENDING`` through :func:`reliable.outbox.revive` — a full new budget, due
-now, attempts 0 — and the stub's status is derived again; the owed notifications of those (message, group)
-pairs are cleared, so a second death is reported again.
+confirmed (or voided) row. Rows of a group with no inbox row age out like confirmed ones. (What a person does
+with a row the sweeper gave up on is in :mod:`reliable.sweeper.resolve`.)
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, Exists, Select, and_, delete, exists, select
+from sqlalchemy import Engine, Exists, Select, delete, exists, select
 
 from reliable import constants as C
-from reliable import outbox
-from reliable.errors import InvalidStubStateError, StubNotFoundError
-from reliable.sweeper.selection import inbox, notif, stub
+from reliable.sweeper.selection import inbox
 from reliable.sweeper.selection import log as log_t
 from reliable.sweeper.throttle import Throttle
 from reliable.types import StubStatus
@@ -108,54 +102,3 @@ def find_batch(cutoff: dt.datetime, since: dt.datetime | None, batch: int, prote
     if since is not None:
         q = q.where(log_t.c.received_at >= since)
     return q.order_by(log_t.c.received_at).limit(batch)
-
-
-def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group: str | None = None) -> int:
-    """Put the DEAD inbox rows of ``message_ids`` (of ``group`` only, when given) back to PENDING, all or
-    nothing; an unknown id, or one without a DEAD row, raises. Returns the number of rows revived."""
-    ids = list(dict.fromkeys(message_ids))
-    if not ids:
-        return 0
-    with engine.begin() as conn:
-        known = set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(ids))).scalars())
-        missing = [i for i in ids if i not in known]
-        if missing:
-            orphans = set(
-                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(missing))).scalars()
-            )
-            hint = (
-                f" ({', '.join(i for i in missing if i in orphans)}: group rows without a stub have "
-                "nothing to re-send; stage the message again)"
-                if orphans
-                else ""
-            )
-            raise StubNotFoundError(f"no such stub: {', '.join(missing)}{hint}")
-        dead = select(inbox.c.message_id).where(
-            inbox.c.message_id.in_(ids), inbox.c.status == StubStatus.DEAD
-        )
-        if group is not None:
-            dead = dead.where(inbox.c.consumer_group == group)
-        with_dead = set(conn.execute(dead).scalars())
-        wrong = [i for i in ids if i not in with_dead]
-        if wrong:
-            whose = f"of group {group} " if group is not None else ""
-            raise InvalidStubStateError(
-                f"only DEAD rows can be revived; no DEAD row {whose}for: {', '.join(wrong)}"
-            )
-        revived = 0
-        for message_id in ids:
-            groups = list(
-                conn.execute(
-                    select(inbox.c.consumer_group).where(
-                        inbox.c.message_id == message_id,
-                        inbox.c.status == StubStatus.DEAD,
-                        *([inbox.c.consumer_group == group] if group is not None else []),
-                    )
-                ).scalars()
-            )
-            revived += outbox.revive(conn, message_id, now, group)
-            for g in groups:
-                conn.execute(
-                    delete(notif).where(and_(notif.c.message_id == message_id, notif.c.consumer_group == g))
-                )
-    return revived

@@ -113,6 +113,30 @@ def test_stubs_list_show_revive(
     assert get_inbox(sqlite_rel, "dead-1", "billing").status is StubStatus.DEAD
 
 
+def test_stubs_void_and_retire(
+    sqlite_rel: Reliability, sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The runbook's "the message must not be processed any more", and a group taken out of service, from
+    the command line."""
+    add_stub(sqlite_rel, "dead-1", groups=["billing", "audit"], status=StubStatus.DEAD)
+    add_stub(sqlite_rel, "done-1", status=StubStatus.CONFIRMED)
+    assert main(["stubs", "void", "dead-1", "done-1", "--group", "audit", "--db", sqlite_url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such row of group audit for: done-1" in err
+    assert main(["stubs", "void", "dead-1", "--group", "audit", "--db", sqlite_url]) == 0
+    assert "voided 1 row(s)" in capsys.readouterr().out
+    assert get_inbox(sqlite_rel, "dead-1", "audit").status is StubStatus.VOIDED
+    assert get_inbox(sqlite_rel, "dead-1", "billing").status is StubStatus.DEAD
+    for i in range(3):
+        add_stub(sqlite_rel, f"old-{i}", groups=["old"])
+    assert main(["stubs", "retire", "old", "--db", sqlite_url]) == 0
+    assert "group old has 3 open row(s); run again with --yes" in capsys.readouterr().out
+    assert get_inbox(sqlite_rel, "old-0", "old").status is StubStatus.PENDING  # a dry run changes nothing
+    assert main(["stubs", "retire", "old", "--yes", "--db", sqlite_url]) == 0
+    assert "retired group old: voided 3 open row(s)" in capsys.readouterr().out
+    assert {get_inbox(sqlite_rel, f"old-{i}", "old").status for i in range(3)} == {StubStatus.VOIDED}
+
+
 def test_a_row_given_up_because_its_stub_is_gone_can_be_found_and_read_by_the_person_told(
     sqlite_rel: Reliability, sqlite_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -186,8 +210,10 @@ def unmigrated_sqlite(tmp_path: Path) -> str:
         ["stubs", "list"],
         ["stubs", "show", "m-1"],
         ["stubs", "revive", "m-1"],
+        ["stubs", "void", "m-1"],
+        ["stubs", "retire", "old", "--yes"],
     ],
-    ids=["sweep", "stubs-list", "stubs-show", "stubs-revive"],
+    ids=["sweep", "stubs-list", "stubs-show", "stubs-revive", "stubs-void", "stubs-retire"],
 )
 @pytest.mark.parametrize("database", ["missing-file", "empty-file", "unmigrated", "postgres-missing-db"])
 def test_missing_or_unmigrated_database_is_one_line_with_the_upgrade_hint(

@@ -1,0 +1,185 @@
+"""Send attempts and their records: a topic send moves the stub, a targeted send (one group's resend) that
+group's inbox row; both in the guard's lock order."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, and_, bindparam, text, update
+
+from reliable.outbox.tables import inbox, stub
+from reliable.sender import OutgoingMessage, Sender, SendReceipt
+from reliable.types import StubStatus
+
+log = logging.getLogger("reliable.outbox")
+
+_ERROR_MAX = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class SendAttempt:
+    """One hand-over to a broker: ``receipt`` when accepted, else ``error`` (the reason, bounded)."""
+
+    message: OutgoingMessage
+    receipt: SendReceipt | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.receipt is not None
+
+
+def attempt_send(sender: Sender, message: OutgoingMessage) -> SendAttempt:
+    """``sender.send(message)``; any exception means "not accepted" and is returned, logged, not raised."""
+    try:
+        return SendAttempt(message, receipt=sender.send(message))
+    except Exception as exc:  # the Sender contract: any failure = not accepted; recorded on the row
+        error = f"{type(exc).__name__}: {exc}"[:_ERROR_MAX]
+        target = f" for group {message.target_group}" if message.target_group else ""
+        log.warning("send of %s%s failed: %s", message.message_id, target, error)
+        return SendAttempt(message, error=error)
+
+
+def record_sends(
+    conn: Connection, attempts: Sequence[tuple[SendAttempt, dt.datetime]], now: dt.datetime
+) -> None:
+    """Record send attempts (each with the time its row is due again) in at most four executemany calls —
+    on PostgreSQL the targeted sends in one set-based statement (a sweeper batch's hundreds of rows).
+
+    A topic send: stub ``send_count + 1``, ``last_sent_at``, ``resend_at``; landed → its broker group, queue
+    and offset and ``last_error`` cleared, failed → ``last_error``; the message's PENDING inbox rows take the
+    same due time. A targeted send: that group's inbox row ``resend_count + 1`` and ``resend_at``; landed →
+    its broker group, queue and offset (the retry topic's), ``last_error`` cleared and ``attempts`` reset to
+    0; failed → ``last_error``. No status filter: a consumer may have confirmed meanwhile; the send history
+    still belongs to the row.
+    """
+    topic_ok: list[dict[str, Any]] = []
+    topic_failed: list[dict[str, Any]] = []
+    group_ok: list[dict[str, Any]] = []
+    group_failed: list[dict[str, Any]] = []
+    for a, due in attempts:
+        m = a.message
+        row: dict[str, Any] = {
+            "b_mid": m.message_id,
+            "b_due": due,
+            "b_err": a.error,
+            "b_group": m.target_group,
+            "b_ok": a.ok,
+        }
+        if a.receipt is not None:
+            row.update(
+                b_qid=a.receipt.queue_id, b_qoff=a.receipt.queue_offset, b_broker=a.receipt.broker_name
+            )
+        if m.target_group is None:
+            (topic_ok if a.ok else topic_failed).append(row)
+        else:
+            (group_ok if a.ok else group_failed).append(row)
+    # Lock order, as the guard takes its locks: inbox rows before stubs, and within each table in message id
+    # order (the guard's ``SELECT … FOR UPDATE … ORDER BY message_id``). executemany runs the rows in list
+    # order, so staging order (b, a) against a guard batch holding a and asking for b would deadlock.
+    for rows in (topic_ok, topic_failed, group_ok, group_failed):
+        rows.sort(key=_lock_order)
+    if topic_ok or topic_failed:
+        conn.execute(
+            update(inbox)
+            .where(inbox.c.message_id == bindparam("b_mid"), inbox.c.status == StubStatus.PENDING)
+            .values(resend_at=bindparam("b_due"), updated_at=now),
+            sorted(topic_ok + topic_failed, key=_lock_order),
+        )
+    by_id = stub.c.message_id == bindparam("b_mid")
+    sent = {
+        "send_count": stub.c.send_count + 1,
+        "last_sent_at": now,
+        "updated_at": now,
+        "resend_at": bindparam("b_due"),
+    }
+    if topic_ok:
+        conn.execute(
+            update(stub)
+            .where(by_id)
+            .values(
+                queue_id=bindparam("b_qid"),
+                queue_offset=bindparam("b_qoff"),
+                broker_name=bindparam("b_broker"),
+                last_error=None,
+                **sent,
+            ),
+            topic_ok,
+        )
+    if topic_failed:
+        conn.execute(update(stub).where(by_id).values(last_error=bindparam("b_err"), **sent), topic_failed)
+    if conn.dialect.name == "postgresql" and (group_ok or group_failed):
+        _record_group_sends_pg(conn, sorted(group_ok + group_failed, key=_lock_order), now)
+        return
+    mine = and_(inbox.c.message_id == bindparam("b_mid"), inbox.c.consumer_group == bindparam("b_group"))
+    resent = {"resend_count": inbox.c.resend_count + 1, "resend_at": bindparam("b_due"), "updated_at": now}
+    if group_ok:
+        conn.execute(
+            update(inbox)
+            .where(mine)
+            .values(
+                queue_id=bindparam("b_qid"),
+                queue_offset=bindparam("b_qoff"),
+                broker_name=bindparam("b_broker"),
+                last_error=None,
+                attempts=0,
+                **resent,
+            ),
+            group_ok,
+        )
+    if group_failed:
+        conn.execute(update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed)
+
+
+#: every targeted send of a batch in one statement, the rows as one JSON document (what ``executemany``
+#: costs per row — a statement, its parameters, its reply — is most of a sweeper batch; a JSON text is
+#: cheaper to build than eight arrays). ``v`` takes the row locks in the guard's order first (a ``SELECT …
+#: ORDER BY … FOR UPDATE`` locks as it emits rows; the UPDATE's own join order is the planner's) and is the
+#: only row source the UPDATE joins, so even a generic plan is one index probe per row. A failed send
+#: (``ok`` false) keeps its row's last landed position.
+_GROUP_SENDS_PG = text(
+    """
+WITH v AS (
+    SELECT v.* FROM json_to_recordset(CAST(:rows AS json)) AS v(
+        consumer_group varchar, message_id varchar, ok boolean, due timestamptz, qid integer, qoff bigint,
+        broker varchar, err text)
+    JOIN message_inbox AS i USING (consumer_group, message_id)
+    ORDER BY i.message_id, i.consumer_group FOR UPDATE OF i
+)
+UPDATE message_inbox AS i SET
+    resend_count = i.resend_count + 1, resend_at = v.due, updated_at = :now, last_error = v.err,
+    queue_id = CASE WHEN v.ok THEN v.qid ELSE i.queue_id END,
+    queue_offset = CASE WHEN v.ok THEN v.qoff ELSE i.queue_offset END,
+    broker_name = CASE WHEN v.ok THEN v.broker ELSE i.broker_name END,
+    attempts = CASE WHEN v.ok THEN 0 ELSE i.attempts END
+FROM v WHERE i.consumer_group = v.consumer_group AND i.message_id = v.message_id
+"""
+)
+
+
+def _record_group_sends_pg(conn: Connection, rows: Sequence[Mapping[str, Any]], now: dt.datetime) -> None:
+    """The targeted sends of ``rows`` (``record_sends``' rows, in lock order) in one statement."""
+    doc = [
+        {
+            "consumer_group": r["b_group"],
+            "message_id": r["b_mid"],
+            "ok": r["b_ok"],
+            "due": r["b_due"].isoformat(),
+            "qid": r.get("b_qid"),
+            "qoff": r.get("b_qoff"),
+            "broker": r.get("b_broker"),
+            "err": r["b_err"],
+        }
+        for r in rows
+    ]
+    conn.execute(_GROUP_SENDS_PG, {"rows": json.dumps(doc), "now": now})
+
+
+def _lock_order(row: Mapping[str, Any]) -> tuple[str, str]:
+    """Rows of one executemany sorted by (message id, group): the order the guard locks them in."""
+    return (row["b_mid"], row["b_group"] or "")

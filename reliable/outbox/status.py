@@ -1,0 +1,165 @@
+"""Status transitions: the stub's status from its inbox rows, settling, giving up, reviving, voiding."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, and_, case, exists, func, or_, select, update
+
+from reliable.models import status_literal
+from reliable.outbox.tables import OPEN, inbox, stub
+from reliable.types import StubStatus
+
+
+def _derived(now: dt.datetime) -> dict[str, Any]:
+    """SET clause: the stub's status from its inbox rows (callers filter stubs that have inbox rows)."""
+    of_stub = inbox.c.message_id == stub.c.message_id
+    dead = exists().where(of_stub, inbox.c.status == StubStatus.DEAD)
+    open_ = exists().where(of_stub, inbox.c.status.in_(OPEN))
+    status = case(
+        (dead, StubStatus.DEAD.value), (open_, StubStatus.PENDING.value), else_=StubStatus.CONFIRMED.value
+    )
+    confirmed_at = case((~open_, func.coalesce(stub.c.confirmed_at, now)), else_=None)
+    return {"status": status, "confirmed_at": confirmed_at, "updated_at": now}
+
+
+def derive_status(conn: Connection, message_ids: Sequence[str], now: dt.datetime) -> None:
+    """Set each stub's status from its inbox rows (a voided stub or one without inbox rows stays as is)."""
+    if not message_ids:
+        return
+    conn.execute(
+        update(stub)
+        .where(
+            stub.c.message_id.in_(list(message_ids)),
+            stub.c.status != StubStatus.VOIDED,
+            exists().where(inbox.c.message_id == stub.c.message_id),
+        )
+        .values(**_derived(now))
+    )
+
+
+def settle(conn: Connection, now: dt.datetime) -> int:
+    """PENDING stubs whose every group confirmed (concurrent last confirms both missed it) → CONFIRMED.
+
+    Looks at every PENDING stub: its cost grows with them. The sweeper walks them in slices instead
+    (:func:`settle_slice`)."""
+    return _settle_where(conn, now, stub.c.status == status_literal(StubStatus.PENDING))
+
+
+#: where a :func:`settle_slice` walk stopped: the last stub's (resend_at, message_id); ``None``: the start
+SettleCursor = tuple[dt.datetime, str] | None
+
+
+def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit: int) -> SettleCursor:
+    """:func:`settle` for the next ``limit`` PENDING stubs in ``(resend_at, message_id)`` order after
+    ``after``: an ordered range scan of ``ix_message_stub_status_resend_at`` that stops at ``limit``, so a
+    sweep round's cost does not grow with the table. Returns where to go on (``None``: the walk reached
+    the end and starts over). A PENDING stub without ``resend_at`` (not staged by the producer) is left out.
+    """
+    q = select(stub.c.resend_at, stub.c.message_id).where(
+        stub.c.status == status_literal(StubStatus.PENDING), stub.c.resend_at.is_not(None)
+    )
+    if after is not None:
+        q = q.where(
+            or_(
+                stub.c.resend_at > after[0],
+                and_(stub.c.resend_at == after[0], stub.c.message_id > after[1]),
+            )
+        )
+    rows = conn.execute(q.order_by(stub.c.resend_at, stub.c.message_id).limit(limit)).all()
+    if rows:
+        _settle_where(
+            conn, now, and_(stub.c.status == StubStatus.PENDING, stub.c.message_id.in_([r[1] for r in rows]))
+        )
+    if len(rows) < limit:
+        return None
+    return rows[-1][0], rows[-1][1]
+
+
+def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]) -> int:
+    of_stub = inbox.c.message_id == stub.c.message_id
+    result = conn.execute(
+        update(stub)
+        .where(
+            which,
+            exists().where(of_stub),
+            ~exists().where(of_stub, inbox.c.status.in_(OPEN)),
+        )
+        .values(status=StubStatus.CONFIRMED.value, confirmed_at=now, updated_at=now)
+    )
+    return int(result.rowcount)
+
+
+def mark_dead(conn: Connection, message_id: str, group: str, now: dt.datetime, error: str | None) -> bool:
+    """Group ``group`` gave up on ``message_id`` (resends exhausted): its PENDING inbox row → DEAD."""
+    result = conn.execute(
+        update(inbox)
+        .where(
+            inbox.c.message_id == message_id,
+            inbox.c.consumer_group == group,
+            inbox.c.status == StubStatus.PENDING,
+        )
+        .values(status=StubStatus.DEAD.value, resend_at=None, updated_at=now, last_error=error)
+    )
+    derive_status(conn, [message_id], now)
+    return bool(result.rowcount)
+
+
+def revive(conn: Connection, message_id: str, now: dt.datetime, group: str | None = None) -> int:
+    """DEAD inbox rows of ``message_id`` (one group's or all) → PENDING, due now, attempts and resends 0."""
+    cond = [inbox.c.message_id == message_id, inbox.c.status == StubStatus.DEAD]
+    if group is not None:
+        cond.append(inbox.c.consumer_group == group)
+    result = conn.execute(
+        update(inbox)
+        .where(*cond)
+        .values(
+            status=StubStatus.PENDING.value,
+            attempts=0,
+            resend_count=0,
+            resend_at=now,
+            last_error=None,
+            updated_at=now,
+        )
+    )
+    derive_status(conn, [message_id], now)
+    return int(result.rowcount)
+
+
+def void(conn: Connection, message_id: str, now: dt.datetime) -> int:
+    """Cancel a message: a PENDING/DEAD stub and its open inbox rows → VOIDED; returns stubs changed (0/1)."""
+    conn.execute(  # inbox rows first: the guard's lock order
+        update(inbox)
+        .where(inbox.c.message_id == message_id, inbox.c.status.in_(OPEN))
+        .values(status=StubStatus.VOIDED, resend_at=None, updated_at=now)
+    )
+    result = conn.execute(
+        update(stub)
+        .where(stub.c.message_id == message_id, stub.c.status.in_(OPEN))
+        .values(status=StubStatus.VOIDED, resend_at=None, updated_at=now)
+    )
+    return int(result.rowcount)
+
+
+def void_rows(conn: Connection, message_ids: Sequence[str], group: str, now: dt.datetime) -> int:
+    """Close one group's open (PENDING or DEAD) rows of ``message_ids`` without a delivery: VOIDED, and each
+    stub's status derived again (the messages go on for the other groups); returns the rows changed."""
+    result = conn.execute(
+        update(inbox)
+        .where(
+            inbox.c.consumer_group == group,
+            inbox.c.message_id.in_(list(message_ids)),
+            inbox.c.status.in_(OPEN),
+        )
+        .values(status=StubStatus.VOIDED, resend_at=None, updated_at=now)
+    )
+    derive_status(conn, message_ids, now)
+    return int(result.rowcount)
+
+
+def stub_status(conn: Connection, message_id: str) -> StubStatus | None:
+    """The stub's status, ``None`` when there is no stub."""
+    value = conn.execute(select(stub.c.status).where(stub.c.message_id == message_id)).scalar()
+    return None if value is None else StubStatus(value)

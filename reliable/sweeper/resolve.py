@@ -1,0 +1,162 @@
+"""What a person does with a (message, group) the sweeper gave up on, or with a group that no longer consumes.
+
+The sweeper tells a person when it gives up (a ``DEAD`` row and its notices). The person fixes the cause and
+then decides, per message:
+
+* **revive** — deliver it after all: each DEAD row of the message (or of one group) goes back to ``PENDING``
+  through :func:`reliable.outbox.revive`, with a full new budget, due now, attempts 0;
+* **void** — it must not be processed any more (the business compensated, the group was retired): its open
+  rows (``PENDING`` or ``DEAD``) become ``VOIDED`` through :func:`reliable.outbox.void` (the whole message,
+  stub included, as ``StubProducer.void`` does) or :func:`reliable.outbox.void_rows` (one group's row; the
+  message goes on for the other groups). A guard that still receives it acknowledges it without running the
+  handler. A row whose stub is gone can be voided too, though it cannot be revived.
+
+Both are all or nothing over the ids given: an unknown id, or one without a row in the state the action needs,
+raises a typed error and nothing changes. Either way the stub's status is derived again and the notification
+rows of those (message, group) pairs are deleted, so a later death is reported again and no owed notice is
+sent for a row a person already closed.
+
+**Retiring a group** (:func:`retire_group`): a consumer group taken out of service leaves its open rows
+behind, which the sweeper would re-send and then give up on, telling a person about each. Every open row of
+the group is voided, in batches of ``batch`` rows per transaction (keyset order on the primary key, so the
+walk reads each row once and holds row locks only briefly).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from sqlalchemy import Connection, Engine, and_, delete, func, select
+
+from reliable import outbox
+from reliable.errors import InvalidStubStateError, StubNotFoundError
+from reliable.sweeper.selection import inbox, notif, stub
+from reliable.types import StubStatus
+
+#: the states a person can still close (VOIDED) or, for DEAD, revive
+OPEN = (StubStatus.PENDING, StubStatus.DEAD)
+#: rows voided per transaction when a whole group is retired
+RETIRE_BATCH = 500
+
+
+def _rows(
+    conn: Connection, ids: Sequence[str], statuses: Sequence[StubStatus], group: str | None
+) -> dict[str, list[str]]:
+    """message id → the groups whose row of it is in one of ``statuses`` (``group``'s only, when given)."""
+    q = select(inbox.c.message_id, inbox.c.consumer_group).where(
+        inbox.c.message_id.in_(ids), inbox.c.status.in_(statuses)
+    )
+    if group is not None:
+        q = q.where(inbox.c.consumer_group == group)
+    found: dict[str, list[str]] = {}
+    for message_id, consumer_group in conn.execute(q.order_by(inbox.c.message_id, inbox.c.consumer_group)):
+        found.setdefault(message_id, []).append(consumer_group)
+    return found
+
+
+def _forget_notices(conn: Connection, message_id: str, groups: Sequence[str]) -> None:
+    for g in groups:
+        conn.execute(delete(notif).where(and_(notif.c.message_id == message_id, notif.c.consumer_group == g)))
+
+
+def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group: str | None = None) -> int:
+    """Put the DEAD inbox rows of ``message_ids`` (of ``group`` only, when given) back to PENDING, all or
+    nothing; an unknown id, or one without a DEAD row, raises. Returns the number of rows revived."""
+    ids = list(dict.fromkeys(message_ids))
+    if not ids:
+        return 0
+    with engine.begin() as conn:
+        known = set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(ids))).scalars())
+        missing = [i for i in ids if i not in known]
+        if missing:
+            orphans = set(
+                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(missing))).scalars()
+            )
+            hint = (
+                f" ({', '.join(i for i in missing if i in orphans)}: group rows without a stub have "
+                "nothing to re-send; stage the message again, or void the row)"
+                if orphans
+                else ""
+            )
+            raise StubNotFoundError(f"no such stub: {', '.join(missing)}{hint}")
+        dead = _rows(conn, ids, [StubStatus.DEAD], group)
+        wrong = [i for i in ids if i not in dead]
+        if wrong:
+            whose = f"of group {group} " if group is not None else ""
+            raise InvalidStubStateError(
+                f"only DEAD rows can be revived; no DEAD row {whose}for: {', '.join(wrong)}"
+            )
+        revived = 0
+        for message_id in ids:
+            revived += outbox.revive(conn, message_id, now, group)
+            _forget_notices(conn, message_id, dead[message_id])
+    return revived
+
+
+def void(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group: str | None = None) -> int:
+    """Close the open (PENDING or DEAD) rows of ``message_ids`` without a delivery, all or nothing: every
+    group's (the message is cancelled, its stub VOIDED) or ``group``'s only (the stub's status derived
+    again). An id without such a row raises — :class:`StubNotFoundError` when the id is unknown altogether.
+    Returns the number of rows voided."""
+    ids = list(dict.fromkeys(message_ids))
+    if not ids:
+        return 0
+    with engine.begin() as conn:
+        open_rows = _rows(conn, ids, OPEN, group)
+        wrong = [i for i in ids if i not in open_rows]
+        if wrong:
+            known = set(
+                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(wrong))).scalars()
+            ) | set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(wrong))).scalars())
+            unknown = [i for i in wrong if i not in known]
+            if unknown:
+                raise StubNotFoundError(f"no such message: {', '.join(unknown)}")
+            whose = f"of group {group} " if group is not None else ""
+            raise InvalidStubStateError(
+                f"only PENDING or DEAD rows can be voided; no such row {whose}for: {', '.join(wrong)}"
+            )
+        for message_id in ids:
+            if group is None:
+                outbox.void(conn, message_id, now)
+            else:
+                outbox.void_rows(conn, [message_id], group, now)
+            _forget_notices(conn, message_id, open_rows[message_id])
+    return sum(len(groups) for groups in open_rows.values())
+
+
+def count_open(engine: Engine, group: str) -> int:
+    """How many open rows ``group`` has (what :func:`retire_group` would void)."""
+    with engine.connect() as conn:
+        q = select(func.count()).where(inbox.c.consumer_group == group, inbox.c.status.in_(OPEN))
+        return int(conn.execute(q).scalar_one())
+
+
+def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = RETIRE_BATCH) -> int:
+    """Void every open row of ``group`` (a group taken out of service), ``batch`` rows per transaction;
+    returns the number of rows voided."""
+    if batch <= 0:
+        raise ValueError("batch must be > 0")
+    voided, after = 0, ""
+    while True:
+        with engine.begin() as conn:
+            ids = list(
+                conn.execute(
+                    select(inbox.c.message_id)
+                    .where(
+                        inbox.c.consumer_group == group,
+                        inbox.c.message_id > after,
+                        inbox.c.status.in_(OPEN),
+                    )
+                    .order_by(inbox.c.message_id)
+                    .limit(batch)
+                ).scalars()
+            )
+            if ids:
+                voided += outbox.void_rows(conn, ids, group, now)
+                conn.execute(
+                    delete(notif).where(notif.c.consumer_group == group, notif.c.message_id.in_(ids))
+                )
+        if len(ids) < batch:
+            return voided
+        after = ids[-1]
