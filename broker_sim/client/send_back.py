@@ -28,7 +28,7 @@ from broker_sim.common.constants import INNER_PRODUCER_GROUP, RETRY_GROUP_TOPIC_
 from broker_sim.common.errors import BrokerResponseError, ClientError
 from broker_sim.common.message import Message, MessageExt, Prop
 from broker_sim.common.requests import ConsumerSendMsgBackRequest
-from broker_sim.common.transport import BrokerTransport
+from broker_sim.common.transport import BrokerTransport, TransportFactory
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,10 @@ class InnerProducer:
     address); a consumer built on a ready transport has none, since closing that transport is its caller's."""
 
     def __init__(self, broker_or_address: object, clock: Clock) -> None:
-        self._target = None if isinstance(broker_or_address, BrokerTransport) else broker_or_address
+        ready = isinstance(broker_or_address, BrokerTransport) and not isinstance(
+            broker_or_address, str | TransportFactory
+        )  # the order transport_for tells them apart in
+        self._target = None if ready else broker_or_address
         self._clock = clock
         self._lock = threading.Lock()
         self._producer: Producer | None = None

@@ -1,4 +1,4 @@
-"""Log retention and reviving dead rows.
+"""Log retention: the journal purged in batches, never the evidence the sweeper still needs.
 
 Retention: ``message_log`` rows older than ``log_retention`` are deleted in batches — but never a row whose
 group's inbox row is still ``PENDING`` or ``DEAD``. Those rows are the evidence the sweeper relies on:
