@@ -29,15 +29,12 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, Engine, and_, delete, func, select
 
+from reliable import constants as C
 from reliable import outbox
 from reliable.errors import InvalidStubStateError, StubNotFoundError
+from reliable.outbox.tables import OPEN
 from reliable.sweeper.selection import inbox, notif, stub
 from reliable.types import StubStatus
-
-#: the states a person can still close (VOIDED) or, for DEAD, revive
-OPEN = (StubStatus.PENDING, StubStatus.DEAD)
-#: rows voided per transaction when a whole group is retired
-RETIRE_BATCH = 500
 
 
 def _rows(
@@ -132,7 +129,7 @@ def count_open(engine: Engine, group: str) -> int:
         return int(conn.execute(q).scalar_one())
 
 
-def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = RETIRE_BATCH) -> int:
+def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_RETIRE_BATCH) -> int:
     """Void every open row of ``group`` (a group taken out of service), ``batch`` rows per transaction;
     returns the number of rows voided."""
     if batch <= 0:
