@@ -25,14 +25,12 @@ import os
 import statistics
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import text
 
+from bench.harness import database
 from reliable import Reliability
 from reliable.migrate import upgrade
 from reliable.sender import OutgoingMessage, SendReceipt
@@ -58,21 +56,9 @@ class NullSender:
         return SendReceipt(queue_id=q, queue_offset=self._next[q])
 
 
-@contextmanager
-def scratch_db() -> Iterator[str]:
-    base = make_url(
-        os.environ.get("RELIABLE_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-    )
-    name = f"reliable_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f"CREATE DATABASE {name}"))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+def scratch_db() -> AbstractContextManager[str]:
+    """The sweeper benches' scratch PostgreSQL database, on ``RELIABLE_TEST_POSTGRES_URL``'s server."""
+    return database("postgres", os.environ.get("RELIABLE_TEST_POSTGRES_URL"))
 
 
 def load(rel: Reliability, total: int) -> int:

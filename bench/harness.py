@@ -36,13 +36,14 @@ ledger = Table(
 
 # --- environment ------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def database(kind: str) -> Iterator[str]:
-    """A scratch database (PostgreSQL, MariaDB) or file (SQLite) of this run, removed afterwards."""
+def database(kind: str, server_url: str | None = None) -> Iterator[str]:
+    """A scratch database (PostgreSQL, MariaDB) or file (SQLite) of this run, removed afterwards; created on
+    ``server_url`` when given, else on the benches' server of that kind."""
     if kind == "sqlite":
         with tempfile.TemporaryDirectory(prefix="reliable-bench-") as d:
             yield f"sqlite:///{d}/bench.db"
         return
-    base = make_url(MARIADB_URL if kind == "mariadb" else PG_URL)
+    base = make_url(server_url or (MARIADB_URL if kind == "mariadb" else PG_URL))
     name = f"reliable_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -53,6 +54,7 @@ def database(kind: str) -> Iterator[str]:
         force = "" if kind == "mariadb" else " WITH (FORCE)"
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name}{force}"))
+        admin.dispose()
         admin.dispose()
 
 

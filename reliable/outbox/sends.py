@@ -91,6 +91,13 @@ def record_sends(
             .values(resend_at=bindparam("b_due"), updated_at=now),
             sorted(topic_ok + topic_failed, key=_lock_order),
         )
+    # where a landed copy is: the same columns on the stub (a topic send) and on the inbox row (targeted)
+    landed: dict[str, Any] = {
+        "queue_id": bindparam("b_qid"),
+        "queue_offset": bindparam("b_qoff"),
+        "broker_name": bindparam("b_broker"),
+        "last_error": None,
+    }
     by_id = stub.c.message_id == bindparam("b_mid")
     sent = {
         "send_count": stub.c.send_count + 1,
@@ -99,18 +106,7 @@ def record_sends(
         "resend_at": bindparam("b_due"),
     }
     if topic_ok:
-        conn.execute(
-            update(stub)
-            .where(by_id)
-            .values(
-                queue_id=bindparam("b_qid"),
-                queue_offset=bindparam("b_qoff"),
-                broker_name=bindparam("b_broker"),
-                last_error=None,
-                **sent,
-            ),
-            topic_ok,
-        )
+        conn.execute(update(stub).where(by_id).values(**landed, **sent), topic_ok)
     if topic_failed:
         conn.execute(update(stub).where(by_id).values(last_error=bindparam("b_err"), **sent), topic_failed)
     if conn.dialect.name == "postgresql" and (group_ok or group_failed):
@@ -119,19 +115,7 @@ def record_sends(
     mine = and_(inbox.c.message_id == bindparam("b_mid"), inbox.c.consumer_group == bindparam("b_group"))
     resent = {"resend_count": inbox.c.resend_count + 1, "resend_at": bindparam("b_due"), "updated_at": now}
     if group_ok:
-        conn.execute(
-            update(inbox)
-            .where(mine)
-            .values(
-                queue_id=bindparam("b_qid"),
-                queue_offset=bindparam("b_qoff"),
-                broker_name=bindparam("b_broker"),
-                last_error=None,
-                attempts=0,
-                **resent,
-            ),
-            group_ok,
-        )
+        conn.execute(update(inbox).where(mine).values(**landed, attempts=0, **resent), group_ok)
     if group_failed:
         conn.execute(update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, Engine, and_, delete, func, select
+from sqlalchemy import Connection, Engine, delete, func, select
 
 from reliable import constants as C
 from reliable import outbox
@@ -53,8 +53,7 @@ def _rows(
 
 
 def _forget_notices(conn: Connection, message_id: str, groups: Sequence[str]) -> None:
-    for g in groups:
-        conn.execute(delete(notif).where(and_(notif.c.message_id == message_id, notif.c.consumer_group == g)))
+    conn.execute(delete(notif).where(notif.c.message_id == message_id, notif.c.consumer_group.in_(groups)))
 
 
 def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group: str | None = None) -> int:
