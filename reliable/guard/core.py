@@ -28,7 +28,10 @@ fixes what the broker is told and what the journal says (:data:`reliable.guard.d
        share the first's fate; a different body ─▶ PAYLOAD_MISMATCH), rolled-back runs
 
 ``attempts`` counts this group's handler failures only (lease conflicts and database outages never touch it);
-:func:`reliable.outbox.revive` and a targeted resend reset it.
+:func:`reliable.outbox.revive` and a targeted resend reset it. At ``max_attempts`` the settle step also sets
+the group's ``PENDING`` inbox row ``DEAD`` (:func:`reliable.outbox.mark_dead`, reason in ``last_error``): a
+re-send cannot help a handler that keeps failing, so a person must decide (revive once fixed, or void), and
+the sweeper tells one (:func:`reliable.sweeper.giveup.tell_unreported`).
 
 Deviation from DESIGN.md's numbering (issue 18): the journal row is not committed on its own before the
 handler; it is the first statement of the work transaction, and the watermark its last, so a new message costs
@@ -60,8 +63,9 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from reliable import constants as C
+from reliable import outbox
 from reliable.guard import plan
-from reliable.guard.decision import TEXTS, Decision, GuardHooks, Reason, failure_reason
+from reliable.guard.decision import TEXTS, Decision, GuardHooks, Reason, dead_letter_error, failure_reason
 from reliable.guard.plan import Item
 from reliable.guard.work import Handler, StaleConnection, WorkTransaction
 from reliable.metrics import DecisionObserver, guard_metrics
@@ -237,6 +241,8 @@ class Guard:
                     reason = failure_reason(attempts, self.settings.max_attempts)
                     detail = f"attempt {attempts}/{self.settings.max_attempts}: {it.error!r}"
                     plan.decide(it, reason, detail, error=it.error, attempts=attempts)
+                    if reason is Reason.MAX_ATTEMPTS:  # a person decides now: DEAD, told by the sweeper
+                        outbox.mark_dead(conn, it.mid, self.group, now, dead_letter_error(it.env, detail))
                 plan.resolve_twins(items)
                 for it in late:
                     if it.decision is None:  # a bug: answer it with a safe retry, journaled as such

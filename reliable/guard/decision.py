@@ -121,6 +121,16 @@ def failure_reason(attempts: int, max_attempts: int) -> Reason:
     return Reason.MAX_ATTEMPTS if attempts >= max_attempts else Reason.HANDLER_FAILED
 
 
+def dead_letter_error(env: Envelope, detail: str, limit: int = 2000) -> str:
+    """``last_error`` of a group's inbox row the guard gave up on at ``max_attempts`` (what a person reads in
+    the sweeper's notice; ``DEAD: `` as on the rows the sweeper gives up on)."""
+    text = (
+        f"DEAD: the handler failed at every attempt and the message was dead-lettered from {env.topic} "
+        f"({Reason.MAX_ATTEMPTS.value}: {detail}); fix the handler, then revive it, or void it"
+    )
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def twin_reason(first: Reason, same_body: bool) -> Reason:
     """A second delivery of one id inside one batch shares the first's fate — unless its body differs."""
     if OUTCOMES[first][0] is not ConsumeResult.SUCCESS:

@@ -93,7 +93,8 @@ def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]
 
 
 def mark_dead(conn: Connection, message_id: str, group: str, now: dt.datetime, error: str | None) -> bool:
-    """Group ``group`` gave up on ``message_id`` (resends exhausted): its PENDING inbox row → DEAD."""
+    """Group ``group`` gave up on ``message_id`` — the sweeper, its resends exhausted; the guard, its handler
+    failed ``max_attempts`` times: its PENDING inbox row → DEAD, and the stub's status derived."""
     result = conn.execute(
         update(inbox)
         .where(

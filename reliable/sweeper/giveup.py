@@ -1,10 +1,18 @@
-"""Telling a person: a group's row goes DEAD when its sends are spent, and the never-consumed alarm.
+"""Telling a person: a group's row goes DEAD when its sends are spent, or its handler's attempts; and the
+never-consumed alarm.
 
 **DEAD** (in the claiming transaction): the group's inbox row ``PENDING`` → ``DEAD`` with the reason in
 ``last_error`` and the stub's status derived (DESIGN.md §1: some group's resends exhausted → ``DEAD``); one
 ``stub_notification`` row per configured channel for that ``(message_id, consumer_group)`` — so in a
 fan-out each group that gave up is reported once, and a group that did receive the message is not. The log
-line is written at once (the always-on channel).
+line is written at once (the always-on channel), and its row, written delivered, remembers that a person
+was told.
+
+**DEAD by the guard** (:func:`tell_unreported`): a handler that failed ``max_attempts`` times makes the guard
+dead-letter the delivery and set the group's row ``DEAD`` itself, in its settle transaction — the guard has
+no notification channels. Every round, the sweeper finds the DEAD rows with no notice row at all and tells
+a person about them exactly as about its own: the log line, one owed row per channel, the delivered ``log``
+row. Several sweepers skip each other's locked rows.
 
 **Never consumed**: a group has rows on a queue it has no watermark on, and the broker has the message
 there. Re-sending would put another copy on a queue nobody of that group reads, so the sweeper holds those
@@ -20,15 +28,18 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
-from sqlalchemy import ColumnElement, Connection, and_, delete, insert, or_, select
+from sqlalchemy import ColumnElement, Connection, and_, delete, exists, insert, or_, select
 
 from reliable import constants as C
 from reliable import outbox
+from reliable.models import status_literal
 from reliable.sweeper import metrics
+from reliable.sweeper.claim import lock_mode, locking
 from reliable.sweeper.notices import NEVER_CONSUMED_TAG, DeadNotice, QueueRef, queue_tag
 from reliable.sweeper.notify import log_dead, notification_rows
-from reliable.sweeper.selection import Candidate, notif
+from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
+from reliable.types import StubStatus
 
 log = logging.getLogger("reliable.sweeper")
 
@@ -40,6 +51,7 @@ __all__ = [
     "never_consumed_key",
     "no_stub_reason",
     "raise_never_consumed",
+    "tell_unreported",
 ]
 
 #: why a row whose ``message_stub`` is gone (deleted by hand, or an inbox row written without a producer)
@@ -94,12 +106,8 @@ def mark_dead(
     keys = [(c.message_id, c.consumer_group) for c, _ in dead]
     # rows of an earlier death of the same (message, group) (revived since) would collide
     conn.execute(delete(notif).where(_keys_in(keys)))
-    rows = notification_rows(keys, [r for _, r in dead], channels, now)
-    if rows:
-        conn.execute(insert(notif), rows)
-    notices = []
-    for cand, reason in dead:
-        notice = DeadNotice(
+    notices = [
+        DeadNotice(
             message_id=cand.message_id,
             topic=cand.topic,
             consumer_group=cand.consumer_group,
@@ -110,9 +118,78 @@ def mark_dead(
             dead_at=now.isoformat(),
             broker_name=cand.broker_name,
         )
-        log_dead(notice)
-        notices.append(notice)
+        for cand, reason in dead
+    ]
+    _tell(conn, notices, channels, now)
     return notices
+
+
+def tell_unreported(
+    conn: Connection, *, channels: Sequence[str], now: dt.datetime, limit: int
+) -> list[DeadNotice]:
+    """Tell a person about up to ``limit`` DEAD rows nobody was told about (the guard's, see the module
+    docstring); returns their notices. Locks the rows it reads (``SKIP LOCKED`` where the server has it)."""
+    told = exists().where(
+        notif.c.message_id == inbox.c.message_id, notif.c.consumer_group == inbox.c.consumer_group
+    )
+    stmt = (
+        select(
+            inbox.c.consumer_group,
+            inbox.c.message_id,
+            inbox.c.resend_count,
+            inbox.c.queue_id,
+            inbox.c.queue_offset,
+            inbox.c.broker_name,
+            inbox.c.last_error,
+            inbox.c.updated_at,
+        )
+        .where(inbox.c.status == status_literal(StubStatus.DEAD), ~told)
+        .order_by(inbox.c.consumer_group, inbox.c.message_id)
+        .limit(limit)
+    )
+    rows = conn.execute(locking(stmt, lock_mode(conn))).all()
+    if not rows:
+        return []
+    stubs = {
+        r.message_id: r
+        for r in conn.execute(
+            select(
+                stub.c.message_id, stub.c.topic, stub.c.queue_id, stub.c.queue_offset, stub.c.broker_name
+            ).where(stub.c.message_id.in_(sorted({r.message_id for r in rows})))
+        )
+    }
+    notices = []
+    for r in rows:
+        s = stubs.get(r.message_id)
+        pos = s if s is not None and r.queue_offset is None else r  # where the group's newest copy is
+        reason = (r.last_error or "DEAD (no reason recorded)").removeprefix("DEAD: ")
+        notices.append(
+            DeadNotice(
+                message_id=r.message_id,
+                topic=s.topic if s is not None else "",
+                consumer_group=r.consumer_group,
+                send_count=1 + int(r.resend_count or 0),
+                queue_id=pos.queue_id,
+                queue_offset=pos.queue_offset,
+                reason=reason,
+                dead_at=r.updated_at.isoformat(),
+                broker_name=pos.broker_name or "",
+            )
+        )
+    _tell(conn, notices, channels, now)
+    return notices
+
+
+def _tell(conn: Connection, notices: Sequence[DeadNotice], channels: Sequence[str], now: dt.datetime) -> None:
+    """The log line of each notice now, its owed row per channel, and its ``log`` row written delivered."""
+    keys = [(n.message_id, n.consumer_group) for n in notices]
+    reasons = [n.reason for n in notices]
+    logged = notification_rows(keys, reasons, [C.NOTIFY_CHANNEL_LOG], now)
+    for row in logged:
+        row["notified_at"] = now
+    conn.execute(insert(notif), notification_rows(keys, reasons, channels, now) + logged)
+    for notice in notices:
+        log_dead(notice)
 
 
 def never_consumed_key(topic: str, queue_id: int | None, broker_name: str = "") -> str:

@@ -9,8 +9,6 @@ selects the rows that *may* need one::
                                                            send plus the group's own resends; Budget.ANY
                                                            also returns spent rows, which go DEAD)
     resend_at <= now                                       its backoff (+ backlog estimate) has elapsed
-    NOT EXISTS a DEAD_LETTER journal row of the group      the guard dead-lettered it (max attempts,
-                                                           payload mismatch): re-sending cannot help
     and either
       NOT EXISTS message_log (message_id, consumer_group)  the group never received it …
     or
@@ -23,6 +21,11 @@ broker's max offset, or too old) or merely *queued* is decided per row afterward
 watermark to compare with belongs to the topic the group's copy went to (``%RETRY%{group}`` after a
 targeted resend), which only the sender knows. Rows found queued are postponed (their ``resend_at`` moves),
 so they do not take batch slots every round.
+
+A row whose handler failed ``max_attempts`` times is not ``PENDING``: the guard set it ``DEAD`` when it
+dead-lettered the delivery (:mod:`reliable.sweeper.giveup` tells a person). A delivery dead-lettered for its
+*body* (``payload_mismatch``: another body under the staged id) does not settle the row: the staged body is
+re-sent like that of any stuck row, so a stray copy cannot keep the real message from its group.
 
 ``resend_at IS NULL`` is never due: the producer sets it when it writes the inbox rows
 (``first_resend_delay_s``), so a send still in flight is not raced by the sweeper.
@@ -214,7 +217,6 @@ def due_statement(
         log.c.message_id == inbox.c.message_id, log.c.consumer_group == inbox.c.consumer_group
     )
     newest_first = (log.c.received_at.desc(), log.c.id.desc())
-    dead_lettered = exists().where(same_group_log, log.c.outcome == LogOutcome.DEAD_LETTER)
     budget_clause = {
         Budget.RESEND: inbox.c.resend_count + 1 < max_sends,
         Budget.ANY: true(),
@@ -272,7 +274,6 @@ def due_statement(
             inbox.c.status == status_literal(StubStatus.PENDING),  # the partial index's predicate
             budget_clause,
             inbox.c.resend_at <= now,
-            ~dead_lettered,
         )
         .order_by(inbox.c.resend_at)
         .limit(limit)

@@ -11,7 +11,9 @@ A round, in order:
    most ``DEFAULT_PURGE_ROUND_BUDGET_S`` per round; the next round goes on).
 
 Between sweep and notify, a slice of PENDING stubs is settled (:func:`reliable.outbox.settle_slice`, round
-after round through all of them) and the stalled-group alarm is checked (:mod:`.stall`).
+after round through all of them), the rows the guard set DEAD (a handler failing ``max_attempts`` times) get
+their notices (:func:`reliable.sweeper.giveup.tell_unreported`), and the stalled-group alarm is checked
+(:mod:`.stall`).
 
 Selection uses the round's start time, and every stub handled gets a ``resend_at`` after it, so the loop of
 batches ends: no stub is handled twice in a round.
@@ -39,6 +41,7 @@ from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, default_backoff
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
+from reliable.sweeper.giveup import tell_unreported
 from reliable.sweeper.leases import FREE, LeaseView, read_leases
 from reliable.sweeper.notify import Channel, deliver_owed
 from reliable.sweeper.queues import Watermarks
@@ -58,6 +61,8 @@ class RoundSummary:
     resent: int = 0
     send_failures: int = 0
     dead: int = 0
+    #: rows the guard set DEAD (its handler failed ``max_attempts`` times) told about this round
+    dead_lettered: int = 0
     stuck_recovered: int = 0
     lease_held: int = 0
     lease_unknown: int = 0
@@ -74,7 +79,8 @@ class RoundSummary:
     def line(self) -> str:
         return (
             f"sweep round: selected={self.selected} resent={self.resent} send_failures={self.send_failures} "
-            f"dead={self.dead} stuck_recovered={self.stuck_recovered} lease_held={self.lease_held} "
+            f"dead={self.dead} dead_lettered={self.dead_lettered} stuck_recovered={self.stuck_recovered} "
+            f"lease_held={self.lease_held} "
             f"lease_unknown={self.lease_unknown} held={self.held} never_consumed={self.never_consumed} "
             f"stalled={self.stalled} stall_alarms={self.stall_alarms} purged={self.purged} "
             f"notified={self.notified} notify_failures={self.notify_failures} "
@@ -192,6 +198,7 @@ class Sweeper:
                 self._settle_at = outbox.settle_slice(
                     conn, self.clock(), self._settle_at, C.DEFAULT_SETTLE_BATCH
                 )
+            self._tell_dead_lettered(summary)
             self._stalls(summary)
             self._notify(summary)
             if not self.stopping:
@@ -287,6 +294,15 @@ class Sweeper:
             marks=marks,
             should_stop=self._stop.is_set,
         )
+
+    def _tell_dead_lettered(self, summary: RoundSummary) -> None:
+        names = [c.name for c in self.channels]
+        for _ in self._batches():
+            with self.engine.begin() as conn:
+                told = tell_unreported(conn, channels=names, now=self.clock(), limit=self.batch)
+            summary.dead_lettered += len(told)
+            if len(told) < self.batch or self.stopping:
+                return
 
     def _stalls(self, summary: RoundSummary) -> None:
         found = check_stalls(

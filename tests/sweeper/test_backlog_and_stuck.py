@@ -16,7 +16,17 @@ from reliable.sweeper import BacklogEstimator, FixedBackoff, Sweeper
 from reliable.sweeper.backoff import QueueProgress
 from reliable.sweeper.leases import read_leases
 from reliable.types import LogOutcome, StubStatus
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, get_inbox, set_progress
+from tests.sweeper.helpers import (
+    T0,
+    Clock,
+    QueueSender,
+    add_log,
+    add_stub,
+    clean,
+    get_inbox,
+    set_inbox,
+    set_progress,
+)
 
 BACKOFF = FixedBackoff((10.0,))
 
@@ -181,16 +191,20 @@ def test_unreachable_redis_postpones_stuck_stubs(
 
 
 # --- stuck detection leaves the guard's and the broker's decisions alone ---------------------------------
-def test_stuck_skips_what_the_guard_dead_lettered(
+def test_stuck_skips_what_the_guard_gave_up_on_but_not_a_stray_body(
     rel: Reliability, sender: QueueSender, clock: Clock
 ) -> None:
+    """The guard sets a row DEAD when its handler failed ``max_attempts`` times (a person is told, nothing is
+    re-sent); a delivery dead-lettered for another body under the staged id leaves the row stuck."""
     for name, reason in [("poison", "max_attempts: 16 handler failures"), ("tampered", "payload_mismatch")]:
         stuck_stub(rel, name)
         add_log(rel, name, T0 - dt.timedelta(minutes=50), outcome=LogOutcome.DEAD_LETTER, reason=reason)
+    set_inbox(rel, "poison", status=StubStatus.DEAD, last_error="DEAD: max_attempts: 16 handler failures")
     stuck_stub(rel, "plain")
     summary = Sweeper(rel, sender, backoff=BACKOFF, clock=clock).run_once()
-    assert (summary.selected, summary.resent, summary.stuck_recovered) == (1, 1, 1)
-    assert sender.ids() == ["plain"]
+    assert (summary.selected, summary.resent, summary.stuck_recovered) == (2, 2, 2)
+    assert summary.dead_lettered == 1  # the poison row's notice
+    assert sorted(sender.ids()) == ["plain", "tampered"]
 
 
 def test_stuck_waits_for_the_brokers_own_retry(rel: Reliability, sender: QueueSender, clock: Clock) -> None:

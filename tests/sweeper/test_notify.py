@@ -107,7 +107,9 @@ def test_dead_stub_gives_exactly_one_email_and_one_webhook_even_when_both_fail_f
     assert [s for s, _ in webhook.posts] == [500]
     with rel.engine.connect() as conn:
         rows = {r.channel: r for r in conn.execute(select(StubNotification.__table__))}
-    assert rows.keys() == {"email", "webhook"}
+    assert rows.keys() == {"email", "webhook", "log"}  # the log line went out at once; its row remembers it
+    logged = rows.pop("log")
+    assert logged.notified_at is not None and logged.attempts == 0
     assert all(r.notified_at is None and r.attempts == 1 and r.last_error for r in rows.values())
 
     controller = Controller(inbox, hostname="127.0.0.1", port=port)

@@ -2,8 +2,9 @@
 
 The statement selects every due, unconfirmed row of a group that never received the message or holds a stale
 delivery; whether such a row is lost or merely queued is the verdict's business (test_verdict.py). What a
-user needs from the statement: a group's row is never hidden by another group's state, a row the guard
-dead-lettered never comes back, and rows not due stay out of the batch.
+user needs from the statement: a group's row is never hidden by another group's state, a row the guard gave
+up on (DEAD at ``max_attempts``) never comes back, a stray body dead-lettered under a staged id does not hide
+the staged message, and rows not due stay out of the batch.
 """
 
 from __future__ import annotations
@@ -55,10 +56,13 @@ CASES: dict[str, Case] = {
     "stuck": Case({}, {"billing": True}, logs=[("billing", 3600, {})]),
     "stuck-newest-recent": Case({}, {}, logs=[("billing", 3600, {}), ("billing", 60, {})]),
     "stuck-just-inside-window": Case({}, {}, logs=[("billing", STUCK.total_seconds() - 1, {})]),
-    # the guard gave up on it (max attempts, payload mismatch): re-sending cannot help
-    "dead-lettered": Case({}, {}, logs=[("billing", 3600, {**DL, "reason": "max_attempts: 16 failures"})]),
-    "dead-lettered-then-retried": Case(
-        {}, {}, logs=[("billing", 7200, DL), ("billing", 3600, {"outcome": LogOutcome.RETRY})]
+    # the guard gave up on it (its handler failed max_attempts times): DEAD, re-sending cannot help
+    "guard-gave-up": Case(
+        {"status": StubStatus.DEAD}, {}, logs=[("billing", 3600, {**DL, "reason": "max_attempts: 16/16"})]
+    ),
+    # a stray body under the staged id was dead-lettered; the staged body never arrived: stuck, re-sent
+    "stray-body-dead-lettered": Case(
+        {}, {"billing": True}, logs=[("billing", 3600, {**DL, "reason": "payload_mismatch: sha256 differs"})]
     ),
     # --- fan-out: each group's row stands on its own -----------------------------------------------------
     "received-by-other-group-only": Case(
@@ -67,8 +71,12 @@ CASES: dict[str, Case] = {
     "confirmed-by-one-group": Case(
         {}, {"audit": False}, groups=("billing", "audit"), inbox={"billing": {"status": StubStatus.CONFIRMED}}
     ),
-    "dead-lettered-by-other-group": Case(
-        {}, {"audit": True}, groups=("billing", "audit"), logs=[("billing", 3600, DL), ("audit", 3600, {})]
+    "other-group-gave-up": Case(
+        {},
+        {"audit": True},
+        groups=("billing", "audit"),
+        logs=[("billing", 3600, DL), ("audit", 3600, {})],
+        inbox={"billing": {"status": StubStatus.DEAD}},
     ),
     "spent-for-one-group": Case(
         {}, {"audit": False}, groups=("billing", "audit"), inbox={"billing": {"resend_count": MAX_SENDS}}
