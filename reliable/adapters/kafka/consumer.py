@@ -326,6 +326,12 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
                 if at is not None:
                     p.offset = at
             consumer.assign(partitions)
+        # librdkafka keeps a partition's pause across a revoke and a new assignment, while the revoke made us
+        # forget why it was paused: left alone, a partition held at a rebalance would never flow again here.
+        # Assigned afresh, it starts from its committed offset, so a held record is simply delivered again.
+        fresh = [p for p in partitions if (p.topic, p.partition) not in self._paused]
+        if fresh:
+            consumer.resume(fresh)
         log.info("%s assigned %s", self.group, sorted((p.topic, p.partition, p.offset) for p in partitions))
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -207,3 +208,46 @@ def test_a_lost_offset_commit_replays_nothing_with_database_offsets(
         assert replayed == [] and second.counts["duplicate"] == 0
     else:  # the control: without database offsets the whole lot comes again, absorbed by the guard
         assert sorted(replayed) == sorted(ids)
+
+
+@pytest.mark.parametrize("db_offsets", [False, True], ids=["kafka-offsets", "database-offsets"])
+def test_a_partition_held_across_a_rebalance_flows_again_once_assigned_back(
+    tansu: Tansu, rel: Reliability, topic: str, group: str, db_offsets: bool
+) -> None:
+    """A member holds a record (blocking retry: its partition paused) when another member joins the group and
+    leaves again. The partition comes back to it: the held record is applied and later records still flow —
+    librdkafka keeps a pause across the revoke and the new assignment, so a member that forgot its holds at
+    the revoke would never have consumed that partition again."""
+    policy = RetryPolicy(delays_s=(3.0, 3.0), mode=RetryMode.BLOCKING)
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    failed: list[str] = []
+
+    def handler(env: Envelope, session: Session) -> None:
+        if env.message_id == "m1" and not failed:
+            failed.append("m1")
+            raise RuntimeError("first try of m1 fails")
+        apply_effect(group)(env, session)
+
+    handle = idempotent_consumer(rel, group=group)(handler)
+    produce(tansu.bootstrap, topic, with_ids(["m1"]))
+    other_topic = f"{topic}-other"
+    ensure_topics(tansu.bootstrap, [other_topic])
+    offsets = {"db_offsets": True, "rel": rel} if db_offsets else {}
+    with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy, **offsets) as first:
+        assert first.run(until=lambda: first.counts["held"] >= 1, timeout_s=TIMEOUT_S)
+        assert first.assigned  # the held partition is paused now
+
+        def join_and_leave() -> None:  # a second member of the group: a rebalance in, another out
+            with make_consumer(tansu.bootstrap, other_topic, group, handle, retry=RetryPolicy(())) as second:
+                second.run(timeout_s=5)
+
+        member = threading.Thread(target=join_and_leave)
+        member.start()
+        try:
+            applied = first.run(until=lambda: effect_counts(rel.engine, group).get("m1") == 1, timeout_s=40)
+        finally:
+            member.join()
+        assert applied, f"held record never applied after the rebalance (counts {dict(first.counts)})"
+        produce(tansu.bootstrap, topic, with_ids(["m2"]))  # the same, only partition
+        assert first.run(until=lambda: effect_counts(rel.engine, group).get("m2") == 1, timeout_s=TIMEOUT_S)
+    assert effect_counts(rel.engine, group) == {"m1": 1, "m2": 1}
