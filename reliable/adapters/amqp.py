@@ -142,7 +142,7 @@ def envelope_from(
     hdrs: dict[str, Any] = dict(headers or {})
     mid = message_id or next((text(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
     topic = text(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
-    reconsume = int(hdrs[DELIVERY_COUNT]) if DELIVERY_COUNT in hdrs else (1 if redelivered else 0)
+    reconsume = delivery_count(hdrs.get(DELIVERY_COUNT), redelivered)
     seq = hdrs.get(HEADER_SEQ)
     offset = int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else int(delivery_tag)
     properties = {k: text(v) for k, v in hdrs.items() if isinstance(v, str | bytes | int | float)}
@@ -162,6 +162,20 @@ def envelope_from(
         reconsume_times=reconsume,
         properties=properties,
     )
+
+
+def delivery_count(value: Any, redelivered: bool) -> int:
+    """The delivery's reconsume count: quorum queues' ``x-delivery-count`` when it is a count, else 1 for a
+    redelivery and 0 otherwise. Any publisher can set that header on a classic queue, to anything: a value
+    that is not a count must not stop the consumer, so it is ignored (the message is still processed)."""
+    if isinstance(value, bytes | str):
+        try:
+            value = int(text(value))
+        except ValueError:
+            value = None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return 1 if redelivered else 0
 
 
 def dead_letter_headers(headers: Mapping[str, Any] | None, reason: str, queue: str) -> dict[str, Any]:

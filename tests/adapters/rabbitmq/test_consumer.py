@@ -263,6 +263,27 @@ def test_message_without_id_is_dead_lettered_not_acked(
         assert s.scalar(select(MessageLog.outcome)) == "DEAD_LETTER"  # journaled, not silently dropped
 
 
+def test_a_foreign_delivery_count_header_does_not_stop_the_consumer(
+    rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
+) -> None:
+    """Any publisher can put ``x-delivery-count`` on a classic queue's message, with any value: the consumer
+    goes on, processes it and the message behind it, once each."""
+    handle = make_handler(rel)
+    with RabbitMQConsumer(rabbitmq_url, topology, handle, retry_delay_s=0) as consumer:
+        for message_id, count in [
+            ("m-text", "abc"),
+            ("m-list", [1, 2]),
+            ("m-negative", -3),
+            ("m-good", None),
+        ]:
+            headers = {"x-delivery-count": count} if count is not None else {}
+            props = BasicProperties(message_id=message_id, delivery_mode=2, headers=headers)
+            admin.basic_publish(topology.exchange, TOPIC, f"body-{message_id}".encode(), props)
+        assert consumer.run(until=lambda: consumer.counts["ack"] >= 4, timeout_s=TIMEOUT_S)
+    assert effect_counts(rel) == {"m-text": 1, "m-list": 1, "m-negative": 1, "m-good": 1}
+    assert queue_depth(admin, topology.queue) == 0 and dlq_messages(admin, topology) == []
+
+
 def test_bare_handler_dead_letter_and_exception(
     rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
 ) -> None:
