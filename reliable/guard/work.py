@@ -49,6 +49,12 @@ class StaleConnection(Exception):
     on a fresh connection instead of answering the delivery ``database_unavailable``."""
 
 
+class LostUnderHandler(SQLAlchemyError):
+    """The guard's connection died while the handler ran (a failover, a killed session): an outage, answered
+    ``database_unavailable`` by :meth:`WorkTransaction.run` like any failed statement of the guard's — not a
+    handler failure, so no attempt is counted (DESIGN.md §2 step 5)."""
+
+
 class ConfirmConflict(Exception):
     """Internal: the conditional confirm changed fewer rows than expected; the transaction rolls back."""
 
@@ -251,6 +257,8 @@ class WorkTransaction:
             if sp is not None:
                 sp.commit()
             return
+        if conn.invalidated or (isinstance(err, DBAPIError) and err.connection_invalidated):
+            raise LostUnderHandler(repr(err)[:300]) from err
         it.error = err
         self.metrics.handler_failures.labels(self.group).inc()
         log.warning("handler failed message_id=%s group=%s: %r", it.mid, self.group, err, exc_info=err)

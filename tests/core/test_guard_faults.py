@@ -9,10 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reliable import ConsumeResult, Envelope, Reason, Reliability, idempotent_consumer
 from reliable.stores.lease import lease_key
+from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import (
     add_stub,
     applied,
@@ -220,5 +222,46 @@ def test_random_schedules_keep_the_ledger_invariant(
                     assert m in failing or d.reason is Reason.LEASE_CONFLICT
             counts = {k: v for k, v in per_message(rel).items() if k in ids}
             assert counts == dict.fromkeys(acked, 1)
+    finally:
+        rel.close()
+
+
+# --- the database goes away under the handler --------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["postgres", "mariadb"])  # SQLite: no session another client can end
+def test_a_session_killed_while_the_handler_runs_is_an_outage_not_a_handler_failure(
+    backend: str, request: pytest.FixtureRequest, redis_url: str, key_prefix: str
+) -> None:
+    """A failover or a DBA's kill ends the guard's own session mid-handler: the delivery is answered
+    ``database_unavailable`` (retried), no attempt is counted — so a database that keeps dropping sessions
+    cannot use up ``max_attempts`` and dead-letter a message whose handler never failed — and the redelivery
+    is applied once."""
+    db_url: str = request.getfixturevalue(f"{backend}_url")
+    _ensure_clean_schema(db_url)
+    rel = make_rel(db_url, redis_url, key_prefix, max_attempts=1)
+    killed: list[str] = []
+
+    def handler(e: Envelope, session: Session) -> None:
+        apply(e, session)
+        if not killed:
+            killed.append(e.message_id or "")
+            pg = rel.engine.dialect.name == "postgresql"
+            me = session.execute(
+                text("SELECT pg_backend_pid()" if pg else "SELECT CONNECTION_ID()")
+            ).scalar_one()
+            with rel.engine.connect() as admin:  # another session ends the guard's, as a DBA would
+                admin.execute(text(f"SELECT pg_terminate_backend({int(me)})" if pg else f"KILL {int(me)}"))
+                admin.commit()
+            session.execute(text("SELECT 1"))  # the handler's next statement finds its session gone
+
+    m = uid("k")
+    add_stub(rel, m, "g")
+    handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(handler)
+    try:
+        first = handle.decide(env(m))
+        assert (first.reason, first.result) == (Reason.DATABASE_UNAVAILABLE, ConsumeResult.RECONSUME_LATER)
+        assert inbox_attempts(rel, "g", m) == 0  # max_attempts=1: one counted failure would dead-letter it
+        again = handle.decide(env(m, reconsume_times=1))
+        assert again.reason is Reason.PROCESSED
+        assert applied(rel, m) == 1
     finally:
         rel.close()
