@@ -10,7 +10,6 @@ is their own. The mapping rules are documented on :mod:`reliable.adapters.rabbit
 from __future__ import annotations
 
 import enum
-import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,14 +32,27 @@ REASON_MAX = 1000
 PERSISTENT = 2  # AMQP delivery_mode of a message written to disk
 CONTENT_TYPE = "application/octet-stream"
 
-#: one sequence per process, shared by every sender (sync and async), so "offsets" never repeat in a process
-_seq = itertools.count(1)
+#: the last number :func:`next_seq` gave out in this process (every sender, sync and async, shares it)
+_last_seq = 0
 _seq_lock = threading.Lock()
 
 
 def next_seq() -> int:
+    """A send's position, where a queue has none: the sending time in microseconds since the epoch, raised to
+    one past the last number where the clock has not moved on (or went back).
+
+    Why a clock and not a counter: the sweeper compares a copy's number with the highest number its group has
+    received (the watermark). A per-process counter restarted at 1 in every process, so with two producer
+    replicas, or after a restart, a copy queued behind a paused group compared as "already passed" in every
+    round: it was re-sent until its budget was spent and a person was told about a message that was never
+    missing. Clock numbers never repeat in a process and compare across processes as far as their clocks
+    agree (a few milliseconds under NTP); a resend gets a new, later number, so it is never "passed" before
+    the group has really moved past it.
+    """
+    global _last_seq
     with _seq_lock:
-        return next(_seq)
+        _last_seq = max(_last_seq + 1, time.time_ns() // 1000)
+        return _last_seq
 
 
 class Action(enum.Enum):

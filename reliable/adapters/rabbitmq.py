@@ -26,14 +26,12 @@ Envelope mapping: ``message_id`` from the AMQP ``message_id`` property, else the
 sender's sequence number (``x-reliable-seq``), else the delivery tag.
 
 What the resend sweeper can and cannot infer with RabbitMQ: a queue has no offsets, so the "position" is the
-sender's per-process sequence number (monotonic within one producer process, restarting at 1 in the next).
-The comparison "stub offset below the consumer watermark" is therefore only meaningful inside one producer
-process's lifetime: a stub sent by an earlier or a parallel producer process usually compares as "passed", so
-the sweeper falls back to time: a PENDING stub with no ``message_log`` row is resent once ``resend_at`` has
-passed. Resending too early costs a duplicate delivery, which the guard suppresses; it never loses a message.
-What it cannot do is tell "still queued behind a long backlog" from "lost": set ``first_resend_delay_s`` above
-the queue's worst backlog time. A lost *tail* (the last messages of a burst) is found by time, not by
-offsets. The reconciliation report's offset-gap view is meaningless for RabbitMQ topics.
+sender's clock (``x-reliable-seq``: microseconds since the epoch, strictly increasing within a process,
+:func:`reliable.adapters.amqp.next_seq`). "Stub position at or below the group's watermark" then means "sent
+before a message the group has received", in any producer process whose clock agrees — a copy queued
+behind a paused group is held, not re-sent. There is no loss probe: a copy the group has not passed is
+re-sent once it is ``max_unconfirmed_age`` old. The reconciliation report's offset-gap view is meaningless
+for RabbitMQ topics.
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ from reliable.adapters.rabbitmq import (
     sweeper_sender,
 )
 from reliable.errors import ConfigurationError
-from reliable.models import MessageInbox, MessageLog, MessageStub
+from reliable.models import MessageInbox, MessageLog, MessageStub, utcnow
 from reliable.producer import SendOutcome
 from reliable.sender import OutgoingMessage
+from reliable.sweeper import FixedBackoff, Sweeper
 from tests.adapters.rabbitmq.conftest import (
     GROUP,
     TIMEOUT_S,
@@ -223,6 +224,60 @@ def test_lost_send_is_resent_by_reliable_sweep_through_rabbitmq(
         assert row is not None and row.status is StubStatus.CONFIRMED and row.send_count == 0
         inbox = s.get(MessageInbox, (GROUP, "lost-1"))
         assert inbox is not None and inbox.status is StubStatus.CONFIRMED and inbox.resend_count == 1
+
+
+SECOND_PRODUCER = """
+import sys
+from reliable import Reliability, StubProducer
+from reliable.adapters.rabbitmq import RabbitMQSender
+db_url, mq_url, exchange, topic, group, message_id = sys.argv[1:7]
+rel = Reliability(db_url, redis_url="")
+with RabbitMQSender(mq_url, exchange=exchange) as sender:
+    StubProducer(rel, sender, default_group=group).publish(message_id, topic, b"from another producer")
+rel.close()
+"""
+
+
+def test_a_message_from_another_producer_process_waits_for_a_paused_group_instead_of_being_resent(
+    rel: Reliability, topology: Topology, rabbitmq_url: str, postgres_url: str, admin: Any
+) -> None:
+    """Two producer processes on one queue (replicas, or one restarted); the group consumed the first one's
+    messages and then stops — a deploy, a slow handler — while the second publishes. Its message is queued,
+    not lost: sweep after sweep must hold it, not re-send it until the budget is spent and a person is told
+    about a message that was never missing (per-process counters made it compare as "already passed")."""
+    topology.declare(admin)
+    with RabbitMQSender(rabbitmq_url, exchange=topology.exchange or "") as sender:
+        producer = StubProducer(rel, sender, default_group=GROUP)
+        for i in range(5):
+            producer.publish(f"p1-{i}", TOPIC, b"from the first producer")
+    with RabbitMQConsumer(rabbitmq_url, topology, make_handler(rel), retry_delay_s=0) as consumer:
+        assert consumer.run(until=lambda: consumer.counts["ack"] >= 5, timeout_s=TIMEOUT_S)
+    argv = [postgres_url, rabbitmq_url, topology.exchange or "", TOPIC, GROUP, "p2-0"]
+    proc = subprocess.run(
+        [sys.executable, "-c", SECOND_PRODUCER, *argv], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert queue_depth(admin, topology.queue) == 1
+
+    later = utcnow()
+    resend_to = RabbitMQSender(
+        rabbitmq_url, exchange=topology.exchange or "", group_queue=lambda t, g: topology.queue
+    )
+    with resend_to:
+        sweeper = Sweeper(rel, resend_to, backoff=FixedBackoff((60.0,)), max_sends=3, clock=lambda: later)
+        for _ in range(10):  # ten rounds over twenty minutes of a paused group
+            later += dt.timedelta(minutes=2)
+            summary = sweeper.run_once()
+            assert (summary.resent, summary.dead) == (0, 0), summary.line()
+    assert queue_depth(admin, topology.queue) == 1  # the one copy, still waiting for the group
+    with RabbitMQConsumer(rabbitmq_url, topology, make_handler(rel), retry_delay_s=0) as consumer:
+        assert consumer.run(until=lambda: consumer.counts["ack"] >= 1, timeout_s=TIMEOUT_S)
+    assert effect_counts(rel) == {**{f"p1-{i}": 1 for i in range(5)}, "p2-0": 1}
+    with rel.session() as s:
+        assert (
+            s.scalar(select(MessageStub.status).where(MessageStub.message_id == "p2-0"))
+            is StubStatus.CONFIRMED
+        )
 
 
 def test_sweeper_sender_factory_needs_a_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,9 +4,11 @@ reconnects, targeted resends to one group's queue, and how AMQP properties becom
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from typing import Any
@@ -18,6 +20,7 @@ from pika.spec import Basic, BasicProperties
 
 from broker_sim.common.net import listen_port
 from reliable import ConsumeResult, Reliability, StubProducer, StubStatus
+from reliable.adapters import amqp
 from reliable.adapters.rabbitmq import (
     HEADER_SEQ,
     RabbitMQConsumer,
@@ -143,6 +146,28 @@ def test_envelope_mapping(
     assert env.reconsume_times == expected_times
     assert env.queue_offset == (seq if seq is not None else tag)
     assert env.properties["amqp.redelivered"] == str(redelivered).lower()
+
+
+def test_send_positions_never_repeat_in_a_process_and_follow_the_clock() -> None:
+    """The position a RabbitMQ send gets (``x-reliable-seq``) stands in for an offset: strictly increasing in
+    every sender of the process, and the clock's microseconds, so another process's numbers compare by
+    time."""
+    before = time.time_ns() // 1000
+    per_thread: list[list[int]] = [[] for _ in range(4)]
+
+    def take(out: list[int]) -> None:
+        out.extend(amqp.next_seq() for _ in range(2000))
+
+    threads = [threading.Thread(target=take, args=(out,)) for out in per_thread]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = time.time_ns() // 1000
+    every = [n for out in per_thread for n in out]
+    assert len(set(every)) == len(every)  # never repeated
+    assert all(a < b for out in per_thread for a, b in itertools.pairwise(out))
+    assert before <= min(every) and max(every) <= after + len(every)
 
 
 def test_targeted_resend_reaches_only_that_groups_queue(rabbitmq_url: str, admin: Any) -> None:
