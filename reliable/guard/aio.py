@@ -26,7 +26,9 @@ Cancellation: a task cancelled *inside the handler* becomes a handler failure (:
 the guard rolls the transaction back, counts the attempt and releases the lease (the message is
 retryable at once); then ``CancelledError`` is raised again to the caller, as asyncio requires. A task
 cancelled while the guard itself awaits the database or Redis unwinds with the transaction rolled back; its
-Redis lease, if it took one, lapses after ``lease_ms``.
+Redis lease, if it took one, lapses after ``lease_ms``. Where the driver turns the cancel into an error of
+its own (asyncmy), the guard answers that delivery as an outage and :meth:`AsyncGuard.process` still raises
+``CancelledError`` (it sees the task's pending cancel request).
 
 Limits: ``journal_write_behind`` is a background *thread* of the sync guard: refused here when set to
 ``True``; the default (``None``) journals every delivery synchronously in this guard.
@@ -110,9 +112,17 @@ class AsyncGuard:
     async def process(self, envs: Sequence[Envelope]) -> list[Decision]:
         """Run the guard for ``envs`` (one journal and one work transaction) and decide each."""
         guard = self._guards.get()
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         decisions: list[Decision] = await greenlet_spawn(guard.process, list(envs))
         if any(isinstance(d.error, HandlerCancelled) for d in decisions):
             raise asyncio.CancelledError("handler cancelled; rolled back, the message stays retryable")
+        if task is not None and task.cancelling() > cancels:
+            # cancelled while the guard awaited the database: a driver may turn that into an error of its own
+            # (asyncmy closes the connection: "Cancelled during execution"), which the guard answered as an
+            # outage — nothing committed, the message stays retryable; the cancel itself must still reach
+            # the caller, or a cancelled worker goes on to its next message
+            raise asyncio.CancelledError("cancelled while the guard waited on the database; rolled back")
         return decisions
 
     # --- one Guard per event loop (asyncio connections belong to their loop) -------------------------

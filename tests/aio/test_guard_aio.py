@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from reliable import ConsumeResult, Envelope, Reliability, idempotent_consumer
@@ -15,6 +15,7 @@ from reliable.guard import Reason
 from reliable.guard.aio import AsyncGuardedHandler
 from reliable.stores.lease import lease_key
 from tests.aio.flavours import Flavour, applied, env, inbox, journal, ledger, make_rel
+from tests.conftest import _ensure_clean_schema
 
 TASKS = 64
 
@@ -151,3 +152,66 @@ def test_aclose_sends_the_queued_done_markers_and_leaves_no_task_behind(rel: Rel
     assert rel.redis is not None
     markers = [rel.redis.get(lease_key(rel.settings.key_prefix, "g", m)) for m in ("m1", "m2")]
     assert all(isinstance(v, bytes) and v.startswith(b"done") for v in markers), markers
+
+
+LOCK_WAITS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    # the statement in progress on the server (innodb_trx's LOCK WAIT lags behind, from a cache)
+    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'UPDATE message_inbox%'",
+}
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mariadb"])  # SQLite's lock wait cannot be seen from outside
+def test_a_worker_cancelled_while_its_guard_waits_on_a_row_lock_is_cancelled(
+    backend: str, request: pytest.FixtureRequest, key_prefix: str
+) -> None:
+    """A service shutting down cancels a worker whose guard waits on another delivery's row lock: the cancel
+    reaches the worker, which does not go on to its next message, and nothing of the cancelled delivery is
+    committed. asyncmy (MariaDB) turns a cancel into a driver error of its own, which the guard answered as a
+    database outage, and the worker carried on."""
+    db_url: str = request.getfixturevalue(f"{backend}_url")
+    _ensure_clean_schema(db_url)
+    rel = make_rel(db_url, "", key_prefix)  # no Redis: the redelivery goes to the database and waits there
+    lock_waits = text(LOCK_WAITS[rel.engine.dialect.name])
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @idempotent_consumer(rel, group="g")
+    async def handle(e: Envelope, session: AsyncSession) -> None:
+        await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
+        if e.message_id == "held" and e.reconsume_times == 0:
+            entered.set()
+            await release.wait()  # holds the group's inbox row until the worker has been cancelled
+
+    async def waiting_on_a_lock() -> None:
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            with rel.engine.connect() as conn:
+                if conn.execute(lock_waits).scalar_one():
+                    return
+            assert asyncio.get_running_loop().time() < deadline, "the worker never waited on the row lock"
+            await asyncio.sleep(0.02)
+
+    async def scenario() -> list[Reason]:
+        holder = asyncio.create_task(handle.decide(env("held")))
+        await asyncio.wait_for(entered.wait(), 20)
+        went_on: list[Reason] = []
+
+        async def worker() -> None:
+            for e in (env("held", reconsume_times=1), env("next")):
+                went_on.append((await handle.decide(e)).reason)
+
+        task = asyncio.create_task(worker())
+        await waiting_on_a_lock()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        assert (await holder).reason is Reason.PROCESSED
+        await rel.aclose()
+        return went_on
+
+    try:
+        assert asyncio.run(scenario()) == []
+        assert applied(rel) == {"held": 1}
+    finally:
+        rel.close()
