@@ -77,6 +77,10 @@ class Envelope:
     delivered_topic: str | None = None
     #: the RocketMQ broker group of ``queue_id``; ``""``: none, or unknown
     broker_name: str = ""
+    #: the broker will not deliver the message again if this delivery fails (its retries are spent: a
+    #: Kafka loop's last retry topic); the guard then treats a handler failure as its last, as at
+    #: ``max_attempts``: dead-lettered with the reason, the group's row DEAD, a person told
+    last_attempt: bool = False
 
     @property
     def source_topic(self) -> str:

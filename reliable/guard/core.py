@@ -238,8 +238,10 @@ class Guard:
                     attempts = self.sql.record_failure(
                         conn, self.group, it.inbox_row, now, error, begin=i == 0
                     )
-                    reason = failure_reason(attempts, self.settings.max_attempts)
-                    detail = f"attempt {attempts}/{self.settings.max_attempts}: {it.error!r}"
+                    last = it.env.last_attempt
+                    reason = failure_reason(attempts, self.settings.max_attempts, last)
+                    broker = ", the broker's last delivery" if last else ""
+                    detail = f"attempt {attempts}/{self.settings.max_attempts}{broker}: {it.error!r}"
                     plan.decide(it, reason, detail, error=it.error, attempts=attempts)
                     if reason is Reason.MAX_ATTEMPTS:  # a person decides now: DEAD, told by the sweeper
                         outbox.mark_dead(conn, it.mid, self.group, now, dead_letter_error(it.env, detail))

@@ -116,9 +116,10 @@ def held_verdict(v: Verdict) -> Verdict | None:
     return v if v in (Verdict.DUPLICATE, Verdict.VOIDED, Verdict.MISMATCH) else None
 
 
-def failure_reason(attempts: int, max_attempts: int) -> Reason:
-    """After the group's ``attempts``-th handler failure: retry, or dead-letter once the budget is spent."""
-    return Reason.MAX_ATTEMPTS if attempts >= max_attempts else Reason.HANDLER_FAILED
+def failure_reason(attempts: int, max_attempts: int, last: bool = False) -> Reason:
+    """After the group's ``attempts``-th handler failure: retry, or dead-letter once the budget is spent — or
+    once the broker will not deliver the message again (``last``: :attr:`Envelope.last_attempt`)."""
+    return Reason.MAX_ATTEMPTS if attempts >= max_attempts or last else Reason.HANDLER_FAILED
 
 
 def dead_letter_error(env: Envelope, detail: str, limit: int = 2000) -> str:

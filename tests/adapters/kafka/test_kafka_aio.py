@@ -151,7 +151,7 @@ def test_failures_hop_through_the_retry_topics_to_the_dlt_with_their_reason(
     (dead,) = read_all(tansu.bootstrap, f"{topic}.dlt", expect=1)
     headers = headers_of(dead)
     assert dead.value() == b"always-fails" and headers["message-id"] == "always-fails"
-    assert headers[C.KAFKA_HEADER_REASON].startswith("retries exhausted after 3 attempts")
+    assert headers[C.KAFKA_HEADER_REASON].startswith("max_attempts: attempt 3/10, the broker's last delivery")
     assert "boom always-fails" in headers[C.KAFKA_HEADER_REASON]
     assert headers[C.KAFKA_HEADER_ORIGINAL_TOPIC] == topic and headers[C.KAFKA_HEADER_ATTEMPT] == "3"
     first_retry = read_all(tansu.bootstrap, f"{topic}.retry.1", expect=2)

@@ -8,12 +8,15 @@ import time
 
 import pytest
 from confluent_kafka import TopicPartition
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable import constants as C
 from reliable.adapters.kafka import KafkaGuardedConsumer, RetryMode, RetryPolicy, ensure_topics, offsets_in_db
 from reliable.demo.tansu import FAST_GROUP, Tansu
+from reliable.models import MessageInbox
+from reliable.types import StubStatus
 from tests.adapters.kafka.helpers import (
     BAD_RECORDS,
     TIMEOUT_S,
@@ -99,8 +102,18 @@ def test_failures_hop_through_retry_topics_with_growing_delays_then_the_dlt(
     assert (h[C.KAFKA_HEADER_ORIGINAL_TOPIC], h[C.KAFKA_HEADER_ORIGINAL_PARTITION]) == (topic, "0")
     assert h[C.KAFKA_HEADER_ORIGINAL_OFFSET] == "2"
     assert h[C.KAFKA_HEADER_ATTEMPT] == "3"
-    assert "retries exhausted after 3 attempts" in h[C.KAFKA_HEADER_REASON]
+    # the last retry topic's delivery is the guard's last too: it dead-letters with its reason, journals it
+    # and sets the group's row DEAD (the sweeper tells a person), instead of a PENDING row re-driven later
+    assert "max_attempts: attempt 3/10, the broker's last delivery" in h[C.KAFKA_HEADER_REASON]
     assert "boom always-fails" in h[C.KAFKA_HEADER_REASON]
+    assert [o for m, o, _ in log_rows(rel.engine, group) if m == "always-fails"][-1] == "DEAD_LETTER"
+    with rel.engine.connect() as conn:
+        row = conn.execute(
+            select(MessageInbox.status, MessageInbox.attempts).where(
+                MessageInbox.message_id == "always-fails"
+            )
+        ).one()
+    assert (row.status, row.attempts) == (StubStatus.DEAD, 3)
     assert dead.value() == b"body-always-fails"
     retry1 = [headers_of(m) for m in read_all(tansu.bootstrap, f"{topic}.retry.1", expect=2)]
     assert sorted(r[C.KAFKA_ID_HEADER] for r in retry1) == ["always-fails", "fails-once"]
