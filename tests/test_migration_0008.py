@@ -1,0 +1,90 @@
+"""Migration 0008 (MySQL/MariaDB): message ids, groups and topics compare exactly, as on PostgreSQL and
+SQLite.
+
+What a user needs: ids that differ only in case, accents or trailing spaces are different messages on every
+backend — staged, processed and confirmed once each. Before 0008, MariaDB's default collation made them one
+key: the producer refused the second, and the guard answered its deliveries ``confirm_conflict`` for ever.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine, func, select, text
+
+from reliable import Reason, Reliability, StubProducer, idempotent_consumer
+from reliable.migrate import downgrade, upgrade
+from reliable.models import MessageStub
+from tests import services
+from tests.core.guard_helpers import apply, env, ledger, make_rel
+from tests.migration_support import engine_for
+from tests.sweeper.helpers import QueueSender
+
+#: one id and its look-alikes under a case-, accent- and pad-insensitive collation
+IDS = ["Ord-aB", "ord-Ab", "ORD-AB", "Ord-aB ", "Örd-aB"]
+
+
+def effects(rel: Reliability) -> dict[str, int]:
+    """Applications per id, told apart in Python (the test's own ledger table has the default collation)."""
+    with rel.engine.connect() as conn:
+        return dict(Counter(conn.execute(select(ledger.c.message_id)).scalars()))
+
+
+def test_ids_differing_only_in_case_accents_or_trailing_spaces_are_different_messages(
+    db_url: str, key_prefix: str
+) -> None:
+    rel = make_rel(db_url, "", key_prefix)
+    try:
+        producer = StubProducer(rel, QueueSender(), default_group="g")
+        for message_id in IDS:
+            producer.publish(message_id, "orders", b"{}")
+        handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(apply)
+        assert [handle.decide(env(m)).reason for m in IDS] == [Reason.PROCESSED] * len(IDS)
+        assert [handle.decide(env(m)).reason for m in IDS] == [Reason.DUPLICATE_CONFIRMED] * len(IDS)
+        assert effects(rel) == dict.fromkeys(IDS, 1)
+        with rel.engine.connect() as conn:
+            confirmed = conn.execute(
+                select(func.count()).select_from(MessageStub).where(MessageStub.status == "CONFIRMED")
+            ).scalar_one()
+        assert confirmed == len(IDS)
+    finally:
+        rel.close()
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    with services.scratch_database("mariadb") as url, engine_for(url) as eng:
+        yield eng
+
+
+def _collations(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT DISTINCT collation_name FROM information_schema.columns"
+                " WHERE table_schema = DATABASE() AND table_name <> 'alembic_version'"
+                " AND collation_name IS NOT NULL"
+            )
+        ).scalars()
+        return set(rows)
+
+
+def test_0008_gives_every_text_column_an_exact_collation_and_takes_it_back(engine: Engine) -> None:
+    upgrade(engine, "0007")
+    with engine.connect() as conn:
+        default = conn.execute(
+            text(
+                "SELECT default_collation_name FROM information_schema.schemata"
+                " WHERE schema_name = DATABASE()"
+            )
+        ).scalar_one()
+    assert _collations(engine) == {default}
+    upgrade(engine)
+    assert _collations(engine) == {"utf8mb4_nopad_bin"}
+    downgrade(engine, "0007")
+    assert _collations(engine) == {default}
+    upgrade(engine)
+    assert _collations(engine) == {"utf8mb4_nopad_bin"}
