@@ -12,8 +12,9 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
   client overrides any other invisible duration); ``DEAD_LETTER`` forwards to the DLQ itself.
 * Both keep the message invisible while a long handler runs (:class:`InvisibilityExtender`: a change of
   invisible duration every ``extend_every_s``), so the broker does not hand it to another consumer
-  mid-handler; a handler that dies with its process stops extending and the message comes back after one
-  invisible duration.
+  mid-handler; the SimpleConsumer loop extends its whole received batch from the start, so a message
+  waiting behind a slow one is not handed out either. A handler that dies with its process stops extending
+  and the messages come back after one invisible duration.
 * :class:`RocketMQ5Sender` — the :class:`~reliable.sender.Sender` of ``StubProducer`` and the sweeper. A 5.x
   send reports the offset but **not the queue** (the proxy, not the client, picks it), so receipts carry
   ``queue_id = UNKNOWN_QUEUE_ID`` and ``broker_name = ""``; a targeted resend cannot name
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from reliable import constants as C
@@ -126,27 +127,46 @@ def check_timing(invisible_s: int, every_s: float) -> None:
 
 
 class InvisibilityExtender:
-    """Keeps one received message invisible while its handler runs (use as a context manager).
+    """Keeps received messages invisible until each is settled (use as a context manager).
 
-    Every ``every_s`` it changes the invisible duration to ``invisible_s`` from now; the client puts the new
-    receipt handle on the message, so the final ack / retry uses the current one. ``change`` is the
-    consumer's change-invisible-duration call (``SimpleConsumer.change_invisible_duration``)."""
+    Every ``every_s`` it changes the invisible duration of each message not yet settled to ``invisible_s``
+    from now; the client puts the new receipt handle on the message, so the final ack / retry uses the
+    current one. ``change`` is the consumer's change-invisible-duration call
+    (``SimpleConsumer.change_invisible_duration``). A whole received batch is extended from the start: a
+    message waiting behind a slow one would otherwise become visible again and go to another consumer while
+    it is still queued here. :meth:`settled` stops extending one message (waiting for a change of it in
+    progress), before it is acknowledged or retried."""
 
-    def __init__(self, change: Callable[[Any, int], None], message: Any, invisible_s: int, every_s: float):
+    def __init__(
+        self,
+        change: Callable[[Any, int], None],
+        messages: Any | Sequence[Any],
+        invisible_s: int,
+        every_s: float,
+    ) -> None:
         check_timing(invisible_s, every_s)
-        self.change, self.message = change, message
+        self.change = change
+        self.pending: list[Any] = list(messages) if isinstance(messages, list | tuple) else [messages]
         self.invisible_s, self.every_s = invisible_s, every_s
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rmq5-extend", daemon=True)
         self.extensions = 0
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            try:
-                self.change(self.message, self.invisible_s)
-                self.extensions += 1
-            except Exception:
-                log.exception("could not extend the invisible time of %s", self.message.message_id)
+            with self._lock:
+                for message in self.pending:
+                    try:
+                        self.change(message, self.invisible_s)
+                        self.extensions += 1
+                    except Exception:
+                        log.exception("could not extend the invisible time of %s", message.message_id)
+
+    def settled(self, message: Any) -> None:
+        """Stop extending ``message`` (it is about to be acknowledged, retried or dead-lettered)."""
+        with self._lock:
+            self.pending = [m for m in self.pending if m is not message]
 
     def __enter__(self) -> InvisibilityExtender:
         self._thread.start()
@@ -172,13 +192,18 @@ def consume_one(
     ack / retry later / dead-letter as the result says. Returns the result."""
     with InvisibilityExtender(consumer.change_invisible_duration, message, invisible_s, extend_every_s):
         result = _decide(handler, to_envelope(message))
+    settle(consumer, message, result)
+    return result
+
+
+def settle(consumer: Any, message: Any, result: ConsumeResult) -> None:
+    """Ack, retry later or dead-letter one SimpleConsumer message as ``result`` says."""
     if result is ConsumeResult.SUCCESS:
         consumer.ack(message)
     elif result is ConsumeResult.RECONSUME_LATER:
         consumer.change_invisible_duration(message, retry_delay_s(message.delivery_attempt or 1))
     else:
         forward_to_dlq(consumer, message)
-    return result
 
 
 def run_simple_consumer(
@@ -203,14 +228,17 @@ def run_simple_consumer(
             log.exception("receive failed; retrying")
             stop.wait(1.0)
             continue
-        for message in messages:
-            try:
-                consume_one(consumer, message, handler, invisible_s, every)
-            except Exception:
-                log.exception(
-                    "could not settle %s; it comes back after its invisible time", message.message_id
-                )
-            handled += 1
+        with InvisibilityExtender(consumer.change_invisible_duration, messages, invisible_s, every) as ext:
+            for message in messages:
+                result = _decide(handler, to_envelope(message))
+                ext.settled(message)
+                try:
+                    settle(consumer, message, result)
+                except Exception:
+                    log.exception(
+                        "could not settle %s; it comes back after its invisible time", message.message_id
+                    )
+                handled += 1
     return handled
 
 

@@ -143,6 +143,42 @@ def test_a_handler_longer_than_the_invisible_duration_is_applied_once(
     assert len(started_files(control, key)) == 1
 
 
+def test_a_message_received_behind_a_slow_one_is_not_handed_to_another_consumer(
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    """One receive brings a slow message and the one behind it. While the slow handler runs through several
+    invisible durations, the second waits in that consumer's batch: it must stay invisible too, not go to
+    the other consumer at its next attempt (burning the group's delivery attempts without any failure,
+    leaving a stale receipt handle behind)."""
+    broker = make_broker()
+    group, control = f"tail{uuid.uuid4().hex[:6]}", tmp_path / "c"
+    slow, behind = f"slow-{uuid.uuid4().hex[:8]}", f"behind-{uuid.uuid4().hex[:8]}"
+    send(broker, "slow", slow)
+    send(broker, "fast", behind)
+    first = start(broker, db, workers, control, group=group)  # receives both in one batch
+    wait_until(lambda: started_files(control, slow), what="the slow handler to start")
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+    assert len(pop.inflight(group, TOPIC)) == 2  # both received by the first consumer
+    start(broker, db, workers, control, group=group)  # a second consumer, polling the group
+
+    def serials() -> set[int]:
+        return {h.serial for h in pop.inflight(group, TOPIC).values()}
+
+    def extended_since(before: set[int]) -> bool:
+        return serials().isdisjoint(before)
+
+    for _ in range(5):  # 40 s of broker time under a 10 s invisible duration
+        wait_until(partial(extended_since, serials()), what="both messages extended")
+        broker.advance(8)
+    assert applied(db, behind) == [] and started_files(control, behind) == []  # still waiting behind
+    (control / "release").touch()
+    wait_until(lambda: applied(db, behind), what="the message behind to be applied")
+    pid = first.proc.pid
+    assert [p.name for p in started_files(control, behind)] == [f"started-{behind}-{pid}"]
+    assert len(applied(db, slow)) == 1 and len(applied(db, behind)) == 1
+
+
 @pytest.mark.parametrize("mode", ["simple", "push"])
 def test_a_consumer_killed_mid_handler_is_replaced_and_the_message_applied_once(
     make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path, mode: str
