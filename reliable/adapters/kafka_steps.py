@@ -49,12 +49,18 @@ class Action:
     duplicate: bool = False
 
 
-def next_step(answer: object, env: Envelope, policy: RetryPolicy, held_before: int) -> Action:
+def next_step(
+    answer: object, env: Envelope, policy: RetryPolicy, held_before: int, failed_before: int = 0
+) -> Action:
     """The decision of both Kafka consumer loops (confluent-kafka and aiokafka) for one guard answer.
 
     ``answer`` is a :class:`~reliable.types.ConsumeResult`, a guard decision (``.result``/``.reason``), or
-    the exception a bare handler raised (retried like a failure). ``held_before``: consecutive failures of
-    the partition's head record so far (blocking mode and infrastructure holds count them).
+    the exception a bare handler raised (retried like a failure). ``held_before``: consecutive holds of the
+    partition's head record so far (blocking mode and infrastructure holds count them: the delay grows);
+    ``failed_before``: how many of those were the handler's failures — in blocking mode only they use up the
+    retries. An outage (a lease conflict, the database down) holds the record for as long as it lasts and
+    never sends it to the dead-letter topic: it was never processed, and with no producer row nobody else
+    would ever deliver it again.
     """
     if isinstance(answer, Exception):
         reason = f"handler raised {type(answer).__name__}: {answer}"
@@ -68,11 +74,12 @@ def next_step(answer: object, env: Envelope, policy: RetryPolicy, held_before: i
         return Action(Step.ACK, duplicate=bool(getattr(answer, "duplicate", False)))
     if result is ConsumeResult.DEAD_LETTER:
         return Action(Step.DEAD, reason, dlt, attempt=attempt)
-    if policy.mode is RetryMode.BLOCKING or str(getattr(answer, "reason", "")) in HOLD_REASONS:
+    outage = str(getattr(answer, "reason", "")) in HOLD_REASONS
+    if policy.mode is RetryMode.BLOCKING or outage:
         failures = held_before + 1
-        if policy.mode is RetryMode.BLOCKING and failures > len(policy.delays_s):
+        if policy.mode is RetryMode.BLOCKING and not outage and failed_before + 1 > len(policy.delays_s):
             return Action(
-                Step.DEAD, f"retries exhausted after {failures} attempts: {reason}", dlt, 0, attempt
+                Step.DEAD, f"retries exhausted after {failed_before + 1} attempts: {reason}", dlt, 0, attempt
             )
         delays = policy.delays_s or (1.0,)
         return Action(Step.HOLD, reason, delay_s=delays[min(failures, len(delays)) - 1], attempt=attempt)
@@ -110,14 +117,19 @@ class AnswerBook:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.failures: Counter[tuple[str, int]] = Counter()
+        #: of ``failures``, the handler's own (an outage's holds are not): what blocking retries use up
+        self.handler_failures: Counter[tuple[str, int]] = Counter()
 
     def step(self, tp: tuple[str, int], answer: object, env: Envelope, policy: RetryPolicy) -> Action:
         """The next step for ``answer``, counted (the caller acts on it)."""
-        action = next_step(answer, env, policy, self.failures[tp])
+        action = next_step(answer, env, policy, self.failures[tp], self.handler_failures[tp])
         if action.step is Step.HOLD:
             self.failures[tp] += 1
+            if str(getattr(answer, "reason", "")) not in HOLD_REASONS:
+                self.handler_failures[tp] += 1
             return action
         self.failures.pop(tp, None)
+        self.handler_failures.pop(tp, None)
         if action.step is Step.ACK:
             self.counts["duplicate" if action.duplicate else "success"] += 1
         elif action.step is Step.DEAD:

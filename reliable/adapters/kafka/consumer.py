@@ -340,3 +340,4 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
             self.assigned.discard((p.topic, p.partition))
             self._paused.pop((p.topic, p.partition), None)
             self._failures.pop((p.topic, p.partition), None)
+            self._book.handler_failures.pop((p.topic, p.partition), None)

@@ -24,7 +24,7 @@ from reliable.adapters.kafka_common import (
     send_headers,
     to_envelope,
 )
-from reliable.adapters.kafka_steps import Action, Step, next_step
+from reliable.adapters.kafka_steps import Action, AnswerBook, Step, next_step
 from reliable.errors import ConfigurationError
 from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope
@@ -189,8 +189,25 @@ def test_next_step_is_the_one_decision_of_every_kafka_loop() -> None:
         assert (hold.step, hold.delay_s) == (Step.HOLD, delay)
     blocking = RetryPolicy(delays_s=(1.0,), mode=RetryMode.BLOCKING)
     assert next_step(RuntimeError("x"), _env(), blocking, 0).step is Step.HOLD
-    exhausted = next_step(RuntimeError("x"), _env(), blocking, 1)
+    exhausted = next_step(RuntimeError("x"), _env(), blocking, 1, 1)
     assert (exhausted.step, exhausted.topic) == (Step.DEAD, "orders.dlt")
+
+
+def test_an_outage_in_blocking_mode_holds_the_record_for_as_long_as_it_lasts() -> None:
+    """A database outage or a lease conflict is not the record's fault: in blocking mode it holds the head
+    record however long it lasts — never to the dead-letter topic (the record was never processed, and
+    without a producer row nobody would deliver it again) — and it does not use up the handler's retries."""
+    blocking = RetryPolicy(delays_s=(1.0, 2.0), mode=RetryMode.BLOCKING)
+    book = AnswerBook()
+    tp = ("orders", 0)
+    down = _Answer(ConsumeResult.RECONSUME_LATER, "database_unavailable")
+    steps = [book.step(tp, down, _env(), blocking) for _ in range(10)]
+    assert {s.step for s in steps} == {Step.HOLD} and steps[-1].delay_s == 2.0
+    failed = [book.step(tp, RuntimeError("boom"), _env(), blocking) for _ in range(3)]
+    assert [s.step for s in failed] == [Step.HOLD, Step.HOLD, Step.DEAD]  # its own two retries, then the DLT
+    assert failed[-1].reason.startswith("retries exhausted after 3 attempts")
+    assert book.step(tp, _Answer(ConsumeResult.SUCCESS), _env(), blocking).step is Step.ACK
+    assert (book.failures[tp], book.handler_failures[tp]) == (0, 0)
 
 
 def test_both_senders_put_the_same_headers_on_a_stub() -> None:
