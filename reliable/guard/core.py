@@ -106,7 +106,9 @@ class Guard:
             if rel.redis is not None
             else NoLeaseStore()
         )
-        self.work = WorkTransaction(self.sql, group, handler, self.hooks, self.metrics)
+        self.work = WorkTransaction(
+            self.sql, group, handler, self.hooks, self.metrics, self.settings.max_attempts
+        )
         self.behind: JournalBuffer | None = None
         if self.settings.journal_write_behind is not False:  # None (default) or True
             self.behind = JournalBuffer(
@@ -213,7 +215,7 @@ class Guard:
             self._database_down(items, "journal", exc)
             return False
         for it in held:
-            plan.decide_held(it, states.get(it.mid))
+            plan.decide_held(it, states.get(it.mid), self.settings.max_attempts)
         return True
 
     # --- step 5: journal what the work transaction did not commit ----------------------------------------

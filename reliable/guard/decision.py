@@ -31,6 +31,7 @@ class Reason(enum.StrEnum):
     LEASE_CONFLICT = "lease_conflict"
     HANDLER_FAILED = "handler_failed"
     MAX_ATTEMPTS = "max_attempts"
+    GAVE_UP = "gave_up"
     PAYLOAD_MISMATCH = "payload_mismatch"
     MISSING_MESSAGE_ID = "missing_message_id"
     BAD_MESSAGE = "bad_message"
@@ -49,6 +50,7 @@ OUTCOMES: dict[Reason, tuple[ConsumeResult, LogOutcome, bool]] = {
     Reason.LEASE_CONFLICT: (_R, LogOutcome.RETRY, False),
     Reason.HANDLER_FAILED: (_R, LogOutcome.RETRY, False),
     Reason.MAX_ATTEMPTS: (_D, LogOutcome.DEAD_LETTER, False),
+    Reason.GAVE_UP: (_D, LogOutcome.DEAD_LETTER, False),
     Reason.PAYLOAD_MISMATCH: (_D, LogOutcome.DEAD_LETTER, False),
     Reason.MISSING_MESSAGE_ID: (_D, LogOutcome.DEAD_LETTER, False),
     Reason.BAD_MESSAGE: (_D, LogOutcome.DEAD_LETTER, False),
@@ -64,6 +66,8 @@ TEXTS: dict[str, str] = {
     "twin_pending": "same message id earlier in this batch not done",
     "undecided": "undecided",
     "no_outcome": "could not record the outcome",
+    "gave_up": "the group gave up on this message (its handler failed max_attempts times; a person was "
+    "told): not run again until it is revived",
 }
 
 
@@ -76,12 +80,24 @@ class Verdict(enum.Enum):
     VOIDED = "voided"
     MISMATCH = "mismatch"
     VANISHED = "vanished"  # a concurrent insert we waited on was rolled back, then the row was gone
+    #: DEAD because its handler failed ``max_attempts`` times: a person decides (revive resets attempts)
+    GAVE_UP = "gave_up"
 
 
 def judge(
-    status: StubStatus | None, stored_hash: str | None, claimed: bool, payload_hash: str | None
+    status: StubStatus | None,
+    stored_hash: str | None,
+    claimed: bool,
+    payload_hash: str | None,
+    attempts: int = 0,
+    max_attempts: int | None = None,
 ) -> Verdict:
-    """Step 3's transition table over one group's inbox row (``status`` ``None``: no row)."""
+    """Step 3's transition table over one group's inbox row (``status`` ``None``: no row).
+
+    A DEAD row whose ``attempts`` reached ``max_attempts`` is one the guard gave up on: another copy of the
+    message (a resend meant for another group, a producer's retry) does not run the failing handler again —
+    it is dead-lettered with that reason — until a person revives the row. Any other DEAD row (the sweeper
+    gave up on a copy that never arrived) runs: a late copy is welcome."""
     if claimed:
         return Verdict.RUN_INBOX
     if status is None:
@@ -92,6 +108,8 @@ def judge(
         return Verdict.DUPLICATE
     if status is StubStatus.VOIDED:
         return Verdict.VOIDED
+    if status is StubStatus.DEAD and max_attempts is not None and attempts >= max_attempts:
+        return Verdict.GAVE_UP
     return Verdict.RUN
 
 
@@ -103,6 +121,8 @@ def verdict_reason(
         return Reason.DUPLICATE_CONFIRMED, None, None
     if v is Verdict.VOIDED:
         return Reason.VOIDED, TEXTS["voided"], None
+    if v is Verdict.GAVE_UP:
+        return Reason.GAVE_UP, TEXTS["gave_up"], None
     if v is Verdict.MISMATCH:
         err = PayloadMismatchError(
             f"message {message_id!r}: body sha256 {payload_hash} differs from the recorded {stored_hash}"
@@ -113,7 +133,7 @@ def verdict_reason(
 
 def held_verdict(v: Verdict) -> Verdict | None:
     """A live lease of another worker: only a settled row answers now; anything else waits (None)."""
-    return v if v in (Verdict.DUPLICATE, Verdict.VOIDED, Verdict.MISMATCH) else None
+    return v if v in (Verdict.DUPLICATE, Verdict.VOIDED, Verdict.MISMATCH, Verdict.GAVE_UP) else None
 
 
 def failure_reason(attempts: int, max_attempts: int, last: bool = False) -> Reason:

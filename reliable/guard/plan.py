@@ -122,10 +122,12 @@ def apply_leases(todo: Sequence[Item], answers: Sequence[LeaseAnswer]) -> None:
             it.held = True
 
 
-def decide_held(it: Item, state: InboxState | None) -> None:
+def decide_held(it: Item, state: InboxState | None, max_attempts: int) -> None:
     """Another worker holds the lease: a settled inbox row answers now, anything else is a lease conflict."""
-    status, stored = (None, None) if state is None else (state.status, state.payload_hash)
-    v = judge(status, stored, False, it.payload_hash)
+    if state is None:
+        v = judge(None, None, False, it.payload_hash)
+    else:
+        v = judge(state.status, state.payload_hash, False, it.payload_hash, state.attempts, max_attempts)
     if held_verdict(v) is None:
         decide(it, Reason.LEASE_CONFLICT, TEXTS["held"])
     else:

@@ -63,9 +63,16 @@ class WorkTransaction:
     """Runs step 3 for the deliveries of one guard (group); one instance per guard, thread-safe."""
 
     def __init__(
-        self, sql: SqlStore, group: str, handler: Handler, hooks: Sequence[GuardHooks], metrics: GuardMetrics
+        self,
+        sql: SqlStore,
+        group: str,
+        handler: Handler,
+        hooks: Sequence[GuardHooks],
+        metrics: GuardMetrics,
+        max_attempts: int,
     ) -> None:
         self.sql = sql
+        self.max_attempts = max_attempts
         self.group = group
         self.handler = handler
         self.hooks = tuple(hooks)
@@ -145,8 +152,17 @@ class WorkTransaction:
         for it in run:
             if not recorded:
                 state = states.get(it.mid)
-                status, stored = (None, None) if state is None else (state.status, state.payload_hash)
-                it.verdict = judge(status, stored, it.claimed, it.payload_hash)
+                if state is None:
+                    it.verdict = judge(None, None, it.claimed, it.payload_hash)
+                else:
+                    it.verdict = judge(
+                        state.status,
+                        state.payload_hash,
+                        it.claimed,
+                        it.payload_hash,
+                        state.attempts,
+                        self.max_attempts,
+                    )
             if it.verdict is Verdict.RUN or it.verdict is Verdict.RUN_INBOX:
                 self._run_handler(conn, it, savepoint=savepoints)
             elif it.verdict is not None:

@@ -140,10 +140,13 @@ def claim_inbox(n: int, mariadb: bool, returning: str = " RETURNING message_id")
 
 
 def confirm_first(pg: bool) -> str:
-    """Single-message happy case: confirm one group's row if PENDING/DEAD and the body matches."""
+    """Single-message happy case: confirm one group's row if PENDING (or DEAD with no failed attempt: the
+    sweeper gave up on a copy that never arrived) and the body matches. A DEAD row with failures takes the
+    general path, which knows ``max_attempts`` (:func:`reliable.guard.decision.judge`)."""
     return (
         "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
-        f"WHERE consumer_group = ? AND message_id = ? AND status IN {_OPEN} "
+        "WHERE consumer_group = ? AND message_id = ? "
+        "AND (status = 'PENDING' OR (status = 'DEAD' AND attempts = 0)) "
         f"AND (payload_hash IS NULL OR {'?::varchar' if pg else '?'} IS NULL OR payload_hash = ?)"
     )
 

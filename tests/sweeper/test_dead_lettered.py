@@ -49,8 +49,12 @@ def rel(db_url: str) -> Iterator[Reliability]:
     r.close()
 
 
-def guarded(rel: Reliability, group: str, failing: dict[str, bool]) -> GuardedHandler:
+def guarded(
+    rel: Reliability, group: str, failing: dict[str, bool], ran: list[str] | None = None
+) -> GuardedHandler:
     def handler(e: Envelope, session: Session) -> None:
+        if ran is not None:
+            ran.append(group)
         if failing.get(group):
             raise RuntimeError(f"{group} cannot handle {e.message_id}")
         apply(e, session, note=group)
@@ -76,8 +80,8 @@ def test_a_handler_that_keeps_failing_ends_dead_a_person_is_told_once_and_revive
     rel: Reliability, sender: QueueSender, caplog: pytest.LogCaptureFixture
 ) -> None:
     add_stub(rel, "m", groups=["billing", "audit"], queue_offset=5)
-    failing = {"audit": True}
-    billing, audit = guarded(rel, "billing", failing), guarded(rel, "audit", failing)
+    failing, ran = {"audit": True}, list[str]()
+    billing, audit = guarded(rel, "billing", failing, ran), guarded(rel, "audit", failing, ran)
     assert billing.decide(env("m", b"body-m")).reason is Reason.PROCESSED
     assert audit.decide(env("m", b"body-m")).reason is Reason.HANDLER_FAILED
     last = audit.decide(env("m", b"body-m", reconsume_times=1))
@@ -102,6 +106,14 @@ def test_a_handler_that_keeps_failing_ends_dead_a_person_is_told_once_and_revive
     assert "max_attempts" in notice.reason and "RuntimeError" in notice.reason
     assert len(dead_lines(caplog)) == 1 and "group=audit" in dead_lines(caplog)[0]
     assert sender.sent == []
+
+    # another copy (a resend meant for another group, a producer's retry) does not run the failing handler
+    # again: the group gave up, a person decides
+    ran.clear()
+    copy_for_others = audit.decide(env("m", b"body-m"))
+    assert (copy_for_others.reason, copy_for_others.result) == (Reason.GAVE_UP, ConsumeResult.DEAD_LETTER)
+    assert ran == [] and get_inbox(rel, "m", "audit").status is StubStatus.DEAD
+    assert get_inbox(rel, "m", "audit").attempts == 2
 
     failing["audit"] = False  # the handler is fixed; a person revives the message for that group
     assert revive(rel.engine, ["m"], now=clock.now, group="audit") == 1
