@@ -24,8 +24,8 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reliable import constants as C
-from reliable.guard.decision import GuardHooks, Reason, Verdict, judge
-from reliable.guard.plan import Item, decide, decide_verdict, journal_entry, outcome_update, undo
+from reliable.guard.decision import GuardHooks, Reason, Verdict
+from reliable.guard.plan import Item, decide, decide_verdict, journal_entry, judge_row, outcome_update, undo
 from reliable.metrics import GuardMetrics
 from reliable.models import utcnow
 from reliable.stores import InboxState, JournalEntry
@@ -151,18 +151,7 @@ class WorkTransaction:
             states = self._lock_then_claim(conn, run, now)
         for it in run:
             if not recorded:
-                state = states.get(it.mid)
-                if state is None:
-                    it.verdict = judge(None, None, it.claimed, it.payload_hash)
-                else:
-                    it.verdict = judge(
-                        state.status,
-                        state.payload_hash,
-                        it.claimed,
-                        it.payload_hash,
-                        state.attempts,
-                        self.max_attempts,
-                    )
+                it.verdict = judge_row(it, states.get(it.mid), self.max_attempts)
             if it.verdict is Verdict.RUN or it.verdict is Verdict.RUN_INBOX:
                 self._run_handler(conn, it, savepoint=savepoints)
             elif it.verdict is not None:
