@@ -95,13 +95,17 @@ class Topology(amqp.Topology):
 
     def declare(self, ch: BlockingChannel) -> None:
         """Create (idempotently) the DLX, the DLQ, the queue with its dead-letter arguments, the binding."""
-        ch.exchange_declare(self.dead_letter_exchange, exchange_type="direct", durable=True)
-        ch.queue_declare(self.dead_letter_queue, durable=True)
-        ch.queue_bind(self.dead_letter_queue, self.dead_letter_exchange, routing_key=self.queue)
+        self.declare_dead_letter_path(ch)
         ch.queue_declare(self.queue, durable=True, arguments=self.declared_arguments())
         if self.exchange:
             ch.exchange_declare(self.exchange, exchange_type=self.exchange_type, durable=True)
             ch.queue_bind(self.queue, self.exchange, routing_key=self.routing_key)
+
+    def declare_dead_letter_path(self, ch: BlockingChannel) -> None:
+        """Create (idempotently) the DLX and the DLQ bound to it."""
+        ch.exchange_declare(self.dead_letter_exchange, exchange_type="direct", durable=True)
+        ch.queue_declare(self.dead_letter_queue, durable=True)
+        ch.queue_bind(self.dead_letter_queue, self.dead_letter_exchange, routing_key=self.queue)
 
     def delete(self, ch: BlockingChannel) -> None:
         """Remove everything :meth:`declare` created (tests; decommissioning)."""
@@ -254,12 +258,13 @@ class RabbitMQConsumer:
     ) -> None:
         copy = BasicProperties(**amqp.dead_letter_properties(props, reason, self.topology.queue))
         try:
-            if self._dlx_channel is None or not self._dlx_channel.is_open:
-                self._dlx_channel = self.connection.channel()
-                self._dlx_channel.confirm_delivery()
-            self._dlx_channel.basic_publish(
-                self.topology.dead_letter_exchange, self.topology.queue, body, copy, mandatory=True
-            )
+            try:
+                self._publish_dead_letter(body, copy, declare=False)
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                # the DLQ or the DLX may be gone (deleted by hand, or never declared: declare=False); the
+                # queue's own dead-lettering would route to the same missing place and drop the message
+                log.warning("dead-letter publish failed (%r); declaring the dead-letter path again", exc)
+                self._publish_dead_letter(body, copy, declare=True)
         except (pika.exceptions.AMQPError, OSError) as exc:
             # the broker's own dead-lettering still keeps the message (without our reason): never a drop
             self.counts["dead_letter_fallback"] += 1
@@ -274,6 +279,20 @@ class RabbitMQConsumer:
         self.counts["dead_letter"] += 1
         log.warning(
             "message %s dead-lettered to %s: %s", props.message_id, self.topology.dead_letter_queue, reason
+        )
+
+    def _publish_dead_letter(self, body: bytes, copy: BasicProperties, *, declare: bool) -> None:
+        """Publish the reasoned copy with a confirm; ``declare``: on a fresh channel, after declaring the
+        dead-letter path again."""
+        if declare and self._dlx_channel is not None and self._dlx_channel.is_open:
+            self._dlx_channel.close()
+        if declare or self._dlx_channel is None or not self._dlx_channel.is_open:
+            self._dlx_channel = self.connection.channel()
+            self._dlx_channel.confirm_delivery()
+        if declare:
+            self.topology.declare_dead_letter_path(self._dlx_channel)
+        self._dlx_channel.basic_publish(
+            self.topology.dead_letter_exchange, self.topology.queue, body, copy, mandatory=True
         )
 
 

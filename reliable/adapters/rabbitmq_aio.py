@@ -111,15 +111,30 @@ class DeadLetterPublisher:
         self.topology = topology
         self._channel: AbstractChannel | None = None
         self._dlx: AbstractExchange | None = None
+        #: one dead letter at a time: a retry replaces the channel, which a concurrent publish may be using
+        self._lock = asyncio.Lock()
 
     async def publish(self, message: AbstractIncomingMessage, reason: str) -> None:
-        """Raise on any failure (the caller then falls back to ``basic.reject(requeue=False)``)."""
-        if self._channel is None or self._channel.is_closed or self._dlx is None:
-            self._channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
-            self._dlx = await declare_dead_letter_path(self._channel, self.topology)
+        """Raise on any failure (the caller then falls back to ``basic.reject(requeue=False)``). A failed
+        publish is tried once more on a fresh channel that declares the dead-letter path again: the DLQ may
+        have been deleted since, and the queue's own dead-lettering would route to the same missing place."""
         copy = aio_pika.Message(
             message.body, **amqp.dead_letter_properties(message, reason, self.topology.queue)
         )
+        async with self._lock:
+            try:
+                await self._publish(copy)
+            except _AMQP_ERRORS as exc:
+                log.warning("dead-letter publish failed (%r); declaring the dead-letter path again", exc)
+                self._dlx = None
+                await self._publish(copy)
+
+    async def _publish(self, copy: aio_pika.Message) -> None:
+        if self._channel is None or self._channel.is_closed or self._dlx is None:
+            if self._channel is not None and not self._channel.is_closed:
+                await self._channel.close()
+            self._channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+            self._dlx = await declare_dead_letter_path(self._channel, self.topology)
         await self._dlx.publish(copy, routing_key=self.topology.queue, mandatory=True)
 
 

@@ -156,6 +156,31 @@ def test_dead_letter_goes_to_the_dlq_with_its_reason_and_is_acked(rabbitmq_url: 
     run(rabbitmq_url, decide, body)
 
 
+def test_a_dead_letter_queue_deleted_after_the_first_dead_letter_is_declared_again(rabbitmq_url: str) -> None:
+    """The consumer's dead-letter channel declared the path at its first dead letter; then someone deleted
+    the DLQ. The next reasoned copy is unroutable (rejecting would drop it: the queue's own dead-lettering
+    goes to the same exchange), so it declares the path again and the copy lands there."""
+
+    async def decide(env: Envelope) -> Any:
+        return Answer(ConsumeResult.DEAD_LETTER, "max_attempts", f"attempt 3/3 of {env.message_id}")
+
+    async def body(c: AioRabbitMQConsumer) -> None:
+        q = c.topology.queue
+        async with AioRabbitMQSender(rabbitmq_url, routing_key=lambda m: q) as sender:
+            await sender.send(out("first"))
+            await until(lambda: c.counts["dead_letter"] == 1)
+            conn = await aio_pika.connect(rabbitmq_url)
+            async with conn:
+                await (await conn.channel()).queue_delete(c.topology.dead_letter_queue)
+            await sender.send(out("second"))
+            await until(lambda: c.counts["dead_letter"] == 2)
+        assert c.counts["dead_letter_fallback"] == 0
+        dead = await drain(rabbitmq_url, c.topology.dead_letter_queue)
+        assert [str(m.headers[HEADER_DEAD_REASON]) for m in dead] == ["max_attempts: attempt 3/3 of second"]
+
+    run(rabbitmq_url, decide, body)
+
+
 def test_an_unroutable_send_is_not_accepted(rabbitmq_url: str) -> None:
     async def scenario() -> None:
         nowhere = f"nowhere-{uuid.uuid4().hex[:8]}"

@@ -375,10 +375,27 @@ def test_stop_from_the_handler_ends_run(topology: Topology, rabbitmq_url: str, a
         assert consumer.counts["ack"] >= 1
 
 
+def test_a_deleted_dead_letter_queue_is_declared_again_and_keeps_the_message(
+    rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
+) -> None:
+    """Someone deleted the DLQ: the reasoned copy is unroutable, and the queue's own dead-lettering goes to
+    the same exchange, so rejecting would drop the message. The consumer declares the dead-letter path again
+    and the copy lands there with its reason."""
+    with RabbitMQConsumer(rabbitmq_url, topology, lambda env: ConsumeResult.DEAD_LETTER) as consumer:
+        admin.queue_delete(topology.dead_letter_queue)
+        admin.basic_publish(topology.exchange, TOPIC, b"poison", BasicProperties(message_id="p-1"))
+        assert consumer.run(until=lambda: consumer.counts["dead_letter"] >= 1, timeout_s=TIMEOUT_S)
+        assert consumer.counts["dead_letter_fallback"] == 0
+    [(props, body)] = dlq_messages(admin, topology)
+    assert body == b"poison" and props.headers[HEADER_DEAD_REASON] == "handler answered DEAD_LETTER"
+    assert queue_depth(admin, topology.queue) == 0
+
+
 def test_dead_letter_falls_back_to_native_dead_lettering(
     rel: Reliability, rabbitmq_url: str, admin: Any
 ) -> None:
-    """If the reasoned copy cannot be published, basic.reject still routes the message to a DLX."""
+    """If the reasoned copy cannot be published even after declaring the dead-letter path again, basic.reject
+    still routes the message to the queue's own DLX."""
     name = f"rt-{uuid.uuid4().hex[:12]}"
     alt = Topology(queue=f"{name}-alt")
     alt.declare(admin)  # its DLX/DLQ pair serves as the queue's native dead-letter target
@@ -386,7 +403,10 @@ def test_dead_letter_falls_back_to_native_dead_lettering(
     topo = Topology(queue=name, queue_arguments=native)
     try:
         with RabbitMQConsumer(rabbitmq_url, topo, lambda env: ConsumeResult.DEAD_LETTER) as consumer:
-            admin.exchange_delete(topo.dead_letter_exchange)  # the adapter's own DLX is gone
+            # the adapter's own DLX is gone, and an exchange of another type took its name: it cannot be
+            # declared again, and nothing is bound to it
+            admin.exchange_delete(topo.dead_letter_exchange)
+            admin.exchange_declare(topo.dead_letter_exchange, exchange_type="fanout")
             admin.basic_publish("", name, b"z", BasicProperties(message_id="z-1"))
             assert consumer.run(
                 until=lambda: consumer.counts["dead_letter_fallback"] >= 1, timeout_s=TIMEOUT_S
