@@ -154,6 +154,9 @@ KAFKA_HEADER_NOT_BEFORE: Final = "reliable-not-before-ms"
 KAFKA_HEADER_TAGS: Final = "reliable-tags"
 KAFKA_HEADER_SEND_COUNT: Final = "reliable-send-count"
 KAFKA_HEADER_TARGET_GROUP: Final = "reliable-target-group"
+#: on a retry or dead-letter copy: the consumer group that forwarded it (another group on an unscoped retry
+#: topic leaves it alone)
+KAFKA_HEADER_RETRY_GROUP: Final = "reliable-retry-group"
 #: ``{topic}.retry.{n}`` for the n-th retry hop, ``{topic}.dlt`` after the last.
 KAFKA_RETRY_TOPIC_FORMAT: Final = "{topic}.retry.{n}"
 KAFKA_DLT_TOPIC_FORMAT: Final = "{topic}.dlt"

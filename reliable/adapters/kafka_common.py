@@ -214,7 +214,7 @@ class RetryPolicy:
     mode: RetryMode = RetryMode.TOPICS
     #: ``None``: ``{topic}.retry.{n}`` / ``{topic}.dlt``. With several consumer groups on one topic give each
     #: its own scope (``"billing"`` → ``{topic}.billing.retry.{n}``), or every group also reads the others'
-    #: retry copies (harmless — the guard answers them as duplicates or processes them early — but noisy).
+    #: retry copies, which the loops commit past unhandled (each names its group: ``reliable-retry-group``).
     scope: str | None = None
 
     def __post_init__(self) -> None:
@@ -257,10 +257,12 @@ def forward_headers(
     delay_s: float,
     id_header: str = C.KAFKA_ID_HEADER,
     now_s: float | None = None,
+    group: str | None = None,
 ) -> dict[str, str]:
     """Headers of the copy sent to a retry topic or the DLT: the original's plus where it came from and why.
 
-    ``attempt`` counts handler failures so far; ``reason`` is at most 1000 characters.
+    ``attempt`` counts handler failures so far; ``reason`` is at most 1000 characters; ``group`` is the
+    consumer group that forwards it (``reliable-retry-group``).
     """
     origin = Origin.of(record, headers)
     now = time.time() if now_s is None else now_s
@@ -275,6 +277,8 @@ def forward_headers(
         C.KAFKA_HEADER_REASON: reason[:1000],
         C.KAFKA_HEADER_NOT_BEFORE: str(int((now + delay_s) * 1000)),
     }
+    if group:
+        out[C.KAFKA_HEADER_RETRY_GROUP] = group
     return out
 
 

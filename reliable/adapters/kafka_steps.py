@@ -92,9 +92,9 @@ def next_step(
 
 
 def copy_headers(
-    rec: Record, headers: Mapping[str, str], env: Envelope, action: Action, id_header: str
+    rec: Record, headers: Mapping[str, str], env: Envelope, action: Action, id_header: str, group: str
 ) -> list[tuple[str, str | bytes | None]]:
-    """The wire headers of the retry or dead-letter copy that ``action`` sends."""
+    """The wire headers of the retry or dead-letter copy that ``action`` sends for consumer ``group``."""
     fwd = forward_headers(
         rec,
         headers,
@@ -103,6 +103,7 @@ def copy_headers(
         reason=action.reason,
         delay_s=action.delay_s,
         id_header=id_header,
+        group=group,
     )
     return encode_headers(fwd)
 

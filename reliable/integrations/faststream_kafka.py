@@ -77,6 +77,7 @@ def faststream_kafka_consumer(
     judge: AsyncDecide = decide if callable(decide) else handle
     book = AnswerBook()
     counts: Counter[str] = book.counts
+    group = str(getattr(handle, "group", "") or "")  # the guard's group, named on the copies it forwards
 
     async def answer(env: Envelope) -> object:
         try:
@@ -113,7 +114,7 @@ def faststream_kafka_consumer(
             await asyncio.sleep(action.delay_s)
         if action.step is not Step.ACK:
             assert action.topic is not None
-            wire = copy_headers(rec, headers, env, action, id_header)
+            wire = copy_headers(rec, headers, env, action, id_header, group)
             await broker.publish(rec.value, action.topic, key=rec.key, headers=_text(wire))
         await message.ack()
 

@@ -171,6 +171,9 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
                     return done
                 done = rec.offset + 1
                 continue
+            if self._foreign(rec, headers):
+                done = rec.offset + 1
+                continue
             if env is None:  # a retry copy that is not due yet: hold the partition until it is
                 self._hold(tp, rec.offset, wait)
                 return done
@@ -198,7 +201,7 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
         if action.step is Step.ACK:
             return True
         assert action.topic is not None
-        wire = copy_headers(rec, headers, env, action, self.id_header)
+        wire = copy_headers(rec, headers, env, action, self.id_header, self.group)
         return await self._copy(tp, rec, action.topic, wire)
 
     async def _copy(self, tp: TP, rec: Record, topic: str, headers: WireHeaders) -> bool:

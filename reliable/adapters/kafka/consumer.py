@@ -202,6 +202,13 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
                 self._dead_letter_raw(rec, exc)
                 done = rec.offset + 1
                 continue
+            if self._foreign(rec, headers):
+                done = self._decide_chunk(tp, chunk, done)
+                chunk = []
+                if tp in self._paused:
+                    return done
+                done = rec.offset + 1
+                continue
             if env is None:  # a retry copy that is not due yet: hold the partition until it is
                 done = self._decide_chunk(tp, chunk, done)
                 if tp not in self._paused:
@@ -275,7 +282,8 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
             return False
         if action.step is not Step.ACK:
             assert action.topic is not None
-            self._forwarder.send(rec, action.topic, copy_headers(rec, headers, env, action, self.id_header))
+            wire = copy_headers(rec, headers, env, action, self.id_header, self.group)
+            self._forwarder.send(rec, action.topic, wire)
         return True
 
     # --- pause, resume, commit ----------------------------------------------------------------------------

@@ -72,6 +72,15 @@ class GuardedLoop(Generic[H]):
         env = None if wait > 0 else self._envelope(rec)
         return headers, wait, env
 
+    def _foreign(self, rec: Record, headers: dict[str, str]) -> bool:
+        """A retry copy another consumer group forwarded (an unscoped retry topic is read by every group): not
+        this group's to handle — it gets the message from the topic itself. Committed past, unhandled."""
+        forwarder = headers.get(C.KAFKA_HEADER_RETRY_GROUP)
+        if rec.topic == self.topic or not forwarder or forwarder == self.group:
+            return False
+        self.counts["foreign_retry"] += 1
+        return True
+
     def _envelope(self, rec: Record) -> Envelope:
         """The record's envelope, marked :attr:`~reliable.types.Envelope.last_attempt` when a handler
         failure now would send it to the dead-letter topic (no retry topic left, read from the record's own

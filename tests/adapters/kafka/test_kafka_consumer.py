@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -264,3 +265,41 @@ def test_a_partition_held_across_a_rebalance_flows_again_once_assigned_back(
         produce(tansu.bootstrap, topic, with_ids(["m2"]))  # the same, only partition
         assert first.run(until=lambda: effect_counts(rel.engine, group).get("m2") == 1, timeout_s=TIMEOUT_S)
     assert effect_counts(rel.engine, group) == {"m1": 1, "m2": 1}
+
+
+def test_a_group_leaves_another_groups_retry_copies_alone_on_unscoped_retry_topics(
+    tansu: Tansu, rel: Reliability, topic: str, group: str
+) -> None:
+    """Two groups on one topic with the default, unscoped retry topics: both read ``{topic}.retry.1``. The
+    copy billing forwarded after its handler failed is billing's business: audit, which has the message from
+    the topic itself, commits past it without handling it — no duplicate delivery in its journal, and no
+    "retries exhausted" of its own when its handler would fail on billing's last copy."""
+    policy = RetryPolicy(delays_s=(0.3,))
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    billing, audit = f"{group}-billing", f"{group}-audit"
+    calls: dict[str, list[str]] = {billing: [], audit: []}
+
+    def handler_of(name: str) -> Any:
+        def handler(env: Envelope, session: Session) -> None:
+            calls[name].append(env.source_topic)
+            if name == billing and env.reconsume_times == 0:
+                raise RuntimeError("billing's first try fails")
+            apply_effect(name)(env, session)
+
+        return idempotent_consumer(rel, group=name)(handler)
+
+    produce(tansu.bootstrap, topic, with_ids(["m1"]))
+    with make_consumer(tansu.bootstrap, topic, billing, handler_of(billing), retry=policy) as first:
+        assert first.run(until=lambda: first.counts["success"] >= 1, timeout_s=TIMEOUT_S)
+    (copy,) = read_all(tansu.bootstrap, f"{topic}.retry.1", expect=1)
+    assert headers_of(copy)[C.KAFKA_HEADER_RETRY_GROUP] == billing
+    with make_consumer(tansu.bootstrap, topic, audit, handler_of(audit), retry=policy) as second:
+        assert second.run(
+            until=lambda: second.counts["success"] >= 1 and second.counts["foreign_retry"] >= 1,
+            timeout_s=TIMEOUT_S,
+        )
+        assert second.counts["duplicate"] == 0
+    assert calls == {billing: [topic, f"{topic}.retry.1"], audit: [topic]}
+    assert [m for m, _, _ in log_rows(rel.engine, audit)] == ["m1"]  # one delivery: the topic's
+    assert committed(tansu.bootstrap, audit, f"{topic}.retry.1", 1) == [1]  # committed past, unhandled
+    assert effect_counts(rel.engine, billing) == {"m1": 1} and effect_counts(rel.engine, audit) == {"m1": 1}
