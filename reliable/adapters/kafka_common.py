@@ -18,7 +18,7 @@ import enum
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reliable import constants as C
 from reliable.errors import ConfigurationError
@@ -245,6 +245,26 @@ class RetryPolicy:
         if attempt <= len(self.delays_s):
             return Hop(self.retry_topic(topic, attempt), self.delays_s[attempt - 1], dead=False)
         return Hop(self.dlt_topic(topic), 0.0, dead=True)
+
+
+def last_attempt(env: Envelope, policy: RetryPolicy) -> Envelope:
+    """``env`` marked :attr:`~reliable.types.Envelope.last_attempt` when a handler failure now would send the
+    record to the dead-letter topic (no retry topic left, by the record's own attempt header): the guard then
+    gives up too — the group's row DEAD and a person told — instead of leaving it PENDING for the sweeper to
+    re-drive the whole retry chain. Not in blocking mode: there the count is the partition head's, and a
+    batch reads the records behind the head before it is decided."""
+    if policy.mode is RetryMode.TOPICS and policy.after_failure(env.topic, env.reconsume_times + 1).dead:
+        return replace(env, last_attempt=True)
+    return env
+
+
+def forwarded_by_another_group(record: Record, headers: Mapping[str, str], group: str) -> bool:
+    """A retry copy that another consumer group forwarded (an unscoped retry topic is read by every group):
+    not ``group``'s to handle — it has the message from the topic itself. Only a copy still on a retry topic:
+    a dead-letter copy replayed onto the original topic is everyone's again."""
+    forwarder = headers.get(C.KAFKA_HEADER_RETRY_GROUP)
+    original = headers.get(C.KAFKA_HEADER_ORIGINAL_TOPIC)
+    return bool(forwarder) and forwarder != group and original is not None and original != record.topic
 
 
 def forward_headers(

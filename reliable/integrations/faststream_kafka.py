@@ -40,6 +40,8 @@ from reliable.adapters.kafka_common import (
     UndecodableRecord,
     decode_headers,
     due_in_s,
+    forwarded_by_another_group,
+    last_attempt,
     raw_forward_headers,
     to_envelope,
 )
@@ -95,11 +97,16 @@ def faststream_kafka_consumer(
         rec = Record(raw.topic, raw.partition, raw.offset, raw.key, raw.value, list(raw.headers or ()), ts)
         try:
             headers = decode_headers(rec.headers)
+            if forwarded_by_another_group(rec, headers, group):  # not this group's to handle
+                counts["foreign_retry"] += 1
+                await message.ack()
+                return
             wait = due_in_s(headers)
             if wait > 0:  # a retry copy that is not due yet
                 counts["waited"] += 1
                 await asyncio.sleep(wait)
             env = to_envelope(rec, id_header=id_header, allow_position_id=allow_position_id)
+            env = last_attempt(env, policy)
         except UndecodableRecord as exc:
             counts["undecodable"] += 1
             wire = raw_forward_headers(rec, f"undecodable: {exc}")

@@ -14,16 +14,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from reliable import constants as C
 from reliable.adapters.kafka_common import (
     Record,
-    RetryMode,
     RetryPolicy,
     decode_headers,
     due_in_s,
+    forwarded_by_another_group,
+    last_attempt,
     to_envelope,
 )
 from reliable.adapters.kafka_steps import AnswerBook
@@ -73,27 +73,16 @@ class GuardedLoop(Generic[H]):
         return headers, wait, env
 
     def _foreign(self, rec: Record, headers: dict[str, str]) -> bool:
-        """A retry copy another consumer group forwarded (an unscoped retry topic is read by every group): not
-        this group's to handle — it gets the message from the topic itself. Committed past, unhandled."""
-        forwarder = headers.get(C.KAFKA_HEADER_RETRY_GROUP)
-        if rec.topic == self.topic or not forwarder or forwarder == self.group:
+        """Another group's retry copy (:func:`~reliable.adapters.kafka_common.forwarded_by_another_group`):
+        counted, and committed past unhandled by the caller."""
+        if not forwarded_by_another_group(rec, headers, self.group):
             return False
         self.counts["foreign_retry"] += 1
         return True
 
     def _envelope(self, rec: Record) -> Envelope:
-        """The record's envelope, marked :attr:`~reliable.types.Envelope.last_attempt` when a handler
-        failure now would send it to the dead-letter topic (no retry topic left, read from the record's own
-        attempt header): the guard then gives up too — the group's row DEAD and a person told — instead of
-        leaving it PENDING for the sweeper to re-drive the whole retry chain. Not in blocking mode: there the
-        count is the partition head's, and a batch reads the records behind the head before it is decided."""
         env = to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
-        if (
-            self.retry.mode is RetryMode.TOPICS
-            and self.retry.after_failure(env.topic, env.reconsume_times + 1).dead
-        ):
-            return replace(env, last_attempt=True)
-        return env
+        return last_attempt(env, self.retry)
 
 
 def deadline_of(timeout_s: float | None) -> float | None:

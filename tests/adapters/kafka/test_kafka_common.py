@@ -19,6 +19,8 @@ from reliable.adapters.kafka_common import (
     due_in_s,
     encode_headers,
     forward_headers,
+    forwarded_by_another_group,
+    last_attempt,
     message_id,
     raw_forward_headers,
     send_headers,
@@ -221,3 +223,29 @@ def test_both_senders_put_the_same_headers_on_a_stub() -> None:
         C.KAFKA_HEADER_TAGS: b"t",
         C.KAFKA_HEADER_TARGET_GROUP: b"billing",
     }
+
+
+def test_only_a_copy_another_group_forwarded_to_a_retry_topic_is_left_alone() -> None:
+    """An unscoped retry topic is read by every group: a copy names the group that forwarded it, and only a
+    copy that still sits on a retry topic is another group's business (a dead-letter copy replayed onto the
+    original topic is everyone's again; a copy from before the header existed is handled as it was)."""
+    original = Record("orders", 0, 7, b"k", b"body", [("message-id", b"m1")])
+    env = to_envelope(original)
+    fwd = forward_headers(original, {}, env, attempt=1, reason="boom", delay_s=0, group="billing")
+    assert fwd[C.KAFKA_HEADER_RETRY_GROUP] == "billing"
+    copy = Record("orders.retry.1", 0, 3, b"k", b"body", encode_headers(fwd))
+    headers = decode_headers(copy.headers)
+    assert forwarded_by_another_group(copy, headers, "audit")
+    assert not forwarded_by_another_group(copy, headers, "billing")  # its own copy
+    replayed = Record("orders", 0, 9, b"k", b"body", encode_headers(fwd))  # a DLT copy put back on the topic
+    assert not forwarded_by_another_group(replayed, decode_headers(replayed.headers), "audit")
+    older = {k: v for k, v in headers.items() if k != C.KAFKA_HEADER_RETRY_GROUP}
+    assert not forwarded_by_another_group(copy, older, "audit")
+
+
+def test_the_last_retry_topic_delivery_is_marked_last_attempt_in_topics_mode_only() -> None:
+    policy = RetryPolicy(delays_s=(1.0, 2.0))
+    assert [last_attempt(_env(n), policy).last_attempt for n in range(3)] == [False, False, True]
+    blocking = RetryPolicy(delays_s=(1.0,), mode=RetryMode.BLOCKING)
+    assert not last_attempt(_env(5), blocking).last_attempt
+    assert last_attempt(_env(0), RetryPolicy(delays_s=())).last_attempt  # no retry topic at all
