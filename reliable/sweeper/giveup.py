@@ -36,7 +36,7 @@ from reliable.models import status_literal
 from reliable.sweeper import metrics
 from reliable.sweeper.claim import lock_mode, locking
 from reliable.sweeper.notices import NEVER_CONSUMED_TAG, DeadNotice, QueueRef, queue_tag
-from reliable.sweeper.notify import log_dead, notification_rows
+from reliable.sweeper.notify import log_dead, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
 from reliable.types import StubStatus
@@ -183,11 +183,7 @@ def tell_unreported(
 def _tell(conn: Connection, notices: Sequence[DeadNotice], channels: Sequence[str], now: dt.datetime) -> None:
     """The log line of each notice now, its owed row per channel, and its ``log`` row written delivered."""
     keys = [(n.message_id, n.consumer_group) for n in notices]
-    reasons = [n.reason for n in notices]
-    logged = notification_rows(keys, reasons, [C.NOTIFY_CHANNEL_LOG], now)
-    for row in logged:
-        row["notified_at"] = now
-    conn.execute(insert(notif), notification_rows(keys, reasons, channels, now) + logged)
+    conn.execute(insert(notif), told_rows(keys, [n.reason for n in notices], channels, now))
     for notice in notices:
         log_dead(notice)
 
@@ -237,10 +233,7 @@ def raise_never_consumed(
         log.error("never-consumed alarm: %s", reason)
         key = [(first.message_id, group)]
         conn.execute(delete(notif).where(_keys_in(key)))
-        rows_owed = notification_rows(key, [reason], channels, now)
-        logged = notification_rows(key, [reason], [C.NOTIFY_CHANNEL_LOG], now)
-        logged[0]["notified_at"] = now
-        conn.execute(insert(notif), rows_owed + logged)
+        conn.execute(insert(notif), told_rows(key, [reason], channels, now))
         raised += 1
     return raised
 

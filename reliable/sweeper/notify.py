@@ -321,3 +321,14 @@ def notification_rows(
         for (m, g), r in zip(keys, reasons, strict=True)
         for ch in channels
     ]
+
+
+def told_rows(
+    keys: Sequence[tuple[str, str]], reasons: Sequence[str], channels: Sequence[str], now: dt.datetime
+) -> list[dict[str, Any]]:
+    """:func:`notification_rows` owed on ``channels``, plus each key's ``log`` row written delivered: the log
+    line goes out at once, and that row is what tells later rounds that a person was told."""
+    logged = notification_rows(keys, reasons, [C.NOTIFY_CHANNEL_LOG], now)
+    for row in logged:
+        row["notified_at"] = now
+    return notification_rows(keys, reasons, channels, now) + logged

@@ -47,7 +47,7 @@ from reliable import constants as C
 from reliable.models import status_literal
 from reliable.sweeper import metrics
 from reliable.sweeper.notices import STALLED_TAG, QueueRef, parse_tag, queue_tag, stall_key
-from reliable.sweeper.notify import notification_rows
+from reliable.sweeper.notify import told_rows
 from reliable.sweeper.selection import inbox, notif, progress, stub
 from reliable.sweeper.selection import log as log_t
 from reliable.types import StubStatus
@@ -263,16 +263,14 @@ def _raise(
     """Owe the notice and write the episode; ``False`` when another sweeper raised it first."""
     reason = stall.reason(stall_after)
     key = [(stall_key(stall.queue), stall.group)]
-    owed = notification_rows(key, [reason], channels, now)
-    episode = notification_rows(key, [reason], [C.NOTIFY_CHANNEL_LOG], now)
-    episode[0]["notified_at"] = now
+    rows = told_rows(key, [reason], channels, now)  # the log row is the episode
     try:
         with engine.begin() as conn:
             if (stall.group, stall.queue) in open_episodes(conn):
                 return False  # another sweeper raised it since this one looked
             # rows of the key without an episode row are leftovers (a person deleted the episode row)
             _delete_episode(conn, (stall.group, stall.queue))
-            conn.execute(insert(notif), owed + episode)
+            conn.execute(insert(notif), rows)
     except IntegrityError:  # both looked at once: the other insert won
         log.info("stall of %s on %s already raised by another sweeper", stall.group, stall.queue)
         return False
