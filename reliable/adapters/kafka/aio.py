@@ -16,10 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from aiokafka.errors import KafkaError
 
 from reliable import constants as C
@@ -106,7 +112,7 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
 
     async def start(self) -> None:
         await self._producer.start()
-        self._consumer.subscribe(self.retry.topics(self.topic))
+        self._consumer.subscribe(self.retry.topics(self.topic), listener=_Forgetting(self))
         await self._consumer.start()
 
     async def close(self) -> None:
@@ -125,6 +131,11 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def assigned(self) -> set[TP]:
+        """The partitions the group gave this member (empty before the first assignment)."""
+        return {(p.topic, p.partition) for p in self._consumer.assignment()}
 
     async def run(self, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> bool:
         """Consume until ``until()`` is true (then ``True``), :meth:`stop`, or ``timeout_s`` (``False``)."""
@@ -145,7 +156,9 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
         positions: dict[TopicPartition, int] = {}
         for part, msgs in fetched.items():
             tp = (part.topic, part.partition)
-            if tp in self._paused:
+            if tp in self._paused:  # fetched before the hold took: back to its first record, still held
+                self._consumer.seek(part, min(m.offset for m in msgs))
+                self._consumer.pause(part)
                 continue
             done = await self._run(tp, [to_record(m) for m in sorted(msgs, key=lambda m: m.offset)])
             if done is not None:
@@ -231,6 +244,22 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
             elif at <= now:
                 self._consumer.resume(part)
                 del self._paused[tp]
+
+
+class _Forgetting(ConsumerRebalanceListener):  # type: ignore[misc]
+    """At a revoke the loop forgets the partitions' holds and failure counts. aiokafka forgets a pause at
+    a new assignment and fetches from the committed offset: a member still counting a partition as held
+    skipped what it fetched there, then committed past it with the next records it answered — a held
+    record never applied in this group."""
+
+    def __init__(self, loop: AioKafkaGuardedConsumer) -> None:
+        self.loop = loop
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        self.loop._forget([(p.topic, p.partition) for p in revoked])
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        return None
 
 
 class AioKafkaSender:

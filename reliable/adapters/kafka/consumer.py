@@ -344,8 +344,6 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("%s revoked %s", self.group, sorted((p.topic, p.partition) for p in partitions))
-        for p in partitions:
-            self.assigned.discard((p.topic, p.partition))
-            self._paused.pop((p.topic, p.partition), None)
-            self._failures.pop((p.topic, p.partition), None)
-            self._book.handler_failures.pop((p.topic, p.partition), None)
+        revoked = [(p.topic, p.partition) for p in partitions]
+        self.assigned.difference_update(revoked)
+        self._forget(revoked)

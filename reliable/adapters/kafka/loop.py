@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from reliable import constants as C
@@ -63,6 +63,14 @@ class GuardedLoop(Generic[H]):
         self._book = AnswerBook()
         self.counts: Counter[str] = self._book.counts
         self._paused: dict[TP, float] = {}  # partition → monotonic time it may resume
+
+    def _forget(self, tps: Iterable[TP]) -> None:
+        """A rebalance took these partitions: their holds and their heads' failure counts are not ours any
+        more (the next owner, or this member assigned them afresh, starts from the committed offset)."""
+        for tp in tps:
+            self._paused.pop(tp, None)
+            self._book.failures.pop(tp, None)
+            self._book.handler_failures.pop(tp, None)
 
     def _read(self, rec: Record) -> tuple[dict[str, str], float, Envelope | None]:
         """A record's decoded headers, how long until it is due (a retry copy), and its envelope once it

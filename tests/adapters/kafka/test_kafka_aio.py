@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable import constants as C
-from reliable.adapters.kafka import RetryPolicy, ensure_topics
+from reliable.adapters.kafka import RetryMode, RetryPolicy, ensure_topics
 from reliable.adapters.kafka.aio import AioKafkaGuardedConsumer, AioKafkaSender
 from reliable.demo.tansu import Tansu
 from reliable.errors import ConfigurationError
@@ -32,6 +32,7 @@ from tests.adapters.kafka.helpers import (
     headers_of,
     produce,
     read_all,
+    with_ids,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis]
@@ -178,6 +179,58 @@ def test_bad_records_go_to_the_dlt_with_their_reason(
     assert_bad_records_dead_lettered(tansu.bootstrap, topic)
     assert effect_counts(rel.engine, group) == {"fine": 1}
     assert committed(tansu.bootstrap, group, topic, 1) == [3]
+
+
+def test_a_record_held_across_a_rebalance_is_applied_and_never_committed_past(
+    tansu: Tansu, rel: Reliability, topic: str, group: str
+) -> None:
+    """A member holds a record (blocking retry: its partition paused for 30 s) when another member joins the
+    group and stays. aiokafka forgets the pause at the new assignment and fetches from the committed offset:
+    a member that still counted the partition as held skipped what it fetched there, and committed past the
+    held record with the next record it answered — applied by nobody in this group."""
+    policy = RetryPolicy(delays_s=(30.0,), mode=RetryMode.BLOCKING)
+    other_topic = f"{topic}-other"
+    ensure_topics(tansu.bootstrap, [*policy.all_topics(topic), other_topic])
+    failed: list[str] = []
+    apply = effect(group)
+
+    async def handler(env: Envelope, session: AsyncSession) -> None:
+        if env.message_id == "m1" and not failed:
+            failed.append("m1")
+            raise RuntimeError("first try of m1 fails")
+        await apply(env, session)
+
+    handle = idempotent_consumer(rel, group=group)(handler)
+    produce(tansu.bootstrap, topic, with_ids(["m1"]))
+
+    def member(on: str, retry: RetryPolicy) -> AioKafkaGuardedConsumer:
+        return AioKafkaGuardedConsumer(
+            tansu.bootstrap, on, group, handle, retry=retry, config=AIO_FAST_GROUP, producer=NOT_IDEMPOTENT
+        )
+
+    async def scenario() -> None:
+        first, second = member(topic, policy), member(other_topic, RetryPolicy(()))
+        try:
+            async with first:
+                assert await first.run(until=lambda: first.counts["held"] >= 1, timeout_s=TIMEOUT_S)
+                async with second:  # joins the group: a rebalance while m1 is held
+                    staying = asyncio.create_task(second.run())
+                    try:
+                        assert await first.run(until=lambda: bool(second.assigned), timeout_s=TIMEOUT_S)
+                        produce(tansu.bootstrap, topic, with_ids(["m2"]))
+                        applied = await first.run(
+                            until=lambda: effect_counts(rel.engine, group).get("m2") == 1, timeout_s=TIMEOUT_S
+                        )
+                        assert applied, f"m2 never applied (counts {dict(first.counts)})"
+                    finally:
+                        second.stop()
+                        await staying
+        finally:
+            await rel.aclose()
+
+    asyncio.run(scenario())
+    assert effect_counts(rel.engine, group) == {"m1": 1, "m2": 1}
+    assert committed(tansu.bootstrap, group, topic, 1) == [2]
 
 
 def test_no_bootstrap_is_a_configuration_error() -> None:
