@@ -246,7 +246,9 @@ class Guard:
                     detail = f"attempt {attempts}/{self.settings.max_attempts}{broker}: {it.error!r}"
                     plan.decide(it, reason, detail, error=it.error, attempts=attempts)
                     if reason is Reason.MAX_ATTEMPTS:  # a person decides now: DEAD, told by the sweeper
-                        outbox.mark_dead(conn, it.mid, self.group, now, dead_letter_error(it.env, detail))
+                        error_text = dead_letter_error(it.env, detail)
+                        spent = self.settings.max_attempts
+                        outbox.mark_dead(conn, it.mid, self.group, now, error_text, spent=spent)
                 plan.resolve_twins(items)
                 for it in late:
                     if it.decision is None:  # a bug: answer it with a safe retry, journaled as such

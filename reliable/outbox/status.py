@@ -92,9 +92,26 @@ def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]
     return int(result.rowcount)
 
 
-def mark_dead(conn: Connection, message_id: str, group: str, now: dt.datetime, error: str | None) -> bool:
+def mark_dead(
+    conn: Connection,
+    message_id: str,
+    group: str,
+    now: dt.datetime,
+    error: str | None,
+    *,
+    spent: int | None = None,
+) -> bool:
     """Group ``group`` gave up on ``message_id`` — the sweeper, its resends exhausted; the guard, its handler
-    failed ``max_attempts`` times: its PENDING inbox row → DEAD, and the stub's status derived."""
+    failed ``max_attempts`` times or at the broker's last delivery: its PENDING inbox row → DEAD, and the
+    stub's status derived.
+
+    ``spent`` (the guard's): the row's ``attempts`` becomes at least that budget, so the guard answers any
+    later copy ``gave_up`` also when the broker's retries ran out before the budget did — ``attempts`` is
+    what tells the guard's give-up from the sweeper's (a late copy of a message that never arrived runs)."""
+    values: dict[str, object] = {"status": StubStatus.DEAD.value, "resend_at": None, "updated_at": now}
+    values["last_error"] = error
+    if spent is not None:
+        values["attempts"] = case((inbox.c.attempts < spent, spent), else_=inbox.c.attempts)
     result = conn.execute(
         update(inbox)
         .where(
@@ -102,7 +119,7 @@ def mark_dead(conn: Connection, message_id: str, group: str, now: dt.datetime, e
             inbox.c.consumer_group == group,
             inbox.c.status == StubStatus.PENDING,
         )
-        .values(status=StubStatus.DEAD.value, resend_at=None, updated_at=now, last_error=error)
+        .values(values)
     )
     derive_status(conn, [message_id], now)
     return bool(result.rowcount)

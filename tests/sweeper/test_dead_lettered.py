@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -123,6 +124,31 @@ def test_a_handler_that_keeps_failing_ends_dead_a_person_is_told_once_and_revive
     assert audit.decide(env("m", copy.body)).reason is Reason.PROCESSED
     assert get_stub(rel, "m").status is StubStatus.CONFIRMED
     assert applied(rel) == {"billing": 1, "audit": 1}
+
+
+def test_a_give_up_at_the_brokers_last_delivery_is_not_undone_by_the_next_copy(
+    rel: Reliability, sender: QueueSender
+) -> None:
+    """The broker's retries end before the guard's budget (a Kafka retry chain or a RocketMQ group limit
+    shorter than ``max_attempts``): its last delivery fails, the group gives up with one failed attempt.
+    Another copy of the message — a resend meant for another group, a producer's retry — must not run the
+    failing handler again (and dead-letter it again) any more than after ``max_attempts`` failures."""
+    add_stub(rel, "m", groups=["billing", "audit"], queue_offset=5)
+    failing, ran = {"audit": True}, list[str]()
+    audit = guarded(rel, "audit", failing, ran)
+    last = audit.decide(replace(env("m", b"body-m"), last_attempt=True))
+    assert (last.reason, last.result) == (Reason.MAX_ATTEMPTS, ConsumeResult.DEAD_LETTER)
+    assert get_inbox(rel, "m", "audit").status is StubStatus.DEAD and ran == ["audit"]
+
+    ran.clear()
+    copy_for_others = audit.decide(env("m", b"body-m"))
+    assert (copy_for_others.reason, copy_for_others.result) == (Reason.GAVE_UP, ConsumeResult.DEAD_LETTER)
+    assert ran == [] and get_inbox(rel, "m", "audit").status is StubStatus.DEAD
+
+    failing["audit"] = False  # fixed and revived: the next copy is applied
+    assert revive(rel.engine, ["m"], now=utcnow(), group="audit") == 1
+    assert audit.decide(env("m", b"body-m")).reason is Reason.PROCESSED
+    assert applied(rel) == {"audit": 1}
 
 
 def test_a_stray_body_under_a_staged_id_does_not_keep_the_staged_body_from_its_group(
