@@ -32,6 +32,9 @@ DEFAULT_DONE_TTL_S: Final = 7 * 24 * 3600  # how long the Redis ``done`` marker 
 #: latest this long after the commit (until then a duplicate is answered by the database)
 DONE_MARKER_FLUSH_MS: Final = 50
 DEFAULT_MAX_ATTEMPTS: Final = 16  # RocketMQ's default maxReconsumeTimes
+#: RocketMQ 4.x consumers' default maxReconsumeTimes (the C++ client's and broker_sim's): a delivery with
+#: ``reconsume_times`` at this limit is the broker's last, its failure goes to ``%DLQ%{group}``
+ROCKETMQ_MAX_RECONSUME_TIMES: Final = 16
 DEFAULT_REDIS_SOCKET_TIMEOUT_S: Final = 0.5  # a slow Redis must not stall consumption: fall back to the DB
 
 # --- producer / sweeper defaults ------------------------------------------------------------------------

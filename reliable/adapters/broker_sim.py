@@ -200,9 +200,12 @@ def delivered_topic_of(msg: MessageExt, group: str | None) -> str | None:
     return None
 
 
-def to_envelope(msg: MessageExt, group: str | None = None) -> Envelope:
+def to_envelope(
+    msg: MessageExt, group: str | None = None, max_reconsume_times: int | None = None
+) -> Envelope:
     """The broker-neutral view of one broker_sim delivery (see the module docstring for the mapping);
-    ``group`` is the consuming group (needed for ``%RETRY%`` deliveries)."""
+    ``group`` is the consuming group (needed for ``%RETRY%`` deliveries); ``max_reconsume_times``, the
+    consumer's, marks the broker's last delivery (``last_attempt``)."""
     delivered = delivered_topic_of(msg, group)
     topic = msg.properties.get(Prop.RETRY_TOPIC, msg.topic) if delivered else msg.topic
     keys = msg.properties.get(Prop.KEYS) or None
@@ -218,6 +221,7 @@ def to_envelope(msg: MessageExt, group: str | None = None) -> Envelope:
         properties=dict(msg.properties),
         delivered_topic=delivered,
         broker_name=msg.broker_name or "",
+        last_attempt=max_reconsume_times is not None and int(msg.reconsume_times) >= max_reconsume_times,
     )
 
 
@@ -261,6 +265,11 @@ class GuardedListener:
     is answered ``RECONSUME_LATER`` if any message needs it (broker_sim then sends every message of the
     batch back; the guard turns the already-applied ones into duplicates). An exception from the handler
     propagates: broker_sim treats a raising listener as ``RECONSUME_LATER``, never as an ack.
+
+    ``max_reconsume_times`` is the consumer's (``PushConsumer(max_reconsume_times=…)``, 16 by default): a
+    delivery at that limit is the broker's last (``Envelope.last_attempt``), so a handler failure there
+    ends the group's row ``DEAD`` with the guard's reason even below the guard's ``max_attempts``. Keep the
+    two equal; ``None`` marks nothing.
     """
 
     def __init__(
@@ -270,8 +279,10 @@ class GuardedListener:
         *,
         batch: bool = True,
         group: str | None = None,
+        max_reconsume_times: int | None = C.ROCKETMQ_MAX_RECONSUME_TIMES,
     ) -> None:
         self.handler = handler
+        self.max_reconsume_times = max_reconsume_times
         self.dead_letter = dead_letter
         handler_group = getattr(handler, "group", None)
         self.group = group or (handler_group if isinstance(handler_group, str) else None)
@@ -282,7 +293,7 @@ class GuardedListener:
         self.stats = ListenerStats()
 
     def _results(self, msgs: Sequence[MessageExt]) -> list[ConsumeResult]:
-        envs = [to_envelope(m, self.group) for m in msgs]
+        envs = [to_envelope(m, self.group, self.max_reconsume_times) for m in msgs]
         if self.batch_handler is not None and len(envs) > 1:
             results = list(self.batch_handler(envs))
             if len(results) != len(envs):

@@ -274,10 +274,16 @@ def sweeper_sender(rel: object) -> RocketMQSender:
     return RocketMQSender.connect(namesrv, group)
 
 
-def to_envelope(msg: Any, group: str | None = None, queues: QueueBook | None = None) -> Envelope:
+def to_envelope(
+    msg: Any,
+    group: str | None = None,
+    queues: QueueBook | None = None,
+    max_reconsume_times: int | None = None,
+) -> Envelope:
     """A ``rocketmq.client.RecvMessage`` as an :class:`~reliable.types.Envelope`; ``group`` is the consuming
     group (it names the delivered topic of a ``%RETRY%`` delivery); ``queues`` names the broker group where
-    the route makes it unambiguous (:class:`QueueBook`), else ``broker_name`` stays ``""``."""
+    the route makes it unambiguous (:class:`QueueBook`), else ``broker_name`` stays ``""``;
+    ``max_reconsume_times`` marks the broker's last delivery (``last_attempt``)."""
     keys = _text(msg.keys) or None
     tokens = keys.split() if keys else []
     message_id = tokens[0] if tokens else (_text(msg.id) or None)
@@ -302,6 +308,7 @@ def to_envelope(msg: Any, group: str | None = None, queues: QueueBook | None = N
         reconsume_times=int(msg.reconsume_times),
         delivered_topic=delivered,
         broker_name="" if queues is None else queues.owner(delivered or topic, int(msg.queue_id)),
+        last_attempt=max_reconsume_times is not None and int(msg.reconsume_times) >= max_reconsume_times,
     )
 
 
@@ -336,13 +343,17 @@ def subscribe_guarded(
     dead_letter: DeadLetterFn | None = None,
     group: str | None = None,
     queues: QueueBook | None = None,
+    max_reconsume_times: int | None = C.ROCKETMQ_MAX_RECONSUME_TIMES,
 ) -> None:
     """Subscribe ``consumer`` (a ``rocketmq.client.PushConsumer``, not started) to ``topic`` with ``handler``.
 
     ``handler`` is what ``@idempotent_consumer`` returns; ``group`` is the consumer's group (default:
     ``handler.group``); ``queues`` (e.g. ``RocketMQProbe(namesrv).queues``) names the broker group of a
     delivery where the route makes it unambiguous. Must be called once per consumer (0.4.4 has one callback
-    per consumer).
+    per consumer). ``max_reconsume_times`` is the group's ``retryMaxTimes`` on the broker (16 by default;
+    0.4.4 sends no limit of its own with a failed delivery, so the group's decides): a delivery at that
+    limit is the broker's last (``last_attempt``), so a handler failure there ends the group's row ``DEAD``
+    with the guard's reason even below ``max_attempts``. Pass the group's value if it was changed.
     """
     client = _client()
     handler_group = getattr(handler, "group", None)
@@ -352,7 +363,7 @@ def subscribe_guarded(
 
     def on_message(_consumer: Any, handle: Any) -> int:
         try:
-            env = to_envelope(client.RecvMessage(handle), group, queues)
+            env = to_envelope(client.RecvMessage(handle), group, queues, max_reconsume_times)
         except Exception:
             log.exception("undecodable RocketMQ delivery; reconsume later")
             return 1

@@ -25,7 +25,7 @@ from reliable.decorator import idempotent_consumer
 from reliable.demo import ledger
 from reliable.demo.services import BrokerServer
 from reliable.errors import SendError
-from reliable.models import ConsumeProgress, MessageLog, MessageStub
+from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub
 from reliable.producer import StubProducer
 from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope, StubStatus
@@ -238,22 +238,29 @@ def test_guarded_consumption_applies_each_order_once(rel: Reliability, broker_ta
     assert check.ok, check
 
 
+def started_broker(tmp_path: Path, queues: int) -> Any:
+    """An in-process broker with ``TOPIC`` on ``queues`` queues and retries due after 1 s."""
+    from broker_sim.broker.broker import Broker
+
+    broker = Broker(
+        str(tmp_path / "store"),
+        topics={TOPIC: queues},
+        message_delay_level="1s 1s 1s",
+        commit_log_file_size=8 << 20,
+    )
+    broker.start()
+    return broker
+
+
 def test_retry_deliveries_move_only_the_retry_queues_watermark(rel: Reliability, tmp_path: Path) -> None:
     """Four messages, one per queue at offset 0, each failing once: the retries come back from
     %RETRY% queue 0 at offsets 0..3. Journaled under the topic they would claim the topic's queue 0 reached
     offset 3 — and the sweeper would take messages queued there for lost."""
     from broker_sim.broker.api import ConsumeFromWhere
-    from broker_sim.broker.broker import Broker
     from broker_sim.client.producer import Producer
     from broker_sim.client.push_consumer import PushConsumer
 
-    broker = Broker(
-        str(tmp_path / "store"),
-        topics={TOPIC: 4},
-        message_delay_level="1s 1s 1s",
-        commit_log_file_size=8 << 20,
-    )
-    broker.start()
+    broker = started_broker(tmp_path, queues=4)
     producer = Producer(broker, "adapter_p3")
     sender = BrokerSimSender(producer)
     receipts = [sender.send(OutgoingMessage(f"r-{i}", TOPIC, b"{}")) for i in range(4)]
@@ -311,3 +318,50 @@ def test_dead_letter_goes_to_the_dlq_at_once(rel: Reliability, broker_target: An
         consumer.shutdown()
         producer.shutdown()
     assert listener.stats.reconsume_later == 0  # straight to the DLQ, no retry round
+
+
+def test_the_brokers_last_delivery_ends_the_groups_row_dead_below_the_guards_budget(
+    rel: Reliability, tmp_path: Path
+) -> None:
+    """The consumer's ``max_reconsume_times`` (2: three deliveries) is below the guard's ``max_attempts``
+    (10). The third failure is the broker's last delivery: the group gives up there — its row ``DEAD`` with
+    the guard's reason, the message in ``%DLQ%`` — instead of leaving the row ``PENDING`` for the sweeper to
+    re-send as stuck, re-running the failing handler until ``max_sends``."""
+    from broker_sim.broker.api import ConsumeFromWhere
+    from broker_sim.client.producer import Producer
+    from broker_sim.client.push_consumer import PushConsumer
+
+    broker = started_broker(tmp_path, queues=1)
+    producer = Producer(broker, "adapter_p4")
+    staged = StubProducer(rel, BrokerSimSender(producer), default_group=GROUP)
+    with staged.transaction() as tx:
+        tx.stage("poison-2", TOPIC, b"{}")
+    runs: list[int] = []
+
+    def failing(env: Envelope, session: Session) -> None:
+        runs.append(env.reconsume_times)
+        raise RuntimeError("cannot handle it")
+
+    handler = idempotent_consumer(Reliability(engine=rel.engine, max_attempts=10), group=GROUP)(failing)
+    consumer = PushConsumer(
+        broker, GROUP, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, max_reconsume_times=2
+    )
+    listener = GuardedListener(
+        handler, send_back_to_dlq(consumer.transport, GROUP), batch=False, max_reconsume_times=2
+    )
+    consumer.subscribe(TOPIC, "*", listener)
+    consumer.start()
+    try:
+        wait_until(lambda: listener.stats.dead_lettered == 1, what="the broker's last delivery dead-lettered")
+        wait_until(lambda: consumer.transport.get_max_offset(f"%DLQ%{GROUP}", 0) == 1, what="the DLQ copy")
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+        broker.shutdown()
+    assert runs == [0, 1, 2]
+    with Session(rel.engine) as s:
+        row = s.scalars(select(MessageInbox).where(MessageInbox.message_id == "poison-2")).one()
+        reasons = [m.reason for m in s.scalars(select(MessageLog).order_by(MessageLog.id))]
+    assert (row.status, row.attempts) == (StubStatus.DEAD, 10)
+    assert row.last_error is not None and "the broker's last delivery" in row.last_error
+    assert reasons[-1] is not None and reasons[-1].startswith("max_attempts: attempt 3/10, the broker's last")

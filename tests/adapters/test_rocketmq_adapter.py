@@ -200,6 +200,21 @@ def test_envelope_of_a_retry_delivery_names_its_delivered_topic() -> None:
         to_envelope(Received(TOPIC, 0, 7, {"RETRY_TOPIC": TOPIC}))
 
 
+@pytest.mark.parametrize(("reconsume_times", "last"), [(0, False), (15, False), (16, True), (17, True)])
+def test_the_delivery_at_the_clients_reconsume_limit_is_marked_the_brokers_last(
+    reconsume_times: int, last: bool
+) -> None:
+    """With the group's ``retryMaxTimes`` at 16 (0.4.4 sends no limit of its own) the broker moves a failed
+    delivery with ``reconsume_times`` 16 to ``%DLQ%`` instead of retrying it, so the guard must treat its
+    failure as final (the broker_sim adapter's test runs that end to end)."""
+    from reliable.adapters.rocketmq import to_envelope
+
+    msg = Received(TOPIC, 0, 7, {"RETRY_TOPIC": TOPIC})
+    msg.reconsume_times = reconsume_times
+    assert to_envelope(msg, "g", max_reconsume_times=16).last_attempt is last
+    assert to_envelope(msg, "g").last_attempt is False
+
+
 def test_receipts_and_deliveries_name_the_broker_group_on_a_two_group_cluster(
     cluster: ClusterFactory,
 ) -> None:
