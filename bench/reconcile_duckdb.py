@@ -87,7 +87,11 @@ def _sql_views(
                x.status = 'PENDING' AND f.deliveries IS NULL AND x.send_offset IS NULL
                  AND coalesce(x.last_sent_at, x.created_at) < TIMESTAMPTZ '{now}' - to_seconds({grace_s})
                  AS is_unsent,
-               x.queue_id IS NOT NULL AND w.max_offset IS NULL AS is_never_consumed,
+               x.status IN ('PENDING', 'DEAD') AND x.queue_id IS NOT NULL AND w.max_offset IS NULL
+                 AND NOT coalesce((x.broker_name <> '' AND q.unnamed_wm IS NOT NULL)
+                                  OR (x.broker_name = '' AND q.seen), false) AS is_never_consumed,
+               CASE WHEN w.max_offset IS NULL AND x.broker_name <> '' THEN q.unnamed_wm
+                    ELSE w.max_offset END AS lag_watermark,
                CASE WHEN f.deliveries IS NOT NULL
                     THEN (epoch_us(f.first_received_at) - epoch_us(x.created_at)) / 1000.0 END
                  AS first_delivery_ms,
@@ -101,7 +105,16 @@ def _sql_views(
         LEFT JOIN consume_progress sw
           ON sw.consumer_group = x.consumer_group AND sw.topic = x.send_topic
          AND sw.broker_name = x.send_broker_name AND sw.queue_id = x.send_queue_id
+        LEFT JOIN (SELECT consumer_group, topic, queue_id, true AS seen,
+                          max(max_offset) FILTER (WHERE broker_name = '') AS unnamed_wm
+                   FROM consume_progress GROUP BY ALL) q
+          ON q.consumer_group = x.consumer_group AND q.topic = x.topic AND q.queue_id = x.queue_id
         """
+    )
+    # dup: the extra deliveries of the pairs (a message without a stub is an orphan, not a duplicate)
+    con.execute(
+        "CREATE TEMP TABLE dup AS SELECT * FROM d SEMI JOIN e USING (message_id, consumer_group) "
+        "WHERE delivery_no > 1"
     )
 
 
@@ -112,9 +125,7 @@ def _detail_tables(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
     con.execute(
         f"COPY (SELECT * FROM e WHERE status = 'DEAD') TO '{out_dir / 'dead'}.parquet' (FORMAT parquet)"
     )
-    con.execute(
-        f"COPY (SELECT * FROM d WHERE delivery_no > 1) TO '{out_dir / 'duplicates'}.parquet' (FORMAT parquet)"
-    )
+    con.execute(f"COPY (SELECT * FROM dup) TO '{out_dir / 'duplicates'}.parquet' (FORMAT parquet)")
     con.execute(
         f"""
         CREATE TEMP TABLE o AS SELECT d.* FROM d ANTI JOIN message_stub s USING (message_id);
@@ -157,22 +168,23 @@ def _groups(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
         FROM e GROUP BY 1
         """
     )
-    put("SELECT consumer_group, count(*) AS duplicate_deliveries FROM d WHERE delivery_no > 1 GROUP BY 1")
+    put("SELECT consumer_group, count(*) AS duplicate_deliveries FROM dup GROUP BY 1")
     put("SELECT consumer_group, count(*) AS orphan_logs FROM o GROUP BY 1")
     put("SELECT consumer_group, count(*) AS gaps, sum(missing) AS missing_offsets FROM gp GROUP BY 1")
     put(
         """
-        SELECT consumer_group, sum(greatest(0, top - coalesce(watermark, -1))) AS lag,
+        SELECT consumer_group, sum(CASE WHEN owed THEN greatest(0, top - coalesce(watermark, -1)) ELSE 0 END)
+                 AS lag,
                count(*) FILTER (WHERE never) AS never_consumed_queues
         FROM (SELECT consumer_group, topic, broker_name, queue_id, max(queue_offset) AS top,
-                     max(watermark) AS watermark,
+                     max(lag_watermark) AS watermark, bool_or(status <> 'VOIDED') AS owed,
                      bool_or(is_never_consumed) AS never
               FROM e WHERE queue_id IS NOT NULL GROUP BY ALL)
         GROUP BY 1
         """
     )
     for group, cause, n in con.execute(
-        "SELECT consumer_group, cause, count(*) FROM d WHERE delivery_no > 1 GROUP BY ALL"
+        "SELECT consumer_group, cause, count(*) FROM dup GROUP BY ALL"
     ).fetchall():
         out[str(group)]["by_cause"][str(cause)] = int(n)
     return dict(sorted(out.items()))
@@ -199,7 +211,7 @@ def reference_report(
     row = con.execute(
         """
         SELECT (SELECT count(*) FROM message_stub),
-               (SELECT count(DISTINCT (consumer_group, message_id)) FROM d WHERE delivery_no > 1),
+               (SELECT count(DISTINCT (consumer_group, message_id)) FROM dup),
                approx_quantile(first_delivery_ms, [0.5, 0.95, 0.99]),
                approx_quantile(confirm_ms, [0.5, 0.95, 0.99])
         FROM e

@@ -154,8 +154,17 @@ def _queues(c: Collected) -> list[dict[str, Any]]:
         n = int(row.get("deliveries") or 0)
         q["duplicate_deliveries"] += n
         q["duplicates_by_cause"][str(row["cause"])] += n
-    for q in queues.values():
-        q["lag"] = _lag(q["max_stub_offset"], q["watermark"])
+    unnamed = {
+        (k[0], k[1], k[3]): q["watermark"]
+        for k, q in queues.items()
+        if k[2] == "" and q["watermark"] is not None
+    }
+    for (group, topic, broker, queue_id), q in queues.items():
+        watermark = q["watermark"]
+        if watermark is None and broker:  # a client that cannot name the broker group keeps its position here
+            watermark = unnamed.get((group, topic, queue_id))
+        owed = q["inbox_rows"] > q["voided"]  # a queue of voided pairs only (a retired group) owes nothing
+        q["lag"] = _lag(q["max_stub_offset"], watermark) if owed else 0
     return [queues[k] for k in sorted(queues, key=_sort_key)]
 
 

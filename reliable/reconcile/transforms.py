@@ -190,9 +190,11 @@ _DELIVERY_DETAIL = tuple(c for c in LOG_COLUMNS if c != "id")
 def duplicate_deliveries(enriched: DataFrame) -> DataFrame:
     """The extra deliveries (every delivery of a pair but the first), with their cause.
 
-    Read from the ``extras`` of :func:`delivery_stats`, carried by every row of the join (pair or not).
+    Read from the ``extras`` of :func:`delivery_stats`, kept on the pairs of the window only: the log is
+    read from before the window with no upper end, so a message of another day (or one without a stub,
+    whose every delivery is an orphan log already) would otherwise count its redeliveries here.
     """
-    return enriched.where(F.col("extras").isNotNull()).select(F.inline("extras"))
+    return enriched.where(F.col("has_pair") & F.col("extras").isNotNull()).select(F.inline("extras"))
 
 
 # --- findings ----------------------------------------------------------------------------------------------
@@ -224,7 +226,11 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
     * ``is_stuck``: PENDING, delivered, and the newest delivery is older than ``stuck_after``;
     * ``is_unsent``: PENDING, never delivered, no send returned an offset, older than the grace period;
     * ``is_dead``: status DEAD;
-    * ``is_never_consumed``: the message has a queue and the group has no position on it at all;
+    * ``is_never_consumed``: PENDING or DEAD (a confirmed or voided pair owes nothing), the message has a
+      queue and the group has no position on it — matched as the sweeper does
+      (:mod:`reliable.sweeper.queues`): a named broker group's queue counts as consumed by a ``''`` row of
+      its queue id (a client that cannot name the broker group, a row from before migration 0006), and a
+      queue without a broker name by a row of any broker group;
     * ``first_delivery_ms``: created_at → first delivery; ``confirm_ms``: created_at → confirmed_at.
 
     Narrow on purpose, because this is what the job caches: the columns the aggregations read, plus
@@ -245,6 +251,12 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
             F.col("max_offset").alias("send_watermark"),
         )
     )
+    seen = F.broadcast(
+        progress.groupBy("consumer_group", "topic", "queue_id").agg(
+            F.max(F.when(F.col("broker_name") == "", F.col("max_offset"))).alias("unnamed_watermark"),
+            (F.count(F.lit(1)) > 0).alias("queue_seen"),
+        )
+    )
     targeted = (F.col("resend_count") > 0) & F.col("resend_queue_offset").isNotNull()
     rows = (
         joined.withColumn(
@@ -259,12 +271,19 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
         )
         .join(wm, on=QUEUE_KEY, how="left")
         .join(send_wm, on=["consumer_group", "send_topic", "send_broker_name", "send_queue_id"], how="left")
+        .join(seen, on=["consumer_group", "topic", "queue_id"], how="left")
     )
     pair = F.col("has_pair")
     pending = pair & (F.col("status") == "PENDING")
     delivered = F.coalesce(F.col("deliveries"), F.lit(0)) > 0
     sent_at = F.coalesce(F.col("last_sent_at"), F.col("created_at"))
     confirmed = (F.col("status") == "CONFIRMED") & F.col("confirmed_at").isNotNull()
+    consumed = F.coalesce(
+        F.col("watermark").isNotNull()
+        | ((F.col("broker_name") != "") & F.col("unnamed_watermark").isNotNull())
+        | ((F.col("broker_name") == "") & F.col("queue_seen")),
+        F.lit(False),
+    )
     flagged_rows = rows.select(
         *PAIR_COLUMNS,
         "has_pair",
@@ -293,9 +312,10 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
             pending & ~delivered & F.col("send_offset").isNull() & (sent_at < grace_edge), F.lit(False)
         ).alias("is_unsent"),
         F.coalesce(pair & (F.col("status") == "DEAD"), F.lit(False)).alias("is_dead"),
-        F.coalesce(pair & F.col("queue_id").isNotNull() & F.col("watermark").isNull(), F.lit(False)).alias(
-            "is_never_consumed"
-        ),
+        F.coalesce(
+            pair & F.col("status").isin("PENDING", "DEAD") & F.col("queue_id").isNotNull() & ~consumed,
+            F.lit(False),
+        ).alias("is_never_consumed"),
         F.when(pair & delivered, _ms_between(F.col("first_received_at"), F.col("created_at"))).alias(
             "first_delivery_ms"
         ),

@@ -283,3 +283,70 @@ def test_queue_0_of_two_broker_groups_is_two_queues(spark: Any, tmp_path: Path) 
     assert (queues["broker-a", 0]["lost"], queues["broker-b", 0]["lost"]) == (0, 1)
     assert queues["broker-b", 0]["lag"] == 1 and queues["broker-b", 0]["pending"] == 2
     assert summary["totals"]["lost"] == 1
+
+
+def test_a_healthy_group_without_broker_names_and_a_retired_group_raise_no_alarm(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Two broker groups. Billing consumes through a client that cannot name the broker group (RocketMQ
+    4.x's): its positions are kept under ``''``, and it confirmed every message. Search was retired
+    (``retire_group``: its rows VOIDED) and never consumed. Neither owes anything: no never-consumed queue,
+    no lag — the sweeper counts such an unnamed position as "consumed here" too (``sweeper/queues.py``).
+    Audit still owes a message on a queue it never consumed: that alarm stays."""
+    from reliable.reconcile import io
+    from reliable.reconcile.config import ReconcileConfig
+
+    ds = D.Dataset()
+    for broker in ("broker-a", "broker-b"):
+        for offset in range(3):
+            mid = f"{broker}-{offset}"
+            created = ds.stub(mid, 0, offset)
+            ds.stubs[-1]["broker_name"] = broker
+            ds.row(D.A, mid, "CONFIRMED", created)
+            ds.row(D.C, mid, "VOIDED", created)
+            ds.log(D.A, mid, 0, offset, created + dt.timedelta(seconds=1))  # broker_name '': unnamed
+    owed = ds.stub("owed", 1, 0, status="PENDING")
+    ds.stubs[-1]["broker_name"] = "broker-a"
+    ds.row(D.B, "owed", "PENDING", owed)
+    ds.finish_progress()
+    assert {p["broker_name"] for p in ds.progress} == {""}
+    cfg = ReconcileConfig(as_of=D.AS_OF)
+    summary = _run(
+        spark, io.read_parquet(spark, write_parquet(ds, tmp_path / "in"), cfg), tmp_path / "out", cfg
+    )
+    groups = _by_group(summary.summary)
+    assert (groups[D.A]["confirmed"], groups[D.A]["never_consumed_queues"], groups[D.A]["lag"]) == (6, 0, 0)
+    assert (groups[D.C]["voided"], groups[D.C]["never_consumed_queues"], groups[D.C]["lag"]) == (6, 0, 0)
+    assert (groups[D.B]["never_consumed_queues"], groups[D.B]["lag"]) == (1, 1)
+    assert [
+        (e["consumer_group"], e["broker_name"], e["queue_id"]) for e in summary.summary["never_consumed"]
+    ] == [(D.B, "broker-a", 1)]
+    assert summary.summary["totals"]["never_consumed_queues"] == 1
+
+
+def test_a_window_counts_the_duplicates_of_its_own_messages_only(spark: Any, tmp_path: Path) -> None:
+    """Three messages, each delivered twice to billing; the window holds the middle one. The log is read
+    from a little before the window with no upper end, so the later message's redelivery is read too — it
+    is not the window's. Nor is a redelivery of a message without a stub (an orphan log already)."""
+    from reliable.reconcile import io
+    from reliable.reconcile.config import ReconcileConfig
+
+    ds = D.Dataset()
+    for mid, minutes, offset in (("m-before", 150, 0), ("m-in", 100, 1), ("m-after", 60, 2)):
+        created = ds.stub(mid, 0, offset, created=D.ago(minutes))
+        ds.row(D.A, mid, "CONFIRMED", created)
+        for s in (1, 30):
+            ds.log(D.A, mid, 0, offset, created + dt.timedelta(seconds=s))
+    for s in (1, 30):
+        ds.log(D.A, "no-stub", 0, 3, D.ago(59) + dt.timedelta(seconds=s))
+    ds.finish_progress()
+    cfg = ReconcileConfig(as_of=D.AS_OF, since=D.WINDOW[0], until=D.WINDOW[1])
+    summary = _run(
+        spark, io.read_parquet(spark, write_parquet(ds, tmp_path / "in"), cfg), tmp_path / "out", cfg
+    )
+    t = summary.summary["totals"]
+    assert (t["messages"], t["deliveries"]) == (1, 2)
+    assert (t["duplicate_deliveries"], t["duplicate_pairs"]) == (1, 1)
+    assert [(r["message_id"], r["cause"]) for r in _table(tmp_path / "out", "duplicates")] == [
+        ("m-in", "redelivery")
+    ]
