@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 from reliable import constants as C
 from reliable.errors import InvalidMessageError
+from reliable.names import NAME_CHARS, NAME_RE
 from reliable.sender import OutgoingMessage, SendReceipt
 
 #: The broker-neutral name language: RocketMQ's topic/group set (``Validators.PATTERN``) plus Kafka's '.'.
 #: A sender whose broker accepts less says so with a ``name_pattern`` attribute (RocketMQ, broker_sim: no
 #: '.'), checked at staging time so a name the broker will refuse fails in the caller's transaction instead
 #: of leaving a stub no send can ever deliver.
-_NAME_RE = re.compile(r"^[%|a-zA-Z0-9._-]+$")
 
 
 class SendOutcome(enum.StrEnum):
@@ -91,10 +91,8 @@ def _check_name(what: str, value: str, limit: int) -> None:
         raise InvalidMessageError(f"{what} must be a non-empty string")
     if len(value) > limit:
         raise InvalidMessageError(f"{what} longer than {limit} characters: {value[:80]!r}")
-    if not _NAME_RE.match(value):
-        raise InvalidMessageError(
-            f"{what} {value!r} may only contain letters, digits, '.', '_', '-', '%' and '|'"
-        )
+    if not NAME_RE.match(value):
+        raise InvalidMessageError(f"{what} {value!r} may only contain {NAME_CHARS}")
 
 
 def check_broker_names(sender: object, topic: str, groups: Sequence[str]) -> None:

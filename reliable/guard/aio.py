@@ -53,6 +53,7 @@ from reliable.aio_backends import PerLoop
 from reliable.errors import ConfigurationError
 from reliable.guard.core import Guard
 from reliable.guard.decision import Decision, GuardHooks
+from reliable.names import check_group
 from reliable.settings import Settings
 from reliable.stores.aio_lease import AsyncRedisLeaseStore, GreenletLeaseStore
 from reliable.types import ConsumeResult, Envelope
@@ -93,8 +94,7 @@ class AsyncGuard:
     ) -> None:
         if rel.settings.journal_write_behind is True:  # the default None means "not here"
             raise ConfigurationError("journal_write_behind is not available for async def handlers")
-        if not group or len(group) > C.GROUP_MAX:
-            raise ValueError(f"consumer group must be 1..{C.GROUP_MAX} characters, got {group!r}")
+        check_group(group)
         self.rel = rel
         self.group = group
         self.handler = handler

@@ -70,6 +70,7 @@ from reliable.guard.plan import Item
 from reliable.guard.work import Handler, StaleConnection, WorkTransaction
 from reliable.metrics import DecisionObserver, guard_metrics
 from reliable.models import utcnow
+from reliable.names import check_group
 from reliable.stores.behind import JournalBuffer
 from reliable.stores.lease import NoLeaseStore, RedisLeaseStore
 from reliable.stores.sql import SqlStore
@@ -91,8 +92,7 @@ class Guard:
         redis_retry_after_s: float = C.DEFAULT_REDIS_RETRY_AFTER_S,
         durable_journal: bool = False,
     ) -> None:
-        if not group or len(group) > C.GROUP_MAX:
-            raise ValueError(f"consumer group must be 1..{C.GROUP_MAX} characters, got {group!r}")
+        check_group(group)
         self.rel = rel
         self.group = group
         self.handler = handler

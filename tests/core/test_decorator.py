@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 import reliable
 from reliable import ConsumeResult, Envelope, Reason, idempotent_consumer
+from reliable.errors import ConfigurationError
 from reliable.guard.decision import OUTCOMES
 from reliable.types import LogOutcome
 from tests.core.guard_helpers import add_stub, apply, env, ledger, make_rel
@@ -49,11 +50,15 @@ def test_public_api_and_wrapper(sqlite_url: str, key_prefix: str) -> None:
         rel.close()
 
 
-def test_bad_group_is_refused(sqlite_url: str, key_prefix: str) -> None:
+@pytest.mark.parametrize("group", ["", "billing:eu", "bad group", "x" * 256])
+def test_bad_group_is_refused(sqlite_url: str, key_prefix: str, group: str) -> None:
+    """The producer's rule (reliable.names). ``billing:eu``'s Redis key for message ``o-1`` would be
+    ``billing``'s for message ``eu:o-1``, which ``billing`` would then answer from the other group's
+    ``done`` marker, its handler never run."""
     rel = make_rel(sqlite_url, None, key_prefix)
     try:
-        with pytest.raises(ValueError):
-            idempotent_consumer(rel, group="")(apply)
+        with pytest.raises(ConfigurationError, match="consumer group"):
+            idempotent_consumer(rel, group=group)(apply)
     finally:
         rel.close()
 
