@@ -23,8 +23,9 @@ queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's m
                     the copy is older than ``stuck_after``: the group never consumed there (not
                     subscribed, wrong topic, consumer never started). A resend would not be read
                     either: alarm (metric + one notice). (A younger copy is ``QUEUED``: the group may
-                    be starting up. A targeted copy on ``%RETRY%{group}`` without a watermark is
-                    ``QUEUED`` too: every clustering consumer of the group reads its retry topic.) → hold
+                    be starting up. A targeted copy on ``%RETRY%{group}`` without a watermark, or a
+                    copy whose group keeps only an unnamed position on a cluster, is ``QUEUED`` until
+                    ``max_unconfirmed_age``, then ``TOO_OLD``: no position to judge it by.)   → hold
 ``QUEUED``          the broker has it above the group's watermark: it is waiting in the backlog  → hold
 ``BROKER_RETRY``    the newest delivery asked for a retry and the broker's delay for it has not
                     passed: the broker will redeliver; re-sending now would race it            → hold
@@ -119,15 +120,16 @@ def judge(
     if facts.broker_max is not None:
         if facts.broker_max <= offset:
             return Verdict.LOST
-        # a group reads its retry topic with any clustering consumer: no position there yet is not an alarm;
-        # nor is a young copy (a group that is just starting up)
-        never = (
-            facts.watermark is None
-            and not facts.legacy_position
-            and not cand.targeted
-            and now - sent >= stuck_after
-        )
-        return Verdict.NEVER_CONSUMED if never else Verdict.QUEUED
+        if facts.watermark is not None:
+            return Verdict.QUEUED
+        if facts.legacy_position or cand.targeted:
+            # consumed here, but no position to compare the copy with: the group's only row is unnamed (a
+            # client that cannot name the broker group — its losses leave no other trace), or the copy is on
+            # %RETRY%{group}, which any clustering consumer reads but a broadcasting one never does. Not an
+            # alarm; and not queued for ever either: the age rule decides, as without a probe
+            return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
+        # no position on the queue at all: an alarm, unless the copy is young (a group starting up)
+        return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
     return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
 
 

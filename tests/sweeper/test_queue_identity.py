@@ -29,7 +29,7 @@ from reliable.sweeper import FixedBackoff, Sweeper, metrics
 from reliable.types import ConsumeResult
 from tests.clusters import Cluster, ClusterFactory
 from tests.clusters import cluster as cluster  # the fixture
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, set_progress
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, set_inbox, set_progress
 
 TOPIC, GROUPS = "IdT", ("id_g1", "id_g2")
 CONFIG: dict[str, Any] = {
@@ -219,9 +219,18 @@ class Broker:
         return found[0] if len(found) == 1 else None
 
 
-def judged(rel: Reliability, clock: Clock, probe: Broker) -> dict[str, float]:
+class RetryTopicSender(QueueSender):
+    """Targeted resends go to the group's retry topic, as RocketMQ's and broker_sim's senders put them."""
+
+    def resend_topic(self, topic: str, group: str) -> str:
+        return f"%RETRY%{group}"
+
+
+def judged(
+    rel: Reliability, clock: Clock, probe: Broker, sender: QueueSender | None = None
+) -> dict[str, float]:
     before = {v: metrics.VERDICTS.labels(v)._value.get() for v in ("lost", "overtaken", "queued", "too_old")}
-    sweeper = Sweeper(rel, QueueSender(), probe=probe, backoff=FixedBackoff((1.0,)), clock=clock,
+    sweeper = Sweeper(rel, sender or QueueSender(), probe=probe, backoff=FixedBackoff((1.0,)), clock=clock,
                       max_unconfirmed_age_s=3 * 3600, stuck_after_s=600)  # fmt: skip
     sweeper.run_once()
     return {v: metrics.VERDICTS.labels(v)._value.get() - n for v, n in before.items()}
@@ -271,3 +280,35 @@ def test_a_named_copy_beside_a_pre_upgrade_watermark_is_queued_not_an_alarm(
         "queued": 0,
         "too_old": 0,
     }  # "new" waits
+
+
+def test_a_named_copy_judged_by_an_unnamed_position_only_is_re_sent_once_too_old(
+    rel: Reliability, clock: Clock
+) -> None:
+    """The group consumes through a client that cannot name the broker group (RocketMQ 4.x's): its only
+    position on queue 0 is the '' row, mixing both broker groups. A copy on broker-a's queue 0 the broker
+    seems to hold is queued — but broker-a may have lost it in a power cut and reused the offset, which no
+    position of this group can show. So it is queued only until ``max_unconfirmed_age``, then re-sent as too
+    old: held as queued for ever, such a loss would never be re-sent nor anyone told."""
+    add_stub(rel, "maybe-lost", queue_id=0, queue_offset=7, broker_name="broker-a", last_sent_at=T0)
+    set_progress(rel, 13, broker_name="")
+    assert judged(rel, clock, CLUSTER) == {"lost": 0, "overtaken": 0, "queued": 1, "too_old": 0}
+    clock.advance(3 * 3600)
+    assert judged(rel, clock, CLUSTER) == {"lost": 0, "overtaken": 0, "queued": 0, "too_old": 1}
+
+
+def test_a_targeted_copy_on_a_retry_topic_nobody_reads_is_re_sent_once_too_old(
+    rel: Reliability, clock: Clock
+) -> None:
+    """The sweeper re-sent the message to ``%RETRY%billing``; the group has no position there (a
+    broadcasting group never reads its retry topic; a clustering one may have stopped). Queued at first —
+    any clustering consumer of the group reads it —, but not for ever: after ``max_unconfirmed_age`` it is
+    re-sent again, so the budget runs out and a person is told, instead of a hold every round."""
+    add_stub(rel, "resent", queue_id=0, queue_offset=3, broker_name="broker-a", send_count=2)
+    set_inbox(rel, "resent", queue_id=0, queue_offset=4, broker_name="broker-a", updated_at=T0)
+    set_progress(rel, 2, broker_name="broker-a")
+    probe = Broker({("orders", "broker-a", 0): 3, ("%RETRY%billing", "broker-a", 0): 9})
+    sender = RetryTopicSender()
+    assert judged(rel, clock, probe, sender) == {"lost": 0, "overtaken": 0, "queued": 1, "too_old": 0}
+    clock.advance(3 * 3600)
+    assert judged(rel, clock, probe, sender) == {"lost": 0, "overtaken": 0, "queued": 0, "too_old": 1}
