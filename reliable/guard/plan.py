@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reliable import constants as C
@@ -25,6 +25,7 @@ from reliable.guard.decision import (
     twin_reason,
     verdict_reason,
 )
+from reliable.guard.storable import clamped_attempts, storable, unfit
 from reliable.stores import InboxRow, InboxState, JournalEntry, LeaseAnswer, LeaseState, OutcomeUpdate
 from reliable.stores.lease import done_value, lease_key, processing_value
 from reliable.stores.sql import reason_text
@@ -76,10 +77,22 @@ def prepare(
     """One :class:`Item` per delivery: bad input decided, twins linked to their first, lease keys set."""
     items: list[Item] = []
     first: dict[str, Item] = {}
-    for env in envs:
+    for delivered in envs:
+        attempts = clamped_attempts(delivered.reconsume_times)
+        env = (
+            delivered
+            if attempts == delivered.reconsume_times
+            else replace(delivered, reconsume_times=attempts)
+        )
         mid = env.message_id or ""
         it = Item(env, mid, hashlib.sha256(env.body).hexdigest() if check_payload else None)
-        if not mid:
+        fault = unfit(env)
+        if fault is not None:  # before any statement: a database error here would be retried for ever
+            bad = BadMessageError(f"{fault}: no column can hold it")
+            it.env = storable(env)
+            it.mid = (it.env.message_id or "")[: C.MESSAGE_ID_MAX]
+            decide(it, Reason.BAD_MESSAGE, str(bad), error=bad)
+        elif not mid:
             err = MissingMessageIdError(
                 f"delivery topic={env.source_topic} queue={env.queue_id} offset={env.queue_offset} "
                 "has no message id"

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reliable import ConsumeResult, Envelope, Reason, Reliability, idempotent_consumer
-from reliable.errors import MissingMessageIdError, PayloadMismatchError
+from reliable.errors import BadMessageError, MissingMessageIdError, PayloadMismatchError
 from reliable.stores.lease import lease_key
 from reliable.types import LogOutcome, StubStatus
 from tests.core.guard_helpers import (
@@ -271,3 +273,38 @@ def test_live_foreign_lease_means_reconsume_later(rel: Reliability, registry: Co
         )
     assert handle.decide(env(m)).reason is Reason.DUPLICATE_CONFIRMED
     assert calls == []
+
+
+def test_a_value_no_column_can_hold_is_dead_lettered_not_retried_for_ever_nor_changed(
+    rel: Reliability, registry: CollectorRegistry
+) -> None:
+    """A NUL in an id: PostgreSQL's prepared statements cut ``k\\x00A`` to ``k`` (confirmed as ``k``: the
+    real ``k`` later answered as its duplicate, never run), a fresh connection refuses it. A position wider
+    than its column is refused by every database. Refused, each was answered "database unavailable" for
+    ever — a poison delivery blocking its queue. Now bad input: dead-lettered with the reason, journaled
+    with values the columns hold, and no watermark raised by an impossible offset. A forged attempt count
+    is only clamped."""
+    handle, calls = counting(rel, registry)
+    for _ in range(6):  # psycopg prepares a statement from its fifth run on: the cut happened then
+        assert handle.decide(env(uid("warm"))).reason is Reason.PROCESSED
+    calls.clear()
+    k = uid("k")
+    bad = [
+        env(k + "\x00A"),
+        env(k + "\ud800"),
+        replace(env(uid("q")), queue_id=2**31),
+        replace(env(uid("o")), queue_offset=2**63),
+    ]
+    for e in bad:
+        d = handle.decide(e)
+        assert (d.result, d.reason) == (ConsumeResult.DEAD_LETTER, Reason.BAD_MESSAGE), d
+        assert isinstance(d.error, BadMessageError) and "no column can hold it" in str(d.error)
+    assert calls == []
+    assert handle.decide(env(k)).reason is Reason.PROCESSED and calls == [k]
+    journaled = [(m, outcome) for m, outcome, _ in log_rows(rel)][-5:]
+    assert journaled[:2] == [(k + "\\x00A", "DEAD_LETTER"), (k + "\\ud800", "DEAD_LETTER")]
+    with rel.engine.connect() as conn:
+        highest = conn.execute(text("SELECT max(max_offset) FROM consume_progress")).scalar_one()
+    assert highest < 2**40
+    forged = handle.decide(env(uid("n"), reconsume_times=2**31))
+    assert forged.reason is Reason.PROCESSED
