@@ -32,3 +32,16 @@ def check_group(group: object) -> str:
         )
     assert isinstance(group, str)
     return group
+
+
+def text_fault(what: str, value: str) -> str | None:
+    """Why no database column can hold ``value`` as it is (``None``: it can): PostgreSQL refuses a NUL in a
+    text — or, through a prepared statement, cuts the text there —, and no driver can encode a lone
+    surrogate."""
+    if "\x00" in value:
+        return f"{what} contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{what} is not valid Unicode (a lone surrogate)"
+    return None

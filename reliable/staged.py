@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from reliable import constants as C
 from reliable.errors import InvalidMessageError
-from reliable.names import NAME_CHARS, NAME_RE
+from reliable.names import NAME_CHARS, NAME_RE, text_fault
 from reliable.sender import OutgoingMessage, SendReceipt
 
 #: The broker-neutral name language: RocketMQ's topic/group set (``Validators.PATTERN``) plus Kafka's '.'.
@@ -75,6 +75,9 @@ def validate_message(message_id: str, topic: str, groups: Sequence[str], tags: s
         raise InvalidMessageError(
             f"message id longer than {C.MESSAGE_ID_MAX} characters: {message_id[:80]!r}"
         )
+    fault = text_fault("message id", message_id)
+    if fault is not None:
+        raise InvalidMessageError(f"{fault}: {message_id[:80]!r}")
     _check_name("topic", topic, C.TOPIC_MAX)
     if not groups:
         raise InvalidMessageError(

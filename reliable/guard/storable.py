@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from reliable.names import text_fault
 from reliable.types import Envelope
 
 INT32 = (-(2**31), 2**31 - 1)
@@ -26,16 +27,6 @@ def _clamp(value: int, bounds: tuple[int, int]) -> int:
     return min(max(value, bounds[0]), bounds[1])
 
 
-def _text_fault(name: str, value: str) -> str | None:
-    if "\x00" in value:
-        return f"{name} contains a NUL character"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"{name} is not valid Unicode (a lone surrogate)"
-    return None
-
-
 def unfit(env: Envelope) -> str | None:
     """Why a column cannot hold this delivery (``None``: every value fits)."""
     for name, value in (
@@ -44,7 +35,7 @@ def unfit(env: Envelope) -> str | None:
         ("delivered topic", env.source_topic),
         ("broker name", env.broker_name),
     ):
-        fault = _text_fault(name, value)
+        fault = text_fault(name, value)
         if fault is not None:
             return fault
     if _clamp(env.queue_id, INT32) != env.queue_id:

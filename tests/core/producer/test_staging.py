@@ -212,6 +212,8 @@ def test_duplicate_message_id_is_a_typed_error(producer: StubProducer, sender: R
         ("", "orders", "g", None),
         ("   ", "orders", "g", None),
         ("x" * 65, "orders", "g", None),
+        ("k\x00A", "orders", "g", None),  # PostgreSQL: a DataError at flush, untyped
+        ("k\ud800", "orders", "g", None),  # no driver can encode it
         ("ok", "", "g", None),
         ("ok", "has space", "g", None),
         ("ok", "no spaces allowed", "g", None),
