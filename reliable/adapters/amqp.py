@@ -138,6 +138,16 @@ def text(value: Any) -> str:
     return str(value)
 
 
+def ident(value: Any) -> str:
+    """An id or topic header as text. Bytes that are not UTF-8 keep their difference as lone surrogates
+    (``surrogateescape``), which the guard dead-letters as bad input: decoded with replacement characters,
+    ``hX\\xff`` and ``hX\\xfe`` were one id, and the second message was acknowledged as the first's duplicate,
+    its handler never run."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return text(value)
+
+
 def envelope_from(
     *,
     message_id: str | None,
@@ -152,8 +162,8 @@ def envelope_from(
 ) -> Envelope:
     """The broker-neutral view of one delivery, from the AMQP fields every client exposes."""
     hdrs: dict[str, Any] = dict(headers or {})
-    mid = message_id or next((text(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
-    topic = text(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
+    mid = message_id or next((ident(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
+    topic = ident(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
     reconsume = delivery_count(hdrs.get(DELIVERY_COUNT), redelivered)
     seq = hdrs.get(HEADER_SEQ)
     offset = int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else int(delivery_tag)

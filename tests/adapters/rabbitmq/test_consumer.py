@@ -318,6 +318,25 @@ def test_message_without_id_is_dead_lettered_not_acked(
         assert s.scalar(select(MessageLog.outcome)) == "DEAD_LETTER"  # journaled, not silently dropped
 
 
+def test_ids_that_differ_only_in_bytes_that_are_not_utf8_are_dead_lettered_not_merged(
+    rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
+) -> None:
+    """Two messages whose ``message-id`` headers differ in a byte that is not UTF-8. Decoded with
+    replacement characters they were one id: the second was acknowledged as the first's duplicate, its
+    handler never run. Neither id can be stored as it is: both go to the DLQ with the reason."""
+    handle = make_handler(rel)
+    with RabbitMQConsumer(rabbitmq_url, topology, handle, retry_delay_s=0) as consumer:
+        for raw in (b"hX\xff", b"hX\xfe"):
+            props = BasicProperties(delivery_mode=2, headers={"message-id": raw})
+            admin.basic_publish(topology.exchange, TOPIC, b"same body", props)
+        assert consumer.run(until=lambda: consumer.counts["dead_letter"] >= 2, timeout_s=TIMEOUT_S)
+        assert consumer.counts["ack"] == 0
+    dead = dlq_messages(admin, topology)
+    assert len(dead) == 2 and all(b == b"same body" for _, b in dead)
+    assert all("not valid Unicode" in str(p.headers[HEADER_DEAD_REASON]) for p, _ in dead)
+    assert effect_counts(rel) == {}
+
+
 def test_a_foreign_delivery_count_header_does_not_stop_the_consumer(
     rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
 ) -> None:
@@ -329,13 +348,17 @@ def test_a_foreign_delivery_count_header_does_not_stop_the_consumer(
             ("m-text", "abc"),
             ("m-list", [1, 2]),
             ("m-negative", -3),
+            (
+                "m-huge",
+                2**31,
+            ),  # wider than the journal's column: clamped, not "database unavailable" for ever
             ("m-good", None),
         ]:
             headers = {"x-delivery-count": count} if count is not None else {}
             props = BasicProperties(message_id=message_id, delivery_mode=2, headers=headers)
             admin.basic_publish(topology.exchange, TOPIC, f"body-{message_id}".encode(), props)
-        assert consumer.run(until=lambda: consumer.counts["ack"] >= 4, timeout_s=TIMEOUT_S)
-    assert effect_counts(rel) == {"m-text": 1, "m-list": 1, "m-negative": 1, "m-good": 1}
+        assert consumer.run(until=lambda: consumer.counts["ack"] >= 5, timeout_s=TIMEOUT_S)
+    assert effect_counts(rel) == {"m-text": 1, "m-list": 1, "m-negative": 1, "m-huge": 1, "m-good": 1}
     assert queue_depth(admin, topology.queue) == 0 and dlq_messages(admin, topology) == []
 
 
