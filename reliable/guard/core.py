@@ -240,6 +240,9 @@ class Guard:
                     attempts = self.sql.record_failure(
                         conn, self.group, it.inbox_row, now, error, begin=i == 0
                     )
+                    if attempts is None:  # applied by another worker while this handler ran and failed
+                        plan.decide(it, Reason.DUPLICATE_CONFIRMED, TEXTS["confirmed_meanwhile"])
+                        continue
                     last = it.env.last_attempt
                     reason = failure_reason(attempts, self.settings.max_attempts, last)
                     broker = ", the broker's last delivery" if last else ""

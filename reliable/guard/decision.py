@@ -66,6 +66,7 @@ TEXTS: dict[str, str] = {
     "twin_pending": "same message id earlier in this batch not done",
     "undecided": "undecided",
     "no_outcome": "could not record the outcome",
+    "confirmed_meanwhile": "another worker applied it while this handler ran (its lease ran out) and failed",
     "gave_up": "the group gave up on this message (its handler failed max_attempts times; a person was "
     "told): not run again until it is revived",
 }

@@ -315,8 +315,9 @@ class SqlStore:
         error: str,
         *,
         begin: bool = False,
-    ) -> int:
-        """Count one handler failure on the group's inbox row (created PENDING if absent); returns attempts.
+    ) -> int | None:
+        """Count one handler failure on the group's inbox row (created PENDING if absent); returns attempts,
+        or ``None`` when the row is CONFIRMED (another worker applied it meanwhile: nothing counted).
 
         Only handler failures come here: lease conflicts and database outages never touch ``attempts``.
         """
@@ -330,10 +331,10 @@ class SqlStore:
             else None
         )
         if rows is not None:
-            return int(rows[0][0])
+            return int(rows[0][0]) if rows else None
         self.db.run(conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(True)), params)
         state = self._select_inbox(conn, group, [row.message_id], lock=False)[row.message_id]
-        return state.attempts
+        return None if state.status is StubStatus.CONFIRMED else state.attempts
 
 
 def reason_text(kind: str, detail: str | None, limit: int = 1000) -> str:

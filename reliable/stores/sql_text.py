@@ -175,7 +175,10 @@ def lock_open_stubs(n: int, lock: str) -> str:
 
 
 def upsert_failure(mariadb: bool) -> str:
-    """Count one handler failure on the group's inbox row, creating it PENDING when there is none.
+    """Count one handler failure on the group's inbox row, creating it PENDING when there is none — unless
+    the row is CONFIRMED: another worker applied the message while this one's handler ran (its lease ran
+    out), and a failure of a message already applied is nothing to count (PostgreSQL and SQLite return no
+    row then; MariaDB leaves the row as it is).
 
     Params: the INBOX_COLS values (status PENDING, attempts 1), then last_error and updated_at.
     """
@@ -183,13 +186,16 @@ def upsert_failure(mariadb: bool) -> str:
     if mariadb:
         return (
             f"INSERT INTO message_inbox ({INBOX_COLS}, last_error) VALUES {values[:-1]}, ?) "
-            "ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_error = VALUES(last_error), "
-            "updated_at = VALUES(updated_at)"
+            "ON DUPLICATE KEY UPDATE "
+            "last_error = IF(status = 'CONFIRMED', last_error, VALUES(last_error)), "
+            "updated_at = IF(status = 'CONFIRMED', updated_at, VALUES(updated_at)), "
+            "attempts = IF(status = 'CONFIRMED', attempts, attempts + 1)"
         )
     return (
         f"INSERT INTO message_inbox ({INBOX_COLS}, last_error) VALUES {values[:-1]}, ?) "
         "ON CONFLICT (consumer_group, message_id) DO UPDATE SET attempts = message_inbox.attempts + 1, "
-        "last_error = excluded.last_error, updated_at = excluded.updated_at RETURNING attempts"
+        "last_error = excluded.last_error, updated_at = excluded.updated_at "
+        "WHERE message_inbox.status <> 'CONFIRMED' RETURNING attempts"
     )
 
 

@@ -8,20 +8,25 @@ ever acknowledged, and never for a message that was not. The single-delivery ste
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reliable import ConsumeResult, Envelope, GuardHooks, Reason, Reliability, idempotent_consumer
 from reliable.stores.lease import lease_key
 from reliable.types import StubStatus
+from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import (
     add_stub,
     applied,
     apply,
     counting,
     env,
+    inbox_attempts,
+    inbox_status,
     log_rows,
     make_rel,
     per_message,
@@ -245,3 +250,61 @@ def test_failing_handler_in_batch_reruns_the_others_once_without_double_effects(
     # first pass: good[0], bad (fails, all rolled back); second pass with savepoints: the three good ones
     assert runs == [good[0], bad, good[0], good[1], good[2]]
     assert per_message(rel) == dict.fromkeys(good, 1)
+
+
+#: a statement of another session waiting on a row lock, seen from outside
+_LOCK_WAITS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'UPDATE message_inbox%'",
+}
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mariadb"])  # SQLite's lock wait cannot be seen from outside
+def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_duplicate(
+    backend: str, request: pytest.FixtureRequest, key_prefix: str
+) -> None:
+    """Worker A's handler is slow; its lease ran out and worker B took the message, waiting on A's row lock.
+    A's handler fails: its transaction rolls back, B applies the message and confirms it. A's failure is
+    not one of a message still owed: it must not count an attempt — with ``max_attempts=1`` it dead-lettered
+    the message, a DLQ copy of a message already applied —, and A answers it as a duplicate."""
+    from tests.waiting import wait_until
+
+    db_url: str = request.getfixturevalue(f"{backend}_url")
+    _ensure_clean_schema(db_url)
+    rel = make_rel(db_url, "", key_prefix, max_attempts=1)  # no Redis: B goes to the database at once
+    try:
+        m = uid("slow")
+        add_stub(rel, m, "g")
+        started, release = threading.Event(), threading.Event()
+
+        def handler(e: Envelope, session: Session) -> None:
+            if threading.current_thread().name == "A":
+                started.set()
+                release.wait(30)
+                raise RuntimeError("A's handler fails after its lease ran out")
+            apply(e, session)
+
+        handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(handler)
+        answers: dict[str, Any] = {}
+        a = threading.Thread(target=lambda: answers.update(A=handle.decide(env(m))), name="A")
+        b = threading.Thread(target=lambda: answers.update(B=handle.decide(env(m))), name="B")
+        a.start()
+        assert started.wait(30)
+        b.start()
+        with rel.engine.connect() as conn:
+            wait_until(
+                lambda: conn.execute(text(_LOCK_WAITS[rel.engine.dialect.name])).scalar_one() >= 1,
+                what="B waiting on A's row lock",
+            )
+        release.set()
+        a.join(30)
+        b.join(30)
+        assert answers["B"].reason is Reason.PROCESSED
+        assert (answers["A"].reason, answers["A"].result) == (
+            Reason.DUPLICATE_CONFIRMED,
+            ConsumeResult.SUCCESS,
+        )
+        assert inbox_status(rel, "g", m) is StubStatus.CONFIRMED and inbox_attempts(rel, "g", m) == 0
+        assert applied(rel, m) == 1
+    finally:
+        rel.close()
