@@ -30,3 +30,11 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+#: how many statements of other sessions wait on a row lock, asked from outside (SQLite's wait cannot be seen)
+LOCK_WAITS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    # the statement in progress on the server (innodb_trx's LOCK WAIT lags behind, from a cache)
+    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'UPDATE message_inbox%'",
+}

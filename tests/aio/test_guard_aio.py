@@ -16,6 +16,7 @@ from reliable.guard.aio import AsyncGuardedHandler
 from reliable.stores.lease import lease_key
 from tests.aio.flavours import Flavour, applied, env, inbox, journal, ledger, make_rel
 from tests.conftest import _ensure_clean_schema
+from tests.waiting import LOCK_WAITS
 
 TASKS = 64
 
@@ -152,13 +153,6 @@ def test_aclose_sends_the_queued_done_markers_and_leaves_no_task_behind(rel: Rel
     assert rel.redis is not None
     markers = [rel.redis.get(lease_key(rel.settings.key_prefix, "g", m)) for m in ("m1", "m2")]
     assert all(isinstance(v, bytes) and v.startswith(b"done") for v in markers), markers
-
-
-LOCK_WAITS = {
-    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-    # the statement in progress on the server (innodb_trx's LOCK WAIT lags behind, from a cache)
-    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'UPDATE message_inbox%'",
-}
 
 
 @pytest.mark.parametrize("backend", ["postgres", "mariadb"])  # SQLite's lock wait cannot be seen from outside

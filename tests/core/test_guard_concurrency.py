@@ -252,13 +252,6 @@ def test_failing_handler_in_batch_reruns_the_others_once_without_double_effects(
     assert per_message(rel) == dict.fromkeys(good, 1)
 
 
-#: a statement of another session waiting on a row lock, seen from outside
-_LOCK_WAITS = {
-    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'UPDATE message_inbox%'",
-}
-
-
 @pytest.mark.parametrize("backend", ["postgres", "mariadb"])  # SQLite's lock wait cannot be seen from outside
 def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_duplicate(
     backend: str, request: pytest.FixtureRequest, key_prefix: str
@@ -267,7 +260,7 @@ def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_du
     A's handler fails: its transaction rolls back, B applies the message and confirms it. A's failure is
     not one of a message still owed: it must not count an attempt — with ``max_attempts=1`` it dead-lettered
     the message, a DLQ copy of a message already applied —, and A answers it as a duplicate."""
-    from tests.waiting import wait_until
+    from tests.waiting import LOCK_WAITS, wait_until
 
     db_url: str = request.getfixturevalue(f"{backend}_url")
     _ensure_clean_schema(db_url)
@@ -293,7 +286,7 @@ def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_du
         b.start()
         with rel.engine.connect() as conn:
             wait_until(
-                lambda: conn.execute(text(_LOCK_WAITS[rel.engine.dialect.name])).scalar_one() >= 1,
+                lambda: conn.execute(text(LOCK_WAITS[rel.engine.dialect.name])).scalar_one() >= 1,
                 what="B waiting on A's row lock",
             )
         release.set()
