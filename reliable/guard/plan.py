@@ -50,6 +50,7 @@ class Item:
     error: BaseException | None = None
     written: bool = False  # the journal row carries the final outcome
     held: bool = False  # the fast path found a live lease of another worker
+    ran: bool = False  # the handler ran in the current work transaction
     worker: str = ""
 
     @property

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reliable import constants as C
@@ -78,6 +78,7 @@ class WorkTransaction:
         self.hooks = tuple(hooks)
         self.metrics = metrics
         self._mariadb = sql.dialect in ("mysql", "mariadb")
+        self._postgres = sql.dialect == "postgresql"
         # Learned: when most recent deliveries had no producer row, insert the inbox row first (one round
         # trip fewer). Not on MariaDB: there INSERT IGNORE share-locks an existing row and the FOR UPDATE that
         # follows could deadlock with a twin delivery.
@@ -102,7 +103,7 @@ class WorkTransaction:
         savepoints = False
         while run:
             for it in run:
-                it.decision, it.claimed, it.verdict, it.log_id = None, False, None, None
+                it.decision, it.claimed, it.verdict, it.log_id, it.ran = None, False, None, None, False
             attempt, committed = run, False
             try:
                 with self.sql.transaction(conn, pipelined_begin=True):  # _open sends BEGIN with its statement
@@ -117,15 +118,33 @@ class WorkTransaction:
             except ConfirmConflict as exc:
                 undo(run, Reason.CONFIRM_CONFLICT, str(exc))
                 return
+            except IntegrityError as exc:
+                if not any(it.ran for it in run):
+                    self._down(run, exc)
+                    return
+                # the handlers' writes broke a constraint checked only now (DEFERRABLE INITIALLY DEFERRED):
+                # a handler failure, not an outage — answered as one it would be redelivered for ever. One
+                # handler (or already one savepoint each) is blamed; a batch runs again with a savepoint
+                # each, on PostgreSQL with every constraint immediate, so the one that breaks it fails alone
+                if len(run) == 1 or savepoints:
+                    for it in run:
+                        if it.ran:  # its PROCESSED was rolled back with everything else
+                            it.decision = None
+                            self._failed(it, exc)
+                    run = [it for it in run if it.error is None]
+                savepoints = True
             except SQLAlchemyError as exc:
-                self.metrics.database_errors.labels(self.group, "work").inc()
-                log.warning("guard work transaction failed (group %s): %r", self.group, exc)
-                undo(run, Reason.DATABASE_UNAVAILABLE, repr(exc)[:300])
+                self._down(run, exc)
                 return
             finally:
                 if not committed:  # rolled back: the settle step journals them again
                     for it in attempt:
                         it.log_id = None
+
+    def _down(self, run: list[Item], exc: SQLAlchemyError) -> None:
+        self.metrics.database_errors.labels(self.group, "work").inc()
+        log.warning("guard work transaction failed (group %s): %r", self.group, exc)
+        undo(run, Reason.DATABASE_UNAVAILABLE, repr(exc)[:300])
 
     def _transaction(self, conn: Connection, run: list[Item], savepoints: bool) -> None:
         now = utcnow()
@@ -136,6 +155,8 @@ class WorkTransaction:
             if exc.connection_invalidated:
                 raise StaleConnection(repr(exc)[:300]) from exc
             raise
+        if savepoints and self._postgres:  # each handler's constraint failure is its own (see run())
+            self.sql.execute(conn, "SET CONSTRAINTS ALL IMMEDIATE")
         for h in self.hooks:
             h.after_journal([it.env for it in run], [it.log_id or 0 for it in run])
         states: dict[str, InboxState] = {}
@@ -245,6 +266,7 @@ class WorkTransaction:
             h.before_handler(it.env)
         session = self._session(conn)
         err: Exception | None = None
+        it.ran = True
         try:
             self.handler(it.env, session)
             session.flush()
@@ -252,6 +274,11 @@ class WorkTransaction:
             err = exc
         finally:
             session.close()
+        if err is None and self._postgres and _aborted(conn):
+            err = RuntimeError(
+                "the handler caught a database error and went on, but PostgreSQL aborted the transaction: "
+                "run a statement that may fail inside session.begin_nested()"
+            )
         if err is None:
             tx = sp if sp is not None else conn.get_transaction()
             if tx is None or not tx.is_active:
@@ -264,14 +291,18 @@ class WorkTransaction:
             return
         if conn.invalidated or (isinstance(err, DBAPIError) and err.connection_invalidated):
             raise LostUnderHandler(repr(err)[:300]) from err
-        it.error = err
-        self.metrics.handler_failures.labels(self.group).inc()
-        log.warning("handler failed message_id=%s group=%s: %r", it.mid, self.group, err, exc_info=err)
+        self._failed(it, err)
         if sp is None:
             raise HandlerFailed
         if sp.is_active:
             sp.rollback()
         # savepoint mode: the others carry on in the same transaction
+
+    def _failed(self, it: Item, err: Exception) -> None:
+        """Count a handler failure; the guard's settle step decides the delivery."""
+        it.error = err
+        self.metrics.handler_failures.labels(self.group).inc()
+        log.warning("handler failed message_id=%s group=%s: %r", it.mid, self.group, err, exc_info=err)
 
     def _session(self, conn: Connection) -> Session:
         """A per-thread ``Session`` re-bound to this delivery's connection (constructing one costs more than
@@ -282,3 +313,12 @@ class WorkTransaction:
             self._local.session = session
         session.bind = conn
         return session
+
+
+def _aborted(conn: Connection) -> bool:
+    """PostgreSQL refuses every statement of a transaction after one failed: a handler that caught a
+    database error and went on has left the guard a transaction it can only roll back. Read from psycopg's
+    view of the session (no round trip); other drivers answer ``False``."""
+    info = getattr(conn.connection.driver_connection, "info", None)
+    status = getattr(info, "transaction_status", None)
+    return getattr(status, "name", "") == "INERROR"
