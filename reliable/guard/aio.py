@@ -52,7 +52,7 @@ from reliable import constants as C
 from reliable.aio_backends import PerLoop
 from reliable.errors import ConfigurationError
 from reliable.guard.core import Guard
-from reliable.guard.decision import Decision, GuardHooks
+from reliable.guard.decision import Decision, GuardHooks, HandlerCancelled
 from reliable.names import check_group
 from reliable.settings import Settings
 from reliable.stores.aio_lease import AsyncRedisLeaseStore, GreenletLeaseStore
@@ -62,11 +62,6 @@ if TYPE_CHECKING:
     from reliable.facade import Reliability
 
 AsyncHandler = Callable[[Envelope, AsyncSession], Awaitable[None]]
-
-
-class HandlerCancelled(Exception):
-    """The handler's task was cancelled mid-handler: a handler failure for the guard, re-raised as
-    ``asyncio.CancelledError`` once the guard has rolled back and released the lease."""
 
 
 @dataclass(frozen=True, slots=True)

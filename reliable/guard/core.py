@@ -65,7 +65,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from reliable import constants as C
 from reliable import outbox
 from reliable.guard import plan
-from reliable.guard.decision import TEXTS, Decision, GuardHooks, Reason, dead_letter_error, failure_reason
+from reliable.guard.decision import (
+    TEXTS,
+    Decision,
+    GuardHooks,
+    HandlerCancelled,
+    Reason,
+    dead_letter_error,
+    failure_reason,
+)
 from reliable.guard.plan import Item
 from reliable.guard.work import Handler, StaleConnection, WorkTransaction
 from reliable.metrics import DecisionObserver, guard_metrics
@@ -243,7 +251,9 @@ class Guard:
                     if attempts is None:  # applied by another worker while this handler ran and failed
                         plan.decide(it, Reason.DUPLICATE_CONFIRMED, TEXTS["confirmed_meanwhile"])
                         continue
-                    last = it.env.last_attempt
+                    # a cancelled handler did not fail: a stop on the broker's last delivery leaves the row
+                    # PENDING (the sweeper re-sends it once stuck), it does not dead-letter a healthy message
+                    last = it.env.last_attempt and not isinstance(it.error, HandlerCancelled)
                     reason = failure_reason(attempts, self.settings.max_attempts, last)
                     broker = ", the broker's last delivery" if last else ""
                     detail = f"attempt {attempts}/{self.settings.max_attempts}{broker}: {it.error!r}"

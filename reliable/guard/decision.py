@@ -72,6 +72,13 @@ TEXTS: dict[str, str] = {
 }
 
 
+class HandlerCancelled(Exception):
+    """The handler's task was cancelled mid-handler (``async def`` handlers): a handler failure for the guard,
+    re-raised as ``asyncio.CancelledError`` once the guard has rolled back and released the lease. It counts
+    against ``max_attempts`` (a handler cancelled by its own timeout every time ends dead-lettered), but it
+    never ends the row at the broker's last delivery: a service stopping then did not see the handler fail."""
+
+
 class Verdict(enum.Enum):
     """What the group's (locked) inbox row says about running the handler."""
 

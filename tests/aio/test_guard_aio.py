@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import insert, text
@@ -66,6 +67,37 @@ def test_a_task_cancelled_mid_handler_rolls_back_and_leaves_the_message_retryabl
     assert asyncio.run(scenario()) is ConsumeResult.SUCCESS
     assert applied(rel) == {"c": 1}
     assert [o for o, _ in journal(rel, "c")] == ["RETRY", "SUCCESS"]
+
+
+def test_a_service_stopping_during_the_brokers_last_delivery_does_not_dead_letter_the_message(
+    rel: Reliability,
+) -> None:
+    """The worker's task is cancelled (``asyncio.run`` ending, a shutdown) while its handler runs the broker's
+    last delivery (a Kafka record on its last retry topic). The handler did not fail: the row stays PENDING
+    for the sweeper to re-send once stuck, instead of DEAD with a person told and every later copy answered
+    ``gave_up`` — the message never applied."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    @idempotent_consumer(rel, group="g")
+    async def handle(e: Envelope, session: AsyncSession) -> None:
+        await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
+        if e.last_attempt:
+            entered.set()
+            await release.wait()  # never set: the service stops here
+
+    async def scenario() -> ConsumeResult:
+        task = asyncio.create_task(handle(replace(env("last"), last_attempt=True)))
+        await asyncio.wait_for(entered.wait(), 20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert inbox(rel, "last") == ("PENDING", 1)
+        result = await handle(env("last"))  # the sweeper's copy, after a restart
+        await rel.aclose()
+        return result
+
+    assert asyncio.run(scenario()) is ConsumeResult.SUCCESS
+    assert applied(rel) == {"last": 1}
 
 
 def test_the_decorator_returns_an_awaitable_guard_for_async_def(rel: Reliability) -> None:
