@@ -8,6 +8,7 @@ message.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -87,6 +88,10 @@ class Settings:
 
     def validate(self) -> None:
         """Reject values that would make the guard unsafe rather than merely slow."""
+        for each in fields(self):
+            value = getattr(self, each.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigurationError(f"setting {each.name} must be a finite number, got {value!r}")
         for name in (
             "lease_ms",
             "done_ttl_s",
@@ -146,8 +151,12 @@ def parse_topic_groups(value: str | Mapping[str, Iterable[str]]) -> dict[str, tu
         for part in filter(None, (p.strip() for p in str(value).split(";"))):
             topic, sep, groups = part.partition("=")
             if not sep:
-                raise ValueError(part)
+                raise ValueError(f"{part!r} has no '='")
             items.append((topic.strip(), [g.strip() for g in groups.split(",") if g.strip()]))
+    topics = [topic for topic, _ in items]
+    repeated = sorted({t for t in topics if topics.count(t) > 1})
+    if repeated:  # the last would win, and losses for the earlier entries' groups go undetected
+        raise ValueError(f"topic {repeated[0]!r} is named twice; list all its groups once")
     return {topic: tuple(groups) for topic, groups in items}
 
 
@@ -157,9 +166,10 @@ def _coerce(name: str, value: Any, type_name: Any) -> Any:
     if name == "topic_groups":
         try:
             return parse_topic_groups(value)
-        except ValueError:
+        except ValueError as exc:
             raise ConfigurationError(
-                f"setting topic_groups: cannot read {value!r}; write 'orders=billing,audit;payments=ledger'"
+                f"setting topic_groups: cannot read {value!r} ({exc}); "
+                "write 'orders=billing,audit;payments=ledger'"
             ) from None
     if t == "bool | None":
         if value is None:

@@ -54,6 +54,16 @@ def test_empty_environment_value_means_unset() -> None:
         ({}, {"RELIABLE_TOPIC_GROUPS": "orders=a,a"}, "topic 'orders' needs distinct groups"),
         ({}, {"RELIABLE_TOPIC_GROUPS": "orders=bad group"}, "consumer group 'bad group'"),
         ({"default_group": "a:b"}, {}, "consumer group 'a:b'"),
+        # the last entry would win: losses for billing and audit would go undetected
+        (
+            {},
+            {"RELIABLE_TOPIC_GROUPS": "orders=billing,audit;orders=search"},
+            "topic 'orders' is named twice",
+        ),
+        # each used to pass and fail later, untyped, inside the producer's transaction or the sweeper
+        ({"first_resend_delay_s": float("inf")}, {}, "first_resend_delay_s must be a finite number"),
+        ({}, {"RELIABLE_STUCK_AFTER_S": "nan"}, "stuck_after_s must be a finite number"),
+        ({"purge_duty_cycle": float("nan")}, {}, "purge_duty_cycle must be a finite number"),
     ],
 )
 def test_bad_values_are_configuration_errors(
