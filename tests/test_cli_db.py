@@ -61,6 +61,8 @@ def test_database_url_from_environment(
         (["db", "upgrade", "--db", "nonsense://x"], 2, "bad database URL"),
         (["db", "upgrade", "9999", "--db", "sqlite://"], 2, "Can't locate revision identified by '9999'"),
         (["db", "downgrade", "nope", "--db", "sqlite://"], 2, "nope"),
+        (["db", "current", "--db", "mysql://root@127.0.0.1/x"], 2, "write mysql+pymysql://"),
+        (["stubs", "list", "--db", "garbage"], 2, "bad database URL"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -105,3 +107,16 @@ def test_installed_entry_point_against_postgres() -> None:
     bad = subprocess.run([RELIABLE, "db", "upgrade"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr == "reliable: error: no database: pass --db URL or set RELIABLE_DB_URL\n"
+
+
+def test_export_of_a_database_without_the_schema_is_one_line_and_leaves_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like every other command: a hint instead of a driver error, and nothing half-written in ``--to``."""
+    pytest.importorskip("pyarrow")
+    db = tmp_path / "empty.db"
+    make_engine(f"sqlite:///{db}").connect().close()  # the file exists, the tables do not
+    got, out, err = run(capsys, "export", "--db", f"sqlite:///{db}", "--to", str(tmp_path / "out"))
+    assert (got, out) == (2, "")
+    assert "has no reliable schema" in err and "reliable db upgrade" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []

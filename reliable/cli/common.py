@@ -9,7 +9,7 @@ from pathlib import Path
 
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from reliable import constants as C
 from reliable import migrate
@@ -34,9 +34,36 @@ def add_db_options(parser: argparse.ArgumentParser, redis: bool = False) -> None
 
 
 def require_db(args: argparse.Namespace) -> str:
+    """The database URL of ``--db`` or the environment, checked (:func:`check_db_url`)."""
     if not args.db:
         raise ConfigurationError(f"no database: pass --db URL or set {C.ENV_DB_URL}")
-    return str(args.db)
+    return check_db_url(str(args.db))
+
+
+#: the drivers this package installs, for a URL that names a backend without one
+_INSTALLED_DRIVER = {
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+    "postgresql": "postgresql+psycopg",
+}
+
+
+def check_db_url(url: str) -> str:
+    """``url`` if SQLAlchemy can read it and its driver is installed; else one line, with a hint."""
+    try:
+        parsed = make_url(url)
+        dialect = parsed.get_dialect()
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise ConfigurationError(f"bad database URL: {exc}") from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        installed = _INSTALLED_DRIVER.get(parsed.get_backend_name())
+        hint = f"write {installed}://… (installed)" if installed else "install it"
+        raise ConfigurationError(
+            f"no driver for {parsed.drivername}:// ({exc.name} is missing): {hint}"
+        ) from None
+    return url
 
 
 class DatabaseNotReadyError(ReliableError):
@@ -71,3 +98,11 @@ def ready_engine(url: str) -> Engine:
         state = "has no reliable schema" if at is None else f"is at schema revision {at}, not {head}"
         raise DatabaseNotReadyError(f"the database {state}: {UPGRADE_HINT}")
     return engine
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 1–65535 (argparse turns the ValueError into a one-line usage error)."""
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError(text)
+    return value

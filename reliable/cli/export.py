@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reliable.cli.common import add_db_options, require_db
-from reliable.facade import make_engine
+from reliable.cli.common import add_db_options, ready_engine, require_db
 
 
 def register(sub: Any) -> None:
@@ -41,7 +40,7 @@ def _export(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"export: {table} {rows:,} rows", file=sys.stderr, flush=True)
 
-    engine = make_engine(require_db(args))
+    engine = ready_engine(require_db(args))  # missing or un-migrated: one line with the hint
     try:
         result = export_tables(
             engine, args.to, with_content=args.with_content, chunk_rows=args.chunk_rows, on_chunk=on_chunk

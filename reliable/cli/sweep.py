@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable import constants as C
-from reliable.cli.common import add_db_options, ready_engine, require_db
+from reliable.cli.common import add_db_options, port, ready_engine, require_db
 from reliable.facade import Reliability
 from reliable.sender import Sender
 from reliable.sweeper import EmailChannel, SmtpConfig, Sweeper, WebhookChannel, metrics
@@ -92,7 +92,7 @@ def register(sub: Any) -> None:
     mail.add_argument("--smtp-to", action="append", default=None, help="recipient (repeatable)")
     p.add_argument("--webhook", metavar="URL", default=env(C.ENV_WEBHOOK_URL), help="POST JSON notices here")
     p.add_argument("--notify-timeout", metavar="DURATION", default="10s")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    p.add_argument("--metrics-port", type=port, help="serve Prometheus /metrics on 127.0.0.1:PORT")
     p.set_defaults(func=_sweep)
 
 

@@ -153,12 +153,16 @@ def export_tables(
         path = directory / f"{name}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
         n = 0
-        with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
-            for batch in _batches(engine, name, schema, chunk_rows):
-                writer.write_batch(batch)
-                n += batch.num_rows
-                if on_chunk is not None:
-                    on_chunk(name, n)
+        try:
+            with pq.ParquetWriter(str(tmp), schema, compression="zstd") as writer:
+                for batch in _batches(engine, name, schema, chunk_rows):
+                    writer.write_batch(batch)
+                    n += batch.num_rows
+                    if on_chunk is not None:
+                        on_chunk(name, n)
+        except BaseException:  # no half-written file left beside the finished ones
+            tmp.unlink(missing_ok=True)
+            raise
         tmp.replace(path)
         counts[name] = n
     return ExportResult(directory, counts)
