@@ -85,6 +85,10 @@ DEFAULT_MAX_UNCONFIRMED_AGE_S: Final = 24 * 3600.0
 #: RocketMQ 4.9's topic/group language (``Validators.PATTERN``): its senders refuse anything else at staging.
 ROCKETMQ_NAME_PATTERN: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 ROCKETMQ_DELAY_LEVELS: Final = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+#: the same, in seconds
+ROCKETMQ_DELAY_LEVELS_S: Final = tuple(
+    int(d[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[d[-1]] for d in ROCKETMQ_DELAY_LEVELS.split()
+)
 DEFAULT_BACKOFF: Final = "fixed:" + ",".join(ROCKETMQ_DELAY_LEVELS.split())
 DEFAULT_NOTIFY_TIMEOUT_S: Final = 10.0
 #: how long letting go of a closed event loop's aiosqlite pool waits for its connections to close

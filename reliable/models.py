@@ -156,6 +156,8 @@ class MessageStub(Base):
     trace_context: Mapped[str | None] = mapped_column(Text)
     #: the broker group of ``queue_id`` (RocketMQ clusters; migration 0006)
     broker_name: Mapped[str] = _broker_name()
+    #: the producer's message properties (JSON text), so resends carry them (migration 0009)
+    properties: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         # the sweeper's settle walk: PENDING rows in resend_at order (open rows only on PostgreSQL)

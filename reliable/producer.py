@@ -50,6 +50,7 @@ from reliable.staged import SendOutcome as SendOutcome  # re-exported, as the re
 from reliable.staged import SendResult as SendResult
 from reliable.staged import StagedMessage as StagedMessage
 from reliable.staged import check_broker_names as check_broker_names
+from reliable.staged import checked_properties, held_back_s, properties_json
 from reliable.staged import validate_message as validate_message
 from reliable.types import StubStatus
 
@@ -125,10 +126,12 @@ class StubProducer:
         body = bytes(body)
         validate_message(message_id, topic, chosen, tags)
         check_broker_names(self.sender, topic, chosen)
+        own = checked_properties(properties)
         now = self.clock()
-        # the grace the after-commit send has before the sweeper may step in (crash after commit)
-        due = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
-        properties, trace_context = otel.stage_context(self.rel, message_id, topic, body, properties)
+        # the grace the after-commit send has before the sweeper may step in (crash after commit), after the
+        # broker's delay of a delayed message: nobody can have received it before then
+        due = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s + held_back_s(own))
+        properties, trace_context = otel.stage_context(self.rel, message_id, topic, body, own)
         digest = outbox.stage(
             session,
             message_id,
@@ -139,6 +142,7 @@ class StubProducer:
             now=now,
             resend_at=due,
             trace_context=trace_context,
+            properties=properties_json(own),
         )
         staged = StagedMessage(message_id, topic, body, chosen, tags, digest, properties)
         if send_on_commit:
@@ -258,7 +262,7 @@ class StubProducer:
                 results.append(SendResult(msg.message_id, SendOutcome.SKIPPED))
                 continue
             results.append(self._send_one(msg, send_counts[msg.message_id]))
-        self._record(results)
+        self._record(results, {m.message_id: held_back_s(m.properties) for m in batch})
         for r in results:
             SENDS.labels(r.outcome.value).inc()
         return results
@@ -270,7 +274,7 @@ class StubProducer:
             return SendResult(msg.message_id, SendOutcome.FAILED, error=attempt.error)
         return SendResult(msg.message_id, SendOutcome.SENT, receipt=attempt.receipt)
 
-    def _record(self, results: Iterable[SendResult]) -> None:
+    def _record(self, results: Iterable[SendResult], held_back: Mapping[str, float]) -> None:
         """Write send results in one transaction (a crash before it only makes the sweeper resend early).
 
         Bookkeeping the sweeper can redo, so it never raises into the caller (whose transaction committed):
@@ -278,13 +282,18 @@ class StubProducer:
         in ``reliable_producer_record_failures{outcome="given_up"}``; the stub then stays due at its staged
         ``resend_at`` and the sweeper sends it again (a duplicate the guard absorbs).
 
-        A landed send is due again after ``first_resend_delay_s``, a failed one at once (see
-        :func:`reliable.outbox.record_sends` for exactly what is written).
+        A landed send is due again after ``first_resend_delay_s`` plus the broker's delay of a delayed
+        message (``held_back``, seconds by id: nobody can have received it before), a failed one at once
+        (see :func:`reliable.outbox.record_sends` for exactly what is written).
         """
         now = self.clock()
-        later = now + dt.timedelta(seconds=self.rel.settings.first_resend_delay_s)
+        first = self.rel.settings.first_resend_delay_s
+
+        def due(r: SendResult) -> dt.datetime:
+            return now + dt.timedelta(seconds=first + held_back.get(r.message_id, 0.0)) if r.receipt else now
+
         attempts = [
-            (outbox.SendAttempt(_topic_send(r.message_id), r.receipt, r.error), later if r.receipt else now)
+            (outbox.SendAttempt(_topic_send(r.message_id), r.receipt, r.error), due(r))
             for r in results
             if r.outcome is not SendOutcome.SKIPPED
         ]

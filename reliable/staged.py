@@ -10,6 +10,7 @@ public API is unchanged).
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -109,3 +110,58 @@ def check_broker_names(sender: object, topic: str, groups: Sequence[str]) -> Non
                 f"{what} {name!r} is not a valid name for {type(sender).__name__} "
                 f"(must match {pattern.pattern})"
             )
+
+
+#: RocketMQ's delay-level property (4.x clients and broker_sim): the broker holds the message back
+DELAY_PROPERTY = "DELAY"
+
+
+def checked_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
+    """The message properties as the stub stores them, or :class:`InvalidMessageError` for what no broker
+    header can carry as text."""
+    if properties is None:
+        return {}
+    if not isinstance(properties, Mapping):
+        raise InvalidMessageError(
+            f"properties must be a mapping of str to str, got {type(properties).__name__}"
+        )
+    for key, value in properties.items():
+        if not isinstance(key, str) or not isinstance(value, str) or not key:
+            raise InvalidMessageError(f"property {key!r}: names and values must be non-empty str / str")
+        fault = text_fault(f"property {key!r}", key + value)
+        if fault is not None:
+            raise InvalidMessageError(fault)
+    return dict(properties)
+
+
+def properties_json(properties: Mapping[str, str]) -> str | None:
+    """What ``message_stub.properties`` stores (``None``: none)."""
+    return json.dumps(dict(properties), sort_keys=True, separators=(",", ":")) if properties else None
+
+
+def held_back_s(properties: Mapping[str, str]) -> float:
+    """How long the broker holds the message before any consumer can see it: the ``DELAY`` level's delay
+    (RocketMQ's default table, as the broker applies it: a level above the last is the last, 0 or less is
+    none). The sweeper must not look for the message before then."""
+    level = properties.get(DELAY_PROPERTY)
+    if level is None:
+        return 0.0
+    try:
+        n = int(level)
+    except ValueError:
+        raise InvalidMessageError(
+            f"property {DELAY_PROPERTY} must be a delay level (an integer), got {level!r}"
+        ) from None
+    levels = C.ROCKETMQ_DELAY_LEVELS_S
+    return 0.0 if n <= 0 else float(levels[min(n, len(levels)) - 1])
+
+
+def stored_properties(text: str | None) -> dict[str, str]:
+    """The properties a stub stored (:func:`properties_json`), for a resend; unreadable text: none."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}

@@ -29,6 +29,7 @@ def stage(
     now: dt.datetime,
     resend_at: dt.datetime,
     trace_context: str | None = None,
+    properties: str | None = None,
 ) -> str:
     """Add the PENDING stub and one PENDING inbox row per group to ``session``; returns the payload hash."""
     if session.get(MessageStub, message_id) is not None:
@@ -47,6 +48,7 @@ def stage(
             created_at=now,
             updated_at=now,
             trace_context=trace_context,
+            properties=properties,
         )
     )
     for group in dict.fromkeys(groups):

@@ -39,6 +39,7 @@ from sqlalchemy import Connection, and_, bindparam, func, update
 from reliable import outbox
 from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender
+from reliable.staged import stored_properties
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.notices import DeadNotice
 from reliable.sweeper.queues import Watermarks
@@ -106,7 +107,11 @@ def send_claimed(
             body=cand.content,
             tags=cand.tags,
             send_count=cand.sends,
-            properties={**carrier_from_json(cand.trace_context), RESEND_PROPERTY: str(cand.sends)},
+            properties={
+                **stored_properties(cand.properties),
+                **carrier_from_json(cand.trace_context),
+                RESEND_PROPERTY: str(cand.sends),
+            },
             target_group=cand.consumer_group,
         )
         sent.append((cand, outbox.attempt_send(sender, message)))

@@ -109,6 +109,8 @@ class Candidate:
     stub_broker_name: str = ""
     #: the message's stored trace context (JSON), put back into the resend's properties (reliable.otel)
     trace_context: str | None = None
+    #: the producer's message properties (JSON text), put back into the resend's
+    properties: str | None = None
     #: the stub columns above are read (with the claim, or by :func:`load_stubs`); ``False`` on a row read
     #: without them, and on a joined row whose stub does not exist
     has_stub: bool = False
@@ -161,7 +163,9 @@ class Candidate:
             (group, message_id, resend_count, queue_id, queue_offset, broker_name, created_at, updated_at,
              last_received_at, last_reconsume_times, last_outcome) = row[:_SELECTED]  # fmt: skip
             (stub_id, topic, tags, content, stub_queue_id, stub_queue_offset, stub_last_sent_at,
-             trace_context, stub_broker_name) = row[_SELECTED:] if joined else _NO_STUB  # fmt: skip
+             trace_context, stub_broker_name, properties) = (
+                row[_SELECTED:] if joined else _NO_STUB
+            )  # fmt: skip
             out.append(
                 cls(
                     consumer_group=group,
@@ -183,6 +187,7 @@ class Candidate:
                     stub_last_sent_at=stub_last_sent_at,
                     stub_broker_name=stub_broker_name or "",
                     trace_context=trace_context,
+                    properties=properties,
                     has_stub=stub_id is not None,
                 )
             )
@@ -299,6 +304,7 @@ _STUB_COLUMNS = (
     stub.c.last_sent_at,
     stub.c.trace_context,
     stub.c.broker_name,
+    stub.c.properties,
 )
 
 
@@ -363,6 +369,7 @@ def load_stubs(conn: Connection, candidates: Sequence[Candidate]) -> list[Candid
                 stub_last_sent_at=r.last_sent_at,
                 stub_broker_name=r.broker_name or "",
                 trace_context=r.trace_context,
+                properties=r.properties,
                 has_stub=True,
             )
         )

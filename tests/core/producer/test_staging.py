@@ -300,7 +300,12 @@ def test_send_result_is_recorded_even_if_the_consumer_confirmed_first(rel: Relia
     topic=st.text(alphabet=st.sampled_from("ab_-%|.Z9 "), min_size=0, max_size=130),
 )
 def test_validation_accepts_exactly_the_documented_language(message_id: str, topic: str) -> None:
-    ok_id = bool(message_id.strip()) and len(message_id) <= 64
+    # any text a column holds as it is: not blank, at most 64 characters, no NUL, no lone surrogate
+    encodable = (
+        "\x00" not in message_id
+        and message_id.encode("utf-8", "surrogatepass").decode("utf-8", "replace") == message_id
+    )
+    ok_id = bool(message_id.strip()) and len(message_id) <= 64 and encodable
     ok_topic = 0 < len(topic) <= 127 and all(c.isascii() and (c.isalnum() or c in "._-%|") for c in topic)
     try:
         validate_message(message_id, topic, ["group"], None)
