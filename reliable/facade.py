@@ -14,11 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reliable import constants as C
 from reliable import pool_liveness, redis_connect
-from reliable.errors import ConfigurationError
+from reliable.errors import ConfigurationError, DuplicateMessageIdError
+from reliable.outbox.staging import staged_elsewhere
 from reliable.redis_connect import RedisClient
 from reliable.settings import Settings
 from reliable.sqlite_engine import configure_sqlite
@@ -79,9 +81,22 @@ class Reliability:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
-        """A SQLAlchemy session that commits on a clean exit and rolls back on an exception."""
-        with self._sessions() as s, s.begin():
-            yield s
+        """A SQLAlchemy session that commits on a clean exit and rolls back on an exception.
+
+        A message staged in it (``StubProducer.stage``) whose id another transaction staged and committed
+        at the same moment fails the commit with :class:`~reliable.errors.DuplicateMessageIdError`, the
+        database's unique-key error as its cause — the same error a later stage of a known id gets."""
+        with self._sessions() as s:
+            try:
+                with s.begin():
+                    yield s
+            except IntegrityError as exc:
+                taken = staged_elsewhere(self.engine, s)
+                if taken:
+                    raise DuplicateMessageIdError(
+                        f"a stub with message id {taken[0]!r} was staged by another transaction meanwhile"
+                    ) from exc
+                raise
 
     def new_session(self) -> Session:
         """A bare session (the caller manages the transaction)."""

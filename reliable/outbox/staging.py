@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 from collections.abc import Sequence
 
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from reliable.errors import DuplicateMessageIdError
@@ -16,6 +17,20 @@ from reliable.types import StubStatus
 def payload_hash(body: bytes) -> str:
     """SHA-256 hex of a body: what the guard compares to refuse a different body under the same id."""
     return hashlib.sha256(body).hexdigest()
+
+
+#: ``session.info`` key: the ids staged in that session
+STAGED_IDS = "reliable.staged_ids"
+
+
+def staged_elsewhere(engine: Engine, session: Session) -> list[str]:
+    """After ``session``'s commit failed on a unique key: the ids it staged that a stub now exists for —
+    staged and committed by another transaction meanwhile (asked on a connection of its own)."""
+    ids = sorted(session.info.get(STAGED_IDS, ()))
+    if not ids:
+        return []
+    with engine.connect() as conn:
+        return list(conn.scalars(select(MessageStub.message_id).where(MessageStub.message_id.in_(ids))))
 
 
 def stage(
@@ -31,9 +46,14 @@ def stage(
     trace_context: str | None = None,
     properties: str | None = None,
 ) -> str:
-    """Add the PENDING stub and one PENDING inbox row per group to ``session``; returns the payload hash."""
+    """Add the PENDING stub and one PENDING inbox row per group to ``session``; returns the payload hash.
+
+    The id goes into ``session.info`` (:data:`STAGED_IDS`) too: if another transaction stages the same id
+    at the same moment, both pass the lookup below and the database's unique key refuses the second commit —
+    :func:`staged_elsewhere` then tells that apart from any other constraint of the caller's."""
     if session.get(MessageStub, message_id) is not None:
         raise DuplicateMessageIdError(f"a stub with message id {message_id!r} already exists")
+    session.info.setdefault(STAGED_IDS, set()).add(message_id)
     digest = payload_hash(body)
     session.add(
         MessageStub(

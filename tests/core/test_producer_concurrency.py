@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, select, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from reliable import Reliability, StubProducer, idempotent_consumer, outbox
+from reliable.errors import DuplicateMessageIdError
 from reliable.facade import make_engine
 from reliable.models import MessageStub, utcnow
 from reliable.producer import SendOutcome
@@ -251,3 +252,29 @@ def test_more_committers_than_pool_slots_all_send(postgres_url: str) -> None:
         assert [send_count(rel, f"pool-{i}") for i in range(4)] == [1, 1, 1, 1]
     finally:
         rel.close()
+
+
+@pytest.mark.parametrize(
+    "backend", ["postgres", "mariadb"]
+)  # SQLite: the first stage's lookup takes the lock
+def test_two_transactions_staging_one_id_at_once_the_second_commit_gets_a_typed_error(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """Both pass the lookup for an existing stub before either commits; the database's unique key refuses
+    the second commit. The caller gets the error a later stage of that id gets (``DuplicateMessageIdError``,
+    the driver's unique-key error as its cause), nothing of its transaction is kept, and the first
+    message goes out once."""
+    url: str = request.getfixturevalue(f"{backend}_url")
+    _ensure_clean_schema(url)
+    with Reliability(url) as rel:
+        sender = RecordingSender()
+        producer = StubProducer(rel, sender, default_group="billing")
+        refused = pytest.raises(DuplicateMessageIdError, match="staged by another transaction")
+        with refused as info, rel.session() as first:
+            producer.stage(first, "order-7", "orders", b"first")
+            with rel.session() as second:  # another request, committing in between
+                producer.stage(second, "order-7", "orders", b"second")
+        assert isinstance(info.value.__cause__, IntegrityError)
+        with rel.session() as s:
+            assert s.scalars(select(MessageStub.content)).all() == [b"second"]
+        assert [m.body for m in sender.sent] == [b"second"]
