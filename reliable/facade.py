@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reliable import constants as C
@@ -186,7 +186,10 @@ def make_engine(db_url: str, **kwargs: Any) -> Engine:
         configure_sqlite(engine, db_url)
         return engine
     ping_idle_s = kwargs.pop("pool_ping_idle_s", C.POOL_PING_IDLE_S)
-    engine = create_engine(db_url, **kwargs)
+    try:
+        engine = create_engine(db_url, **kwargs)
+    except (ArgumentError, NoSuchModuleError) as exc:  # bad input, not a driver fault: typed, one line
+        raise ConfigurationError(f"bad database URL {db_url!r}: {exc}") from None
     if not kwargs.get("pool_pre_ping"):  # the caller may still ask for SQLAlchemy's ping on every checkout
         pool_liveness.install(engine, idle_s=ping_idle_s)
     return engine

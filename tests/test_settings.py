@@ -117,6 +117,9 @@ def test_facade_without_database_url_is_a_configuration_error(monkeypatch: pytes
         Reliability()
     with pytest.raises(ConfigurationError, match="unknown setting"):
         Reliability("sqlite://", leese_ms=5)
+    for url in ("nonsense", "nosuchdb://x/y"):  # SQLAlchemy's ArgumentError / NoSuchModuleError before
+        with pytest.raises(ConfigurationError, match="bad database URL"):
+            Reliability(url)
 
 
 def test_topic_groups_from_the_environment_or_an_argument() -> None:

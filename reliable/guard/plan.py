@@ -93,7 +93,7 @@ def prepare(
             it.env = storable(env)
             it.mid = (it.env.message_id or "")[: C.MESSAGE_ID_MAX]
             decide(it, Reason.BAD_MESSAGE, str(bad), error=bad)
-        elif not mid:
+        elif not mid.strip():  # blank is no id: every blank delivery would be one message's duplicate
             err = MissingMessageIdError(
                 f"delivery topic={env.source_topic} queue={env.queue_id} offset={env.queue_offset} "
                 "has no message id"

@@ -192,12 +192,12 @@ def test_payload_mismatch_dead_letters_with_reason(rel: Reliability, registry: C
 
 def test_missing_message_id_dead_letters_with_reason(rel: Reliability, registry: CollectorRegistry) -> None:
     handle, calls = counting(rel, registry)
-    for missing in (None, ""):
+    for missing in (None, "", "   "):  # blank: every blank delivery would be one message's duplicate
         d = handle.decide(env(missing))
         assert d.result is ConsumeResult.DEAD_LETTER and d.reason is Reason.MISSING_MESSAGE_ID
         assert isinstance(d.error, MissingMessageIdError)
-    rows = log_rows(rel, "")
-    assert len(rows) == 2 and all(r[1] == "DEAD_LETTER" and "missing_message_id" in str(r[2]) for r in rows)
+    rows = log_rows(rel, "") + log_rows(rel, "   ")
+    assert len(rows) == 3 and all(r[1] == "DEAD_LETTER" and "missing_message_id" in str(r[2]) for r in rows)
     assert calls == []
 
 
