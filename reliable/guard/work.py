@@ -19,7 +19,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -79,6 +80,9 @@ class WorkTransaction:
         self.metrics = metrics
         self._mariadb = sql.dialect in ("mysql", "mariadb")
         self._postgres = sql.dialect == "postgresql"
+        if self._mariadb and not event.contains(sql.engine, "handle_error", _note_deadlock):
+            # a dialect-level hook: it runs only when a statement fails, and costs the others nothing
+            event.listen(sql.engine, "handle_error", _note_deadlock)
         # Learned: when most recent deliveries had no producer row, insert the inbox row first (one round
         # trip fewer). Not on MariaDB: there INSERT IGNORE share-locks an existing row and the FOR UPDATE that
         # follows could deadlock with a twin delivery.
@@ -267,6 +271,8 @@ class WorkTransaction:
         session = self._session(conn)
         err: Exception | None = None
         it.ran = True
+        if self._mariadb:
+            conn.info.pop(_DEADLOCK, None)
         try:
             self.handler(it.env, session)
             session.flush()
@@ -278,6 +284,11 @@ class WorkTransaction:
             err = RuntimeError(
                 "the handler caught a database error and went on, but PostgreSQL aborted the transaction: "
                 "run a statement that may fail inside session.begin_nested()"
+            )
+        if err is None and self._mariadb and conn.info.pop(_DEADLOCK, False):
+            err = RuntimeError(
+                "the handler caught a deadlock and went on, but InnoDB rolled back the whole transaction, "
+                "the guard's rows with it: let the error propagate (the message is retried)"
             )
         if err is None:
             tx = sp if sp is not None else conn.get_transaction()
@@ -322,3 +333,19 @@ def _aborted(conn: Connection) -> bool:
     info = getattr(conn.connection.driver_connection, "info", None)
     status = getattr(info, "transaction_status", None)
     return getattr(status, "name", "") == "INERROR"
+
+
+#: InnoDB's deadlock: the victim's whole transaction is rolled back, not only the statement
+_ER_LOCK_DEADLOCK = 1213
+#: ``Connection.info`` key: a deadlock was raised on this connection since the handler started
+_DEADLOCK = "reliable.deadlock"
+
+
+def _note_deadlock(ctx: ExceptionContext) -> None:
+    """Marks a deadlock raised while the handler runs (MariaDB/MySQL). A handler that catches it and retries
+    its statement goes on in a new implicit transaction: without the mark the guard would commit the
+    handler's retried write alone and answer the message processed, its journal row and inbox confirmation
+    rolled back with the old transaction — and the message's next copy would apply it again."""
+    args = getattr(ctx.original_exception, "args", ())
+    if args and args[0] == _ER_LOCK_DEADLOCK and ctx.connection is not None:
+        ctx.connection.info[_DEADLOCK] = True

@@ -15,15 +15,13 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from reliable import ConsumeResult, Envelope, Reason, Reliability, idempotent_consumer
 from reliable.types import StubStatus
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import applied, apply, env, inbox_attempts, inbox_status, make_rel, uid
-
-pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
@@ -50,6 +48,7 @@ def _child(session: Session, message_id: str, parent: str) -> None:
     )
 
 
+@pytest.mark.postgres
 def test_a_deferred_constraint_the_handler_breaks_is_its_failure_and_ends_dead_lettered(
     rel: Reliability,
 ) -> None:
@@ -66,6 +65,7 @@ def test_a_deferred_constraint_the_handler_breaks_is_its_failure_and_ends_dead_l
     assert inbox_status(rel, "g", m) is StubStatus.DEAD
 
 
+@pytest.mark.postgres
 def test_in_a_batch_only_the_handler_that_breaks_a_deferred_constraint_fails(rel: Reliability) -> None:
     bad = uid("bad")
 
@@ -82,6 +82,7 @@ def test_in_a_batch_only_the_handler_that_breaks_a_deferred_constraint_fails(rel
     assert inbox_attempts(rel, "g", bad) == 1
 
 
+@pytest.mark.postgres
 def test_a_handler_that_swallows_a_database_error_fails_with_a_hint(rel: Reliability) -> None:
     with rel.engine.begin() as conn:
         conn.execute(text("INSERT INTO hdb_parent (id) VALUES ('taken')"))
@@ -96,3 +97,79 @@ def test_a_handler_that_swallows_a_database_error_fails_with_a_hint(rel: Reliabi
     d = handle.decide(env(m))
     assert (d.reason, d.result) == (Reason.HANDLER_FAILED, ConsumeResult.RECONSUME_LATER)
     assert "session.begin_nested()" in str(d.error) and inbox_attempts(rel, "g", m) == 1
+
+
+@pytest.mark.mariadb
+def test_a_deadlock_the_handler_catches_on_mariadb_is_its_failure_not_a_lone_commit(
+    mariadb_url: str, key_prefix: str
+) -> None:
+    """InnoDB rolls a deadlock victim's whole transaction back — the guard's journal row and inbox
+    confirmation with it. A handler that catches the deadlock and retries its statement goes on in a new
+    implicit transaction: the guard committed that write alone and answered the message processed, so its
+    next copy applied it again. Now the handler failed: nothing of the delivery is kept, the next copy
+    applies it once."""
+    import threading
+
+    from tests.waiting import LOCK_WAITS, wait_until
+
+    _ensure_clean_schema(mariadb_url)
+    rel = make_rel(mariadb_url, "", key_prefix)
+    try:
+        with rel.engine.begin() as conn:
+            conn.execute(
+                text("CREATE TABLE IF NOT EXISTS hdb_acct (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+            )
+            conn.execute(
+                text("CREATE TABLE IF NOT EXISTS hdb_big (id INT AUTO_INCREMENT PRIMARY KEY, x INT)")
+            )
+            conn.execute(text("DELETE FROM hdb_acct"))
+            conn.execute(text("INSERT INTO hdb_acct VALUES (1, 0), (2, 0)"))
+        other_holds, other_result = threading.Event(), list[str]()
+
+        def other() -> None:  # a bigger transaction (InnoDB picks the smaller as the victim): row 2, then 1
+            with rel.engine.connect() as conn:
+                conn.execute(text("INSERT INTO hdb_big (x) SELECT seq FROM seq_1_to_3000"))
+                conn.execute(text("UPDATE hdb_acct SET v = v + 100 WHERE id = 2"))
+                other_holds.set()
+                conn.execute(text("UPDATE hdb_acct SET v = v + 100 WHERE id = 1"))  # waits for the handler
+                conn.commit()
+                other_result.append("committed")
+
+        def handler(e: Envelope, session: Session) -> None:
+            apply(e, session)
+            session.execute(text("UPDATE hdb_acct SET v = v + 1 WHERE id = 1"))
+            if not worker.is_alive() and not other_result:  # first delivery: make the deadlock
+                worker.start()
+                assert other_holds.wait(30)
+                with rel.engine.connect() as watch:
+                    wait_until(
+                        lambda: (
+                            watch.execute(
+                                text(LOCK_WAITS["mysql"].replace("message_inbox", "hdb_acct"))
+                            ).scalar_one()
+                            >= 1
+                        ),
+                        what="the other transaction waiting",
+                    )
+            for _ in range(3):  # "retry on deadlock", as many helpers do
+                try:
+                    session.execute(text("UPDATE hdb_acct SET v = v + 1 WHERE id = 2"))
+                    break
+                except OperationalError:
+                    continue
+
+        worker = threading.Thread(target=other)
+        handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(handler)
+        m = uid("deadlock")
+        first = handle.decide(env(m))
+        worker.join(30)
+        assert other_result == ["committed"]
+        assert (first.reason, first.result) == (Reason.HANDLER_FAILED, ConsumeResult.RECONSUME_LATER)
+        assert "deadlock" in str(first.error) and applied(rel, m) == 0
+        assert handle.decide(env(m, reconsume_times=1)).reason is Reason.PROCESSED
+        assert applied(rel, m) == 1
+        with rel.engine.connect() as conn:
+            accounts = {int(i): int(v) for i, v in conn.execute(text("SELECT id, v FROM hdb_acct"))}
+        assert accounts == {1: 101, 2: 101}  # the handler's +1 each, once; the other transaction's +100 each
+    finally:
+        rel.close()
