@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from reliable.cli.common import one_line
 from reliable.errors import ReliableError
 
 #: subcommand modules, in --help order; a module that fails to import (optional extra missing) is skipped.
@@ -64,11 +65,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"reliable: error: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
         return 1
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

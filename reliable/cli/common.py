@@ -106,3 +106,9 @@ def port(text: str) -> int:
     if not 0 < value < 65536:
         raise ValueError(text)
     return value
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's text (its type's name when it has none)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

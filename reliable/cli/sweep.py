@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable import constants as C
-from reliable.cli.common import add_db_options, port, ready_engine, require_db
+from reliable.cli.common import add_db_options, one_line, port, ready_engine, require_db
 from reliable.facade import Reliability
 from reliable.sender import Sender
 from reliable.sweeper import EmailChannel, SmtpConfig, Sweeper, WebhookChannel, metrics
@@ -136,6 +136,8 @@ def _smtp(args: argparse.Namespace) -> SmtpConfig | None:
 
 
 def build_sweeper(args: argparse.Namespace, rel: Reliability, sender: Sender) -> Sweeper:
+    if parse_duration(args.notify_timeout) <= 0:  # every notice would time out at once, nobody told
+        raise SweeperConfigError(f"--notify-timeout must be > 0, got {args.notify_timeout!r}")
     channels: list[Channel] = []
     smtp = _smtp(args)
     if smtp is not None:
@@ -149,7 +151,7 @@ def build_sweeper(args: argparse.Namespace, rel: Reliability, sender: Sender) ->
     return Sweeper(
         rel,
         sender,
-        backoff=parse_backoff(args.backoff) if args.backoff else None,
+        backoff=parse_backoff(args.backoff) if args.backoff is not None else None,
         max_unconfirmed_age_s=parse_duration(args.max_unconfirmed_age),
         backlog_cap_s=parse_duration(args.backlog_cap),
         channels=channels,
@@ -172,6 +174,7 @@ def _sweep(args: argparse.Namespace) -> int:
         swlog.setLevel(logging.INFO)  # the one summary line per round is the point of a scheduled sweeper
     ready_engine(db).dispose()
     rel = Reliability(db, redis_url=args.redis or "")
+    _warn_if_redis_unreachable(rel, swlog)
     sender: Sender | None = None
     try:
         sender = load_sender(args.sender, rel)
@@ -188,3 +191,15 @@ def _sweep(args: argparse.Namespace) -> int:
         if callable(close):
             close()
         rel.close()
+
+
+def _warn_if_redis_unreachable(rel: Reliability, log: logging.Logger) -> None:
+    """One warning when the configured Redis does not answer (a wrong URL, port or password looks the same
+    as a Redis that is down): the sweeper still works from the database, but cannot see a worker's live
+    lease, so a stuck row may be re-sent while a worker still has it (a duplicate the guards absorb)."""
+    if rel.redis is None:
+        return
+    try:
+        rel.redis.ping()
+    except Exception as exc:  # any client error: the round goes on without leases, said once here
+        log.warning("Redis does not answer (%s): lease checks are skipped until it does", one_line(exc))

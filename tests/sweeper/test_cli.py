@@ -62,14 +62,32 @@ def test_sweep_once_resends_and_prints_the_summary(
         (["--sender", "tests.sweeper.senders:memory_sender", "--backoff", "linear:1s"], "unknown backoff"),
         (["--sender", "tests.sweeper.senders:memory_sender", "--batch", "0"], "--batch must be > 0"),
         (["--sender", "tests.sweeper.senders:memory_sender", "--webhook", "mailto:x"], "webhook URL"),
+        # each ran a normal round before: no backoff at all, every notice timing out at once
+        (["--sender", "tests.sweeper.senders:memory_sender", "--backoff", ""], "unknown backoff"),
+        (["--sender", "tests.sweeper.senders:memory_sender", "--notify-timeout", "0s"], "--notify-timeout"),
     ],
 )
 def test_bad_input_is_one_line(
-    sqlite_url: str, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+    sqlite_rel: Reliability,
+    sqlite_url: str,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
 ) -> None:
     assert main(["sweep", "--once", "--db", sqlite_url, *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("reliable: error:") and message in err
+
+
+def test_a_redis_that_does_not_answer_is_said_once_and_the_round_still_runs(
+    sqlite_rel: Reliability, sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong port or password looks like a Redis that is down: the sweeper works from the database, but
+    cannot see a worker's lease — an operator is told once, instead of a silent exit 0."""
+    argv = ["sweep", "--once", "--db", sqlite_url, "--sender", "tests.sweeper.senders:memory_sender"]
+    with caplog.at_level("WARNING", logger="reliable.sweeper"):
+        assert main([*argv, "--redis", f"redis://127.0.0.1:{listen_port()}/0"]) == 0
+    assert [r.getMessage() for r in caplog.records if "Redis does not answer" in r.getMessage()] != []
 
 
 def test_bad_cron_and_missing_sender_are_one_line(
