@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from reliable.cli import one_line
+    from reliable.cli.common import one_line
     from reliable.cli.reconcile import add_arguments, run
     from reliable.errors import ReliableError
 
