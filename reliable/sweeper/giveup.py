@@ -35,7 +35,7 @@ from reliable import outbox
 from reliable.models import status_literal
 from reliable.sweeper import metrics
 from reliable.sweeper.claim import lock_mode, locking
-from reliable.sweeper.notices import NEVER_CONSUMED_TAG, DeadNotice, QueueRef, queue_tag
+from reliable.sweeper.notices import NEVER_CONSUMED_TAG, QUEUE_TAGS, DeadNotice, QueueRef, queue_tag
 from reliable.sweeper.notify import log_dead, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
@@ -129,8 +129,12 @@ def tell_unreported(
 ) -> list[DeadNotice]:
     """Tell a person about up to ``limit`` DEAD rows nobody was told about (the guard's, see the module
     docstring); returns their notices. Locks the rows it reads (``SKIP LOCKED`` where the server has it)."""
+    # a give-up's notice; a queue-level alarm kept on the same row (the never-consumed alarm is stored on one
+    # waiting message) is not one: that message can still end DEAD later, and a person must hear of it
     told = exists().where(
-        notif.c.message_id == inbox.c.message_id, notif.c.consumer_group == inbox.c.consumer_group
+        notif.c.message_id == inbox.c.message_id,
+        notif.c.consumer_group == inbox.c.consumer_group,
+        *(~notif.c.reason.startswith(f"{tag} ", autoescape=True) for tag in QUEUE_TAGS),
     )
     stmt = (
         select(
@@ -176,6 +180,8 @@ def tell_unreported(
                 broker_name=pos.broker_name or "",
             )
         )
+    # the alarm rows of those keys would collide with the notices' (one row per message, group, channel)
+    conn.execute(delete(notif).where(_keys_in([(n.message_id, n.consumer_group) for n in notices])))
     _tell(conn, notices, channels, now)
     return notices
 

@@ -39,6 +39,8 @@ class NoticeKind(enum.Enum):
 NEVER_CONSUMED_TAG = "NEVER_CONSUMED"
 STALLED_TAG = "STALLED"
 _TAGS = {NEVER_CONSUMED_TAG: NoticeKind.NEVER_CONSUMED, STALLED_TAG: NoticeKind.STALLED}
+#: the tags of the queue-level notices (a give-up's reason has none)
+QUEUE_TAGS = tuple(_TAGS)
 _TAG_RE = re.compile(
     r"^(NEVER_CONSUMED|STALLED) topic=(\S+)(?: broker=(\S+))? queue=(-?\d+|None)(?: watermark=(-?\d+))?[:\s]"
 )

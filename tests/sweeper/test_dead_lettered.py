@@ -184,3 +184,40 @@ def test_the_sweepers_own_give_up_is_told_once_without_channels(
         clock.advance(3600)
         assert sweeper.run_once().dead_lettered == 0
     assert len(dead_lines(caplog)) == 1
+
+
+class _HoldsEverything(QueueSender):
+    """The broker holds offsets 0..99 of every queue (the loss probe answers)."""
+
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int:
+        return 100
+
+
+def test_a_message_that_carried_the_never_consumed_alarm_is_still_told_when_it_ends_dead(
+    rel: Reliability,
+) -> None:
+    """The never-consumed alarm is kept on one waiting message's notice rows. The operator fixes the
+    subscription, that message arrives and its handler keeps failing: the guard sets the row DEAD. The
+    alarm's rows are not a give-up's notice — a person must still hear that this message is dead."""
+    now = utcnow()
+    hour_ago = now - dt.timedelta(hours=1)
+    for mid, offset in (("m", 5), ("n", 6)):
+        add_stub(
+            rel, mid, queue_offset=offset, created_at=hour_ago, updated_at=hour_ago, last_sent_at=hour_ago
+        )
+    channel, clock = MemoryChannel(), Clock(now)
+    sweeper = Sweeper(rel, _HoldsEverything(), backoff=FixedBackoff((10.0,)), channels=[channel], clock=clock)
+    assert sweeper.run_once().never_consumed == 1  # one alarm per queue, kept on one waiting message
+    [alarm] = channel.notices
+    assert alarm.kind.value == "never_consumed"
+
+    failing = guarded(rel, "billing", {"billing": True})
+    for attempt in (0, 1):
+        failing.decide(env(alarm.message_id, f"body-{alarm.message_id}".encode(), reconsume_times=attempt))
+    assert get_inbox(rel, alarm.message_id).status is StubStatus.DEAD
+    clock.advance(3600)
+    assert sweeper.run_once().dead_lettered == 1
+    dead = [n for n in channel.notices if n.kind.value == "dead"]
+    assert [(n.message_id, n.consumer_group) for n in dead] == [(alarm.message_id, "billing")]
+    clock.advance(3600)
+    assert sweeper.run_once().dead_lettered == 0  # told once
