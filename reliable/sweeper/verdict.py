@@ -25,7 +25,9 @@ queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's m
                     either: alarm (metric + one notice). (A younger copy is ``QUEUED``: the group may
                     be starting up. A targeted copy on ``%RETRY%{group}`` without a watermark, or a
                     copy whose group keeps only an unnamed position on a cluster, is ``QUEUED`` until
-                    ``max_unconfirmed_age``, then ``TOO_OLD``: no position to judge it by.)   → hold
+                    ``max_unconfirmed_age``, then ``TOO_OLD``: no position to judge it by; so is
+                    a targeted copy behind the group's position there, which no stall alarm
+                    watches.)                                                                 → hold
 ``QUEUED``          the broker has it above the group's watermark: it is waiting in the backlog  → hold
 ``BROKER_RETRY``    the newest delivery asked for a retry and the broker's delay for it has not
                     passed: the broker will redeliver; re-sending now would race it            → hold
@@ -120,14 +122,17 @@ def judge(
     if facts.broker_max is not None:
         if facts.broker_max <= offset:
             return Verdict.LOST
+        old = now - sent >= max_unconfirmed_age
         if facts.watermark is not None:
-            return Verdict.QUEUED
+            # behind the group's position: queued — but a targeted copy on %RETRY%{group} is not watched by
+            # the stall alarm (it follows the topic's queues), so a group that stopped would hold it for ever
+            return Verdict.TOO_OLD if cand.targeted and old else Verdict.QUEUED
         if facts.legacy_position or cand.targeted:
             # consumed here, but no position to compare the copy with: the group's only row is unnamed (a
             # client that cannot name the broker group — its losses leave no other trace), or the copy is on
             # %RETRY%{group}, which any clustering consumer reads but a broadcasting one never does. Not an
             # alarm; and not queued for ever either: the age rule decides, as without a probe
-            return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
+            return Verdict.TOO_OLD if old else Verdict.QUEUED
         # no position on the queue at all: an alarm, unless the copy is young (a group starting up)
         return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
     return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED

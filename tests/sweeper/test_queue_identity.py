@@ -312,3 +312,20 @@ def test_a_targeted_copy_on_a_retry_topic_nobody_reads_is_re_sent_once_too_old(
     assert judged(rel, clock, probe, sender) == {"lost": 0, "overtaken": 0, "queued": 1, "too_old": 0}
     clock.advance(3 * 3600)
     assert judged(rel, clock, probe, sender) == {"lost": 0, "overtaken": 0, "queued": 0, "too_old": 1}
+
+
+def test_a_targeted_copy_behind_the_groups_retry_position_is_not_queued_for_ever(
+    rel: Reliability, clock: Clock
+) -> None:
+    """The group has read its retry topic before (position 2), then stopped; the copy waits at offset 4 and
+    the topic is quiet, so no stall alarm (it follows the topic's queues) ever fires. Queued at first, the
+    copy is re-sent again after ``max_unconfirmed_age``, so the budget runs out and a person is told."""
+    add_stub(rel, "behind", queue_id=0, queue_offset=3, broker_name="broker-a", send_count=2)
+    set_inbox(rel, "behind", queue_id=0, queue_offset=4, broker_name="broker-a", updated_at=T0)
+    set_progress(rel, 5, broker_name="broker-a")
+    set_progress(rel, 2, topic="%RETRY%billing", broker_name="broker-a")
+    probe = Broker({("orders", "broker-a", 0): 6, ("%RETRY%billing", "broker-a", 0): 9})
+    sender = RetryTopicSender()
+    assert judged(rel, clock, probe, sender) == {"lost": 0, "overtaken": 0, "queued": 1, "too_old": 0}
+    clock.advance(3 * 3600)
+    assert judged(rel, clock, probe, sender) == {"lost": 0, "overtaken": 0, "queued": 0, "too_old": 1}
