@@ -16,12 +16,14 @@ that locked them, so a crash between the two repeats that one notice. Rows are c
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
 import logging
 import os
 import smtplib
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -148,6 +150,13 @@ class WebhookChannel:
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise SweeperConfigError(f"webhook URL must be http(s)://…, got {url!r}")
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 — raises ValueError for a port that is not a number
+        except ValueError as exc:
+            raise SweeperConfigError(f"webhook URL {url!r}: {exc}") from None
+        if not parts.hostname:
+            raise SweeperConfigError(f"webhook URL {url!r} names no host")
         self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
 
     def deliver(self, notices: Sequence[DeadNotice]) -> None:
@@ -168,14 +177,28 @@ class WebhookChannel:
             headers={"Content-Type": "application/json", **self.headers},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with _NO_REDIRECTS.open(request, timeout=self.timeout_s) as response:
                 status = int(response.status)
         except urllib.error.HTTPError as exc:
             raise NotifyError(f"webhook {self.url}: HTTP {exc.code}") from exc
-        except (OSError, urllib.error.URLError) as exc:
-            raise NotifyError(f"webhook {self.url}: {exc}") from exc
+        except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as exc:
+            # a reply that is not HTTP, a URL the client cannot use: this channel failed, the round goes on
+            raise NotifyError(f"webhook {self.url}: {type(exc).__name__}: {exc}") from exc
         if not 200 <= status < 300:
             raise NotifyError(f"webhook {self.url}: HTTP {status}")
+
+
+class _Refuse3xx(urllib.request.HTTPRedirectHandler):
+    """A redirect is an answer, not a delivery: urllib would follow a 301/302/303 with a GET without the
+    body, and a 200 to that GET looked like the notice was delivered."""
+
+    def redirect_request(
+        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
+    ) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed", headers, fp)
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_Refuse3xx)
 
 
 def by_kind(notices: Sequence[DeadNotice]) -> list[tuple[NoticeKind, list[DeadNotice]]]:

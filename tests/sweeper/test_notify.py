@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from email import message_from_bytes
@@ -18,7 +19,8 @@ from broker_sim.common.net import listen_port
 from reliable import Reliability
 from reliable.models import StubNotification
 from reliable.sweeper import EmailChannel, FixedBackoff, SmtpConfig, Sweeper, WebhookChannel, revive
-from reliable.sweeper.errors import SweeperConfigError
+from reliable.sweeper.errors import NotifyError, SweeperConfigError
+from reliable.sweeper.notices import DeadNotice
 from reliable.sweeper.notify import Channel
 from reliable.types import StubStatus
 from tests.sweeper.helpers import Clock, QueueSender, add_stub, get_stub, set_progress
@@ -238,3 +240,53 @@ def test_smtp_config_from_env_and_validation() -> None:
         SmtpConfig.from_env({**env, "RELIABLE_SMTP_STARTTLS": "1"})
     with pytest.raises(SweeperConfigError):
         WebhookChannel("ftp://x")
+
+
+class _Misbehaving:
+    """A server in a thread that answers every connection with ``reply`` (raw bytes) and counts requests."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.requests: list[bytes] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        self.reply = reply
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.requests.append(conn.recv(65536))
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 302 Found\r\nLocation: /moved\r\nContent-Length: 0\r\n\r\n",  # urllib re-sent it as a GET
+        b"HELLO, this is not HTTP\r\n\r\n",  # BadStatusLine escaped the channel and failed the whole round
+    ],
+    ids=["redirect", "not-http"],
+)
+def test_a_webhook_that_answers_with_a_redirect_or_no_http_has_not_been_told(reply: bytes) -> None:
+    server = _Misbehaving(reply)
+    try:
+        channel = WebhookChannel(server.url, timeout_s=5)
+        notice = DeadNotice("m", "orders", "billing", 3, 0, 7, "DEAD: gone", "2026-11-28T00:00:00")
+        with pytest.raises(NotifyError):
+            channel.deliver([notice])
+        assert len(server.requests) == 1 and server.requests[0].startswith(b"POST /hook")
+    finally:
+        server.close()
+
+
+def test_a_webhook_url_the_client_cannot_use_is_refused_at_start() -> None:
+    with pytest.raises(SweeperConfigError, match="webhook URL"):
+        WebhookChannel("http://hooks.example:abc/x")
