@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from email.message import EmailMessage
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, and_, case, func, or_, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, and_, case, func, or_, select, update
 
 from reliable import constants as C
 from reliable.sweeper.claim import LockMode, lock_mode
@@ -240,51 +240,36 @@ def deliver_owed(
 
 
 def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch: int) -> tuple[int, bool]:
-    """One batch of ``channel``'s owed rows, oldest first: one delivery per kind; returns (rows delivered,
-    whether a delivery failed — the kinds after it wait for the next round)."""
-    group_row = and_(
-        inbox.c.message_id == notif.c.message_id, inbox.c.consumer_group == notif.c.consumer_group
-    )
-    stmt = (
-        select(
-            notif.c.message_id,
-            notif.c.consumer_group,
-            notif.c.reason,
-            notif.c.created_at,
-            notif.c.attempts,
-            stub.c.topic,
-            inbox.c.resend_count,
-            func.coalesce(inbox.c.queue_id, stub.c.queue_id).label("queue_id"),
-            func.coalesce(inbox.c.queue_offset, stub.c.queue_offset).label("queue_offset"),
-            # the newest copy's broker group: a targeted resend's (on the inbox row), else the producer's
-            case((inbox.c.queue_offset.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name).label(
-                "broker_name"
-            ),
-        )
-        # outer joins: a stall's rows are keyed by their queue, not by a message (notices.stall_key)
-        .select_from(
-            notif.outerjoin(stub, stub.c.message_id == notif.c.message_id).outerjoin(inbox, group_row)
-        )
+    """One batch of ``channel``'s owed rows, the least-tried first, then the oldest: one delivery per kind;
+    returns (rows delivered, whether a delivery failed).
+
+    A kind that fails does not hold back the others (a receiver refusing ``never_consumed`` events kept
+    every later DEAD notice from being posted, for ever), and a row that keeps failing sorts behind fresh
+    ones. Only the ``stub_notification`` rows are locked while the channel works: the message's position is
+    read without a lock — MariaDB has no ``FOR UPDATE OF``, and held the message's stub and inbox rows for
+    the length of the HTTP or SMTP call, so its groups' guards waited on them."""
+    owed = (
+        select(notif.c.message_id, notif.c.consumer_group, notif.c.reason, notif.c.created_at)
         .where(notif.c.channel == channel.name, notif.c.notified_at.is_(None))
-        .order_by(notif.c.created_at)
+        .order_by(notif.c.attempts, notif.c.created_at)
         .limit(batch)
     )
     with engine.begin() as conn:
         mode = lock_mode(conn)
         if mode is LockMode.SKIP_LOCKED:
-            stmt = stmt.with_for_update(skip_locked=True, of=notif)
+            owed = owed.with_for_update(skip_locked=True)
         elif mode is LockMode.BLOCKING:
-            stmt = stmt.with_for_update(of=notif)
-        rows = conn.execute(stmt).all()
+            owed = owed.with_for_update()
+        rows = conn.execute(owed).all()
         if not rows:
             return 0, False
-        delivered = 0
-        for kind, notices in by_kind([_notice(r) for r in rows]):
+        where_are = _positions(conn, channel.name, [(r.message_id, r.consumer_group) for r in rows])
+        delivered, failed = 0, False
+        for kind, notices in by_kind(
+            [_notice(r, where_are.get((r.message_id, r.consumer_group))) for r in rows]
+        ):
             keys = [(n.message_id, n.consumer_group) for n in notices]
-            where = and_(
-                notif.c.channel == channel.name,
-                or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys]),
-            )
+            where = and_(notif.c.channel == channel.name, _keys_match(keys))
             try:
                 channel.deliver(notices)
             except NotifyError as exc:
@@ -300,30 +285,65 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
                     .where(where)
                     .values(attempts=notif.c.attempts + 1, last_error=str(exc)[:2000])
                 )
-                return delivered, True
+                failed = True
+                continue
             conn.execute(
                 update(notif)
                 .where(where)
                 .values(attempts=notif.c.attempts + 1, notified_at=now, last_error=None)
             )
             delivered += len(keys)
-        return delivered, False
+        return delivered, failed
 
 
-def _notice(r: Any) -> DeadNotice:
-    """A notice from an owed row: its kind from the reason's tag, a queue-level row's topic and queue too."""
+def _keys_match(keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
+    return or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys])
+
+
+def _positions(conn: Connection, channel: str, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Any]:
+    """Where each owed notice's message is (its topic, the group's newest copy), read without a lock."""
+    group_row = and_(
+        inbox.c.message_id == notif.c.message_id, inbox.c.consumer_group == notif.c.consumer_group
+    )
+    stmt = (
+        select(
+            notif.c.message_id,
+            notif.c.consumer_group,
+            stub.c.topic,
+            inbox.c.resend_count,
+            func.coalesce(inbox.c.queue_id, stub.c.queue_id).label("queue_id"),
+            func.coalesce(inbox.c.queue_offset, stub.c.queue_offset).label("queue_offset"),
+            # the newest copy's broker group: a targeted resend's (on the inbox row), else the producer's
+            case((inbox.c.queue_offset.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name).label(
+                "broker_name"
+            ),
+        )
+        # outer joins: a stall's rows are keyed by their queue, not by a message (notices.stall_key)
+        .select_from(
+            notif.outerjoin(stub, stub.c.message_id == notif.c.message_id).outerjoin(inbox, group_row)
+        )
+        .where(notif.c.channel == channel, _keys_match(keys))
+    )
+    return {(r.message_id, r.consumer_group): r for r in conn.execute(stmt)}
+
+
+def _notice(r: Any, at: Any) -> DeadNotice:
+    """A notice from an owed row (``at``: its message's position, :func:`_positions`): its kind from the
+    reason's tag, a queue-level row's topic and queue too."""
     tag = parse_tag(r.reason)
     return DeadNotice(
         message_id=r.message_id,
-        topic=tag.queue.topic if tag is not None else (r.topic or ""),
+        topic=tag.queue.topic if tag is not None else ((at.topic if at is not None else None) or ""),
         consumer_group=r.consumer_group,
-        send_count=0 if tag is not None else 1 + int(r.resend_count or 0),
-        queue_id=tag.queue.queue_id if tag is not None else r.queue_id,
-        queue_offset=tag.watermark if tag is not None else r.queue_offset,
+        send_count=0 if tag is not None else 1 + int((at.resend_count if at is not None else 0) or 0),
+        queue_id=tag.queue.queue_id if tag is not None else (at.queue_id if at is not None else None),
+        queue_offset=tag.watermark if tag is not None else (at.queue_offset if at is not None else None),
         reason=r.reason,
         dead_at=r.created_at.isoformat(),
         kind=NoticeKind.DEAD if tag is None else tag.kind,
-        broker_name=tag.queue.broker_name if tag is not None else r.broker_name or "",
+        broker_name=tag.queue.broker_name
+        if tag is not None
+        else ((at.broker_name if at is not None else "") or ""),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import http.server
 import json
 import logging
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiosmtpd.controller import Controller
-from sqlalchemy import select
+from sqlalchemy import insert, select, text
 
 from broker_sim.common.net import listen_port
 from reliable import Reliability
@@ -21,9 +22,9 @@ from reliable.models import StubNotification
 from reliable.sweeper import EmailChannel, FixedBackoff, SmtpConfig, Sweeper, WebhookChannel, revive
 from reliable.sweeper.errors import NotifyError, SweeperConfigError
 from reliable.sweeper.notices import DeadNotice
-from reliable.sweeper.notify import Channel
+from reliable.sweeper.notify import Channel, deliver_owed
 from reliable.types import StubStatus
-from tests.sweeper.helpers import Clock, QueueSender, add_stub, get_stub, set_progress
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, get_stub, set_progress
 
 
 class Inbox:
@@ -290,3 +291,108 @@ def test_a_webhook_that_answers_with_a_redirect_or_no_http_has_not_been_told(rep
 def test_a_webhook_url_the_client_cannot_use_is_refused_at_start() -> None:
     with pytest.raises(SweeperConfigError, match="webhook URL"):
         WebhookChannel("http://hooks.example:abc/x")
+
+
+class _Receiver:
+    """A webhook receiver in a thread: refuses the events in ``refuse`` with 422, accepts the rest; with
+    ``hold``, each request waits for ``release`` (a slow receiver) after setting ``arrived``."""
+
+    def __init__(self, refuse: tuple[str, ...] = (), hold: bool = False) -> None:
+        self.events: list[str] = []
+        self.arrived, self.release = threading.Event(), threading.Event()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                event = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["event"]
+                receiver.events.append(event)
+                if hold:
+                    receiver.arrived.set()
+                    receiver.release.wait(30)
+                self.send_response(422 if event in refuse else 204)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _owe(rel: Reliability, message_id: str, group: str, reason: str, created_at: dt.datetime) -> None:
+    with rel.engine.begin() as conn:
+        conn.execute(
+            insert(StubNotification).values(
+                message_id=message_id, consumer_group=group, channel="webhook", reason=reason,
+                created_at=created_at, attempts=0,
+            )
+        )  # fmt: skip
+
+
+def test_a_kind_of_notice_the_receiver_refuses_does_not_hold_back_the_others(rel: Reliability) -> None:
+    """The receiver answers 422 to never-consumed alarms. The older alarm row used to end the channel's
+    round before the DEAD notice behind it, every round, for ever: that give-up was never posted."""
+    receiver = _Receiver(refuse=("reliable.queue.never_consumed",))
+    try:
+        add_stub(rel, "dead-1")
+        _owe(rel, "waiting-1", "billing", "NEVER_CONSUMED topic=orders queue=3: subscribe it", T0)
+        _owe(rel, "dead-1", "billing", "DEAD: never received after 3 send(s)", T0 + dt.timedelta(seconds=1))
+        for minutes in range(3):
+            deliver_owed(
+                rel.engine, [WebhookChannel(receiver.url)], now=T0 + dt.timedelta(minutes=minutes), batch=10
+            )
+        assert receiver.events.count("reliable.stub.dead") == 1
+        with rel.engine.connect() as conn:
+            owed = (
+                conn.execute(
+                    select(StubNotification.message_id).where(StubNotification.notified_at.is_(None))
+                )
+                .scalars()
+                .all()
+            )
+        assert owed == ["waiting-1"]  # still owed, tried again each round
+    finally:
+        receiver.close()
+
+
+@pytest.mark.mariadb
+def test_a_slow_receiver_does_not_hold_the_messages_rows_on_mariadb(mariadb_url: str) -> None:
+    """MariaDB has no FOR UPDATE OF: the owed rows' join locked the message's stub and inbox rows for as long
+    as the HTTP call took, so another group's guard confirming that message waited on the receiver."""
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(mariadb_url)
+    receiver = _Receiver(hold=True)
+    with Reliability(mariadb_url, redis_url="") as rel:
+        try:
+            add_stub(rel, "m-slow", groups=["billing", "audit"])
+            _owe(rel, "m-slow", "audit", "DEAD: never received after 3 send(s)", T0)
+            notifying = threading.Thread(
+                target=deliver_owed, args=(rel.engine, [WebhookChannel(receiver.url, timeout_s=30)]),
+                kwargs={"now": T0, "batch": 10},
+            )  # fmt: skip
+            notifying.start()
+            assert receiver.arrived.wait(30)
+            with rel.engine.connect() as conn:  # billing's guard confirming the message meanwhile
+                conn.execute(text("SET SESSION innodb_lock_wait_timeout = 1"))
+                conn.execute(
+                    text(
+                        "UPDATE message_inbox SET status = 'CONFIRMED' "
+                        "WHERE message_id = 'm-slow' AND consumer_group = 'billing'"
+                    )
+                )
+                conn.execute(
+                    text("UPDATE message_stub SET updated_at = updated_at WHERE message_id = 'm-slow'")
+                )
+                conn.commit()
+            receiver.release.set()
+            notifying.join(30)
+            assert receiver.events == ["reliable.stub.dead"]
+        finally:
+            receiver.close()
