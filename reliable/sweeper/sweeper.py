@@ -266,12 +266,16 @@ class Sweeper:
                     send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
                     result = self._send(send, lambda: contextlib.nullcontext(conn), marks)
             else:  # lease claim: short claim transaction, sends outside any transaction, then record
+                until = self.clock() + self.claim_ttl
                 with self.engine.begin() as conn:
-                    claimed = claim(conn, stmt, until=self.clock() + self.claim_ttl)
+                    claimed = claim(conn, stmt, until=until)
                     if not claimed:
                         return
                     send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
-                result = self._send(send, self.engine.begin, marks)
+                # no send starts in the claim's last fifth: past its end another sweeper may take the rows and
+                # send them too (both recorded: the budget spent twice as fast); the rest wait for the TTL
+                last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING
+                result = self._send(send, self.engine.begin, marks, last_start)
             summary.selected += len(claimed)
             summary.add(triaged)
             summary.add(result)
@@ -283,7 +287,11 @@ class Sweeper:
         candidates: Sequence[Candidate],
         recorder: Callable[[], AbstractContextManager[Connection]],
         marks: Watermarks,
+        last_start: dt.datetime | None = None,
     ) -> BatchResult:
+        def should_stop() -> bool:
+            return self._stop.is_set() or (last_start is not None and self.clock() >= last_start)
+
         return send_claimed(
             recorder,
             self.sender,
@@ -292,7 +300,7 @@ class Sweeper:
             estimator=self.estimator,
             clock=self.clock,
             marks=marks,
-            should_stop=self._stop.is_set,
+            should_stop=should_stop,
         )
 
     def _tell_dead_lettered(self, summary: RoundSummary) -> None:

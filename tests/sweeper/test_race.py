@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import Connection, text
 
 from reliable import Reliability
+from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.claim import LockMode, claim, lock_mode
 from reliable.sweeper.selection import due_statement
@@ -122,3 +123,38 @@ def test_claim_does_not_block_consumer_journal_writes(rels: tuple[Reliability, R
             second.execute(text("UPDATE message_log SET reconsume_times = 1 WHERE message_id = 'm0'"))
             second.execute(text("UPDATE message_stub SET tags = 'x' WHERE message_id = 'm0'"))
         tx.rollback()
+
+
+class _SlowSender(QueueSender):
+    """Each send takes ``seconds`` of the sweepers' (shared, manual) clock."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        self.clock.advance(self.seconds)
+        return super().send(message)
+
+
+def test_a_lease_claimed_batch_starts_no_send_its_claim_will_not_cover(
+    rels: tuple[Reliability, Reliability],
+) -> None:
+    """Claims last 10 s and each send takes 3 s: the fourth send would start after the claim's last fifth,
+    when a second sweeper may take the same rows — both sent them and both were recorded, spending the
+    budget twice as fast. Now the first sweeper leaves the rest claimed; once the claim ends, the second
+    takes them. Every row is sent exactly once."""
+    rel, other = rels
+    for i in range(10):
+        add_stub(rel, f"slow-{i}", resend_at=T0 - dt.timedelta(seconds=1))
+    clock = Clock(T0)
+    sender = _SlowSender(clock, 3.0)
+    first, second = (
+        Sweeper(r, sender, backoff=FixedBackoff((3600.0,)), clock=clock, claim_ttl_s=10, batch=10)
+        for r in (rel, other)
+    )
+    assert first.run_once().resent == 3  # sends at 0, 3 and 6 s; the claim's last fifth starts at 8 s
+    clock.advance(1.5)  # the claim has ended
+    while second.run_once().resent:
+        clock.advance(10.5)
+    assert sorted(Counter(m.message_id for m in sender.sent).values()) == [1] * 10
