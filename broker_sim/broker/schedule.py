@@ -41,7 +41,17 @@ class ScheduleMessageService:
         self.delivered = 0
 
     def load(self) -> None:
-        self.offsets = load_delay_offsets(self.broker.store.config_dir)
+        """The saved offsets, each clamped into its level's queue as recovered (``correctDelayOffset``):
+        after a power cut the schedule queue can come back shorter than the saved offset, and the offsets
+        it lost are reused by new delayed messages and retries — left above the queue's end, they would
+        be skipped for ever."""
+        store = self.broker.store
+        saved = load_delay_offsets(store.config_dir)
+        self.offsets = {
+            level: min(max(offset, store.get_min_offset_in_queue(SCHEDULE_TOPIC, level - 1)),
+                       store.get_max_offset_in_queue(SCHEDULE_TOPIC, level - 1))
+            for level, offset in saved.items()
+        }  # fmt: skip
 
     def persist(self) -> None:
         with self._lock:
@@ -88,6 +98,18 @@ class ScheduleMessageService:
                 with self._lock:
                     self.offsets[level] = result.next_begin_offset
                 continue
+            if result.status in (
+                GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+            ):
+                end = b.store.get_max_offset_in_queue(SCHEDULE_TOPIC, qid)
+                with self._lock:  # past the queue's end (it lost messages): go on from its end
+                    moved = self.offsets.get(level, 0) > end
+                    if moved:
+                        self.offsets[level] = end
+                if moved:
+                    continue
+                return
             if result.status is not GetMessageStatus.FOUND:
                 return
             now = b.clock.now_ms()

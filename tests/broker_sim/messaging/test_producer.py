@@ -165,3 +165,39 @@ def test_delayed_message_is_invisible_until_due(manual_broker: Broker, clock: Ma
 
     progress = json.loads((manual_broker.store.config_dir / "delayOffset.json").read_text())
     assert progress["offsetTable"]["3"] == 1
+
+
+def test_delayed_messages_after_a_power_cut_are_delivered_though_the_schedule_queue_came_back_shorter(
+    store_dir: Path, clock: ManualClock
+) -> None:
+    """ASYNC_FLUSH, nothing flushed: after the power cut the schedule queue is back at offset 0 while the
+    saved delay progress says 3. New delayed messages (and retries, which go the same way) reuse offsets
+    0 and 1: RocketMQ clamps the saved progress into the recovered queue (``correctDelayOffset``) and
+    delivers them. Kept at 3, they were skipped for ever."""
+    from tests.waiting import wait_until
+
+    config = {"topics": {"T": 1}, "flush_interval_commit_log_ms": 3_600_000, **SMALL_STORE}
+    first = Broker(store_dir, clock=clock, **config).start()
+    producer = Producer(first, "P")
+    for i in range(3):
+        producer.send(Message("T", b"old-%d" % i, delay_time_level=1))
+    first.store.wait_dispatched()
+    clock.advance(2)
+    wait_until(lambda: first.get_max_offset("T", 0) == 3, what="the delayed messages delivered")
+    assert first.schedule_service is not None
+    first.schedule_service.persist()  # as the periodic flush of delayOffset.json does
+    first.faults.crash_broker(first)  # power cut: the commit log was never flushed
+
+    later = ManualClock(clock.now_ms() + 1000)
+    second = Broker(store_dir, clock=later, **config).start()
+    try:
+        assert second.store.get_max_offset_in_queue("SCHEDULE_TOPIC_XXXX", 0) == 0
+        producer = Producer(second, "P")
+        for i in range(2):
+            producer.send(Message("T", b"new-%d" % i, delay_time_level=1))
+        second.store.wait_dispatched()
+        later.advance(2)
+        wait_until(lambda: second.get_max_offset("T", 0) == 2, what="the new delayed messages delivered")
+        assert [m.body for m in second.messages("T", 0)] == [b"new-0", b"new-1"]
+    finally:
+        second.shutdown()
