@@ -177,13 +177,18 @@ def test_delayed_messages_after_a_power_cut_are_delivered_though_the_schedule_qu
     from tests.waiting import wait_until
 
     config = {"topics": {"T": 1}, "flush_interval_commit_log_ms": 3_600_000, **SMALL_STORE}
+
+    def delayed(broker: Broker, broker_clock: ManualClock, bodies: list[bytes], then: int) -> None:
+        """Send ``bodies`` 1 s delayed, let the delay pass, wait for ``then`` messages on the topic."""
+        producer = Producer(broker, "P")
+        for body in bodies:
+            producer.send(Message("T", body, delay_time_level=1))
+        broker.store.wait_dispatched()
+        broker_clock.advance(2)
+        wait_until(lambda: broker.get_max_offset("T", 0) == then, what="the delayed messages delivered")
+
     first = Broker(store_dir, clock=clock, **config).start()
-    producer = Producer(first, "P")
-    for i in range(3):
-        producer.send(Message("T", b"old-%d" % i, delay_time_level=1))
-    first.store.wait_dispatched()
-    clock.advance(2)
-    wait_until(lambda: first.get_max_offset("T", 0) == 3, what="the delayed messages delivered")
+    delayed(first, clock, [b"old-0", b"old-1", b"old-2"], 3)
     assert first.schedule_service is not None
     first.schedule_service.persist()  # as the periodic flush of delayOffset.json does
     first.faults.crash_broker(first)  # power cut: the commit log was never flushed
@@ -192,12 +197,7 @@ def test_delayed_messages_after_a_power_cut_are_delivered_though_the_schedule_qu
     second = Broker(store_dir, clock=later, **config).start()
     try:
         assert second.store.get_max_offset_in_queue("SCHEDULE_TOPIC_XXXX", 0) == 0
-        producer = Producer(second, "P")
-        for i in range(2):
-            producer.send(Message("T", b"new-%d" % i, delay_time_level=1))
-        second.store.wait_dispatched()
-        later.advance(2)
-        wait_until(lambda: second.get_max_offset("T", 0) == 2, what="the new delayed messages delivered")
+        delayed(second, later, [b"new-0", b"new-1"], 2)
         assert [m.body for m in second.messages("T", 0)] == [b"new-0", b"new-1"]
     finally:
         second.shutdown()
