@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from reliable import constants as C
 from reliable.errors import InvalidMessageError
 from reliable.names import NAME_CHARS, NAME_RE, text_fault
 from reliable.sender import OutgoingMessage, SendReceipt
+
+log = logging.getLogger("reliable.producer")
 
 #: The broker-neutral name language: RocketMQ's topic/group set (``Validators.PATTERN``) plus Kafka's '.'.
 #: A sender whose broker accepts less says so with a ``name_pattern`` attribute (RocketMQ, broker_sim: no
@@ -157,11 +160,16 @@ def held_back_s(properties: Mapping[str, str]) -> float:
 
 
 def stored_properties(text: str | None) -> dict[str, str]:
-    """The properties a stub stored (:func:`properties_json`), for a resend; unreadable text: none."""
+    """The properties a stub stored (:func:`properties_json`), for a resend; text that is not a JSON object
+    (written by hand?) is logged and the resend goes without them — the message still goes out."""
     if not text:
         return {}
     try:
         value = json.loads(text)
-    except ValueError:
+    except ValueError as exc:
+        log.warning("message_stub.properties is not JSON (%r); the resend carries none", exc)
         return {}
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+    if not isinstance(value, dict):
+        log.warning("message_stub.properties is not a JSON object (%.80r); the resend carries none", text)
+        return {}
+    return {str(k): str(v) for k, v in value.items()}

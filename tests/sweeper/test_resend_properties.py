@@ -17,6 +17,7 @@ from reliable import Reliability
 from reliable.errors import InvalidMessageError
 from reliable.models import MessageStub
 from reliable.producer import StubProducer
+from reliable.staged import stored_properties
 from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.resend import RESEND_PROPERTY
 from tests.sweeper.helpers import Clock, QueueSender, set_progress
@@ -86,3 +87,15 @@ def test_properties_no_broker_can_carry_are_refused_before_anything_is_written(
 def _utc(value: dt.datetime | None) -> dt.datetime:
     assert value is not None
     return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def test_stored_properties_that_are_not_a_json_object_are_said_and_the_resend_still_goes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="reliable.producer"):
+        assert stored_properties('["edited", "by hand"]') == {} and stored_properties("{oops") == {}
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "message_stub.properties is not a JSON object",
+        "message_stub.properties is not JSON",
+    ]
+    assert stored_properties('{"biz": "refund"}') == {"biz": "refund"}
