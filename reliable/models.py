@@ -14,6 +14,9 @@ zone on the way out and refuses naive datetimes on the way in (a naive value is 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -309,3 +312,25 @@ class KafkaOffset(Base):
     partition: Mapped[int] = mapped_column(Integer, primary_key=True)
     next_offset: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+# --- a stub's str → str mapping columns (trace_context, properties): compact JSON text ---------------------
+def mapping_json(mapping: Mapping[str, str]) -> str | None:
+    """What a mapping column stores: compact JSON with sorted keys (``None`` for an empty mapping)."""
+    return json.dumps(dict(mapping), sort_keys=True, separators=(",", ":")) if mapping else None
+
+
+def mapping_from_json(text: str | None, column: str, log: logging.Logger, without: str) -> dict[str, str]:
+    """A mapping column read back for a resend. Text that is not a JSON object (written by hand?) is logged
+    on ``log`` with what the resend does ``without`` it, and read as empty: the message still goes out."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        log.warning("message_stub.%s is not JSON (%r); %s", column, exc, without)
+        return {}
+    if not isinstance(value, dict):
+        log.warning("message_stub.%s is not a JSON object (%.80r); %s", column, text, without)
+        return {}
+    return {str(k): str(v) for k, v in value.items()}

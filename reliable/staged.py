@@ -10,7 +10,6 @@ public API is unchanged).
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 
 from reliable import constants as C
 from reliable.errors import InvalidMessageError
+from reliable.models import mapping_from_json, mapping_json
 from reliable.names import NAME_CHARS, NAME_RE, text_fault
 from reliable.sender import OutgoingMessage, SendReceipt
 
@@ -139,7 +139,7 @@ def checked_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
 
 def properties_json(properties: Mapping[str, str]) -> str | None:
     """What ``message_stub.properties`` stores (``None``: none)."""
-    return json.dumps(dict(properties), sort_keys=True, separators=(",", ":")) if properties else None
+    return mapping_json(properties)
 
 
 def held_back_s(properties: Mapping[str, str]) -> float:
@@ -160,16 +160,5 @@ def held_back_s(properties: Mapping[str, str]) -> float:
 
 
 def stored_properties(text: str | None) -> dict[str, str]:
-    """The properties a stub stored (:func:`properties_json`), for a resend; text that is not a JSON object
-    (written by hand?) is logged and the resend goes without them — the message still goes out."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        log.warning("message_stub.properties is not JSON (%r); the resend carries none", exc)
-        return {}
-    if not isinstance(value, dict):
-        log.warning("message_stub.properties is not a JSON object (%.80r); the resend carries none", text)
-        return {}
-    return {str(k): str(v) for k, v in value.items()}
+    """The properties a stub stored (:func:`properties_json`), for a resend."""
+    return mapping_from_json(text, "properties", log, "the resend carries none")

@@ -9,11 +9,11 @@ consumer's own trace stays short. Carriers are whatever the globally configured 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
+from reliable.models import mapping_from_json, mapping_json
 from reliable.otel import api
 
 log = logging.getLogger("reliable.otel")
@@ -21,19 +21,12 @@ log = logging.getLogger("reliable.otel")
 
 def carrier_json(carrier: Mapping[str, str]) -> str | None:
     """What ``message_stub.trace_context`` stores: the propagation carrier as compact JSON (None if empty)."""
-    return json.dumps(dict(carrier), separators=(",", ":"), sort_keys=True) if carrier else None
+    return mapping_json(carrier)
 
 
 def carrier_from_json(text: str | None) -> dict[str, str]:
     """The carrier stored on a stub; an unreadable value is treated as none (tracing never fails a send)."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        log.warning("message_stub.trace_context is not JSON (%r); the resend starts a new trace", exc)
-        return {}
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+    return mapping_from_json(text, "trace_context", log, "the resend starts a new trace")
 
 
 def producer_link(properties: Mapping[str, str]) -> list[Any]:
