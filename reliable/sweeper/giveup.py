@@ -28,7 +28,7 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
-from sqlalchemy import ColumnElement, Connection, and_, delete, exists, insert, or_, select
+from sqlalchemy import Connection, delete, exists, insert, select
 
 from reliable import constants as C
 from reliable import outbox
@@ -36,7 +36,7 @@ from reliable.models import status_literal
 from reliable.sweeper import metrics
 from reliable.sweeper.claim import lock_mode, locking
 from reliable.sweeper.notices import NEVER_CONSUMED_TAG, QUEUE_TAGS, DeadNotice, QueueRef, queue_tag
-from reliable.sweeper.notify import log_dead, told_rows
+from reliable.sweeper.notify import keys_in, log_dead, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
 from reliable.types import StubStatus
@@ -105,7 +105,7 @@ def mark_dead(
         outbox.mark_dead(conn, cand.message_id, cand.consumer_group, now, "DEAD: " + reason)
     keys = [(c.message_id, c.consumer_group) for c, _ in dead]
     # rows of an earlier death of the same (message, group) (revived since) would collide
-    conn.execute(delete(notif).where(_keys_in(keys)))
+    conn.execute(delete(notif).where(keys_in(keys)))
     notices = [
         DeadNotice(
             message_id=cand.message_id,
@@ -181,7 +181,7 @@ def tell_unreported(
             )
         )
     # the alarm rows of those keys would collide with the notices' (one row per message, group, channel)
-    conn.execute(delete(notif).where(_keys_in([(n.message_id, n.consumer_group) for n in notices])))
+    conn.execute(delete(notif).where(keys_in([(n.message_id, n.consumer_group) for n in notices])))
     _tell(conn, notices, channels, now)
     return notices
 
@@ -238,11 +238,7 @@ def raise_never_consumed(
         )
         log.error("never-consumed alarm: %s", reason)
         key = [(first.message_id, group)]
-        conn.execute(delete(notif).where(_keys_in(key)))
+        conn.execute(delete(notif).where(keys_in(key)))
         conn.execute(insert(notif), told_rows(key, [reason], channels, now))
         raised += 1
     return raised
-
-
-def _keys_in(keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
-    return or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys])

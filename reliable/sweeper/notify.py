@@ -269,7 +269,7 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
             [_notice(r, where_are.get((r.message_id, r.consumer_group))) for r in rows]
         ):
             keys = [(n.message_id, n.consumer_group) for n in notices]
-            where = and_(notif.c.channel == channel.name, _keys_match(keys))
+            where = and_(notif.c.channel == channel.name, keys_in(keys))
             try:
                 channel.deliver(notices)
             except NotifyError as exc:
@@ -296,7 +296,8 @@ def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch:
         return delivered, failed
 
 
-def _keys_match(keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
+def keys_in(keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
+    """The ``stub_notification`` rows of these ``(message_id, consumer_group)`` keys."""
     return or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys])
 
 
@@ -322,7 +323,7 @@ def _positions(conn: Connection, channel: str, keys: Sequence[tuple[str, str]]) 
         .select_from(
             notif.outerjoin(stub, stub.c.message_id == notif.c.message_id).outerjoin(inbox, group_row)
         )
-        .where(notif.c.channel == channel, _keys_match(keys))
+        .where(notif.c.channel == channel, keys_in(keys))
     )
     return {(r.message_id, r.consumer_group): r for r in conn.execute(stmt)}
 
