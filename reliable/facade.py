@@ -182,14 +182,11 @@ def make_engine(db_url: str, **kwargs: Any) -> Engine:
     """
     if db_url.startswith("sqlite"):
         kwargs.setdefault("connect_args", {"check_same_thread": False, "timeout": 30})
-        engine = create_engine(db_url, **kwargs)
+        engine = _create(db_url, kwargs)
         configure_sqlite(engine, db_url)
         return engine
     ping_idle_s = kwargs.pop("pool_ping_idle_s", C.POOL_PING_IDLE_S)
-    try:
-        engine = create_engine(db_url, **kwargs)
-    except (ArgumentError, NoSuchModuleError) as exc:  # bad input, not a driver fault: typed, one line
-        raise ConfigurationError(f"bad database URL {db_url!r}: {exc}") from None
+    engine = _create(db_url, kwargs)
     if not kwargs.get("pool_pre_ping"):  # the caller may still ask for SQLAlchemy's ping on every checkout
         pool_liveness.install(engine, idle_s=ping_idle_s)
     return engine
@@ -198,3 +195,10 @@ def make_engine(db_url: str, **kwargs: Any) -> Engine:
 def make_redis(url: str, socket_timeout_s: float) -> RedisClient:
     """A Redis client for any URL :mod:`reliable.redis_connect` knows (standalone, Sentinel, Cluster)."""
     return redis_connect.connect(url, socket_timeout_s)
+
+
+def _create(db_url: str, kwargs: dict[str, Any]) -> Engine:
+    try:
+        return create_engine(db_url, **kwargs)
+    except (ArgumentError, NoSuchModuleError) as exc:  # bad input, not a driver fault: typed, one line
+        raise ConfigurationError(f"bad database URL {db_url!r}: {exc}") from None
