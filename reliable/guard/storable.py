@@ -27,6 +27,14 @@ def _clamp(value: int, bounds: tuple[int, int]) -> int:
     return min(max(value, bounds[0]), bounds[1])
 
 
+def _position_fault(env: Envelope) -> str | None:
+    if _clamp(env.queue_id, INT32) != env.queue_id:
+        return f"queue id {env.queue_id} does not fit a 32-bit column"
+    if _clamp(env.queue_offset, INT64) != env.queue_offset:
+        return f"queue offset {env.queue_offset} does not fit a 64-bit column"
+    return None
+
+
 def unfit(env: Envelope) -> str | None:
     """Why a column cannot hold this delivery (``None``: every value fits)."""
     for name, value in (
@@ -38,11 +46,7 @@ def unfit(env: Envelope) -> str | None:
         fault = text_fault(name, value)
         if fault is not None:
             return fault
-    if _clamp(env.queue_id, INT32) != env.queue_id:
-        return f"queue id {env.queue_id} does not fit a 32-bit column"
-    if _clamp(env.queue_offset, INT64) != env.queue_offset:
-        return f"queue offset {env.queue_offset} does not fit a 64-bit column"
-    return None
+    return _position_fault(env)
 
 
 def printable(value: str) -> str:
@@ -53,7 +57,7 @@ def printable(value: str) -> str:
 def storable(env: Envelope) -> Envelope:
     """The delivery as its journal row can hold it: texts escaped, an impossible position journaled at
     offset ``-1`` (it cannot raise a watermark), the attempt count clamped."""
-    fits = _clamp(env.queue_id, INT32) == env.queue_id and _clamp(env.queue_offset, INT64) == env.queue_offset
+    fits = _position_fault(env) is None
     return replace(
         env,
         message_id=None if env.message_id is None else printable(env.message_id),

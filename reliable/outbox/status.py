@@ -108,8 +108,12 @@ def mark_dead(
     ``spent`` (the guard's): the row's ``attempts`` becomes at least that budget, so the guard answers any
     later copy ``gave_up`` also when the broker's retries ran out before the budget did — ``attempts`` is
     what tells the guard's give-up from the sweeper's (a late copy of a message that never arrived runs)."""
-    values: dict[str, object] = {"status": StubStatus.DEAD.value, "resend_at": None, "updated_at": now}
-    values["last_error"] = error
+    values: dict[str, object] = {
+        "status": StubStatus.DEAD.value,
+        "resend_at": None,
+        "updated_at": now,
+        "last_error": error,
+    }
     if spent is not None:
         values["attempts"] = case((inbox.c.attempts < spent, spent), else_=inbox.c.attempts)
     result = conn.execute(
