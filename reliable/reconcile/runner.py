@@ -26,6 +26,7 @@ from reliable.reconcile import io, rollup
 from reliable.reconcile import transforms as T
 from reliable.reconcile.config import ORPHAN_BROADCAST_ROWS, ReconcileConfig, Thresholds
 from reliable.reconcile.gaps import offset_gaps
+from reliable.reconcile.orphans import orphan_candidates, orphan_logs
 from reliable.reconcile.report_html import render_html
 from reliable.reconcile.summary import ATTENTION_KINDS, Collected, build_summary, headline
 from reliable.reconcile.timeline import timeline_frame
@@ -193,9 +194,9 @@ def reconcile(
         io.write_detail(duplicates, out_dir, "duplicates")
 
         p.step("orphan logs")
-        candidates = T.orphan_candidates(enriched)
+        candidates = orphan_candidates(enriched)
         few = candidates.count() <= ORPHAN_BROADCAST_ROWS
-        orphans = T.orphan_logs(inputs.logs, candidates, inputs.all_stub_ids, cfg, few_candidates=few)
+        orphans = orphan_logs(inputs.logs, candidates, inputs.all_stub_ids, cfg, few_candidates=few)
         io.write_detail(orphans, out_dir, "orphans")
 
         p.step("offset gaps")

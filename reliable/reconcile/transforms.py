@@ -1,11 +1,11 @@
 """The reconciliation as pure DataFrame → DataFrame functions (no I/O, no actions), per consumer group.
 
 Every anomaly the report names is defined here, once, as a column expression (offset gaps in :mod:`.gaps`,
-whose sort-free computation needs more room); ``docs/reconcile.md`` repeats
-the definitions in prose, and ``bench/reconcile_duckdb.py`` writes them again, independently, in SQL (the
-benchmark's cross-check). Functions take and return Spark DataFrames and never collect, so the caller
-decides what is cached, written or brought to the driver. The aggregations over these rows are in
-:mod:`.aggregates`. Only built-in Spark SQL expressions: no Python UDF runs on an executor.
+whose sort-free computation needs more room; orphan logs in :mod:`.orphans`, which choose their own join);
+``docs/reconcile.md`` repeats the definitions in prose, and ``bench/reconcile_duckdb.py`` writes them again,
+independently, in SQL (the benchmark's cross-check). Functions take and return Spark DataFrames and never
+collect, so the caller decides what is cached, written or brought to the driver. The aggregations over these
+rows are in :mod:`.aggregates`. Only built-in Spark SQL expressions: no Python UDF runs on an executor.
 
 Shapes (column names are the contract tables' names, DESIGN.md §1):
 
@@ -34,7 +34,7 @@ from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from reliable.reconcile.config import RETRY_TOPIC_PREFIX, DuplicateCause, ReconcileConfig
-from reliable.reconcile.inputs import LOG_COLUMNS, in_log_window, ts
+from reliable.reconcile.inputs import LOG_COLUMNS, ts
 
 QUEUE_KEY = ["consumer_group", "topic", "broker_name", "queue_id"]
 MESSAGE_KEY = ["message_id", "consumer_group"]
@@ -167,7 +167,7 @@ def delivery_stats(classified: DataFrame) -> DataFrame:
     keeping every classified delivery around for them.
     """
     whole = _by_pair().rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    detail: list[Column | str] = [*_DELIVERY_DETAIL, F.col("id").alias("log_id"), "delivery_no", "deliveries"]
+    detail: list[Column | str] = [*DELIVERY_DETAIL, F.col("id").alias("log_id"), "delivery_no", "deliveries"]
     detail.append("cause")
     extra = F.when(F.col("delivery_no") > 1, F.struct(*detail))
     return (
@@ -184,7 +184,7 @@ def delivery_stats(classified: DataFrame) -> DataFrame:
 
 
 #: a delivery as the detail tables show it: the journal's columns but its id (shown as ``log_id``)
-_DELIVERY_DETAIL = tuple(c for c in LOG_COLUMNS if c != "id")
+DELIVERY_DETAIL = tuple(c for c in LOG_COLUMNS if c != "id")
 
 
 def duplicate_deliveries(enriched: DataFrame) -> DataFrame:
@@ -340,42 +340,6 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
         F.when(any_flag | ~pair, F.col("message_id")).alias("message_id"),
         F.when(any_flag, F.struct(*_DETAIL)).alias("detail"),
         "extras",
-    )
-
-
-def orphan_candidates(enriched: DataFrame) -> DataFrame:
-    """(message_id, consumer_group) delivered but without a pair *in the window*."""
-    return enriched.where(~F.col("has_pair")).select(*MESSAGE_KEY)
-
-
-def orphan_logs(
-    classified: DataFrame,
-    candidates: DataFrame,
-    all_stub_ids: DataFrame,
-    cfg: ReconcileConfig,
-    *,
-    few_candidates: bool = False,
-) -> DataFrame:
-    """Deliveries in the window whose message id has no stub at all (any time).
-
-    ``all_stub_ids`` is the unwindowed ``message_id`` column: a delivery of a message created before the
-    window is not an orphan, and neither is a delivery to a group the producer did not list (the guard gave
-    that group its own inbox row; the id is known).
-
-    ``few_candidates`` (the caller counted them): the candidate ids are broadcast, so the stub ids are only
-    scanned and probed, never shuffled; otherwise (a window whose later deliveries have no pair in it) the
-    anti-join shuffles both sides.
-    """
-    ids = candidates.select("message_id").distinct()
-    if few_candidates:
-        known = all_stub_ids.join(F.broadcast(ids), "message_id", "left_semi")
-        orphan_ids = ids.join(F.broadcast(known), "message_id", "left_anti")
-    else:
-        orphan_ids = ids.join(all_stub_ids, "message_id", "left_anti")
-    return (
-        classified.where(in_log_window(cfg))
-        .join(F.broadcast(orphan_ids) if few_candidates else orphan_ids, "message_id", "left_semi")
-        .select(*_DELIVERY_DETAIL, F.col("id").alias("log_id"))
     )
 
 
