@@ -66,6 +66,8 @@ DEFAULT_SETTLE_BATCH: Final = 1000
 DEFAULT_STALL_AFTER_S: Final = 30 * 60
 #: ``stub_notification.message_id`` of a stall's notice rows: this prefix + a digest of the queue
 STALL_KEY_PREFIX: Final = "~stall:"
+#: the ``message_id`` of a never-consumed alarm's marker row: this prefix + the same digest of the queue
+NEVER_CONSUMED_KEY_PREFIX: Final = "~never:"
 
 # --- column sizes (contract with the migrations) --------------------------------------------------------
 MESSAGE_ID_MAX: Final = 64

@@ -29,13 +29,21 @@ import logging
 from collections.abc import Sequence
 
 from sqlalchemy import Connection, delete, exists, insert, select
+from sqlalchemy.exc import IntegrityError
 
 from reliable import constants as C
 from reliable import outbox
 from reliable.models import status_literal
 from reliable.sweeper import metrics
 from reliable.sweeper.claim import lock_mode, locking
-from reliable.sweeper.notices import NEVER_CONSUMED_TAG, QUEUE_TAGS, DeadNotice, QueueRef, queue_tag
+from reliable.sweeper.notices import (
+    NEVER_CONSUMED_TAG,
+    QUEUE_TAGS,
+    DeadNotice,
+    QueueRef,
+    never_consumed_marker,
+    queue_tag,
+)
 from reliable.sweeper.notify import keys_in, log_dead, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
@@ -218,16 +226,7 @@ def raise_never_consumed(
     raised = 0
     for (group, topic, broker_name, queue_id), rows in queues.items():
         prefix = never_consumed_key(topic, queue_id, broker_name)
-        already = conn.execute(
-            select(notif.c.message_id)
-            .where(
-                notif.c.consumer_group == group,
-                notif.c.channel == C.NOTIFY_CHANNEL_LOG,
-                notif.c.reason.like(prefix.replace("%", r"\%").replace("_", r"\_") + "%", escape="\\"),
-            )
-            .limit(1)
-        ).first()
-        if already is not None:
+        if _raised_before(conn, group, prefix):
             continue
         first, facts = rows[0]
         reason = (
@@ -236,9 +235,41 @@ def raise_never_consumed(
             f"{first.message_id}. Subscribe the group to {topic} (or fix its subscription); no resend is "
             "made meanwhile."
         )
+        if not _claim_alarm(conn, QueueRef(topic, queue_id, broker_name), group, reason, now):
+            continue
         log.error("never-consumed alarm: %s", reason)
         key = [(first.message_id, group)]
         conn.execute(delete(notif).where(keys_in(key)))
         conn.execute(insert(notif), told_rows(key, [reason], channels, now))
         raised += 1
     return raised
+
+
+def _raised_before(conn: Connection, group: str, prefix: str) -> bool:
+    """Whether a log row of this alarm exists (its marker, or — raised before the marker — a message's)."""
+    pattern = prefix.replace("%", r"\%").replace("_", r"\_") + "%"
+    row = conn.execute(
+        select(notif.c.message_id)
+        .where(
+            notif.c.consumer_group == group,
+            notif.c.channel == C.NOTIFY_CHANNEL_LOG,
+            notif.c.reason.like(pattern, escape="\\"),
+        )
+        .limit(1)
+    ).first()
+    return row is not None
+
+
+def _claim_alarm(conn: Connection, queue: QueueRef, group: str, reason: str, now: dt.datetime) -> bool:
+    """Write the alarm's marker row (delivered, on the log channel: nothing is sent for it); ``False`` when
+    another sweeper's claim, running at the same time, wrote it first. Its primary key is the arbiter: the
+    second insert waits for the first transaction and then meets its row (a savepoint keeps this
+    transaction usable)."""
+    marker = [(never_consumed_marker(queue), group)]
+    try:
+        with conn.begin_nested():
+            conn.execute(insert(notif), told_rows(marker, [reason], [], now))
+    except IntegrityError:
+        log.info("never-consumed alarm of %s on %s already raised by another sweeper", group, queue)
+        return False
+    return True

@@ -88,9 +88,19 @@ def stall_key(queue: QueueRef) -> str:
     """The ``message_id`` of a stall's notice rows: ``~stall:`` + a SHA-256 digest of the queue (cut to the
     column), so no real message id meets it short of being chosen to, whatever the topic's length. Without a
     broker group the digest is the one of before the broker group joined the queue's identity."""
+    return (C.STALL_KEY_PREFIX + _digest(queue))[: C.MESSAGE_ID_MAX]
+
+
+def never_consumed_marker(queue: QueueRef) -> str:
+    """The ``message_id`` of a never-consumed alarm's marker row (``~never:`` + the queue's digest): its
+    primary key is what lets only one of two sweepers raise the alarm (the notice itself is kept on a waiting
+    message's rows, see :mod:`.giveup`)."""
+    return (C.NEVER_CONSUMED_KEY_PREFIX + _digest(queue))[: C.MESSAGE_ID_MAX]
+
+
+def _digest(queue: QueueRef) -> str:
     broker = f"\n{queue.broker_name}" if queue.broker_name else ""
-    digest = hashlib.sha256(f"{queue.topic}\n{queue.queue_id}{broker}".encode()).hexdigest()
-    return (C.STALL_KEY_PREFIX + digest)[: C.MESSAGE_ID_MAX]
+    return hashlib.sha256(f"{queue.topic}\n{queue.queue_id}{broker}".encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

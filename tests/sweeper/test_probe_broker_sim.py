@@ -23,6 +23,7 @@ from reliable.adapters.broker_sim import BrokerSimSender, to_message
 from reliable.models import StubNotification
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import FixedBackoff, Sweeper, metrics
+from reliable.sweeper.notices import QueueRef, never_consumed_marker
 from reliable.types import StubStatus
 from tests.sweeper.helpers import (
     T0,
@@ -172,8 +173,14 @@ def test_a_group_that_never_consumed_the_queue_raises_one_alarm_not_a_resend_sto
             f"NEVER_CONSUMED topic={TOPIC} queue=1",
         ]
         with rel.engine.connect() as conn:
-            rows = conn.execute(select(StubNotification.channel, StubNotification.consumer_group)).all()
-        assert sorted(rows) == [("log", "audit"), ("log", "audit"), ("memory", "audit"), ("memory", "audit")]
+            rows = conn.execute(
+                select(StubNotification.channel, StubNotification.consumer_group, StubNotification.message_id)
+            ).all()
+        # per queue: the alarm on one waiting message (log and memory) and its marker (log; nothing is sent)
+        markers = sorted(never_consumed_marker(QueueRef(TOPIC, q)) for q in (0, 1))
+        assert sorted(m for c, g, m in rows if m.startswith("~")) == markers
+        told = sorted((c, g) for c, g, m in rows if not m.startswith("~"))
+        assert told == [("log", "audit"), ("log", "audit"), ("memory", "audit"), ("memory", "audit")]
         assert all(get_inbox(rel, m, "audit").status is StubStatus.PENDING for m in receipts)
         assert broker.get_max_offset("%RETRY%audit", 0) in (0, None)
     finally:

@@ -6,6 +6,7 @@ import datetime as dt
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import Connection, text
@@ -14,9 +15,12 @@ from reliable import Reliability
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.claim import LockMode, claim, lock_mode
-from reliable.sweeper.selection import due_statement
+from reliable.sweeper.giveup import raise_never_consumed
+from reliable.sweeper.selection import Candidate, due_statement
+from reliable.sweeper.verdict import Facts
 from tests.conftest import _ensure_clean_schema
 from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, set_progress
+from tests.waiting import LOCK_WAITS, wait_until
 
 N = 300
 
@@ -158,3 +162,65 @@ def test_a_lease_claimed_batch_starts_no_send_its_claim_will_not_cover(
     while second.run_once().resent:
         clock.advance(10.5)
     assert sorted(Counter(m.message_id for m in sender.sent).values()) == [1] * 10
+
+
+def test_two_sweepers_raising_one_never_consumed_alarm_at_once_raise_it_once(
+    rels: tuple[Reliability, Reliability],
+) -> None:
+    """Two sweepers' claims hold different waiting rows of one never-consumed queue in transactions open at
+    the same time: the second waits for the first's alarm and then stands down (it raised a second one)."""
+    a, b = rels
+    for mid in ("w0", "w1"):
+        add_stub(a, mid, queue_offset=int(mid[1]))
+    facts = Facts(watermark=None, broker_max=10)
+
+    def waiting(mid: str) -> tuple[Candidate, str, Facts]:
+        return replace(_WAITING, message_id=mid), "orders", facts
+
+    raised: list[int] = []
+    with a.engine.connect() as first:
+        tx = first.begin()
+        assert raise_never_consumed(first, [waiting("w0")], channels=["memory"], now=T0) == 1
+
+        def second_sweeper() -> None:
+            with b.engine.begin() as second:
+                raised.append(raise_never_consumed(second, [waiting("w1")], channels=["memory"], now=T0))
+
+        other = threading.Thread(target=second_sweeper)
+        other.start()
+        # it waits for the first transaction's marker row (without the marker it went on and raised its own)
+        wait_until(lambda: not other.is_alive() or _insert_waits(a), what="the second sweeper to wait or end")
+        tx.commit()
+    other.join(30)
+    assert not other.is_alive()
+    assert raised == [0]
+    with a.engine.connect() as conn:
+        owed = conn.execute(text("SELECT message_id FROM stub_notification WHERE channel = 'memory'")).all()
+    assert [r[0] for r in owed] == ["w0"]
+
+
+def _insert_waits(rel: Reliability) -> bool:
+    query = {
+        "postgresql": LOCK_WAITS["postgresql"],
+        "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'INSERT INTO stub_no%'",
+    }[rel.engine.dialect.name]
+    with rel.engine.connect() as conn:
+        return bool(conn.execute(text(query)).scalar())
+
+
+_WAITING = Candidate(
+    consumer_group="billing",
+    message_id="w",
+    resend_count=0,
+    inbox_queue_id=None,
+    inbox_queue_offset=None,
+    created_at=T0 - dt.timedelta(hours=1),
+    inbox_updated_at=T0 - dt.timedelta(hours=1),
+    last_received_at=None,
+    last_reconsume_times=None,
+    last_outcome=None,
+    topic="orders",
+    stub_queue_id=0,
+    stub_queue_offset=0,
+    stub_last_sent_at=T0 - dt.timedelta(hours=1),
+)
