@@ -64,6 +64,9 @@ DEFAULT_SETTLE_BATCH: Final = 1000
 #: a group whose watermark on a queue has not moved this long while the broker holds messages beyond it
 #: (and the group has PENDING rows there) has stopped consuming: the stalled-group alarm.
 DEFAULT_STALL_AFTER_S: Final = 30 * 60
+#: RabbitMQ: an ``x-reliable-seq`` (the sender's clock, µs) further ahead of the consumer's clock than this is
+#: not taken as the delivery's position (one far-future number raised the group's watermark for good)
+AMQP_SEQ_MAX_AHEAD_S: Final = 300
 #: ``stub_notification.message_id`` of a stall's notice rows: this prefix + a digest of the queue
 STALL_KEY_PREFIX: Final = "~stall:"
 #: the ``message_id`` of a never-consumed alarm's marker row: this prefix + the same digest of the queue

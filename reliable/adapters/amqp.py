@@ -10,14 +10,18 @@ is their own. The mapping rules are documented on :mod:`reliable.adapters.rabbit
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from reliable import constants as C
 from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope
+
+log = logging.getLogger("reliable.adapters.rabbitmq")
 
 HEADER_TOPIC = "x-reliable-topic"
 HEADER_GROUP = "x-reliable-group"
@@ -150,7 +154,7 @@ def ident(value: Any) -> str:
 
 def envelope_from(
     *,
-    message_id: str | None,
+    message_id: str | bytes | None,
     headers: Mapping[str, Any] | None,
     exchange: str | None,
     routing_key: str | None,
@@ -162,11 +166,11 @@ def envelope_from(
 ) -> Envelope:
     """The broker-neutral view of one delivery, from the AMQP fields every client exposes."""
     hdrs: dict[str, Any] = dict(headers or {})
-    mid = message_id or next((ident(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
+    # pika hands an AMQP short string that is not UTF-8 over as bytes
+    mid = ident(message_id) if message_id else next((ident(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
     topic = ident(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
     reconsume = delivery_count(hdrs.get(DELIVERY_COUNT), redelivered)
-    seq = hdrs.get(HEADER_SEQ)
-    offset = int(seq) if isinstance(seq, int) and not isinstance(seq, bool) else int(delivery_tag)
+    offset = position(hdrs.get(HEADER_SEQ), delivery_tag, message_id=mid)
     properties = {k: text(v) for k, v in hdrs.items() if isinstance(v, str | bytes | int | float)}
     properties |= {
         "amqp.exchange": exchange or "",
@@ -184,6 +188,25 @@ def envelope_from(
         reconsume_times=reconsume,
         properties=properties,
     )
+
+
+def position(seq: Any, delivery_tag: int, *, message_id: str | None = None) -> int:
+    """The delivery's ``queue_offset``: the sender's ``x-reliable-seq``, else the delivery tag. A number
+    further ahead of this process's clock than ``AMQP_SEQ_MAX_AHEAD_S`` is not a sender's clock (a foreign
+    publisher's nanoseconds, a producer host whose clock runs ahead): taken as the position it raised the
+    group's watermark above every real send for good, and the sweeper then judged messages queued behind a
+    paused group as passed — re-sent, then DEAD, a person told of messages that were never missing."""
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        return int(delivery_tag)
+    if seq > time.time_ns() // 1000 + C.AMQP_SEQ_MAX_AHEAD_S * 1_000_000:
+        log.warning(
+            "message %s: x-reliable-seq %d is more than %d s ahead of this clock; not taken as its position",
+            message_id,
+            seq,
+            C.AMQP_SEQ_MAX_AHEAD_S,
+        )
+        return int(delivery_tag)
+    return int(seq)
 
 
 def delivery_count(value: Any, redelivered: bool) -> int:

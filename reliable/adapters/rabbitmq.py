@@ -172,6 +172,8 @@ class RabbitMQConsumer:
         self.handler = handler
         self.topic = topic
         self.retry_delay_s = retry_delay_s
+        # a queue this consumer did not declare may have no dead-letter exchange: rejecting would drop
+        self._reject_fallback = declare
         # ``@idempotent_consumer`` handlers also offer ``decide(env)``: the same call, plus the reason the
         # dead-letter header should carry
         decide = getattr(handler, "decide", None)
@@ -266,8 +268,14 @@ class RabbitMQConsumer:
                 log.warning("dead-letter publish failed (%r); declaring the dead-letter path again", exc)
                 self._publish_dead_letter(body, copy, declare=True)
         except (pika.exceptions.AMQPError, OSError) as exc:
-            # the broker's own dead-lettering still keeps the message (without our reason): never a drop
             self.counts["dead_letter_fallback"] += 1
+            if not self._reject_fallback:
+                # declare=False: the queue is someone else's, and may have no dead-letter exchange (then a
+                # reject drops the message): it stays in the queue, and this error repeats until it is fixed
+                log.error("dead-letter publish failed (%r); queue %s: requeued", exc, self.topology.queue)
+                self._requeue(ch, method.delivery_tag, "dead-letter path unusable")
+                return
+            # the broker's own dead-lettering (this consumer declared it) keeps it, without our reason
             log.error(
                 "dead-letter publish failed (%r); rejecting to queue %s's own dead-letter exchange",
                 exc,

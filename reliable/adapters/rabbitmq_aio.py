@@ -271,7 +271,17 @@ class AioRabbitMQConsumer:
             log.exception("handler raised for message %s; requeued (%s)", env.message_id, type(exc).__name__)
             await requeue(message, self.counts, self.retry_delay_s)
             return
-        await settle(message, message, env, answer, self._dead, self.counts, self.retry_delay_s)
+        # a queue this consumer did not declare may have no dead-letter exchange: rejecting would drop
+        await settle(
+            message,
+            message,
+            env,
+            answer,
+            self._dead,
+            self.counts,
+            self.retry_delay_s,
+            reject_fallback=self.declare,
+        )
 
 
 class AioRabbitMQSender:

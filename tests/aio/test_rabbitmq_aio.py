@@ -189,3 +189,32 @@ def test_an_unroutable_send_is_not_accepted(rabbitmq_url: str) -> None:
                 await sender.send(out("lost"))
 
     asyncio.run(scenario())
+
+
+def test_declare_false_on_a_queue_without_a_dead_letter_exchange_keeps_what_it_cannot_dead_letter(
+    rabbitmq_url: str,
+) -> None:
+    """As the blocking adapter: the operators' queue has no dead-letter exchange and the reasoned copy cannot
+    be published; rejecting dropped the message, requeueing keeps it."""
+    topo = Topology(queue=f"ra-{uuid.uuid4().hex[:12]}")
+
+    async def decide(env: Envelope) -> ConsumeResult:
+        return ConsumeResult.DEAD_LETTER
+
+    async def scenario() -> int:
+        conn = await aio_pika.connect(rabbitmq_url)
+        async with conn:
+            ch = await conn.channel()
+            await ch.declare_queue(topo.queue, durable=True)  # no x-dead-letter-exchange
+            await ch.declare_exchange(topo.dead_letter_exchange, aio_pika.ExchangeType.FANOUT)
+            try:
+                consumer = AioRabbitMQConsumer(rabbitmq_url, topo, decide, retry_delay_s=0, declare=False)
+                async with consumer:
+                    message = aio_pika.Message(b"keep me", message_id="k-1")
+                    await ch.default_exchange.publish(message, routing_key=topo.queue)
+                    await until(lambda: consumer.counts["dead_letter_fallback"] >= 2)
+                return len(await drain(rabbitmq_url, topo.queue))
+            finally:
+                await delete(await conn.channel(), topo)
+
+    assert asyncio.run(scenario()) == 1

@@ -337,6 +337,52 @@ def test_ids_that_differ_only_in_bytes_that_are_not_utf8_are_dead_lettered_not_m
     assert effect_counts(rel) == {}
 
 
+def test_an_id_property_that_is_not_utf8_is_dead_lettered_not_requeued_for_ever(
+    rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
+) -> None:
+    """pika hands a ``message_id`` property that is not UTF-8 over as bytes; the guard raised on it, and the
+    delivery was requeued as a handler error, round after round, never journaled nor dead-lettered."""
+    handle = make_handler(rel)
+    with RabbitMQConsumer(rabbitmq_url, topology, handle, retry_delay_s=0) as consumer:
+        props = BasicProperties(message_id=b"id\xff\xfe", delivery_mode=2)  # type: ignore[arg-type]
+        admin.basic_publish(topology.exchange, TOPIC, b"odd id", props)
+        admin.basic_publish(topology.exchange, TOPIC, b"good", BasicProperties(message_id="g-1"))
+        assert consumer.run(
+            until=lambda: (
+                consumer.counts["dead_letter"] + consumer.counts["handler_error"] >= 1
+                and consumer.counts["ack"] >= 1
+            ),
+            timeout_s=TIMEOUT_S,
+        )
+        assert consumer.counts["handler_error"] == 0 and consumer.counts["requeue"] == 0
+    [(props, body)] = dlq_messages(admin, topology)
+    assert body == b"odd id" and "not valid Unicode" in str(props.headers[HEADER_DEAD_REASON])
+    assert effect_counts(rel) == {"g-1": 1}
+
+
+def test_declare_false_on_a_queue_without_a_dead_letter_exchange_keeps_what_it_cannot_dead_letter(
+    rel: Reliability, rabbitmq_url: str, admin: Any
+) -> None:
+    """``declare=False``: the queue is the operators', declared without a dead-letter exchange, and the
+    reasoned copy cannot be published (an exchange of another type holds the dead-letter exchange's name).
+    Rejecting — the fallback for a queue the consumer declared with its own dead-lettering — dropped the
+    message with one log line; it stays in the queue instead."""
+    name = f"rt-{uuid.uuid4().hex[:12]}"
+    topo = Topology(queue=name)
+    admin.queue_declare(name, durable=True)  # no x-dead-letter-exchange
+    admin.exchange_declare(topo.dead_letter_exchange, exchange_type="fanout")
+    try:
+        dead = lambda env: ConsumeResult.DEAD_LETTER  # noqa: E731
+        with RabbitMQConsumer(rabbitmq_url, topo, dead, retry_delay_s=0, declare=False) as consumer:
+            admin.basic_publish("", name, b"keep me", BasicProperties(message_id="k-1", delivery_mode=2))
+            assert consumer.run(
+                until=lambda: consumer.counts["dead_letter_fallback"] >= 2, timeout_s=TIMEOUT_S
+            )
+        assert queue_depth(admin, name) == 1  # back in the queue once the consumer closed
+    finally:
+        topo.delete(admin)
+
+
 def test_a_foreign_delivery_count_header_does_not_stop_the_consumer(
     rel: Reliability, topology: Topology, rabbitmq_url: str, admin: Any
 ) -> None:

@@ -148,6 +148,19 @@ def test_envelope_mapping(
     assert env.properties["amqp.redelivered"] == str(redelivered).lower()
 
 
+@pytest.mark.parametrize("ahead_s", [-3600.0, 0.0, 60.0, 600.0, 10**9])
+def test_a_sequence_far_ahead_of_the_clock_is_not_taken_as_the_position(ahead_s: float) -> None:
+    """A foreign publisher's ``x-reliable-seq`` in nanoseconds (or a producer clock far ahead) raised the
+    group's watermark above every real send for good: the sweeper then judged messages queued behind a
+    paused group as passed, re-sent them and gave up. Up to ``AMQP_SEQ_MAX_AHEAD_S`` ahead is a clock's
+    skew and kept; beyond it the delivery tag is the position."""
+    seq = time.time_ns() // 1000 + int(ahead_s * 1_000_000)
+    method = Basic.Deliver(delivery_tag=7, redelivered=False, exchange="ex", routing_key="rk")
+    props = BasicProperties(message_id="m", headers={HEADER_SEQ: seq})
+    env = to_envelope(method, props, b"body", None)
+    assert env.queue_offset == (7 if ahead_s > 300 else seq)
+
+
 def test_send_positions_never_repeat_in_a_process_and_follow_the_clock() -> None:
     """The position a RabbitMQ send gets (``x-reliable-seq``) stands in for an offset: strictly increasing in
     every sender of the process, and the clock's microseconds, so another process's numbers compare by
