@@ -215,8 +215,8 @@ class CommitLog:
         """Where the segment after the one holding ``phys`` starts (skips a BLANK marker)."""
         return phys + self.file_size - phys % self.file_size
 
-    def flush(self) -> int:
-        return self.mfq.flush()
+    def flush(self, least_pages: int = 0) -> int:
+        return self.mfq.flush(least_pages)
 
     # ------------------------------------------------------------------------------------------ replication
     def read_for_replica(self, offset: int, max_bytes: int) -> bytes:

@@ -70,6 +70,11 @@ class StoreConfig:
     # --- flush ---
     flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
     flush_interval_commit_log_ms: int = 500
+    # ASYNC_FLUSH: a periodic flush writes the commit log only when this many 4 KiB pages are dirty
+    # (flushCommitLogLeastPages), and whatever is dirty every thorough interval
+    # (flushCommitLogThoroughInterval): a quiet broker's last seconds of messages are what a power cut takes
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval_ms: int = 10_000
     flush_interval_consume_queue_ms: int = 1000
     sync_flush_timeout_ms: int = 5000
     # Fault hook, called by the flusher before every commit-log flush (a test blocks it to provoke

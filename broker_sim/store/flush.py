@@ -6,8 +6,10 @@
   appended before the flush began — so no put ever syncs on its own. A put whose end is already on disk
   returns without waiting at all. A put whose flush does not finish within ``sync_flush_timeout_ms``
   (measured on the store's clock) reports FLUSH_DISK_TIMEOUT; its data is still in the commit log.
-* :class:`PeriodicFlusher`: every ``flush_interval_commit_log_ms`` flushes the commit log (ASYNC_FLUSH only),
-  and every ``flush_interval_consume_queue_ms`` the consume queues and index, then rewrites the checkpoint.
+* :class:`PeriodicFlusher`: every ``flush_interval_commit_log_ms`` flushes the commit log (ASYNC_FLUSH only)
+  when at least ``flush_commit_log_least_pages`` pages are dirty, and all of it every
+  ``flush_commit_log_thorough_interval_ms`` (RocketMQ's FlushRealTimeService: 500 ms, 4 pages, 10 s), and
+  every ``flush_interval_consume_queue_ms`` the consume queues and index, then rewrites the checkpoint.
 
 Why the flusher gathers before it syncs: without it, producers split into two cohorts that alternate —
 the ones released by one flush append while the next flush (serving the others) is already on the disk,
@@ -241,11 +243,16 @@ class PeriodicFlusher:
         clock: Clock,
         interval_ms: int,
         logics_interval_ms: int,
-        flush_commit_log: Callable[[], object] | None,
+        flush_commit_log: Callable[[int], object] | None,
         flush_logics: Callable[[], None],
+        *,
+        least_pages: int = 0,
+        thorough_interval_ms: int = 0,
     ) -> None:
         self.clock = clock
         self.interval_ms = interval_ms
+        self.least_pages = least_pages
+        self.thorough_interval_ms = thorough_interval_ms
         self.logics_interval_ms = logics_interval_ms
         self.flush_commit_log = flush_commit_log
         self.flush_logics = flush_logics
@@ -260,11 +267,15 @@ class PeriodicFlusher:
 
     def _run(self) -> None:
         last_logics = self.clock.now_ms()
+        last_thorough: int | None = None  # the first round flushes everything (RocketMQ starts it at 0)
         while not self.clock.wait(self._stop, self.interval_ms / 1000):
             try:
-                if self.flush_commit_log is not None:
-                    self.flush_commit_log()
                 now = self.clock.now_ms()
+                if self.flush_commit_log is not None:
+                    least = self.least_pages
+                    if last_thorough is None or now - last_thorough >= self.thorough_interval_ms:
+                        least, last_thorough = 0, now
+                    self.flush_commit_log(least)
                 if now - last_logics >= self.logics_interval_ms:
                     self.flush_logics()
                     last_logics = now

@@ -35,6 +35,8 @@ from broker_sim.store.errors import StoreLayoutError
 
 NAME_DIGITS = 20
 PAGE = mmap.PAGESIZE
+#: what RocketMQ counts a periodic flush's dirty pages in (MappedFile.OS_PAGE_SIZE), whatever the machine's
+OS_PAGE_SIZE = 4 * 1024
 LARGEST_FOLIO = 2 * 1024 * 1024  # the largest page-cache folio on x86-64 (a PMD)
 ZERO_CHUNK = 1024 * 1024  # the compare-and-zero fallback of zero_from works in pieces this large
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
@@ -172,6 +174,15 @@ class MappedFile:
 
     def is_full(self) -> bool:
         return self.wrote >= self.file_size
+
+    def able_to_flush(self, least_pages: int) -> bool:
+        """RocketMQ's rule for a periodic flush: a full segment always; else at least ``least_pages`` OS pages
+        written since the last flush (0: any byte)."""
+        if self.is_full():
+            return self.wrote > self.flushed
+        if least_pages > 0:
+            return self.wrote // OS_PAGE_SIZE - self.flushed // OS_PAGE_SIZE >= least_pages
+        return self.wrote > self.flushed
 
     def flush(self) -> int:
         """msync everything written but not yet flushed; returns the new flushed position."""

@@ -101,10 +101,12 @@ class MappedFileQueue:
         return mf
 
     # ---------------------------------------------------------------------------------------- flush
-    def flush(self) -> int:
-        """msync every segment with unflushed bytes; returns the flushed end offset."""
+    def flush(self, least_pages: int = 0) -> int:
+        """msync every segment with unflushed bytes — with ``least_pages``, only a segment holding at least
+        that many unflushed OS pages (or full: see :meth:`MappedFile.able_to_flush`); returns the flushed end
+        offset."""
         for mf in self.files:
-            if mf.wrote > mf.flushed:
+            if mf.able_to_flush(least_pages):
                 mf.flush()
         return self.flushed_offset
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,41 @@ def test_flush_disk_timeout_on_the_system_clock(make_store: StoreFactory) -> Non
     assert r.append_result is not None
     assert store.look_message_by_offset(r.append_result.wrote_offset).body == b"late"  # type: ignore[union-attr]
     assert store.group_commit.waiting == 0  # the late put withdrew
+
+
+def test_async_flush_waits_for_four_dirty_pages_or_the_thorough_interval_as_rocketmq(
+    make_store: StoreFactory, clock: ManualClock
+) -> None:
+    """RocketMQ's FlushRealTimeService: every 500 ms, but only with 4 dirty 4 KiB pages; everything every
+    10 s. A quiet broker's last puts are not on disk for up to 10 s — what a power cut takes."""
+    store = make_store(commit_log_file_size=1024 * 1024)
+
+    def flush_round() -> int:
+        rounds = store.flusher.rounds
+        clock.advance(ms=500)
+        wait_until(lambda: store.flusher.rounds > rounds, what="a flusher round")
+        return store.commit_log.mfq.flushed_offset
+
+    def end_of(r: PutMessageResult) -> int:
+        assert r.append_result is not None
+        return r.append_result.wrote_offset + r.append_result.wrote_bytes
+
+    first = end_of(store.put_message(msg(body=b"first")))
+    assert flush_round() == first  # the first round is a thorough one (nothing flushed for 10 s)
+    store.put_message(msg(body=b"q" * 100))
+    assert [flush_round() for _ in range(2)] == [first, first]  # one dirty page: not yet
+    big = end_of([store.put_message(msg(body=b"b" * 4000)) for _ in range(5)][-1])
+    assert flush_round() == big  # 4 pages dirty: all of it flushed at once
+    late = end_of(store.put_message(msg(body=b"late")))
+    # rounds 5 to 20 (2.5 s to 10 s) leave it; round 21, 10 s after the first thorough flush, takes it
+    assert [flush_round() for _ in range(17)] == [big] * 16 + [late]
+
+
+def test_a_power_cut_takes_a_quiet_brokers_unflushed_puts(make_store: StoreFactory, tmp_path: Path) -> None:
+    store = make_store(commit_log_file_size=1024 * 1024)
+    r = store.put_message(msg(body=b"quiet"))
+    assert r.status is PutMessageStatus.PUT_OK
+    store.crash()
+    again = make_store(commit_log_file_size=1024 * 1024)
+    assert again.recovery_report.abnormal
+    assert again.get_max_offset_in_queue("TopicA", 0) == 0  # acknowledged, never flushed: lost
