@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from reliable import constants as C
 from reliable import otel, outbox
+from reliable.commit_hook import staged_list
 from reliable.errors import InvalidMessageError, InvalidStubStateError, StubNotFoundError
 from reliable.facade import Reliability
 from reliable.models import MessageStub, utcnow
@@ -150,42 +151,9 @@ class StubProducer:
         return staged
 
     def _hook(self, session: Session) -> list[StagedMessage]:
-        """The per-session list the after-commit hook sends, registering the hook on first use."""
-        key = (_STAGED_KEY, id(self))  # one list per producer: each sends through its own sender
-        pending: _Pending | None = session.info.get(key)
-        if pending is None:
-            pending = _Pending()
-            session.info[key] = pending
-            hook = pending
-
-            def after_commit(sess: Session) -> None:  # only the root transaction's commit fires this
-                hook.ready, hook.ready_verify = list(hook.items), hook.verify
-                hook.items.clear()
-                hook.verify = False
-
-            def after_transaction_end(sess: Session, transaction: SessionTransaction) -> None:
-                # Sent here, not in after_commit: the root transaction has now returned its connection to
-                # the pool. Sending (and recording) from after_commit took a second connection while the
-                # session held its first, so as many concurrent committers as pool slots hung.
-                if transaction.parent is not None or not hook.ready:
-                    return
-                batch, verify = hook.ready, hook.ready_verify
-                hook.ready, hook.ready_verify = [], False
-                self._send_from_hook(batch, verify)
-
-            def after_soft_rollback(sess: Session, previous: SessionTransaction) -> None:
-                # a root rollback: the stubs are gone, sending them would be a lie. A SAVEPOINT rollback
-                # keeps the list but makes the send re-read the stubs and skip the ones it took with it.
-                if previous.nested:
-                    hook.verify = True
-                else:
-                    hook.items.clear()
-                    hook.verify = False
-
-            event.listen(session, "after_commit", after_commit)
-            event.listen(session, "after_transaction_end", after_transaction_end)
-            event.listen(session, "after_soft_rollback", after_soft_rollback)
-        return pending.items
+        """The per-session list sent after the session's commit (:mod:`reliable.commit_hook`)."""
+        # one list per producer: each sends through its own sender
+        return staged_list(session, (_STAGED_KEY, id(self)), self._send_from_hook)
 
     def _send_from_hook(self, batch: list[StagedMessage], verify: bool) -> None:
         try:
@@ -201,18 +169,20 @@ class StubProducer:
         An exception inside the block rolls back and sends nothing.
         """
         tx = ProducerTransaction(self)
-        savepoint_rolled_back = False
+        rolled_back = False
 
         def after_soft_rollback(sess: Session, previous: SessionTransaction) -> None:
-            nonlocal savepoint_rolled_back
-            savepoint_rolled_back = savepoint_rolled_back or previous.nested
+            nonlocal rolled_back
+            rolled_back = True
 
         with self.rel.session() as session:
             event.listen(session, "after_soft_rollback", after_soft_rollback)
             tx.session = session
             yield tx
-        # committed just now by us: only a SAVEPOINT rollback inside the block can have removed a stub
-        tx.results = self.send_staged(tx.staged, verify=savepoint_rolled_back)
+        # committed just now by us: only a rollback inside the block (a SAVEPOINT's, or the whole
+        # transaction's by ``tx.session.rollback()`` — the block then goes on in a new one) can have removed
+        # a stub; then the stubs are read again and the missing ones skipped
+        tx.results = self.send_staged(tx.staged, verify=rolled_back)
 
     def publish(
         self,
@@ -351,17 +321,6 @@ class StubProducer:
 def _topic_send(message_id: str) -> OutgoingMessage:
     """What :func:`reliable.outbox.record_sends` needs of a producer send: the id, and no target group."""
     return OutgoingMessage(message_id=message_id, topic="", body=b"")
-
-
-@dataclasses.dataclass
-class _Pending:
-    """What a session's after-commit hook will send, and whether it must re-read the stubs first."""
-
-    items: list[StagedMessage] = dataclasses.field(default_factory=list)
-    verify: bool = False
-    #: committed, to be sent once the transaction has released its connection
-    ready: list[StagedMessage] = dataclasses.field(default_factory=list)
-    ready_verify: bool = False
 
 
 @dataclasses.dataclass

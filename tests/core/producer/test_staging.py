@@ -113,6 +113,47 @@ def test_transaction_with_a_rolled_back_savepoint_skips_its_stub(
     assert [m.message_id for m in sender.sent] == ["t-1"]
 
 
+def test_transaction_whose_block_rolled_back_does_not_send_what_the_rollback_removed(
+    producer: StubProducer, sender: RecordingSender
+) -> None:
+    """The block staged a message, its own business write failed, it caught that and rolled the session back
+    (SQLAlchemy raises nothing at the exit): the rolled-back message was sent, and the consumer applied an
+    order that never existed."""
+    with producer.transaction() as tx:
+        tx.stage("gone", "orders", b"1")
+        tx.session.rollback()
+    assert [(r.message_id, r.outcome) for r in tx.results] == [("gone", SendOutcome.SKIPPED)]
+    assert sender.sent == []
+    assert stub(producer.rel, "gone") is None
+
+
+@pytest.mark.parametrize("mode", ["conditional_savepoint", "create_savepoint", "rollback_only"])
+def test_a_session_joined_to_an_outer_transaction_sends_nothing_before_that_commits(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender, mode: str
+) -> None:
+    """``Session(bind=connection)`` inside ``connection.begin()`` (the pattern of test suites and of
+    frameworks that own the transaction): the session's commit commits nothing. The message was sent there,
+    and when the outer transaction rolled back the consumer applied a message that never existed. It is left
+    for the sweeper, which sends it once it is committed."""
+    with rel.engine.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode=mode) as s:  # type: ignore[arg-type]
+            producer.stage(s, "joined", "orders", b"1")
+            s.commit()
+        assert sender.sent == []
+        outer.rollback()
+    assert stub(rel, "joined") is None
+    with rel.engine.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode=mode) as s:  # type: ignore[arg-type]
+            producer.stage(s, "joined-2", "orders", b"1")
+            s.commit()
+        outer.commit()
+    assert sender.sent == []
+    row = stub(rel, "joined-2")
+    assert row is not None and row.status is StubStatus.PENDING and row.send_count == 0  # the sweeper's
+
+
 def test_two_producers_in_one_session_use_their_own_senders(
     rel: Reliability, producer: StubProducer, sender: RecordingSender, clock: Clock
 ) -> None:
