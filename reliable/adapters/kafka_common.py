@@ -247,24 +247,35 @@ class RetryPolicy:
         return Hop(self.dlt_topic(topic), 0.0, dead=True)
 
 
-def last_attempt(env: Envelope, policy: RetryPolicy) -> Envelope:
+def last_attempt(env: Envelope, policy: RetryPolicy, failed_before: int = 0) -> Envelope:
     """``env`` marked :attr:`~reliable.types.Envelope.last_attempt` when a handler failure now would send the
-    record to the dead-letter topic (no retry topic left, by the record's own attempt header): the guard then
-    gives up too — the group's row DEAD and a person told — instead of leaving it PENDING for the sweeper to
-    re-drive the whole retry chain. Not in blocking mode: there the count is the partition head's, and a
-    batch reads the records behind the head before it is decided."""
-    if policy.mode is RetryMode.TOPICS and policy.after_failure(env.topic, env.reconsume_times + 1).dead:
-        return replace(env, last_attempt=True)
-    return env
+    record to the dead-letter topic: the guard then gives up too — the group's row DEAD and a person told —
+    instead of leaving it PENDING for the sweeper to re-drive the whole retry chain. Topics mode counts by the
+    record's own attempt header; blocking mode by ``failed_before``, the handler failures of the partition's
+    head so far (the loop passes it for the head only: the records behind it have failed nowhere yet). Until
+    2026-11-28 blocking mode never marked it: a give-up left the row PENDING, with no producer stub nobody
+    was told, and with one the sweeper re-sent the record through the whole chain ``max_sends`` times."""
+    if policy.mode is RetryMode.TOPICS:
+        dead = policy.after_failure(env.topic, env.reconsume_times + 1).dead
+    else:
+        dead = failed_before + 1 > len(policy.delays_s)
+    return replace(env, last_attempt=True) if dead else env
 
 
-def forwarded_by_another_group(record: Record, headers: Mapping[str, str], group: str) -> bool:
+def forwarded_by_another_group(
+    record: Record, headers: Mapping[str, str], group: str, policy: RetryPolicy
+) -> bool:
     """A retry copy that another consumer group forwarded (an unscoped retry topic is read by every group):
-    not ``group``'s to handle — it has the message from the topic itself. Only a copy still on a retry topic:
-    a dead-letter copy replayed onto the original topic is everyone's again."""
+    not ``group``'s to handle — it has the message from the topic itself. Only a copy still on one of the
+    policy's retry topics of the topic it names: a dead-letter copy replayed onto the original topic is
+    everyone's again, and so is any record that merely carries the headers — a handler that copied a retry
+    delivery's headers into a follow-up message on another topic had every copy of it dropped unjournaled
+    (until 2026-11-28)."""
     forwarder = headers.get(C.KAFKA_HEADER_RETRY_GROUP)
     original = headers.get(C.KAFKA_HEADER_ORIGINAL_TOPIC)
-    return bool(forwarder) and forwarder != group and original is not None and original != record.topic
+    if not forwarder or forwarder == group or original is None or original == record.topic:
+        return False
+    return record.topic in policy.topics(original)[1:]
 
 
 def forward_headers(
@@ -316,16 +327,23 @@ def raw_forward_headers(record: Record, reason: str) -> list[tuple[str, str | by
     return [*kept, *encode_headers(extra)]
 
 
-def due_in_s(headers: Mapping[str, str], now_s: float | None = None) -> float:
-    """Seconds until a retry copy is due (0 when due or not a retry copy)."""
+def due_in_s(
+    record: Record, headers: Mapping[str, str], policy: RetryPolicy, now_s: float | None = None
+) -> float:
+    """Seconds until a retry copy is due (0 when due or not a retry copy), at most the policy's longest
+    delay. Only a record on one of the policy's retry topics waits: one record on the business topic that
+    carried a far-future ``reliable-not-before-ms`` (a relay that copied headers) paused its partition for
+    days, the records behind it with it, and nothing was journaled (until 2026-11-28)."""
     raw = headers.get(C.KAFKA_HEADER_NOT_BEFORE)
-    if not raw:
+    original = headers.get(C.KAFKA_HEADER_ORIGINAL_TOPIC)
+    if not raw or original is None or record.topic not in policy.topics(original)[1:]:
         return 0.0
     try:
         due = int(raw) / 1000.0
     except ValueError:
         return 0.0
-    return max(0.0, due - (time.time() if now_s is None else now_s))
+    wait = due - (time.time() if now_s is None else now_s)
+    return min(max(0.0, wait), max(policy.delays_s, default=0.0))
 
 
 def reason_of(answer: object, env: Envelope) -> str:

@@ -97,11 +97,11 @@ def faststream_kafka_consumer(
         rec = Record(raw.topic, raw.partition, raw.offset, raw.key, raw.value, list(raw.headers or ()), ts)
         try:
             headers = decode_headers(rec.headers)
-            if forwarded_by_another_group(rec, headers, group):  # not this group's to handle
+            if forwarded_by_another_group(rec, headers, group, policy):  # not this group's to handle
                 counts["foreign_retry"] += 1
                 await message.ack()
                 return
-            wait = due_in_s(headers)
+            wait = due_in_s(rec, headers, policy)
             if wait > 0:  # a retry copy that is not due yet
                 counts["waited"] += 1
                 await asyncio.sleep(wait)
@@ -116,7 +116,11 @@ def faststream_kafka_consumer(
             await message.ack()
             return
         tp = (rec.topic, rec.partition)
-        while (action := book.step(tp, await answer(env), env, policy)).step is Step.HOLD:
+        while True:
+            env = last_attempt(env, policy, book.handler_failures[tp])  # blocking: this head's failures
+            action = book.step(tp, await answer(env), env, policy)
+            if action.step is not Step.HOLD:
+                break
             counts["held"] += 1
             await asyncio.sleep(action.delay_s)
         if action.step is not Step.ACK:

@@ -49,10 +49,12 @@ def producer_config(bootstrap: str, config: Mapping[str, Any] | None = None) -> 
 def ensure_topics(
     bootstrap: str, topics: Iterable[str], partitions: int = 1, replication: int = 1, timeout_s: float = 10.0
 ) -> None:
-    """Create the topics that do not exist yet (an existing topic is left as it is)."""
+    """Create the topics that do not exist yet (an existing topic is left as it is). A name given twice is
+    created once: two groups' ``policy.all_topics(topic)`` both hold the topic, and the request naming it
+    twice failed with a protocol error."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
-        [NewTopic(t, partitions, replication) for t in topics], request_timeout=timeout_s
+        [NewTopic(t, partitions, replication) for t in dict.fromkeys(topics)], request_timeout=timeout_s
     )
     for _name, future in futures.items():
         try:

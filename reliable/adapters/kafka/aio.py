@@ -190,6 +190,7 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
             if env is None:  # a retry copy that is not due yet: hold the partition until it is
                 self._hold(tp, rec.offset, wait)
                 return done
+            env = self._at_head(tp, env)
             if not await self._answer(tp, rec, headers, env, await self._decide_safely(env)):
                 return done
             done = rec.offset + 1

@@ -237,6 +237,8 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
         """Guard a chunk and act on each answer in order; the new commit position."""
         if not chunk:
             return done
+        (rec0, headers0, env0), *rest = chunk
+        chunk = [(rec0, headers0, self._at_head(tp, env0)), *rest]
         envs = [env for _, _, env in chunk]
         answers: list[object]
         if self._decide_batch is not None and len(envs) > 1:

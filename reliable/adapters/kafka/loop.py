@@ -76,14 +76,14 @@ class GuardedLoop(Generic[H]):
         """A record's decoded headers, how long until it is due (a retry copy), and its envelope once it
         is due (``None`` before). Raises :class:`~reliable.adapters.kafka_common.UndecodableRecord`."""
         headers = decode_headers(rec.headers)
-        wait = due_in_s(headers)
+        wait = due_in_s(rec, headers, self.retry)
         env = None if wait > 0 else self._envelope(rec)
         return headers, wait, env
 
     def _foreign(self, rec: Record, headers: dict[str, str]) -> bool:
         """Another group's retry copy (:func:`~reliable.adapters.kafka_common.forwarded_by_another_group`):
         counted, and committed past unhandled by the caller."""
-        if not forwarded_by_another_group(rec, headers, self.group):
+        if not forwarded_by_another_group(rec, headers, self.group, self.retry):
             return False
         self.counts["foreign_retry"] += 1
         return True
@@ -91,6 +91,11 @@ class GuardedLoop(Generic[H]):
     def _envelope(self, rec: Record) -> Envelope:
         env = to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
         return last_attempt(env, self.retry)
+
+    def _at_head(self, tp: TP, env: Envelope) -> Envelope:
+        """``env``, the first record of ``tp`` about to be decided, marked as its last attempt by the handler
+        failures it has had (blocking mode keeps the count per partition head)."""
+        return last_attempt(env, self.retry, self._book.handler_failures[tp])
 
 
 def deadline_of(timeout_s: float | None) -> float | None:

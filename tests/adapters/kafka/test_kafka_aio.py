@@ -159,6 +159,32 @@ def test_failures_hop_through_the_retry_topics_to_the_dlt_with_their_reason(
     assert sorted(m.value() for m in first_retry) == [b"always-fails", b"fails-once"]
 
 
+def test_a_blocking_give_up_is_the_guards_last_attempt_with_its_reason(
+    tansu: Tansu, rel: Reliability, topic: str, group: str
+) -> None:
+    """As the confluent-kafka loop: in blocking mode the head's third failure is the guard's last attempt
+    too — the dead-letter copy carries the guard's ``max_attempts`` reason (the row ends DEAD, a person is
+    told) instead of the loop's own 'retries exhausted' over a row left PENDING."""
+    policy = RetryPolicy(delays_s=(0.2, 0.2), mode=RetryMode.BLOCKING)
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    apply = effect(group)
+
+    async def handler(env: Envelope, session: AsyncSession) -> None:
+        if env.message_id == "poison":
+            raise RuntimeError("always fails")
+        await apply(env, session)
+
+    produce(tansu.bootstrap, topic, with_ids(["poison", "ok"]))
+    handle = idempotent_consumer(rel, group=group)(handler)
+    consume(
+        tansu, rel, topic, group, handle, lambda n: n["dead_letter"] >= 1 and n["success"] >= 1, retry=policy
+    )
+    (dead,) = read_all(tansu.bootstrap, f"{topic}.dlt", expect=1)
+    reason = headers_of(dead)[C.KAFKA_HEADER_REASON]
+    assert reason.startswith("max_attempts: attempt 3/10, the broker's last delivery"), reason
+    assert effect_counts(rel.engine, group) == {"ok": 1}
+
+
 def test_bad_records_go_to_the_dlt_with_their_reason(
     tansu: Tansu, rel: Reliability, topic: str, group: str
 ) -> None:

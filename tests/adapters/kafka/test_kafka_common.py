@@ -116,7 +116,17 @@ def test_a_retry_delivery_keeps_its_original_topic_and_counts_its_attempts() -> 
     # the second hop still points at the first record, not at the retry copy
     fwd2 = forward_headers(copy, decode_headers(copy.headers), env1, attempt=2, reason="again", delay_s=0)
     assert (fwd2[C.KAFKA_HEADER_ORIGINAL_TOPIC], fwd2[C.KAFKA_HEADER_ORIGINAL_OFFSET]) == ("orders", "7")
-    assert due_in_s(fwd, now_s=101) == pytest.approx(1.0) and due_in_s(fwd, now_s=103) == 0.0
+    policy = RetryPolicy(delays_s=(2.0, 5.0))
+    assert due_in_s(copy, fwd, policy, now_s=101) == pytest.approx(1.0)
+    assert due_in_s(copy, fwd, policy, now_s=103) == 0.0
+    # never longer than the policy's longest delay (a forged or skewed due time)
+    assert due_in_s(copy, fwd, policy, now_s=0) == 5.0
+    # a record on the business topic (or any other) that carries the header is due now: its headers were
+    # copied by someone, it is no retry copy, and waiting held its whole partition
+    on_topic = Record("orders", 1, 9, b"k", b"body", encode_headers(fwd))
+    assert due_in_s(on_topic, fwd, policy, now_s=0) == 0.0
+    elsewhere = Record("invoices", 0, 1, b"k", b"body", encode_headers(fwd))
+    assert due_in_s(elsewhere, fwd, policy, now_s=0) == 0.0
 
 
 def test_incomplete_forwarding_headers_make_the_record_undecodable() -> None:
@@ -235,17 +245,28 @@ def test_only_a_copy_another_group_forwarded_to_a_retry_topic_is_left_alone() ->
     assert fwd[C.KAFKA_HEADER_RETRY_GROUP] == "billing"
     copy = Record("orders.retry.1", 0, 3, b"k", b"body", encode_headers(fwd))
     headers = decode_headers(copy.headers)
-    assert forwarded_by_another_group(copy, headers, "audit")
-    assert not forwarded_by_another_group(copy, headers, "billing")  # its own copy
+    policy = RetryPolicy(delays_s=(1.0, 2.0))
+    assert forwarded_by_another_group(copy, headers, "audit", policy)
+    assert not forwarded_by_another_group(copy, headers, "billing", policy)  # its own copy
     replayed = Record("orders", 0, 9, b"k", b"body", encode_headers(fwd))  # a DLT copy put back on the topic
-    assert not forwarded_by_another_group(replayed, decode_headers(replayed.headers), "audit")
+    assert not forwarded_by_another_group(replayed, decode_headers(replayed.headers), "audit", policy)
     older = {k: v for k, v in headers.items() if k != C.KAFKA_HEADER_RETRY_GROUP}
-    assert not forwarded_by_another_group(copy, older, "audit")
+    assert not forwarded_by_another_group(copy, older, "audit", policy)
+    # a follow-up message on another topic that carries a retry delivery's headers (a handler copied them):
+    # not a retry copy of anything — every copy of it was dropped, unjournaled
+    follow_up = Record("invoices", 0, 1, b"k", b"body", encode_headers(fwd))
+    assert not forwarded_by_another_group(follow_up, headers, "audit", policy)
 
 
-def test_the_last_retry_topic_delivery_is_marked_last_attempt_in_topics_mode_only() -> None:
+def test_the_last_delivery_is_marked_last_attempt_by_the_records_or_the_heads_failures() -> None:
     policy = RetryPolicy(delays_s=(1.0, 2.0))
     assert [last_attempt(_env(n), policy).last_attempt for n in range(3)] == [False, False, True]
     blocking = RetryPolicy(delays_s=(1.0,), mode=RetryMode.BLOCKING)
-    assert not last_attempt(_env(5), blocking).last_attempt
+    assert not last_attempt(_env(5), blocking).last_attempt  # the record's header does not count here
+    assert [last_attempt(_env(0), blocking, failed).last_attempt for failed in range(3)] == [
+        False,
+        True,
+        True,
+    ]
+    assert last_attempt(_env(0), RetryPolicy(delays_s=(), mode=RetryMode.BLOCKING)).last_attempt
     assert last_attempt(_env(0), RetryPolicy(delays_s=())).last_attempt  # no retry topic at all

@@ -153,6 +153,40 @@ def test_blocking_retry_pauses_and_seeks_back_keeping_the_partition_order(
     assert read_all(tansu.bootstrap, f"{topic}.dlt", expect=0) == []
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["per-record", "batch"])
+def test_a_blocking_give_up_ends_the_groups_row_dead_and_journaled_not_pending(
+    tansu: Tansu, rel: Reliability, topic: str, group: str, batch: bool
+) -> None:
+    """Blocking mode, two retries, a record whose handler always fails (no producer stub: the inbox
+    pattern). The loop sent it to the DLT after three failures, but the guard never heard it was the last:
+    the row stayed PENDING with only RETRY rows in the journal — nobody was ever told (with a stub, the
+    sweeper re-drove the whole chain ``max_sends`` times). The third delivery is now the last attempt."""
+    policy = RetryPolicy(delays_s=(0.2, 0.2), mode=RetryMode.BLOCKING)
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    runs: list[str] = []
+
+    def handler(env: Envelope, session: Session) -> None:
+        runs.append(env.message_id or "")
+        if env.message_id == "poison":
+            raise RuntimeError("always fails")
+        apply_effect(group)(env, session)
+
+    handle = idempotent_consumer(rel, group=group)(handler)
+    produce(tansu.bootstrap, topic, with_ids(["ok-1", "poison", "ok-2"]))
+    with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy, batch=batch) as consumer:
+        assert consumer.run(until=lambda: consumer.counts["success"] >= 2, timeout_s=TIMEOUT_S)
+        assert consumer.counts["dead_letter"] == 1
+    assert runs.count("poison") == 3
+    with Session(rel.engine) as s:
+        row = s.get(MessageInbox, (group, "poison"))
+        assert row is not None and row.status is StubStatus.DEAD
+    outcomes = [o for m, o, _ in log_rows(rel.engine, group) if m == "poison"]
+    assert outcomes == ["RETRY", "RETRY", "DEAD_LETTER"]
+    [dead] = read_all(tansu.bootstrap, f"{topic}.dlt", expect=1)
+    assert headers_of(dead)[C.KAFKA_ID_HEADER] == "poison"
+    assert effect_counts(rel.engine, group) == {"ok-1": 1, "ok-2": 1}
+
+
 def test_bad_records_go_to_the_dlt_with_their_reason_and_are_never_committed_silently(
     tansu: Tansu, rel: Reliability, topic: str, group: str, caplog: pytest.LogCaptureFixture
 ) -> None:

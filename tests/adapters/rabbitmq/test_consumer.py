@@ -344,7 +344,7 @@ def test_an_id_property_that_is_not_utf8_is_dead_lettered_not_requeued_for_ever(
     delivery was requeued as a handler error, round after round, never journaled nor dead-lettered."""
     handle = make_handler(rel)
     with RabbitMQConsumer(rabbitmq_url, topology, handle, retry_delay_s=0) as consumer:
-        props = BasicProperties(message_id=b"id\xff\xfe", delivery_mode=2)  # type: ignore[arg-type]
+        props = BasicProperties(message_id=b"id\xff\xfe", delivery_mode=2)
         admin.basic_publish(topology.exchange, TOPIC, b"odd id", props)
         admin.basic_publish(topology.exchange, TOPIC, b"good", BasicProperties(message_id="g-1"))
         assert consumer.run(
