@@ -72,6 +72,33 @@ STALL_KEY_PREFIX: Final = "~stall:"
 #: the ``message_id`` of a never-consumed alarm's marker row: this prefix + the same digest of the queue
 NEVER_CONSUMED_KEY_PREFIX: Final = "~never:"
 
+#: message property names a producer may not set: the brokers' own (RocketMQ's system properties but
+#: ``DELAY``, which is the delay level on purpose; the id headers and delivery count of Kafka and RabbitMQ),
+#: and every name under the prefixes reliable's adapters write their own headers with. Set by a producer,
+#: ``KEYS`` replaced the message id, ``TAGS`` the tags, ``RETRY_TOPIC`` the topic the consumer saw, and a
+#: handler that copied a retry delivery's ``reliable-*`` headers onto a follow-up message had every copy of
+#: it dropped as another group's retry copy.
+RESERVED_PROPERTIES: Final = frozenset(
+    {
+        "KEYS", "TAGS", "WAIT", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET",
+        "MAX_OFFSET", "ORIGIN_MESSAGE_ID", "UNIQ_KEY", "MAX_RECONSUME_TIMES", "RECONSUME_TIME",
+        "CONSUME_START_TIME", "TRANSACTION_CHECK_TIMES", "CHECK_IMMUNITY_TIME_IN_SECONDS", "SHARDING_KEY",
+        "CLUSTER", "message-id", "x-message-id", "x-delivery-count", "x-death",
+    }
+)  # fmt: skip
+RESERVED_PROPERTY_PREFIXES: Final = ("reliable-", "x-reliable-", "kafka.", "amqp.", "__")
+#: topics the brokers keep for themselves (RocketMQ's retry and dead-letter topics): not a producer's to stage
+SYSTEM_TOPIC_PREFIXES: Final = ("%RETRY%", "%DLQ%", "%SYS%")
+
+#: reliable's own Alembic version table: the application's migrations, in the same database, keep theirs in
+#: ``alembic_version`` (until 2026-11-28 both used that one, and whichever ran second failed for good)
+ALEMBIC_VERSION_TABLE: Final = "reliable_alembic_version"
+LEGACY_ALEMBIC_VERSION_TABLE: Final = "alembic_version"
+#: the lock two processes migrating one database at once take in turn (PostgreSQL advisory key, MariaDB name)
+MIGRATION_LOCK_KEY: Final = 0x72656C69  # "reli"
+MIGRATION_LOCK_NAME: Final = "reliable_migrations"
+MIGRATION_LOCK_TIMEOUT_S: Final = 600
+
 # --- column sizes (contract with the migrations) --------------------------------------------------------
 MESSAGE_ID_MAX: Final = 64
 TOPIC_MAX: Final = 127  # RocketMQ: topic length is a signed byte
@@ -145,6 +172,8 @@ DEFAULT_ROCKETMQ5_ENDPOINT: Final = "127.0.0.1:8081"
 UNKNOWN_QUEUE_ID: Final = -1
 #: invisible duration the 5.x adapters receive with and keep extending while a handler runs
 DEFAULT_ROCKETMQ5_INVISIBLE_S: Final = 60
+#: a 5.x consumer group's maximum delivery attempts unless its retry policy says otherwise (16 retries + 1)
+ROCKETMQ5_MAX_DELIVERY_ATTEMPTS: Final = 17
 #: RECONSUME_LATER backoff of the 5.x SimpleConsumer loop, by delivery attempt: RocketMQ's delay levels from
 #: level 3, as a 4.x consumer's retries get
 ROCKETMQ5_RETRY_BACKOFF: Final = "10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

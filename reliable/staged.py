@@ -79,18 +79,44 @@ def validate_message(message_id: str, topic: str, groups: Sequence[str], tags: s
         raise InvalidMessageError(
             f"message id longer than {C.MESSAGE_ID_MAX} characters: {message_id[:80]!r}"
         )
-    fault = text_fault("message id", message_id)
+    fault = text_fault("message id", message_id) or _spacing_fault("message id", message_id)
     if fault is not None:
         raise InvalidMessageError(f"{fault}: {message_id[:80]!r}")
     _check_name("topic", topic, C.TOPIC_MAX)
+    if topic.startswith(C.SYSTEM_TOPIC_PREFIXES):
+        raise InvalidMessageError(f"topic {topic!r} is a broker's own (retry, dead-letter or system) topic")
     if not groups:
         raise InvalidMessageError(
             f"no consumer group for topic {topic!r}: pass groups=, or set topic_groups / default_group"
         )
     for group in groups:
         _check_name("consumer group", group, C.GROUP_MAX)
-    if tags is not None and (len(tags) > C.TAGS_MAX or "||" in tags):
+    if tags is None:
+        return
+    if not isinstance(tags, str):
+        raise InvalidMessageError(f"tags must be a str or None, got {type(tags).__name__}")
+    if len(tags) > C.TAGS_MAX or "||" in tags:
         raise InvalidMessageError(f"tags must be at most {C.TAGS_MAX} characters without '||': {tags[:80]!r}")
+    fault = text_fault("tags", tags) or _control_fault("tags", tags)
+    if fault is not None:
+        raise InvalidMessageError(f"{fault}: {tags[:80]!r}")
+
+
+def _control_fault(what: str, value: str) -> str | None:
+    """A control character: RocketMQ joins a message's properties with ``\\x01`` and ``\\x02``, so tags
+    ``t\\x02KEYS\\x01victim`` were delivered as message ``victim``."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return f"{what} contains a control character"
+    return None
+
+
+def _spacing_fault(what: str, value: str) -> str | None:
+    """Whitespace or a control character: RocketMQ's ``KEYS`` property separates keys with spaces, so ids
+    ``order 1`` and ``order 2`` were both delivered as message ``order`` — the second a duplicate, never
+    applied."""
+    if any(c.isspace() for c in value):
+        return f"{what} contains whitespace"
+    return _control_fault(what, value)
 
 
 def _check_name(what: str, value: str, limit: int) -> None:
@@ -132,8 +158,15 @@ def checked_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
         if not isinstance(key, str) or not isinstance(value, str) or not key:
             raise InvalidMessageError(f"property {key!r}: names and values must be non-empty str / str")
         fault = text_fault(f"property {key!r}", key + value)
+        if fault is None and ("\x01" in key + value or "\x02" in key + value):
+            fault = f"property {key!r} contains RocketMQ's property separators (\\x01 or \\x02)"
         if fault is not None:
             raise InvalidMessageError(fault)
+        if key in C.RESERVED_PROPERTIES or key.startswith(C.RESERVED_PROPERTY_PREFIXES):
+            raise InvalidMessageError(
+                f"property {key!r} is reserved (a broker's own, or under a prefix reliable's adapters write:"
+                f" {', '.join(C.RESERVED_PROPERTY_PREFIXES)})"
+            )
     return dict(properties)
 
 

@@ -263,19 +263,64 @@ def test_duplicate_message_id_is_a_typed_error(producer: StubProducer, sender: R
         ("ok", "orders", "g/x", None),
         ("ok", "orders", "g", "a||b"),
         ("ok", "orders", "g", "t" * 256),
+        # RocketMQ's KEYS separates keys with spaces: "order 1" and "order 2" were both message "order"
+        ("order 1", "orders", "g", None),
+        ("order\t3", "orders", "g", None),
+        ("order\u30001", "orders", "g", None),
+        ("k\x01", "orders", "g", None),
+        # the brokers' own topics: a send there fails, or lands where no subscriber of the topic reads
+        ("ok", "%RETRY%billing", "g", None),
+        ("ok", "%DLQ%billing", "g", None),
+        # tags: a str (an int raised TypeError, a list was stored as '{a}'), no property separator (tags
+        # "t\x02KEYS\x01victim" were delivered as message "victim"), no NUL, no lone surrogate
+        ("ok", "orders", "g", 5),
+        ("ok", "orders", "g", ["a"]),
+        ("ok", "orders", "g", b"x"),
+        ("ok", "orders", "g", "t\x02KEYS\x01victim"),
+        ("ok", "orders", "g", "t\x00"),
+        ("ok", "orders", "g", "t\ud800"),
     ],
 )
 def test_invalid_input_raises_before_anything_is_written(
-    sqlite_url: str, message_id: str, topic: str, group: str, tags: str | None
+    sqlite_url: str, message_id: str, topic: str, group: str, tags: object
 ) -> None:
     """Validation is backend-independent, so this table of cases runs on SQLite only."""
     _ensure_clean_schema(sqlite_url)
     with Reliability(sqlite_url) as rel:
         producer = StubProducer(rel, RecordingSender())
         with pytest.raises(InvalidMessageError), rel.session() as s:
-            producer.stage(s, message_id, topic, b"x", groups=[group], tags=tags)
+            producer.stage(s, message_id, topic, b"x", groups=[group], tags=tags)  # type: ignore[arg-type]
         with rel.session() as s:
             assert s.scalar(select(MessageStub.message_id)) is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "KEYS",
+        "TAGS",
+        "RETRY_TOPIC",
+        "UNIQ_KEY",
+        "message-id",
+        "reliable-retry-group",
+        "x-reliable-seq",
+        "__x",
+    ],
+)
+def test_a_property_name_a_broker_or_an_adapter_reserves_is_refused(
+    rel: Reliability, sender: RecordingSender, name: str
+) -> None:
+    """Set by a producer, ``KEYS`` replaced the message id on RocketMQ, ``TAGS`` the tags, ``RETRY_TOPIC``
+    the topic the consumer saw (and moved the watermark of a retry topic), and a ``reliable-*`` header copied
+    from a retry delivery made every copy of a follow-up message another group's, dropped unjournaled."""
+    producer = StubProducer(rel, sender, default_group="g")
+    with pytest.raises(InvalidMessageError, match="reserved"), rel.session() as s:
+        producer.stage(s, "p-1", "orders", b"x", properties={name: "v"})
+    with rel.session() as s:
+        producer.stage(s, "p-2", "orders", b"x", properties={"DELAY": "1", "origin": "shop\n2"})
+    assert [m.message_id for m in sender.sent] == ["p-2"]
+    with pytest.raises(InvalidMessageError, match="separators"), rel.session() as s:
+        producer.stage(s, "p-3", "orders", b"x", properties={"origin": "a\x01KEYS"})
 
 
 def test_body_must_be_bytes_and_group_must_be_known(rel: Reliability, sender: RecordingSender) -> None:
@@ -341,13 +386,16 @@ def test_send_result_is_recorded_even_if_the_consumer_confirmed_first(rel: Relia
     topic=st.text(alphabet=st.sampled_from("ab_-%|.Z9 "), min_size=0, max_size=130),
 )
 def test_validation_accepts_exactly_the_documented_language(message_id: str, topic: str) -> None:
-    # any text a column holds as it is: not blank, at most 64 characters, no NUL, no lone surrogate
-    encodable = (
-        "\x00" not in message_id
-        and message_id.encode("utf-8", "surrogatepass").decode("utf-8", "replace") == message_id
+    # any text a column holds as it is and RocketMQ's KEYS carries as one key: not empty, at most 64
+    # characters, no whitespace, no control character (NUL included), no lone surrogate
+    encodable = message_id.encode("utf-8", "surrogatepass").decode("utf-8", "replace") == message_id
+    plain = not any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in message_id)
+    ok_id = 0 < len(message_id) <= 64 and encodable and plain
+    ok_topic = (
+        0 < len(topic) <= 127
+        and all(c.isascii() and (c.isalnum() or c in "._-%|") for c in topic)
+        and not topic.startswith(("%RETRY%", "%DLQ%", "%SYS%"))
     )
-    ok_id = bool(message_id.strip()) and len(message_id) <= 64 and encodable
-    ok_topic = 0 < len(topic) <= 127 and all(c.isascii() and (c.isalnum() or c in "._-%|") for c in topic)
     try:
         validate_message(message_id, topic, ["group"], None)
     except InvalidMessageError:
