@@ -98,7 +98,15 @@ def _serve(args: argparse.Namespace) -> int:
     grpc_port: int | None = getattr(args, "grpc_port", None)
     from broker_sim.grpc.policy import GroupPolicy
 
-    grpc_groups = dict(GroupPolicy.parse(spec) for spec in getattr(args, "grpc_group", []))
+    grpc_groups: dict[str, GroupPolicy] = {}
+    for name, policy in map(GroupPolicy.parse, getattr(args, "grpc_group", None) or []):
+        if name in grpc_groups:  # the last one won, silently
+            raise ValueError(
+                f"--grpc-group {name!r} given twice: give its options once (NAME:fifo,max_attempts=3)"
+            )
+        grpc_groups[name] = policy
+    if grpc_groups and grpc_port is None:  # ignored, silently
+        raise ValueError("--grpc-group sets a 5.x consumer group's policy: it needs --grpc-port")
     if grpc_port is not None:
         from broker_sim.grpc.protocol import load_protocol
 

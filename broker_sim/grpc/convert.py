@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
+from collections.abc import Mapping
 from typing import Any
 
 from broker_sim.broker.api import SendMessageRequest
@@ -43,10 +44,36 @@ def _set_ms(ts: Any, ms: int) -> None:
     ts.seconds, ts.nanos = divmod(ms, 1000)[0], (ms % 1000) * 1_000_000
 
 
+#: user property names a 5.x proxy refuses ("property is used by system"): the 4.x system properties
+RESERVED_USER_PROPERTIES = frozenset(
+    {v for k, v in vars(Prop).items() if not k.startswith("_") and isinstance(v, str)}
+    | _SYSTEM
+    | {"__STARTDELIVERTIME", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TRACE_ON", "MSG_REGION", "BUYER_ID",
+       "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", "TRAN_PREPARED_QUEUE_OFFSET", "INNER_NUM",
+       "INNER_BASE"}
+)  # fmt: skip
+
+
+class IllegalPropertyError(ValueError):
+    """A user property the broker keeps for itself, or one its format cannot carry."""
+
+
+def check_user_properties(props: Mapping[str, str]) -> None:
+    """Refuse what a 5.x proxy refuses: a system property's name (``KEYS`` replaced the message's keys,
+    ``DELAY`` parked it for hours, ``__SHARDINGKEY`` made it FIFO — each silently) and the 4.x property
+    separators ``\\x01``/``\\x02`` in a name or value (they would split into other properties)."""
+    for key, value in props.items():
+        if key in RESERVED_USER_PROPERTIES:
+            raise IllegalPropertyError(f"property {key!r} is used by system")
+        if any(c in key or c in value for c in ("\x01", "\x02")):
+            raise IllegalPropertyError(f"property {key!r} contains a property separator")
+
+
 def to_send_request(pb: Protocol, msg: Any, queue_id: int) -> tuple[SendMessageRequest, bytes, int | None]:
     """A protobuf ``Message`` → (broker request, body, delivery time in ms or None)."""
     sp = msg.system_properties
     props: dict[str, str] = dict(msg.user_properties)
+    check_user_properties(props)
     props[Prop.UNIQ_KEY] = sp.message_id
     if sp.tag:
         props[Prop.TAGS] = sp.tag

@@ -73,6 +73,10 @@ class GroupPolicy:
             if key == "fifo" and not value:
                 fifo = True
             elif key == "max_attempts":
+                if not value.strip().isdigit():
+                    raise ValueError(
+                        f"--grpc-group {spec!r}: max_attempts must be a whole number, got {value!r}"
+                    )
                 attempts = int(value)
             elif key == "backoff":
                 backoff = tuple(parse_seconds(v) for v in value.split(";") if v)

@@ -24,7 +24,7 @@ from broker_sim.broker.api import EndTransactionRequest, TransactionType
 from broker_sim.broker.constants import parse_tag_expression
 from broker_sim.broker.errors import BrokerResponseError, TopicNotExistError
 from broker_sim.errors import BrokerSimError
-from broker_sim.grpc.convert import producer_group, to_pb_message, to_send_request
+from broker_sim.grpc.convert import IllegalPropertyError, producer_group, to_pb_message, to_send_request
 from broker_sim.grpc.peers import PeerGroups, QueueOffsets, UnknownBrokerError
 from broker_sim.grpc.pop import PopService
 from broker_sim.grpc.protocol import Protocol
@@ -95,6 +95,8 @@ class MessagingService:
             return int(d.TOPIC_NOT_FOUND)
         if isinstance(exc, InvalidReceiptHandleError):
             return int(d.INVALID_RECEIPT_HANDLE)
+        if isinstance(exc, IllegalPropertyError):
+            return int(d.ILLEGAL_MESSAGE_PROPERTY_KEY)
         if isinstance(exc, ValueError):
             return int(d.BAD_REQUEST)
         return int(d.INTERNAL_SERVER_ERROR)

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from reliable import constants as C
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
+from reliable.staged import DELAY_PROPERTY, held_back_s
 from reliable.sweeper.backoff import parse_duration
 from reliable.types import ConsumeResult, Envelope
 
@@ -79,21 +81,36 @@ def _position(receipt_handle: str | None) -> tuple[str, int, int]:
         return "", C.UNKNOWN_QUEUE_ID, -1
 
 
-def to_envelope(message: Any) -> Envelope:
-    """A 5.x ``rocketmq.Message`` as received, as an :class:`~reliable.types.Envelope`."""
+def to_envelope(message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS) -> Envelope:
+    """A 5.x ``rocketmq.Message`` as received, as an :class:`~reliable.types.Envelope`.
+
+    The id is the message's one key, else its 5.x message id. Several keys are no id: the client keeps them
+    as a set (any order), and picking one made two orders sharing a customer key one message — the second
+    acknowledged as the first's duplicate, never applied. Such a message has no id here, so the guard
+    dead-letters it with the reason. ``max_attempts`` is the group's maximum delivery attempts (its
+    subscription's retry policy; 17 unless set): the delivery at it is the broker's last
+    (``last_attempt``), so a handler failure there ends the group's row ``DEAD`` with a person told — the
+    broker dead-letters the message after it, and the row stayed ``PENDING`` for the sweeper to re-send."""
     keys = sorted(message.keys or ())
     broker, queue_id, offset = _position(message.receipt_handle)
+    attempt = message.delivery_attempt or 1
+    if len(keys) > 1:
+        log.error("message %s has %d keys %s: not one id, dead-lettered", message.message_id, len(keys), keys)
+        message_id = None
+    else:
+        message_id = keys[0] if keys else (message.message_id or None)
     return Envelope(
-        message_id=keys[0] if keys else (message.message_id or None),
+        message_id=message_id,
         topic=message.topic,
         queue_id=queue_id,
         queue_offset=offset,
         body=bytes(message.body),
         keys=" ".join(keys) or None,
         tags=message.tag or None,
-        reconsume_times=max(0, (message.delivery_attempt or 1) - 1),
+        reconsume_times=max(0, attempt - 1),
         properties=dict(message.properties or {}),
         broker_name=broker[: C.BROKER_NAME_MAX],
+        last_attempt=attempt >= max_attempts,
     )
 
 
@@ -186,12 +203,17 @@ def _decide(handler: Handler, env: Envelope) -> ConsumeResult:
 
 
 def consume_one(
-    consumer: Any, message: Any, handler: Handler, invisible_s: int, extend_every_s: float
+    consumer: Any,
+    message: Any,
+    handler: Handler,
+    invisible_s: int,
+    extend_every_s: float,
+    max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS,
 ) -> ConsumeResult:
     """One SimpleConsumer message through ``handler`` with its invisible time extended meanwhile, then
     ack / retry later / dead-letter as the result says. Returns the result."""
     with InvisibilityExtender(consumer.change_invisible_duration, message, invisible_s, extend_every_s):
-        result = _decide(handler, to_envelope(message))
+        result = _decide(handler, to_envelope(message, max_attempts))
     settle(consumer, message, result)
     return result
 
@@ -214,10 +236,12 @@ def run_simple_consumer(
     batch: int = 16,
     invisible_s: int = C.DEFAULT_ROCKETMQ5_INVISIBLE_S,
     extend_every_s: float | None = None,
+    max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS,
 ) -> int:
     """Receive and handle until ``stop`` is set (a started ``rocketmq.SimpleConsumer``); returns how many
     messages were handled. A failed ack / change leaves the message to come back after its invisible time
-    (the guard absorbs the redelivery)."""
+    (the guard absorbs the redelivery). ``max_attempts``: the group's maximum delivery attempts
+    (:func:`to_envelope`)."""
     every = extend_every_s if extend_every_s is not None else invisible_s / 3
     check_timing(invisible_s, every)
     handled = 0
@@ -230,7 +254,7 @@ def run_simple_consumer(
             continue
         with InvisibilityExtender(consumer.change_invisible_duration, messages, invisible_s, every) as ext:
             for message in messages:
-                result = _decide(handler, to_envelope(message))
+                result = _decide(handler, to_envelope(message, max_attempts))
                 ext.settled(message)
                 try:
                     settle(consumer, message, result)
@@ -252,9 +276,10 @@ class GuardedListener:
 
     def __init__(
         self, handler: Handler, *, invisible_s: int = C.DEFAULT_ROCKETMQ5_INVISIBLE_S,
-        extend_every_s: float | None = None,
+        extend_every_s: float | None = None, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS,
     ) -> None:  # fmt: skip
         self.handler = handler
+        self.max_attempts = max_attempts
         self.invisible_s = invisible_s
         self.extend_every_s = extend_every_s if extend_every_s is not None else invisible_s / 3
         check_timing(invisible_s, self.extend_every_s)
@@ -266,7 +291,7 @@ class GuardedListener:
             raise ConfigurationError("GuardedListener.consumer is not set (use guarded_push_consumer)")
         change = self.consumer._change_invisible_duration
         with InvisibilityExtender(change, message, self.invisible_s, self.extend_every_s):
-            result = _decide(self.handler, to_envelope(message))
+            result = _decide(self.handler, to_envelope(message, self.max_attempts))
         if result is ConsumeResult.SUCCESS:
             return rocketmq.ConsumeResult.SUCCESS
         if result is ConsumeResult.DEAD_LETTER:
@@ -281,7 +306,7 @@ def guarded_push_consumer(config: Any, group: str, topic: str, handler: Handler,
     """A started PushConsumer of ``group`` on ``topic`` whose listener is :class:`GuardedListener`."""
     rocketmq, _ = _client()
     listener = GuardedListener(
-        handler, **{k: kw.pop(k) for k in ("invisible_s", "extend_every_s") if k in kw}
+        handler, **{k: kw.pop(k) for k in ("invisible_s", "extend_every_s", "max_attempts") if k in kw}
     )
     consumer = rocketmq.PushConsumer(config, group, listener, {topic: rocketmq.FilterExpression()}, **kw)
     listener.consumer = consumer
@@ -325,7 +350,13 @@ class RocketMQ5Sender:
         msg.keys = message.message_id
         if message.tags:
             msg.tag = message.tags
-        for key, value in message.properties.items():
+        properties = dict(message.properties)
+        if DELAY_PROPERTY in properties:  # a system property over 5.x: the delivery time says it instead
+            delay_s = held_back_s(properties)
+            del properties[DELAY_PROPERTY]
+            if delay_s > 0:
+                msg.delivery_timestamp = int((time.time() + delay_s) * 1000)
+        for key, value in properties.items():
             msg.add_property(key, value)
         try:
             receipt = self.producer.send(msg)

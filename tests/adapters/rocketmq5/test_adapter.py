@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from broker_sim.grpc.policy import GroupPolicy
 from reliable import Reliability
 from tests.adapters.rocketmq5 import venv5
 from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory
@@ -286,3 +287,63 @@ def test_sender_receipts_and_the_query_offset_probe(make_broker: GrpcBrokerFacto
     assert b is not None
     assert out["max_offsets"][1:] == [b.get_max_offset(TOPIC, q) for q in range(4)]
     assert sum(out["max_offsets"][1:]) == len(ids)
+
+
+def test_a_delayed_stub_is_sent_with_a_delivery_time_not_a_system_property(
+    make_broker: GrpcBrokerFactory, tmp_path: Path
+) -> None:
+    """A stub staged with RocketMQ's ``DELAY`` level: over 5.x that name is the broker's own (a proxy refuses
+    it as a user property); the sender turns the level into the message's delivery time, and the broker
+    holds the message back (parked: no offset yet)."""
+    broker = make_broker()
+    spec = {"endpoint": broker.endpoint, "topic": TOPIC, "mode": "send", "ids": ["late-1"],
+            "properties": {"DELAY": "3", "origin": "shop"}}  # fmt: skip
+    w = Worker(venv5.python(), spec, tmp_path / "send.log")
+    w.stop()
+    [[queue_id, offset, _]] = json.loads(w.first_line)["receipts"]
+    assert (queue_id, offset) == (-1, -1)  # parked on the timer until its delivery time
+    b = broker.server.broker
+    assert b is not None
+    assert sum(b.get_max_offset(TOPIC, q) for q in range(4)) == 0
+
+
+def test_the_brokers_last_delivery_is_the_guards_last_attempt(
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    """The group's retry policy allows 3 deliveries, the guard's ``max_attempts`` 16. The broker dead-letters
+    the message after its third delivery; the guard, never told it was the last, left the row PENDING — no
+    reason, no notice, and the sweeper re-sent it round after round. The third delivery is the guard's last
+    attempt now: the row ends DEAD with the handler's error, journaled."""
+    from reliable.adapters.rocketmq5 import retry_delay_s
+
+    group, key, control = f"poison{uuid.uuid4().hex[:6]}", f"poison-{uuid.uuid4().hex[:8]}", tmp_path / "c"
+    broker = make_broker(groups={group: GroupPolicy(max_attempts=3)})
+    start(broker, db, workers, control, group=group, max_attempts=3)
+    send(broker, "poison", key)
+    for attempt in (1, 2):
+        wait_until(lambda n=attempt: len(journal(db, key)) >= n, what=f"delivery {attempt}")  # type: ignore[misc]
+        broker.advance(retry_delay_s(attempt) + 1)
+    wait_until(lambda: len(journal(db, key)) >= 3, what="the third delivery")
+    assert [o for _, o in journal(db, key)] == ["RETRY", "RETRY", "DEAD_LETTER"]
+    b = broker.server.broker
+    assert b is not None
+    wait_until(lambda: b.get_max_offset(f"%DLQ%{group}", 0) == 1, what="the DLQ copy")
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        status = conn.execute(
+            text("SELECT status FROM message_inbox WHERE message_id = :m AND consumer_group = :g"),
+            {"m": key, "g": group},
+        ).scalar()
+    engine.dispose()
+    assert status == "DEAD"
+
+
+def journal(db: str, key: str) -> list[tuple[int, str]]:
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT reconsume_times, outcome FROM message_log WHERE message_id = :m ORDER BY id"),
+            {"m": key},
+        ).all()
+    engine.dispose()
+    return [(r[0], r[1]) for r in rows]

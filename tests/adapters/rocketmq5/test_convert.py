@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from broker_sim import Broker
 from broker_sim.common.convert import to_client
-from broker_sim.grpc.convert import to_pb_message, to_send_request
+from broker_sim.grpc.convert import IllegalPropertyError, to_pb_message, to_send_request
 from broker_sim.grpc.protocol import Protocol, load_protocol
 from tests.broker_sim.messaging.conftest import SMALL_STORE
 
@@ -78,3 +78,22 @@ def test_a_message_keeps_its_fields_through_the_store(
     assert bsp.body_digest.checksum == format(zlib.crc32(body) & 0xFFFFFFFF, "08X")
     assert (bsp.queue_id, bsp.queue_offset) == (1, sent.queue_offset)
     assert bsp.born_timestamp.seconds == 1_700_000_000
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("KEYS", "spoofed-1"), ("DELAY", "18"), ("__SHARDINGKEY", "g"), ("UNIQ_KEY", "x"), ("ok", "a\x01KEYS")],
+)
+def test_a_user_property_the_broker_keeps_for_itself_is_refused_as_a_proxy_does(
+    pb: Protocol, name: str, value: str
+) -> None:
+    """A 5.x proxy refuses these with ILLEGAL_MESSAGE_PROPERTY_KEY; broker_sim stored them and acted on them:
+    ``KEYS`` gave it another id, ``DELAY`` parked it for two hours, ``__SHARDINGKEY`` made it FIFO."""
+    d = pb.definition
+    m: Any = d.Message()
+    m.topic.name = TOPIC
+    m.body = b"x"
+    m.user_properties[name] = value
+    m.system_properties.message_id = "01AB"
+    with pytest.raises(IllegalPropertyError):
+        to_send_request(pb, m, 0)

@@ -36,6 +36,27 @@ def test_envelope_falls_back_to_the_message_id_and_an_unknown_position() -> None
     assert (env.message_id, env.broker_name, env.queue_id, env.queue_offset) == ("01ABC", "", -1, -1)
 
 
+def test_several_keys_are_no_id_and_the_guard_dead_letters_the_message() -> None:
+    """Two orders sharing a customer key (keys {order-1, cust-7} and {order-2, cust-7}) were both message
+    ``cust-7``: the second acknowledged as the first's duplicate, never applied. The client keeps keys as a
+    set, so no rule can pick "the" id: the message has none, and the guard dead-letters it."""
+    env = to_envelope(received(keys={"order-1", "cust-7"}))
+    assert env.message_id is None and env.keys == "cust-7 order-1"
+
+
+def test_the_delivery_at_the_groups_max_attempts_is_the_last() -> None:
+    assert [to_envelope(received(delivery_attempt=n)).last_attempt for n in (1, 16, 17, 18)] == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert [to_envelope(received(delivery_attempt=n), max_attempts=3).last_attempt for n in (2, 3)] == [
+        False,
+        True,
+    ]
+
+
 def test_retry_backoff_follows_rocketmq_delay_levels_from_level_3() -> None:
     assert [retry_delay_s(n) for n in (1, 2, 3, 16, 40)] == [10, 30, 60, 7200, 7200]
 

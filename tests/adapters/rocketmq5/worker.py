@@ -6,7 +6,7 @@ until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ
 business handler records each application in ``applied5`` (one row per group and message, in the guard's
 transaction) and leaves a ``started-<id>-<pid>`` file in the control directory before its work; a message
 whose body is ``slow`` waits until the control file ``release`` exists (a handler that runs for a while);
-the first attempt at a message whose body is ``flaky`` raises.
+the first attempt at a message whose body is ``flaky`` raises, every attempt at one whose body is ``poison``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def main() -> None:
         sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
         receipts = []
         for mid in spec["ids"]:
-            r = sender.send(OutgoingMessage(mid, spec["topic"], mid.encode()))
+            props = spec.get("properties", {})
+            r = sender.send(OutgoingMessage(mid, spec["topic"], mid.encode(), properties=props))
             receipts.append([r.queue_id, r.queue_offset, r.broker_message_id])
         assert isinstance(sender, BrokerProbe)  # the sweeper gets sender and probe in one object
         offsets = [sender.max_offset(spec["topic"], q) for q in (-1, 0, 1, 2, 3)]
@@ -66,6 +67,8 @@ def main() -> None:
         if env.body == b"flaky" and not failed.exists():
             failed.touch()
             raise RuntimeError("the first attempt of a flaky message fails")
+        if env.body == b"poison":
+            raise RuntimeError("a poison message fails every time")
         if env.body == b"slow":
             while not (control / "release").exists():
                 time.sleep(0.05)  # the work itself: this handler runs until the test releases it
@@ -79,6 +82,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     config = ClientConfiguration(spec["endpoint"], Credentials(), request_timeout=5)
     timing = {"invisible_s": spec["invisible_s"], "extend_every_s": spec["extend_every_s"]}
+    if "max_attempts" in spec:
+        timing["max_attempts"] = spec["max_attempts"]
     if spec["mode"] == "simple":
         consumer = SimpleConsumer(config, group, {spec["topic"]: FilterExpression()}, await_duration=1)
         consumer.startup()

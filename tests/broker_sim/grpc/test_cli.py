@@ -35,6 +35,25 @@ def test_bad_group_policy_is_a_one_line_error(tmp_path: Path) -> None:
     assert "unknown --grpc-group option 'retries=3'" in line
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--grpc-group", "g:max_attempts=3", "--grpc-group", "g:fifo"], "--grpc-group 'g' given twice"),
+        (["--grpc-group", "g:max_attempts=3"], "it needs --grpc-port"),
+        (["--grpc-group", "g:max_attempts=x"], "max_attempts must be a whole number"),
+    ],
+)
+def test_group_policies_that_would_be_ignored_or_half_applied_are_one_line_errors(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    """Two options for one group: the second replaced the first, silently; a policy without the gRPC port
+    was dropped, silently; ``max_attempts=x`` named neither the option nor the group."""
+    r = serve(tmp_path, *args, env=dict(os.environ))
+    assert r.returncode == 1
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("broker-sim: error:") and said in line
+
+
 def test_group_policy_spec() -> None:
     name, policy = GroupPolicy.parse("orders:fifo,max_attempts=3,backoff=500ms;5s;1m")
     assert name == "orders"
