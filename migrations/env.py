@@ -6,8 +6,10 @@ import os
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import Connection, engine_from_config, pool
 
+from reliable import constants as C
+from reliable.migrate import adopt_legacy_version, migration_lock
 from reliable.models import metadata
 
 config = context.config
@@ -29,25 +31,36 @@ def run_migrations_offline() -> None:
         target_metadata=target_metadata,
         literal_binds=True,
         render_as_batch=True,
+        version_table=C.ALEMBIC_VERSION_TABLE,
     )
     with context.begin_transaction():
         context.run_migrations()
 
 
+def _run(conn: Connection) -> None:
+    """One process at a time; reliable's revision in its own version table (reliable/migrate.py)."""
+    with migration_lock(conn):
+        adopt_legacy_version(conn)
+        context.configure(
+            connection=conn,
+            target_metadata=target_metadata,
+            render_as_batch=True,
+            version_table=C.ALEMBIC_VERSION_TABLE,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+
+
 def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:  # called programmatically with an open connection (tests, the CLI)
-        context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True)
-        with context.begin_transaction():
-            context.run_migrations()
+        _run(connection)
         return
     engine = engine_from_config(
         config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.", poolclass=pool.NullPool
     )
-    with engine.connect() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
-        with context.begin_transaction():
-            context.run_migrations()
+    with engine.begin() as conn:  # one transaction: the lock (PostgreSQL), the adoption and the migrations
+        _run(conn)
 
 
 if context.is_offline_mode():

@@ -2,17 +2,33 @@
 
 There is one way to create the schema (running the migrations) so ``create_schema()`` and
 ``alembic upgrade head`` cannot disagree.
+
+Two things a deployment needs that Alembic's defaults do not give:
+
+* **reliable's own version table** (``reliable_alembic_version``): the handler's writes go to the
+  application's database, which usually has its own Alembic migrations in ``alembic_version``. Sharing that
+  table, whichever tool ran second failed with "Can't locate revision", for good. A database migrated before
+  keeps its revision: :func:`adopt_legacy_version` moves reliable's row out of ``alembic_version`` (and drops
+  that table if nothing else is left in it) the first time the migrations run.
+* **one migrating process at a time** (:func:`migration_lock`): every consumer calls ``create_schema()`` at
+  start, and N replicas starting together ran the same DDL at once — all but one crashed. The lock is a
+  PostgreSQL transaction-level advisory lock, a MariaDB named lock, SQLite's write lock; the revision is read
+  after it is taken, so the others find the schema at head and do nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from alembic.script import ScriptDirectory
+from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, inspect, text
 
 import migrations as _migrations_pkg
+from reliable import constants as C
 
 
 def alembic_config(engine: Engine | None = None, url: str | None = None) -> Config:
@@ -25,6 +41,17 @@ def alembic_config(engine: Engine | None = None, url: str | None = None) -> Conf
     if engine is not None:
         cfg.attributes["engine"] = engine
     return cfg
+
+
+def ordered_revisions() -> list[str]:
+    """Every revision id of reliable's migrations, base to head."""
+    scripts = ScriptDirectory.from_config(alembic_config())
+    return [s.revision for s in reversed(list(scripts.walk_revisions()))]
+
+
+def revisions() -> set[str]:
+    """Every revision id of reliable's migrations."""
+    return set(ordered_revisions())
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -44,8 +71,57 @@ def downgrade(engine: Engine, revision: str = "base") -> None:
 
 
 def current(engine: Engine) -> str | None:
-    """The revision the database is at, or ``None`` for an empty database."""
+    """The revision the database is at, or ``None`` for an empty database (read only: a revision still in
+    the shared ``alembic_version`` table counts)."""
     from alembic.runtime.migration import MigrationContext
 
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        opts = {"version_table": C.ALEMBIC_VERSION_TABLE}
+        at = MigrationContext.configure(conn, opts=opts).get_current_revision()
+        return at if at is not None else _legacy_revision(conn)
+
+
+def _legacy_revision(conn: Connection) -> str | None:
+    if not inspect(conn).has_table(C.LEGACY_ALEMBIC_VERSION_TABLE):
+        return None
+    rows = conn.execute(text(f"SELECT version_num FROM {C.LEGACY_ALEMBIC_VERSION_TABLE}")).scalars().all()
+    mine = sorted(set(rows) & revisions())
+    return mine[-1] if mine else None
+
+
+def adopt_legacy_version(conn: Connection) -> None:
+    """Move reliable's revision from the shared ``alembic_version`` into its own table (see the module doc);
+    nothing when its own table exists or the shared one holds none of reliable's revisions."""
+    if inspect(conn).has_table(C.ALEMBIC_VERSION_TABLE):
+        return
+    legacy = _legacy_revision(conn)
+    if legacy is None:
+        return
+    own = Table(C.ALEMBIC_VERSION_TABLE, MetaData(), Column("version_num", String(32), primary_key=True))
+    own.create(conn)
+    conn.execute(own.insert().values(version_num=legacy))
+    conn.execute(text(f"DELETE FROM {C.LEGACY_ALEMBIC_VERSION_TABLE} WHERE version_num = :v"), {"v": legacy})
+    left = conn.execute(text(f"SELECT count(*) FROM {C.LEGACY_ALEMBIC_VERSION_TABLE}")).scalar()
+    if not left:
+        conn.execute(text(f"DROP TABLE {C.LEGACY_ALEMBIC_VERSION_TABLE}"))
+
+
+@contextlib.contextmanager
+def migration_lock(conn: Connection) -> Iterator[None]:
+    """Hold the database's migration lock while the block runs (see the module doc)."""
+    dialect = conn.dialect.name
+    if dialect == "postgresql":  # released when the migration's transaction ends
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": C.MIGRATION_LOCK_KEY})
+        yield
+    elif dialect in ("mysql", "mariadb"):  # DDL commits on its own there: a session-level named lock
+        got = conn.execute(
+            text("SELECT GET_LOCK(:n, :t)"), {"n": C.MIGRATION_LOCK_NAME, "t": C.MIGRATION_LOCK_TIMEOUT_S}
+        ).scalar()
+        if got != 1:
+            raise TimeoutError(f"another process held the migration lock for {C.MIGRATION_LOCK_TIMEOUT_S} s")
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": C.MIGRATION_LOCK_NAME})
+    else:  # SQLite: its write lock, taken by the first statement that writes
+        yield

@@ -49,7 +49,7 @@ def snapshot(engine: Engine) -> dict[str, Any]:
     """Everything a DBA would compare: tables, columns (type, nullability, default), PK/CK names, indexes."""
     insp = inspect(engine)
     out: dict[str, Any] = {}
-    for table in sorted(set(insp.get_table_names()) - {"alembic_version"}):
+    for table in sorted(set(insp.get_table_names()) - {"alembic_version", "reliable_alembic_version"}):
         pk = insp.get_pk_constraint(table)
         out[table] = {
             "columns": [

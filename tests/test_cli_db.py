@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from broker_sim.common.net import listen_port
 from reliable.cli import main
@@ -35,15 +35,37 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def test_upgrade_current_downgrade_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
-    assert run(capsys, "db", "current", "--db", url) == (0, "base (empty)\n", "")
+    # a file that does not exist is a mistyped path: said, not created and printed as an empty database
+    code, _, err = run(capsys, "db", "current", "--db", url)
+    assert code != 0 and "no database file" in err and not (tmp_path / "cli.db").exists()
     assert run(capsys, "db", "upgrade", "--db", url) == (0, f"database at revision {HEAD}\n", "")
     assert run(capsys, "db", "upgrade", "--db", url)[0] == 0  # idempotent
     assert run(capsys, "db", "current", "--db", url) == (0, f"{HEAD}\n", "")
     engine = make_engine(url)
     assert {"message_stub", "message_log", "consume_progress"} <= set(inspect(engine).get_table_names())
     assert run(capsys, "db", "downgrade", "base", "--db", url) == (0, "database at revision base\n", "")
-    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    assert set(inspect(engine).get_table_names()) <= {"reliable_alembic_version"}
     engine.dispose()
+
+
+def test_a_database_a_newer_reliable_migrated_and_an_upgrade_backwards_are_said_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A revision this reliable does not know: every command advised `reliable db upgrade`, which then said
+    "Can't locate revision". An upgrade to a revision below the database's did nothing, and said it was
+    done."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    assert run(capsys, "db", "upgrade", "--db", url)[0] == 0
+    code, out, err = run(capsys, "db", "upgrade", "0005", "--db", url)
+    assert code == 2 and out == "" and "below the database's" in err and "downgrade" in err
+    assert run(capsys, "db", "current", "--db", url) == (0, f"{HEAD}\n", "")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE reliable_alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    for argv in (["db", "upgrade"], ["stubs", "list"]):
+        code, out, err = run(capsys, *argv, "--db", url)
+        assert code != 0 and err.count("\n") == 1 and "does not know" in err and "newer reliable" in err
 
 
 def test_database_url_from_environment(

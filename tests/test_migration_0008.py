@@ -65,7 +65,8 @@ def _collations(engine: Engine) -> set[str]:
         rows = conn.execute(
             text(
                 "SELECT DISTINCT collation_name FROM information_schema.columns"
-                " WHERE table_schema = DATABASE() AND table_name <> 'alembic_version'"
+                " WHERE table_schema = DATABASE()"
+                " AND table_name NOT IN ('alembic_version', 'reliable_alembic_version')"
                 " AND collation_name IS NOT NULL"
             )
         ).scalars()

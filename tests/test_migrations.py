@@ -23,6 +23,7 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import StatementError
 
 from reliable import Reliability, StubStatus
+from reliable import constants as C
 from reliable.migrate import alembic_config, current, downgrade, upgrade
 from reliable.models import MessageLog, MessageStub, metadata
 from tests.migration_support import KINDS, TABLES, engine_for, fresh_databases, snapshot
@@ -64,7 +65,7 @@ def test_upgrade_downgrade_upgrade(kind: str, fresh: Callable[[str], AbstractCon
         assert set(first) == TABLES
         downgrade(engine, "base")
         assert current(engine) is None
-        assert set(inspect(engine).get_table_names()) - {"alembic_version"} == set()
+        assert set(inspect(engine).get_table_names()) <= {C.ALEMBIC_VERSION_TABLE}
         upgrade(engine)
         assert current(engine) == HEAD
         assert snapshot(engine) == first
@@ -109,7 +110,8 @@ def test_autogenerate_finds_no_drift_between_models_and_migrations(
     with fresh(kind) as url, engine_for(url) as engine:
         upgrade(engine)
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            opts = {"compare_type": True, "version_table": C.ALEMBIC_VERSION_TABLE}
+            ctx = MigrationContext.configure(conn, opts=opts)
             assert compare_metadata(ctx, metadata) == []
 
 
@@ -291,3 +293,85 @@ def test_hot_queries_are_index_lookups_on_postgres(
             assert _indexes_used(conn, progress, {"g": "g1", "t": "orders", "q": 2}) == {
                 "pk_consume_progress"
             }
+
+
+# --- a database shared with the application's own migrations; several processes migrating at once -------
+
+_APP_REVISION = "a1b2c3d4e5f6"  # what an application's own Alembic migrations leave in alembic_version
+
+
+def _legacy_rows(engine: Any) -> list[str]:
+    with engine.connect() as conn:
+        if not inspect(conn).has_table(C.LEGACY_ALEMBIC_VERSION_TABLE):
+            return []
+        return sorted(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+
+
+def _app_migrated(engine: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": _APP_REVISION})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_applications_own_alembic_migrations_and_reliables_keep_apart(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    """The handler's writes go to the application's database, which has its own Alembic migrations. Both
+    kept their revision in ``alembic_version``: whichever ran second failed ("Can't locate revision"), for
+    good. reliable keeps its own table; the application's row is left alone."""
+    with fresh(kind) as url, engine_for(url) as engine:
+        _app_migrated(engine)
+        upgrade(engine)
+        assert current(engine) == HEAD
+        assert _legacy_rows(engine) == [_APP_REVISION]
+        upgrade(engine)  # again: nothing to do
+        assert _legacy_rows(engine) == [_APP_REVISION]
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-with-the-app", "reliable-alone"])
+def test_a_database_migrated_before_keeps_its_revision_in_reliables_own_table(
+    fresh: Callable[[str], AbstractContextManager[str]], shared: bool
+) -> None:
+    """Before 2026-11-28 reliable's revision sat in ``alembic_version``: the first migration run moves it to
+    ``reliable_alembic_version`` (and drops the old table when nothing else is in it); the schema is not
+    created again."""
+    with fresh("postgres") as url, engine_for(url) as engine:
+        upgrade(engine)
+        with engine.begin() as conn:  # as a deployment of before left it
+            conn.execute(text(f"DROP TABLE {C.ALEMBIC_VERSION_TABLE}"))
+        if shared:
+            _app_migrated(engine)
+        else:
+            with engine.begin() as conn:
+                conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO alembic_version VALUES (:v)"), {"v": HEAD})
+        assert current(engine) == HEAD  # read before anything moved
+        upgrade(engine)
+        assert current(engine) == HEAD
+        assert _legacy_rows(engine) == ([_APP_REVISION] if shared else [])
+        with engine.connect() as conn:
+            assert inspect(conn).has_table(C.LEGACY_ALEMBIC_VERSION_TABLE) is shared
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mariadb"])
+def test_replicas_creating_the_schema_at_once_all_start(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    """Every consumer calls ``create_schema()`` at start: six replicas starting together ran the same DDL at
+    once, and all but one crashed (duplicate table, duplicate type, 'expected to match one row'). They take
+    the migration lock in turn; the first migrates, the others find the schema at head."""
+    with fresh(kind) as url:
+        script = (
+            "import sys; from reliable import Reliability; "
+            "Reliability(sys.argv[1], redis_url='').create_schema()"
+        )
+        procs = [
+            subprocess.Popen([sys.executable, "-c", script, url], stderr=subprocess.PIPE, text=True)
+            for _ in range(6)
+        ]
+        failures = [err for p in procs if (err := p.communicate(timeout=300)[1]) and p.returncode != 0]
+        assert failures == []
+        with engine_for(url) as engine:
+            assert current(engine) == HEAD

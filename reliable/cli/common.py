@@ -79,9 +79,7 @@ def ready_engine(url: str) -> Engine:
     Checked before any work, so a command against a missing or un-migrated database says what to do instead
     of failing half-way with a driver traceback. A SQLite file that does not exist is not created.
     """
-    path = make_url(url).database if make_url(url).get_backend_name() == "sqlite" else None
-    if path not in (None, "", ":memory:") and not Path(str(path)).exists():
-        raise DatabaseNotReadyError(f"no database file {path}: {UPGRADE_HINT}")
+    check_sqlite_file(url)
     engine = make_engine(url)
     try:
         at = migrate.current(engine)
@@ -95,9 +93,27 @@ def ready_engine(url: str) -> Engine:
     head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
     if at != head:
         engine.dispose()
+        if at is not None and at not in migrate.revisions():
+            raise DatabaseNotReadyError(unknown_revision(at))
         state = "has no reliable schema" if at is None else f"is at schema revision {at}, not {head}"
         raise DatabaseNotReadyError(f"the database {state}: {UPGRADE_HINT}")
     return engine
+
+
+def unknown_revision(at: str) -> str:
+    """What a database migrated by a newer reliable says (an upgrade cannot help, and said it cannot locate
+    the revision)."""
+    return (
+        f"the database is at schema revision {at}, which this reliable does not know: a newer reliable "
+        "migrated it; install that version (its `reliable db downgrade` can take the schema back)"
+    )
+
+
+def check_sqlite_file(url: str) -> None:
+    """A SQLite file that does not exist is a mistyped path, not an empty database: never created here."""
+    path = make_url(url).database if make_url(url).get_backend_name() == "sqlite" else None
+    if path not in (None, "", ":memory:") and not Path(str(path)).exists():
+        raise DatabaseNotReadyError(f"no database file {path}: {UPGRADE_HINT}")
 
 
 def port(text: str) -> int:

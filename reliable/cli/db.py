@@ -8,7 +8,13 @@ from typing import Any
 from alembic.util import CommandError
 
 from reliable import migrate
-from reliable.cli.common import add_db_options, require_db
+from reliable.cli.common import (
+    DatabaseNotReadyError,
+    add_db_options,
+    check_sqlite_file,
+    require_db,
+    unknown_revision,
+)
 from reliable.errors import ConfigurationError
 from reliable.facade import make_engine  # a bad URL: require_db's one line, exit 2
 
@@ -32,6 +38,15 @@ def register(sub: Any) -> None:
 def _upgrade(args: argparse.Namespace) -> int:
     engine = make_engine(require_db(args))
     try:
+        at = migrate.current(engine)
+        if at is not None and at not in migrate.revisions():
+            raise DatabaseNotReadyError(unknown_revision(at))
+        order = migrate.ordered_revisions()
+        if at in order and args.revision in order and order.index(args.revision) < order.index(at):
+            # Alembic does nothing and says nothing: the database stayed where it was
+            raise ConfigurationError(
+                f"revision {args.revision} is below the database's {at}: use `reliable db downgrade`"
+            )
         try:
             migrate.upgrade(engine, args.revision)
         except CommandError as exc:  # unknown revision and the like: bad input, not a crash
@@ -56,7 +71,9 @@ def _downgrade(args: argparse.Namespace) -> int:
 
 
 def _current(args: argparse.Namespace) -> int:
-    engine = make_engine(require_db(args))
+    url = require_db(args)
+    check_sqlite_file(url)  # a mistyped path was created, and printed as an empty database
+    engine = make_engine(url)
     try:
         print(migrate.current(engine) or "base (empty)")
     finally:
