@@ -24,7 +24,9 @@ of one group share rows, leases and done markers.
 
 Cancellation: a task cancelled *inside the handler* becomes a handler failure (:class:`HandlerCancelled`), so
 the guard rolls the transaction back, counts the attempt and releases the lease (the message is
-retryable at once); then ``CancelledError`` is raised again to the caller, as asyncio requires. A task
+retryable at once); then ``CancelledError`` is raised again to the caller, as asyncio requires. A
+``CancelledError`` out of the handler while its task is not being cancelled is an ordinary failure
+(:class:`StrayCancel`): answered like any other, never raised to the caller. A task
 cancelled while the guard itself awaits the database or Redis unwinds with the transaction rolled back; its
 Redis lease, if it took one, lapses after ``lease_ms``. Where the driver turns the cancel into an error of
 its own (asyncmy), the guard answers that delivery as an outage and :meth:`AsyncGuard.process` still raises
@@ -52,7 +54,7 @@ from reliable import constants as C
 from reliable.aio_backends import PerLoop
 from reliable.errors import ConfigurationError
 from reliable.guard.core import Guard
-from reliable.guard.decision import Decision, GuardHooks, HandlerCancelled
+from reliable.guard.decision import Decision, GuardHooks, HandlerCancelled, StrayCancel
 from reliable.names import check_group
 from reliable.settings import Settings
 from reliable.stores.aio_lease import AsyncRedisLeaseStore, GreenletLeaseStore
@@ -169,7 +171,12 @@ class AsyncGuard:
             try:
                 await_only(call(env, async_session))
             except asyncio.CancelledError as exc:
-                raise HandlerCancelled(f"handler of {env.message_id!r} was cancelled") from exc
+                task = asyncio.current_task()
+                if task is not None and task.cancelling() > 0:
+                    raise HandlerCancelled(f"handler of {env.message_id!r} was cancelled") from exc
+                raise StrayCancel(
+                    f"handler of {env.message_id!r} raised {exc!r}; its task was not cancelled"
+                ) from exc
 
         return run
 

@@ -79,6 +79,14 @@ class HandlerCancelled(Exception):
     never ends the row at the broker's last delivery: a service stopping then did not see the handler fail."""
 
 
+class StrayCancel(Exception):
+    """A ``CancelledError`` came out of an ``async def`` handler while nobody cancelled its task (a future a
+    client library cancelled, a ``gather`` over a cancelled child): an ordinary handler failure. Taken for a
+    cancel of the task, it was re-raised to the adapter — which catches ``Exception`` only, so the message
+    was neither acknowledged nor requeued (RabbitMQ) or the whole consumer stopped (aiokafka) — and on the
+    last attempt the row ended DEAD while the caller got ``CancelledError`` (until 2026-11-28)."""
+
+
 class Verdict(enum.Enum):
     """What the group's (locked) inbox row says about running the handler."""
 

@@ -32,6 +32,12 @@ log = logging.getLogger(C.GUARD_LOGGER)
 
 #: what a pre-7.0 server's ``SET … NX GET`` error says; the store then uses SET NX + GET.
 _NO_SET_GET = "syntax"
+#: what the client may raise that is the server's absence, not a bug: redis.asyncio's cluster client raises
+#: ``AttributeError`` ("'NoneType' object has no attribute 'writelines'") on a connection another task tore
+#: down when a node died, which escaped the guard instead of leaving it on the database. Every
+#: ``Exception`` opens the breaker (never ``CancelledError``: that is not one); one that is not a Redis or
+#: socket error is logged with its traceback too.
+_CLIENT_ERRORS = (Exception,)
 
 
 class AsyncRedisLeaseStore:
@@ -66,8 +72,8 @@ class AsyncRedisLeaseStore:
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         try:
             previous = await self._set_many(keys, values, lease_ms)
-        except REDIS_OR_SOCKET_ERRORS as exc:
-            self.breaker.failed("acquire", exc)
+        except _CLIENT_ERRORS as exc:
+            _failed(self.breaker, "acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
         return [classify(p) for p in previous]
@@ -146,8 +152,8 @@ class AsyncRedisLeaseStore:
             for key, value, ttl_s in marks:
                 pipe.set(key, value, ex=ttl_s)
             await pipe.execute()
-        except REDIS_OR_SOCKET_ERRORS as exc:
-            self.breaker.failed("mark_done", exc)
+        except _CLIENT_ERRORS as exc:
+            _failed(self.breaker, "mark_done", exc)
 
     async def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key only if it still holds our own lease value."""
@@ -155,8 +161,14 @@ class AsyncRedisLeaseStore:
             return
         try:
             await self._cad(keys=[key], args=[value])
-        except REDIS_OR_SOCKET_ERRORS as exc:
-            self.breaker.failed("release", exc)
+        except _CLIENT_ERRORS as exc:
+            _failed(self.breaker, "release", exc)
+
+
+def _failed(breaker: RedisBreaker, operation: str, exc: Exception) -> None:
+    if not isinstance(exc, REDIS_OR_SOCKET_ERRORS):
+        log.error("redis client raised %s during %s", type(exc).__name__, operation, exc_info=exc)
+    breaker.failed(operation, exc)
 
 
 class GreenletLeaseStore:

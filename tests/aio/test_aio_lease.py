@@ -88,3 +88,28 @@ def test_a_loop_closed_right_after_done_markers_were_queued_leaves_no_unawaited_
         gc.collect()
     unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
     assert unawaited == []
+
+
+class _TornDown(aioredis.Redis):
+    """Fault injection: a real client whose commands fail as redis.asyncio's cluster client does on a
+    connection another task tore down when a node died (an ``AttributeError``, not a ``RedisError``)."""
+
+    async def execute_command(self, *args: object, **options: object) -> object:
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+
+def test_a_client_error_that_is_not_a_redis_error_leaves_the_guard_on_the_database(redis_url: str) -> None:
+    """It escaped the guard to the caller; the store's contract is that any Redis trouble is ``UNAVAILABLE``
+    (the database decides) and opens the breaker."""
+    fallbacks: list[str] = []
+
+    async def scenario() -> None:
+        client = _TornDown.from_url(redis_url)
+        store = AsyncRedisLeaseStore(client, on_fallback=lambda op, exc: fallbacks.append(op))
+        assert (await store.acquire_many(["k"], ["v"], 1000))[0].state is LeaseState.UNAVAILABLE
+        store.breaker.succeeded()
+        await store.release("k", "v")
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert fallbacks == ["acquire", "release"]

@@ -69,6 +69,37 @@ def test_a_task_cancelled_mid_handler_rolls_back_and_leaves_the_message_retryabl
     assert [o for o, _ in journal(rel, "c")] == ["RETRY", "SUCCESS"]
 
 
+def test_a_cancelled_error_its_task_did_not_get_is_an_ordinary_handler_failure(
+    db_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """A handler awaits a future that a client library cancelled: ``CancelledError`` comes out, but nobody
+    cancelled the task. Taken for a cancel of the task it was raised to the adapter (which catches
+    ``Exception``: the message neither acknowledged nor requeued, or an aiokafka consumer stopped), and at
+    the last attempt the row ended DEAD while the caller got ``CancelledError``. It is a failure like any
+    other: retried, then dead-lettered with the reason."""
+    rel = make_rel(db_url, redis_url, key_prefix, max_attempts=2)
+
+    @idempotent_consumer(rel, group="g")
+    async def handle(e: Envelope, session: AsyncSession) -> None:
+        await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
+        inner = asyncio.get_running_loop().create_future()
+        inner.cancel()  # a library's request, cancelled under the handler
+        await inner
+
+    async def scenario() -> list[ConsumeResult]:
+        results = [await handle(env("s", reconsume_times=n)) for n in range(2)]
+        await rel.aclose()
+        return results
+
+    try:
+        assert asyncio.run(scenario()) == [ConsumeResult.RECONSUME_LATER, ConsumeResult.DEAD_LETTER]
+        assert applied(rel) == {}
+        assert inbox(rel, "s") == ("DEAD", 2)
+        assert [o for o, _ in journal(rel, "s")] == ["RETRY", "DEAD_LETTER"]
+    finally:
+        rel.close()
+
+
 def test_a_service_stopping_during_the_brokers_last_delivery_does_not_dead_letter_the_message(
     rel: Reliability,
 ) -> None:
