@@ -57,6 +57,8 @@ DEFAULT_RETIRE_BATCH: Final = 500
 #: t·(1 − duty)/duty (×up to PURGE_MAX_BACKOFF while batches get slower than its fastest one).
 DEFAULT_PURGE_DUTY_CYCLE: Final = 0.5
 PURGE_MAX_BACKOFF: Final = 4.0
+#: the longest log retention (a century): a longer one failed every round's purge ("date value out of range")
+MAX_RETENTION_S: Final = 100 * 365 * 86400
 #: one sweep round purges at most this long; the next round goes on where the oldest rows are.
 DEFAULT_PURGE_ROUND_BUDGET_S: Final = 60.0
 #: pending stubs a round checks for "every group confirmed" (outbox.settle), walking on round by round.

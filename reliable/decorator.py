@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
@@ -29,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from reliable import constants as C
 from reliable import otel
+from reliable.errors import ConfigurationError
 from reliable.guard import Guard, Handler
 from reliable.guard.decision import Decision, GuardHooks
 from reliable.types import ConsumeResult, Envelope
@@ -105,6 +107,7 @@ def idempotent_consumer(
     :meth:`reliable.stores.sql_journal.JournalSql.journal_bulk`).
     """
 
+    _check_options(redis_retry_after_s, durable_journal)
     options: dict[str, Any] = {
         "registry": registry,
         "hooks": (*hooks, *otel.guard_hooks(rel, group)),
@@ -122,3 +125,19 @@ def idempotent_consumer(
         return GuardedHandler(guard)
 
     return wrap
+
+
+def _check_options(retry_after_s: object, durable_journal: object) -> None:
+    """Bad options were accepted: ``redis_retry_after_s="x"`` raised ``TypeError`` on every delivery once
+    Redis went down, ``-1`` retried Redis on every message, ``durable_journal="no"`` meant yes."""
+    if (
+        isinstance(retry_after_s, bool)
+        or not isinstance(retry_after_s, int | float)
+        or not math.isfinite(retry_after_s)
+        or retry_after_s < 0
+    ):
+        raise ConfigurationError(
+            f"redis_retry_after_s must be a number of seconds >= 0, got {retry_after_s!r}"
+        )
+    if not isinstance(durable_journal, bool):  # (True on another database: its rows are durable already)
+        raise ConfigurationError(f"durable_journal must be True or False, got {durable_journal!r}")

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reliable import constants as C
 from reliable import pool_liveness, redis_connect
 from reliable.errors import ConfigurationError, DuplicateMessageIdError
-from reliable.outbox.staging import staged_elsewhere
+from reliable.outbox.staging import staged_elsewhere, staged_elsewhere_async
 from reliable.redis_connect import RedisClient
 from reliable.settings import Settings
 from reliable.sqlite_engine import configure_sqlite
@@ -129,9 +129,19 @@ class Reliability:
 
     @contextlib.asynccontextmanager
     async def async_session(self) -> AsyncIterator[AsyncSession]:
-        """An ``AsyncSession`` that commits on a clean exit and rolls back on an exception."""
-        async with self.aio.sessions()() as s, s.begin():
-            yield s
+        """An ``AsyncSession`` that commits on a clean exit and rolls back on an exception; a stage race
+        lost at the commit is :class:`~reliable.errors.DuplicateMessageIdError`, as in :meth:`session`."""
+        async with self.aio.sessions()() as s:
+            try:
+                async with s.begin():
+                    yield s
+            except IntegrityError as exc:
+                taken = await staged_elsewhere_async(self.aio.engine(), s)
+                if taken:
+                    raise DuplicateMessageIdError(
+                        f"a stub with message id {taken[0]!r} was staged by another transaction meanwhile"
+                    ) from exc
+                raise
 
     def new_async_session(self) -> AsyncSession:
         """A bare ``AsyncSession`` (the caller manages the transaction)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -109,6 +110,14 @@ def load_sender(spec: str | None, rel: Reliability) -> Sender:
     factory: Callable[[Reliability], object] | None = getattr(module, attr, None)
     if not callable(factory):
         raise SenderLoadError(f"{module_name!r} has no callable {attr!r}")
+    try:
+        inspect.signature(factory).bind(rel)
+    except TypeError:
+        raise SenderLoadError(
+            f"{spec} is not a sender factory: it must take the Reliability, factory(rel) -> Sender"
+        ) from None
+    except ValueError:  # no signature to read (some builtins): calling it says
+        pass
     sender = factory(rel)
     if not isinstance(sender, Sender):
         raise SenderLoadError(f"{spec} returned {type(sender).__name__}, which has no send(message) method")

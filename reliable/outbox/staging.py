@@ -6,7 +6,8 @@ import datetime as dt
 import hashlib
 from collections.abc import Sequence
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, Select, select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from reliable.errors import DuplicateMessageIdError
@@ -30,7 +31,20 @@ def staged_elsewhere(engine: Engine, session: Session) -> list[str]:
     if not ids:
         return []
     with engine.connect() as conn:
-        return list(conn.scalars(select(MessageStub.message_id).where(MessageStub.message_id.in_(ids))))
+        return list(conn.scalars(_existing(ids)))
+
+
+async def staged_elsewhere_async(engine: AsyncEngine, session: AsyncSession) -> list[str]:
+    """:func:`staged_elsewhere` for an ``AsyncSession``, asked through the async engine."""
+    ids = sorted(session.sync_session.info.get(STAGED_IDS, ()))
+    if not ids:
+        return []
+    async with engine.connect() as conn:
+        return list(await conn.scalars(_existing(ids)))
+
+
+def _existing(ids: Sequence[str]) -> Select[str]:
+    return select(MessageStub.message_id).where(MessageStub.message_id.in_(ids))
 
 
 def stage(
@@ -51,6 +65,9 @@ def stage(
     The id goes into ``session.info`` (:data:`STAGED_IDS`) too: if another transaction stages the same id
     at the same moment, both pass the lookup below and the database's unique key refuses the second commit —
     :func:`staged_elsewhere` then tells that apart from any other constraint of the caller's."""
+    if any(isinstance(o, MessageStub) and o.message_id == message_id for o in session.new):
+        # staged in this transaction and not flushed yet (autoflush off): the lookup below does not see it
+        raise DuplicateMessageIdError(f"message id {message_id!r} is staged twice in one transaction")
     if session.get(MessageStub, message_id) is not None:
         raise DuplicateMessageIdError(f"a stub with message id {message_id!r} already exists")
     session.info.setdefault(STAGED_IDS, set()).add(message_id)

@@ -74,6 +74,11 @@ def purge_logs(
                 # a purge batch lost in a crash is simply purged again: do not make the consumers' commits
                 # queue behind this one's WAL flush
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            elif conn.dialect.name in ("mysql", "mariadb"):
+                # InnoDB's default REPEATABLE READ takes next-key locks on what the DELETE scans — on a small
+                # table up to the index's supremum, where every consumer's journal INSERT lands: they waited
+                # for each batch (until 2026-11-28). READ COMMITTED locks the deleted rows only.
+                conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             rows = conn.execute(find_batch(cutoff, since, batch, protected)).all()
             if not rows:
                 return total

@@ -156,6 +156,10 @@ class Sweeper:
         self.max_unconfirmed_age = dt.timedelta(seconds=max_unconfirmed_age_s)
         self.retry_schedule: RetrySchedule = retry_schedule or RocketMQRetrySchedule()
         retention = log_retention_s if log_retention_s is not None else s.log_retention_s
+        if not 0 <= retention <= C.MAX_RETENTION_S:  # beyond it "now − retention" is before year 1
+            raise SweeperConfigError(
+                f"log_retention must be between 0 and {C.MAX_RETENTION_S // 86400} days, got {retention!r} s"
+            )
         self.log_retention = dt.timedelta(seconds=retention)
         self.purge_batch = s.purge_batch
         self.purge_duty_cycle = purge_duty_cycle if purge_duty_cycle is not None else s.purge_duty_cycle

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -59,6 +60,26 @@ def test_bad_group_is_refused(sqlite_url: str, key_prefix: str, group: str) -> N
     try:
         with pytest.raises(ConfigurationError, match="consumer group"):
             idempotent_consumer(rel, group=group)(apply)
+    finally:
+        rel.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"redis_retry_after_s": "x"}, "redis_retry_after_s"),  # TypeError on every delivery, Redis down
+        ({"redis_retry_after_s": -1}, "redis_retry_after_s"),  # Redis retried on every message
+        ({"redis_retry_after_s": float("nan")}, "redis_retry_after_s"),
+        ({"durable_journal": "no"}, "durable_journal"),  # a truthy string: taken as yes
+    ],
+)
+def test_bad_guard_options_are_refused_when_decorating(
+    sqlite_url: str, key_prefix: str, options: dict[str, Any], said: str
+) -> None:
+    rel = make_rel(sqlite_url, None, key_prefix)
+    try:
+        with pytest.raises(ConfigurationError, match=said):
+            idempotent_consumer(rel, group="g", **options)
     finally:
         rel.close()
 

@@ -7,6 +7,7 @@ the committing session still holds its first (more committers than pool slots mu
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
 
 from reliable import Reliability, StubProducer, idempotent_consumer, outbox
 from reliable.errors import DuplicateMessageIdError
@@ -278,3 +280,53 @@ def test_two_transactions_staging_one_id_at_once_the_second_commit_gets_a_typed_
         with rel.session() as s:
             assert s.scalars(select(MessageStub.content)).all() == [b"second"]
         assert [m.body for m in sender.sent] == [b"second"]
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mariadb"])
+def test_the_same_race_through_an_async_session_gets_the_same_typed_error(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """``rel.async_session()`` is what the async producer's docs show; its lost race was a raw
+    ``IntegrityError`` (a caller's ``except DuplicateMessageIdError`` missed it)."""
+    from reliable.aio_producer import AsyncStubProducer
+
+    url: str = request.getfixturevalue(f"{backend}_url")
+    _ensure_clean_schema(url)
+    with Reliability(url) as rel:
+        producer = AsyncStubProducer(rel, _AsyncRecording(), default_group="billing")
+
+        async def scenario() -> BaseException | None:
+            try:
+                async with rel.async_session() as first:
+                    await producer.stage(first, "order-8", "orders", b"first")
+                    async with rel.async_session() as second:
+                        await producer.stage(second, "order-8", "orders", b"second")
+            except DuplicateMessageIdError as exc:
+                return exc
+            finally:
+                await producer.aclose()
+                await rel.aclose()
+            return None
+
+        refused = asyncio.run(scenario())
+        assert refused is not None and "staged by another transaction" in str(refused)
+        assert isinstance(refused.__cause__, IntegrityError)
+
+
+class _AsyncRecording:
+    """An in-process :class:`~reliable.sender.AsyncSender` (the broker side is tested in tests/adapters)."""
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        return SendReceipt(0, 1, message.message_id)
+
+
+def test_one_id_staged_twice_in_one_transaction_without_autoflush_is_a_typed_error(sqlite_url: str) -> None:
+    """With ``autoflush=False`` the first stub is not flushed when the second stage looks it up: both were
+    added, and the commit failed on the unique key, untyped."""
+    _ensure_clean_schema(sqlite_url)
+    with Reliability(sqlite_url) as rel:
+        producer = StubProducer(rel, RecordingSender(), default_group="billing")
+        with Session(rel.engine, autoflush=False) as s, s.begin():
+            producer.stage(s, "twice", "orders", b"1")
+            with pytest.raises(DuplicateMessageIdError, match="staged twice in one transaction"):
+                producer.stage(s, "twice", "orders", b"1")

@@ -65,6 +65,10 @@ def test_sweep_once_resends_and_prints_the_summary(
         # each ran a normal round before: no backoff at all, every notice timing out at once
         (["--sender", "tests.sweeper.senders:memory_sender", "--backoff", ""], "unknown backoff"),
         (["--sender", "tests.sweeper.senders:memory_sender", "--notify-timeout", "0s"], "--notify-timeout"),
+        # accepted, then every round's purge failed ("date value out of range") and no summary was printed
+        (["--sender", "tests.sweeper.senders:memory_sender", "--log-retention", "3000000d"], "log_retention"),
+        # a sender spec that is a function but no sender factory: a TypeError traceback's last line
+        (["--sender", "os:getcwd"], "os:getcwd"),
     ],
 )
 def test_bad_input_is_one_line(

@@ -5,13 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import event, insert, select
+from sqlalchemy.exc import OperationalError
 
 from reliable import Reliability
 from reliable.models import MessageLog
 from reliable.sweeper import purge_logs
 from reliable.types import StubStatus
-from tests.sweeper.helpers import T0, add_log, add_stub
+from tests.sweeper.helpers import T0, add_log, add_stub, clean
 
 
 def test_purge_deletes_in_bounded_batches_and_keeps_pending_and_dead_evidence(rel: Reliability) -> None:
@@ -58,3 +59,44 @@ def test_purge_deletes_in_bounded_batches_and_keeps_pending_and_dead_evidence(re
     with rel.engine.connect() as conn:
         left = sorted(conn.execute(select(MessageLog.message_id)).scalars())
     assert left == sorted(kept)
+
+
+def test_a_purge_batch_on_mariadb_does_not_hold_up_a_consumers_journal_insert(mariadb_url: str) -> None:
+    """While a batch's DELETE is done and its transaction still open, a consumer journals a new delivery. At
+    InnoDB's default REPEATABLE READ the DELETE's scan left next-key locks up to the index's end, and the
+    INSERT waited for the batch (on a young, small table: every time)."""
+    rel = Reliability(mariadb_url, redis_url="")
+    rel.create_schema()
+    clean(rel.engine)
+    other = Reliability(mariadb_url, redis_url="")
+    old = T0 - dt.timedelta(days=8)
+    try:
+        for i in range(40):
+            add_stub(rel, f"old{i}", status=StubStatus.CONFIRMED)
+            add_log(rel, f"old{i}", old + dt.timedelta(seconds=i))
+        outcome: list[str] = []
+
+        def journal_meanwhile(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            if outcome or not statement.lstrip().upper().startswith("DELETE FROM MESSAGE_LOG"):
+                return
+            with other.engine.connect() as c2:
+                c2.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+                try:
+                    c2.execute(insert(MessageLog.__table__).values(
+                        message_id="fresh", consumer_group="billing", topic="orders", queue_id=0,
+                        queue_offset=99, reconsume_times=0, received_at=T0,
+                    ))  # fmt: skip
+                    c2.commit()
+                    outcome.append("journaled")
+                except OperationalError as exc:
+                    outcome.append(f"waited: {exc.orig}")
+
+        event.listen(rel.engine, "after_cursor_execute", journal_meanwhile)
+        try:
+            assert purge_logs(rel.engine, now=T0, retention=dt.timedelta(days=7), batch=1000) == 40
+        finally:
+            event.remove(rel.engine, "after_cursor_execute", journal_meanwhile)
+        assert outcome == ["journaled"]
+    finally:
+        other.close()
+        rel.close()
