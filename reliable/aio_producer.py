@@ -41,6 +41,10 @@ class GreenletSender:
     def __init__(self, sender: AsyncSender) -> None:
         self.sender = sender
 
+    def __getattr__(self, name: str) -> object:
+        """The wrapped sender's broker limits (``name_pattern``, ``max_body_bytes``, …) for staging."""
+        return getattr(self.sender, name)
+
     def send(self, message: OutgoingMessage) -> SendReceipt:
         return await_only(self.sender.send(message))
 

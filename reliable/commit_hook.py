@@ -22,8 +22,10 @@ import logging
 from collections.abc import Callable
 
 from sqlalchemy import Connection, event
+from sqlalchemy.exc import UnboundExecutionError
 from sqlalchemy.orm import Session, SessionTransaction
 
+from reliable.models import MessageStub
 from reliable.staged import StagedMessage
 
 log = logging.getLogger("reliable.producer")
@@ -89,7 +91,11 @@ def staged_list(session: Session, key: object, send: SendBatch) -> list[StagedMe
 
 
 def outer_transaction_open(session: Session) -> bool:
-    """Whether the session is bound to a connection whose own transaction is still open after the session
-    committed (``Session(bind=connection)`` inside ``connection.begin()``: the session only joined it)."""
-    bind = session.bind
+    """Whether the stubs were written through a connection whose own transaction is still open after the
+    session committed: ``Session(bind=connection)`` — or ``binds={table: connection}`` — inside
+    ``connection.begin()``, where the session only joined it."""
+    try:
+        bind = session.get_bind(mapper=MessageStub)
+    except UnboundExecutionError:
+        return False
     return isinstance(bind, Connection) and bind.in_transaction()

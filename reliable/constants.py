@@ -57,6 +57,13 @@ DEFAULT_RETIRE_BATCH: Final = 500
 #: t·(1 − duty)/duty (×up to PURGE_MAX_BACKOFF while batches get slower than its fastest one).
 DEFAULT_PURGE_DUTY_CYCLE: Final = 0.5
 PURGE_MAX_BACKOFF: Final = 4.0
+#: RocketMQ's (and broker_sim's) largest body (``maxMessageSize``): a bigger one is refused at every send
+ROCKETMQ_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+#: AMQP short strings (message id, header names and the like) hold at most this many bytes, not characters
+AMQP_SHORT_STRING_BYTES: Final = 255
+#: ``Session.info`` key of a guarded handler's session: the callables to run once the guard's transaction
+#: has committed (the producer's sends of messages staged in that session)
+SESSION_AFTER_COMMIT: Final = "reliable.after_guard_commit"
 #: the longest log retention (a century): a longer one failed every round's purge ("date value out of range")
 MAX_RETENTION_S: Final = 100 * 365 * 86400
 #: one sweep round purges at most this long; the next round goes on where the oldest rows are.

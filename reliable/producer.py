@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -50,8 +51,8 @@ from reliable.sender import OutgoingMessage, Sender
 from reliable.staged import SendOutcome as SendOutcome  # re-exported, as the rest: this module's API
 from reliable.staged import SendResult as SendResult
 from reliable.staged import StagedMessage as StagedMessage
+from reliable.staged import check_broker_limits, checked_properties, held_back_s, properties_json
 from reliable.staged import check_broker_names as check_broker_names
-from reliable.staged import checked_properties, held_back_s, properties_json
 from reliable.staged import validate_message as validate_message
 from reliable.types import StubStatus
 
@@ -128,6 +129,7 @@ class StubProducer:
         validate_message(message_id, topic, chosen, tags)
         check_broker_names(self.sender, topic, chosen)
         own = checked_properties(properties)
+        check_broker_limits(self.sender, message_id, tags, body, own)
         now = self.clock()
         # the grace the after-commit send has before the sweeper may step in (crash after commit), after the
         # broker's delay of a delayed message: nobody can have received it before then
@@ -147,7 +149,11 @@ class StubProducer:
         )
         staged = StagedMessage(message_id, topic, body, chosen, tags, digest, properties)
         if send_on_commit:
-            self._hook(session).append(staged)
+            guard_commit = session.info.get(C.SESSION_AFTER_COMMIT)
+            if guard_commit is not None:  # a guarded handler's session: sent once the guard has committed
+                guard_commit.append(functools.partial(self._send_from_hook, [staged], True))
+            else:
+                self._hook(session).append(staged)
         return staged
 
     def _hook(self, session: Session) -> list[StagedMessage]:

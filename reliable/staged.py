@@ -141,6 +141,33 @@ def check_broker_names(sender: object, topic: str, groups: Sequence[str]) -> Non
             )
 
 
+def check_broker_limits(
+    sender: object, message_id: str, tags: str | None, body: bytes, properties: Mapping[str, str]
+) -> None:
+    """Refuse what the sender's broker refuses at every send — a body over its ``max_body_bytes``, an id,
+    tags or property name over its ``short_string_bytes`` (AMQP counts bytes, not characters) — while the
+    caller's transaction can still fail: accepted, such a message committed with the business write, every
+    send failed, and a person heard of it only when the sweeper gave up."""
+    limit = getattr(sender, "max_body_bytes", None)
+    if isinstance(limit, int) and len(body) > limit:
+        raise InvalidMessageError(
+            f"body of {len(body)} bytes: {type(sender).__name__}'s broker takes at most {limit}"
+        )
+    short = getattr(sender, "short_string_bytes", None)
+    if not isinstance(short, int):
+        return
+    for what, value in (
+        ("message id", message_id),
+        ("tags", tags or ""),
+        *(("property name", k) for k in properties),
+    ):
+        if len(value.encode("utf-8")) > short:
+            raise InvalidMessageError(
+                f"{what} {value[:40]!r} is {len(value.encode('utf-8'))} bytes in UTF-8: "
+                f"{type(sender).__name__}'s broker takes at most {short}"
+            )
+
+
 #: RocketMQ's delay-level property (4.x clients and broker_sim): the broker holds the message back
 DELAY_PROPERTY = "DELAY"
 

@@ -14,7 +14,7 @@ from sqlalchemy import inspect, text
 from broker_sim.common.net import listen_port
 from reliable.cli import main
 from reliable.facade import make_engine
-from reliable.migrate import alembic_config
+from reliable.migrate import alembic_config, current
 from tests import services
 
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -43,7 +43,14 @@ def test_upgrade_current_downgrade_cycle(tmp_path: Path, capsys: pytest.CaptureF
     assert run(capsys, "db", "current", "--db", url) == (0, f"{HEAD}\n", "")
     engine = make_engine(url)
     assert {"message_stub", "message_log", "consume_progress"} <= set(inspect(engine).get_table_names())
-    assert run(capsys, "db", "downgrade", "base", "--db", url) == (0, "database at revision base\n", "")
+    code, _, err = run(capsys, "db", "downgrade", "base", "--db", url)  # destructive: asked for
+    assert code == 2 and "--yes" in err
+    assert current(engine) == HEAD
+    assert run(capsys, "db", "downgrade", "base", "--yes", "--db", url) == (
+        0,
+        "database at revision base\n",
+        "",
+    )
     assert set(inspect(engine).get_table_names()) <= {"reliable_alembic_version"}
     engine.dispose()
 
@@ -82,7 +89,7 @@ def test_database_url_from_environment(
         (["db", "upgrade"], 2, "no database: pass --db URL or set RELIABLE_DB_URL"),
         (["db", "upgrade", "--db", "nonsense://x"], 2, "bad database URL"),
         (["db", "upgrade", "9999", "--db", "sqlite://"], 2, "Can't locate revision identified by '9999'"),
-        (["db", "downgrade", "nope", "--db", "sqlite://"], 2, "nope"),
+        (["db", "downgrade", "nope", "--yes", "--db", "sqlite://"], 2, "nope"),
         (["db", "current", "--db", "mysql://root@127.0.0.1/x"], 2, "write mysql+pymysql://"),
         (["stubs", "list", "--db", "garbage"], 2, "bad database URL"),
     ],

@@ -89,8 +89,9 @@ class BrokerSimSender:
     may not be stored) raises :class:`~reliable.errors.SendError`, leaving the stub PENDING.
     """
 
-    #: names the broker accepts (checked by the producer at staging time)
+    #: names and body size the broker accepts (checked by the producer at staging time)
     name_pattern = C.ROCKETMQ_NAME_PATTERN
+    max_body_bytes = C.ROCKETMQ_MAX_BODY_BYTES
 
     def __init__(self, producer: _BrokerSimProducer) -> None:
         self.producer = producer

@@ -314,6 +314,9 @@ class RabbitMQSender:
     Thread-safe (a lock around the one connection).
     """
 
+    #: AMQP short strings (the message id, the tags header, header names) hold 255 bytes (staging checks)
+    short_string_bytes = C.AMQP_SHORT_STRING_BYTES
+
     def __init__(
         self,
         url: str,

@@ -33,6 +33,7 @@ from aio_pika.abc import (
     ExchangeType,
 )
 
+from reliable import constants as C
 from reliable.adapters import amqp
 from reliable.adapters.amqp import Action, Topology
 from reliable.errors import ConfigurationError, SendError
@@ -292,6 +293,9 @@ class AioRabbitMQSender:
     process-wide sequence number shared with the blocking sender. The connection is opened lazily, on the
     loop of the first send, and reopened once after a failure.
     """
+
+    #: AMQP short strings (the message id, the tags header, header names) hold 255 bytes (staging checks)
+    short_string_bytes = C.AMQP_SHORT_STRING_BYTES
 
     def __init__(
         self,

@@ -175,8 +175,9 @@ class RocketMQSender:
     """A :class:`~reliable.sender.Sender` over a started ``rocketmq.client.Producer`` (one broker), and the
     sweeper's :class:`~reliable.sender.BrokerProbe` when given a ``probe``."""
 
-    #: names the broker accepts (checked by the producer at staging time)
+    #: names and body size the broker accepts (checked by the producer at staging time)
     name_pattern = C.ROCKETMQ_NAME_PATTERN
+    max_body_bytes = C.ROCKETMQ_MAX_BODY_BYTES
 
     def __init__(self, producer: Any, retry_times: int = 2, probe: RocketMQProbe | None = None) -> None:
         self.producer = producer

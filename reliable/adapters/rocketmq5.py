@@ -318,6 +318,9 @@ class RocketMQ5Sender:
     """A :class:`~reliable.sender.Sender` over a started ``rocketmq.Producer``; with a ``probe`` (as
     :meth:`connect` gives it) also the :class:`~reliable.sender.BrokerProbe` the sweeper asks."""
 
+    #: the body size the broker accepts (checked by the producer at staging time)
+    max_body_bytes = C.ROCKETMQ_MAX_BODY_BYTES
+
     def __init__(self, producer: Any, probe: RocketMQ5Probe | None = None) -> None:
         self.producer = producer
         self.probe = probe

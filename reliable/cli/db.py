@@ -28,6 +28,9 @@ def register(sub: Any) -> None:
     up.set_defaults(func=_upgrade)
     down = dbsub.add_parser("downgrade", help="migrate back to a revision (base drops every table)")
     down.add_argument("revision")
+    down.add_argument(
+        "--yes", action="store_true", help="do it: a downgrade drops columns or tables, with their data"
+    )
     add_db_options(down)
     down.set_defaults(func=_downgrade)
     cur = dbsub.add_parser("current", help="print the revision the database is at")
@@ -58,7 +61,12 @@ def _upgrade(args: argparse.Namespace) -> int:
 
 
 def _downgrade(args: argparse.Namespace) -> int:
-    engine = make_engine(require_db(args))
+    url = require_db(args)
+    if not args.yes:  # `db downgrade base` dropped every table, its rows with it, without a question
+        raise ConfigurationError(
+            f"a downgrade to {args.revision} drops columns or tables with their data: run again with --yes"
+        )
+    engine = make_engine(url)
     try:
         try:
             migrate.downgrade(engine, args.revision)

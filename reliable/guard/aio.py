@@ -168,6 +168,8 @@ class AsyncGuard:
                 join_transaction_mode="rollback_only",
                 expire_on_commit=False,
             )
+            # what the handler stages through it is sent once the guard has committed (reliable.producer)
+            async_session.sync_session.info[C.SESSION_AFTER_COMMIT] = session.info[C.SESSION_AFTER_COMMIT]
             try:
                 await_only(call(env, async_session))
             except asyncio.CancelledError as exc:

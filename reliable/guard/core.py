@@ -158,6 +158,7 @@ class Guard:
                 h.before_journal([it.env for it in now_due])
             self._database_steps(now_due)
         self._after_commit(items)
+        self._staged_sends(items)
         return [self._finish(it) for it in items]
 
     def flush_journal(self) -> int:
@@ -292,6 +293,20 @@ class Guard:
         for key, value in release:  # compare-and-delete: only if still ours
             self.lease.release(key, value)
         self.lease.mark_done_many(done, self.settings.done_ttl_s)
+
+    def _staged_sends(self, items: list[Item]) -> None:
+        """Send what the handlers staged through their session (``StubProducer.stage``), now that their
+        transaction has committed and its connection is back in the pool. A handler's session never commits
+        itself — the guard commits its connection — so the producer's after-commit hook never fired, and
+        the message waited for the sweeper's first resend (until 2026-11-28)."""
+        for it in items:
+            if it.after_commit and it.decision is not None and it.decision.reason is Reason.PROCESSED:
+                for send in it.after_commit:
+                    try:
+                        send()
+                    except Exception:  # the commit stands; the sweeper sends what this did not
+                        log.exception("send of a message staged by the handler of %s failed", it.mid)
+            it.after_commit = []
 
     # --- bookkeeping --------------------------------------------------------------------------------
     def _database_down(self, items: list[Item], step: str, exc: BaseException) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reliable import constants as C
@@ -52,6 +52,8 @@ class Item:
     held: bool = False  # the fast path found a live lease of another worker
     ran: bool = False  # the handler ran in the current work transaction
     worker: str = ""
+    #: what the handler left to do once its writes are committed (messages it staged: their sends)
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def inbox_row(self) -> InboxRow:

@@ -269,6 +269,7 @@ class WorkTransaction:
         for h in self.hooks:
             h.before_handler(it.env)
         session = self._session(conn)
+        it.after_commit = session.info[C.SESSION_AFTER_COMMIT] = []  # what it stages is sent after the commit
         err: Exception | None = None
         it.ran = True
         if self._mariadb:
@@ -280,6 +281,7 @@ class WorkTransaction:
             err = exc
         finally:
             session.close()
+            session.info.pop(C.SESSION_AFTER_COMMIT, None)  # (async deliveries share this session object)
         if err is None and self._postgres and _aborted(conn):
             err = RuntimeError(
                 "the handler caught a database error and went on, but PostgreSQL aborted the transaction: "
@@ -312,6 +314,7 @@ class WorkTransaction:
     def _failed(self, it: Item, err: Exception) -> None:
         """Count a handler failure; the guard's settle step decides the delivery."""
         it.error = err
+        it.after_commit = []  # its writes are rolled back: nothing it staged exists
         self.metrics.handler_failures.labels(self.group).inc()
         log.warning("handler failed message_id=%s group=%s: %r", it.mid, self.group, err, exc_info=err)
 

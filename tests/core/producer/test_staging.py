@@ -323,6 +323,44 @@ def test_a_property_name_a_broker_or_an_adapter_reserves_is_refused(
         producer.stage(s, "p-3", "orders", b"x", properties={"origin": "a\x01KEYS"})
 
 
+class _Limited(RecordingSender):
+    max_body_bytes = 10
+    short_string_bytes = 8
+
+
+@pytest.mark.parametrize(
+    ("message_id", "body", "tags", "properties"),
+    [
+        ("ok", b"x" * 11, None, {}),  # over the broker's largest body
+        ("ééééé", b"x", None, {}),  # 5 characters, 10 bytes: an AMQP short string counts bytes
+        ("ok", b"x", "t" * 9, {}),
+        ("ok", b"x", None, {"ééééé": "v"}),
+    ],
+)
+def test_what_the_senders_broker_refuses_fails_the_stage_not_every_send(
+    rel: Reliability, message_id: str, body: bytes, tags: str | None, properties: dict[str, str]
+) -> None:
+    """Accepted, such a message committed with the business write, every send failed (a 5 MiB body on
+    RocketMQ, a 256-byte id on RabbitMQ), and a person heard of it only when the sweeper gave up."""
+    producer = StubProducer(rel, _Limited(), default_group="g")
+    with pytest.raises(InvalidMessageError, match="broker takes at most"), rel.session() as s:
+        producer.stage(s, message_id, "orders", body, tags=tags, properties=properties)
+    assert stub(rel, message_id) is None
+
+
+def test_the_brokers_say_their_limits() -> None:
+    from reliable.adapters.broker_sim import BrokerSimSender
+    from reliable.adapters.rabbitmq import RabbitMQSender
+    from reliable.adapters.rabbitmq_aio import AioRabbitMQSender
+    from reliable.aio_producer import GreenletSender
+
+    assert BrokerSimSender.max_body_bytes == 4 * 1024 * 1024
+    assert RabbitMQSender.short_string_bytes == AioRabbitMQSender.short_string_bytes == 255
+    wrapped = GreenletSender(AioRabbitMQSender("amqp://guest:guest@127.0.0.1/%2F"))
+    assert getattr(wrapped, "short_string_bytes", None) == 255  # the async producer checks through it
+    assert getattr(wrapped, "name_pattern", None) is None
+
+
 def test_body_must_be_bytes_and_group_must_be_known(rel: Reliability, sender: RecordingSender) -> None:
     no_default = StubProducer(rel, sender)
     with rel.session() as s:
