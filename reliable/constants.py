@@ -64,6 +64,9 @@ AMQP_SHORT_STRING_BYTES: Final = 255
 #: ``Session.info`` key of a guarded handler's session: the callables to run once the guard's transaction
 #: has committed (the producer's sends of messages staged in that session)
 SESSION_AFTER_COMMIT: Final = "reliable.after_guard_commit"
+#: ``reliable stubs prune --older-than``: at least this (a copy delivered after its message was pruned is
+#: applied again: RocketMQ keeps its commit log 72 h by default, Kafka's retention.ms is 7 days)
+MIN_PRUNE_AGE_S: Final = 7 * 86400
 #: the longest log retention (a century): a longer one failed every round's purge ("date value out of range")
 MAX_RETENTION_S: Final = 100 * 365 * 86400
 #: one sweep round purges at most this long; the next round goes on where the oldest rows are.

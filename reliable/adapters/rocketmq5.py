@@ -24,7 +24,9 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
   Without a stub's queue it cannot prove a 5.x-sent stub lost, so for those the sweeper's
   ``max_unconfirmed_age`` is what re-sends (docs/adapters.md).
 
-Envelope: ``message_id`` = the *key* (of several, the alphabetically first: the client keeps keys as a set),
+The sender and the probe live in :mod:`reliable.adapters.rocketmq5_send` (re-exported here).
+
+Envelope: ``message_id`` = the message's one *key* (several keys are no id: the client keeps them as a set),
 else the 5.x message id; ``broker_name``/``queue_id``/``queue_offset`` from the receipt handle (RocketMQ's
 handle layout names them — fields 5, 6, 7; the client drops the system properties that carry them), so a
 delivery's queue is (topic, broker group, queue id) as on 4.x; ``reconsume_times`` = delivery attempt − 1.
@@ -34,36 +36,38 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from reliable import constants as C
+from reliable.adapters.rocketmq5_send import RocketMQ5Probe, RocketMQ5Sender, sweeper_sender
+from reliable.adapters.rocketmq5_send import load_client as _client
 from reliable.errors import ConfigurationError, SendError
-from reliable.sender import OutgoingMessage, SendReceipt
-from reliable.staged import DELAY_PROPERTY, held_back_s
 from reliable.sweeper.backoff import parse_duration
 from reliable.types import ConsumeResult, Envelope
 
 log = logging.getLogger("reliable.adapters.rocketmq5")
 
+__all__ = [
+    "GuardedListener",
+    "InvisibilityExtender",
+    "RocketMQ5Probe",
+    "RocketMQ5Sender",
+    "check_timing",
+    "consume_one",
+    "forward_to_dlq",
+    "guarded_push_consumer",
+    "retry_delay_s",
+    "run_simple_consumer",
+    "settle",
+    "sweeper_sender",
+    "to_envelope",
+]
+
 Handler = Callable[[Envelope], ConsumeResult]
 #: receipt handle fields (space-separated): [5] broker name, [6] queue id, [7] queue offset
 _HANDLE_BROKER, _HANDLE_QUEUE, _HANDLE_OFFSET = 5, 6, 7
 _RETRY_BACKOFF_S = tuple(parse_duration(t) for t in C.ROCKETMQ5_RETRY_BACKOFF.split())
-
-
-def _client() -> Any:
-    try:
-        import rocketmq
-        from rocketmq import grpc_protocol
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"the RocketMQ 5.x adapter needs rocketmq-python-client (pip install reliable[rocketmq5]): {exc}"
-        ) from exc
-    if not hasattr(rocketmq, "SimpleConsumer"):
-        raise ConfigurationError("'rocketmq' here is the 4.x client; the 5.x adapter needs its own venv")
-    return rocketmq, grpc_protocol
 
 
 def retry_delay_s(attempt: int) -> int:
@@ -312,101 +316,3 @@ def guarded_push_consumer(config: Any, group: str, topic: str, handler: Handler,
     listener.consumer = consumer
     consumer.startup()
     return consumer
-
-
-class RocketMQ5Sender:
-    """A :class:`~reliable.sender.Sender` over a started ``rocketmq.Producer``; with a ``probe`` (as
-    :meth:`connect` gives it) also the :class:`~reliable.sender.BrokerProbe` the sweeper asks."""
-
-    #: the body size the broker accepts (checked by the producer at staging time)
-    max_body_bytes = C.ROCKETMQ_MAX_BODY_BYTES
-
-    def __init__(self, producer: Any, probe: RocketMQ5Probe | None = None) -> None:
-        self.producer = producer
-        self.probe = probe
-
-    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
-        return self.probe.max_offset(topic, queue_id, broker_name) if self.probe is not None else None
-
-    @classmethod
-    def connect(
-        cls, endpoint: str, topics: tuple[str, ...] = (), request_timeout_s: int = 5
-    ) -> RocketMQ5Sender:
-        rocketmq, _ = _client()
-        config = rocketmq.ClientConfiguration(
-            endpoint, rocketmq.Credentials(), request_timeout=request_timeout_s
-        )
-        producer = rocketmq.Producer(config, topics)
-        producer.startup()
-        return cls(producer, RocketMQ5Probe(endpoint, timeout_s=request_timeout_s))
-
-    def close(self) -> None:
-        self.producer.shutdown()
-        if self.probe is not None:
-            self.probe.close()
-
-    def send(self, message: OutgoingMessage) -> SendReceipt:
-        rocketmq, _ = _client()
-        msg = rocketmq.Message()
-        msg.topic = message.topic
-        msg.body = message.body
-        msg.keys = message.message_id
-        if message.tags:
-            msg.tag = message.tags
-        properties = dict(message.properties)
-        if DELAY_PROPERTY in properties:  # a system property over 5.x: the delivery time says it instead
-            delay_s = held_back_s(properties)
-            del properties[DELAY_PROPERTY]
-            if delay_s > 0:
-                msg.delivery_timestamp = int((time.time() + delay_s) * 1000)
-        for key, value in properties.items():
-            msg.add_property(key, value)
-        try:
-            receipt = self.producer.send(msg)
-        except Exception as exc:
-            raise SendError(
-                f"RocketMQ 5.x send of {message.message_id} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        return SendReceipt(C.UNKNOWN_QUEUE_ID, int(receipt.offset), receipt.message_id)
-
-
-class RocketMQ5Probe:
-    """The loss probe over the 5.x protocol's QueryOffset (a queue's max offset)."""
-
-    def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
-        import grpc
-
-        _, pb = _client()
-        self._pb = pb
-        self._channel = grpc.insecure_channel(endpoint)
-        self._stub = pb.MessagingServiceStub(self._channel)
-        self.timeout_s = timeout_s
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
-        if queue_id < 0:
-            return None
-        from rocketmq.grpc_protocol import definition_pb2, service_pb2
-
-        req = service_pb2.QueryOffsetRequest()
-        req.message_queue.topic.name = topic
-        req.message_queue.id = queue_id
-        if broker_name:  # the proxy routes the question to that broker group
-            req.message_queue.broker.name = broker_name
-        req.query_offset_policy = definition_pb2.QueryOffsetPolicy.END
-        try:
-            res = self._stub.QueryOffset(req, timeout=self.timeout_s)
-        except Exception:
-            log.exception("QueryOffset %s/%d failed", topic, queue_id)
-            return None
-        return int(res.offset) if res.status.code == self._pb.Code.OK else None
-
-
-def sweeper_sender(rel: object) -> RocketMQ5Sender:
-    """``reliable sweep --sender reliable.adapters.rocketmq5:sweeper_sender``: a 5.x producer to the endpoint
-    in ``RELIABLE_ROCKETMQ5_ENDPOINT`` (default 127.0.0.1:8081)."""
-    import os
-
-    return RocketMQ5Sender.connect(os.environ.get(C.ENV_ROCKETMQ5_ENDPOINT) or C.DEFAULT_ROCKETMQ5_ENDPOINT)

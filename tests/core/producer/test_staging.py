@@ -24,7 +24,7 @@ from reliable.errors import (
     ReliableError,
     StubNotFoundError,
 )
-from reliable.models import MessageStub
+from reliable.models import MessageStub, metadata
 from reliable.producer import SendOutcome, StagedMessage, payload_hash, validate_message
 from reliable.sender import OutgoingMessage, SendReceipt
 from tests.conftest import _ensure_clean_schema
@@ -152,6 +152,21 @@ def test_a_session_joined_to_an_outer_transaction_sends_nothing_before_that_comm
     assert sender.sent == []
     row = stub(rel, "joined-2")
     assert row is not None and row.status is StubStatus.PENDING and row.send_count == 0  # the sweeper's
+
+
+def test_a_session_joined_through_per_table_binds_sends_nothing_before_the_outer_commit(
+    rel: Reliability, producer: StubProducer, sender: RecordingSender
+) -> None:
+    """The same with ``binds={table: connection}`` (multi-database applications): ``session.bind`` is
+    ``None`` there, and the check that only looked at it sent the message before the outer rollback."""
+    with rel.engine.connect() as conn:
+        outer = conn.begin()
+        with Session(binds={t: conn for t in metadata.tables.values()}) as s:
+            producer.stage(s, "bound", "orders", b"1")
+            s.commit()
+        assert sender.sent == []
+        outer.rollback()
+    assert stub(rel, "bound") is None
 
 
 def test_two_producers_in_one_session_use_their_own_senders(
