@@ -1,5 +1,5 @@
-"""``reliable stubs list|show|revive|void|retire``: look at messages per consumer group and close what the
-sweeper gave up on.
+"""``reliable stubs list|show|revive|void|retire|prune``: look at messages per consumer group, close what the
+sweeper gave up on, and delete what every group settled long ago (:mod:`reliable.outbox.prune`).
 
 A message has one stub (the producer's record) and one inbox row per consumer group that must process it;
 ``list`` shows one line per (message, group), ``show`` the stub, every group's row, their deliveries and the
@@ -12,15 +12,20 @@ hint to run ``reliable db upgrade``.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine, case, func, select
 from sqlalchemy.orm import Session
 
+from reliable import constants as C
 from reliable.cli.common import add_db_options, ready_engine, require_db
-from reliable.errors import StubNotFoundError
+from reliable.errors import ConfigurationError, StubNotFoundError
 from reliable.models import MessageInbox, MessageLog, MessageStub, StubNotification, utcnow
+from reliable.outbox.prune import prunable, prune_settled
+from reliable.settings import Settings
+from reliable.sweeper.backoff import parse_duration
 from reliable.sweeper.resolve import count_open, retire_group, revive, void
 from reliable.types import StubStatus
 
@@ -68,6 +73,19 @@ def register(sub: Any) -> None:
     )
     add_db_options(rt)
     rt.set_defaults(func=_retire)
+    pr = ssub.add_parser(
+        "prune", help="delete messages every group settled long ago (stub, inbox rows, journal, notices)"
+    )
+    pr.add_argument(
+        "--older-than",
+        required=True,
+        metavar="DURATION",
+        help="settled before this long ago; longer than the broker keeps messages (a later copy is applied "
+        f"again), at least {C.MIN_PRUNE_AGE_S // 86400:.0f} days",
+    )
+    pr.add_argument("--yes", action="store_true", help="do it (without: only say how many it would delete)")
+    add_db_options(pr)
+    pr.set_defaults(func=_prune)
 
 
 def _clip(text: str | None, width: int) -> str:
@@ -205,6 +223,30 @@ def _revive(args: argparse.Namespace) -> int:
 def _void(args: argparse.Namespace) -> int:
     count = _on_db(args, lambda e: void(e, args.message_ids, now=utcnow(), group=args.group))
     print(f"voided {count} row(s): no further sends, a delivery is acknowledged without running the handler")
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    age = parse_duration(args.older_than)
+    if not C.MIN_PRUNE_AGE_S <= age <= C.MAX_RETENTION_S:
+        raise ConfigurationError(
+            f"--older-than {args.older_than}: between {C.MIN_PRUNE_AGE_S // 86400:.0f} days (a copy the "
+            "broker still delivers after its message was pruned is applied again) and "
+            f"{C.MAX_RETENTION_S // 86400} days"
+        )
+    retention = Settings.load().log_retention_s
+    if age < retention:  # the journal of a pruned message would be an orphan in the report until purged
+        raise ConfigurationError(
+            f"--older-than {args.older_than}: shorter than the log retention ({retention / 86400:g} days, "
+            "RELIABLE_LOG_RETENTION_S); prune only what the log purge has taken the journal of"
+        )
+    before = utcnow() - dt.timedelta(seconds=age)
+    if not args.yes:
+        n = _on_db(args, lambda e: prunable(e, before=before))
+        print(f"{n} settled message(s) last changed before {before:%Y-%m-%d %H:%M}; run again with --yes")
+        return 0
+    count = _on_db(args, lambda e: prune_settled(e, before=before))
+    print(f"pruned {count} settled message(s): stubs, inbox rows, journal and notices")
     return 0
 
 

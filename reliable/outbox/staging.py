@@ -5,14 +5,17 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, Select, select
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from reliable.errors import DuplicateMessageIdError
 from reliable.models import MessageInbox, MessageStub
 from reliable.types import StubStatus
+
+if TYPE_CHECKING:  # the asyncio extension needs greenlet, which a sync-only install may not have
+    from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 
 def payload_hash(body: bytes) -> str:
