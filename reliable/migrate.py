@@ -25,7 +25,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, inspect, text
+from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, func, inspect, select, text
 
 import migrations as _migrations_pkg
 from reliable import constants as C
@@ -113,15 +113,16 @@ def migration_lock(conn: Connection) -> Iterator[None]:
     if dialect == "postgresql":  # released when the migration's transaction ends
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": C.MIGRATION_LOCK_KEY})
         yield
-    elif dialect in ("mysql", "mariadb"):  # DDL commits on its own there: a session-level named lock
-        got = conn.execute(
-            text("SELECT GET_LOCK(:n, :t)"), {"n": C.MIGRATION_LOCK_NAME, "t": C.MIGRATION_LOCK_TIMEOUT_S}
-        ).scalar()
+    elif dialect in ("mysql", "mariadb"):
+        # DDL commits on its own there: a session-level named lock, named after the database (a named lock
+        # is server-wide: a long migration of one database held every other database's up)
+        name = text(f"CONCAT('{C.MIGRATION_LOCK_NAME}:', SHA1(DATABASE()))")
+        got = conn.execute(select(func.get_lock(name, C.MIGRATION_LOCK_TIMEOUT_S))).scalar()
         if got != 1:
             raise TimeoutError(f"another process held the migration lock for {C.MIGRATION_LOCK_TIMEOUT_S} s")
         try:
             yield
         finally:
-            conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": C.MIGRATION_LOCK_NAME})
+            conn.execute(select(func.release_lock(name)))
     else:  # SQLite: its write lock, taken by the first statement that writes
         yield

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, select, text
 
 from reliable import Reason, Reliability, StubProducer, idempotent_consumer
+from reliable.errors import InvalidMessageError
 from reliable.migrate import downgrade, upgrade
 from reliable.models import MessageStub
 from tests import services
@@ -39,8 +40,13 @@ def test_ids_differing_only_in_case_accents_or_trailing_spaces_are_different_mes
     rel = make_rel(db_url, "", key_prefix)
     try:
         producer = StubProducer(rel, QueueSender(), default_group="g")
-        for message_id in IDS:
+        staged = [m for m in IDS if not m.endswith(" ")]
+        for message_id in staged:
             producer.publish(message_id, "orders", b"{}")
+        # reliable's producer refuses whitespace in an id (RocketMQ's KEYS would split it); another
+        # producer's message with one still reaches the guard, which keeps it apart (its inbox row)
+        with pytest.raises(InvalidMessageError, match="whitespace"):
+            producer.publish("Ord-aB ", "orders", b"{}")
         handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(apply)
         assert [handle.decide(env(m)).reason for m in IDS] == [Reason.PROCESSED] * len(IDS)
         assert [handle.decide(env(m)).reason for m in IDS] == [Reason.DUPLICATE_CONFIRMED] * len(IDS)
@@ -49,7 +55,7 @@ def test_ids_differing_only_in_case_accents_or_trailing_spaces_are_different_mes
             confirmed = conn.execute(
                 select(func.count()).select_from(MessageStub).where(MessageStub.status == "CONFIRMED")
             ).scalar_one()
-        assert confirmed == len(IDS)
+        assert confirmed == len(staged)
     finally:
         rel.close()
 

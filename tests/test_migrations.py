@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from sqlalchemy.exc import StatementError
 
 from reliable import Reliability, StubStatus
 from reliable import constants as C
-from reliable.migrate import alembic_config, current, downgrade, upgrade
+from reliable.migrate import alembic_config, current, downgrade, migration_lock, upgrade
 from reliable.models import MessageLog, MessageStub, metadata
 from tests.migration_support import KINDS, TABLES, engine_for, fresh_databases, snapshot
 
@@ -375,3 +375,19 @@ def test_replicas_creating_the_schema_at_once_all_start(
         assert failures == []
         with engine_for(url) as engine:
             assert current(engine) == HEAD
+
+
+def test_a_migration_of_one_mariadb_database_holds_up_no_other(
+    fresh: Callable[[str], AbstractContextManager[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MariaDB named lock is server-wide: with one name for every database, a long migration of one
+    tenant's database (0008 converts every table) held every other database's ``create_schema()``, which
+    crashed after the lock's timeout."""
+    monkeypatch.setattr(C, "MIGRATION_LOCK_TIMEOUT_S", 2)
+    with ExitStack() as stack:
+        busy, other = stack.enter_context(fresh("mariadb")), stack.enter_context(fresh("mariadb"))
+        held, e = stack.enter_context(engine_for(busy)), stack.enter_context(engine_for(other))
+        conn = stack.enter_context(held.connect())
+        stack.enter_context(migration_lock(conn))  # a migration of `busy` in progress
+        upgrade(e)
+        assert current(e) == HEAD
