@@ -66,6 +66,11 @@ class WireFloor:
         where = urlsplit(REDIS_URL)
         self.redis = socket.create_connection((where.hostname or "127.0.0.1", where.port or 6379))
         self.redis.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        db = where.path.strip("/")
+        if db and db != "0":  # the database of the URL, as the guard's client uses it
+            self.redis.sendall(f"*2\r\n$6\r\nSELECT\r\n${len(db)}\r\n{db}\r\n".encode())
+            if not self.redis.recv(64).startswith(b"+OK"):
+                raise RuntimeError(f"redis SELECT {db} refused")
         # the previous message's done marker, sent with the next lease (the guard does not wait for it either)
         self.done_marker = b""
 

@@ -76,12 +76,16 @@ def sweeper(rel: Reliability, sender: Sender, probe: Any | None = None) -> Any:
     on a quiet queue and sizes the backlog estimate.
     """
     mod = _import("reliable.sweeper", "the resend sweeper")
+    # the broker's retry delays are the demo's (seconds): with RocketMQ's (10 s … 2 h) the sweeper held a
+    # row whose broker retry a power cut took for minutes to hours, past the demo's timeout
+    levels = tuple(mod.parse_duration(d) for d in DEMO_DELAY_LEVELS.split())
     return mod.Sweeper(
         rel,
         sender,
         backoff=mod.parse_backoff(DEMO_BACKOFF),
         probe=probe,
         claim_ttl_s=10.0,
+        retry_schedule=mod.RocketMQRetrySchedule(levels_s=levels),
     )
 
 

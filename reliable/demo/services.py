@@ -273,9 +273,20 @@ class WorkerConfig:
         return cls(**json.loads(text))
 
 
+#: starts ``reliable.demo.worker`` with the chaos signals ignored until its ``main`` installs their handlers:
+#: a worker signalled while still importing (a second or more) was killed by their default action, counted
+#: as a crash at start-up, while the fault log said "connections dropped"
+_WORKER_BOOT = (
+    "import runpy, signal; signal.signal(signal.SIGUSR1, signal.SIG_IGN); "
+    "signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
+    "runpy.run_module('reliable.demo.worker', run_name='__main__')"
+)
+
+
 def worker_process(config: WorkerConfig, log_dir: Path) -> ManagedProcess:
-    """A consumer worker (``python -m reliable.demo.worker``) for ``config`` (not started yet)."""
-    argv = [sys.executable, "-m", "reliable.demo.worker", config.to_json()]
+    """A consumer worker (``python -m reliable.demo.worker``, chaos signals ignored while it starts) for
+    ``config`` (not started yet)."""
+    argv = [sys.executable, "-c", _WORKER_BOOT, config.to_json()]
     return ManagedProcess(config.name, argv, log_dir / f"{config.name}.log", env=dict(os.environ))
 
 

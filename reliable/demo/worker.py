@@ -107,22 +107,29 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING, format=f"%(asctime)s {config.name} %(levelname)s %(name)s %(message)s"
     )
     stop = threading.Event()
-    worker = Worker(config)
+    started: list[Worker] = []  # the chaos signals act on the worker once it is built
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
     def on_drop_db(signum: int, frame: FrameType | None) -> None:
         # not in the handler itself: dispose() takes pool locks a signal may have interrupted
-        threading.Thread(target=worker.drop_db_connections, daemon=True).start()
+        for w in started:
+            threading.Thread(target=w.drop_db_connections, daemon=True).start()
 
     def on_lose_commits(signum: int, frame: FrameType | None) -> None:
-        worker.lose_offset_commits()
+        for w in started:
+            w.lose_offset_commits()
 
+    # installed before the worker is built (its imports and connections take a second or more): a chaos
+    # signal to a worker still starting killed it (SIGUSR1/2's default action), counted as a crash at
+    # start-up, while the fault log said "connections dropped"
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
     signal.signal(SIG_DROP_DB, on_drop_db)
     signal.signal(SIG_LOSE_COMMITS, on_lose_commits)
+    worker = Worker(config)
+    started.append(worker)
     on_orphaned(stop.set)
     worker.start()
     while not stop.wait(1.0):

@@ -32,7 +32,7 @@ class BrokenHandlers:
         return None
 
 
-if "reliable.demo.worker" in sys.orig_argv:
+if any("reliable.demo.worker" in arg for arg in sys.orig_argv):
     sys.meta_path.insert(0, BrokenHandlers())
 """
 
