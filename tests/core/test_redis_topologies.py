@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import socket
-import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -30,6 +28,7 @@ from reliable.errors import ConfigurationError
 from reliable.redis_connect import parse_topology
 from tests.core.guard_helpers import applied, apply, env, make_rel
 from tests.redis_topologies import Cluster, SentinelGroup, answering, redis_cluster, redis_sentinel
+from tests.scripted_server import ScriptedServer
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -240,37 +239,13 @@ def test_asyncio_clients_for_both_topologies(
         assert first == [None] * 12 and again == b"processing:me" and deleted == 1, url
 
 
-class _Refusing:
-    """A port that accepts connections and closes each at once (a sentinel that answers nothing), counting
-    them."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_with_no_sentinel_answering_a_command_tries_each_once_not_with_backoff() -> None:
     """redis-py retries a failed command with exponential backoff by default: with every sentinel down, each
     call the guard's breaker let through blocked ≈ 4 s instead of one socket timeout, and a consumer spent
     most of an outage waiting. One try per sentinel and command, sync and asyncio."""
     from reliable.redis_connect import connect, connect_topology_async
 
-    refusing = _Refusing()
+    refusing = ScriptedServer()  # accepts and closes: a sentinel that answers nothing
     url = f"redis+sentinel://127.0.0.1:{refusing.port}/svc/0"
     try:
         client = connect(url, 0.5)

@@ -18,7 +18,7 @@ from reliable import Reliability
 from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub, StubNotification
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import DeadNotice
-from reliable.sweeper.selection import inbox, log, progress, stub
+from reliable.sweeper.selection import Candidate, inbox, log, progress, stub
 from reliable.types import StubStatus
 
 T0 = dt.datetime(2026, 11, 21, 12, 0, 0, tzinfo=dt.UTC)
@@ -261,3 +261,25 @@ def count_stubs(rel: Reliability, status: StubStatus) -> int:
     """How many stubs are in ``status``."""
     with rel.engine.connect() as conn:
         return int(conn.scalar(select(func.count()).where(MessageStub.status == status)) or 0)
+
+
+def candidate(**fields: Any) -> Candidate:
+    """A group's row as the selection returns it: never received, its stub sent an hour before ``T0`` to
+    queue 1 at offset 7 of ``orders``; ``fields`` override."""
+    row: dict[str, Any] = {
+        "consumer_group": "billing",
+        "message_id": "m",
+        "resend_count": 0,
+        "inbox_queue_id": None,
+        "inbox_queue_offset": None,
+        "created_at": T0 - dt.timedelta(hours=1),
+        "inbox_updated_at": T0 - dt.timedelta(hours=1),
+        "last_received_at": None,
+        "last_reconsume_times": None,
+        "last_outcome": None,
+        "topic": "orders",
+        "stub_queue_id": 1,
+        "stub_queue_offset": 7,
+        "stub_last_sent_at": T0 - dt.timedelta(hours=1),
+    }
+    return Candidate(**(row | fields))

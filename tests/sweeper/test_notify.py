@@ -6,7 +6,6 @@ import datetime as dt
 import http.server
 import json
 import logging
-import socket
 import threading
 from collections.abc import Iterator
 from email import message_from_bytes
@@ -24,6 +23,7 @@ from reliable.sweeper.errors import NotifyError, SweeperConfigError
 from reliable.sweeper.notices import DeadNotice
 from reliable.sweeper.notify import Channel, deliver_owed
 from reliable.types import StubStatus
+from tests.scripted_server import ScriptedServer
 from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, get_stub, set_progress
 
 
@@ -243,31 +243,6 @@ def test_smtp_config_from_env_and_validation() -> None:
         WebhookChannel("ftp://x")
 
 
-class _Misbehaving:
-    """A server in a thread that answers every connection with ``reply`` (raw bytes) and counts requests."""
-
-    def __init__(self, reply: bytes) -> None:
-        self.requests: list[bytes] = []
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
-        self.reply = reply
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                self.requests.append(conn.recv(65536))
-                conn.sendall(self.reply)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.mark.parametrize(
     "reply",
     [
@@ -277,9 +252,9 @@ class _Misbehaving:
     ids=["redirect", "not-http"],
 )
 def test_a_webhook_that_answers_with_a_redirect_or_no_http_has_not_been_told(reply: bytes) -> None:
-    server = _Misbehaving(reply)
+    server = ScriptedServer(reply)
     try:
-        channel = WebhookChannel(server.url, timeout_s=5)
+        channel = WebhookChannel(server.url(path="/hook"), timeout_s=5)
         notice = DeadNotice("m", "orders", "billing", 3, 0, 7, "DEAD: gone", "2026-11-28T00:00:00")
         with pytest.raises(NotifyError):
             channel.deliver([notice])

@@ -19,7 +19,7 @@ from reliable.sweeper.giveup import raise_never_consumed
 from reliable.sweeper.selection import Candidate, due_statement
 from reliable.sweeper.verdict import Facts
 from tests.conftest import _ensure_clean_schema
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, set_progress
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, candidate, clean, set_progress
 from tests.waiting import LOCK_WAITS, wait_until
 
 N = 300
@@ -208,19 +208,4 @@ def _insert_waits(rel: Reliability) -> bool:
         return bool(conn.execute(text(query)).scalar())
 
 
-_WAITING = Candidate(
-    consumer_group="billing",
-    message_id="w",
-    resend_count=0,
-    inbox_queue_id=None,
-    inbox_queue_offset=None,
-    created_at=T0 - dt.timedelta(hours=1),
-    inbox_updated_at=T0 - dt.timedelta(hours=1),
-    last_received_at=None,
-    last_reconsume_times=None,
-    last_outcome=None,
-    topic="orders",
-    stub_queue_id=0,
-    stub_queue_offset=0,
-    stub_last_sent_at=T0 - dt.timedelta(hours=1),
-)
+_WAITING = candidate(message_id="w", stub_queue_id=0, stub_queue_offset=0)

@@ -82,7 +82,7 @@ def test_a_purge_batch_on_mariadb_does_not_hold_up_a_consumers_journal_insert(ma
             with other.engine.connect() as c2:
                 c2.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
                 try:
-                    c2.execute(insert(MessageLog.__table__).values(
+                    c2.execute(insert(MessageLog).values(
                         message_id="fresh", consumer_group="billing", topic="orders", queue_id=0,
                         queue_offset=99, reconsume_times=0, received_at=T0,
                     ))  # fmt: skip

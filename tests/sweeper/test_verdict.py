@@ -10,28 +10,13 @@ import pytest
 from reliable.sweeper.selection import Candidate
 from reliable.sweeper.verdict import Facts, RocketMQRetrySchedule, Verdict, judge
 from reliable.types import LogOutcome
-from tests.sweeper.helpers import T0
+from tests.sweeper.helpers import T0, candidate
 
 STUCK = dt.timedelta(minutes=10)
 MAX_AGE = dt.timedelta(days=1)
 SCHEDULE = RocketMQRetrySchedule()
 
-ROW = Candidate(
-    consumer_group="billing",
-    message_id="m",
-    resend_count=0,
-    inbox_queue_id=None,
-    inbox_queue_offset=None,
-    created_at=T0 - dt.timedelta(hours=1),
-    inbox_updated_at=T0 - dt.timedelta(hours=1),
-    last_received_at=None,
-    last_reconsume_times=None,
-    last_outcome=None,
-    topic="orders",
-    stub_queue_id=1,
-    stub_queue_offset=7,
-    stub_last_sent_at=T0 - dt.timedelta(hours=1),
-)
+ROW = candidate()
 TARGETED = replace(ROW, resend_count=1, inbox_queue_id=0, inbox_queue_offset=3)
 
 

@@ -258,19 +258,9 @@ def test_reconsume_later_comes_back_after_the_guard_backoff(
     broker.advance(backoff_ms / 1000 + 1)
     wait_until(lambda: applied(db, key), what="the second attempt")
 
-    def journal() -> list[tuple[int, str]]:
-        engine = create_engine(db)
-        with engine.connect() as conn:
-            rows = conn.execute(
-                text("SELECT reconsume_times, outcome FROM message_log WHERE message_id = :m ORDER BY id"),
-                {"m": key},
-            ).all()
-        engine.dispose()
-        return [(r[0], r[1]) for r in rows]
-
     # the journal may be written behind the handler's transaction: wait for both rows, then compare
-    wait_until(lambda: len(journal()) >= 2, what="two journal rows")
-    assert journal() == [(0, "RETRY"), (1, "SUCCESS")]
+    wait_until(lambda: len(journal(db, key)) >= 2, what="two journal rows")
+    assert journal(db, key) == [(0, "RETRY"), (1, "SUCCESS")]
 
 
 def test_sender_receipts_and_the_query_offset_probe(make_broker: GrpcBrokerFactory, tmp_path: Path) -> None:
