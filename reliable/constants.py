@@ -184,6 +184,8 @@ DEFAULT_ROCKETMQ5_ENDPOINT: Final = "127.0.0.1:8081"
 UNKNOWN_QUEUE_ID: Final = -1
 #: invisible duration the 5.x adapters receive with and keep extending while a handler runs
 DEFAULT_ROCKETMQ5_INVISIBLE_S: Final = 60
+#: a 5.x message whose invisible time could not be extended this many times in a row is not extended again
+ROCKETMQ5_EXTEND_FAILURES: Final = 3
 #: a 5.x consumer group's maximum delivery attempts unless its retry policy says otherwise (16 retries + 1)
 ROCKETMQ5_MAX_DELIVERY_ATTEMPTS: Final = 17
 #: RECONSUME_LATER backoff of the 5.x SimpleConsumer loop, by delivery attempt: RocketMQ's delay levels from

@@ -175,14 +175,24 @@ class InvisibilityExtender:
         self.extensions = 0
 
     def _run(self) -> None:
+        failures: dict[int, int] = {}
         while not self._stop.wait(self.every_s):
             with self._lock:
-                for message in self.pending:
+                for message in list(self.pending):
                     try:
                         self.change(message, self.invisible_s)
                         self.extensions += 1
+                        failures.pop(id(message), None)
                     except Exception:
-                        log.exception("could not extend the invisible time of %s", message.message_id)
+                        n = failures[id(message)] = failures.get(id(message), 0) + 1
+                        if n == 1:
+                            log.exception("could not extend the invisible time of %s", message.message_id)
+                        if n >= C.ROCKETMQ5_EXTEND_FAILURES:
+                            # its handle is stale (it became visible, another consumer has it): a traceback
+                            # every extend_every_s until the handler ended said nothing new; the guard
+                            # decides whichever copy settles first
+                            log.warning("stopped extending %s after %d failed changes", message.message_id, n)
+                            self.pending.remove(message)
 
     def settled(self, message: Any) -> None:
         """Stop extending ``message`` (it is about to be acknowledged, retried or dead-lettered)."""

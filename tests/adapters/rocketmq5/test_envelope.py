@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from broker_sim.grpc.receipt import ReceiptHandle
-from reliable.adapters.rocketmq5 import check_timing, retry_delay_s, to_envelope
+from reliable.adapters.rocketmq5 import InvisibilityExtender, check_timing, retry_delay_s, to_envelope
 from reliable.errors import ConfigurationError
+from tests.waiting import wait_until
 
 
 def received(**kw: object) -> SimpleNamespace:
@@ -66,3 +67,26 @@ def test_extension_must_come_before_the_invisible_time_runs_out() -> None:
     for every in (30, 45, 0):
         with pytest.raises(ConfigurationError):
             check_timing(30, every)
+
+
+def test_a_message_whose_invisible_time_cannot_be_extended_is_given_up_after_three_tries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once a handle is stale (the message became visible, another consumer has it) every change fails: a
+    traceback every ``extend_every_s`` until the handler ended (25 in 5 s). One traceback, a warning when it
+    gives up on the message, and the other messages are still extended."""
+    calls: list[str] = []
+
+    def change(message: SimpleNamespace, invisible_s: int) -> None:
+        calls.append(message.message_id)
+        if message.message_id == "stale":
+            raise RuntimeError("40013 receipt handle is stale")
+
+    stale, fine = received(message_id="stale"), received(message_id="fine")
+    with InvisibilityExtender(change, [stale, fine], 30, 0.01) as ext:
+        wait_until(
+            lambda: stale not in ext.pending and calls.count("fine") >= 5, what="the stale one dropped"
+        )
+    assert calls.count("stale") == 3 and fine in ext.pending
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1 and any("stopped extending stale" in r.getMessage() for r in caplog.records)
