@@ -1,4 +1,4 @@
-"""Pruning settled messages: the stubs, inbox rows, journal and notices of messages every group is done with.
+"""Pruning settled messages: the stubs, inbox rows and notices of messages every group is done with.
 
 Why: nothing else ever deletes a ``message_stub`` (bodies up to the broker's largest) or a ``message_inbox``
 row — the log purge (:mod:`reliable.sweeper.retention`) keeps the journal bounded, not these — so both
