@@ -161,9 +161,10 @@ def check_broker_limits(
         ("tags", tags or ""),
         *(("property name", k) for k in properties),
     ):
-        if len(value.encode("utf-8")) > short:
+        size = len(value.encode("utf-8"))
+        if size > short:
             raise InvalidMessageError(
-                f"{what} {value[:40]!r} is {len(value.encode('utf-8'))} bytes in UTF-8: "
+                f"{what} {value[:40]!r} is {size} bytes in UTF-8: "
                 f"{type(sender).__name__}'s broker takes at most {short}"
             )
 

@@ -42,10 +42,10 @@ def _upgrade(args: argparse.Namespace) -> int:
     engine = make_engine(require_db(args))
     try:
         at = migrate.current(engine)
-        if at is not None and at not in migrate.revisions():
-            raise DatabaseNotReadyError(unknown_revision(at))
         order = migrate.ordered_revisions()
-        if at in order and args.revision in order and order.index(args.revision) < order.index(at):
+        if at is not None and at not in order:
+            raise DatabaseNotReadyError(unknown_revision(at))
+        if at is not None and args.revision in order and order.index(args.revision) < order.index(at):
             # Alembic does nothing and says nothing: the database stayed where it was
             raise ConfigurationError(
                 f"revision {args.revision} is below the database's {at}: use `reliable db downgrade`"

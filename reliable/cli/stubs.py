@@ -74,7 +74,7 @@ def register(sub: Any) -> None:
     add_db_options(rt)
     rt.set_defaults(func=_retire)
     pr = ssub.add_parser(
-        "prune", help="delete messages every group settled long ago (stub, inbox rows, journal, notices)"
+        "prune", help="delete messages every group settled long ago (stub, inbox rows, notices)"
     )
     pr.add_argument(
         "--older-than",
@@ -246,7 +246,7 @@ def _prune(args: argparse.Namespace) -> int:
         print(f"{n} settled message(s) last changed before {before:%Y-%m-%d %H:%M}; run again with --yes")
         return 0
     count = _on_db(args, lambda e: prune_settled(e, before=before))
-    print(f"pruned {count} settled message(s): stubs, inbox rows, journal and notices")
+    print(f"pruned {count} settled message(s): stubs, inbox rows and notices (the journal ages out)")
     return 0
 
 

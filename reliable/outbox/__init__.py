@@ -23,7 +23,7 @@ API (every function runs inside the caller's transaction; none commits)::
     void(conn, message_id, now) -> int                    stub and open inbox rows → VOIDED
     void_rows(conn, message_ids, group, now) -> int       one group's open rows → VOIDED, stubs derived
     prune_settled(engine, before) -> int                  messages every group settled before ``before``:
-        stub, inbox rows, journal and notices deleted (:mod:`.prune`; its own transactions)
+        stub, inbox rows and notices deleted (:mod:`.prune`; its own transactions)
 
 Stub status (DESIGN.md §1): ``VOIDED`` stays; any inbox row ``DEAD`` → ``DEAD``; every row ``CONFIRMED`` (or
 voided) → ``CONFIRMED``; otherwise ``PENDING``. The guard keeps it current in the transaction that confirms

@@ -20,7 +20,6 @@ import redis as redis_lib
 from sqlalchemy.util import await_only
 
 from reliable import constants as C
-from reliable.redis_connect import REDIS_OR_SOCKET_ERRORS
 from reliable.stores import LeaseAnswer, LeaseState
 from reliable.stores.breaker import FallbackHook, RedisBreaker
 from reliable.stores.lease import COMPARE_AND_DELETE, classify
@@ -35,8 +34,8 @@ _NO_SET_GET = "syntax"
 #: what the client may raise that is the server's absence, not a bug: redis.asyncio's cluster client raises
 #: ``AttributeError`` ("'NoneType' object has no attribute 'writelines'") on a connection another task tore
 #: down when a node died, which escaped the guard instead of leaving it on the database. Every
-#: ``Exception`` opens the breaker (never ``CancelledError``: that is not one); one that is not a Redis or
-#: socket error is logged with its traceback too.
+#: ``Exception`` opens the breaker (never ``CancelledError``: that is not one); the breaker logs one that is
+#: not a Redis or socket error with its traceback.
 _CLIENT_ERRORS = (Exception,)
 
 
@@ -73,7 +72,7 @@ class AsyncRedisLeaseStore:
         try:
             previous = await self._set_many(keys, values, lease_ms)
         except _CLIENT_ERRORS as exc:
-            _failed(self.breaker, "acquire", exc)
+            self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
         return [classify(p) for p in previous]
@@ -153,7 +152,7 @@ class AsyncRedisLeaseStore:
                 pipe.set(key, value, ex=ttl_s)
             await pipe.execute()
         except _CLIENT_ERRORS as exc:
-            _failed(self.breaker, "mark_done", exc)
+            self.breaker.failed("mark_done", exc)
 
     async def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key only if it still holds our own lease value."""
@@ -162,13 +161,7 @@ class AsyncRedisLeaseStore:
         try:
             await self._cad(keys=[key], args=[value])
         except _CLIENT_ERRORS as exc:
-            _failed(self.breaker, "release", exc)
-
-
-def _failed(breaker: RedisBreaker, operation: str, exc: Exception) -> None:
-    if not isinstance(exc, REDIS_OR_SOCKET_ERRORS):
-        log.error("redis client raised %s during %s", type(exc).__name__, operation, exc_info=exc)
-    breaker.failed(operation, exc)
+            self.breaker.failed("release", exc)
 
 
 class GreenletLeaseStore:

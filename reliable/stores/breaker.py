@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from reliable import constants as C
+from reliable.redis_connect import REDIS_OR_SOCKET_ERRORS
 
 log = logging.getLogger(C.GUARD_LOGGER)
 
@@ -47,6 +48,8 @@ class RedisBreaker:
     def failed(self, operation: str, exc: BaseException) -> None:
         with self._lock:
             self._down_until = self._clock() + self.retry_after_s
+        if not isinstance(exc, REDIS_OR_SOCKET_ERRORS):  # a client's own bug, not the server's absence
+            log.error("redis client raised %s during %s", type(exc).__name__, operation, exc_info=exc)
         log.warning("redis unavailable during %s, continuing on the database alone: %r", operation, exc)
         if self.on_fallback is not None:
             self.on_fallback(operation, exc)
