@@ -46,6 +46,10 @@ PRODUCER_RECORD_TRIES: Final = (
     3  # tries to record a send result (a deadlock victim) before leaving it to the sweeper
 )
 PRODUCER_RECORD_BACKOFF_S: Final = 0.02  # × try number, between those tries
+#: an after-commit send that failed after this long (a hanging broker, not a refused one) defers the
+#: after-commit sends to the sweeper for PRODUCER_SEND_RETRY_AFTER_S (reliable.send_breaker)
+PRODUCER_SLOW_SEND_FAILURE_S: Final = 1.0
+PRODUCER_SEND_RETRY_AFTER_S: Final = 10.0
 DEFAULT_STUCK_AFTER_S: Final = 15 * 60
 DEFAULT_LOG_RETENTION_S: Final = 7 * 24 * 3600
 DEFAULT_SWEEP_BATCH: Final = 500

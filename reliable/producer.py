@@ -47,6 +47,7 @@ from reliable.facade import Reliability
 from reliable.models import MessageStub, utcnow
 from reliable.outbox import payload_hash as payload_hash  # re-exported: part of this module's API
 from reliable.producer_metrics import HOOK_ERRORS, RECORD_FAILURES, SENDS
+from reliable.send_breaker import SendBreaker
 from reliable.sender import OutgoingMessage, Sender
 from reliable.staged import SendOutcome as SendOutcome  # re-exported, as the rest: this module's API
 from reliable.staged import SendResult as SendResult
@@ -90,6 +91,8 @@ class StubProducer:
         #: used for a topic without ``topic_groups`` entry (before ``settings.default_group``)
         self.default_group = default_group
         self.clock = clock
+        #: defers the after-commit sends to the sweeper for a while after one hung (reliable.send_breaker)
+        self.breaker = SendBreaker()
 
     def groups_for(self, topic: str) -> tuple[str, ...]:
         """The groups a message of ``topic`` is staged for when the caller names none."""
@@ -163,7 +166,7 @@ class StubProducer:
 
     def _send_from_hook(self, batch: list[StagedMessage], verify: bool) -> None:
         try:
-            self.send_staged(batch, verify=verify)
+            self._send_batch(batch, verify=verify, deferrable=True)
         except Exception:  # the caller's commit already happened; the sweeper owns what is left
             HOOK_ERRORS.inc()
             log.exception("after-commit send of %d message(s) failed; left for the sweeper", len(batch))
@@ -216,7 +219,15 @@ class StubProducer:
         commit and rollback cannot announce a message whose business write does not exist. ``verify=False``
         skips that re-read (one transaction less) for stubs the caller knows it has just committed.
         """
-        batch = [staged] if isinstance(staged, StagedMessage) else list(staged)
+        return self._send_batch(
+            [staged] if isinstance(staged, StagedMessage) else list(staged), verify=verify
+        )
+
+    def _send_batch(
+        self, batch: list[StagedMessage], *, verify: bool, deferrable: bool = False
+    ) -> list[SendResult]:
+        """:meth:`send_staged`; ``deferrable`` (the after-commit sends) leaves a message to the sweeper while
+        :attr:`breaker` is open instead of waiting for a hanging broker."""
         batch = list({m.message_id: m for m in batch}.values())  # one send per id, however often staged
         if not batch:
             return []
@@ -237,6 +248,9 @@ class StubProducer:
                 log.info("message %s: no PENDING stub any more; not sent", msg.message_id)
                 results.append(SendResult(msg.message_id, SendOutcome.SKIPPED))
                 continue
+            if deferrable and self.breaker.open():
+                results.append(SendResult(msg.message_id, SendOutcome.DEFERRED))
+                continue
             results.append(self._send_one(msg, send_counts[msg.message_id]))
         self._record(results, {m.message_id: held_back_s(m.properties) for m in batch})
         for r in results:
@@ -244,7 +258,9 @@ class StubProducer:
         return results
 
     def _send_one(self, msg: StagedMessage, send_count: int) -> SendResult:
+        started = self.breaker.clock()
         attempt = outbox.attempt_send(self.sender, msg.outgoing(send_count))
+        self.breaker.record(started, attempt.ok)
         if attempt.receipt is None:
             log.warning("message %s: left PENDING for the sweeper", msg.message_id)
             return SendResult(msg.message_id, SendOutcome.FAILED, error=attempt.error)
@@ -271,7 +287,7 @@ class StubProducer:
         attempts = [
             (outbox.SendAttempt(_topic_send(r.message_id), r.receipt, r.error), due(r))
             for r in results
-            if r.outcome is not SendOutcome.SKIPPED
+            if r.outcome in (SendOutcome.SENT, SendOutcome.FAILED)  # skipped and deferred: nothing to record
         ]
         if not attempts:
             return

@@ -35,6 +35,7 @@ class SendOutcome(enum.StrEnum):
     SENT = "SENT"  # the broker accepted it; the receipt is recorded on the stub
     FAILED = "FAILED"  # the sender raised; the stub stays PENDING with last_error, due for the sweeper
     SKIPPED = "SKIPPED"  # no PENDING stub any more (voided, already confirmed, or never committed)
+    DEFERRED = "DEFERRED"  # after-commit send not tried (a send just hung, reliable.send_breaker): sweeper's
 
 
 @dataclass(frozen=True, slots=True)
