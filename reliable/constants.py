@@ -166,6 +166,8 @@ DEFAULT_REDIS_RETRY_AFTER_S: Final = 1.0
 POOL_PING_IDLE_S: Final = 5.0
 #: logger of the per-decision structured line (message id, group, outcome, reason).
 GUARD_LOGGER: Final = "reliable.guard"
+#: times a guard work transaction chosen as a deadlock victim is run again at once (then: retry later)
+GUARD_DEADLOCK_RETRIES: Final = 2
 
 # --- asyncio flavour (reliable.aio_backends, reliable.guard.aio) ------------------------------------------
 #: connections of one event loop's ``redis.asyncio`` pool; a task beyond it waits (up to the socket timeout,

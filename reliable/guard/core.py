@@ -49,6 +49,7 @@ function of :mod:`reliable.guard.plan` / :mod:`reliable.guard.decision`, so an a
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import logging
 import os
@@ -60,7 +61,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Connection
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from reliable import constants as C
 from reliable import outbox
@@ -75,7 +76,7 @@ from reliable.guard.decision import (
     failure_reason,
 )
 from reliable.guard.plan import Item
-from reliable.guard.work import Handler, StaleConnection, WorkTransaction
+from reliable.guard.work import Handler, StaleConnection, WorkTransaction, is_deadlock
 from reliable.metrics import DecisionObserver, guard_metrics
 from reliable.models import utcnow
 from reliable.names import check_group
@@ -241,49 +242,70 @@ class Guard:
         if not late:
             return
         now = utcnow()
-        failed = [it for it in late if it.error is not None and it.decision is None]
-        try:
-            with self.sql.transaction(conn):
-                for i, it in enumerate(failed):
-                    error = repr(it.error)
-                    attempts = self.sql.record_failure(
-                        conn, self.group, it.inbox_row, now, error, begin=i == 0
-                    )
-                    if attempts is None:  # applied by another worker while this handler ran and failed
-                        plan.decide(it, Reason.DUPLICATE_CONFIRMED, TEXTS["confirmed_meanwhile"])
-                        continue
-                    # a cancelled handler did not fail: a stop on the broker's last delivery leaves the row
-                    # PENDING (the sweeper re-sends it once stuck), it does not dead-letter a healthy message
-                    last = it.env.last_attempt and not isinstance(it.error, HandlerCancelled)
-                    reason = failure_reason(attempts, self.settings.max_attempts, last)
-                    broker = ", the broker's last delivery" if last else ""
-                    detail = f"attempt {attempts}/{self.settings.max_attempts}{broker}: {it.error!r}"
-                    plan.decide(it, reason, detail, error=it.error, attempts=attempts)
-                    if reason is Reason.MAX_ATTEMPTS:  # a person decides now: DEAD, told by the sweeper
-                        error_text = dead_letter_error(it.env, detail)
-                        spent = self.settings.max_attempts
-                        outbox.mark_dead(conn, it.mid, self.group, now, error_text, spent=spent)
-                plan.resolve_twins(items)
-                for it in late:
-                    if it.decision is None:  # a bug: answer it with a safe retry, journaled as such
-                        plan.decide(it, Reason.DATABASE_UNAVAILABLE, TEXTS["undecided"])
-                known = [it for it in late if it.log_id is not None]  # failed in savepoint mode: row exists
-                fresh = [it for it in late if it.log_id is None]
-                self.sql.log.set_outcomes(conn, [plan.outcome_update(it) for it in known])
-                entries = [plan.journal_entry(it, self.group, now) for it in fresh]
-                ids = self.sql.log.journal_alone(conn, entries, opened=bool(failed or known))
-                for it, log_id in zip(fresh, ids, strict=True):
-                    it.log_id = log_id
-        except SQLAlchemyError as exc:
-            self._database_down(late, "journal", exc)
-            for it in late:
-                it.log_id = None
-            return
+        # in id order, as every other step takes inbox row locks: two batches settling failures deadlocked
+        failed = sorted((it for it in late if it.error is not None and it.decision is None), key=_mid)
+        before = [(it, it.decision, it.log_id) for it in late]
+        for tries in range(C.GUARD_DEADLOCK_RETRIES + 1):
+            try:
+                fresh = self._settle_once(conn, items, late, failed, now)
+                break
+            except DBAPIError as exc:
+                if not (is_deadlock(exc) and tries < C.GUARD_DEADLOCK_RETRIES):
+                    self._settle_failed(late, exc)
+                    return
+                for it, decision, log_id in before:  # rolled back in full: decide again from the start
+                    it.decision, it.log_id = decision, log_id
+                self.metrics.database_errors.labels(self.group, "deadlock_retried").inc()
+            except SQLAlchemyError as exc:
+                self._settle_failed(late, exc)
+                return
         for it in late:
             it.written = True
         if fresh:
             for h in self.hooks:
                 h.after_journal([it.env for it in fresh], [it.log_id or 0 for it in fresh])
+
+    def _settle_once(
+        self, conn: Connection, items: list[Item], late: list[Item], failed: list[Item], now: dt.datetime
+    ) -> list[Item]:
+        """One try of :meth:`_settle`'s transaction; returns the deliveries it journaled afresh."""
+        with self.sql.transaction(conn):
+            if self.sql.dialect in ("mysql", "mariadb"):  # as the work transaction: no gap locks
+                self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            for i, it in enumerate(failed):
+                error = repr(it.error)
+                attempts = self.sql.record_failure(conn, self.group, it.inbox_row, now, error, begin=i == 0)
+                if attempts is None:  # applied by another worker while this handler ran and failed
+                    plan.decide(it, Reason.DUPLICATE_CONFIRMED, TEXTS["confirmed_meanwhile"])
+                    continue
+                # a cancelled handler did not fail: a stop on the broker's last delivery leaves the row
+                # PENDING (the sweeper re-sends it once stuck), it does not dead-letter a healthy message
+                last = it.env.last_attempt and not isinstance(it.error, HandlerCancelled)
+                reason = failure_reason(attempts, self.settings.max_attempts, last)
+                broker = ", the broker's last delivery" if last else ""
+                detail = f"attempt {attempts}/{self.settings.max_attempts}{broker}: {it.error!r}"
+                plan.decide(it, reason, detail, error=it.error, attempts=attempts)
+                if reason is Reason.MAX_ATTEMPTS:  # a person decides now: DEAD, told by the sweeper
+                    error_text = dead_letter_error(it.env, detail)
+                    spent = self.settings.max_attempts
+                    outbox.mark_dead(conn, it.mid, self.group, now, error_text, spent=spent)
+            plan.resolve_twins(items)
+            for it in late:
+                if it.decision is None:  # a bug: answer it with a safe retry, journaled as such
+                    plan.decide(it, Reason.DATABASE_UNAVAILABLE, TEXTS["undecided"])
+            known = [it for it in late if it.log_id is not None]  # failed in savepoint mode: row exists
+            fresh = [it for it in late if it.log_id is None]
+            self.sql.log.set_outcomes(conn, [plan.outcome_update(it) for it in known])
+            entries = [plan.journal_entry(it, self.group, now) for it in fresh]
+            ids = self.sql.log.journal_alone(conn, entries, opened=bool(failed or known))
+            for it, log_id in zip(fresh, ids, strict=True):
+                it.log_id = log_id
+        return fresh
+
+    def _settle_failed(self, late: list[Item], exc: SQLAlchemyError) -> None:
+        self._database_down(late, "journal", exc)
+        for it in late:
+            it.log_id = None
 
     # --- step 4: Redis after the commit -------------------------------------------------------------
     def _after_commit(self, items: list[Item]) -> None:
@@ -323,3 +345,7 @@ class Guard:
         for h in self.hooks:
             h.after_decision(it.env, d)
         return d
+
+
+def _mid(it: Item) -> str:
+    return it.mid

@@ -105,6 +105,7 @@ class WorkTransaction:
         """
         run = [it for it in items if it.decision is None and it.twin_of is None]
         savepoints = False
+        deadlocks = 0
         while run:
             for it in run:
                 it.decision, it.claimed, it.verdict, it.log_id, it.ran = None, False, None, None, False
@@ -137,6 +138,19 @@ class WorkTransaction:
                             self._failed(it, exc)
                     run = [it for it in run if it.error is None]
                 savepoints = True
+            except DBAPIError as exc:
+                if is_deadlock(exc) and deadlocks < C.GUARD_DEADLOCK_RETRIES:
+                    # two transactions each wanted a row the other held; the database rolled this one back
+                    # in full, so running it again is what a redelivery would do, without the broker's wait
+                    deadlocks += 1
+                    self.metrics.database_errors.labels(self.group, "deadlock_retried").inc()
+                    log.info(
+                        "guard work transaction chosen as a deadlock victim (group %s); running it again",
+                        self.group,
+                    )
+                    continue
+                self._down(run, exc)
+                return
             except SQLAlchemyError as exc:
                 self._down(run, exc)
                 return
@@ -196,7 +210,7 @@ class WorkTransaction:
             changed, n_settled = self.sql.confirm_and_record(conn, self.group, to_confirm, now, updates)
             if changed != len(to_confirm):
                 raise ConfirmConflict(f"confirm changed {changed} of {len(to_confirm)} inbox rows")
-            if n_settled < changed:  # as above, for the rows this batch confirmed
+            if n_settled < changed and not self.sql.settles_exactly:  # as above, for this batch's rows
                 self.sql.settle_exact(conn, self.group, to_confirm, now)
         self.sql.log.progress(conn, entries, commit=True)
 
@@ -246,7 +260,7 @@ class WorkTransaction:
                 it.claimed = it.mid in claimed
             lost = [it.mid for it in missing if not it.claimed]
             if lost:  # a concurrent worker inserted it while we waited: read what it committed
-                states.update(self.sql.lock_inbox(conn, self.group, lost))
+                states.update(self.sql.read_claim_losers(conn, self.group, lost))
         self._inbox_first = self._adaptive and 2 * len(missing) > len(run)
         return states
 
@@ -340,6 +354,18 @@ def _aborted(conn: Connection) -> bool:
 
 #: InnoDB's deadlock: the victim's whole transaction is rolled back, not only the statement
 _ER_LOCK_DEADLOCK = 1213
+_PG_DEADLOCK_DETECTED = "40P01"
+
+
+def is_deadlock(exc: DBAPIError) -> bool:
+    """Whether the database rolled the transaction back to break a deadlock (PostgreSQL, MariaDB/MySQL)."""
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == _PG_DEADLOCK_DETECTED:
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return bool(args) and args[0] == _ER_LOCK_DEADLOCK
+
+
 #: ``Connection.info`` key: a deadlock was raised on this connection since the handler started
 _DEADLOCK = "reliable.deadlock"
 

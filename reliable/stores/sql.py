@@ -71,6 +71,11 @@ class SqlStore:
         self._pg = self.dialect == "postgresql"
         self._my = self.dialect in ("mysql", "mariadb")
         self._lock = "" if self.dialect == "sqlite" else " FOR UPDATE"
+        self._pk = T.PK_ORDER if self._my else ""
+        #: MariaDB: a batch's confirm settles its stubs with the exact step straight away. The optimistic
+        #: settle ``UPDATE`` locked the stubs it settled, then the exact step locked the open ones from the
+        #: lowest id up: two groups confirming one batch each held a stub the other's second pass wanted
+        self.settles_exactly = self._my
         self._ts = self.db.ts
 
     # --- execution (delegated to the runner; ``execute`` is used by the guard) ----------------------------
@@ -158,12 +163,28 @@ class SqlStore:
         """``SELECT … FOR UPDATE`` the group's rows in id order: concurrent deliveries queue up behind us."""
         return self._select_inbox(conn, group, sorted(set(message_ids)), lock=True)
 
+    def read_claim_losers(
+        self, conn: Connection, group: str, message_ids: Sequence[str]
+    ) -> dict[str, InboxState]:
+        """The rows :meth:`claim_inbox` found already there, as committed, still locked until the commit.
+
+        MariaDB's ``INSERT IGNORE`` left a shared lock on each: read them in share mode. ``FOR UPDATE`` asked
+        to upgrade it — two deliveries of one message that both lost the claim then waited on each other's
+        shared lock, a deadlock answered as an outage. Elsewhere: :meth:`lock_inbox`.
+        """
+        if not self._my:
+            return self.lock_inbox(conn, group, message_ids)
+        return self._select_inbox(
+            conn, group, sorted(set(message_ids)), lock=True, suffix=" LOCK IN SHARE MODE"
+        )
+
     def _select_inbox(
-        self, conn: Connection, group: str, ids: Sequence[str], *, lock: bool
+        self, conn: Connection, group: str, ids: Sequence[str], *, lock: bool, suffix: str | None = None
     ) -> dict[str, InboxState]:
         if not ids:
             return {}
-        suffix = self._lock if lock else ""
+        if suffix is None:
+            suffix = self._lock if lock else ""
         sql = self.db.cached("inbox" + suffix, len(ids), lambda k: T.select_inbox(k, suffix))
         rows = self.db.all(conn, sql, (group, *ids))
         return {r[0]: InboxState(StubStatus(r[1]), r[2], int(r[3])) for r in rows}
@@ -205,14 +226,13 @@ class SqlStore:
         if not message_ids:
             return 0, 0
         ts = self._ts(now)
-        n = len(message_ids)
+        ids = sorted(message_ids)  # id order, as every other step locks rows
         changed = self.db.run(
-            conn, self.db.cached("confirm", n, T.confirm_inbox), (ts, ts, group, *message_ids)
+            conn, self.db.cached("confirm", len(ids), T.confirm_inbox), (ts, ts, group, *ids)
         )
-        settled = self.db.run(
-            conn, self.db.cached("settle", n, T.settle_stubs), (ts, ts, *message_ids, group)
-        )
-        return changed, settled
+        if self.settles_exactly:
+            return changed, self.settle_exact(conn, group, ids, now)
+        return changed, self._settle(conn, group, ids, ts)
 
     def settle_exact(self, conn: Connection, group: str, message_ids: Sequence[str], now: dt.datetime) -> int:
         """Settle again under the stubs' row locks: the exact step after a confirm that settled fewer stubs.
@@ -225,16 +245,12 @@ class SqlStore:
         ids = sorted(set(message_ids))
         open_ = self.db.all(
             conn,
-            self.db.cached("open_stubs" + self._lock, len(ids), lambda k: T.lock_open_stubs(k, self._lock)),
+            self.db.cached("open_stubs", len(ids), lambda k: T.lock_open_stubs(k, self._lock, self._pk)),
             tuple(ids),
         )
         if not open_:
             return 0
-        ts = self._ts(now)
-        locked = [r[0] for r in open_]
-        return self.db.run(
-            conn, self.db.cached("settle", len(locked), T.settle_stubs), (ts, ts, *locked, group)
-        )
+        return self._settle(conn, group, [r[0] for r in open_], self._ts(now))
 
     def confirm_first(
         self,
@@ -264,7 +280,8 @@ class SqlStore:
 
     def _settle(self, conn: Connection, group: str, message_ids: Sequence[str], ts: Any) -> int:
         n = len(message_ids)
-        return self.db.run(conn, self.db.cached("settle", n, T.settle_stubs), (ts, ts, *message_ids, group))
+        sql = self.db.cached("settle", n, lambda k: T.settle_stubs(k, self._pk))
+        return self.db.run(conn, sql, (ts, ts, *message_ids, group))
 
     def confirm_and_record(
         self,
@@ -333,7 +350,12 @@ class SqlStore:
         if rows is not None:
             return int(rows[0][0]) if rows else None
         self.db.run(conn, self.db.cached("failure", 1, lambda _: T.upsert_failure(True)), params)
-        state = self._select_inbox(conn, group, [row.message_id], lock=False)[row.message_id]
+        # a locking read: it sees the row as committed now (the upsert just locked it), where a plain read at
+        # REPEATABLE READ saw the snapshot of the transaction's first read — a row another worker inserted
+        # after that was missing (a KeyError out of the guard) or still PENDING though it was confirmed
+        state = self._select_inbox(conn, group, [row.message_id], lock=True).get(row.message_id)
+        if state is None:  # deleted since the upsert (cannot be, under its lock): count it, safely retried
+            return 1
         return None if state.status is StubStatus.CONFIRMED else state.attempts
 
 

@@ -43,8 +43,8 @@ EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
         "new, no stub (inbox)": (9, 1, 1),
         "duplicate answered by Redis": (0, 0, 1),
         "duplicate answered by the database": (7, 1, 1),
-        "handler fails": (12, 1, 2),
-        "batch of 8 new, stubs": (16, 1, 1),
+        "handler fails": (13, 1, 2),  # the failure count's own SET TRANSACTION (2026-11-28)
+        "batch of 8 new, stubs": (17, 1, 1),  # the stubs locked in id order before they settle (2026-11-28)
     },
 }
 

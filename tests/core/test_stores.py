@@ -218,6 +218,9 @@ def test_two_groups_confirming_at_once_leave_the_stub_confirmed(server_engine: E
                 assert store.confirm(conn, "b", ["p"], utcnow()) == (1, 0)  # a's confirm is not committed yet
                 done["b"] = store.settle_exact(conn, "b", ["p"], utcnow())
 
+    if store.settles_exactly:  # MariaDB: a confirm locks the open stubs first — b waits for a's commit
+        _confirm_serialised_on_the_stub(engine, store, rc)
+        return
     with engine.connect() as conn, contextlib.ExitStack() as stack:
         if rc:
             store.execute(conn, rc)
@@ -230,6 +233,41 @@ def test_two_groups_confirming_at_once_leave_the_stub_confirmed(server_engine: E
         assert store.settle_exact(conn, "a", ["p"], utcnow()) == 1  # a, under the stub lock, sees b's commit
     with engine.connect() as conn:
         assert stub_statuses(conn) == {"p": "CONFIRMED"}
+
+
+def _confirm_serialised_on_the_stub(engine: Engine, store: SqlStore, rc: str | None) -> None:
+    got: dict[str, tuple[int, int]] = {}
+
+    def group_b() -> None:
+        with engine.connect() as conn:
+            if rc:
+                store.execute(conn, rc)
+            with conn.begin():
+                got["b"] = store.confirm(conn, "b", ["p"], utcnow())
+
+    with engine.connect() as conn:
+        if rc:
+            store.execute(conn, rc)
+        with conn.begin():
+            assert store.confirm(conn, "a", ["p"], utcnow()) == (1, 0)  # b's row is still PENDING
+            t = threading.Thread(target=group_b)
+            t.start()
+            wait_until(lambda: lock_waiting(engine), what="b waiting for the stub a holds")
+            assert "b" not in got
+    t.join(30)
+    assert got == {"b": (1, 1)}  # under the stub's lock b saw a's commit: b is the last, and settles
+    with engine.connect() as conn:
+        assert stub_statuses(conn) == {"p": "CONFIRMED"}
+
+
+def lock_waiting(engine: Engine) -> bool:
+    sql = (
+        "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+        if engine.dialect.name != "postgresql"
+        else "SELECT count(*) FROM pg_locks WHERE NOT granted"
+    )
+    with engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one()) > 0
 
 
 def session_id(conn: Any) -> int:

@@ -1,0 +1,212 @@
+"""Concurrent deliveries on PostgreSQL and MariaDB must not deadlock on the guard's own locks, and a failure
+counted while another worker applies the same message must read that worker's commit.
+
+Every step takes its row locks in message id order; where a database still picks a victim (two passes of
+one transaction, the handler's own writes) the guard's transaction — rolled back in full — runs again at once
+instead of answering "database unavailable". These tests build the interleavings users hit with batches and
+fan-out (several groups confirming one batch at the same moment; twin deliveries of a message no producer
+staged) and count the deadlocks the guard had to retry: zero, unless a test makes one on purpose.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Connection, text
+from sqlalchemy.orm import Session
+
+from reliable import Envelope, Reason, Reliability, StubProducer, idempotent_consumer
+from reliable.guard.decision import Decision
+from reliable.stores import InboxRow
+from reliable.stores.sql import SqlStore
+from tests.conftest import _ensure_clean_schema
+from tests.core.guard_helpers import applied, apply, env, make_rel
+from tests.core.producer.support import RecordingSender
+from tests.waiting import wait_until
+
+
+@pytest.fixture(params=["postgres", "mariadb"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    _ensure_clean_schema(url)
+    return url
+
+
+@pytest.fixture
+def rel(server_url: str) -> Iterator[Reliability]:
+    r = make_rel(server_url, None, "lo")  # no Redis: the database alone decides, as when Redis is down
+    yield r
+    r.close()
+
+
+def lock_waits(rel: Reliability) -> int:
+    """Transactions of this database waiting for a row lock now."""
+    if rel.engine.dialect.name == "postgresql":
+        sql = (
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE NOT l.granted AND a.datname = current_database()"
+        )
+    else:
+        sql = (
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p "
+            "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
+        )
+    with rel.engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())
+
+
+def deadlocks_retried(registry: CollectorRegistry, group: str) -> float:
+    value = registry.get_sample_value(
+        "reliable_database_errors_total", {"group": group, "step": "deadlock_retried"}
+    )
+    return value or 0.0
+
+
+def in_thread(target: Callable[[], Any], name: str) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = target()
+        except BaseException as exc:  # the test reads it: an exception out of the guard is a defect
+            out["error"] = exc
+
+    t = threading.Thread(target=run, name=name)
+    t.start()
+    return t, out
+
+
+def test_a_failure_counted_after_another_worker_committed_the_row_reads_that_commit(rel: Reliability) -> None:
+    """W1 counts the failures of its batch [a, b] in one transaction; between its count of a and of b,
+    another worker commits b as applied. On MariaDB (REPEATABLE READ) W1's read of b used the snapshot of its
+    first read, where b did not exist: a KeyError escaped ``decide_batch`` (no failure counted, the leases
+    never released) — or, with a producer row, the stale PENDING row made W1 answer "failed" for a message
+    the other worker had applied. The count must see b as confirmed: nothing to count."""
+    store = SqlStore(rel.engine)
+    now = dt.datetime.now(dt.UTC)
+    tag = uuid.uuid4().hex[:6]
+    a, b = InboxRow(f"a-{tag}", None), InboxRow(f"b-{tag}", None)
+    with rel.engine.connect() as w1, w1.begin():
+        assert store.record_failure(w1, "late", a, now, "RuntimeError()") == 1  # its read: the snapshot
+        with rel.engine.connect() as w2, w2.begin():  # the other worker applies b and commits
+            assert store.claim_inbox(w2, "late", [b], now) == {b.message_id}
+        assert store.record_failure(w1, "late", b, now, "RuntimeError()") is None
+
+
+def test_groups_confirming_the_same_batch_at_once_do_not_deadlock(rel: Reliability) -> None:
+    """Three groups handle the same batch of 16 staged messages and reach their confirm at the same moment
+    (Kafka batches by partition, so every group gets the same batches). On MariaDB a group's settle locked
+    the stubs it settled, then the exact step locked the open ones from the lowest id up: two groups each
+    held a stub the other wanted — a deadlock in about one batch in twelve, answered "database unavailable"
+    and counted as an outage."""
+    groups = ["billing", "audit", "search"]
+    producer = StubProducer(rel, RecordingSender())
+    registry = CollectorRegistry()
+    barrier = threading.Barrier(len(groups), timeout=30)
+    trials, size = 20, 16
+    answers: list[Decision] = []
+
+    last = {"id": ""}
+
+    def guard(group: str) -> Callable[[list[Envelope]], list[Decision]]:
+        def handler(e: Envelope, session: Session) -> None:
+            apply(e, session, note=group)
+            if e.message_id == last["id"]:
+                barrier.wait()  # every group's handlers are done: all confirm now
+
+        return idempotent_consumer(rel, group=group, registry=registry)(handler).decide_batch
+
+    decide = {g: guard(g) for g in groups}
+    for trial in range(trials):
+        ids = [f"t{trial:02d}-{uuid.uuid4().hex[:4]}-{i:03d}" for i in range(size)]
+        with rel.session() as s:
+            for mid in ids:
+                producer.stage(s, mid, "orders", b"{}", groups=groups, send_on_commit=False)
+        last["id"] = ids[-1]
+        envs = [env(mid) for mid in ids]
+        runs = [in_thread(functools.partial(decide[g], envs), g) for g in groups]
+        for t, out in runs:
+            t.join(60)
+            assert "error" not in out, out.get("error")
+            answers.extend(out["value"])
+    assert {d.reason for d in answers} == {Reason.PROCESSED}
+    assert sum(deadlocks_retried(registry, g) for g in groups) == 0
+
+
+def test_twin_deliveries_of_an_unstaged_message_do_not_deadlock(rel: Reliability) -> None:
+    """Three deliveries of one message at once, for a group the producer did not stage: W1 inserts the
+    group's row, W2 and W3 wait on it. On MariaDB each loser's ``INSERT IGNORE`` left a shared lock on the row
+    and the ``FOR UPDATE`` that read it asked to upgrade it: both waited on each other — a deadlock."""
+    registry = CollectorRegistry()
+    started = threading.Event()
+    mid = f"twin-{uuid.uuid4().hex[:6]}"
+
+    def handler(e: Envelope, session: Session) -> None:
+        if threading.current_thread().name == "W1":
+            started.set()
+            wait_until(lambda: lock_waits(rel) >= 2, what="W2 and W3 waiting for W1's row")
+        apply(e, session)
+
+    handle = idempotent_consumer(rel, group="late", registry=registry)(handler)
+    first = in_thread(lambda: handle.decide(env(mid)), "W1")
+    assert started.wait(30)
+    others = [in_thread(lambda: handle.decide(env(mid)), name) for name in ("W2", "W3")]
+    results: list[Decision] = []
+    for t, out in [first, *others]:
+        t.join(60)
+        assert "error" not in out, out.get("error")
+        results.append(out["value"])
+    handle.close()
+    assert [d.reason for d in results] == [
+        Reason.PROCESSED,
+        Reason.DUPLICATE_CONFIRMED,
+        Reason.DUPLICATE_CONFIRMED,
+    ]
+    assert applied(rel, mid) == 1
+    assert deadlocks_retried(registry, "late") == 0
+
+
+def test_a_work_transaction_chosen_as_deadlock_victim_runs_again(postgres_url: str) -> None:
+    """Another transaction (an operator's script, an application's own job) locks the stub, then the
+    group's inbox row the guard holds: PostgreSQL breaks the deadlock by rolling back the guard, which waited
+    first. The guard's transaction had committed nothing, so it runs again at once: the message is applied
+    once and answered processed — not "database unavailable" after a broker round trip."""
+    _ensure_clean_schema(postgres_url)
+    rel = make_rel(postgres_url, None, "lo")
+    try:
+        registry = CollectorRegistry()
+        mid = f"victim-{uuid.uuid4().hex[:6]}"
+        StubProducer(rel, RecordingSender()).publish(mid, "orders", b"{}", groups=["billing"])
+
+        handle = idempotent_consumer(rel, group="billing", registry=registry)(apply)
+        with rel.engine.connect() as other:
+            other.begin()
+            locked = "SELECT 1 FROM message_stub WHERE message_id = :m FOR UPDATE"
+            other.execute(text(locked), {"m": mid})
+            guard, out = in_thread(lambda: handle.decide(env(mid)), "guard")
+            wait_until(lambda: lock_waits(rel) > 0, what="the guard waiting for the stub")
+            _lock_inbox(other, mid)  # the deadlock: PostgreSQL rolls the guard back
+            wait_until(lambda: deadlocks_retried(registry, "billing") > 0, what="the guard's retry")
+            other.commit()
+        guard.join(60)
+        handle.close()
+        assert "error" not in out, out.get("error")
+        assert out["value"].reason is Reason.PROCESSED
+        assert applied(rel, mid) == 1
+        assert deadlocks_retried(registry, "billing") == 1
+    finally:
+        rel.close()
+
+
+def _lock_inbox(conn: Connection, mid: str) -> None:
+    conn.execute(
+        text("SELECT 1 FROM message_inbox WHERE message_id = :m AND consumer_group = 'billing' FOR UPDATE"),
+        {"m": mid},
+    )
