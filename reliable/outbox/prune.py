@@ -12,9 +12,11 @@ What qualifies: a stub ``CONFIRMED`` or ``VOIDED`` (every group done) last chang
 inbox rows are all settled too; and a settled inbox row of a message without a stub (the guard's inbox
 pattern: a consumer that is not fed by reliable's producer) last changed before ``before`` — in both cases
 with no inbox row of the message changed since (a group the producer did not list claims its own row
-later, and that row is its deduplication). Their notices go with them; their journal rows are the log
-purge's (by age). In batches, each its own transaction (``READ COMMITTED`` on MariaDB), inbox rows before
-stubs (the outbox's lock order). ``before`` must lie ``MIN_PRUNE_AGE_S`` (7 days) back or more.
+later, and that row is its deduplication), and none of its journal rows left: a message is pruned after
+the log purge (by age) has taken its deliveries, so a copy delivered lately keeps it, and the report never
+sees deliveries of a message it no longer knows. Their notices go with them. In batches, each its own
+transaction (``READ COMMITTED`` on MariaDB), inbox rows before stubs (the outbox's lock order). ``before``
+must lie ``MIN_PRUNE_AGE_S`` (7 days) back or more.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, delete, exists, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, and_, delete, exists, or_, select
 
 from reliable import constants as C
 from reliable.errors import ConfigurationError
-from reliable.models import StubNotification, status_literal, utcnow
+from reliable.models import MessageLog, StubNotification, status_literal, utcnow
 from reliable.outbox.tables import OPEN, inbox, stub
 from reliable.types import StubStatus
 
 notif = cast(Table, StubNotification.__table__)
+journal = cast(Table, MessageLog.__table__)
 _SETTLED = [status_literal(s) for s in (StubStatus.CONFIRMED, StubStatus.VOIDED)]
 _OPEN = [status_literal(s) for s in OPEN]
 
@@ -68,6 +71,10 @@ def prune_settled(engine: Engine, *, before: dt.datetime, batch: int = C.DEFAULT
 
 
 def _check_cut(before: dt.datetime) -> None:
+    if before.tzinfo is None:
+        raise ConfigurationError(
+            "the prune cut must be timezone-aware (UTC), e.g. datetime.now(UTC) - 30 days"
+        )
     latest = utcnow() - dt.timedelta(seconds=C.MIN_PRUNE_AGE_S)
     if before > latest:
         raise ConfigurationError(
@@ -77,12 +84,19 @@ def _check_cut(before: dt.datetime) -> None:
 
 
 def _done_before(message_id: Any, before: dt.datetime) -> ColumnElement[bool]:
-    """No inbox row of the message is owed (PENDING, DEAD) or changed since ``before``: a group the producer
-    did not list claims a row of its own long after the stub settled, and that row is its deduplication."""
+    """No inbox row of the message is owed (PENDING, DEAD) or changed since ``before`` — a group the producer
+    did not list claims a row of its own long after the stub settled, and that row is its deduplication —
+    and no journal row of it is left: the log purge has taken them all. A journal row is a delivery; one
+    newer than the purge's age proves the broker still delivers copies of the message (an offset reset, a
+    log not yet compacted, a requeue). Until 2026-11-28 a message with a copy delivered that very day was
+    pruned and the next copy applied again in every group, and the journal rows left behind were counted as
+    orphan deliveries by the report."""
     row = inbox.alias("row")
-    return ~exists().where(
+    owed_or_recent = exists().where(
         row.c.message_id == message_id, or_(row.c.status.in_(_OPEN), row.c.updated_at >= before)
     )
+    journaled = exists().where(journal.c.message_id == message_id)
+    return and_(~owed_or_recent, ~journaled)
 
 
 def _settled_stubs(before: dt.datetime, limit: int | None) -> Select[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
 from reliable import Reliability
 from reliable.cli import main
@@ -59,16 +59,44 @@ def test_only_messages_every_group_settled_before_the_cut_are_pruned_with_their_
         notice = {"message_id": "done-old", "consumer_group": "billing", "channel": "log", "reason": "x"}
         conn.execute(insert(notif).values(**notice, attempts=0, created_at=OLD))
 
-    assert prunable(rel.engine, before=BEFORE) == 3
-    assert prune_settled(rel.engine, before=BEFORE, batch=2) == 3
+    # a message is pruned once the log purge has taken its journal: until then only the voided one, which
+    # was never delivered, has none
+    assert prunable(rel.engine, before=BEFORE) == 1
+    assert prune_settled(rel.engine, before=BEFORE) == 1
+    assert "voided-old" not in _ids(rel, MessageStub)
+    _purge_journal(rel, ["done-old", "lone-old"])  # the log purge, by age (it keeps evidence of owed rows)
+    assert prunable(rel.engine, before=BEFORE) == 2
+    assert prune_settled(rel.engine, before=BEFORE, batch=1) == 2
     kept = ["dead-old", "done-recent", "half-old", "pending-old"]
     assert _ids(rel, MessageStub) == kept
     assert _ids(rel, MessageInbox) == sorted([*kept, "lone-open"])
-    # the journal is the log purge's (by age): deleted here, it left holes the report counted as gaps
-    assert _ids(rel, MessageLog) == ["done-old", "lone-old", "pending-old"]
+    assert _ids(rel, MessageLog) == ["pending-old"]  # the journal is the log purge's, never pruned here
     with rel.engine.connect() as conn:
         assert conn.execute(select(StubNotification.message_id)).all() == []
     assert prune_settled(rel.engine, before=BEFORE) == 0
+
+
+def _purge_journal(rel: Reliability, message_ids: list[str]) -> None:
+    with rel.engine.begin() as conn:
+        conn.execute(delete(MessageLog).where(MessageLog.message_id.in_(message_ids)))
+
+
+def test_a_message_delivered_again_lately_is_not_pruned(rel: Reliability) -> None:
+    """Settled 40 days ago, and a copy arrived today (an offset reset, a log not compacted yet): both groups
+    answered it as a duplicate. Pruned with its old rows, the next copy was applied again in every group —
+    and the report counted today's journal rows as deliveries of a message it did not know."""
+    add_stub(rel, "again", groups=["billing", "audit"], status=StubStatus.CONFIRMED)
+    _aged(rel, "again", OLD)
+    for group in ("billing", "audit"):
+        add_log(rel, "again", T0, consumer_group=group)  # today's duplicate; the guard leaves the row as is
+    assert prunable(rel.engine, before=BEFORE) == 0
+    assert prune_settled(rel.engine, before=BEFORE) == 0
+    assert _ids(rel, MessageStub) == ["again"] and _ids(rel, MessageInbox) == ["again"]
+
+
+def test_a_naive_cut_is_a_typed_error(rel: Reliability) -> None:
+    with pytest.raises(ConfigurationError, match="timezone-aware"):
+        prune_settled(rel.engine, before=dt.datetime(2020, 1, 1))
 
 
 def test_the_cli_asks_first_and_refuses_a_cut_inside_the_brokers_redelivery_horizon(
