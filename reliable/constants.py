@@ -50,6 +50,10 @@ PRODUCER_RECORD_BACKOFF_S: Final = 0.02  # × try number, between those tries
 #: after-commit sends to the sweeper for PRODUCER_SEND_RETRY_AFTER_S (reliable.send_breaker)
 PRODUCER_SLOW_SEND_FAILURE_S: Final = 1.0
 PRODUCER_SEND_RETRY_AFTER_S: Final = 10.0
+#: a sweeper batch stops sending after this many failed resends in a row that were each slow (see above) …
+SWEEP_PAUSE_AFTER_SLOW_FAILURES: Final = 2
+#: … or this many in a row of any kind: the broker looks down; the rest wait for the next round
+SWEEP_PAUSE_AFTER_FAILURES: Final = 3
 DEFAULT_STUCK_AFTER_S: Final = 15 * 60
 DEFAULT_LOG_RETENTION_S: Final = 7 * 24 * 3600
 DEFAULT_SWEEP_BATCH: Final = 500

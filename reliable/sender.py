@@ -48,7 +48,12 @@ class SendReceipt:
 
 @runtime_checkable
 class Sender(Protocol):
-    """Hands a message to a broker and returns where it landed; raises on any failure."""
+    """Hands a message to a broker and returns where it landed; raises on any failure.
+
+    A sender that cannot address one consumer group (a targeted message lands on the topic, where every
+    group gets it) says so with a class attribute ``targets_groups = False``: the sweeper then sends one copy
+    of a message for all its groups due in the same round instead of one each.
+    """
 
     def send(self, message: OutgoingMessage) -> SendReceipt: ...
 

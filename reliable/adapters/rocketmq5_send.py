@@ -36,6 +36,9 @@ class RocketMQ5Sender:
     """A :class:`~reliable.sender.Sender` over a started ``rocketmq.Producer``; with a ``probe`` (as
     :meth:`connect` gives it) also the :class:`~reliable.sender.BrokerProbe` the sweeper asks."""
 
+    #: a targeted resend goes to the topic (every group gets it): the sweeper sends one copy per message
+    targets_groups = False
+
     #: the body size the broker accepts (checked by the producer at staging time)
     max_body_bytes = C.ROCKETMQ_MAX_BODY_BYTES
 

@@ -29,6 +29,9 @@ STALLED_SECONDS = Gauge(
 )
 STALL_ALARMS = Counter("reliable_sweeper_stall_alarms", "Stalled-group alarms raised (one per episode)")
 SEND_FAILURES = Counter("reliable_sweeper_send_failures", "Resends the broker did not accept")
+SEND_PAUSES = Counter(
+    "reliable_sweeper_send_pauses", "Rounds whose resends stopped early: the broker looked down"
+)
 STUCK_RECOVERED = Counter(
     "reliable_sweeper_stuck_recovered", "Stuck stubs (received, never confirmed) re-sent"
 )

@@ -1,11 +1,13 @@
 """Re-sending claimed inbox rows through the producer's :class:`reliable.sender.Sender`.
 
 Every resend is *targeted* (``OutgoingMessage.target_group`` = the row's group): RocketMQ and broker_sim
-send it to ``%RETRY%{group}`` with ``RETRY_TOPIC`` = the topic, RabbitMQ to the group's queue, a broker that
-cannot target to the topic (the other groups' guards absorb the duplicate). Sending and recording are
-:func:`reliable.outbox.attempt_send` and :func:`reliable.outbox.record_sends` (one owner of send-and-record,
-shared with the producer); this module decides what to send and when it is due again. Where the copy
-landed is the group's own history, recorded on its inbox row (the stub keeps the topic-wide send)::
+send it to ``%RETRY%{group}`` with ``RETRY_TOPIC`` = the topic, RabbitMQ to the group's queue, a sender that
+cannot target (``targets_groups = False``: Kafka, RocketMQ 5.x) to the topic — the other groups' guards absorb
+the duplicate, and the rows of one message due for several groups in one round share one copy. Sending and
+recording are :func:`reliable.outbox.attempt_send` and :func:`reliable.outbox.record_sends` (one owner of
+send-and-record, shared with the producer); this module decides what to send and when it is due again.
+Where the copy landed is the group's own history, recorded on its inbox row (the stub keeps the topic-wide
+send)::
 
     resend_count  += 1
     broker_name, queue_id, queue_offset         the receipt's (the next round compares the offset with the
@@ -30,12 +32,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, bindparam, func, update
 
+from reliable import constants as C
 from reliable import outbox
 from reliable.otel.propagation import carrier_from_json
 from reliable.sender import OutgoingMessage, Sender
@@ -51,6 +55,42 @@ log = logging.getLogger("reliable.sweeper")
 RESEND_PROPERTY = "RELIABLE_RESEND"
 
 
+class OutagePause:
+    """Whether a round's sends should stop because the broker looks down, not one route broken.
+
+    Every failed resend spends one of the row's ``max_sends`` and, with row-lock claims, every send holds the
+    batch's rows locked — consumers confirming one of them wait. A broker that hung (each send waiting for
+    the sender's timeout) or refuses everything (a name server down) made one round spend a unit of every
+    due row's budget — a quarter of an hour of maintenance ended every message staged meanwhile DEAD — and
+    held the batch's locks for a timeout per row (minutes). So the sends stop after
+    ``SWEEP_PAUSE_AFTER_SLOW_FAILURES`` failures in a row that each took ``PRODUCER_SLOW_SEND_FAILURE_S`` or
+    longer, or ``SWEEP_PAUSE_AFTER_FAILURES`` failures in a row of any kind (counted over the round's
+    batches); the other rows stay due, unchanged, for the next round. A landed send resets both counts: a
+    broken route of one message among healthy ones still spends its own budget and ends DEAD, which tells
+    a person.
+    """
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
+        self.failures = 0
+        self.slow_failures = 0
+
+    def record(self, started: float, ok: bool) -> None:
+        if ok:
+            self.failures = self.slow_failures = 0
+            return
+        self.failures += 1
+        slow = self.monotonic() - started >= C.PRODUCER_SLOW_SEND_FAILURE_S
+        self.slow_failures = self.slow_failures + 1 if slow else 0
+
+    @property
+    def paused(self) -> bool:
+        return (
+            self.slow_failures >= C.SWEEP_PAUSE_AFTER_SLOW_FAILURES
+            or self.failures >= C.SWEEP_PAUSE_AFTER_FAILURES
+        )
+
+
 @dataclass
 class BatchResult:
     resent: int = 0
@@ -61,6 +101,8 @@ class BatchResult:
     held: int = 0  # rows found queued, inside the broker's retry window, or never consumed
     never_consumed: int = 0
     dead: list[DeadNotice] = field(default_factory=list)
+    #: the batch stopped sending: the broker looks down (:class:`OutagePause`); the round ends
+    paused: bool = False
 
 
 def copy_topic(sender: object, cand: Candidate) -> str:
@@ -77,6 +119,11 @@ def resend_topic(sender: object, topic: str, group: str) -> str:
     return str(route(topic, group)) if callable(route) else topic
 
 
+def targets_groups(sender: object) -> bool:
+    """Whether ``sender`` can address one consumer group (its ``targets_groups``; absent: it can)."""
+    return bool(getattr(sender, "targets_groups", True))
+
+
 def send_claimed(
     recorder: Callable[[], AbstractContextManager[Connection]],
     sender: Sender,
@@ -87,6 +134,7 @@ def send_claimed(
     clock: Callable[[], dt.datetime],
     marks: Watermarks,
     should_stop: Callable[[], bool] = lambda: False,
+    outage: OutagePause | None = None,
 ) -> BatchResult:
     """Send each row's targeted copy, then record all outcomes at once (through :mod:`reliable.outbox`,
     the one owner of send-and-record).
@@ -94,12 +142,22 @@ def send_claimed(
     ``recorder()`` gives the connection the outcomes are written on: the claiming transaction itself
     (row-lock claims) or a new one (lease claims, see :mod:`reliable.sweeper.claim`). A stop request between
     sends leaves the rest unsent and unchanged: due again in the next round (row locks) or after the claim
-    TTL (leases).
+    TTL (leases). So does a broker that looks down (``outage``, the round's :class:`OutagePause`): the
+    batch's sends stop and ``result.paused`` is set.
     """
     result = BatchResult()
+    outage = outage if outage is not None else OutagePause()
+    monotonic = outage.monotonic
     sent: list[tuple[Candidate, outbox.SendAttempt]] = []
+    # a sender that cannot address one group puts every targeted copy on the topic, where all groups get it:
+    # one copy per message per round then serves each due group of it (N due groups sent N copies each)
+    one_copy = not targets_groups(sender)
+    copies: dict[str, outbox.SendAttempt] = {}
     for cand in candidates:
         if should_stop():
+            break
+        if outage.paused:
+            result.paused = True
             break
         message = OutgoingMessage(
             message_id=cand.message_id,
@@ -114,7 +172,14 @@ def send_claimed(
             },
             target_group=cand.consumer_group,
         )
-        sent.append((cand, outbox.attempt_send(sender, message)))
+        shared = copies.get(cand.message_id) if one_copy else None
+        if shared is not None:  # the copy sent for another group of this message: this group's too
+            sent.append((cand, outbox.SendAttempt(message, receipt=shared.receipt, error=shared.error)))
+            continue
+        started = monotonic()
+        attempt = copies[cand.message_id] = outbox.attempt_send(sender, message)
+        outage.record(started, attempt.ok)
+        sent.append((cand, attempt))
 
     with recorder() as conn:
         now = clock()

@@ -45,7 +45,7 @@ from reliable.sweeper.giveup import tell_unreported
 from reliable.sweeper.leases import FREE, LeaseView, read_leases
 from reliable.sweeper.notify import Channel, deliver_owed
 from reliable.sweeper.queues import Watermarks
-from reliable.sweeper.resend import BatchResult, send_claimed
+from reliable.sweeper.resend import BatchResult, OutagePause, send_claimed
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
 from reliable.sweeper.stall import check_stalls
@@ -175,6 +175,8 @@ class Sweeper:
         self.lease_hold = dt.timedelta(milliseconds=s.lease_ms)
         self.max_batches = max_batches
         self.clock = clock
+        #: times the broker calls (a hung broker: sends and probes that wait for their timeout)
+        self.monotonic: Callable[[], float] = time.monotonic
         if self.batch <= 0 or self.max_sends <= 0 or (claim_ttl_s is not None and claim_ttl_s <= 0):
             raise SweeperConfigError("batch, max_sends and claim_ttl must be > 0")
         if max_batches is not None and max_batches <= 0:
@@ -245,6 +247,7 @@ class Sweeper:
             retry_schedule=self.retry_schedule,
             lease_hold=self.lease_hold,
             channels=[c.name for c in self.channels],
+            monotonic=self.monotonic,
         )
 
     def _sweep(self, now: dt.datetime, summary: RoundSummary) -> None:
@@ -258,6 +261,7 @@ class Sweeper:
             dialect=self.engine.dialect.name,
         )
         t = self._triage()
+        outage = OutagePause(self.monotonic)  # counted over the round's batches
         for _ in self._batches():
             if self.stopping:
                 return
@@ -268,7 +272,7 @@ class Sweeper:
                     if not claimed:
                         return
                     send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
-                    result = self._send(send, lambda: contextlib.nullcontext(conn), marks)
+                    result = self._send(send, lambda: contextlib.nullcontext(conn), marks, outage)
             else:  # lease claim: short claim transaction, sends outside any transaction, then record
                 until = self.clock() + self.claim_ttl
                 with self.engine.begin() as conn:
@@ -279,10 +283,19 @@ class Sweeper:
                 # no send starts in the claim's last fifth: past its end another sweeper may take the rows and
                 # send them too (both recorded: the budget spent twice as fast); the rest wait for the TTL
                 last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING
-                result = self._send(send, self.engine.begin, marks, last_start)
+                result = self._send(send, self.engine.begin, marks, outage, last_start)
             summary.selected += len(claimed)
             summary.add(triaged)
             summary.add(result)
+            if result.paused:  # the rows left unsent are due again: another batch would claim them again
+                metrics.SEND_PAUSES.inc()
+                log.error(
+                    "resends failing in a row (%d sent, %d failed in this batch): the broker looks down; "
+                    "the other due rows wait for the next round, their budget untouched",
+                    result.resent,
+                    result.send_failures,
+                )
+                return
             if len(claimed) < self.batch:
                 return
 
@@ -291,6 +304,7 @@ class Sweeper:
         candidates: Sequence[Candidate],
         recorder: Callable[[], AbstractContextManager[Connection]],
         marks: Watermarks,
+        outage: OutagePause,
         last_start: dt.datetime | None = None,
     ) -> BatchResult:
         def should_stop() -> bool:
@@ -305,6 +319,7 @@ class Sweeper:
             clock=self.clock,
             marks=marks,
             should_stop=should_stop,
+            outage=outage,
         )
 
     def _tell_dead_lettered(self, summary: RoundSummary) -> None:

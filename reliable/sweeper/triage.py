@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection
 
+from reliable import constants as C
 from reliable.sender import BrokerProbe
 from reliable.stores import LeaseState
 from reliable.sweeper import metrics
@@ -53,17 +55,32 @@ class Triage:
     channels: Sequence[str]
     #: (topic, broker_name, queue_id) → the broker's max offset, asked once per round
     probed: dict[tuple[str, str, int], int | None] = field(default_factory=dict)
+    #: broker groups whose probe hung this round: not asked again (with row-lock claims every probe call
+    #: holds the batch's rows locked; a hung broker cost a timeout per queue)
+    unanswered: set[str] = field(default_factory=set)
+    monotonic: Callable[[], float] = time.monotonic
 
     def broker_max(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         key = (topic, broker_name, queue_id)
         if key not in self.probed:
             answer: int | None = None
-            if self.probe is not None:
+            if self.probe is not None and broker_name not in self.unanswered:
+                started = self.monotonic()
                 try:
                     answer = self.probe.max_offset(topic, queue_id, broker_name)
                 except Exception as exc:  # the contract says None for "cannot tell"; a raising probe too
                     log.warning(
                         "broker probe of %s %s queue %d failed: %r", topic, broker_name, queue_id, exc
+                    )
+                if answer is None and self.monotonic() - started >= C.PRODUCER_SLOW_SEND_FAILURE_S:
+                    self.unanswered.add(broker_name)
+                    log.warning(
+                        "broker probe of %s %s queue %d gave no answer in %.1f s: its queues are not probed"
+                        " again this round (no loss verdict for them)",
+                        topic,
+                        broker_name or "(broker)",
+                        queue_id,
+                        self.monotonic() - started,
                     )
             self.probed[key] = answer
         return self.probed[key]

@@ -349,3 +349,35 @@ def test_round_with_many_batches_handles_each_row_once(
     assert sorted(sender.ids()) == [f"m{i:02d}" for i in range(23)]
     with rel.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(StubNotification)).scalar() == 0
+
+
+class _TopicOnlySender(QueueSender):
+    """Like Kafka's and RocketMQ 5.x's senders: a targeted copy lands on the topic, where every group gets
+    it."""
+
+    targets_groups = False
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_sender_that_cannot_target_sends_one_copy_for_all_groups_owed_it(
+    rel: Reliability, clock: Clock, refused: bool
+) -> None:
+    """The producer's send failed: every group's row is due in the same round. A sender that cannot address
+    one group put each group's copy on the topic, so every group received one copy per group (three groups,
+    three copies each, every round). One copy serves them all, and each row records it as its own."""
+    sender = _TopicOnlySender()
+    groups = ["billing", "audit", "search"]
+    add_stub(rel, "m", groups=groups, queue_offset=None)
+    add_stub(rel, "z", groups=["billing"], queue_offset=None)  # selected after m (id order)
+    sender.fail_next = 1 if refused else 0
+    summary = make(rel, sender, clock).run_once()
+    assert sorted(sender.ids()) == (["z"] if refused else ["m", "z"])  # one copy of m, however many groups
+    rows = [get_inbox(rel, "m", g) for g in groups]
+    assert {r.resend_count for r in rows} == {1}
+    if refused:
+        assert summary.send_failures == 3 and all("ConnectionError" in (r.last_error or "") for r in rows)
+    else:
+        [receipt] = [r for m, r in zip(sender.sent, sender.receipts, strict=True) if m.message_id == "m"]
+        assert {(r.queue_id, r.queue_offset, r.last_error) for r in rows} == {
+            (receipt.queue_id, receipt.queue_offset, None)
+        }

@@ -271,6 +271,9 @@ class AioKafkaSender:
     probe (the partition's high watermark). ``await start()`` or ``async with`` first.
     """
 
+    #: a targeted resend goes to the topic (every group gets it): the sweeper sends one copy per message
+    targets_groups = False
+
     def __init__(
         self,
         bootstrap: str,

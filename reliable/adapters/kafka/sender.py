@@ -39,6 +39,9 @@ class _Retriable(Exception):
 class KafkaSender:
     """Sender (and :class:`~reliable.sender.BrokerProbe`) over one idempotent producer; thread-safe."""
 
+    #: a targeted resend goes to the topic (every group gets it): the sweeper sends one copy per message
+    targets_groups = False
+
     def __init__(
         self,
         bootstrap: str,
