@@ -290,10 +290,12 @@ class GuardedListener:
 
     def __init__(
         self, handler: Handler, *, invisible_s: int = C.DEFAULT_ROCKETMQ5_INVISIBLE_S,
-        extend_every_s: float | None = None, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS,
+        extend_every_s: float | None = None, max_attempts: int | None = None,
     ) -> None:  # fmt: skip
         self.handler = handler
+        #: the group's maximum deliveries; None: the retry policy the broker gave the consumer (its settings)
         self.max_attempts = max_attempts
+        self._mismatch_told = False
         self.invisible_s = invisible_s
         self.extend_every_s = extend_every_s if extend_every_s is not None else invisible_s / 3
         check_timing(invisible_s, self.extend_every_s)
@@ -305,7 +307,7 @@ class GuardedListener:
             raise ConfigurationError("GuardedListener.consumer is not set (use guarded_push_consumer)")
         change = self.consumer._change_invisible_duration
         with InvisibilityExtender(change, message, self.invisible_s, self.extend_every_s):
-            result = _decide(self.handler, to_envelope(message, self.max_attempts))
+            result = _decide(self.handler, to_envelope(message, self._attempts()))
         if result is ConsumeResult.SUCCESS:
             return rocketmq.ConsumeResult.SUCCESS
         if result is ConsumeResult.DEAD_LETTER:
@@ -314,6 +316,29 @@ class GuardedListener:
             except Exception:
                 log.exception("forward of %s to the DLQ failed; retry later", message.message_id)
         return rocketmq.ConsumeResult.FAILURE
+
+    def _attempts(self) -> int:
+        """The group's maximum deliveries: the broker's policy as the client received it, unless given."""
+        told = policy_max_attempts(self.consumer)
+        if self.max_attempts is None:
+            return told or C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS
+        if told is not None and told != self.max_attempts and not self._mismatch_told:
+            self._mismatch_told = True
+            log.warning(
+                "GuardedListener(max_attempts=%d) but the broker's retry policy for this group allows %d"
+                " deliveries: the guard's last attempt follows max_attempts (unset: the broker's)",
+                self.max_attempts,
+                told,
+            )
+        return self.max_attempts
+
+
+def policy_max_attempts(consumer: Any) -> int | None:
+    """The maximum deliveries of the retry policy the broker's settings gave a started ``PushConsumer``
+    (the client keeps it privately; it forwards it itself when dead-lettering), or None if it has none."""
+    consumption = getattr(consumer, "_PushConsumer__consumption", None)
+    attempts = getattr(getattr(consumption, "backoff_policy", None), "max_attempts", None)
+    return attempts if isinstance(attempts, int) and attempts > 0 else None
 
 
 def guarded_push_consumer(config: Any, group: str, topic: str, handler: Handler, **kw: Any) -> Any:

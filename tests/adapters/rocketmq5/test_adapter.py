@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -318,6 +318,38 @@ def test_the_brokers_last_delivery_is_the_guards_last_attempt(
     b = broker.server.broker
     assert b is not None
     wait_until(lambda: b.get_max_offset(f"%DLQ%{group}", 0) == 1, what="the DLQ copy")
+    assert inbox_status(db, key, group) == "DEAD"
+
+
+def test_a_push_consumer_follows_its_groups_retry_policy_without_being_told(
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    """Two groups with their own policies (3 and 2 deliveries) and a listener given no ``max_attempts``: it
+    used 17, so at the broker's last delivery each group's row stayed PENDING with nobody told. The push
+    client knows each group's policy from the broker's settings; the guard's last attempt follows it."""
+    tag = uuid.uuid4().hex[:6]
+    limits = {f"three{tag}": 3, f"two{tag}": 2}
+    broker = make_broker(groups={g: GroupPolicy(max_attempts=n, backoff_s=(1.0,)) for g, n in limits.items()})
+    control, key = tmp_path / "c", f"poison-{tag}"
+    for group in limits:
+        start(broker, db, workers, control, group=group, mode="push")
+    send(broker, "poison", key)
+
+    def delivered(n: int) -> Callable[[], bool]:
+        return lambda: all(len(journal(db, key, g)) >= min(n, lim) for g, lim in limits.items())
+
+    def dead(group: str) -> Callable[[], bool]:
+        return lambda: inbox_status(db, key, group) == "DEAD"
+
+    for round_ in range(1, 4):
+        wait_until(delivered(round_), what=f"delivery {round_}")
+        broker.advance(2)
+    for group, limit in limits.items():
+        assert [o for _, o in journal(db, key, group)] == ["RETRY"] * (limit - 1) + ["DEAD_LETTER"]
+        wait_until(dead(group), what=f"{group}'s row DEAD")
+
+
+def inbox_status(db: str, key: str, group: str) -> str | None:
     engine = create_engine(db)
     with engine.connect() as conn:
         status = conn.execute(
@@ -325,15 +357,19 @@ def test_the_brokers_last_delivery_is_the_guards_last_attempt(
             {"m": key, "g": group},
         ).scalar()
     engine.dispose()
-    assert status == "DEAD"
+    return None if status is None else str(status)
 
 
-def journal(db: str, key: str) -> list[tuple[int, str]]:
+def journal(db: str, key: str, group: str | None = None) -> list[tuple[int, str]]:
     engine = create_engine(db)
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT reconsume_times, outcome FROM message_log WHERE message_id = :m ORDER BY id"),
-            {"m": key},
+            text(
+                "SELECT reconsume_times, outcome FROM message_log WHERE message_id = :m"
+                + (" AND consumer_group = :g" if group is not None else "")
+                + " ORDER BY id"
+            ),
+            {"m": key, "g": group},
         ).all()
     engine.dispose()
     return [(r[0], r[1]) for r in rows]
