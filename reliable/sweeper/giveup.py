@@ -231,9 +231,12 @@ def raise_never_consumed(
         first, facts = rows[0]
         reason = (
             f"{prefix} group {group} has never consumed this queue (no consume_progress row) but the broker "
-            f"holds messages there (max offset {facts.broker_max}); {len(rows)} message(s) wait, e.g. "
-            f"{first.message_id}. Subscribe the group to {topic} (or fix its subscription); no resend is "
-            "made meanwhile."
+            f"holds messages there (max offset {facts.broker_max}) that the group owes — {len(rows)} seen "
+            f"in this round, e.g. {first.message_id}. Either the group is not subscribed to {topic} (or its "
+            "consumers never started): subscribe it; or it started after them from the queue's end "
+            "(CONSUME_FROM_LAST_OFFSET, an offset reset) and the broker will not deliver them. They are "
+            "held, not re-sent, until max_unconfirmed_age after their send; then each is re-sent to the "
+            "group."
         )
         if not _claim_alarm(conn, QueueRef(topic, queue_id, broker_name), group, reason, now):
             continue

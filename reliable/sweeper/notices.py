@@ -4,7 +4,7 @@ Three causes reach a person through the same owed-notice table (``stub_notificat
 
 * ``DEAD`` — the sweeper gave up on a group's row (budget spent): fix, then ``reliable stubs revive``;
 * ``NEVER_CONSUMED`` — a group has messages on a queue it has never consumed (wrong subscription, consumer
-  never started): no resend is made, the messages wait on the broker;
+  never started, or started from the queue's end after them): no resend until ``max_unconfirmed_age``;
 * ``STALLED`` — a group consumed a queue and stopped (consumers crashed, undeployed): its position has not
   moved for ``stall_after`` while the broker holds messages beyond it that the group owes.
 
@@ -158,9 +158,10 @@ _HEADS = {
     ],
     NoticeKind.NEVER_CONSUMED: [
         "{n} queue(s) hold messages for a consumer group that has never consumed there.",
-        "No resend is made (nobody of that group would read it); the messages wait on the broker.",
-        "Subscribe the group to the topic (or fix its subscription, start its consumers): they are then",
-        "delivered, and nothing is lost meanwhile.",
+        "Either the group is not subscribed (or its consumers never started): subscribe it, start them, and",
+        "the messages waiting on the broker are delivered. Or it started after them from the queue's end",
+        "(CONSUME_FROM_LAST_OFFSET, an offset reset): the broker will not deliver them; the sweeper re-sends",
+        "each to the group once it is older than max_unconfirmed_age. Nothing is lost meanwhile.",
     ],
     NoticeKind.STALLED: [
         "{n} queue(s) stopped being consumed: the group's position there has not moved for the stall",

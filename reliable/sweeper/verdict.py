@@ -21,8 +21,11 @@ queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's m
                     broker's own retry of it (the lease is checked by the sweeper)             → resend
 ``NEVER_CONSUMED``  the broker has it, the group has no watermark on that queue of the topic at all, and
                     the copy is older than ``stuck_after``: the group never consumed there (not
-                    subscribed, wrong topic, consumer never started). A resend would not be read
-                    either: alarm (metric + one notice). (A younger copy is ``QUEUED``: the group may
+                    subscribed, wrong topic, consumer never started — or it started after the message
+                    from the queue's end and the broker will never deliver it). Alarm (metric + one
+                    notice), no resend until the copy is older than ``max_unconfirmed_age``: then
+                    ``TOO_OLD`` (until 2026-11-28 held for ever: a group that skipped its backlog on
+                    a quiet topic never got it). (A younger copy is ``QUEUED``: the group may
                     be starting up. A targeted copy on ``%RETRY%{group}`` without a watermark, or a
                     copy whose group keeps only an unnamed position on a cluster, is ``QUEUED`` until
                     ``max_unconfirmed_age``, then ``TOO_OLD``: no position to judge it by; so is
@@ -133,7 +136,11 @@ def judge(
             # %RETRY%{group}, which any clustering consumer reads but a broadcasting one never does. Not an
             # alarm; and not queued for ever either: the age rule decides, as without a probe
             return Verdict.TOO_OLD if old else Verdict.QUEUED
-        # no position on the queue at all: an alarm, unless the copy is young (a group starting up)
+        # no position on the queue at all: an alarm, unless the copy is young (a group starting up) — and
+        # not held for ever: a group that started after the message from the queue's end
+        # (CONSUME_FROM_LAST_OFFSET, an offset reset) is subscribed, is never given it, and reads a resend
+        if old:
+            return Verdict.TOO_OLD
         return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
     return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
 

@@ -183,6 +183,18 @@ def test_a_group_that_never_consumed_the_queue_raises_one_alarm_not_a_resend_sto
         assert told == [("log", "audit"), ("log", "audit"), ("memory", "audit"), ("memory", "audit")]
         assert all(get_inbox(rel, m, "audit").status is StubStatus.PENDING for m in receipts)
         assert broker.get_max_offset("%RETRY%audit", 0) in (0, None)
+        assert "CONSUME_FROM_LAST_OFFSET" in channel.notices[0].reason  # the other cause, said
+        # not held for ever: a group that started from the queue's end (subscribed, never given these by the
+        # broker) reads a resend — once the copies are older than max_unconfirmed_age, each is sent to it once
+        clock.advance(sw.max_unconfirmed_age.total_seconds())
+        sw2, producer = sweeper(rel, broker, clock, channels=[channel])
+        try:
+            assert sw2.run_once().resent == len(receipts)
+            assert sw2.run_once().resent == 0
+        finally:
+            producer.shutdown()
+        assert broker.get_max_offset("%RETRY%audit", 0) == len(receipts)
+        assert len(channel.notices) == 2  # no second alarm
     finally:
         broker.shutdown()
 
