@@ -143,7 +143,7 @@ class InProcessTransport:
         self._check().heartbeat(data, channel)
         self._client_ids.add(data.client_id)
 
-    def get_consumer_list(self, consumer_group: str) -> list[str]:
+    def get_consumer_list(self, consumer_group: str, topic: str = "") -> list[str]:
         return self._check().get_consumer_list_by_group(consumer_group)
 
     def query_consumer_offset(

@@ -99,7 +99,7 @@ class Rebalancer:
         if self.host.message_model is MessageModel.BROADCASTING:
             wanted = mqs
         else:
-            cids = self.host.transport.get_consumer_list(self.host.group)
+            cids = self.host.transport.get_consumer_list(self.host.group, topic)
             if not cids:
                 log.warning("%s: no consumer ids from the broker for %s", self.host.group, topic)
                 return

@@ -70,8 +70,9 @@ class BrokerTransport(BrokerRequests, Protocol):
         """SEND_BATCH_MESSAGE (320): all entries to ``request.topic``/``request.queue_id``."""
         ...
 
-    def get_consumer_list(self, consumer_group: str) -> list[str]:
-        """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat."""
+    def get_consumer_list(self, consumer_group: str, topic: str = "") -> list[str]:
+        """GET_CONSUMER_LIST_BY_GROUP (38): client ids with a live heartbeat, asked of a broker of ``topic``
+        (the one the group is rebalancing; any broker without one)."""
         ...
 
     def query_consumer_offset(

@@ -6,20 +6,30 @@ name server lists one and to the group's slave otherwise (``findBrokerAddressInS
 master absent). A connection failure forgets that address at once, so the next request asks the name
 server again — the Java client only re-reads routes every 30 s (``pollNameServerInterval``); broker_sim
 fails over sooner so tests and the demo need not wait that long.
+
+A failed address is also remembered for :data:`SUSPECT_S` seconds (:meth:`BrokerDirectory.healthy_first`):
+a hung master (SIGSTOP, a black-holed host) keeps being listed by the name server until its 120 s expiry, and
+a request that may go to any of several brokers (consumer list, client config check) tries it last meanwhile.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 MASTER_ID = 0
+#: how long an address that failed a request is tried after the others (the Java client's route poll, 30 s)
+SUSPECT_S = 30.0
 
 
 class BrokerDirectory:
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._groups: dict[str, dict[int, str]] = {}
+        self._monotonic = monotonic
+        #: address -> when a request to it last failed
+        self._failed_at: dict[str, float] = {}
 
     def replace(self, groups: Mapping[str, Mapping[int, str]]) -> None:
         """The name server's whole view (cluster info): a group or address it no longer lists is gone."""
@@ -35,13 +45,24 @@ class BrokerDirectory:
                 self._groups.pop(name, None)
 
     def forget(self, addr: str) -> None:
+        """``addr`` failed a request: drop it until the name server lists it again, and try it last for
+        :data:`SUSPECT_S` seconds after that."""
         with self._lock:
+            self._failed_at[addr] = self._monotonic()
             for name in list(self._groups):
                 group = {i: a for i, a in self._groups[name].items() if a != addr}
                 if group:
                     self._groups[name] = group
                 else:
                     del self._groups[name]
+
+    def healthy_first(self, addrs: Iterable[str]) -> list[str]:
+        """``addrs`` in their order, the ones that failed a request within :data:`SUSPECT_S` s moved last."""
+        with self._lock:
+            now = self._monotonic()
+            suspect = {a for a, at in self._failed_at.items() if now - at < SUSPECT_S}
+        ordered = list(addrs)
+        return [a for a in ordered if a not in suspect] + [a for a in ordered if a in suspect]
 
     def empty(self) -> bool:
         with self._lock:

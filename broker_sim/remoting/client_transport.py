@@ -2,7 +2,9 @@
 
 ``Producer("127.0.0.1:9876", group)`` ends up here (through ``transport_for``). The address is the name
 server's; broker addresses come from topic routes (GET_ROUTEINFO_BY_TOPIC) or, for requests that name no
-topic (heartbeat, consumer list, locks), from the cluster info (GET_BROKER_CLUSTER_INFO). Behaviour matches
+topic (heartbeat, unregistration), from the cluster info (GET_BROKER_CLUSTER_INFO). A consumer list or a
+client config check goes to a master of the topic at random and on to the next when one does not answer;
+heartbeats go to every master at once and return when one has taken it. Behaviour matches
 the in-process transport: broker reply codes become the same typed errors (``error_for_code``), a missing
 reply is :class:`RequestTimeoutError`, a broken connection :class:`TransportError`.
 """
@@ -124,19 +126,53 @@ class RemotingTransport:
 
     _ok = staticmethod(check)
 
-    def _to_all_masters(self, request: Callable[[], RemotingCommand]) -> None:
-        """Send to every master; a group that does not answer is skipped (logged), as Java's client does,
-        unless none answers."""
-        failures: list[Exception] = []
+    def _to_all_masters(self, request: Callable[[], RemotingCommand], *, wait_all: bool = True) -> None:
+        """Send to every master at once; a group that does not answer is skipped (logged), as Java's client
+        does, unless none answers. Returns when every master has answered or timed out, or — without
+        ``wait_all`` (heartbeats) — as soon as one has accepted it: a hung master then delays nobody (the
+        others' requests run on, their failures logged). A later request to a master that has not answered
+        yet still finds the client registered: it follows the heartbeat on the same connection, and the
+        broker handles HEART_BEAT on that connection's reader thread, in order."""
         masters = self._masters()
+        done = threading.Condition()
+        failures: list[BaseException] = []
+        accepted: list[str] = []
+
+        def on_reply(addr: str) -> ReplyCallback:
+            def reply(result: RemotingCommand | BaseException) -> None:
+                try:
+                    if isinstance(result, BaseException):
+                        raise result
+                    self._ok(result)
+                except (TransportError, BrokerResponseError) as exc:
+                    if isinstance(exc, TransportError):
+                        self._brokers.forget(addr)
+                    log.debug("request to broker %s failed: %s", addr, exc)
+                    with done:
+                        failures.append(exc)
+                        done.notify_all()
+                    return
+                with done:
+                    accepted.append(addr)
+                    done.notify_all()
+
+            return reply
+
         for addr in masters:
             try:
-                self._ok(self._invoke(addr, request()))
-            except (TransportError, BrokerResponseError) as exc:
-                log.debug("request to broker %s failed: %s", addr, exc)
-                failures.append(exc)
-        if len(failures) == len(masters):
-            raise failures[-1]
+                conn = self._conn(addr)
+            except TransportError as exc:
+                on_reply(addr)(exc)
+                continue
+            conn.invoke_async(request(), on_reply(addr), self._timeout_s)
+
+        def finished() -> bool:
+            return len(failures) + len(accepted) == len(masters) or (not wait_all and bool(accepted))
+
+        with done:
+            done.wait_for(finished)  # every request gets its callback by its deadline
+            if not accepted:
+                raise failures[-1]
 
     # -- server -> client requests --
 
@@ -250,7 +286,7 @@ class RemotingTransport:
         with self._lock:
             self._channels[data.client_id] = channel
         body = bodies.heartbeat_body(data)
-        self._to_all_masters(lambda: self._req(RequestCode.HEART_BEAT, body=body))
+        self._to_all_masters(lambda: self._req(RequestCode.HEART_BEAT, body=body), wait_all=False)
 
     def unregister_client(
         self, client_id: str, producer_group: str | None, consumer_group: str | None
@@ -266,10 +302,23 @@ class RemotingTransport:
             with self._lock:
                 self._channels.pop(client_id, None)
 
+    def _invoke_any(self, topic: str, request: Callable[[], RemotingCommand]) -> RemotingCommand:
+        """A request any master of ``topic`` can answer: to one of them at random, then to the next while
+        they do not answer (:meth:`BrokerLocator.any_master_of`)."""
+        last: TransportError | None = None
+        for addr in self.locator.any_master_of(topic):
+            try:
+                return self._invoke(addr, request())
+            except TransportError as exc:
+                log.info("broker %s did not answer (%s); asking another broker of %s", addr, exc, topic)
+                last = exc
+        raise last or TransportError(f"no broker of {topic} known")
+
     @reply_errors
-    def get_consumer_list(self, consumer_group: str) -> list[str]:
-        cmd = self._req(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": consumer_group})
-        reply = self._invoke(self._broker(), cmd)
+    def get_consumer_list(self, consumer_group: str, topic: str = "") -> list[str]:
+        """GET_CONSUMER_LIST_BY_GROUP to a master of ``topic`` (``MQClientInstance.findConsumerIdList``)."""
+        fields = {"consumerGroup": consumer_group}
+        reply = self._invoke_any(topic, lambda: self._req(RequestCode.GET_CONSUMER_LIST_BY_GROUP, fields))
         if reply.code != ResponseCode.SUCCESS:
             return []
         ids = bodies.load_json(reply.body, "consumer list").get("consumerIdList") or []
@@ -280,7 +329,9 @@ class RemotingTransport:
         self, consumer_group: str, client_id: str, subscription: SubscriptionData
     ) -> None:
         body = bodies.check_client_body(consumer_group, client_id, subscription)
-        reply = self._invoke(self._broker(), self._req(RequestCode.CHECK_CLIENT_CONFIG, body=body))
+        reply = self._invoke_any(
+            subscription.topic, lambda: self._req(RequestCode.CHECK_CLIENT_CONFIG, body=body)
+        )
         if reply.code != ResponseCode.SUCCESS:
             raise error_for_code(reply.code, reply.remark or "")
 

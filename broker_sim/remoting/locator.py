@@ -5,17 +5,23 @@ broker group's master and slaves (:class:`~broker_sim.remoting.broker_directory.
 Writes go to a group's master; reads (``read=True``: pulls, offsets) to its slave while no master is listed,
 and a pull to the node the group's last pull reply suggested (``suggestWhichBrokerId``, :meth:`pull_target`).
 Without a group name (single-broker callers) the first group that serves the topic is used.
+
+A request any broker of a topic can answer (the consumer list of a group, a client config check) goes to a
+master of the topic chosen at random (:meth:`BrokerLocator.any_master_of`, as RocketMQ 4.9.8's
+``MQClientInstance.findBrokerAddrByTopic``), and the caller falls back to the next one when it fails — the
+Java client does not, so one hung master there fails every second rebalance until the name server drops it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping
 from typing import ParamSpec, TypeVar
 
-from broker_sim.common.errors import TransportError, error_for_code
+from broker_sim.common.errors import BrokerResponseError, TransportError, error_for_code
 from broker_sim.common.message import SysFlag
 from broker_sim.common.requests import PullMessageRequest, ResponseCode, TopicRouteData
 from broker_sim.remoting import bodies
@@ -56,6 +62,9 @@ class BrokerLocator:
         self._request = request
         self._lock = threading.Lock()
         self.directory = BrokerDirectory()
+        self._random = random.Random()
+        #: topic -> the broker groups its last fetched route listed
+        self._topic_groups: dict[str, list[str]] = {}
 
     def ask_namesrv(self, code: int, fields: Mapping[str, object] | None = None) -> RemotingCommand:
         """A name-server request to the current name server; on a connection failure the next one is
@@ -148,9 +157,29 @@ class BrokerLocator:
                 log.debug("route lookup for %s failed", topic, exc_info=True)
         return self.broker()
 
+    def any_master_of(self, topic: str) -> list[str]:
+        """The masters of the broker groups serving ``topic``, in random order (``findBrokerAddrByTopic``
+        picks one at random), the ones that failed a request lately last
+        (:meth:`BrokerDirectory.healthy_first`): the first is where a request any of them can answer goes,
+        the rest are the fallbacks. Every master when the topic's route is not known."""
+        with self._lock:
+            names = list(self._topic_groups.get(topic, ()))
+        if not names:
+            try:
+                names = [b.broker_name for b in self.get_route(topic).broker_datas]
+            except (TransportError, BrokerResponseError) as exc:
+                log.debug("route of %s unknown (%s); asking any master", topic, exc)
+        addrs = [a for a in map(self.directory.master, names) if a is not None]
+        if not addrs:
+            addrs = self.masters()
+        self._random.shuffle(addrs)
+        return self.directory.healthy_first(addrs)
+
     def get_route(self, topic: str) -> TopicRouteData:
         reply = ok(self.ask_namesrv(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}))
         route = _decoded(bodies.parse_route, reply.body)
         for b in route.broker_datas:
             self.directory.update(b.broker_name, b.broker_addrs)
+        with self._lock:
+            self._topic_groups[topic] = [b.broker_name for b in route.broker_datas]
         return route

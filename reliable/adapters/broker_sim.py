@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,6 +50,7 @@ from broker_sim.client.transport import BrokerTransport
 from reliable import constants as C
 from reliable.errors import SendError
 from reliable.sender import OutgoingMessage, SendReceipt
+from reliable.sweeper import metrics as sweeper_metrics
 from reliable.types import ConsumeResult, Envelope
 
 log = logging.getLogger("reliable.adapters.broker_sim")
@@ -129,12 +132,52 @@ class BrokerSimSender:
 def sweeper_sender(rel: object) -> BrokerSimSender:
     """``reliable sweep --sender reliable.adapters.broker_sim:sweeper_sender``: a sender to the broker-sim
     name server in ``RELIABLE_BROKER_SIM_NAMESRV`` (default 127.0.0.1:9876), producer group
-    ``RELIABLE_SENDER_GROUP`` (default ``reliable_sweeper``)."""
+    ``RELIABLE_SENDER_GROUP`` (default ``reliable_sweeper``).
+
+    The producer avoids a broker group that failed or answered slowly (RocketMQ's
+    ``sendLatencyFaultEnable``): a failed send isolates its group for 10 minutes (a slow one for 30 s and
+    up) unless every group is isolated, so the resends of a round go to the groups that answer instead of
+    every second one waiting out a hung master's send timeout."""
     from broker_sim.client.producer import Producer
 
     namesrv = os.environ.get(C.ENV_BROKER_SIM_NAMESRV) or C.DEFAULT_NAMESRV
     group = os.environ.get(C.ENV_SENDER_GROUP) or C.DEFAULT_SENDER_GROUP
-    return BrokerSimSender(Producer(namesrv, group))
+    return BrokerSimSender(Producer(namesrv, group, send_latency_fault_enable=True))
+
+
+class ProbeWarnings:
+    """A failed probe is counted (``reliable_sweeper_probe_failures{broker_name}``) and logged at WARNING once
+    per broker group per :attr:`period_s` (the rows of a dead or hung group would otherwise log one line each,
+    every round); the others of the period at DEBUG. One per process: the sweeper builds a probe per
+    question."""
+
+    def __init__(self, period_s: float = 60.0, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.period_s = period_s
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}  # broker group -> when its last warning was logged
+
+    def failed(self, broker_name: str, topic: str, queue_id: int, exc: Exception) -> None:
+        sweeper_metrics.PROBE_FAILURES.labels(broker_name).inc()
+        now = self.monotonic()
+        with self._lock:
+            last = self._last.get(broker_name)
+            warn = last is None or now - last >= self.period_s
+            if warn:
+                self._last[broker_name] = now
+        if warn:
+            log.warning(
+                "broker group %s does not answer the sweeper's probe (max offset of %s:%d: %s: %s): the loss "
+                "of its rows cannot be proved, they are held; this warning repeats once every %g s while "
+                "it lasts (count: reliable_sweeper_probe_failures)",
+                broker_name or "(unnamed)", topic, queue_id, type(exc).__name__, exc, self.period_s,
+            )  # fmt: skip
+        else:
+            log.debug("max offset of %s %s:%d unknown: %s", topic, broker_name, queue_id, exc)
+
+
+#: the process's probe warnings (see :class:`ProbeWarnings`)
+PROBE_WARNINGS = ProbeWarnings()
 
 
 class BrokerSimProbe:
@@ -149,6 +192,9 @@ class BrokerSimProbe:
     down — the transport's read routing). Without a broker name (a position recorded before broker names
     were kept) it is answered only when exactly one broker group of the topic's route has that queue id:
     asking "a" group would compare the copy with another group's queue 0.
+
+    A failure is "cannot tell" (``None``), logged at WARNING once a minute per broker group and counted in
+    ``reliable_sweeper_probe_failures`` (:class:`ProbeWarnings`).
     """
 
     def __init__(self, transport: BrokerTransport) -> None:
@@ -162,7 +208,7 @@ class BrokerSimProbe:
                 return None
             return int(self.transport.get_max_offset(topic, queue_id, name))
         except Exception as exc:  # unknown topic, broker down: "cannot tell", the sweeper falls back
-            log.debug("max offset of %s %s:%d unknown: %s", topic, broker_name, queue_id, exc)
+            PROBE_WARNINGS.failed(broker_name, topic, queue_id, exc)
             return None
 
     def _only_group(self, topic: str, queue_id: int) -> str | None:

@@ -28,6 +28,11 @@ STALLED_SECONDS = Gauge(
     ["group", "topic", "broker_name", "queue_id"],
 )
 STALL_ALARMS = Counter("reliable_sweeper_stall_alarms", "Stalled-group alarms raised (one per episode)")
+#: the broker probe (max offset of a queue, the loss proof) did not answer: by broker group ("" when the
+#: question named none); the rows it concerned are held, not proved lost
+PROBE_FAILURES = Counter(
+    "reliable_sweeper_probe_failures", "Broker probes that failed (no loss proof)", ["broker_name"]
+)
 SEND_FAILURES = Counter("reliable_sweeper_send_failures", "Resends the broker did not accept")
 SEND_PAUSES = Counter(
     "reliable_sweeper_send_pauses", "Rounds whose resends stopped early: the broker looked down"
