@@ -41,7 +41,7 @@ def require_db(args: argparse.Namespace) -> str:
 
 
 #: the drivers this package installs, for a URL that names a backend without one
-_INSTALLED_DRIVER = {
+INSTALLED_DRIVER = {
     "mysql": "mysql+pymysql",
     "mariadb": "mariadb+pymysql",
     "postgresql": "postgresql+psycopg",
@@ -58,7 +58,7 @@ def check_db_url(url: str) -> str:
     try:
         dialect.import_dbapi()
     except ImportError as exc:
-        installed = _INSTALLED_DRIVER.get(parsed.get_backend_name())
+        installed = INSTALLED_DRIVER.get(parsed.get_backend_name())
         hint = f"write {installed}://… (installed)" if installed else "install it"
         raise ConfigurationError(
             f"no driver for {parsed.drivername}:// ({exc.name} is missing): {hint}"

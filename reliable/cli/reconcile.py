@@ -149,12 +149,14 @@ def run(args: argparse.Namespace, spark: Any = None) -> int:
         raise OptionError(f"no input: pass --db URL (or set {C.ENV_DB_URL}) or --parquet DIR")
     if args.parquet:
         parquet_inputs(args.parquet)  # fail before paying for a Spark start-up
-    elif str(db).startswith("sqlite"):
-        _check_sqlite(str(db))
     else:
-        from reliable.reconcile.jdbc import jdbc_target
+        if str(db).startswith("sqlite"):
+            _check_sqlite(str(db))
+        else:
+            from reliable.reconcile.jdbc import jdbc_target
 
-        jdbc_target(str(db))
+            jdbc_target(str(db))
+        check_database(str(db))
     try:
         from reliable.reconcile import io
         from reliable.reconcile.runner import Progress, reconcile
@@ -205,6 +207,25 @@ def _redact(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # an unparsable URL fails later with its own message; never print it raw
         return "<database>"
+
+
+def check_database(url: str) -> None:
+    """Connect with SQLAlchemy and check the schema is at the head revision, before Spark starts.
+
+    The check ``reliable export`` makes (:func:`reliable.cli.common.ready_engine`): a wrong port, a database
+    that does not exist or has no tables is one line with the ``reliable db upgrade`` hint within a second —
+    not a Java exception after a Spark start-up, or (SQLite) an ``OperationalError`` half-way through the
+    export. A URL without a driver (``postgresql://``, as JDBC users write it) is checked with the driver
+    this package installs; Spark reads it over JDBC either way.
+    """
+    from sqlalchemy.engine import make_url
+
+    from reliable.cli.common import INSTALLED_DRIVER, ready_engine
+
+    parsed = make_url(url)
+    if parsed.drivername in INSTALLED_DRIVER:
+        parsed = parsed.set(drivername=INSTALLED_DRIVER[parsed.drivername])
+    ready_engine(parsed.render_as_string(hide_password=False)).dispose()
 
 
 def _check_sqlite(url: str) -> None:

@@ -149,3 +149,15 @@ def in_log_window(cfg: ReconcileConfig) -> Column:
     if cfg.until is not None:
         cond = cond & (F.col("received_at") < ts(cfg.until))
     return cond
+
+
+def in_minute_window(cfg: ReconcileConfig) -> Column:
+    """True for per-minute rows (``minute``: the minute's start) of the window's minutes: from the minute
+    ``since`` falls in up to the last one that starts before ``until`` (the timeline's pair counts)."""
+    cond = F.lit(True)
+    if cfg.since is not None:
+        first = cfg.since.astimezone(dt.UTC).replace(second=0, microsecond=0)
+        cond = cond & (F.col("minute") >= ts(first))
+    if cfg.until is not None:
+        cond = cond & (F.col("minute") < ts(cfg.until))
+    return cond

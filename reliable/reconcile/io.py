@@ -262,8 +262,32 @@ def _read_ranged(spark: SparkSession, target: JdbcTarget, sql: str, column: str,
 
 
 def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    """What went wrong, in one line: for a Java exception (Py4J) its ``toString()``, plus its root cause's
+    when that says more (``PSQLException: Connection to h:1 refused … (java.net.ConnectException: …)``).
+
+    A ``Py4JJavaError``'s own text starts with ``An error occurred while calling o66.load.``, which hides the
+    reason (connection refused, no such table) in the Java stack trace that follows.
+    """
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            text = _line(str(java.toString()))
+            root, depth = java, 0
+            while root.getCause() is not None and depth < 20:
+                root, depth = root.getCause(), depth + 1
+            reason = _line(str(root.getMessage() or ""))
+            if depth and reason not in text:
+                text = f"{text} ({_line(str(root.toString()))})"
+            if text:
+                return text
+        except Exception:  # the JVM is gone: fall back to the Python text
+            pass
+    return _line(str(exc)) or type(exc).__name__
+
+
+def _line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0].strip() if lines else ""
 
 
 # --- outputs -----------------------------------------------------------------------------------------------

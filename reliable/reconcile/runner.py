@@ -26,6 +26,7 @@ from reliable.reconcile import io, rollup
 from reliable.reconcile import transforms as T
 from reliable.reconcile.config import ORPHAN_BROADCAST_ROWS, ReconcileConfig, Thresholds
 from reliable.reconcile.gaps import offset_gaps
+from reliable.reconcile.inputs import in_log_window, in_minute_window
 from reliable.reconcile.orphans import orphan_candidates, orphan_logs
 from reliable.reconcile.report_html import render_html
 from reliable.reconcile.summary import ATTENTION_KINDS, Collected, build_summary, headline
@@ -183,7 +184,12 @@ def reconcile(
         c.message_resends = _rows(A.message_resend_histogram(inputs.stubs))
         c.messages = sum(int(r["messages"]) for r in c.message_resends)
         c.progress = _rows(inputs.progress)
-        c.timeline = _rows(timeline_frame(inputs.logs, duplicates, A.timeline_rows(counts), keep_now))
+        # the window's minutes only: the log is read from before `since` with no upper end (for the pairs'
+        # sake), and until 2026-11-28 the timeline counted those earlier and later deliveries as the window's
+        received = in_log_window(cfg)
+        pair_counts = A.timeline_rows(counts).where(in_minute_window(cfg))
+        frame = timeline_frame(inputs.logs.where(received), duplicates.where(received), pair_counts, keep_now)
+        c.timeline = _rows(frame)
 
         p.step("lost, stuck, dead and unsent pairs")
         attention = keep(T.needs_attention(pairs))  # few rows: one pass over the join, four small writes

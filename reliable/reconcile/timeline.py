@@ -6,7 +6,8 @@ deliveries stay flat. The totals of the rest of the report cannot show either.
 
 Two halves, so the page can be rebuilt from summary.json without Spark:
 
-* :func:`timeline_frame` (Spark, no actions): one row per ``(consumer_group, minute)`` plus one per minute
+* :func:`timeline_frame` (Spark, no actions): one row per ``(consumer_group, minute)`` (``minute`` in epoch
+  seconds, UTC, whatever the driver's time zone) plus one per minute
   over all groups (``consumer_group`` ``*``, a name RocketMQ's group charset cannot produce). Deliveries
   are bucketed by ``received_at``; duplicates by the
   cause :func:`reliable.reconcile.transforms.classify_deliveries` gave them; *resends* are stubs whose
@@ -128,13 +129,24 @@ def timeline_frame(
     )
     joined = per_minute.join(counts, on=key, how="full_outer").join(p95, on=key, how="left")
     numbers = [c for c in joined.columns if c not in (*key, "p95_ms")]
-    return joined.fillna(0, subset=numbers)
+    # epoch seconds, not a timestamp: collect() turns a timestamp into a naive datetime in the *Python
+    # process's* local time zone (the session's UTC does not apply), which shifted every minute by the
+    # driver host's offset (TZ=Asia/Kolkata: +5:30) until 2026-11-28
+    return joined.fillna(0, subset=numbers).withColumn("minute", F.unix_seconds(F.col("minute")))
+
+
+def _instant(minute: int | float | dt.datetime) -> dt.datetime:
+    """A row's minute as an aware UTC datetime: epoch seconds (what :func:`timeline_frame` gives) or an aware
+    datetime. A naive one is refused: from Spark it would be in the local zone, and guessing shifts it."""
+    if isinstance(minute, dt.datetime):
+        if minute.tzinfo is None:
+            raise ValueError(f"timeline minute {minute.isoformat()} has no time zone (use epoch seconds)")
+        return minute.astimezone(dt.UTC)
+    return dt.datetime.fromtimestamp(minute, dt.UTC)
 
 
 def _iso(minute: dt.datetime) -> str:
-    if minute.tzinfo is None:
-        minute = minute.replace(tzinfo=dt.UTC)
-    return minute.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
+    return minute.strftime("%Y-%m-%dT%H:%MZ")
 
 
 def _series(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -167,7 +179,9 @@ def timeline_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     for row in rows:
         if row.get("minute") is None:
             continue
-        grouped.setdefault(str(row.get("consumer_group")), []).append(row)
+        grouped.setdefault(str(row.get("consumer_group")), []).append(
+            {**row, "minute": _instant(row["minute"])}
+        )
     series = {g: _series(rs) for g, rs in grouped.items()}
     return {
         "all": series.pop(ALL_GROUPS, []),

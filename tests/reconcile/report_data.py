@@ -16,7 +16,7 @@ from typing import Any
 
 from reliable.reconcile.timeline import ALL_GROUPS, CAUSES, timeline_summary
 
-T0 = dt.datetime(2026, 11, 23, 14, 0)
+T0 = dt.datetime(2026, 11, 23, 14, 0, tzinfo=dt.UTC)
 GROUPS = ("o_ledger_settlement_consumers", "audit")
 TOPICS = ("DemoOrders", "DemoOrdersWithAVeryLongTopicNameFromTheBillingTeam")
 COUNTERS: tuple[str, ...] = ("stubs", "pending", "confirmed", "voided", "dead", "lost", "stuck", "unsent")

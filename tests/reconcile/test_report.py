@@ -350,3 +350,9 @@ def test_a_window_counts_the_duplicates_of_its_own_messages_only(spark: Any, tmp
     assert [(r["message_id"], r["cause"]) for r in _table(tmp_path / "out", "duplicates")] == [
         ("m-in", "redelivery")
     ]
+    # the timeline too: the window's minutes and deliveries only, not the later message's or the orphan's
+    minutes = summary.summary["timeline"]["all"]
+    window = [(D.WINDOW[0] + dt.timedelta(minutes=m)).strftime("%Y-%m-%dT%H:%MZ") for m in range(20)]
+    assert {p["minute"] for p in minutes} <= set(window), [p["minute"] for p in minutes]
+    assert sum(p["deliveries"] for p in minutes) == 2
+    assert sum(sum(p["duplicates"].values()) for p in minutes) == 1

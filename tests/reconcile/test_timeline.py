@@ -99,10 +99,41 @@ def test_per_minute_figures(spark: Any) -> None:
     assert [p["deliveries"] for p in timeline["groups"][G2]] == [1]
 
 
+@pytest.mark.spark
+def test_minutes_are_utc_whatever_the_drivers_time_zone(spark: Any) -> None:
+    """``collect()`` gives a timestamp as a naive datetime in the Python process's zone: a driver on
+    Asia/Kolkata showed every minute 5:30 late. The frame hands over epoch seconds instead."""
+    import os
+    import time
+
+    from reliable.reconcile.timeline import timeline_frame
+
+    zone = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Kolkata"
+    time.tzset()
+    try:
+        schema = "consumer_group string, received_at timestamp, cause string"
+        deliveries = spark.createDataFrame([delivery(G1, at(0, 10))], schema).drop("cause")
+        counted = spark.createDataFrame(
+            [], "consumer_group string, kind byte, minute timestamp, bucket int, n long"
+        )
+        frame = timeline_frame(deliveries, spark.createDataFrame([], schema), counted)
+        timeline = timeline_summary(r.asDict() for r in frame.collect())
+    finally:
+        if zone is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = zone
+        time.tzset()
+    assert [p["minute"] for p in timeline["groups"][G1]] == ["2026-11-20T11:30Z"]
+    with pytest.raises(ValueError, match="no time zone"):
+        timeline_summary([{"consumer_group": G1, "minute": dt.datetime(2026, 11, 20, 11, 30)}])
+
+
 def test_quiet_minutes_are_zero_and_only_the_newest_are_kept() -> None:
     from reliable.reconcile.timeline import MAX_MINUTES
 
-    start = dt.datetime(2026, 11, 20, 0, 0)
+    start = dt.datetime(2026, 11, 20, 0, 0, tzinfo=dt.UTC)
     rows = [
         {"consumer_group": "*", "minute": start, "deliveries": 3, "staged": 5, "first_delivered": 3},
         {"consumer_group": "*", "minute": start + dt.timedelta(minutes=MAX_MINUTES + 9), "deliveries": 1},

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -197,3 +199,69 @@ def test_spark_submit_entry_point_reports_bad_input_in_one_line(
     assert main(["--parquet", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("reconcile: error: Parquet input incomplete")
+
+
+def _empty_sqlite(directory: Path) -> str:
+    import sqlite3
+
+    path = directory / "empty.db"
+    with sqlite3.connect(path) as conn:  # a database file, but not one of ours: no reliable tables
+        conn.execute("CREATE TABLE other (x INTEGER)")
+    return f"sqlite:///{path}"
+
+
+def _no_spark(*args: object, **kwargs: object) -> Any:
+    raise AssertionError("Spark was started before the database was checked")
+
+
+@pytest.mark.parametrize("where", ["sqlite without tables", "postgres wrong port", "postgres without schema"])
+def test_cli_database_not_ready_is_one_line_before_spark_starts(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check `reliable export` makes: one line with the upgrade hint, exit 2, and no Spark start-up."""
+    pytest.importorskip("pyspark")
+    from reliable.cli import main
+    from tests import services
+
+    monkeypatch.setattr("reliable.reconcile.io.build_session", _no_spark)
+    with contextlib.ExitStack() as stack:
+        if where.startswith("sqlite"):
+            url = _empty_sqlite(tmp_path)
+        elif where == "postgres wrong port":
+            url = "postgresql://reader@127.0.0.1:1/app"  # no driver named, as JDBC users write it
+        else:
+            url = stack.enter_context(services.scratch_database("postgres"))
+        assert main(["reconcile", "--db", url, "--out", str(tmp_path / "out"), "-q"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reliable: error:"), lines
+    assert "run `reliable db upgrade --db URL` first" in lines[0], lines
+
+
+def test_spark_submit_entry_point_reports_a_database_without_tables_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyspark")
+    from jobs.reconcile import main
+
+    monkeypatch.setattr("reliable.reconcile.io.build_session", _no_spark)
+    assert main(["--db", _empty_sqlite(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no reliable schema" in err[0], err
+
+
+def test_spark_submit_entry_point_reports_a_database_error_in_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table gone between the check and the read: SQLAlchemy's error, one line, not a traceback."""
+    from sqlalchemy.exc import OperationalError
+
+    from jobs.reconcile import main
+
+    def gone(args: argparse.Namespace) -> int:
+        raise OperationalError("SELECT … FROM message_stub", {}, Exception("no such table: message_stub"))
+
+    monkeypatch.setattr("reliable.cli.reconcile.run", gone)
+    assert main(["--parquet", "x", "--out", "y"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reconcile: error: OperationalError:"), err
+    assert "no such table: message_stub" in err[0], err
