@@ -47,17 +47,11 @@ def rel(server_url: str) -> Iterator[Reliability]:
 
 
 def lock_waits(rel: Reliability) -> int:
-    """Transactions of this database waiting for a row lock now."""
-    if rel.engine.dialect.name == "postgresql":
-        sql = (
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE NOT l.granted AND a.datname = current_database()"
-        )
-    else:
-        sql = (
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p "
-            "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()"
-        )
+    """PostgreSQL sessions of this database waiting for a lock now."""
+    sql = (
+        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE NOT l.granted AND a.datname = current_database()"
+    )
     with rel.engine.connect() as conn:
         return int(conn.execute(text(sql)).scalar_one())
 
@@ -140,37 +134,79 @@ def test_groups_confirming_the_same_batch_at_once_do_not_deadlock(rel: Reliabili
     assert sum(deadlocks_retried(registry, g) for g in groups) == 0
 
 
-def test_twin_deliveries_of_an_unstaged_message_do_not_deadlock(rel: Reliability) -> None:
-    """Three deliveries of one message at once, for a group the producer did not stage: W1 inserts the
-    group's row, W2 and W3 wait on it. On MariaDB each loser's ``INSERT IGNORE`` left a shared lock on the row
-    and the ``FOR UPDATE`` that read it asked to upgrade it: both waited on each other — a deadlock."""
+def test_twin_deliveries_that_lose_the_claim_of_a_row_do_not_deadlock(rel: Reliability) -> None:
+    """Two batches of a group the producer did not stage both look for message m's row, find none, and
+    insert it while another worker's insert of m is still uncommitted; that worker commits. On MariaDB each
+    loser's ``INSERT IGNORE`` was left holding a shared lock on m's row, and the ``FOR UPDATE`` that then read
+    it asked to upgrade it: each waited on the other's shared lock — a deadlock.
+
+    The order is forced with row locks of the test's own: W2's and W3's batches are ``[m, z2]`` and
+    ``[m, z3]``; they find no m and then wait for z2 / z3, which ``holder`` has locked, while ``inserter``
+    inserts m; then holder commits (both go on to insert m and wait for inserter), then inserter commits."""
     registry = CollectorRegistry()
-    started = threading.Event()
-    mid = f"twin-{uuid.uuid4().hex[:6]}"
-
-    def handler(e: Envelope, session: Session) -> None:
-        if threading.current_thread().name == "W1":
-            started.set()
-            wait_until(lambda: lock_waits(rel) >= 2, what="W2 and W3 waiting for W1's row")
-        apply(e, session)
-
-    handle = idempotent_consumer(rel, group="late", registry=registry)(handler)
-    first = in_thread(lambda: handle.decide(env(mid)), "W1")
-    assert started.wait(30)
-    others = [in_thread(lambda: handle.decide(env(mid)), name) for name in ("W2", "W3")]
-    results: list[Decision] = []
-    for t, out in [first, *others]:
-        t.join(60)
-        assert "error" not in out, out.get("error")
-        results.append(out["value"])
+    tag = uuid.uuid4().hex[:6]
+    m, z2, z3 = f"m-{tag}", f"z2-{tag}", f"z3-{tag}"
+    store = SqlStore(rel.engine)
+    now = dt.datetime.now(dt.UTC)
+    with rel.engine.begin() as conn:  # z2, z3: rows of the group already (applied long ago)
+        store.claim_inbox(conn, "late", [InboxRow(z2, None), InboxRow(z3, None)], now)
+    handle = idempotent_consumer(rel, group="late", registry=registry)(apply)
+    read_committed = rel.engine.execution_options(
+        isolation_level="READ COMMITTED"
+    )  # as the guard: no gap locks
+    with read_committed.connect() as holder, read_committed.connect() as inserter:
+        holder.begin()
+        holder.execute(
+            text(
+                "SELECT 1 FROM message_inbox WHERE consumer_group = 'late' AND message_id IN (:a, :b) "
+                "FOR UPDATE"
+            ),
+            {"a": z2, "b": z3},
+        )
+        batches = [
+            in_thread(functools.partial(handle.decide_batch, [env(m), env(z)]), f"W{z}") for z in (z2, z3)
+        ]
+        wait_until(
+            lambda: running(rel, "SELECT%message_inbox%FOR UPDATE%") >= 2,
+            what="both batches waiting for z2 / z3",
+        )
+        inserter.begin()
+        store.claim_inbox(inserter, "late", [InboxRow(m, None)], now)  # another worker's claim of m
+        holder.commit()
+        wait_until(
+            lambda: running(rel, "INSERT%message_inbox%") >= 2, what="both batches inserting m, waiting"
+        )
+        inserter.commit()
+        results: list[Decision] = []
+        for t, out in batches:
+            t.join(60)
+            assert "error" not in out, out.get("error")
+            results.extend(out["value"])
     handle.close()
-    assert [d.reason for d in results] == [
-        Reason.PROCESSED,
-        Reason.DUPLICATE_CONFIRMED,
-        Reason.DUPLICATE_CONFIRMED,
-    ]
-    assert applied(rel, mid) == 1
+    assert {(d.message_id, d.reason) for d in results} == {
+        (m, Reason.DUPLICATE_CONFIRMED),
+        (z2, Reason.DUPLICATE_CONFIRMED),
+        (z3, Reason.DUPLICATE_CONFIRMED),
+    }
     assert deadlocks_retried(registry, "late") == 0
+
+
+def running(rel: Reliability, pattern: str) -> int:
+    """Sessions of this database blocked for a while in a statement ``LIKE pattern`` (the server's own
+    view; MariaDB may wait for a row lock while still planning a statement,
+    where INNODB_TRX does not list it as waiting)."""
+    if rel.engine.dialect.name == "postgresql":
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' AND query ILIKE :q"
+        )
+    else:
+        sql = (
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() "
+            "AND ID <> CONNECTION_ID() AND COMMAND = 'Query' AND TIME_MS > 100 AND INFO LIKE :q"
+        )
+    with rel.engine.connect() as conn:
+        return int(conn.execute(text(sql), {"q": pattern}).scalar_one())
 
 
 def test_a_work_transaction_chosen_as_deadlock_victim_runs_again(postgres_url: str) -> None:
