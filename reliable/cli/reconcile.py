@@ -25,6 +25,7 @@ from reliable.reconcile.config import (
     parquet_inputs,
 )
 from reliable.reconcile.errors import InputError, OptionError
+from reliable.settings import Settings
 
 EXIT_OK = 0
 EXIT_THRESHOLD = 2
@@ -92,6 +93,13 @@ def add_arguments(p: argparse.ArgumentParser, default_master: str | None) -> Non
         help="a delivered, unconfirmed inbox row is stuck after this long (default 15m)",
     )
     p.add_argument(
+        "--log-retention",
+        type=duration,
+        metavar="DURATION",
+        help="the sweeper's log retention: offset gaps only among deliveries received within it (older "
+        "rows are what the purge kept); 0 = the whole log (default: env RELIABLE_LOG_RETENTION_S or 7d)",
+    )
+    p.add_argument(
         "--attention-limit",
         type=count,
         default=DEFAULT_ATTENTION_LIMIT,
@@ -133,6 +141,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[ReconcileConfig, Thresho
     }
     if args.as_of is not None:
         kwargs["as_of"] = args.as_of
+    retention = args.log_retention if args.log_retention is not None else Settings.load().log_retention_s
+    kwargs["log_retention_s"] = retention or None
     cfg = ReconcileConfig(**kwargs)
     th = Thresholds(**{f"max_{n}": getattr(args, f"max_{n}") for n in THRESHOLD_OPTIONS})
     return cfg, th

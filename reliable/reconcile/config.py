@@ -88,6 +88,11 @@ class ReconcileConfig:
     grace_s: float = DEFAULT_GRACE_S
     stuck_after_s: float = C.DEFAULT_STUCK_AFTER_S
     attention_limit: int = DEFAULT_ATTENTION_LIMIT
+    #: the sweeper's log retention: offset gaps are looked for only among deliveries received since
+    #: ``as_of`` minus this (``None``: all). Older rows are what the log purge kept — the evidence of owed
+    #: rows — and the holes around them are the purge's, not losses: a DEAD row's three kept deliveries made
+    #: every purged offset around them a "gap" until the row was resolved (until 2026-11-28)
+    log_retention_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("as_of", "since", "until"):
@@ -100,12 +105,21 @@ class ReconcileConfig:
             )
         if self.grace_s < 0 or self.stuck_after_s < 0:
             raise OptionError("grace and stuck-after must not be negative")
+        if self.log_retention_s is not None and self.log_retention_s <= 0:
+            raise OptionError("log retention must be positive (None: look for gaps in the whole log)")
         if self.attention_limit < 0:
             raise OptionError("attention limit must not be negative")
 
     @property
     def windowed(self) -> bool:
         return self.since is not None or self.until is not None
+
+    @property
+    def complete_log_since(self) -> dt.datetime | None:
+        """From when on the journal is whole (nothing purged): ``as_of`` minus the log retention."""
+        if self.log_retention_s is None:
+            return None
+        return self.as_of - dt.timedelta(seconds=self.log_retention_s)
 
 
 @dataclass(frozen=True)

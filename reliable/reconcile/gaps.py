@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from reliable.reconcile.config import ReconcileConfig
-from reliable.reconcile.inputs import in_log_window
+from reliable.reconcile.inputs import in_log_window, ts
 from reliable.reconcile.transforms import QUEUE_KEY
 
 GAP_COLUMNS = (*QUEUE_KEY, "gap_start", "gap_end", "missing")
@@ -43,7 +43,9 @@ def offset_gaps(logs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
     A hole is a range of offsets the consumer group never journaled although it journaled offsets on both
     sides: a message lost for that group, a delivery that bypassed the guard, a purged log row or a
     tag-filtered message. Offsets before the first or after the last journaled one are not holes (they are
-    lag or history); null offsets are not positions.
+    lag or history); null offsets are not positions. With ``cfg.log_retention_s``, only deliveries received
+    within it count: older rows are the ones the log purge kept, and the offsets purged around them are no
+    holes.
     """
     offset = F.col("queue_offset").cast("long")
     base = f"shiftleft(block, {BLOCK_SHIFT})"
@@ -57,8 +59,11 @@ def offset_gaps(logs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
     before = (
         "CASE WHEN lo - prev_hi > 1 THEN array(named_struct('gap_start', prev_hi + 1, 'gap_end', lo - 1)) END"
     )
+    kept = F.lit(True)
+    if cfg.complete_log_since is not None:  # older rows: what the purge kept, with its holes around them
+        kept = F.col("received_at") >= ts(cfg.complete_log_since)
     return (
-        logs.where(in_log_window(cfg) & offset.isNotNull())
+        logs.where(in_log_window(cfg) & offset.isNotNull() & kept)
         .groupBy(*QUEUE_KEY, F.shiftright(offset, BLOCK_SHIFT).alias("block"))
         .agg(
             F.expr("bit_or(shiftleft(1L, cast(queue_offset & 63 as int)))").alias("mask"),

@@ -104,3 +104,29 @@ def test_gaps_look_only_at_deliveries_received_in_the_window(spark: Any) -> None
     )
     cfg = ReconcileConfig(as_of=later, since=T0, until=T0 + dt.timedelta(hours=1))
     assert [(r["gap_start"], r["gap_end"]) for r in offset_gaps(logs, cfg).collect()] == [(1, 3)]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_holes_the_log_purge_leaves_around_the_rows_it_keeps_are_no_gaps(spark: Any) -> None:
+    """The purge deletes rows older than the log retention except the evidence of owed rows: a DEAD row's
+    delivery at offset 3, ten days old, stayed among offsets 0–19 purged. Those offsets were received and
+    confirmed, not lost: only deliveries within the retention count. Until 2026-11-28 the report counted
+    4–19 as a gap (``--max-gaps`` fired) until the DEAD row was resolved; a real hole inside the
+    retention is still one."""
+    from reliable.reconcile.gaps import offset_gaps
+
+    old, recent = T0 - dt.timedelta(days=10), T0 - dt.timedelta(days=1)
+    rows = [("audit", "orders", "", 1, 3, old)] + [
+        ("audit", "orders", "", 1, o, recent) for o in (20, 21, 25)
+    ]
+    logs = spark.createDataFrame(
+        rows,
+        "consumer_group string, topic string, broker_name string, queue_id int, queue_offset long, "
+        "received_at timestamp",
+    )
+    week = 7 * 86400.0
+    got = offset_gaps(logs, ReconcileConfig(as_of=T0, log_retention_s=week)).collect()
+    assert [(r["gap_start"], r["gap_end"]) for r in got] == [(22, 24)]
+    whole = offset_gaps(logs, ReconcileConfig(as_of=T0)).collect()  # no retention given: the whole log
+    assert sorted((r["gap_start"], r["gap_end"]) for r in whole) == [(4, 19), (22, 24)]
