@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from reliable import constants as C
 from reliable.errors import ConfigurationError
+from reliable.names import NAME_CHARS, check_group, is_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +114,17 @@ class Settings:
             )
         if not self.key_prefix or ":" in self.key_prefix:
             raise ConfigurationError("setting key_prefix must be non-empty and contain no ':'")
+        # one rule with the producer and the guard (reliable.names): a group the guard accepts — RocketMQ's
+        # ``%``/``|`` included — is one the settings accept, and ':' (shared Redis keys) is refused by all
         for name in (self.default_group, *(g for gs in self.topic_groups.values() for g in gs)):
-            if name and not _NAME_RE.match(name):
-                raise ConfigurationError(
-                    f"consumer group {name!r} may only contain letters, digits, '.', '_', '-'"
-                )
+            if name:
+                check_group(name)
         for topic, groups in self.topic_groups.items():
-            if not _NAME_RE.match(topic) or not groups or len(set(groups)) != len(groups):
+            if not is_name(topic, C.TOPIC_MAX):
+                raise ConfigurationError(
+                    f"setting topic_groups: topic {topic!r}: 1..{C.TOPIC_MAX} characters, only {NAME_CHARS}"
+                )
+            if not groups or len(set(groups)) != len(groups):
                 raise ConfigurationError(f"setting topic_groups: topic {topic!r} needs distinct groups")
 
     def groups_for(self, topic: str) -> tuple[str, ...]:
@@ -135,11 +139,6 @@ class Settings:
         new = dataclasses.replace(self, **changes)
         new.validate()
         return new
-
-
-#: RocketMQ's topic/group character set (``Validators.PATTERN`` without ``%``/``|``, which are reserved) plus
-#: Kafka's '.'; a sender narrows it at staging time (``reliable.producer.check_broker_names``).
-_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]{1,255}$")
 
 
 def parse_topic_groups(value: str | Mapping[str, Iterable[str]]) -> dict[str, tuple[str, ...]]:

@@ -110,6 +110,26 @@ def test_unreachable_database_is_one_line_and_nonzero(capsys: pytest.CaptureFixt
     assert err.count("\n") == 1 and "reliable: error:" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("action", [["upgrade"], ["downgrade", "base", "--yes"], ["current"]])
+def test_a_database_that_cannot_be_opened_is_one_line_and_exit_2(
+    action: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A SQLite file in a directory that does not exist (upgrade creates the file, not the directory) and a
+    server that does not answer: one line naming the reason and exit 2, as ``reliable sweep`` says it —
+    ``db upgrade`` exited 1 with the driver's raw OperationalError."""
+    for url in (
+        f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}",
+        f"postgresql+psycopg://postgres@127.0.0.1:{listen_port()}/x",
+    ):
+        if action == ["current"] and url.startswith("sqlite"):
+            continue  # said before any connection: "no database file"
+        got, out, err = run(capsys, "db", *action, "--db", url)
+        assert (got, out) == (2, ""), err
+        assert err.count("\n") == 1 and err.startswith("reliable: error: cannot open the database (")
+        assert "check --db" in err
+    assert not (tmp_path / "no-such-dir").exists()
+
+
 def test_missing_action_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["db"])

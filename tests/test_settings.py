@@ -54,6 +54,8 @@ def test_empty_environment_value_means_unset() -> None:
         ({}, {"RELIABLE_TOPIC_GROUPS": "orders=a,a"}, "topic 'orders' needs distinct groups"),
         ({}, {"RELIABLE_TOPIC_GROUPS": "orders=bad group"}, "consumer group 'bad group'"),
         ({"default_group": "a:b"}, {}, "consumer group 'a:b'"),
+        ({}, {"RELIABLE_TOPIC_GROUPS": "or:ders=billing"}, "topic 'or:ders': 1..127 characters"),
+        ({}, {"RELIABLE_TOPIC_GROUPS": f"{'t' * 128}=billing"}, "1..127 characters"),
         # the last entry would win: losses for billing and audit would go undetected
         (
             {},
@@ -138,6 +140,19 @@ def test_topic_groups_from_the_environment_or_an_argument() -> None:
     assert Settings.load({"topic_groups": {"t": ["x"]}}, environ=env).topic_groups == {"t": ("x",)}
     assert Settings.load({"topic_groups": "t=y,z"}, environ=env).groups_for("t") == ("y", "z")
     assert Settings.load(environ={}).groups_for("orders") == ()  # nothing configured: the caller must say
+
+
+def test_group_and_topic_names_follow_the_producer_and_guard_rule() -> None:
+    """One vocabulary: RocketMQ's ``%RETRY%billing`` and ``a|b`` and Kafka's dotted names, which the producer
+    stages under and the guard consumes as (reliable/names.py, decorator.md), are valid settings too."""
+    s = Settings.load(
+        {"default_group": "%RETRY%billing", "topic_groups": {"billing.orders": ["a|b", "%DLQ%audit", "x.y"]}},
+        environ={},
+    )
+    assert s.default_group == "%RETRY%billing"
+    assert s.groups_for("billing.orders") == ("a|b", "%DLQ%audit", "x.y")
+    env = Settings.load(environ={"RELIABLE_TOPIC_GROUPS": "%SYS%t=%RETRY%billing,a|b"})
+    assert env.groups_for("%SYS%t") == ("%RETRY%billing", "a|b")
 
 
 @given(

@@ -249,6 +249,20 @@ def destination(
     return exchange, routing_key
 
 
+def unroutable_hint(message: OutgoingMessage, queue: str) -> str:
+    """What to add to the error of a send the broker returned unroutable: for the sweeper's resend targeted at
+    one group, the likely cause — the queue ``group_queue`` named does not exist. By default that queue is the
+    group's bare name, while the guide's topology names it ``billing.orders``: every targeted resend came back
+    unroutable, and the error said only "no queue bound"."""
+    if not message.target_group:
+        return ""
+    return (
+        f"; the resend for group {message.target_group!r} went to queue {queue!r} (default exchange), which "
+        f"does not exist — set {C.ENV_RABBITMQ_GROUP_QUEUE} (the sender's group_queue) to the format of "
+        "the group's queue name, e.g. '{group}.{topic}'"
+    )
+
+
 #: the AMQP properties a dead-lettered copy keeps (the names pika's ``BasicProperties`` and aio-pika's
 #: ``Message`` both take as keyword arguments)
 _KEPT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "message_id", "timestamp", "type")

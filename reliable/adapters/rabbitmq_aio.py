@@ -345,7 +345,9 @@ class AioRabbitMQSender:
                 await target.publish(wire, routing_key=key, mandatory=self.mandatory)
                 break
             except aio_pika.exceptions.DeliveryError as exc:  # nack, or returned as unroutable
-                raise SendError(f"message {message.message_id}: broker refused it: {exc}") from None
+                returned = isinstance(exc, aio_pika.exceptions.PublishError)
+                hint = amqp.unroutable_hint(message, key) if returned else ""
+                raise SendError(f"message {message.message_id}: broker refused it: {exc}{hint}") from None
             except _AMQP_ERRORS as exc:
                 await self._drop()
                 if attempt == 2:

@@ -103,7 +103,10 @@ class RabbitMQSender:
                     channel.basic_publish(exchange, key, message.body, props, mandatory=self.mandatory)
                     break
                 except pika.exceptions.UnroutableError:
-                    raise SendError(f"message {message.message_id}: unroutable (no queue bound)") from None
+                    hint = amqp.unroutable_hint(message, key)
+                    raise SendError(
+                        f"message {message.message_id}: unroutable (no queue bound){hint}"
+                    ) from None
                 except pika.exceptions.NackError:
                     raise SendError(f"message {message.message_id}: broker refused it (nack)") from None
                 except (pika.exceptions.AMQPError, OSError) as exc:

@@ -85,11 +85,7 @@ def ready_engine(url: str) -> Engine:
         at = migrate.current(engine)
     except SQLAlchemyError as exc:
         engine.dispose()
-        reason = str(getattr(exc, "orig", exc)).strip().splitlines()
-        raise DatabaseNotReadyError(
-            f"cannot open the database ({reason[0] if reason else type(exc).__name__}); "
-            f"check --db, create the database, then {UPGRADE_HINT}"
-        ) from None
+        raise cannot_open(exc, f"check --db, create the database, then {UPGRADE_HINT}") from None
     head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
     if at != head:
         engine.dispose()
@@ -98,6 +94,18 @@ def ready_engine(url: str) -> Engine:
         state = "has no reliable schema" if at is None else f"is at schema revision {at}, not {head}"
         raise DatabaseNotReadyError(f"the database {state}: {UPGRADE_HINT}")
     return engine
+
+
+def cannot_open(
+    exc: SQLAlchemyError, hint: str = "check --db and that the database exists"
+) -> DatabaseNotReadyError:
+    """A first connection that failed (a SQLite file in a directory that does not exist, a server that does
+    not answer, a wrong password) as one line naming the driver's reason and what to check; a command exits
+    2 with it, as for any input it cannot use, instead of 1 with the driver's exception."""
+    reason = str(getattr(exc, "orig", exc)).strip().splitlines()
+    return DatabaseNotReadyError(
+        f"cannot open the database ({reason[0] if reason else type(exc).__name__}); {hint}"
+    )
 
 
 def unknown_revision(at: str) -> str:

@@ -6,11 +6,14 @@ import argparse
 from typing import Any
 
 from alembic.util import CommandError
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from reliable import migrate
 from reliable.cli.common import (
     DatabaseNotReadyError,
     add_db_options,
+    cannot_open,
     check_sqlite_file,
     require_db,
     unknown_revision,
@@ -38,10 +41,20 @@ def register(sub: Any) -> None:
     cur.set_defaults(func=_current)
 
 
+def _first_read(engine: Engine) -> str | None:
+    """The database's revision, read by the command's first connection: a database that cannot be opened is
+    one line and exit 2 (as for ``reliable sweep``), not the driver's exception and exit 1 — say a SQLite
+    file in a directory that does not exist, which an upgrade would otherwise create."""
+    try:
+        return migrate.current(engine)
+    except SQLAlchemyError as exc:
+        raise cannot_open(exc) from None
+
+
 def _upgrade(args: argparse.Namespace) -> int:
     engine = make_engine(require_db(args))
     try:
-        at = migrate.current(engine)
+        at = _first_read(engine)
         order = migrate.ordered_revisions()
         if at is not None and at not in order:
             raise DatabaseNotReadyError(unknown_revision(at))
@@ -68,6 +81,7 @@ def _downgrade(args: argparse.Namespace) -> int:
         )
     engine = make_engine(url)
     try:
+        _first_read(engine)
         try:
             migrate.downgrade(engine, args.revision)
         except CommandError as exc:  # unknown revision and the like: bad input, not a crash
@@ -83,7 +97,7 @@ def _current(args: argparse.Namespace) -> int:
     check_sqlite_file(url)  # a mistyped path was created, and printed as an empty database
     engine = make_engine(url)
     try:
-        print(migrate.current(engine) or "base (empty)")
+        print(_first_read(engine) or "base (empty)")
     finally:
         engine.dispose()
     return 0

@@ -27,7 +27,7 @@ from reliable.sender import Sender
 from reliable.sweeper import EmailChannel, SmtpConfig, Sweeper, WebhookChannel, metrics
 from reliable.sweeper.backoff import parse_backoff, parse_duration
 from reliable.sweeper.errors import SenderLoadError, SweeperConfigError
-from reliable.sweeper.notify import Channel
+from reliable.sweeper.notify import Channel, env_flag
 from reliable.sweeper.scheduler import make_trigger, run_scheduled
 
 
@@ -83,16 +83,50 @@ def register(sub: Any) -> None:
         metavar="DURATION",
         help="claim by lease for this long instead of holding row locks while sending",
     )
-    mail = p.add_argument_group("e-mail notification (env RELIABLE_SMTP_*)")
-    mail.add_argument("--smtp-host", default=env(C.ENV_SMTP_HOST))
-    mail.add_argument("--smtp-port", type=int, default=None)
-    mail.add_argument("--smtp-starttls", action="store_true", default=None)
-    mail.add_argument("--smtp-ssl", action="store_true", default=None)
-    mail.add_argument("--smtp-user", default=None)
-    mail.add_argument("--smtp-from", default=None)
-    mail.add_argument("--smtp-to", action="append", default=None, help="recipient (repeatable)")
+    mail = p.add_argument_group(
+        "e-mail notification",
+        "Each flag defaults from its RELIABLE_SMTP_* variable and wins over it; the password is read only "
+        f"from {C.ENV_SMTP_PASSWORD}, never a flag (`ps` would show it). No host, no e-mail.",
+    )
+    mail.add_argument(
+        "--smtp-host", default=env(C.ENV_SMTP_HOST), help=f"SMTP server (env {C.ENV_SMTP_HOST})"
+    )
+    mail.add_argument(
+        "--smtp-port",
+        default=env(C.ENV_SMTP_PORT),
+        help=f"default 465 with --smtp-ssl, else 25 (env {C.ENV_SMTP_PORT})",
+    )
+    mail.add_argument(
+        "--smtp-starttls",
+        action="store_true",
+        default=env_flag(env(C.ENV_SMTP_STARTTLS)),
+        help=f"upgrade the connection with STARTTLS (env {C.ENV_SMTP_STARTTLS})",
+    )
+    mail.add_argument(
+        "--smtp-ssl",
+        action="store_true",
+        default=env_flag(env(C.ENV_SMTP_SSL)),
+        help=f"connect over TLS from the start (env {C.ENV_SMTP_SSL})",
+    )
+    mail.add_argument(
+        "--smtp-user", default=env(C.ENV_SMTP_USER), help=f"log in as this user (env {C.ENV_SMTP_USER})"
+    )
+    mail.add_argument(
+        "--smtp-from", default=env(C.ENV_SMTP_FROM), help=f"sender address (env {C.ENV_SMTP_FROM})"
+    )
+    mail.add_argument(
+        "--smtp-to",
+        action="append",
+        default=None,
+        help=f"recipient, repeatable; replaces {C.ENV_SMTP_TO} (comma-separated) when given",
+    )
     p.add_argument("--webhook", metavar="URL", default=env(C.ENV_WEBHOOK_URL), help="POST JSON notices here")
-    p.add_argument("--notify-timeout", metavar="DURATION", default="10s")
+    p.add_argument(
+        "--notify-timeout",
+        metavar="DURATION",
+        default="10s",
+        help="give up on one notice delivery after this long (default 10s)",
+    )
     p.add_argument("--metrics-port", type=port, help="serve Prometheus /metrics on 127.0.0.1:PORT")
     p.set_defaults(func=_sweep)
 
@@ -125,21 +159,31 @@ def load_sender(spec: str | None, rel: Reliability) -> Sender:
 
 
 def _smtp(args: argparse.Namespace) -> SmtpConfig | None:
-    base = SmtpConfig.from_env() if os.environ.get(C.ENV_SMTP_HOST) else None
+    """One configuration from the flags, each of which already defaults from its ``RELIABLE_SMTP_*``
+    variable: validating the environment alone first refused a host from the environment whose addresses
+    came as flags, and building from the flags alone dropped the environment's user (unauthenticated mail
+    that a relay requiring a login refuses)."""
     if not args.smtp_host:
         return None
-    env = os.environ.get
-    use_ssl = args.smtp_ssl if args.smtp_ssl is not None else (base.use_ssl if base else False)
-    port = args.smtp_port or (base.port if base else (465 if use_ssl else 25))
+    if args.smtp_port:
+        try:
+            smtp_port = int(args.smtp_port)
+        except ValueError:
+            raise SweeperConfigError(
+                f"--smtp-port ({C.ENV_SMTP_PORT}) is not a port number: {args.smtp_port!r}"
+            ) from None
+    else:
+        smtp_port = 465 if args.smtp_ssl else 25
+    to = args.smtp_to if args.smtp_to else (os.environ.get(C.ENV_SMTP_TO) or "").split(",")
     return SmtpConfig(
         host=args.smtp_host,
-        port=port,
-        sender=args.smtp_from or (base.sender if base else ""),
-        recipients=tuple(args.smtp_to) if args.smtp_to else (base.recipients if base else ()),
-        starttls=args.smtp_starttls if args.smtp_starttls is not None else (base.starttls if base else False),
-        use_ssl=use_ssl,
-        user=args.smtp_user or (base.user if base else None),
-        password=env(C.ENV_SMTP_PASSWORD) or None,  # never on the command line: `ps` would show it
+        port=smtp_port,
+        sender=args.smtp_from or "",
+        recipients=tuple(a.strip() for a in to if a.strip()),
+        starttls=bool(args.smtp_starttls),
+        use_ssl=bool(args.smtp_ssl),
+        user=args.smtp_user or None,
+        password=os.environ.get(C.ENV_SMTP_PASSWORD) or None,  # never on the command line: `ps` would show it
         timeout_s=parse_duration(args.notify_timeout),
     )
 

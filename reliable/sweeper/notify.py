@@ -80,7 +80,7 @@ class SmtpConfig:
         host = env.get(C.ENV_SMTP_HOST, "")
         if not host:
             return None
-        use_ssl = _flag(env.get(C.ENV_SMTP_SSL, ""))
+        use_ssl = env_flag(env.get(C.ENV_SMTP_SSL, ""))
         try:
             port = int(env.get(C.ENV_SMTP_PORT) or (465 if use_ssl else 25))
         except ValueError:
@@ -90,15 +90,16 @@ class SmtpConfig:
             port=port,
             sender=env.get(C.ENV_SMTP_FROM, ""),
             recipients=tuple(a.strip() for a in env.get(C.ENV_SMTP_TO, "").split(",") if a.strip()),
-            starttls=_flag(env.get(C.ENV_SMTP_STARTTLS, "")),
+            starttls=env_flag(env.get(C.ENV_SMTP_STARTTLS, "")),
             use_ssl=use_ssl,
             user=env.get(C.ENV_SMTP_USER) or None,
             password=env.get(C.ENV_SMTP_PASSWORD) or None,
         )
 
 
-def _flag(text: str) -> bool:
-    return text.strip().lower() in {"1", "true", "yes", "on"}
+def env_flag(text: str | None) -> bool:
+    """A yes/no environment variable (``1``, ``true``, ``yes``, ``on``; anything else, or unset, is no)."""
+    return (text or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 class EmailChannel:

@@ -191,6 +191,22 @@ def test_an_unroutable_send_is_not_accepted(rabbitmq_url: str) -> None:
     asyncio.run(scenario())
 
 
+def test_an_unroutable_targeted_resend_names_the_group_queue_setting(rabbitmq_url: str) -> None:
+    """As the blocking sender: a group's resend goes to queue ``{group}`` unless told otherwise; when no such
+    queue exists the error says which setting names it."""
+
+    async def scenario() -> None:
+        group = f"g-{uuid.uuid4().hex[:12]}"
+        async with AioRabbitMQSender(rabbitmq_url) as sender:
+            with pytest.raises(SendError) as targeted:
+                await sender.send(OutgoingMessage("lost", "orders", b"x", target_group=group, send_count=1))
+        text = str(targeted.value)
+        assert "refused" in text and f"queue {group!r}" in text
+        assert "RELIABLE_RABBITMQ_GROUP_QUEUE" in text and "group_queue" in text
+
+    asyncio.run(scenario())
+
+
 def test_declare_false_on_a_queue_without_a_dead_letter_exchange_keeps_what_it_cannot_dead_letter(
     rabbitmq_url: str,
 ) -> None:

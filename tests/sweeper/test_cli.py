@@ -10,9 +10,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from broker_sim.common.net import listen_port
 from reliable import Reliability
@@ -69,6 +73,17 @@ def test_sweep_once_resends_and_prints_the_summary(
         (["--sender", "tests.sweeper.senders:memory_sender", "--log-retention", "3000000d"], "log_retention"),
         # a sender spec that is a function but no sender factory: a TypeError traceback's last line
         (["--sender", "os:getcwd"], "os:getcwd"),
+        (
+            [
+                "--sender",
+                "tests.sweeper.senders:memory_sender",
+                "--smtp-host",
+                "127.0.0.1",
+                "--smtp-port",
+                "x",
+            ],
+            "RELIABLE_SMTP_PORT",
+        ),
     ],
 )
 def test_bad_input_is_one_line(
@@ -102,6 +117,109 @@ def test_bad_cron_and_missing_sender_are_one_line(
     assert "bad cron expression" in capsys.readouterr().err
     assert main(["sweep", "--once", "--db", sqlite_url, "--sender", ""]) == 2
     assert "no sender" in capsys.readouterr().err
+
+
+class AuthInbox:
+    """aiosmtpd handler and authenticator: keeps every accepted message and every login, accepts only
+    ``alice``/``secret`` (a relay that requires a login refuses mail from anyone else)."""
+
+    def __init__(self) -> None:
+        self.logins: list[str] = []
+        self.messages: list[tuple[str, list[str]]] = []
+
+    def __call__(
+        self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any
+    ) -> AuthResult:
+        if isinstance(auth_data, LoginPassword) and (auth_data.login, auth_data.password) == (
+            b"alice",
+            b"secret",
+        ):
+            self.logins.append(auth_data.login.decode())
+            return AuthResult(success=True)
+        return AuthResult(success=False, handled=False)
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if not session.authenticated:
+            return "530 5.7.0 Authentication required"
+        self.messages.append((envelope.mail_from, list(envelope.rcpt_tos)))
+        return "250 OK"
+
+
+@pytest.fixture
+def auth_smtp() -> Iterator[tuple[int, AuthInbox]]:
+    inbox = AuthInbox()
+    smtp_port = listen_port()
+    controller = Controller(
+        inbox, hostname="127.0.0.1", port=smtp_port, authenticator=inbox, auth_require_tls=False
+    )
+    controller.start()
+    try:
+        yield smtp_port, inbox
+    finally:
+        controller.stop()
+
+
+@pytest.mark.parametrize(
+    ("env", "flags"),
+    [
+        # the host in the environment, the addresses as flags: refused before ("need a from address")
+        (
+            {
+                "RELIABLE_SMTP_HOST": "127.0.0.1",
+                "RELIABLE_SMTP_PORT": "{port}",
+                "RELIABLE_SMTP_USER": "alice",
+            },
+            ["--smtp-from", "sweeper@example.org", "--smtp-to", "ops@example.org"],
+        ),
+        # docs/operations.md's unit: host and addresses as flags, the login from the environment — sent
+        # without logging in before, and refused by every relay that requires one
+        (
+            {"RELIABLE_SMTP_USER": "alice"},
+            [
+                *("--smtp-host", "127.0.0.1", "--smtp-port", "{port}"),
+                *("--smtp-from", "sweeper@example.org", "--smtp-to", "ops@example.org"),
+            ],
+        ),
+        # a flag wins over its variable
+        (
+            {
+                "RELIABLE_SMTP_HOST": "127.0.0.1",
+                "RELIABLE_SMTP_PORT": "1",
+                "RELIABLE_SMTP_USER": "mallory",
+                "RELIABLE_SMTP_FROM": "env@example.org",
+                "RELIABLE_SMTP_TO": "nobody@example.org",
+            },
+            [
+                *("--smtp-port", "{port}", "--smtp-user", "alice", "--smtp-from", "sweeper@example.org"),
+                *("--smtp-to", "ops@example.org"),
+            ],
+        ),
+    ],
+)
+def test_smtp_flags_and_environment_combine_and_the_login_happens(
+    sqlite_rel: Reliability,
+    sqlite_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    auth_smtp: tuple[int, AuthInbox],
+    env: dict[str, str],
+    flags: list[str],
+) -> None:
+    smtp_port, inbox = auth_smtp
+    for name in list(os.environ):
+        if name.startswith("RELIABLE_SMTP_"):
+            monkeypatch.delenv(name)
+    env = {"RELIABLE_SMTP_PASSWORD": "secret", **env}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(port=smtp_port))
+    add_stub(sqlite_rel, "cli-doomed", resend_at=PAST)  # the producer's send spent a budget of one
+    argv = ["sweep", "--once", "--db", sqlite_url, "--sender", "tests.sweeper.senders:memory_sender"]
+    rc = main([*argv, "--max-sends", "1", *(f.format(port=smtp_port) for f in flags)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert " dead=1 " in out.out and " notified=1 " in out.out and "notify_failures=0" in out.out
+    assert inbox.logins == ["alice"]
+    assert inbox.messages == [("sweeper@example.org", ["ops@example.org"])]
 
 
 def test_stubs_list_show_revive(

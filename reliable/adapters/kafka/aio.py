@@ -111,9 +111,15 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
         )
 
     async def start(self) -> None:
-        await self._producer.start()
-        self._consumer.subscribe(self.retry.topics(self.topic), listener=_Forgetting(self))
-        await self._consumer.start()
+        """Connect the forwarding producer and join the group; on failure both are stopped before the error
+        goes up (``async with`` never reaches ``__aexit__`` then)."""
+        try:
+            await self._producer.start()
+            self._consumer.subscribe(self.retry.topics(self.topic), listener=_Forgetting(self))
+            await self._consumer.start()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Leave the group (committed offsets stay) and flush the forwarding producer."""
@@ -290,7 +296,14 @@ class AioKafkaSender:
         self._probe: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
-        await self._producer.start()
+        """Connect the producer. One that cannot (no broker answers) is stopped before the error goes up:
+        ``async with`` never reaches ``__aexit__`` then, and the half-started producer was left open
+        (aiokafka's "Unclosed AIOKafkaProducer" at exit)."""
+        try:
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()
+            raise
 
     async def close(self) -> None:
         try:

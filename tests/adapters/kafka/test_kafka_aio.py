@@ -9,12 +9,16 @@ with its reason; bad input (an undecodable header, no id at all) goes to the DLT
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from broker_sim.common.net import listen_port
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable import constants as C
 from reliable.adapters.kafka import RetryMode, RetryPolicy, ensure_topics
@@ -262,3 +266,30 @@ def test_a_record_held_across_a_rebalance_is_applied_and_never_committed_past(
 def test_no_bootstrap_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="bootstrap"):
         AioKafkaSender("")
+
+
+def test_a_sender_or_consumer_that_cannot_start_leaves_nothing_open() -> None:
+    """No broker answers: ``async with`` raises from ``start()`` and never reaches ``__aexit__`` — the
+    half-started producer (and the consumer's) stayed open, "Unclosed AIOKafkaProducer" at exit."""
+    bootstrap = f"127.0.0.1:{listen_port()}"  # nothing listens there
+
+    async def scenario() -> None:
+        with pytest.raises(KafkaConnectionError):
+            async with AioKafkaSender(bootstrap, timeout_s=2):
+                pass
+
+        async def decide(env: Envelope) -> None:
+            return None
+
+        consumer = AioKafkaGuardedConsumer(bootstrap, "orders", "billing", decide)
+        with pytest.raises(KafkaConnectionError):
+            async with consumer:
+                pass
+        del consumer
+        gc.collect()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(scenario())
+        gc.collect()
+    assert [str(w.message) for w in caught if "Unclosed" in str(w.message)] == []

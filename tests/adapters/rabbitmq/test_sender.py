@@ -60,6 +60,26 @@ def test_unroutable_send_is_a_send_error_and_the_stub_stays_pending(
         admin.exchange_delete(exchange)
 
 
+def test_an_unroutable_targeted_resend_names_the_group_queue_setting(rabbitmq_url: str, admin: Any) -> None:
+    """The sweeper sends a group's resend to queue ``{group}`` unless told otherwise, and the guide's queue is
+    ``billing.orders``: every resend came back "unroutable (no queue bound)", the setting to fix unnamed."""
+    group = f"g-{uuid.uuid4().hex[:12]}"  # no queue of that name: what the default group_queue aims at
+    exchange = f"rt-{uuid.uuid4().hex[:12]}.x"
+    admin.exchange_declare(exchange, exchange_type="direct")
+    try:
+        with RabbitMQSender(rabbitmq_url, exchange=exchange) as sender:
+            with pytest.raises(SendError) as targeted:
+                sender.send(OutgoingMessage("u-2", TOPIC, b"x", target_group=group, send_count=1))
+            with pytest.raises(SendError) as plain:
+                sender.send(OutgoingMessage("u-3", TOPIC, b"x"))
+    finally:
+        admin.exchange_delete(exchange)
+    text = str(targeted.value)
+    assert "unroutable" in text and f"queue {group!r}" in text
+    assert "RELIABLE_RABBITMQ_GROUP_QUEUE" in text and "group_queue" in text
+    assert "RELIABLE_RABBITMQ_GROUP_QUEUE" not in str(plain.value)  # a topic send: the exchange's bindings
+
+
 def _close_connection_on_the_server(name: str) -> None:
     """Close one named connection from the broker side (what a heartbeat timeout or a broker restart does)."""
     deadline = time.monotonic() + 30
