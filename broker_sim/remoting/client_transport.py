@@ -171,7 +171,7 @@ class RemotingTransport:
 
         with done:
             done.wait_for(finished)  # every request gets its callback by its deadline
-            if not accepted:
+            if not accepted and failures:  # (no master known yet: nothing to tell, as Java's client)
                 raise failures[-1]
 
     # -- server -> client requests --

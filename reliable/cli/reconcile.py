@@ -176,6 +176,13 @@ def run(args: argparse.Namespace, spark: Any = None) -> int:
         raise SparkUnavailableError(
             f"reconcile needs PySpark: pip install 'reliable[spark]' ({exc.name})"
         ) from exc
+    horizon = cfg.complete_log_since
+    if horizon is not None and cfg.until is not None and cfg.until <= horizon:
+        print(
+            f"reliable: note: the window ends before {horizon:%Y-%m-%d %H:%M}Z, the log retention's horizon: "
+            "no offset gaps are looked for (pass --as-of the window's time, or --log-retention 0)",
+            file=sys.stderr,
+        )
     progress = Progress(9, enabled=not args.quiet)
     progress.step(f"starting Spark ({args.master or 'spark-submit master'})")
     if spark is None:

@@ -144,6 +144,10 @@ class WorkTransaction:
                     # in full, so running it again is what a redelivery would do, without the broker's wait
                     deadlocks += 1
                     self.metrics.database_errors.labels(self.group, "deadlock_retried").inc()
+                    # a handler that failed in this run (savepoint mode) stays failed: its failure is the
+                    # settle step's, as after HandlerFailed; run again, its error would still be set and its
+                    # committed write left unconfirmed — applied again at the redelivery
+                    run = [it for it in run if it.error is None]
                     log.info(
                         "guard work transaction chosen as a deadlock victim (group %s); running it again",
                         self.group,

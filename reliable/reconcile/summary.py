@@ -273,6 +273,8 @@ def build_summary(
             "grace_s": cfg.grace_s,
             "stuck_after_s": cfg.stuck_after_s,
             "attention_limit": cfg.attention_limit,
+            # offset gaps are looked for among deliveries received since then (None: the whole log)
+            "gaps_since": _iso(cfg.complete_log_since),
         },
         "elapsed_s": None if elapsed_s is None else round(elapsed_s, 3),
         "totals": totals,

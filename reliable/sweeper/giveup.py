@@ -236,7 +236,7 @@ def raise_never_consumed(
             "consumers never started): subscribe it; or it started after them from the queue's end "
             "(CONSUME_FROM_LAST_OFFSET, an offset reset) and the broker will not deliver them. They are "
             "held, not re-sent, until max_unconfirmed_age after their send; then each is re-sent to the "
-            "group."
+            "group where a resend reaches it alone (not on a shared Kafka or RocketMQ 5.x topic)."
         )
         if not _claim_alarm(conn, QueueRef(topic, queue_id, broker_name), group, reason, now):
             continue

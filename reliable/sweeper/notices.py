@@ -160,8 +160,9 @@ _HEADS = {
         "{n} queue(s) hold messages for a consumer group that has never consumed there.",
         "Either the group is not subscribed (or its consumers never started): subscribe it, start them, and",
         "the messages waiting on the broker are delivered. Or it started after them from the queue's end",
-        "(CONSUME_FROM_LAST_OFFSET, an offset reset): the broker will not deliver them; the sweeper re-sends",
-        "each to the group once it is older than max_unconfirmed_age. Nothing is lost meanwhile.",
+        "(CONSUME_FROM_LAST_OFFSET, an offset reset): the broker will not deliver them; where a resend",
+        "can reach that group alone the sweeper sends each once older than max_unconfirmed_age (on a shared",
+        "topic, Kafka or RocketMQ 5.x: reset the group's offset to before them). Nothing is lost meanwhile.",
     ],
     NoticeKind.STALLED: [
         "{n} queue(s) stopped being consumed: the group's position there has not moved for the stall",

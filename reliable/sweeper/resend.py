@@ -56,39 +56,46 @@ RESEND_PROPERTY = "RELIABLE_RESEND"
 
 
 class OutagePause:
-    """Whether a round's sends should stop because the broker looks down, not one route broken.
+    """Which of a round's sends should stop because their broker (or their route) looks down.
 
     Every failed resend spends one of the row's ``max_sends`` and, with row-lock claims, every send holds the
     batch's rows locked — consumers confirming one of them wait. A broker that hung (each send waiting for
     the sender's timeout) or refuses everything (a name server down) made one round spend a unit of every
     due row's budget — a quarter of an hour of maintenance ended every message staged meanwhile DEAD — and
-    held the batch's locks for a timeout per row (minutes). So the sends stop after
-    ``SWEEP_PAUSE_AFTER_SLOW_FAILURES`` failures in a row that each took ``PRODUCER_SLOW_SEND_FAILURE_S`` or
-    longer, or ``SWEEP_PAUSE_AFTER_FAILURES`` failures in a row of any kind (counted over the round's
-    batches); the other rows stay due, unchanged, for the next round. A landed send resets both counts: a
-    broken route of one message among healthy ones still spends its own budget and ends DEAD, which tells
-    a person.
+    held the batch's locks for a timeout per row (minutes). So:
+
+    * after ``SWEEP_PAUSE_AFTER_SLOW_FAILURES`` failures in a row that each took
+      ``PRODUCER_SLOW_SEND_FAILURE_S`` or longer (a hung broker) the round sends nothing more (``paused``);
+    * after ``SWEEP_PAUSE_AFTER_FAILURES`` failures in a row on one route — the topic the copy goes to — the
+      round sends nothing more there (``route_paused``): a name server down refuses every route, each then
+      spends three rows' budget a round, not every row's; a deleted topic or a misrouted queue stops only its
+      own rows, and the healthy routes behind it are sent in the same round.
+
+    Rows not sent stay due, budget untouched (the next round, or later rounds, try them). A landed send resets
+    its route's count (and the slow count): a broken route of one message among healthy ones still spends
+    its own budget and ends DEAD, which tells a person. Counted over the round's batches.
     """
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.monotonic = monotonic
-        self.failures = 0
         self.slow_failures = 0
+        self.route_failures: dict[str, int] = {}
 
-    def record(self, started: float, ok: bool) -> None:
+    def record(self, route: str, started: float, ok: bool) -> None:
         if ok:
-            self.failures = self.slow_failures = 0
+            self.slow_failures = 0
+            self.route_failures[route] = 0
             return
-        self.failures += 1
+        self.route_failures[route] = self.route_failures.get(route, 0) + 1
         slow = self.monotonic() - started >= C.PRODUCER_SLOW_SEND_FAILURE_S
         self.slow_failures = self.slow_failures + 1 if slow else 0
 
     @property
     def paused(self) -> bool:
-        return (
-            self.slow_failures >= C.SWEEP_PAUSE_AFTER_SLOW_FAILURES
-            or self.failures >= C.SWEEP_PAUSE_AFTER_FAILURES
-        )
+        return self.slow_failures >= C.SWEEP_PAUSE_AFTER_SLOW_FAILURES
+
+    def route_paused(self, route: str) -> bool:
+        return self.route_failures.get(route, 0) >= C.SWEEP_PAUSE_AFTER_FAILURES
 
 
 @dataclass
@@ -103,6 +110,8 @@ class BatchResult:
     dead: list[DeadNotice] = field(default_factory=list)
     #: the batch stopped sending: the broker looks down (:class:`OutagePause`); the round ends
     paused: bool = False
+    #: rows not sent because their route refused the round's last sends there (postponed to the next round)
+    route_paused: int = 0
 
 
 def copy_topic(sender: object, cand: Candidate) -> str:
@@ -117,6 +126,11 @@ def resend_topic(sender: object, topic: str, group: str) -> str:
     one: ``%RETRY%{group}`` for RocketMQ and broker_sim); a sender without it sends to the topic."""
     route = getattr(sender, "resend_topic", None)
     return str(route(topic, group)) if callable(route) else topic
+
+
+#: where rows of a paused route are postponed to: past the round's selection time, so the next round
+_NEXT_ROUND = dt.timedelta(seconds=1)
+_ROUTE_PAUSED = "not sent this round: its route refused the round's last sends there"
 
 
 def targets_groups(sender: object) -> bool:
@@ -143,7 +157,8 @@ def send_claimed(
     (row-lock claims) or a new one (lease claims, see :mod:`reliable.sweeper.claim`). A stop request between
     sends leaves the rest unsent and unchanged: due again in the next round (row locks) or after the claim
     TTL (leases). So does a broker that looks down (``outage``, the round's :class:`OutagePause`): the
-    batch's sends stop and ``result.paused`` is set.
+    batch's sends stop and ``result.paused`` is set; a route that looks down is skipped, its rows postponed
+    to the next round (``result.route_paused``), unchanged otherwise.
     """
     result = BatchResult()
     outage = outage if outage is not None else OutagePause()
@@ -153,12 +168,20 @@ def send_claimed(
     # one copy per message per round then serves each due group of it (N due groups sent N copies each)
     one_copy = not targets_groups(sender)
     copies: dict[str, outbox.SendAttempt] = {}
+    routes = {
+        (c.consumer_group, c.message_id): resend_topic(sender, c.topic, c.consumer_group) for c in candidates
+    }
+    skipped: list[Candidate] = []
     for cand in candidates:
         if should_stop():
             break
         if outage.paused:
             result.paused = True
             break
+        route = routes[(cand.consumer_group, cand.message_id)]
+        if outage.route_paused(route):
+            skipped.append(cand)
+            continue
         message = OutgoingMessage(
             message_id=cand.message_id,
             topic=cand.topic,
@@ -178,14 +201,23 @@ def send_claimed(
             continue
         started = monotonic()
         attempt = copies[cand.message_id] = outbox.attempt_send(sender, message)
-        outage.record(started, attempt.ok)
+        outage.record(route, started, attempt.ok)
+        if outage.route_failures.get(route) == C.SWEEP_PAUSE_AFTER_FAILURES:
+            log.warning(
+                "%d resends to %s failed in a row (last: %s): its other due rows wait for the next round",
+                C.SWEEP_PAUSE_AFTER_FAILURES,
+                route,
+                attempt.error,
+            )
         sent.append((cand, attempt))
 
     with recorder() as conn:
         now = clock()
-        target = {c.message_id: resend_topic(sender, c.topic, c.consumer_group) for c, _ in sent}
+        if skipped:  # not this round again: the round's later batches would select them once more
+            result.route_paused += len(skipped)
+            postpone(conn, [(c, now + _NEXT_ROUND, _ROUTE_PAUSED) for c in skipped])
         keys = {
-            (c.consumer_group, target[c.message_id], a.receipt.queue_id)
+            (c.consumer_group, routes[(c.consumer_group, c.message_id)], a.receipt.queue_id)
             for c, a in sent
             if a.receipt is not None
         }
@@ -200,7 +232,7 @@ def send_claimed(
             result.resent += 1
             if cand.stuck:
                 result.stuck_recovered += 1
-            topic, receipt = target[cand.message_id], attempt.receipt
+            topic, receipt = routes[(cand.consumer_group, cand.message_id)], attempt.receipt
             backlog = estimator.estimate(
                 queues.get((cand.consumer_group, topic, receipt.broker_name, receipt.queue_id)),
                 topic,

@@ -93,7 +93,7 @@ class RoundSummary:
         self.stuck_recovered += result.stuck_recovered
         self.lease_held += result.lease_held
         self.lease_unknown += result.lease_unknown
-        self.held += result.held
+        self.held += result.held + result.route_paused
         self.never_consumed += result.never_consumed
         self.dead += len(result.dead)
 

@@ -33,7 +33,7 @@ from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.giveup import NO_STUB, give_up_reason, mark_dead, no_stub_reason, raise_never_consumed
 from reliable.sweeper.leases import LeaseView
 from reliable.sweeper.queues import Position, QueueIdKey, Watermarks, resolve
-from reliable.sweeper.resend import BatchResult, copy_topic, postpone
+from reliable.sweeper.resend import BatchResult, copy_topic, postpone, targets_groups
 from reliable.sweeper.selection import Candidate, load_stubs
 from reliable.sweeper.verdict import Facts, RetrySchedule, Verdict, judge, retry_window_end
 
@@ -147,6 +147,7 @@ def triage(
             stuck_after=t.stuck_after,
             max_unconfirmed_age=t.max_unconfirmed_age,
             retry_schedule=t.retry_schedule,
+            resend_to_group_only=targets_groups(t.sender),
         )
         verdicts[verdict] += 1
         if verdict.resend and lease.blocks_resend:

@@ -24,10 +24,12 @@ queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's m
                     subscribed, wrong topic, consumer never started — or it started after the message
                     from the queue's end and the broker will never deliver it). Alarm (metric + one
                     notice), no resend until the copy is older than ``max_unconfirmed_age``: then
-                    ``TOO_OLD`` (until 2026-11-28 held for ever: a group that skipped its backlog on
-                    a quiet topic never got it). (A younger copy is ``QUEUED``: the group may
-                    be starting up. A targeted copy on ``%RETRY%{group}`` without a watermark, or a
-                    copy whose group keeps only an unnamed position on a cluster, is ``QUEUED`` until
+                    ``TOO_OLD`` where the sender can target the group (until 2026-11-28 held for ever:
+                    a group that skipped its backlog on a quiet topic never got it); on Kafka and
+                    RocketMQ 5.x, whose resends land on the shared topic, held. (A younger copy is
+                    ``QUEUED``: the group may be starting up. A targeted copy on ``%RETRY%{group}``
+                    without a watermark, or a copy whose group keeps only an unnamed position on a
+                    cluster, is ``QUEUED`` until
                     ``max_unconfirmed_age``, then ``TOO_OLD``: no position to judge it by; so is
                     a targeted copy behind the group's position there, which no stall alarm
                     watches.)                                                                 → hold
@@ -112,8 +114,12 @@ def judge(
     stuck_after: dt.timedelta,
     max_unconfirmed_age: dt.timedelta,
     retry_schedule: RetrySchedule,
+    resend_to_group_only: bool = True,
 ) -> Verdict:
-    """The verdict for one row (see the module docstring's table, which this follows line by line)."""
+    """The verdict for one row (see the module docstring's table, which this follows line by line).
+
+    ``resend_to_group_only``: the sender puts a targeted resend where only the row's group reads it (not
+    Kafka's or RocketMQ 5.x's topic, where every group gets each copy)."""
     if cand.stuck:
         return _judge_stuck(cand, now=now, stuck_after=stuck_after, retry_schedule=retry_schedule)
     offset = cand.queue_offset
@@ -138,8 +144,10 @@ def judge(
             return Verdict.TOO_OLD if old else Verdict.QUEUED
         # no position on the queue at all: an alarm, unless the copy is young (a group starting up) — and
         # not held for ever: a group that started after the message from the queue's end
-        # (CONSUME_FROM_LAST_OFFSET, an offset reset) is subscribed, is never given it, and reads a resend
-        if old:
+        # (CONSUME_FROM_LAST_OFFSET, an offset reset) is subscribed, is never given it, and reads a resend.
+        # Only where the resend reaches that group alone: on a shared topic a group not deployed yet would
+        # have every other group take a copy of each message at every resend, for days
+        if old and resend_to_group_only:
             return Verdict.TOO_OLD
         return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
     return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED

@@ -246,3 +246,53 @@ def _lock_inbox(conn: Connection, mid: str) -> None:
         text("SELECT 1 FROM message_inbox WHERE message_id = :m AND consumer_group = 'billing' FOR UPDATE"),
         {"m": mid},
     )
+
+
+def test_a_deadlock_rerun_of_a_savepoint_batch_keeps_its_failed_handler_failed(postgres_url: str) -> None:
+    """Batch [A, B, C]: A fails, so the rest run again with a savepoint each; B fails there (its savepoint
+    rolled back), C succeeds — then the guard's last statement is chosen as a deadlock victim. The rerun
+    kept B's error from the rolled-back run while B's handler, run again, succeeded: its write committed,
+    B left unconfirmed and answered "failed" — and the broker's redelivery applied B a second time. B's
+    failure is counted as any other; its redelivery is applied once."""
+    _ensure_clean_schema(postgres_url)
+    rel = make_rel(postgres_url, None, "lo")
+    try:
+        registry = CollectorRegistry()
+        tag = uuid.uuid4().hex[:6]
+        a, b, c, warm = (f"{x}-{tag}" for x in ("a", "b", "c", "warm"))
+        with StubProducer(rel, RecordingSender()).transaction() as tx:
+            for mid in (a, b, c, warm):
+                tx.stage(mid, "orders", b"{}", groups=["billing"])
+        calls = {mid: 0 for mid in (a, b, c, warm)}
+        at_c = threading.Event()
+
+        def handler(e: Envelope, session: Session) -> None:
+            assert e.message_id is not None
+            calls[e.message_id] += 1
+            if e.message_id in (a, b) and calls[e.message_id] == 1:
+                raise RuntimeError(f"{e.message_id} fails once")
+            apply(e, session)
+            if e.message_id == c and calls[c] == 1:
+                at_c.set()
+
+        handle = idempotent_consumer(rel, group="billing", registry=registry)(handler)
+        handle.decide(env(warm))  # the group's watermark row exists: the batch's last statement updates it
+        with rel.engine.connect() as other:
+            other.begin()
+            other.execute(text("SELECT 1 FROM consume_progress WHERE consumer_group = 'billing' FOR UPDATE"))
+            batch, out = in_thread(lambda: handle.decide_batch([env(a), env(b), env(c)]), "guard")
+            assert at_c.wait(30)
+            wait_until(lambda: lock_waits(rel) > 0, what="the guard's watermark waiting for the test's lock")
+            _lock_inbox(other, c)  # the deadlock: PostgreSQL rolls the guard back (it waited first)
+            other.rollback()
+        batch.join(60)
+        assert "error" not in out, out.get("error")
+        reasons = {d.message_id: d.reason for d in out["value"]}
+        assert reasons == {a: Reason.HANDLER_FAILED, b: Reason.HANDLER_FAILED, c: Reason.PROCESSED}
+        assert deadlocks_retried(registry, "billing") == 1
+        assert applied(rel, b) == 0  # nothing of B committed: it failed
+        assert handle.decide(env(b, reconsume_times=1)).reason is Reason.PROCESSED  # the redelivery
+        assert applied(rel, b) == 1
+        handle.close()
+    finally:
+        rel.close()

@@ -33,13 +33,17 @@ class DownSender(QueueSender):
     """Refuses every send at once (``hang_s`` 0: a name server down) or after ``hang_s`` (a hung broker:
     the clock moves by that much during the call); ``refused`` ids fail while the broker is otherwise up."""
 
-    def __init__(self, mono: Monotonic, hang_s: float = 0.0, refused: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self, mono: Monotonic, hang_s: float = 0.0, refused: tuple[str, ...] | None = None, gone: str = ""
+    ) -> None:
         super().__init__()
-        self.mono, self.hang_s, self.refused = mono, hang_s, refused
+        self.mono, self.hang_s, self.refused, self.gone = mono, hang_s, refused, gone
         self.calls = 0
 
     def send(self, message: OutgoingMessage) -> SendReceipt:
         self.calls += 1
+        if message.topic == self.gone:
+            raise LookupError(f"topic {self.gone} does not exist")
         if self.refused is None or message.message_id in self.refused:
             self.mono.t += self.hang_s
             raise ConnectionError("no route to the broker")
@@ -120,3 +124,21 @@ def test_a_hung_brokers_queues_are_probed_once_a_round(rel: Reliability, clock: 
     sweeper(rel, QueueSender(), clock, mono, probe=probe).run_once()
     assert [q for b, q in probe.asked if b == "broker-a"] == [0]  # then left alone for this round
     assert sorted(q for b, q in probe.asked if b == "broker-b") == [0, 1, 2, 3]
+
+
+def test_a_dead_route_does_not_hold_back_the_healthy_ones_behind_it(rel: Reliability, clock: Clock) -> None:
+    """30 due rows of a deleted topic ahead of 10 of a healthy one: the first version of the pause counted
+    any three failures in a row and stopped the round — the healthy rows waited ten rounds behind them. Only
+    the dead route stops (three of its rows spend their budget each round; it ends DEAD, a person is told);
+    the healthy rows go out in the same round."""
+    mono = Monotonic()
+    sender = DownSender(mono, refused=(), gone="gone")
+    for i in range(30):
+        add_stub(rel, f"a-gone-{i:02d}", topic="gone", queue_offset=None, send_count=0)
+    healthy = [f"b-ok-{i:02d}" for i in range(10)]
+    for mid in healthy:
+        add_stub(rel, mid, queue_offset=None, send_count=0)
+    summary = sweeper(rel, sender, clock, mono, batch=8).run_once()
+    assert summary.resent == len(healthy) and summary.send_failures == C.SWEEP_PAUSE_AFTER_FAILURES
+    assert sorted(m.message_id for m in sender.sent) == healthy
+    assert sender.calls == len(healthy) + C.SWEEP_PAUSE_AFTER_FAILURES

@@ -381,3 +381,28 @@ def test_a_sender_that_cannot_target_sends_one_copy_for_all_groups_owed_it(
         assert {(r.queue_id, r.queue_offset, r.last_error) for r in rows} == {
             (receipt.queue_id, receipt.queue_offset, None)
         }
+
+
+class _HoldsEverything:
+    """A probe: the broker holds every copy (its max offset is far past each)."""
+
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return 10_000
+
+
+def test_on_a_shared_topic_a_never_consumed_group_is_not_resent_to_when_its_rows_age(
+    rel: Reliability, clock: Clock
+) -> None:
+    """A group listed for a topic but not deployed yet: its rows are never consumed. Where a resend reaches
+    that group alone (RocketMQ's %RETRY%{group}) the sweeper re-sends once they are older than
+    max_unconfirmed_age (a group that started from the queue's end reads it); on a shared topic (Kafka,
+    RocketMQ 5.x) every other group would take each copy, at every resend for days: held, the alarm stands."""
+    for mid in ("nc-1", "nc-2"):
+        add_stub(rel, mid, groups=["audit"], queue_offset=5, last_sent_at=T0 - dt.timedelta(days=3))
+    shared = make(rel, _TopicOnlySender(), clock, probe=_HoldsEverything())
+    summary = shared.run_once()
+    assert (summary.resent, summary.never_consumed) == (0, 1)  # held, one alarm for the queue
+    own = QueueSender(retry_prefix="%RETRY%")
+    clock.advance(601)  # past the hold (stuck_after)
+    assert make(rel, own, clock, probe=_HoldsEverything()).run_once().resent == 2
+    assert {m.target_group for m in own.sent} == {"audit"}
