@@ -156,12 +156,12 @@ class SqlStore:
     # --- step 2 helper: what does the database say about a message held by another worker? -------------
     def peek_inbox(self, conn: Connection, group: str, message_ids: Iterable[str]) -> dict[str, InboxState]:
         """Read the group's inbox rows without locking (lease-conflict check)."""
-        return self._select_inbox(conn, group, sorted(set(message_ids)), lock=False)
+        return self._select_inbox(conn, group, sorted(set(message_ids)), "")
 
     # --- step 3: the work transaction ------------------------------------------------------------------
     def lock_inbox(self, conn: Connection, group: str, message_ids: Sequence[str]) -> dict[str, InboxState]:
         """``SELECT … FOR UPDATE`` the group's rows in id order: concurrent deliveries queue up behind us."""
-        return self._select_inbox(conn, group, sorted(set(message_ids)), lock=True)
+        return self._select_inbox(conn, group, sorted(set(message_ids)), self._lock)
 
     def read_claim_losers(
         self, conn: Connection, group: str, message_ids: Sequence[str]
@@ -174,17 +174,14 @@ class SqlStore:
         """
         if not self._my:
             return self.lock_inbox(conn, group, message_ids)
-        return self._select_inbox(
-            conn, group, sorted(set(message_ids)), lock=True, suffix=" LOCK IN SHARE MODE"
-        )
+        return self._select_inbox(conn, group, sorted(set(message_ids)), " LOCK IN SHARE MODE")
 
     def _select_inbox(
-        self, conn: Connection, group: str, ids: Sequence[str], *, lock: bool, suffix: str | None = None
+        self, conn: Connection, group: str, ids: Sequence[str], suffix: str
     ) -> dict[str, InboxState]:
+        """The group's rows of ``ids``; ``suffix``: the locking clause ("" for none)."""
         if not ids:
             return {}
-        if suffix is None:
-            suffix = self._lock if lock else ""
         sql = self.db.cached("inbox" + suffix, len(ids), lambda k: T.select_inbox(k, suffix))
         rows = self.db.all(conn, sql, (group, *ids))
         return {r[0]: InboxState(StubStatus(r[1]), r[2], int(r[3])) for r in rows}
@@ -353,7 +350,7 @@ class SqlStore:
         # a locking read: it sees the row as committed now (the upsert just locked it), where a plain read at
         # REPEATABLE READ saw the snapshot of the transaction's first read — a row another worker inserted
         # after that was missing (a KeyError out of the guard) or still PENDING though it was confirmed
-        state = self._select_inbox(conn, group, [row.message_id], lock=True).get(row.message_id)
+        state = self._select_inbox(conn, group, [row.message_id], self._lock).get(row.message_id)
         if state is None:  # deleted since the upsert (cannot be, under its lock): count it, safely retried
             return 1
         return None if state.status is StubStatus.CONFIRMED else state.attempts

@@ -267,11 +267,8 @@ def _confirm_serialised_on_the_stub(engine: Engine, store: SqlStore, rc: str | N
 
 def locking_stubs(engine: Engine, session: int) -> bool:
     """Whether the server shows ``session`` running its stub lock (MariaDB: a stub statement, blocked)."""
-    with engine.connect() as conn:
-        query = conn.execute(
-            text("SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = :s"), {"s": session}
-        ).scalar()
-    return bool(query) and "MESSAGE_STUB" in str(query).upper() and "FOR UPDATE" in str(query).upper()
+    query = running_query(engine, session)
+    return "MESSAGE_STUB" in query and "FOR UPDATE" in query
 
 
 def session_id(conn: Any) -> int:
@@ -281,13 +278,19 @@ def session_id(conn: Any) -> int:
 
 def inserting(engine: Engine, session: int) -> bool:
     """Whether server session ``session`` is executing an INSERT into message_inbox right now."""
+    query = running_query(engine, session)
+    return "INSERT" in query and "MESSAGE_INBOX" in query
+
+
+def running_query(engine: Engine, session: int) -> str:
+    """The statement server session ``session`` is executing now, upper-cased ("" when idle)."""
     if engine.dialect.name == "postgresql":
         sql = "SELECT query FROM pg_stat_activity WHERE pid = :s AND state = 'active'"
     else:
         sql = "SELECT INFO FROM information_schema.PROCESSLIST WHERE ID = :s"
     with engine.connect() as conn:
         query = conn.execute(text(sql), {"s": session}).scalar()
-    return bool(query) and "INSERT" in str(query).upper() and "MESSAGE_INBOX" in str(query).upper()
+    return str(query or "").upper()
 
 
 def test_reason_text_is_bounded() -> None:

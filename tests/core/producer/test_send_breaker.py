@@ -58,8 +58,10 @@ def rel(db_url: str) -> Iterator[Reliability]:
     r.close()
 
 
-def _producer(rel: Reliability, sender: RecordingSender, mono: Monotonic) -> StubProducer:
-    producer = StubProducer(rel, sender, default_group="billing", clock=Clock())
+def _producer(
+    rel: Reliability, sender: RecordingSender, mono: Monotonic, default_group: str = "billing"
+) -> StubProducer:
+    producer = StubProducer(rel, sender, default_group=default_group, clock=Clock())
     producer.breaker = SendBreaker(clock=mono)
     return producer
 
@@ -127,8 +129,7 @@ def test_a_guarded_handlers_follow_ups_do_not_wait_for_a_hanging_broker(
     try:
         mono = Monotonic()
         sender = HangingSender(mono)
-        producer = StubProducer(rel, sender, default_group="shipping")
-        producer.breaker = SendBreaker(clock=mono)
+        producer = _producer(rel, sender, mono, default_group="shipping")
         sender.hanging = True
 
         @idempotent_consumer(rel, group="billing")
