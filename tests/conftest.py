@@ -62,6 +62,14 @@ def db_url(request: pytest.FixtureRequest) -> str:
     return url
 
 
+@pytest.fixture(params=["postgres", "mariadb"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    """As ``db_url`` for the client/server databases only: row locks and concurrent transactions."""
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    _ensure_clean_schema(url)
+    return url
+
+
 _schema_ready: set[str] = set()
 
 

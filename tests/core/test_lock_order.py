@@ -32,13 +32,6 @@ from tests.core.producer.support import RecordingSender
 from tests.waiting import wait_until
 
 
-@pytest.fixture(params=["postgres", "mariadb"])
-def server_url(request: pytest.FixtureRequest) -> str:
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    _ensure_clean_schema(url)
-    return url
-
-
 @pytest.fixture
 def rel(server_url: str) -> Iterator[Reliability]:
     r = make_rel(server_url, None, "lo")  # no Redis: the database alone decides, as when Redis is down

@@ -18,18 +18,10 @@ from reliable.sweeper.claim import LockMode, claim, lock_mode
 from reliable.sweeper.giveup import raise_never_consumed
 from reliable.sweeper.selection import Candidate, due_statement
 from reliable.sweeper.verdict import Facts
-from tests.conftest import _ensure_clean_schema
 from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, candidate, clean, set_progress
 from tests.waiting import LOCK_WAITS, wait_until
 
 N = 300
-
-
-@pytest.fixture(params=["postgres", "mariadb"])
-def server_url(request: pytest.FixtureRequest) -> str:
-    url: str = request.getfixturevalue(f"{request.param}_url")
-    _ensure_clean_schema(url)
-    return url
 
 
 @pytest.fixture
