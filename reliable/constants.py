@@ -46,13 +46,15 @@ PRODUCER_RECORD_TRIES: Final = (
     3  # tries to record a send result (a deadlock victim) before leaving it to the sweeper
 )
 PRODUCER_RECORD_BACKOFF_S: Final = 0.02  # × try number, between those tries
-#: an after-commit send that failed after this long (a hanging broker, not a refused one) defers the
-#: after-commit sends to the sweeper for PRODUCER_SEND_RETRY_AFTER_S (reliable.send_breaker)
-PRODUCER_SLOW_SEND_FAILURE_S: Final = 1.0
+#: a broker call (a send, a probe) that failed after this long hung rather than was refused: the producer's
+#: after-commit sends defer to the sweeper (reliable.send_breaker), the sweeper's round stops sending
+#: (reliable.sweeper.resend.OutagePause) and stops probing that broker group (reliable.sweeper.triage)
+SLOW_BROKER_CALL_S: Final = 1.0
+#: how long the after-commit sends are left to the sweeper after one such failure
 PRODUCER_SEND_RETRY_AFTER_S: Final = 10.0
-#: a sweeper batch stops sending after this many failed resends in a row that were each slow (see above) …
+#: a sweeper round stops sending after this many failed resends in a row that were each slow (see above) …
 SWEEP_PAUSE_AFTER_SLOW_FAILURES: Final = 2
-#: … or this many in a row of any kind: the broker looks down; the rest wait for the next round
+#: … and stops sending to one route after this many failed there in a row; the rest wait for the next round
 SWEEP_PAUSE_AFTER_FAILURES: Final = 3
 DEFAULT_STUCK_AFTER_S: Final = 15 * 60
 DEFAULT_LOG_RETENTION_S: Final = 7 * 24 * 3600

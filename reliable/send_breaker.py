@@ -28,7 +28,7 @@ class SendBreaker:
 
     def __init__(
         self,
-        slow_s: float = C.PRODUCER_SLOW_SEND_FAILURE_S,
+        slow_s: float = C.SLOW_BROKER_CALL_S,
         retry_after_s: float = C.PRODUCER_SEND_RETRY_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

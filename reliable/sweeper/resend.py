@@ -65,7 +65,7 @@ class OutagePause:
     held the batch's locks for a timeout per row (minutes). So:
 
     * after ``SWEEP_PAUSE_AFTER_SLOW_FAILURES`` failures in a row that each took
-      ``PRODUCER_SLOW_SEND_FAILURE_S`` or longer (a hung broker) the round sends nothing more (``paused``);
+      ``SLOW_BROKER_CALL_S`` or longer (a hung broker) the round sends nothing more (``paused``);
     * after ``SWEEP_PAUSE_AFTER_FAILURES`` failures in a row on one route — the topic the copy goes to — the
       round sends nothing more there (``route_paused``): a name server down refuses every route, each then
       spends three rows' budget a round, not every row's; a deleted topic or a misrouted queue stops only its
@@ -87,7 +87,7 @@ class OutagePause:
             self.route_failures[route] = 0
             return
         self.route_failures[route] = self.route_failures.get(route, 0) + 1
-        slow = self.monotonic() - started >= C.PRODUCER_SLOW_SEND_FAILURE_S
+        slow = self.monotonic() - started >= C.SLOW_BROKER_CALL_S
         self.slow_failures = self.slow_failures + 1 if slow else 0
 
     @property

@@ -72,7 +72,7 @@ class Triage:
                     log.warning(
                         "broker probe of %s %s queue %d failed: %r", topic, broker_name, queue_id, exc
                     )
-                if answer is None and self.monotonic() - started >= C.PRODUCER_SLOW_SEND_FAILURE_S:
+                if answer is None and self.monotonic() - started >= C.SLOW_BROKER_CALL_S:
                     self.unanswered.add(broker_name)
                     log.warning(
                         "broker probe of %s %s queue %d gave no answer in %.1f s: its queues are not probed"
