@@ -270,8 +270,7 @@ class Guard:
     ) -> list[Item]:
         """One try of :meth:`_settle`'s transaction; returns the deliveries it journaled afresh."""
         with self.sql.transaction(conn):
-            if self.sql.dialect in ("mysql", "mariadb"):  # as the work transaction: no gap locks
-                self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            self.sql.no_gap_locks(conn)  # as the work transaction
             for i, it in enumerate(failed):
                 error = repr(it.error)
                 attempts = self.sql.record_failure(conn, self.group, it.inbox_row, now, error, begin=i == 0)

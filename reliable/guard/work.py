@@ -227,9 +227,7 @@ class WorkTransaction:
         failure to roll back the whole transaction; a savepoint would undo the handler's writes but keep the
         confirm. Returns (recorded, stub settled) as :meth:`_happy_case_first`.
         """
-        if self._mariadb:
-            # no gap locks on absent inbox rows: two inserts of one key wait, not deadlock
-            self.sql.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        self.sql.no_gap_locks(conn)  # MariaDB: two inserts of one key wait, not deadlock
         if len(run) == 1 and not savepoints:
             return self._happy_case_first(conn, run[0], entries[0], now)
         for it, log_id in zip(run, self.sql.log.log_rows(conn, entries, begin=True), strict=True):

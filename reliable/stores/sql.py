@@ -83,6 +83,13 @@ class SqlStore:
         """A parameterless statement (e.g. ``SET TRANSACTION …``) through the same lean path."""
         self.db.execute(conn, sql)
 
+    def no_gap_locks(self, conn: Connection) -> None:
+        """MariaDB: the next transaction at READ COMMITTED. At REPEATABLE READ a ``FOR UPDATE`` on an absent
+        row takes a gap lock (two racing inserts of one key deadlock) and a plain read sees the snapshot of
+        the transaction's first read, older than a row another worker has committed since."""
+        if self._my:
+            self.db.execute(conn, "SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
     @contextlib.contextmanager
     def transaction(self, conn: Connection, *, pipelined_begin: bool = False) -> Iterator[None]:
         """One guard transaction on ``conn``: commits on normal exit, rolls back on an exception.
