@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Select, Table, and_, delete, exists, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, Select, and_, delete, exists, or_, select
 
 from reliable import constants as C
 from reliable.errors import ConfigurationError
-from reliable.models import MessageLog, StubNotification, status_literal, utcnow
-from reliable.outbox.tables import OPEN, inbox, stub
+from reliable.models import status_literal, utcnow
+from reliable.outbox.tables import OPEN, inbox, log, notif, stub
 from reliable.types import StubStatus
 
-notif = cast(Table, StubNotification.__table__)
-journal = cast(Table, MessageLog.__table__)
 _SETTLED = [status_literal(s) for s in (StubStatus.CONFIRMED, StubStatus.VOIDED)]
 _OPEN = [status_literal(s) for s in OPEN]
 
@@ -95,7 +93,7 @@ def _done_before(message_id: Any, before: dt.datetime) -> ColumnElement[bool]:
     owed_or_recent = exists().where(
         row.c.message_id == message_id, or_(row.c.status.in_(_OPEN), row.c.updated_at >= before)
     )
-    journaled = exists().where(journal.c.message_id == message_id)
+    journaled = exists().where(log.c.message_id == message_id)
     return and_(~owed_or_recent, ~journaled)
 
 

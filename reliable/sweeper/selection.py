@@ -51,22 +51,14 @@ from typing import Any, cast
 
 from sqlalchemy import Connection, Select, Table, and_, exists, func, or_, select, true
 
-from reliable.models import (
-    ConsumeProgress,
-    MessageInbox,
-    MessageLog,
-    MessageStub,
-    StubNotification,
-    UTCDateTime,
-    status_literal,
-)
+from reliable.models import ConsumeProgress, UTCDateTime, status_literal
+from reliable.outbox.tables import inbox as inbox  # re-exported: the sweeper's modules import them here
+from reliable.outbox.tables import log as log
+from reliable.outbox.tables import notif as notif
+from reliable.outbox.tables import stub as stub
 from reliable.types import LogOutcome, StubStatus
 
-inbox = cast(Table, MessageInbox.__table__)
-stub = cast(Table, MessageStub.__table__)
-log = cast(Table, MessageLog.__table__)
 progress = cast(Table, ConsumeProgress.__table__)
-notif = cast(Table, StubNotification.__table__)
 
 
 class Budget(enum.Enum):
