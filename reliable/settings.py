@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from reliable import constants as C
+from reliable.durations import parse_seconds
 from reliable.errors import ConfigurationError
 from reliable.names import NAME_CHARS, check_group, is_name
 
@@ -170,6 +171,17 @@ def _coerce(name: str, value: Any, type_name: Any) -> Any:
                 f"setting topic_groups: cannot read {value!r} ({exc}); "
                 "write 'orders=billing,audit;payments=ledger'"
             ) from None
+    if name.endswith("_s") and t in {"int", "float"} and isinstance(value, str):
+        # a duration field reads what the CLI's options read: RELIABLE_LOG_RETENTION_S=30d
+        try:
+            seconds = parse_seconds(value)
+        except ValueError as exc:
+            raise ConfigurationError(f"setting {name}: {exc}") from None
+        if t == "float":
+            return seconds
+        if seconds != int(seconds):
+            raise ConfigurationError(f"setting {name}: {value!r} is not a whole number of seconds")
+        return int(seconds)
     if t == "bool | None":
         if value is None:
             return None

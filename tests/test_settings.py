@@ -64,7 +64,9 @@ def test_empty_environment_value_means_unset() -> None:
         ),
         # each used to pass and fail later, untyped, inside the producer's transaction or the sweeper
         ({"first_resend_delay_s": float("inf")}, {}, "first_resend_delay_s must be a finite number"),
-        ({}, {"RELIABLE_STUCK_AFTER_S": "nan"}, "stuck_after_s must be a finite number"),
+        ({}, {"RELIABLE_STUCK_AFTER_S": "nan"}, "stuck_after_s: not a duration: 'nan'"),
+        ({}, {"RELIABLE_LOG_RETENTION_S": "30 days"}, "log_retention_s: not a duration: '30 days' (use e.g."),
+        ({}, {"RELIABLE_DONE_TTL_S": "1500ms"}, "done_ttl_s: '1500ms' is not a whole number of seconds"),
         ({"purge_duty_cycle": float("nan")}, {}, "purge_duty_cycle must be a finite number"),
     ],
 )
@@ -75,6 +77,23 @@ def test_bad_values_are_configuration_errors(
         Settings.load(overrides, environ=env)
     assert message in str(info.value)
     assert isinstance(info.value, ReliableError)
+
+
+def test_duration_settings_read_what_the_command_line_reads() -> None:
+    """``reliable sweep --log-retention 30d`` works, so ``RELIABLE_LOG_RETENTION_S=30d`` must too."""
+    s = Settings.load(
+        environ={
+            "RELIABLE_LOG_RETENTION_S": "30d",
+            "RELIABLE_STUCK_AFTER_S": "15m",
+            "RELIABLE_REDIS_SOCKET_TIMEOUT_S": "250ms",
+            "RELIABLE_DONE_TTL_S": "2h",
+            "RELIABLE_FIRST_RESEND_DELAY_S": "45",
+        }
+    )
+    assert (s.log_retention_s, s.stuck_after_s, s.redis_socket_timeout_s) == (30 * 86400.0, 900.0, 0.25)
+    assert s.done_ttl_s == 7200 and isinstance(s.done_ttl_s, int)
+    assert s.first_resend_delay_s == 45.0
+    assert Settings.load({"stall_after_s": "1h"}, environ={}).stall_after_s == 3600.0
 
 
 def test_replace_validates() -> None:

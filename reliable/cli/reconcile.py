@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
 import sys
 import tempfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reliable import constants as C
+from reliable.durations import parse_seconds
 from reliable.reconcile.config import (
     DEFAULT_ATTENTION_LIMIT,
     DEFAULT_GRACE_S,
@@ -29,8 +29,6 @@ from reliable.settings import Settings
 
 EXIT_OK = 0
 EXIT_THRESHOLD = 2
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 THRESHOLD_OPTIONS = (
     "lost", "stuck", "dead", "unsent", "duplicates", "orphans", "gaps", "lag", "never_consumed",
 )  # fmt: skip
@@ -38,10 +36,10 @@ THRESHOLD_OPTIONS = (
 
 def duration(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``2h``, ``1d`` → seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 300, 90s, 15m, 2h, 1d)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def timestamp(text: str) -> dt.datetime:

@@ -18,26 +18,23 @@ import datetime as dt
 import functools
 import math
 import random
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from reliable import constants as C
+from reliable.durations import parse_seconds
 from reliable.sender import BrokerProbe
 from reliable.sweeper.errors import SweeperConfigError
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 
 
 def parse_duration(text: str) -> float:
     """``"30s"``, ``"5m"``, ``"1h"``, ``"2d"``, ``"250ms"`` or a bare number of seconds → seconds."""
-    m = _DURATION.match(str(text))
-    if m is None:
-        raise SweeperConfigError(f"not a duration: {text!r} (use e.g. 500ms, 30s, 5m, 1h, 2d)")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    try:
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise SweeperConfigError(str(exc)) from None
 
 
 class BackoffPolicy(Protocol):
