@@ -96,17 +96,16 @@ def register(sub: Any) -> None:
         default=env(C.ENV_SMTP_PORT),
         help=f"default 465 with --smtp-ssl, else 25 (env {C.ENV_SMTP_PORT})",
     )
+    # no default here: _smtp() decides, so that a flag can turn off what a variable turned on
     mail.add_argument(
         "--smtp-starttls",
-        action="store_true",
-        default=env_flag(env(C.ENV_SMTP_STARTTLS)),
+        action=argparse.BooleanOptionalAction,
         help=f"upgrade the connection with STARTTLS (env {C.ENV_SMTP_STARTTLS})",
     )
     mail.add_argument(
         "--smtp-ssl",
-        action="store_true",
-        default=env_flag(env(C.ENV_SMTP_SSL)),
-        help=f"connect over TLS from the start (env {C.ENV_SMTP_SSL})",
+        action=argparse.BooleanOptionalAction,
+        help=f"connect over TLS from the start (env {C.ENV_SMTP_SSL}); --smtp-starttls alone turns it off",
     )
     mail.add_argument(
         "--smtp-user", default=env(C.ENV_SMTP_USER), help=f"log in as this user (env {C.ENV_SMTP_USER})"
@@ -165,6 +164,7 @@ def _smtp(args: argparse.Namespace) -> SmtpConfig | None:
     that a relay requiring a login refuses)."""
     if not args.smtp_host:
         return None
+    starttls, use_ssl = _tls_modes(args.smtp_starttls, args.smtp_ssl)
     if args.smtp_port:
         try:
             smtp_port = int(args.smtp_port)
@@ -173,19 +173,33 @@ def _smtp(args: argparse.Namespace) -> SmtpConfig | None:
                 f"--smtp-port ({C.ENV_SMTP_PORT}) is not a port number: {args.smtp_port!r}"
             ) from None
     else:
-        smtp_port = 465 if args.smtp_ssl else 25
+        smtp_port = 465 if use_ssl else 25
     to = args.smtp_to if args.smtp_to else (os.environ.get(C.ENV_SMTP_TO) or "").split(",")
     return SmtpConfig(
         host=args.smtp_host,
         port=smtp_port,
         sender=args.smtp_from or "",
         recipients=tuple(a.strip() for a in to if a.strip()),
-        starttls=bool(args.smtp_starttls),
-        use_ssl=bool(args.smtp_ssl),
+        starttls=starttls,
+        use_ssl=use_ssl,
         user=args.smtp_user or None,
         password=os.environ.get(C.ENV_SMTP_PASSWORD) or None,  # never on the command line: `ps` would show it
         timeout_s=parse_duration(args.notify_timeout),
     )
+
+
+def _tls_modes(starttls_flag: bool | None, ssl_flag: bool | None) -> tuple[bool, bool]:
+    """(STARTTLS, TLS from the start): a flag given wins over its variable, and a mode given as a flag
+    turns off the other mode's variable — ``RELIABLE_SMTP_SSL=yes`` with ``--smtp-starttls`` is STARTTLS,
+    not a refusal to start ("both modes"), and ``--no-smtp-ssl`` turns the variable off."""
+    env = os.environ.get
+    starttls = env_flag(env(C.ENV_SMTP_STARTTLS)) if starttls_flag is None else starttls_flag
+    use_ssl = env_flag(env(C.ENV_SMTP_SSL)) if ssl_flag is None else ssl_flag
+    if starttls_flag and ssl_flag is None:
+        use_ssl = False
+    if ssl_flag and starttls_flag is None:
+        starttls = False
+    return starttls, use_ssl
 
 
 def build_sweeper(args: argparse.Namespace, rel: Reliability, sender: Sender) -> Sweeper:

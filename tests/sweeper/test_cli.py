@@ -20,7 +20,8 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from broker_sim.common.net import listen_port
 from reliable import Reliability
-from reliable.cli import main
+from reliable.cli import build_parser, main
+from reliable.cli.sweep import _smtp
 from reliable.models import utcnow
 from reliable.sweeper import metrics
 from reliable.types import StubStatus
@@ -180,6 +181,14 @@ def auth_smtp() -> Iterator[tuple[int, AuthInbox]]:
                 *("--smtp-from", "sweeper@example.org", "--smtp-to", "ops@example.org"),
             ],
         ),
+        # the variable asks for TLS from the start, the flag turns it off (there was no flag to do that)
+        (
+            {"RELIABLE_SMTP_SSL": "yes", "RELIABLE_SMTP_USER": "alice"},
+            [
+                *("--smtp-host", "127.0.0.1", "--smtp-port", "{port}", "--no-smtp-ssl"),
+                *("--smtp-from", "sweeper@example.org", "--smtp-to", "ops@example.org"),
+            ],
+        ),
         # a flag wins over its variable
         (
             {
@@ -220,6 +229,34 @@ def test_smtp_flags_and_environment_combine_and_the_login_happens(
     assert " dead=1 " in out.out and " notified=1 " in out.out and "notify_failures=0" in out.out
     assert inbox.logins == ["alice"]
     assert inbox.messages == [("sweeper@example.org", ["ops@example.org"])]
+
+
+@pytest.mark.parametrize(
+    ("env", "flags", "modes"),
+    [
+        ({}, [], (False, False)),
+        ({"RELIABLE_SMTP_SSL": "yes"}, [], (False, True)),
+        ({"RELIABLE_SMTP_SSL": "yes"}, ["--no-smtp-ssl"], (False, False)),
+        ({"RELIABLE_SMTP_SSL": "yes"}, ["--smtp-starttls"], (True, False)),  # was: refused, "both modes"
+        ({"RELIABLE_SMTP_STARTTLS": "yes"}, ["--smtp-ssl"], (False, True)),
+        ({"RELIABLE_SMTP_STARTTLS": "yes"}, ["--no-smtp-starttls"], (False, False)),
+        ({}, ["--smtp-starttls"], (True, False)),
+    ],
+)
+def test_an_smtp_tls_flag_wins_over_the_variables(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], flags: list[str], modes: tuple[bool, bool]
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("RELIABLE_SMTP_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = build_parser()
+    mail = ["--smtp-host", "mail.example.org", "--smtp-from", "a@b.c", "--smtp-to", "ops@example.org"]
+    args = parser.parse_args(["sweep", "--once", "--db", "sqlite://", *mail, *flags])
+    cfg = _smtp(args)
+    assert cfg is not None and (cfg.starttls, cfg.use_ssl) == modes
+    assert cfg.port == (465 if modes[1] else 25)
 
 
 def test_stubs_list_show_revive(
