@@ -47,7 +47,7 @@ from reliable.facade import Reliability
 from reliable.models import MessageStub, utcnow
 from reliable.outbox import payload_hash as payload_hash  # re-exported: part of this module's API
 from reliable.producer_metrics import HOOK_ERRORS, RECORD_FAILURES, SENDS
-from reliable.send_breaker import SendBreaker
+from reliable.send_breaker import Pass, SendBreaker
 from reliable.sender import OutgoingMessage, Sender
 from reliable.staged import SendOutcome as SendOutcome  # re-exported, as the rest: this module's API
 from reliable.staged import SendResult as SendResult
@@ -248,19 +248,20 @@ class StubProducer:
                 log.info("message %s: no PENDING stub any more; not sent", msg.message_id)
                 results.append(SendResult(msg.message_id, SendOutcome.SKIPPED))
                 continue
-            if deferrable and self.breaker.open():
+            admitted = self.breaker.admit() if deferrable else Pass.SEND
+            if admitted is Pass.DEFER:
                 results.append(SendResult(msg.message_id, SendOutcome.DEFERRED))
                 continue
-            results.append(self._send_one(msg, send_counts[msg.message_id]))
+            results.append(self._send_one(msg, send_counts[msg.message_id], trial=admitted is Pass.TRIAL))
         self._record(results, {m.message_id: held_back_s(m.properties) for m in batch})
         for r in results:
             SENDS.labels(r.outcome.value).inc()
         return results
 
-    def _send_one(self, msg: StagedMessage, send_count: int) -> SendResult:
+    def _send_one(self, msg: StagedMessage, send_count: int, *, trial: bool = False) -> SendResult:
         started = self.breaker.clock()
         attempt = outbox.attempt_send(self.sender, msg.outgoing(send_count))
-        self.breaker.record(started, attempt.ok)
+        self.breaker.record(started, attempt.ok, trial=trial)
         if attempt.receipt is None:
             log.warning("message %s: left PENDING for the sweeper", msg.message_id)
             return SendResult(msg.message_id, SendOutcome.FAILED, error=attempt.error)

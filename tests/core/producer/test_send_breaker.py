@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reason, Reliability, StubProducer, StubStatus, idempotent_consumer
 from reliable import constants as C
-from reliable.send_breaker import SendBreaker
+from reliable.send_breaker import Pass, SendBreaker
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.staged import SendOutcome
 from tests.conftest import _ensure_clean_schema
@@ -148,26 +148,71 @@ def test_a_guarded_handlers_follow_ups_do_not_wait_for_a_hanging_broker(
 
 
 # --- the breaker alone, as a state machine ------------------------------------------------------------
+# ("admit", outcome, gap): an after-commit send asks to go; if let through it stays in flight with that
+# outcome. ("finish", "", gap): the oldest send in flight ends (taking 2 s if slow, 0.1 s else).
 _events = st.lists(
-    st.tuples(st.sampled_from(["ok", "fast", "slow"]), st.floats(min_value=0.0, max_value=30.0)), max_size=30
+    st.one_of(
+        st.tuples(st.just("admit"), st.sampled_from(["ok", "fast", "slow"]), st.floats(0.0, 30.0)),
+        st.tuples(st.just("finish"), st.just(""), st.floats(0.0, 30.0)),
+    ),
+    max_size=40,
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(_events)
-def test_the_breaker_is_open_exactly_within_retry_after_of_the_last_slow_failure(
-    events: list[tuple[str, float]],
+def test_the_breaker_defers_within_retry_after_of_a_slow_failure_and_lets_one_trial_out_after(
+    events: list[tuple[str, str, float]],
 ) -> None:
     mono = Monotonic()
     breaker = SendBreaker(slow_s=1.0, retry_after_s=10.0, clock=mono)
-    open_until = None  # the model
-    for outcome, gap in events:
+    open_until: float | None = None  # the model: None = closed
+    trial_out_since: float | None = None
+    in_flight: list[tuple[Pass, str, float]] = []
+    for kind, outcome, gap in events:
         mono.t += gap
-        started = mono.t
-        mono.t += 2.0 if outcome == "slow" else 0.1
-        breaker.record(started, outcome == "ok")
-        if outcome == "ok":
-            open_until = None
-        elif outcome == "slow":
-            open_until = mono.t + 10.0
-        assert breaker.open() == (open_until is not None and mono.t < open_until)
+        if kind == "admit":
+            got = breaker.admit()
+            if open_until is None:
+                want = Pass.SEND
+            elif mono.t < open_until or (trial_out_since is not None and mono.t < trial_out_since + 10.0):
+                want = Pass.DEFER  # tripped, or another send is the trial: one timeout per interval
+            else:
+                want = Pass.TRIAL
+            assert got is want
+            if got is Pass.TRIAL:
+                trial_out_since = mono.t
+            if got is not Pass.DEFER:
+                in_flight.append((got, outcome, mono.t))
+        elif in_flight:
+            admitted, outcome, started = in_flight.pop(0)
+            mono.t += 2.0 if outcome == "slow" else 0.1
+            trial = admitted is Pass.TRIAL
+            breaker.record(started, outcome == "ok", trial=trial)
+            slow = outcome != "ok" and mono.t - started >= 1.0
+            if trial:
+                trial_out_since = None
+            if outcome == "ok" or (trial and not slow):
+                open_until = None
+            elif slow:
+                open_until = mono.t + 10.0
+        assert breaker.open() == (open_until is not None)
+
+
+def test_after_the_interval_one_send_is_the_trial_and_the_others_stay_deferred_until_it_ends() -> None:
+    """Twenty consumer threads and a broker still hanging when the interval ends: one more timeout, not
+    twenty."""
+    mono = Monotonic()
+    breaker = SendBreaker(slow_s=1.0, retry_after_s=10.0, clock=mono)
+    breaker.record(mono.t - 3.0, ok=False)  # one send hung for 3 s
+    assert breaker.admit() is Pass.DEFER
+    mono.t += 10.0
+    assert [breaker.admit() for _ in range(20)] == [Pass.TRIAL] + [Pass.DEFER] * 19
+    started = mono.t
+    mono.t += 3.0
+    breaker.record(started, ok=False, trial=True)  # the broker still hangs: another interval
+    assert breaker.admit() is Pass.DEFER
+    mono.t += 10.0
+    assert breaker.admit() is Pass.TRIAL
+    breaker.record(mono.t, ok=True, trial=True)
+    assert [breaker.admit() for _ in range(3)] == [Pass.SEND] * 3 and not breaker.open()
