@@ -23,7 +23,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reason, Reliability, StubProducer, idempotent_consumer
-from reliable.guard.decision import Decision
+from reliable.guard.decision import Decision, GuardHooks
 from reliable.stores import InboxRow
 from reliable.stores.sql import SqlStore
 from tests.conftest import _ensure_clean_schema
@@ -214,7 +214,8 @@ def test_a_work_transaction_chosen_as_deadlock_victim_runs_again(postgres_url: s
         mid = f"victim-{uuid.uuid4().hex[:6]}"
         StubProducer(rel, RecordingSender()).publish(mid, "orders", b"{}", groups=["billing"])
 
-        handle = idempotent_consumer(rel, group="billing", registry=registry)(apply)
+        hooks = CountingHooks()
+        handle = idempotent_consumer(rel, group="billing", registry=registry, hooks=[hooks])(apply)
         with rel.engine.connect() as other:
             other.begin()
             locked = "SELECT 1 FROM message_stub WHERE message_id = :m FOR UPDATE"
@@ -230,8 +231,24 @@ def test_a_work_transaction_chosen_as_deadlock_victim_runs_again(postgres_url: s
         assert out["value"].reason is Reason.PROCESSED
         assert applied(rel, mid) == 1
         assert deadlocks_retried(registry, "billing") == 1
+        # the guard was rolled back while it waited for the stub, before the handler: one run, one decision
+        assert hooks.calls == {"before_handler": 1, "after_handler": 1, "after_decision": 1}
     finally:
         rel.close()
+
+
+class CountingHooks(GuardHooks):
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {"before_handler": 0, "after_handler": 0, "after_decision": 0}
+
+    def before_handler(self, env: Envelope) -> None:
+        self.calls["before_handler"] += 1
+
+    def after_handler(self, env: Envelope, error: BaseException | None) -> None:
+        self.calls["after_handler"] += 1
+
+    def after_decision(self, env: Envelope, decision: Decision) -> None:
+        self.calls["after_decision"] += 1
 
 
 def _lock_inbox(conn: Connection, mid: str) -> None:
@@ -268,7 +285,8 @@ def test_a_deadlock_rerun_of_a_savepoint_batch_keeps_its_failed_handler_failed(p
             if e.message_id == c and calls[c] == 1:
                 at_c.set()
 
-        handle = idempotent_consumer(rel, group="billing", registry=registry)(handler)
+        hooks = CountingHooks()
+        handle = idempotent_consumer(rel, group="billing", registry=registry, hooks=[hooks])(handler)
         handle.decide(env(warm))  # the group's watermark row exists: the batch's last statement updates it
         with rel.engine.connect() as other:
             other.begin()
@@ -283,6 +301,10 @@ def test_a_deadlock_rerun_of_a_savepoint_batch_keeps_its_failed_handler_failed(p
         reasons = {d.message_id: d.reason for d in out["value"]}
         assert reasons == {a: Reason.HANDLER_FAILED, b: Reason.HANDLER_FAILED, c: Reason.PROCESSED}
         assert deadlocks_retried(registry, "billing") == 1
+        # A's failure stopped the plain run before B and C; C ran in the savepoint pass and after the
+        # deadlock. The hooks report each run of a handler (warm's too), and one decision per delivery
+        assert (calls[a], calls[b], calls[c]) == (1, 1, 2)
+        assert hooks.calls == {"before_handler": 5, "after_handler": 5, "after_decision": 4}
         assert applied(rel, b) == 0  # nothing of B committed: it failed
         assert handle.decide(env(b, reconsume_times=1)).reason is Reason.PROCESSED  # the redelivery
         assert applied(rel, b) == 1
