@@ -311,3 +311,73 @@ def test_a_deadlock_rerun_of_a_savepoint_batch_keeps_its_failed_handler_failed(p
         handle.close()
     finally:
         rel.close()
+
+
+def test_a_settle_step_chosen_as_deadlock_victim_counts_each_failure_once(postgres_url: str) -> None:
+    """Batch [X, Y], both handlers fail; the settle step counts the failures, X's row then Y's. Another
+    transaction takes Y's row first, then X's: PostgreSQL rolls the settle back (it waited first). Its
+    transaction committed nothing, so it runs again from the decisions it started with: each failure is
+    counted once, each delivery journaled once, and the batch is answered "retry" — not "database
+    unavailable", and not a second attempt counted for a decision the rollback undid."""
+    _ensure_clean_schema(postgres_url)
+    rel = make_rel(postgres_url, None, "lo")
+    try:
+        registry = CollectorRegistry()
+        tag = uuid.uuid4().hex[:6]
+        x, y = f"x-{tag}", f"y-{tag}"
+        with StubProducer(rel, RecordingSender()).transaction() as tx:
+            for mid in (x, y):
+                tx.stage(mid, "orders", b"{}", groups=["billing"])
+        at_y = threading.Event()
+        y_taken = threading.Event()
+
+        def handler(e: Envelope, session: Session) -> None:
+            if e.message_id == y:  # the savepoint pass: Y's row is locked by this run until it fails
+                at_y.set()
+                wait_until(lambda: lock_waits(rel) > 0, what="the other transaction waiting for Y's row")
+            raise RuntimeError(f"{e.message_id} fails")
+
+        def other_transaction() -> None:
+            assert at_y.wait(30)
+            with rel.engine.connect() as other:
+                other.begin()
+                _lock_inbox(other, y)  # granted once Y's savepoint rolls back
+                y_taken.set()
+                wait_until(lambda: lock_waits(rel) > 0, what="the settle step waiting for Y's row")
+                _lock_inbox(other, x)  # the deadlock: the settle holds X and waits for Y
+                other.rollback()
+
+        handle = idempotent_consumer(rel, group="billing", registry=registry)(handler)
+        other, other_out = in_thread(other_transaction, "other")
+        batch, out = in_thread(lambda: handle.decide_batch([env(x), env(y)]), "guard")
+        batch.join(60)
+        other.join(60)
+        handle.close()
+        assert "error" not in other_out, other_out.get("error")
+        assert y_taken.is_set()
+        assert "error" not in out, out.get("error")
+        assert {d.message_id: d.reason for d in out["value"]} == {
+            x: Reason.HANDLER_FAILED,
+            y: Reason.HANDLER_FAILED,
+        }
+        assert deadlocks_retried(registry, "billing") == 1
+        with rel.engine.connect() as conn:
+            attempts: dict[str, int] = dict(
+                conn.execute(
+                    text("SELECT message_id, attempts FROM message_inbox WHERE message_id IN (:x, :y)"),
+                    {"x": x, "y": y},
+                ).all()
+            )
+            journaled: dict[str, int] = dict(
+                conn.execute(
+                    text(
+                        "SELECT message_id, count(*) FROM message_log WHERE message_id IN (:x, :y) "
+                        "GROUP BY message_id"
+                    ),
+                    {"x": x, "y": y},
+                ).all()
+            )
+        assert attempts == {x: 1, y: 1}
+        assert journaled == {x: 1, y: 1}
+    finally:
+        rel.close()
