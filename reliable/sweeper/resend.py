@@ -149,6 +149,7 @@ def send_claimed(
     marks: Watermarks,
     should_stop: Callable[[], bool] = lambda: False,
     outage: OutagePause | None = None,
+    copies: dict[str, outbox.SendAttempt] | None = None,
 ) -> BatchResult:
     """Send each row's targeted copy, then record all outcomes at once (through :mod:`reliable.outbox`,
     the one owner of send-and-record).
@@ -158,7 +159,9 @@ def send_claimed(
     sends leaves the rest unsent and unchanged: due again in the next round (row locks) or after the claim
     TTL (leases). So does a broker that looks down (``outage``, the round's :class:`OutagePause`): the
     batch's sends stop and ``result.paused`` is set; a route that looks down is skipped, its rows postponed
-    to the next round (``result.route_paused``), unchanged otherwise.
+    to the next round (``result.route_paused``), unchanged otherwise. ``copies``: the round's copies sent
+    so far by message id, for a sender that cannot target one group (a message's due rows may fall into
+    two batches of a round: one copy still serves both).
     """
     result = BatchResult()
     outage = outage if outage is not None else OutagePause()
@@ -167,7 +170,7 @@ def send_claimed(
     # a sender that cannot address one group puts every targeted copy on the topic, where all groups get it:
     # one copy per message per round then serves each due group of it (N due groups sent N copies each)
     one_copy = not targets_groups(sender)
-    copies: dict[str, outbox.SendAttempt] = {}
+    copies = copies if copies is not None else {}
     routes = {
         (c.consumer_group, c.message_id): resend_topic(sender, c.topic, c.consumer_group) for c in candidates
     }

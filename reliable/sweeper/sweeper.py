@@ -262,6 +262,7 @@ class Sweeper:
         )
         t = self._triage()
         outage = OutagePause(self.monotonic)  # counted over the round's batches
+        copies: dict[str, outbox.SendAttempt] = {}  # one copy per message per round, however it is batched
         for _ in self._batches():
             if self.stopping:
                 return
@@ -272,7 +273,7 @@ class Sweeper:
                     if not claimed:
                         return
                     send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
-                    result = self._send(send, lambda: contextlib.nullcontext(conn), marks, outage)
+                    result = self._send(send, lambda: contextlib.nullcontext(conn), marks, outage, copies)
             else:  # lease claim: short claim transaction, sends outside any transaction, then record
                 until = self.clock() + self.claim_ttl
                 with self.engine.begin() as conn:
@@ -283,7 +284,7 @@ class Sweeper:
                 # no send starts in the claim's last fifth: past its end another sweeper may take the rows and
                 # send them too (both recorded: the budget spent twice as fast); the rest wait for the TTL
                 last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING
-                result = self._send(send, self.engine.begin, marks, outage, last_start)
+                result = self._send(send, self.engine.begin, marks, outage, copies, last_start)
             summary.selected += len(claimed)
             summary.add(triaged)
             summary.add(result)
@@ -305,6 +306,7 @@ class Sweeper:
         recorder: Callable[[], AbstractContextManager[Connection]],
         marks: Watermarks,
         outage: OutagePause,
+        copies: dict[str, outbox.SendAttempt],
         last_start: dt.datetime | None = None,
     ) -> BatchResult:
         def should_stop() -> bool:
@@ -320,6 +322,7 @@ class Sweeper:
             marks=marks,
             should_stop=should_stop,
             outage=outage,
+            copies=copies,
         )
 
     def _tell_dead_lettered(self, summary: RoundSummary) -> None:

@@ -383,6 +383,23 @@ def test_a_sender_that_cannot_target_sends_one_copy_for_all_groups_owed_it(
         }
 
 
+def test_one_copy_per_message_holds_when_its_rows_fall_into_two_batches_of_a_round(
+    rel: Reliability, clock: Clock
+) -> None:
+    """Three groups owed m, batches of two rows: m's rows span two batches of one round. Each batch sent
+    its own copy (two copies to every group per round); the round's one copy serves all three rows."""
+    sender = _TopicOnlySender()
+    groups = ["audit", "billing", "search"]
+    for mid in ("m", "n"):
+        add_stub(rel, mid, groups=groups, queue_offset=None)
+    summary = make(rel, sender, clock, batch=2).run_once()
+    assert summary.resent == 6
+    assert sorted(sender.ids()) == ["m", "n"]
+    for mid in ("m", "n"):
+        rows = [get_inbox(rel, mid, g) for g in groups]
+        assert len({(r.queue_id, r.queue_offset) for r in rows}) == 1 and rows[0].queue_offset is not None
+
+
 class _HoldsEverything:
     """A probe: the broker holds every copy (its max offset is far past each)."""
 
