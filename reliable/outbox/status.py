@@ -87,7 +87,7 @@ def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]
             exists().where(of_stub),
             ~exists().where(of_stub, inbox.c.status.in_(OPEN)),
         )
-        .values(status=StubStatus.CONFIRMED.value, confirmed_at=now, updated_at=now)
+        .values(status=StubStatus.CONFIRMED.value, confirmed_at=now, updated_at=now, last_error=None)
     )
     return int(result.rowcount)
 

@@ -113,9 +113,10 @@ def select_inbox(n: int, lock: str) -> str:
 
 
 def confirm_inbox(n: int) -> str:
-    """Conditional confirm of one group's PENDING/DEAD rows; params: now, now, group, *ids."""
+    """Conditional confirm of one group's PENDING/DEAD rows; params: now, now, group, *ids. An earlier
+    attempt's error goes (the journal keeps it): a CONFIRMED row showing an error read as a failure."""
     return (
-        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ?, last_error = NULL "
         f"WHERE consumer_group = ? AND message_id IN ({marks(n)}) AND status IN {_OPEN}"
     )
 
@@ -134,7 +135,8 @@ def settle_stubs(n: int, hint: str = "") -> str:
     :data:`PK_ORDER` on MariaDB.
     """
     return (
-        f"UPDATE message_stub{hint} SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+        f"UPDATE message_stub{hint} SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ?, "
+        "last_error = NULL "
         f"WHERE message_id IN ({marks(n)}) AND status IN {_OPEN} AND NOT EXISTS (SELECT 1 FROM message_inbox "
         f"i WHERE i.message_id = message_stub.message_id AND i.consumer_group <> ? AND i.status IN {_OPEN})"
     )
@@ -151,7 +153,7 @@ def confirm_first(pg: bool) -> str:
     sweeper gave up on a copy that never arrived) and the body matches. A DEAD row with failures takes the
     general path, which knows ``max_attempts`` (:func:`reliable.guard.decision.judge`)."""
     return (
-        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ? "
+        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ?, last_error = NULL "
         "WHERE consumer_group = ? AND message_id = ? "
         "AND (status = 'PENDING' OR (status = 'DEAD' AND attempts = 0)) "
         f"AND (payload_hash IS NULL OR {'?::varchar' if pg else '?'} IS NULL OR payload_hash = ?)"

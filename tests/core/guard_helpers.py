@@ -117,6 +117,11 @@ def inbox_attempts(rel: Reliability, group: str, message_id: str) -> int | None:
     return None if v is None else int(str(v))
 
 
+def inbox_error(rel: Reliability, group: str, message_id: str) -> str | None:
+    v = _inbox_column(rel, "last_error", group, message_id)
+    return None if v is None else str(v)
+
+
 def _inbox_column(rel: Reliability, column: str, group: str, message_id: str) -> object:
     with rel.engine.connect() as conn:
         return conn.execute(

@@ -26,6 +26,7 @@ from tests.core.guard_helpers import (
     counting,
     env,
     inbox_attempts,
+    inbox_error,
     inbox_status,
     log_rows,
     make_rel,
@@ -109,10 +110,26 @@ def test_fail_then_succeed_applies_once(rel: Reliability, registry: CollectorReg
     # the lease was released by compare-and-delete: the redelivery runs at once instead of waiting it out
     d2 = handle.decide(env(m, reconsume_times=1))
     assert d2.reason is Reason.HANDLER_FAILED and d2.attempts == 2
+    assert "downstream said no" in (inbox_error(rel, "g", m) or "")
     d3 = handle.decide(env(m, reconsume_times=2))
     assert d3.reason is Reason.PROCESSED
     assert applied(rel, m) == 1
     assert stub_status(rel, m) is StubStatus.CONFIRMED
+    # applied: the row no longer shows an error (the journal keeps the failed attempts), its count stays
+    assert (inbox_error(rel, "g", m), inbox_attempts(rel, "g", m)) == (None, 2)
+    # the same through a batch's confirm
+    b, c, d = uid("b"), uid("c"), uid("d")
+    for mid in (b, c, d):
+        add_stub(rel, mid, "g")
+    failures["left"] = 1
+    assert [x.reason for x in handle.decide_batch([env(b), env(c)])] == [
+        Reason.HANDLER_FAILED,
+        Reason.PROCESSED,
+    ]
+    assert inbox_error(rel, "g", b) is not None
+    again = handle.decide_batch([env(b, reconsume_times=1), env(d)])
+    assert [x.reason for x in again] == [Reason.PROCESSED] * 2
+    assert inbox_error(rel, "g", b) is None
     assert [r[1] for r in log_rows(rel, m)] == ["RETRY", "RETRY", "SUCCESS"]
 
 
