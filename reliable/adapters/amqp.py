@@ -134,11 +134,16 @@ class Topology:
         }
 
 
+#: what a client hands over for an AMQP byte string: pika gives ``bytes``, aio-pika (pamqp) decodes a
+#: byte-array field (``x``) as ``bytearray``; all are the same bytes and are read alike
+BINARY = (bytes, bytearray, memoryview)
+
+
 def text(value: Any) -> str:
     if value is None:
         return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+    if isinstance(value, BINARY):
+        return bytes(value).decode("utf-8", "replace")
     return str(value)
 
 
@@ -146,9 +151,11 @@ def ident(value: Any) -> str:
     """An id or topic header as text. Bytes that are not UTF-8 keep their difference as lone surrogates
     (``surrogateescape``), which the guard dead-letters as bad input: decoded with replacement characters,
     ``hX\\xff`` and ``hX\\xfe`` were one id, and the second message was acknowledged as the first's duplicate,
-    its handler never run."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
+    its handler never run. A ``bytearray`` (aio-pika's byte-array header) is bytes too: read with ``str()``
+    it became the id ``"bytearray(b'…')"``, so a resend of the same message under its real id applied the
+    effect a second time, and a non-UTF-8 id was processed instead of dead-lettered."""
+    if isinstance(value, BINARY):
+        return bytes(value).decode("utf-8", "surrogateescape")
     return text(value)
 
 
@@ -171,7 +178,7 @@ def envelope_from(
     topic = ident(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
     reconsume = delivery_count(hdrs.get(DELIVERY_COUNT), redelivered)
     offset = position(hdrs.get(HEADER_SEQ), delivery_tag, message_id=mid)
-    properties = {k: text(v) for k, v in hdrs.items() if isinstance(v, str | bytes | int | float)}
+    properties = {k: text(v) for k, v in hdrs.items() if isinstance(v, (str, int, float, *BINARY))}
     properties |= {
         "amqp.exchange": exchange or "",
         "amqp.routing_key": routing_key or "",
@@ -213,7 +220,7 @@ def delivery_count(value: Any, redelivered: bool) -> int:
     """The delivery's reconsume count: quorum queues' ``x-delivery-count`` when it is a count, else 1 for a
     redelivery and 0 otherwise. Any publisher can set that header on a classic queue, to anything: a value
     that is not a count must not stop the consumer, so it is ignored (the message is still processed)."""
-    if isinstance(value, bytes | str):
+    if isinstance(value, (str, *BINARY)):
         try:
             value = int(text(value))
         except ValueError:
