@@ -30,6 +30,7 @@ HEADER_SEQ = "x-reliable-seq"
 HEADER_SEND_COUNT = "x-reliable-send-count"
 HEADER_DEAD_REASON = "x-reliable-dead-reason"
 HEADER_ORIGINAL_QUEUE = "x-reliable-original-queue"
+HEADER_ORIGINAL_MESSAGE_ID = "x-reliable-original-message-id"
 ID_HEADERS = ("message-id", "x-message-id")
 DELIVERY_COUNT = "x-delivery-count"
 REASON_MAX = 1000
@@ -173,6 +174,8 @@ def envelope_from(
 ) -> Envelope:
     """The broker-neutral view of one delivery, from the AMQP fields every client exposes."""
     hdrs: dict[str, Any] = dict(headers or {})
+    if HEADER_ORIGINAL_MESSAGE_ID in hdrs:  # a dead-letter copy: its own property may be a client's invention
+        message_id = hdrs[HEADER_ORIGINAL_MESSAGE_ID]
     # pika hands an AMQP short string that is not UTF-8 over as bytes
     mid = ident(message_id) if message_id else next((ident(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
     topic = ident(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
@@ -230,11 +233,23 @@ def delivery_count(value: Any, redelivered: bool) -> int:
     return 1 if redelivered else 0
 
 
-def dead_letter_headers(headers: Mapping[str, Any] | None, reason: str, queue: str) -> dict[str, Any]:
-    """The headers of a dead-lettered copy: the original ones plus why and from where."""
+def dead_letter_headers(
+    headers: Mapping[str, Any] | None, reason: str, queue: str, message_id: Any = None
+) -> dict[str, Any]:
+    """The headers of a dead-lettered copy: the original ones plus why, from where, and the original's
+    ``message_id`` property (``""`` when it had none), which the envelope of a replayed copy takes instead of
+    the copy's own property.
+
+    Why the id travels in a header: aiormq stamps a random ``message_id`` on every publish without one, so
+    the copy of a message that had no id carried an id nobody sent, and a replay of the dead-letter queue
+    processed it under that id. A copy dead-lettered again keeps the first original's value."""
     out = dict(headers or {})
     out[HEADER_DEAD_REASON] = reason[:REASON_MAX]
     out[HEADER_ORIGINAL_QUEUE] = queue
+    if HEADER_ORIGINAL_MESSAGE_ID not in out:
+        out[HEADER_ORIGINAL_MESSAGE_ID] = (
+            bytes(message_id) if isinstance(message_id, BINARY) else message_id or ""
+        )
     return out
 
 
@@ -278,7 +293,7 @@ _KEPT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "messa
 def dead_letter_properties(original: Any, reason: str, queue: str) -> dict[str, Any]:
     """The properties of the persistent dead-lettered copy of ``original`` (its properties or message)."""
     kept = {name: getattr(original, name, None) for name in _KEPT_PROPERTIES}
-    headers = dead_letter_headers(getattr(original, "headers", None), reason, queue)
+    headers = dead_letter_headers(getattr(original, "headers", None), reason, queue, kept["message_id"])
     return {**kept, "headers": headers, "delivery_mode": PERSISTENT}
 
 

@@ -19,7 +19,7 @@ from pika.spec import BasicProperties
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from reliable import Envelope, Reliability, idempotent_consumer
-from reliable.adapters.amqp import HEADER_DEAD_REASON, HEADER_TOPIC
+from reliable.adapters.amqp import HEADER_DEAD_REASON, HEADER_ORIGINAL_MESSAGE_ID, HEADER_TOPIC
 from reliable.adapters.rabbitmq import Topology
 from reliable.adapters.rabbitmq_aio import AioRabbitMQConsumer
 from tests.adapters.rabbitmq.conftest import TIMEOUT_S, TOPIC, dlq_messages, effect_counts, effects
@@ -96,3 +96,26 @@ def test_an_id_or_topic_header_that_is_not_utf8_is_dead_lettered_as_bad_input(
     assert calls == []
     assert counts["dead_letter"] == 2
     assert reasons(admin, topology) == ["bad_message", "bad_message"]
+
+
+def test_a_replayed_dead_letter_of_a_message_without_an_id_is_dead_lettered_again_not_processed(
+    rel: Reliability, rabbitmq_url: str, topology: Topology, admin: Any
+) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    topology.declare(conn.channel())
+    conn.close()
+    calls: list[str | None] = []
+    publish(admin, topology, b"no id at all")
+    assert consume(rel, rabbitmq_url, topology, 1, calls)["dead_letter"] == 1
+    [(copy, body)] = dlq_messages(admin, topology)
+
+    # a routine replay: the copy, as it is, back into the queue
+    admin.basic_publish("", topology.queue, body, copy)
+    counts = consume(rel, rabbitmq_url, topology, 1, calls)
+
+    assert calls == []
+    assert effect_counts(rel) == {}
+    assert counts["dead_letter"] == 1
+    [(again, _)] = dlq_messages(admin, topology)
+    assert str(again.headers[HEADER_DEAD_REASON]).startswith("missing_message_id")
+    assert copy.headers[HEADER_ORIGINAL_MESSAGE_ID] == again.headers[HEADER_ORIGINAL_MESSAGE_ID] == ""
