@@ -64,7 +64,7 @@ class Action(enum.Enum):
     """What the consumer does with a delivery once the guard has answered."""
 
     ACK = "ack"
-    REQUEUE = "requeue"  # basic.nack(requeue=True), after the adapter's retry delay
+    REQUEUE = "requeue"  # basic.nack(requeue=True), after the retry delay (requeue_delay_s)
     DEAD_LETTER = "dead_letter"  # a copy with the reason to the DLX (confirmed), then basic.ack
 
 
@@ -85,6 +85,21 @@ class HasResult(Protocol):
 
 def result_of(answer: ConsumeResult | HasResult) -> ConsumeResult:
     return answer if isinstance(answer, ConsumeResult) else answer.result
+
+
+def requeue_delay_s(answer: object, retry_delay_s: float) -> float:
+    """How long a delivery answered ``RECONSUME_LATER`` is held unacked before ``nack(requeue=True)``:
+    ``retry_delay_s``, or — on a lease conflict — until the other worker's lease can have run out (the
+    guard's ``Decision.retry_after_ms``, at most one lease), whichever is longer.
+
+    Why: a lease a killed worker left lives up to ``lease_ms`` (60 s by default). Requeued every
+    ``retry_delay_s`` meanwhile, each redelivery counted against a quorum queue's ``x-delivery-limit``
+    (RabbitMQ 4's default: 20), and the broker dead-lettered the message itself — no reason, the handler
+    never run, the inbox row PENDING until the sweeper's stuck rule."""
+    wait_ms = getattr(answer, "retry_after_ms", None)
+    if isinstance(wait_ms, int) and wait_ms > 0:
+        return max(retry_delay_s, wait_ms / 1000)
+    return retry_delay_s
 
 
 def dead_reason(answer: object, env: Envelope) -> str:
