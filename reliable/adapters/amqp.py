@@ -87,18 +87,23 @@ def result_of(answer: ConsumeResult | HasResult) -> ConsumeResult:
     return answer if isinstance(answer, ConsumeResult) else answer.result
 
 
-def requeue_delay_s(answer: object, retry_delay_s: float) -> float:
+def requeue_delay_s(answer: object, retry_delay_s: float, reconsume_times: int = 0) -> float:
     """How long a delivery answered ``RECONSUME_LATER`` is held unacked before ``nack(requeue=True)``:
-    ``retry_delay_s``, or — on a lease conflict — until the other worker's lease can have run out (the
-    guard's ``Decision.retry_after_ms``, at most one lease), whichever is longer.
+    ``retry_delay_s``; on a lease conflict ``retry_delay_s × 2^reconsume_times``, no longer than the other
+    worker's lease can still run (the guard's ``Decision.retry_after_ms``, at most one lease).
 
     Why: a lease a killed worker left lives up to ``lease_ms`` (60 s by default). Requeued every
     ``retry_delay_s`` meanwhile, each redelivery counted against a quorum queue's ``x-delivery-limit``
     (RabbitMQ 4's default: 20), and the broker dead-lettered the message itself — no reason, the handler
-    never run, the inbox row PENDING until the sweeper's stuck rule."""
+    never run, the inbox row PENDING until the sweeper's stuck rule. Doubling the hold with the queue's
+    delivery count spends about log2(lease ÷ retry delay) deliveries on a dead worker's lease (6 for the
+    defaults), while a twin delivered beside a *live* worker — whose lease also reads as a minute to go,
+    though its handler ends in milliseconds — is looked at again after ``retry_delay_s``, not held a minute
+    (a classic queue counts no deliveries: its redeliveries wait ``2 × retry_delay_s``)."""
     wait_ms = getattr(answer, "retry_after_ms", None)
     if isinstance(wait_ms, int) and wait_ms > 0:
-        return max(retry_delay_s, wait_ms / 1000)
+        backoff_s = retry_delay_s * float(2 ** min(max(reconsume_times, 0), 30))
+        return max(retry_delay_s, min(backoff_s, wait_ms / 1000))
     return retry_delay_s
 
 

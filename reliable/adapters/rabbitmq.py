@@ -223,7 +223,7 @@ class RabbitMQConsumer:
             ch.basic_ack(method.delivery_tag)
             self.counts["ack"] += 1
         elif action is Action.REQUEUE:
-            delay_s = amqp.requeue_delay_s(answer, self.retry_delay_s)
+            delay_s = amqp.requeue_delay_s(answer, self.retry_delay_s, env.reconsume_times)
             self._requeue(ch, method.delivery_tag, "RECONSUME_LATER", delay_s)
         else:
             self._dead_letter(ch, method, props, body, amqp.dead_reason(answer, env))

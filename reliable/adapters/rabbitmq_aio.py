@@ -163,7 +163,7 @@ async def settle(
         await delivery.ack()
         counts["ack"] += 1
     elif action is Action.REQUEUE:
-        await requeue(delivery, counts, amqp.requeue_delay_s(answer, retry_delay_s))
+        await requeue(delivery, counts, amqp.requeue_delay_s(answer, retry_delay_s, env.reconsume_times))
     else:
         reason = amqp.dead_reason(answer, env)
         try:

@@ -3,8 +3,9 @@
 Why: a worker SIGKILLed mid-handler leaves its lease live for up to ``lease_ms``. Every redelivery meanwhile
 is a lease conflict; requeued every ``retry_delay_s``, each one counted against the queue's delivery limit,
 and the *broker* dead-lettered the message — without a reason, its handler never run, its inbox row PENDING
-until the sweeper's stuck rule. Both consumers now hold such a delivery until the lease can have run out
-(the guard's ``Decision.retry_after_ms``, from the lease's ``PTTL``), so it is processed once, right after.
+until the sweeper's stuck rule. Both consumers now hold such a delivery ``retry_delay_s × 2^n`` (n: the
+queue's delivery count), never past the lease's end (the guard's ``Decision.retry_after_ms``, from the lease's
+``PTTL``): a few deliveries per lease, and it is processed once, right after.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pika.spec import BasicProperties
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from reliable import Envelope, Reliability, idempotent_consumer
+from reliable.adapters.amqp import requeue_delay_s
 from reliable.adapters.rabbitmq import RabbitMQConsumer, Topology
 from reliable.adapters.rabbitmq_aio import AioRabbitMQConsumer
+from reliable.guard.decision import Decision, Reason
 from reliable.stores.lease import lease_key
 from tests.adapters.rabbitmq.conftest import (
     GROUP,
@@ -36,9 +39,11 @@ from tests.adapters.rabbitmq.conftest import (
 
 pytestmark = pytest.mark.rabbitmq
 
-DELIVERY_LIMIT = 5
+DELIVERY_LIMIT = 8
 FOREIGN_LEASE_MS = 3000
 RETRY_DELAY_S = 0.05  # 60 redeliveries during the foreign lease if each conflict were requeued this soon
+#: holds of 0.05 × 2^n s: 0.05 + 0.1 + … + 1.6 s covers the 3 s lease in six requeues, a seventh at its edge
+MAX_REQUEUES = 7
 
 
 @pytest.fixture
@@ -105,4 +110,22 @@ def test_a_dead_workers_lease_is_waited_out_not_spent_against_the_delivery_limit
 
     assert effect_counts(rel) == {"lc-1": 1}
     assert queue_depth(admin, quorum.dead_letter_queue) == 0
-    assert 1 <= counts["requeue"] <= 2  # held until the lease ran out, not requeued every retry_delay_s
+    assert 1 <= counts["requeue"] <= MAX_REQUEUES  # not one requeue per retry_delay_s of the lease
+
+
+@pytest.mark.parametrize(
+    ("retry_after_ms", "reconsume_times", "held_s"),
+    [
+        (None, 0, 1.0),  # not a lease conflict: retry_delay_s
+        (60_000, 0, 1.0),  # a twin beside a live worker: looked at again after retry_delay_s, not a minute
+        (60_000, 1, 2.0),
+        (60_000, 5, 32.0),
+        (60_000, 6, 60.0),  # never past the lease's end
+        (500, 3, 1.0),  # a lease about to lapse: still at least retry_delay_s
+    ],
+)
+def test_a_lease_conflict_is_held_longer_with_each_delivery_but_never_past_the_lease(
+    retry_after_ms: int | None, reconsume_times: int, held_s: float
+) -> None:
+    answer = Decision("m", Reason.LEASE_CONFLICT, retry_after_ms=retry_after_ms)
+    assert requeue_delay_s(answer, 1.0, reconsume_times) == pytest.approx(held_s)
