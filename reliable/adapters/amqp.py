@@ -30,6 +30,7 @@ HEADER_SEQ = "x-reliable-seq"
 HEADER_SEND_COUNT = "x-reliable-send-count"
 HEADER_DEAD_REASON = "x-reliable-dead-reason"
 HEADER_ORIGINAL_QUEUE = "x-reliable-original-queue"
+HEADER_ORIGINAL_MESSAGE_ID = "x-reliable-original-message-id"
 ID_HEADERS = ("message-id", "x-message-id")
 DELIVERY_COUNT = "x-delivery-count"
 REASON_MAX = 1000
@@ -63,7 +64,7 @@ class Action(enum.Enum):
     """What the consumer does with a delivery once the guard has answered."""
 
     ACK = "ack"
-    REQUEUE = "requeue"  # basic.nack(requeue=True), after the adapter's retry delay
+    REQUEUE = "requeue"  # basic.nack(requeue=True), after the retry delay (requeue_delay_s)
     DEAD_LETTER = "dead_letter"  # a copy with the reason to the DLX (confirmed), then basic.ack
 
 
@@ -84,6 +85,26 @@ class HasResult(Protocol):
 
 def result_of(answer: ConsumeResult | HasResult) -> ConsumeResult:
     return answer if isinstance(answer, ConsumeResult) else answer.result
+
+
+def requeue_delay_s(answer: object, retry_delay_s: float, reconsume_times: int = 0) -> float:
+    """How long a delivery answered ``RECONSUME_LATER`` is held unacked before ``nack(requeue=True)``:
+    ``retry_delay_s``; on a lease conflict ``retry_delay_s × 2^reconsume_times``, no longer than the other
+    worker's lease can still run (the guard's ``Decision.retry_after_ms``, at most one lease).
+
+    Why: a lease a killed worker left lives up to ``lease_ms`` (60 s by default). Requeued every
+    ``retry_delay_s`` meanwhile, each redelivery counted against a quorum queue's ``x-delivery-limit``
+    (RabbitMQ 4's default: 20), and the broker dead-lettered the message itself — no reason, the handler
+    never run, the inbox row PENDING until the sweeper's stuck rule. Doubling the hold with the queue's
+    delivery count spends about log2(lease ÷ retry delay) deliveries on a dead worker's lease (6 for the
+    defaults), while a twin delivered beside a *live* worker — whose lease also reads as a minute to go,
+    though its handler ends in milliseconds — is looked at again after ``retry_delay_s``, not held a minute
+    (a classic queue counts no deliveries: its redeliveries wait ``2 × retry_delay_s``)."""
+    wait_ms = getattr(answer, "retry_after_ms", None)
+    if isinstance(wait_ms, int) and wait_ms > 0:
+        backoff_s = retry_delay_s * float(2 ** min(max(reconsume_times, 0), 30))
+        return max(retry_delay_s, min(backoff_s, wait_ms / 1000))
+    return retry_delay_s
 
 
 def dead_reason(answer: object, env: Envelope) -> str:
@@ -134,11 +155,16 @@ class Topology:
         }
 
 
+#: what a client hands over for an AMQP byte string: pika gives ``bytes``, aio-pika (pamqp) decodes a
+#: byte-array field (``x``) as ``bytearray``; all are the same bytes and are read alike
+BINARY = (bytes, bytearray, memoryview)
+
+
 def text(value: Any) -> str:
     if value is None:
         return ""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+    if isinstance(value, BINARY):
+        return bytes(value).decode("utf-8", "replace")
     return str(value)
 
 
@@ -146,9 +172,11 @@ def ident(value: Any) -> str:
     """An id or topic header as text. Bytes that are not UTF-8 keep their difference as lone surrogates
     (``surrogateescape``), which the guard dead-letters as bad input: decoded with replacement characters,
     ``hX\\xff`` and ``hX\\xfe`` were one id, and the second message was acknowledged as the first's duplicate,
-    its handler never run."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
+    its handler never run. A ``bytearray`` (aio-pika's byte-array header) is bytes too: read with ``str()``
+    it became the id ``"bytearray(b'…')"``, so a resend of the same message under its real id applied the
+    effect a second time, and a non-UTF-8 id was processed instead of dead-lettered."""
+    if isinstance(value, BINARY):
+        return bytes(value).decode("utf-8", "surrogateescape")
     return text(value)
 
 
@@ -166,12 +194,14 @@ def envelope_from(
 ) -> Envelope:
     """The broker-neutral view of one delivery, from the AMQP fields every client exposes."""
     hdrs: dict[str, Any] = dict(headers or {})
+    if HEADER_ORIGINAL_MESSAGE_ID in hdrs:  # a dead-letter copy: its own property may be a client's invention
+        message_id = hdrs[HEADER_ORIGINAL_MESSAGE_ID]
     # pika hands an AMQP short string that is not UTF-8 over as bytes
     mid = ident(message_id) if message_id else next((ident(hdrs[h]) for h in ID_HEADERS if hdrs.get(h)), None)
     topic = ident(hdrs.get(HEADER_TOPIC)) or default_topic or routing_key or ""
     reconsume = delivery_count(hdrs.get(DELIVERY_COUNT), redelivered)
     offset = position(hdrs.get(HEADER_SEQ), delivery_tag, message_id=mid)
-    properties = {k: text(v) for k, v in hdrs.items() if isinstance(v, str | bytes | int | float)}
+    properties = {k: text(v) for k, v in hdrs.items() if isinstance(v, (str, int, float, *BINARY))}
     properties |= {
         "amqp.exchange": exchange or "",
         "amqp.routing_key": routing_key or "",
@@ -213,7 +243,7 @@ def delivery_count(value: Any, redelivered: bool) -> int:
     """The delivery's reconsume count: quorum queues' ``x-delivery-count`` when it is a count, else 1 for a
     redelivery and 0 otherwise. Any publisher can set that header on a classic queue, to anything: a value
     that is not a count must not stop the consumer, so it is ignored (the message is still processed)."""
-    if isinstance(value, bytes | str):
+    if isinstance(value, (str, *BINARY)):
         try:
             value = int(text(value))
         except ValueError:
@@ -223,11 +253,23 @@ def delivery_count(value: Any, redelivered: bool) -> int:
     return 1 if redelivered else 0
 
 
-def dead_letter_headers(headers: Mapping[str, Any] | None, reason: str, queue: str) -> dict[str, Any]:
-    """The headers of a dead-lettered copy: the original ones plus why and from where."""
+def dead_letter_headers(
+    headers: Mapping[str, Any] | None, reason: str, queue: str, message_id: Any = None
+) -> dict[str, Any]:
+    """The headers of a dead-lettered copy: the original ones plus why, from where, and the original's
+    ``message_id`` property (``""`` when it had none), which the envelope of a replayed copy takes instead of
+    the copy's own property.
+
+    Why the id travels in a header: aiormq stamps a random ``message_id`` on every publish without one, so
+    the copy of a message that had no id carried an id nobody sent, and a replay of the dead-letter queue
+    processed it under that id. A copy dead-lettered again keeps the first original's value."""
     out = dict(headers or {})
     out[HEADER_DEAD_REASON] = reason[:REASON_MAX]
     out[HEADER_ORIGINAL_QUEUE] = queue
+    if HEADER_ORIGINAL_MESSAGE_ID not in out:
+        out[HEADER_ORIGINAL_MESSAGE_ID] = (
+            bytes(message_id) if isinstance(message_id, BINARY) else message_id or ""
+        )
     return out
 
 
@@ -271,7 +313,7 @@ _KEPT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "messa
 def dead_letter_properties(original: Any, reason: str, queue: str) -> dict[str, Any]:
     """The properties of the persistent dead-lettered copy of ``original`` (its properties or message)."""
     kept = {name: getattr(original, name, None) for name in _KEPT_PROPERTIES}
-    headers = dead_letter_headers(getattr(original, "headers", None), reason, queue)
+    headers = dead_letter_headers(getattr(original, "headers", None), reason, queue, kept["message_id"])
     return {**kept, "headers": headers, "delivery_mode": PERSISTENT}
 
 

@@ -7,7 +7,9 @@ reason). Acknowledgements are manual and follow the result:
 ==================  ==============================================================================
 ``SUCCESS``         ``basic.ack``
 ``RECONSUME_LATER`` ``basic.nack(requeue=True)`` after ``retry_delay_s`` (held unacked meanwhile, so a
-                    lease conflict does not spin the queue at full speed)
+                    lease conflict does not spin the queue at full speed); on a lease conflict, after the
+                    other worker's lease can have run out if that is later (``Decision.retry_after_ms``),
+                    so a killed worker's lease does not spend a quorum queue's ``x-delivery-limit``
 ``DEAD_LETTER``     a copy, with the reason in the ``x-reliable-dead-reason`` header, published with a
                     publisher confirm to the dead-letter exchange ``{queue}.dlx`` (bound to ``{queue}.dlq``),
                     then ``basic.ack``. RabbitMQ's own dead-lettering (``basic.reject(requeue=False)`` on a
@@ -221,14 +223,17 @@ class RabbitMQConsumer:
             ch.basic_ack(method.delivery_tag)
             self.counts["ack"] += 1
         elif action is Action.REQUEUE:
-            self._requeue(ch, method.delivery_tag, "RECONSUME_LATER")
+            delay_s = amqp.requeue_delay_s(answer, self.retry_delay_s, env.reconsume_times)
+            self._requeue(ch, method.delivery_tag, "RECONSUME_LATER", delay_s)
         else:
             self._dead_letter(ch, method, props, body, amqp.dead_reason(answer, env))
 
-    def _requeue(self, ch: BlockingChannel, tag: int, why: str) -> None:
+    def _requeue(self, ch: BlockingChannel, tag: int, why: str, delay_s: float | None = None) -> None:
+        """nack+requeue after ``delay_s`` (default ``retry_delay_s``), the delivery held unacked meanwhile."""
+        delay = self.retry_delay_s if delay_s is None else delay_s
         self.counts["requeue"] += 1
-        log.debug("delivery %d: nack+requeue (%s) in %.2fs", tag, why, self.retry_delay_s)
-        if self.retry_delay_s == 0:
+        log.debug("delivery %d: nack+requeue (%s) in %.2fs", tag, why, delay)
+        if delay == 0:
             ch.basic_nack(tag, requeue=True)
             return
 
@@ -236,7 +241,7 @@ class RabbitMQConsumer:
             if ch.is_open:
                 ch.basic_nack(tag, requeue=True)
 
-        self.connection.call_later(self.retry_delay_s, later)
+        self.connection.call_later(delay, later)
 
     def _dead_letter(
         self, ch: BlockingChannel, method: Basic.Deliver, props: BasicProperties, body: bytes, reason: str

@@ -2,8 +2,9 @@
 
 The same contract as the blocking adapter (:mod:`reliable.adapters.rabbitmq`, whose module doc has the full
 mapping): manual acknowledgements, ``SUCCESS`` → ``basic.ack``, ``RECONSUME_LATER`` → ``basic.nack(requeue)``
-after ``retry_delay_s``, ``DEAD_LETTER`` → a copy with the reason in ``x-reliable-dead-reason`` published
-(with a publisher confirm) to ``{queue}.dlx`` and then ``basic.ack``; if that publish fails,
+after ``retry_delay_s`` (on a lease conflict: once the other worker's lease can have run out),
+``DEAD_LETTER`` → a copy with the reason in ``x-reliable-dead-reason`` published (with a publisher confirm)
+to ``{queue}.dlx`` and then ``basic.ack``; if that publish fails,
 ``basic.reject(requeue=False)`` lets the queue's own dead-letter exchange keep the message (without our
 reason). A handler that raises is requeued, never acknowledged. Header names, the envelope mapping, the
 result → action table and the dead-letter copy come from :mod:`reliable.adapters.amqp`, shared with the
@@ -162,7 +163,7 @@ async def settle(
         await delivery.ack()
         counts["ack"] += 1
     elif action is Action.REQUEUE:
-        await requeue(delivery, counts, retry_delay_s)
+        await requeue(delivery, counts, amqp.requeue_delay_s(answer, retry_delay_s, env.reconsume_times))
     else:
         reason = amqp.dead_reason(answer, env)
         try:
@@ -190,7 +191,9 @@ async def settle(
 
 
 async def requeue(delivery: Delivery, counts: Counter[str], retry_delay_s: float) -> None:
-    """Hold the delivery unacked ``retry_delay_s`` (no hot loop on a lease conflict), then nack+requeue."""
+    """Hold the delivery unacked ``retry_delay_s`` (no hot loop on a lease conflict; :func:`settle` passes
+    :func:`~reliable.adapters.amqp.requeue_delay_s`: until another worker's lease can have run out), then
+    nack+requeue."""
     counts["requeue"] += 1
     if retry_delay_s > 0:
         await asyncio.sleep(retry_delay_s)

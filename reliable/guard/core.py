@@ -9,7 +9,8 @@ fixes what the broker is told and what the journal says (:data:`reliable.guard.d
        ├─ done marker, same payload tag ──────────────────────────────────▶ DUPLICATE_DONE_MARKER
        ├─ held by another worker ── peek the group's inbox row: CONFIRMED ▶ DUPLICATE_CONFIRMED
        │                                                      VOIDED ─────▶ VOIDED
-       │                                                      otherwise ──▶ LEASE_CONFLICT
+       │                                                      otherwise ──▶ LEASE_CONFLICT (+ the lease's
+       │                                                        PTTL: Decision.retry_after_ms)
        ├─ acquired (we own processing:{owner})
        └─ unavailable / disabled / done with another payload tag (database decides alone)
        │
@@ -158,6 +159,7 @@ class Guard:
             for h in self.hooks:
                 h.before_journal([it.env for it in now_due])
             self._database_steps(now_due)
+        self._lease_waits(items)
         self._after_commit(items)
         self._staged_sends(items)
         return [self._finish(it) for it in items]
@@ -201,6 +203,14 @@ class Guard:
         if todo and self.lease.enabled:
             keys, values = [it.key for it in todo], [it.lease_value for it in todo]
             plan.apply_leases(todo, self.lease.acquire_many(keys, values, self.settings.lease_ms))
+
+    def _lease_waits(self, items: list[Item]) -> None:
+        """Ask Redis how long the other worker's lease of each lease conflict has left (``PTTL``, one
+        pipeline; only on this path, never for a delivery that ran), so the adapter can wait that long."""
+        conflicts = plan.lease_conflicts(items)
+        if conflicts:
+            pttls = self.lease.remaining_ms([it.key for it in conflicts])
+            plan.apply_lease_waits(conflicts, pttls, self.settings.lease_ms)
 
     def _defer_done_duplicates(self, items: list[Item]) -> list[Item]:
         """Hand the rows of deliveries Redis answered ``done`` to the write-behind journal (if enabled)."""

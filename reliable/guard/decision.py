@@ -152,6 +152,31 @@ def held_verdict(v: Verdict) -> Verdict | None:
     return v if v in (Verdict.DUPLICATE, Verdict.VOIDED, Verdict.MISMATCH, Verdict.GAVE_UP) else None
 
 
+def lease_wait_ms(pttl: int | None, lease_ms: int) -> int | None:
+    """How long a delivery answered ``LEASE_CONFLICT`` should wait before the broker redelivers it, from the
+    ``PTTL`` of the other worker's lease: until that lease can have run out, never longer than a lease.
+
+    Why: a worker killed mid-handler leaves its lease for up to ``lease_ms`` (60 s by default); redelivered
+    every ``retry_delay_s`` (1 s) meanwhile, the message burnt a quorum queue's ``x-delivery-limit``
+    (RabbitMQ 4's default: 20) and the *broker* dead-lettered it — no reason, handler never run, inbox row
+    PENDING until the sweeper's stuck rule.
+
+    =============  =================================================================
+    ``pttl``       wait
+    =============  =================================================================
+    ``None``       ``None``: Redis could not tell, the adapter's own retry delay holds
+    ``-2``         0: the lease is gone already (released or expired meanwhile)
+    ``-1``         ``lease_ms``: a lease without expiry (not the guard's), one lease
+    ``n > 0``      ``min(n, lease_ms)``
+    =============  =================================================================
+    """
+    if pttl is None:
+        return None
+    if pttl == -1:
+        return lease_ms
+    return min(max(pttl, 0), lease_ms)
+
+
 def failure_reason(attempts: int, max_attempts: int, last: bool = False) -> Reason:
     """After the group's ``attempts``-th handler failure: retry, or dead-letter once the budget is spent — or
     once the broker will not deliver the message again (``last``: :attr:`Envelope.last_attempt`)."""
@@ -188,6 +213,10 @@ class Decision:
     attempts: int | None = None
     error: BaseException | None = None
     group: str = ""
+    #: ``LEASE_CONFLICT`` with another worker's lease: how long until that lease can have run out
+    #: (:func:`lease_wait_ms`); the RabbitMQ adapters hold the delivery unacked that long before requeueing
+    #: it. ``None``: no such lease, or Redis could not tell.
+    retry_after_ms: int | None = None
 
     @property
     def result(self) -> ConsumeResult:

@@ -22,6 +22,7 @@ from reliable.guard.decision import (
     Verdict,
     held_verdict,
     judge,
+    lease_wait_ms,
     twin_reason,
     verdict_reason,
 )
@@ -50,6 +51,7 @@ class Item:
     error: BaseException | None = None
     written: bool = False  # the journal row carries the final outcome
     held: bool = False  # the fast path found a live lease of another worker
+    retry_after_ms: int | None = None  # LEASE_CONFLICT on a held lease: until it can have run out
     ran: bool = False  # the handler ran in the current work transaction
     worker: str = ""
     #: what the handler left to do once its writes are committed (messages it staged: their sends)
@@ -154,6 +156,20 @@ def decide_held(it: Item, state: InboxState | None, max_attempts: int) -> None:
         decide_verdict(it, v, state)
 
 
+def lease_conflicts(items: Sequence[Item]) -> list[Item]:
+    """The deliveries answered ``LEASE_CONFLICT`` because another worker holds their lease (not twins)."""
+    return [
+        it
+        for it in items
+        if it.held and it.decision is not None and it.decision.reason is Reason.LEASE_CONFLICT
+    ]
+
+
+def apply_lease_waits(conflicts: Sequence[Item], pttls: Sequence[int | None], lease_ms: int) -> None:
+    for it, pttl in zip(conflicts, pttls, strict=True):
+        it.retry_after_ms = lease_wait_ms(pttl, lease_ms)
+
+
 def decide_verdict(it: Item, v: Verdict, state: InboxState | None) -> None:
     reason, detail, error = verdict_reason(v, it.mid, it.payload_hash, state.payload_hash if state else None)
     decide(it, reason, detail, error=error)
@@ -247,4 +263,6 @@ def after_commit_plan(items: Sequence[Item]) -> tuple[list[tuple[str, str]], lis
 def final_decision(it: Item, group: str) -> Decision:
     """The decision handed back; an undecided delivery (a bug) is answered with a safe retry."""
     d = it.decision or Decision(it.mid or None, Reason.DATABASE_UNAVAILABLE, TEXTS["undecided"])
-    return Decision(d.message_id, d.reason, d.detail, it.log_id, d.attempts, d.error, group)
+    return Decision(
+        d.message_id, d.reason, d.detail, it.log_id, d.attempts, d.error, group, it.retry_after_ms
+    )

@@ -12,7 +12,8 @@
 ``reliable_subscriber`` wraps ``on_order`` with ``@idempotent_consumer`` (the async flavour) and gives
 FastStream a function that takes the message from FastStream's context, turns it into an
 :class:`~reliable.types.Envelope` with the same mapping as the aio-pika adapter, awaits the guard, and answers
-the broker itself: ``ack``, ``nack(requeue=True)`` after ``retry_delay_s``, or — for ``DEAD_LETTER`` — a copy
+the broker itself: ``ack``, ``nack(requeue=True)`` after ``retry_delay_s`` (a lease conflict: once the other
+worker's lease can have run out, as the aio-pika adapter does), or — for ``DEAD_LETTER`` — a copy
 with the reason in ``x-reliable-dead-reason`` published with a confirm to ``{queue}.dlx`` (declared on first
 use, bound to ``{queue}.dlq``) and then ``ack``. If that publish fails the delivery is requeued, not rejected:
 FastStream may have declared the queue without a dead-letter exchange, and a reject would then drop it.

@@ -154,6 +154,20 @@ class AsyncRedisLeaseStore:
         except _CLIENT_ERRORS as exc:
             self.breaker.failed("mark_done", exc)
 
+    async def remaining_ms(self, keys: Sequence[str]) -> list[int | None]:
+        """``PTTL`` of each key (as :meth:`RedisLeaseStore.remaining_ms`: lease conflicts only)."""
+        if not keys or self.breaker.open():
+            return [None] * len(keys)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.pttl(key)
+            replies = await pipe.execute()
+        except _CLIENT_ERRORS as exc:
+            self.breaker.failed("pttl", exc)
+            return [None] * len(keys)
+        return [int(r) for r in replies]
+
     async def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key only if it still holds our own lease value."""
         if self.breaker.open():
@@ -185,6 +199,9 @@ class GreenletLeaseStore:
 
     def release(self, key: str, value: str) -> None:
         await_only(self.store.release(key, value))
+
+    def remaining_ms(self, keys: Sequence[str]) -> list[int | None]:
+        return await_only(self.store.remaining_ms(keys))
 
     def flush(self) -> None:
         await_only(self.store.flush())

@@ -108,6 +108,9 @@ class NoLeaseStore:
     def release(self, key: str, value: str) -> None:
         return None
 
+    def remaining_ms(self, keys: Sequence[str]) -> list[int | None]:
+        return [None] * len(keys)
+
     def flush(self) -> None:
         return None
 
@@ -249,6 +252,22 @@ class RedisLeaseStore:
                         return
                 continue
             self._send_marks(marks)
+
+    def remaining_ms(self, keys: Sequence[str]) -> list[int | None]:
+        """``PTTL`` of each key, pipelined (Redis's answer: ``-2`` no key, ``-1`` no expiry); ``None`` each
+        when Redis does not answer. Only asked for leases another worker holds (a lease conflict), never on
+        the hot path: the adapter holds such a delivery until the lease can have run out."""
+        if not keys or self.breaker.open():
+            return [None] * len(keys)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.pttl(key)
+            replies = pipe.execute()
+        except REDIS_ERRORS as exc:
+            self.breaker.failed("pttl", exc)
+            return [None] * len(keys)
+        return [int(r) for r in replies]
 
     def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key for a redelivery only if it still holds our own lease value."""

@@ -15,8 +15,10 @@ import pytest
 from reliable import ConsumeResult, Reliability
 from reliable.guard import Reason
 from reliable.models import utcnow
+from reliable.stores.lease import lease_key
 from reliable.types import StubStatus
 from tests.aio.flavours import FLAVOURS, Behaviour, Flavour, applied, env, inbox, journal, make_rel
+from tests.conftest import _ensure_clean_schema
 from tests.services import PrivateRedis
 
 REDIS_MODES = ["redis", "no-redis"]
@@ -238,5 +240,31 @@ def test_a_worker_killed_before_the_commit_leaves_no_effect_and_the_redelivery_a
         runs = f.settled(f.guard(), env("k", reconsume_times=1))  # lease_conflict until the lease lapses
         assert runs[-1].reason is Reason.PROCESSED
         assert applied(rel) == {"k": 1}
+    finally:
+        f.close()
+
+
+# --- a lease another worker holds ----------------------------------------------------------------------
+
+
+def test_a_lease_conflict_reports_how_long_the_other_workers_lease_has_left(
+    flavour_name: str, postgres_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """The RabbitMQ adapters wait that long before requeueing (test_lease_conflict.py in
+    tests/adapters/rabbitmq); a delivery that took the lease itself carries no wait."""
+    _ensure_clean_schema(postgres_url)
+    rel = make_rel(postgres_url, redis_url, key_prefix, lease_ms=10_000)
+    f = Flavour(flavour_name, rel)
+    try:
+        handle = f.guard()
+        assert rel.redis is not None
+        rel.redis.set(lease_key(key_prefix, "g", "held"), "processing:deadhost:1:1:x", px=4000)
+        rel.redis.set(lease_key(key_prefix, "g", "for-ever"), "processing:deadhost:1:1:y")
+        held, for_ever = f.decide(handle, env("held")), f.decide(handle, env("for-ever"))
+        assert held.reason is Reason.LEASE_CONFLICT and for_ever.reason is Reason.LEASE_CONFLICT
+        assert held.retry_after_ms is not None and 3000 < held.retry_after_ms <= 4000
+        assert for_ever.retry_after_ms == 10_000  # no expiry: one lease, not for ever
+        assert f.decide(handle, env("free")).retry_after_ms is None
+        assert applied(rel) == {"free": 1}
     finally:
         f.close()
