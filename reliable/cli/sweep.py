@@ -193,8 +193,10 @@ def _tls_modes(starttls_flag: bool | None, ssl_flag: bool | None) -> tuple[bool,
     turns off the other mode's variable — ``RELIABLE_SMTP_SSL=yes`` with ``--smtp-starttls`` is STARTTLS,
     not a refusal to start ("both modes"), and ``--no-smtp-ssl`` turns the variable off."""
     env = os.environ.get
-    starttls = env_flag(env(C.ENV_SMTP_STARTTLS)) if starttls_flag is None else starttls_flag
-    use_ssl = env_flag(env(C.ENV_SMTP_SSL)) if ssl_flag is None else ssl_flag
+    starttls = (
+        env_flag(env(C.ENV_SMTP_STARTTLS), C.ENV_SMTP_STARTTLS) if starttls_flag is None else starttls_flag
+    )
+    use_ssl = env_flag(env(C.ENV_SMTP_SSL), C.ENV_SMTP_SSL) if ssl_flag is None else ssl_flag
     if starttls_flag and ssl_flag is None:
         use_ssl = False
     if ssl_flag and starttls_flag is None:

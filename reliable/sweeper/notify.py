@@ -80,7 +80,7 @@ class SmtpConfig:
         host = env.get(C.ENV_SMTP_HOST, "")
         if not host:
             return None
-        use_ssl = env_flag(env.get(C.ENV_SMTP_SSL, ""))
+        use_ssl = env_flag(env.get(C.ENV_SMTP_SSL, ""), C.ENV_SMTP_SSL)
         try:
             port = int(env.get(C.ENV_SMTP_PORT) or (465 if use_ssl else 25))
         except ValueError:
@@ -90,16 +90,23 @@ class SmtpConfig:
             port=port,
             sender=env.get(C.ENV_SMTP_FROM, ""),
             recipients=tuple(a.strip() for a in env.get(C.ENV_SMTP_TO, "").split(",") if a.strip()),
-            starttls=env_flag(env.get(C.ENV_SMTP_STARTTLS, "")),
+            starttls=env_flag(env.get(C.ENV_SMTP_STARTTLS, ""), C.ENV_SMTP_STARTTLS),
             use_ssl=use_ssl,
             user=env.get(C.ENV_SMTP_USER) or None,
             password=env.get(C.ENV_SMTP_PASSWORD) or None,
         )
 
 
-def env_flag(text: str | None) -> bool:
-    """A yes/no environment variable (``1``, ``true``, ``yes``, ``on``; anything else, or unset, is no)."""
-    return (text or "").strip().lower() in {"1", "true", "yes", "on"}
+def env_flag(text: str | None, name: str = "") -> bool:
+    """A yes/no environment variable: ``1``, ``true``, ``yes``, ``on`` / ``0``, ``false``, ``no``, ``off``;
+    unset or empty is no. Anything else is refused: ``RELIABLE_SMTP_STARTTLS=required`` was read as "no",
+    and the login went out in clear text."""
+    word = (text or "").strip().lower()
+    if word in {"1", "true", "yes", "on"}:
+        return True
+    if word in {"", "0", "false", "no", "off"}:
+        return False
+    raise SweeperConfigError(f"{name or 'a yes/no variable'}: cannot read {text!r} as yes/no (use yes or no)")
 
 
 class EmailChannel:

@@ -23,7 +23,8 @@ from reliable import Reliability
 from reliable.cli import build_parser, main
 from reliable.cli.sweep import _smtp
 from reliable.models import utcnow
-from reliable.sweeper import metrics
+from reliable.sweeper import SmtpConfig, metrics
+from reliable.sweeper.errors import SweeperConfigError
 from reliable.types import StubStatus
 from tests.sweeper.helpers import add_inbox_without_stub, add_stub, clean, get_inbox, set_inbox
 from tests.sweeper.senders import MEMORY
@@ -257,6 +258,24 @@ def test_an_smtp_tls_flag_wins_over_the_variables(
     cfg = _smtp(args)
     assert cfg is not None and (cfg.starttls, cfg.use_ssl) == modes
     assert cfg.port == (465 if modes[1] else 25)
+
+
+@pytest.mark.parametrize("name", ["RELIABLE_SMTP_STARTTLS", "RELIABLE_SMTP_SSL"])
+def test_an_smtp_tls_variable_that_is_not_yes_or_no_is_refused_not_read_as_no(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], sqlite_url: str, name: str
+) -> None:
+    """``required`` was read as "no": the sweeper then logged in without TLS, the password in clear text."""
+    for var in list(os.environ):
+        if var.startswith("RELIABLE_SMTP_"):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv(name, "required")
+    mail = ["--smtp-host", "mail.example.org", "--smtp-from", "a@b.c", "--smtp-to", "ops@example.org"]
+    argv = ["sweep", "--once", "--db", sqlite_url, "--sender", "tests.sweeper.senders:memory_sender", *mail]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{name}: cannot read 'required' as yes/no" in err
+    with pytest.raises(SweeperConfigError, match="cannot read 'required' as yes/no"):
+        SmtpConfig.from_env({"RELIABLE_SMTP_HOST": "h", name: "required"})
 
 
 def test_stubs_list_show_revive(
