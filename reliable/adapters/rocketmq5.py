@@ -9,7 +9,9 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
   it in ``message_log``).
 * :class:`GuardedListener` — the same for a PushConsumer. ``RECONSUME_LATER`` answers ``FAILURE``, so the
   client applies the *consumer group's* retry policy that the broker sent in the Telemetry settings (the
-  client overrides any other invisible duration); ``DEAD_LETTER`` forwards to the DLQ itself.
+  client overrides any other invisible duration); ``DEAD_LETTER`` forwards to the DLQ itself (and, in a FIFO
+  group, answers ``SUCCESS``: on ``FAILURE`` the client retries the finished message and its stale handle
+  forever, holding up the message group).
 * Both keep the message invisible while a long handler runs (:class:`InvisibilityExtender`: a change of
   invisible duration every ``extend_every_s``), so the broker does not hand it to another consumer
   mid-handler; the SimpleConsumer loop extends its whole received batch from the start, so a message
@@ -315,6 +317,13 @@ class GuardedListener:
                 forward_to_dlq(self.consumer, message)
             except Exception:
                 log.exception("forward of %s to the DLQ failed; retry later", message.message_id)
+                return rocketmq.ConsumeResult.FAILURE
+            if getattr(self.consumer, "fifo", False):
+                # FIFO: FAILURE makes the client run the message again locally, then dead-letter it itself
+                # with the handle the forward just finished — refused as stale, retried forever, the
+                # message group and shutdown stuck behind it. SUCCESS: the client acks, the broker refuses
+                # the finished handle, the client drops the message and goes on with the message group.
+                return rocketmq.ConsumeResult.SUCCESS
         return rocketmq.ConsumeResult.FAILURE
 
     def _attempts(self) -> int:
