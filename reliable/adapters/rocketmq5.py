@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reliable import constants as C
+from reliable.adapters.rocketmq5_fifo import LocalRuns
 from reliable.adapters.rocketmq5_send import RocketMQ5Probe, RocketMQ5Sender, sweeper_sender
 from reliable.adapters.rocketmq5_send import load_client as _client
 from reliable.errors import ConfigurationError, SendError
@@ -87,7 +88,9 @@ def _position(receipt_handle: str | None) -> tuple[str, int, int]:
         return "", C.UNKNOWN_QUEUE_ID, -1
 
 
-def to_envelope(message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS) -> Envelope:
+def to_envelope(
+    message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS, attempt: int | None = None
+) -> Envelope:
     """A 5.x ``rocketmq.Message`` as received, as an :class:`~reliable.types.Envelope`.
 
     The id is the message's one key, else its 5.x message id. Several keys are no id: the client keeps them
@@ -96,10 +99,12 @@ def to_envelope(message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEM
     dead-letters it with the reason. ``max_attempts`` is the group's maximum delivery attempts (its
     subscription's retry policy; 17 unless set): the delivery at it is the broker's last
     (``last_attempt``), so a handler failure there ends the group's row ``DEAD`` with a person told — the
-    broker dead-letters the message after it, and the row stayed ``PENDING`` for the sweeper to re-send."""
+    broker dead-letters the message after it, and the row stayed ``PENDING`` for the sweeper to re-send.
+    ``attempt`` overrides the message's delivery attempt (a FIFO push client's local runs: see
+    :class:`~reliable.adapters.rocketmq5_fifo.LocalRuns`)."""
     keys = sorted(message.keys or ())
     broker, queue_id, offset = _position(message.receipt_handle)
-    attempt = message.delivery_attempt or 1
+    attempt = attempt if attempt is not None else message.delivery_attempt or 1
     if len(keys) > 1:
         log.error("message %s has %d keys %s: not one id, dead-lettered", message.message_id, len(keys), keys)
         message_id = None
@@ -298,6 +303,7 @@ class GuardedListener:
         #: the group's maximum deliveries; None: the retry policy the broker gave the consumer (its settings)
         self.max_attempts = max_attempts
         self._mismatch_told = False
+        self._runs = LocalRuns()
         self.invisible_s = invisible_s
         self.extend_every_s = extend_every_s if extend_every_s is not None else invisible_s / 3
         check_timing(invisible_s, self.extend_every_s)
@@ -308,8 +314,12 @@ class GuardedListener:
         if self.consumer is None:
             raise ConfigurationError("GuardedListener.consumer is not set (use guarded_push_consumer)")
         change = self.consumer._change_invisible_duration
+        fifo = bool(getattr(self.consumer, "fifo", False))
+        env = self._fifo_envelope(message) if fifo else to_envelope(message, self._attempts())
         with InvisibilityExtender(change, message, self.invisible_s, self.extend_every_s):
-            result = _decide(self.handler, to_envelope(message, self._attempts()))
+            result = _decide(self.handler, env)
+        if fifo and (result is not ConsumeResult.RECONSUME_LATER or env.last_attempt):
+            self._runs.forget(message)  # the delivery ends here: consumed, dead-lettered or the client's last
         if result is ConsumeResult.SUCCESS:
             return rocketmq.ConsumeResult.SUCCESS
         if result is ConsumeResult.DEAD_LETTER:
@@ -325,6 +335,16 @@ class GuardedListener:
                 # the finished handle, the client drops the message and goes on with the message group.
                 return rocketmq.ConsumeResult.SUCCESS
         return rocketmq.ConsumeResult.FAILURE
+
+    def _fifo_envelope(self, message: Any) -> Envelope:
+        """A FIFO client runs a failed message again itself, its delivery attempt unchanged, and after the
+        policy's max attempts forwards it to the DLQ: the guard's last attempt is that last local run (it
+        stayed PENDING with nobody told). The attempt is the larger of the broker's delivery attempt and
+        the local run; the last is at the guard's maximum or the client's, whichever comes first."""
+        told = policy_max_attempts(self.consumer)
+        limit = min(self._attempts(), told) if told is not None else self._attempts()
+        run = self._runs.start(message)
+        return to_envelope(message, limit, attempt=max(message.delivery_attempt or 1, run))
 
     def _attempts(self) -> int:
         """The group's maximum deliveries: the broker's policy as the client received it, unless given."""

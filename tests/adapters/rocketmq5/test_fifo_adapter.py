@@ -22,6 +22,7 @@ from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFacto
 from tests.adapters.rocketmq5.test_adapter import (
     Worker,
     applied,
+    inbox_status,
     journal,
     start,
 )
@@ -88,3 +89,25 @@ def test_a_refused_message_leaves_its_fifo_message_group_and_the_next_one_is_app
     stops_promptly(worker)
     assert dlq_count(broker, group) == 1
     assert len(applied(db, key)) == 1 and len(applied(db, after)) == 1
+
+
+def test_a_poison_message_in_a_fifo_group_ends_dead_and_its_message_group_goes_on(
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    """A FIFO push client retries a failing message locally — the same delivery, ``delivery_attempt`` still
+    1 — and forwards it to the DLQ after the policy's third try. The guard was never told a try was the
+    last: the DLQ got the message while its row stayed PENDING with no reason and nobody told, the journal
+    only RETRY rows. The listener counts the local tries now: the third is the guard's last attempt."""
+    tag = uuid.uuid4().hex[:6]
+    group, key, after, control = f"fifop{tag}", f"P1-{tag}", f"P2-{tag}", tmp_path / "c"
+    broker = make_broker(groups={group: FIFO_POLICY})
+    worker = start(broker, db, workers, control, group=group, mode="push")
+    send_fifo(broker, "G1", (key, "poison"), (after, "after"))
+    wait_until(lambda: applied(db, after), what="the next message of the message group")
+    wait_until(lambda: len(journal(db, key, group)) >= 3, what="three journal rows")
+    assert journal(db, key, group) == [(0, "RETRY"), (1, "RETRY"), (2, "DEAD_LETTER")]
+    wait_until(lambda: inbox_status(db, key, group) == "DEAD", what="the row DEAD")
+    assert "poison" in (reasons(db, key, group)[-1] or "")
+    stops_promptly(worker)
+    assert dlq_count(broker, group) == 1
+    assert applied(db, key) == [] and len(applied(db, after)) == 1
