@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reliable import constants as C
-from reliable.adapters.rocketmq5_fifo import LocalRuns
+from reliable.adapters.rocketmq5_fifo import LocalRuns, hold_back, message_group
 from reliable.adapters.rocketmq5_send import RocketMQ5Probe, RocketMQ5Sender, sweeper_sender
 from reliable.adapters.rocketmq5_send import load_client as _client
 from reliable.errors import ConfigurationError, SendError
@@ -262,7 +262,8 @@ def run_simple_consumer(
     """Receive and handle until ``stop`` is set (a started ``rocketmq.SimpleConsumer``); returns how many
     messages were handled. A failed ack / change leaves the message to come back after its invisible time
     (the guard absorbs the redelivery). ``max_attempts``: the group's maximum delivery attempts
-    (:func:`to_envelope`)."""
+    (:func:`to_envelope`). Once a message of a FIFO message group is to be retried, the batch's later
+    messages of that group are given back unhandled to come again after it (they overtook it)."""
     every = extend_every_s if extend_every_s is not None else invisible_s / 3
     check_timing(invisible_s, every)
     handled = 0
@@ -274,9 +275,17 @@ def run_simple_consumer(
             stop.wait(1.0)
             continue
         with InvisibilityExtender(consumer.change_invisible_duration, messages, invisible_s, every) as ext:
+            retrying: dict[str, int] = {}  # FIFO message group -> retry delay of its failed message
             for message in messages:
+                group = message_group(message)
+                if group in retrying:
+                    ext.settled(message)
+                    hold_back(consumer, message, retrying[group])
+                    continue
                 result = _decide(handler, to_envelope(message, max_attempts))
                 ext.settled(message)
+                if group is not None and result is ConsumeResult.RECONSUME_LATER:
+                    retrying[group] = retry_delay_s(message.delivery_attempt or 1)
                 try:
                     settle(consumer, message, result)
                 except Exception:
