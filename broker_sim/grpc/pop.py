@@ -12,8 +12,9 @@ consumer offset (so ``broker-sim admin consumer progress`` and a 4.x ``GET_MAX_O
 see the same position) — plus the acked offsets above it and the latest delivery of each in-flight offset.
 Messages are read from the same store the remoting front end writes (``MessageStore.get_message``, as the
 Broker's own transaction check does: no permission check, no long-poll hold). FIFO groups deliver a
-message group's next message only after the earlier one is acked (or dead-lettered); other message groups
-of the queue are not held up.
+message group's next message only after the earlier one is acked (or dead-lettered) — within one receive
+too: a batch carrying a message group's next messages behind one that then fails lets a consumer apply
+them first — and other message groups of the queue are not held up.
 
 Limits (stated in docs/rocketmq5.md): in-flight state is memory only — after a broker restart delivery
 resumes at the committed floor with attempt 1 (at-least-once; already-acked messages above the floor come
@@ -82,6 +83,11 @@ class PopService:
         self._rotation = itertools.count()
         self.dead_lettered = 0
         self.renew_rounds = 0
+        #: a FIFO receive carries at most one message of a message group (the next one waits for its ack).
+        #: False: a receive may carry a message group's run in queue order, as an Apache broker's orderly
+        #: pop does (it holds the whole queue until the batch is settled) — for testing that consumers keep
+        #: a message group's order within a batch
+        self.fifo_one_per_message_group = True
 
     def start(self) -> None:
         self.broker.store.add_dispatch_listener(lambda _req: self.wake())
@@ -194,6 +200,8 @@ class PopService:
             msg.commit_log_offset, next(self._serial),
         )  # fmt: skip
         st.inflight[o] = _Inflight(handle, attempt, first_retrieve_ms=now)
+        if fifo and self.fifo_one_per_message_group:
+            blocked.add(message_group)  # its next message waits for this one, in this receive too
         return Delivery(msg, handle, attempt)
 
     # -- ack, change invisible duration, dead letter -------------------------------------------------------

@@ -9,7 +9,9 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
   it in ``message_log``).
 * :class:`GuardedListener` — the same for a PushConsumer. ``RECONSUME_LATER`` answers ``FAILURE``, so the
   client applies the *consumer group's* retry policy that the broker sent in the Telemetry settings (the
-  client overrides any other invisible duration); ``DEAD_LETTER`` forwards to the DLQ itself.
+  client overrides any other invisible duration); ``DEAD_LETTER`` forwards to the DLQ itself (and, in a FIFO
+  group, answers ``SUCCESS``: on ``FAILURE`` the client retries the finished message and its stale handle
+  forever, holding up the message group).
 * Both keep the message invisible while a long handler runs (:class:`InvisibilityExtender`: a change of
   invisible duration every ``extend_every_s``), so the broker does not hand it to another consumer
   mid-handler; the SimpleConsumer loop extends its whole received batch from the start, so a message
@@ -40,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reliable import constants as C
+from reliable.adapters.rocketmq5_fifo import LocalRuns, hold_back, message_group
 from reliable.adapters.rocketmq5_send import RocketMQ5Probe, RocketMQ5Sender, sweeper_sender
 from reliable.adapters.rocketmq5_send import load_client as _client
 from reliable.errors import ConfigurationError, SendError
@@ -85,7 +88,9 @@ def _position(receipt_handle: str | None) -> tuple[str, int, int]:
         return "", C.UNKNOWN_QUEUE_ID, -1
 
 
-def to_envelope(message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS) -> Envelope:
+def to_envelope(
+    message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS, attempt: int | None = None
+) -> Envelope:
     """A 5.x ``rocketmq.Message`` as received, as an :class:`~reliable.types.Envelope`.
 
     The id is the message's one key, else its 5.x message id. Several keys are no id: the client keeps them
@@ -94,10 +99,12 @@ def to_envelope(message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEM
     dead-letters it with the reason. ``max_attempts`` is the group's maximum delivery attempts (its
     subscription's retry policy; 17 unless set): the delivery at it is the broker's last
     (``last_attempt``), so a handler failure there ends the group's row ``DEAD`` with a person told — the
-    broker dead-letters the message after it, and the row stayed ``PENDING`` for the sweeper to re-send."""
+    broker dead-letters the message after it, and the row stayed ``PENDING`` for the sweeper to re-send.
+    ``attempt`` overrides the message's delivery attempt (a FIFO push client's local runs: see
+    :class:`~reliable.adapters.rocketmq5_fifo.LocalRuns`)."""
     keys = sorted(message.keys or ())
     broker, queue_id, offset = _position(message.receipt_handle)
-    attempt = message.delivery_attempt or 1
+    attempt = attempt if attempt is not None else message.delivery_attempt or 1
     if len(keys) > 1:
         log.error("message %s has %d keys %s: not one id, dead-lettered", message.message_id, len(keys), keys)
         message_id = None
@@ -255,7 +262,8 @@ def run_simple_consumer(
     """Receive and handle until ``stop`` is set (a started ``rocketmq.SimpleConsumer``); returns how many
     messages were handled. A failed ack / change leaves the message to come back after its invisible time
     (the guard absorbs the redelivery). ``max_attempts``: the group's maximum delivery attempts
-    (:func:`to_envelope`)."""
+    (:func:`to_envelope`). Once a message of a FIFO message group is to be retried, the batch's later
+    messages of that group are given back unhandled to come again after it (they overtook it)."""
     every = extend_every_s if extend_every_s is not None else invisible_s / 3
     check_timing(invisible_s, every)
     handled = 0
@@ -267,9 +275,17 @@ def run_simple_consumer(
             stop.wait(1.0)
             continue
         with InvisibilityExtender(consumer.change_invisible_duration, messages, invisible_s, every) as ext:
+            retrying: dict[str, int] = {}  # FIFO message group -> retry delay of its failed message
             for message in messages:
+                group = message_group(message)
+                if group in retrying:
+                    ext.settled(message)
+                    hold_back(consumer, message, retrying[group])
+                    continue
                 result = _decide(handler, to_envelope(message, max_attempts))
                 ext.settled(message)
+                if group is not None and result is ConsumeResult.RECONSUME_LATER:
+                    retrying[group] = retry_delay_s(message.delivery_attempt or 1)
                 try:
                     settle(consumer, message, result)
                 except Exception:
@@ -296,6 +312,7 @@ class GuardedListener:
         #: the group's maximum deliveries; None: the retry policy the broker gave the consumer (its settings)
         self.max_attempts = max_attempts
         self._mismatch_told = False
+        self._runs = LocalRuns()
         self.invisible_s = invisible_s
         self.extend_every_s = extend_every_s if extend_every_s is not None else invisible_s / 3
         check_timing(invisible_s, self.extend_every_s)
@@ -306,8 +323,12 @@ class GuardedListener:
         if self.consumer is None:
             raise ConfigurationError("GuardedListener.consumer is not set (use guarded_push_consumer)")
         change = self.consumer._change_invisible_duration
+        fifo = bool(getattr(self.consumer, "fifo", False))
+        env = self._fifo_envelope(message) if fifo else to_envelope(message, self._attempts())
         with InvisibilityExtender(change, message, self.invisible_s, self.extend_every_s):
-            result = _decide(self.handler, to_envelope(message, self._attempts()))
+            result = _decide(self.handler, env)
+        if fifo and (result is not ConsumeResult.RECONSUME_LATER or env.last_attempt):
+            self._runs.forget(message)  # the delivery ends here: consumed, dead-lettered or the client's last
         if result is ConsumeResult.SUCCESS:
             return rocketmq.ConsumeResult.SUCCESS
         if result is ConsumeResult.DEAD_LETTER:
@@ -315,7 +336,24 @@ class GuardedListener:
                 forward_to_dlq(self.consumer, message)
             except Exception:
                 log.exception("forward of %s to the DLQ failed; retry later", message.message_id)
+                return rocketmq.ConsumeResult.FAILURE
+            if getattr(self.consumer, "fifo", False):
+                # FIFO: FAILURE makes the client run the message again locally, then dead-letter it itself
+                # with the handle the forward just finished — refused as stale, retried forever, the
+                # message group and shutdown stuck behind it. SUCCESS: the client acks, the broker refuses
+                # the finished handle, the client drops the message and goes on with the message group.
+                return rocketmq.ConsumeResult.SUCCESS
         return rocketmq.ConsumeResult.FAILURE
+
+    def _fifo_envelope(self, message: Any) -> Envelope:
+        """A FIFO client runs a failed message again itself, its delivery attempt unchanged, and after the
+        policy's max attempts forwards it to the DLQ: the guard's last attempt is that last local run (it
+        stayed PENDING with nobody told). The attempt is the larger of the broker's delivery attempt and
+        the local run; the last is at the guard's maximum or the client's, whichever comes first."""
+        told = policy_max_attempts(self.consumer)
+        limit = min(self._attempts(), told) if told is not None else self._attempts()
+        run = self._runs.start(message)
+        return to_envelope(message, limit, attempt=max(message.delivery_attempt or 1, run))
 
     def _attempts(self) -> int:
         """The group's maximum deliveries: the broker's policy as the client received it, unless given."""

@@ -90,3 +90,20 @@ def test_a_message_whose_invisible_time_cannot_be_extended_is_given_up_after_thr
     assert calls.count("stale") == 3 and fine in ext.pending
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert len(tracebacks) == 1 and any("stopped extending stale" in r.getMessage() for r in caplog.records)
+
+
+def test_local_runs_count_each_delivery_and_forget_what_is_over() -> None:
+    """A FIFO push client's local retries keep the message id and delivery attempt (the handle changes with
+    every extension); a redelivery by the broker is counted afresh; old deliveries do not pile up."""
+    from reliable.adapters.rocketmq5_fifo import LocalRuns
+
+    runs = LocalRuns(max_tracked=2)
+    first = received(delivery_attempt=1)
+    assert [runs.start(first), runs.start(received(delivery_attempt=1, receipt_handle="new"))] == [1, 2]
+    assert runs.start(received(delivery_attempt=2)) == 1  # the broker delivered it again
+    runs.forget(first)
+    assert runs.start(first) == 1
+    runs.start(received(message_id="other"))
+    assert len(runs) == 2
+    env = to_envelope(received(delivery_attempt=1), max_attempts=3, attempt=3)
+    assert (env.reconsume_times, env.last_attempt) == (2, True)

@@ -21,7 +21,7 @@ from broker_sim import Broker, ManualClock
 from broker_sim.broker.api import SendMessageRequest
 from broker_sim.client.message import Prop
 from broker_sim.grpc.policy import GroupPolicies, GroupPolicy
-from broker_sim.grpc.pop import PopService
+from broker_sim.grpc.pop import MESSAGE_GROUP, PopService
 from broker_sim.grpc.receipt import InvalidReceiptHandleError, ReceiptHandle
 from broker_sim.store.results import GetMessageStatus
 from tests.broker_sim.messaging.conftest import SMALL_STORE
@@ -160,3 +160,42 @@ def test_receipt_handle_round_trip(h: ReceiptHandle) -> None:
 def test_malformed_receipt_handle_is_refused() -> None:
     with pytest.raises(InvalidReceiptHandleError):
         ReceiptHandle.decode("1 2 3")
+
+
+@pytest.mark.parametrize("one_per_message_group", [True, False])
+def test_a_fifo_receive_hands_out_one_message_of_each_message_group(
+    tmp_path: Path, one_per_message_group: bool
+) -> None:
+    """One receive with room for all: a FIFO group gets the first message of each message group, the next
+    one only after it is acked — a message group was blocked only by a message delivered earlier, so one
+    receive carried S-1, S-2 and S-3 together and a consumer retrying S-1 had S-2 and S-3 in hand to apply
+    first. Turned off (as an Apache broker's orderly pop, which holds the whole queue instead), a receive
+    carries a message group's run in queue order."""
+    clock = ManualClock()
+    broker = Broker(tmp_path / "store", topics={TOPIC: 1}, clock=clock, **SMALL_STORE).start()
+    try:
+        policies = GroupPolicies(tmp_path / "policies.json")
+        policies.set(GROUP, GroupPolicy(fifo=True))
+        pop = PopService(broker, policies)
+        pop.fifo_one_per_message_group = one_per_message_group
+        for key, message_group in [("S-1", "G1"), ("S-2", "G1"), ("T-1", "G2"), ("S-3", "G1")]:
+            props = {Prop.UNIQ_KEY: key, MESSAGE_GROUP: message_group}
+            broker.send_message(SendMessageRequest("p", TOPIC, 0, properties=props), key.encode())
+        assert broker.store.wait_dispatched(5.0)
+
+        def receive() -> list[str]:
+            return [d.message.uniq_key or "" for d in pop.pop(GROUP, TOPIC, 16, 10_000)]
+
+        if not one_per_message_group:
+            assert receive() == ["S-1", "S-2", "T-1", "S-3"]
+            return
+        first = pop.pop(GROUP, TOPIC, 16, 10_000)
+        assert [d.message.uniq_key for d in first] == ["S-1", "T-1"]
+        assert receive() == []  # S-2 waits for S-1
+        for d in first:
+            pop.ack(GROUP, TOPIC, d.handle.encode())
+        assert receive() == ["S-2"]
+        clock.advance(11)  # S-2 not acked in time: delivered again before S-3
+        assert receive() == ["S-2"]
+    finally:
+        broker.shutdown()
