@@ -228,12 +228,19 @@ class Guard:
         held = [it for it in items if it.held]
         if not held:
             return True
-        try:
-            with self.sql.transaction(conn):
-                states = self.sql.peek_inbox(conn, self.group, [it.mid for it in held])
-        except SQLAlchemyError as exc:
-            self._database_down(items, "journal", exc)
-            return False
+        for tries in range(C.GUARD_STALE_RETRIES + 1):
+            try:
+                with self.sql.transaction(conn):
+                    states = self.sql.peek_inbox(conn, self.group, [it.mid for it in held])
+                break
+            except DBAPIError as exc:
+                if not (exc.connection_invalidated and tries < C.GUARD_STALE_RETRIES):
+                    self._database_down(items, "journal", exc)
+                    return False
+                log.info("guard peek found its connection dead (group %s), retrying", self.group)
+            except SQLAlchemyError as exc:
+                self._database_down(items, "journal", exc)
+                return False
         for it in held:
             plan.decide_held(it, states.get(it.mid), self.settings.max_attempts)
         return True
@@ -255,17 +262,27 @@ class Guard:
         # in id order, as every other step takes inbox row locks: two batches settling failures deadlocked
         failed = sorted((it for it in late if it.error is not None and it.decision is None), key=_mid)
         before = [(it, it.decision, it.log_id) for it in late]
-        for tries in range(C.GUARD_DEADLOCK_RETRIES + 1):
+        deadlocks = stale = 0
+        while True:
             try:
                 fresh = self._settle_once(conn, items, late, failed, now)
                 break
             except DBAPIError as exc:
-                if not (is_deadlock(exc) and tries < C.GUARD_DEADLOCK_RETRIES):
+                if is_deadlock(exc) and deadlocks < C.GUARD_DEADLOCK_RETRIES:
+                    deadlocks += 1
+                    self.metrics.database_errors.labels(self.group, "deadlock_retried").inc()
+                elif exc.connection_invalidated and stale < C.GUARD_STALE_RETRIES:
+                    # the server had ended the session the connection revalidated onto (a burst of killed
+                    # sessions, a failover): the pool's check at checkout cannot see every such death
+                    # (reliable.pool_liveness). Nothing was written; once more on a new one — given up,
+                    # the deliveries leave no journal row, and the report shows their offsets as gaps
+                    stale += 1
+                    log.info("guard settle found its connection dead (group %s), retrying", self.group)
+                else:
                     self._settle_failed(late, exc)
                     return
                 for it, decision, log_id in before:  # rolled back in full: decide again from the start
                     it.decision, it.log_id = decision, log_id
-                self.metrics.database_errors.labels(self.group, "deadlock_retried").inc()
             except SQLAlchemyError as exc:
                 self._settle_failed(late, exc)
                 return

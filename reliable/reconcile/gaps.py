@@ -41,11 +41,13 @@ def offset_gaps(logs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
     """Holes between consecutive distinct offsets each delivered queue's log holds (inside the window).
 
     A hole is a range of offsets the consumer group never journaled although it journaled offsets on both
-    sides: a message lost for that group, a delivery that bypassed the guard, a purged log row or a
-    tag-filtered message. Offsets before the first or after the last journaled one are not holes (they are
-    lag or history); null offsets are not positions. With ``cfg.log_retention_s``, only deliveries received
-    within it count: older rows are the ones the log purge kept, and the offsets purged around them are no
-    holes.
+    sides: a message lost for that group, a delivery that bypassed the guard, a purged log row, a
+    tag-filtered message — or a delivery the guard answered "retry" while the database was down and could
+    not journal (the broker re-delivers it at a new offset), or a written-behind duplicate's row lost with a
+    killed consumer (:mod:`reliable.stores.behind`). The log alone cannot tell these from a loss. Offsets
+    before the first or after the last journaled one are not holes (they are lag or history); null offsets
+    are not positions. With ``cfg.log_retention_s``, only deliveries received within it count: older rows
+    are the ones the log purge kept, and the offsets purged around them are no holes.
     """
     offset = F.col("queue_offset").cast("long")
     base = f"shiftleft(block, {BLOCK_SHIFT})"

@@ -20,6 +20,7 @@ row of a delivery whose handler ran or failed, and never the watermark raised by
 synchronous. A lost watermark advance can only make the sweeper *more* patient (it resends a PENDING stub only
 once the watermark has passed its offset), and the next synchronously journaled delivery on that queue raises
 it again; the stubs of the lost duplicates are ``CONFIRMED`` already, so nothing is resent because of them.
+A lost row leaves its offset without a journal row: the reconciliation report shows it as an offset gap.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 from sqlalchemy.orm import Session
 
 from reliable import ConsumeResult, Envelope, Reason, Reliability, idempotent_consumer
@@ -27,6 +27,7 @@ from tests.core.guard_helpers import (
     make_rel,
     per_message,
 )
+from tests.pg_session_killer import SessionKiller
 from tests.services import PrivateRedis
 from tests.waiting import wait_until
 
@@ -265,3 +266,42 @@ def test_a_session_killed_while_the_handler_runs_is_an_outage_not_a_handler_fail
         assert applied(rel, m) == 1
     finally:
         rel.close()
+
+
+def test_a_delivery_is_journaled_when_the_settle_steps_pooled_connection_was_killed_too(
+    postgres_url: str, key_prefix: str
+) -> None:
+    """A burst of killed sessions (a failover, a DBA killing a consumer's connections): the work transaction
+    fails on its own dead session, and the settle step's connection — the next pooled one, killed too but
+    not gone yet, so the pool's checkout check passed it — fails at its first statement. The delivery was
+    answered with a retry and left no journal row: the report showed its offset as a gap, a loss signal
+    for a message that was not lost. The settle step runs once more on a new connection."""
+    _ensure_clean_schema(postgres_url)
+    url = make_url(postgres_url)
+    killer = SessionKiller((url.host or "127.0.0.1", url.port or 5432))
+    rel = make_rel(url.set(host="127.0.0.1", port=killer.port).render_as_string(False), None, key_prefix)
+    try:
+        pooled = [rel.engine.connect() for _ in range(2)]  # two idle pooled sessions: the guard's next two
+        for c in pooled:
+            c.execute(text("SELECT 1"))
+        for c in pooled:
+            c.close()
+
+        killed: list[int] = []
+
+        def handler(e: Envelope, session: Session) -> None:
+            apply(e, session)
+            if not killed:  # the guard's session and the pooled one, each at its next request
+                killed.append(killer.kill_open())
+
+        handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(handler)
+        m = uid("burst")
+        first = handle.decide(env(m))
+        assert killed == [2]
+        assert first.result is ConsumeResult.RECONSUME_LATER  # nothing committed: redelivered
+        assert [(row[0], row[1]) for row in log_rows(rel, m)] == [(m, "RETRY")]  # the delivery is on record
+        again = handle.decide(env(m, reconsume_times=1))
+        assert again.reason is Reason.PROCESSED and applied(rel, m) == 1
+    finally:
+        rel.close()
+        killer.close()
