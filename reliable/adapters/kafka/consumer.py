@@ -201,7 +201,8 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
                 chunk = []
                 if tp in self._paused:
                     return done
-                self._dead_letter_raw(rec, exc)
+                if not self._dead_letter_raw(tp, rec, exc):
+                    return done
                 done = rec.offset + 1
                 continue
             if self._foreign(rec, headers):
@@ -224,11 +225,20 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
                     return done
         return self._decide_chunk(tp, chunk, done)
 
-    def _dead_letter_raw(self, rec: Record, exc: UndecodableRecord) -> None:
+    def _dead_letter_raw(self, tp: TP, rec: Record, exc: UndecodableRecord) -> bool:
+        """Journal an undecodable record (a guard's stand-in, :mod:`~reliable.adapters.kafka.loop`), then
+        copy its raw bytes to the dead-letter topic; ``False``: held here, the journal could not take it."""
+        stand_in = self._undecodable(rec, exc)
+        if stand_in is not None:
+            delay = self._unjournaled_delay(tp, self._decide_safely(stand_in))
+            if delay is not None:
+                self._hold(tp, rec.offset, delay)
+                return False
         self.counts["undecodable"] += 1
         log.error("%s-%d@%d undecodable, dead-lettered: %s", rec.topic, rec.partition, rec.offset, exc)
         dlt = self.retry.dlt_topic(self.topic)
         self._forwarder.send(rec, dlt, raw_forward_headers(rec, f"undecodable: {exc}"))
+        return True
 
     def _decide_chunk(
         self,
