@@ -229,6 +229,10 @@ KAFKA_HEADER_TARGET_GROUP: Final = "reliable-target-group"
 #: on a retry or dead-letter copy: the consumer group that forwarded it (another group on an unscoped retry
 #: topic leaves it alone)
 KAFKA_HEADER_RETRY_GROUP: Final = "reliable-retry-group"
+#: envelope property the Kafka consumer loop sets on each record it guards: the highest next offset of the
+#: record's partition that may be stored in the guard's transaction (an earlier record's answer is not final
+#: yet — its retry copy unconfirmed, or its batch still open). Never taken from a record's wire headers.
+KAFKA_COMMIT_FLOOR_PROPERTY: Final = "kafka.commit_floor"
 #: ``{topic}.retry.{n}`` for the n-th retry hop, ``{topic}.dlt`` after the last.
 KAFKA_RETRY_TOPIC_FORMAT: Final = "{topic}.retry.{n}"
 KAFKA_DLT_TOPIC_FORMAT: Final = "{topic}.dlt"

@@ -81,6 +81,10 @@ class Envelope:
     #: Kafka loop's last retry topic); the guard then treats a handler failure as its last, as at
     #: ``max_attempts``: dead-lettered with the reason, the group's row DEAD, a person told
     last_attempt: bool = False
+    #: the adapter could not read this delivery, and why (a Kafka header that is not UTF-8): the guard
+    #: journals it as ``bad_message`` with this reason and dead-letters it without running the handler, so
+    #: the reconciliation report counts it. The adapter's own value, never taken from the wire.
+    bad_input: str | None = None
 
     @property
     def source_topic(self) -> str:

@@ -165,6 +165,7 @@ def to_envelope(
             mid,
         )
     properties = dict(headers)
+    properties.pop(C.KAFKA_COMMIT_FLOOR_PROPERTY, None)  # the loop's to set, never a producer's
     properties["kafka.id_source"] = source.value
     if record.timestamp_ms is not None:
         properties["kafka.timestamp_ms"] = str(record.timestamp_ms)

@@ -7,6 +7,16 @@ position written *in the guard's transaction* (:func:`offsets_in_db` wraps the h
 same ``session``), the work and the position commit together; on partition assignment the consumer seeks to
 the stored position (:func:`load`), so nothing already processed is delivered again.
 
+The position written in the guard's transaction never goes past the partition's first record whose answer
+is not final yet: the consumer loop gives each record a *commit floor* (envelope property
+:data:`~reliable.constants.KAFKA_COMMIT_FLOOR_PROPERTY`) and :func:`offsets_in_db` stores
+``min(floor, offset + 1)``. Until 2026-11-28 it stored ``offset + 1`` for every processed record: a record
+whose handler failed, followed in its partition by one that succeeded, had its position stored past it before
+its retry copy was produced (a batch commits every record of its chunk before the loop learns one failed),
+and a crash or rebalance then started the group after it — the failed record was never retried. The floor is
+the first record of a batch chunk (any of them may fail), or an earlier record of the partition whose retry or
+dead-letter copy is not confirmed yet; the loop moves the position on after the copies' delivery reports.
+
 Records that never reach the handler (duplicates, dead letters, records forwarded to a retry topic) are
 recorded by the consumer loop after their final answer (:func:`record_many`, its own short transaction): a
 crash before that write replays them, which the guard absorbs as a duplicate.
@@ -18,6 +28,7 @@ Pure SQLAlchemy, no Kafka client: the asyncio adapter reuses it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -25,6 +36,7 @@ from typing import Any
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
+from reliable import constants as C
 from reliable.models import KafkaOffset, utcnow
 from reliable.types import Envelope
 
@@ -79,6 +91,20 @@ def load(engine: Engine, group: str, topics: Iterable[str]) -> dict[TopicPartiti
         return {(t, p): o for t, p, o in conn.execute(stmt)}
 
 
+def next_offset(env: Envelope) -> int:
+    """The position :func:`offsets_in_db` may store for ``env``: one past it, at most its commit floor."""
+    floor = env.properties.get(C.KAFKA_COMMIT_FLOOR_PROPERTY)
+    return env.queue_offset + 1 if floor is None else min(int(floor), env.queue_offset + 1)
+
+
+def with_floor(env: Envelope, *floors: int | None) -> Envelope:
+    """``env`` carrying the lowest of ``floors`` (``None``: no limit) as its commit floor."""
+    floor = min((f for f in floors if f is not None), default=None)
+    if floor is None:
+        return env
+    return dataclasses.replace(env, properties={**env.properties, C.KAFKA_COMMIT_FLOOR_PROPERTY: str(floor)})
+
+
 def offsets_in_db(group: str) -> Any:
     """Decorator: the handler also records ``env``'s next offset in the guard's transaction.
 
@@ -88,16 +114,16 @@ def offsets_in_db(group: str) -> Any:
         @offsets_in_db("billing")
         def handle(env, session): ...
 
-    The position recorded is the one of the delivered topic (a retry topic for a retry delivery).
+    The position recorded is the one of the delivered topic (a retry topic for a retry delivery), capped at
+    the commit floor the consumer loop set on ``env`` (module doc); a caller that sets none delivers one
+    record at a time and vouches that every earlier record of the partition is final.
     """
 
     def wrap(handler: Any) -> Any:
         @functools.wraps(handler)
         def with_offset(env: Envelope, session: Session) -> Any:
             out = handler(env, session)
-            record_many(
-                session, group, {(env.delivered_topic or env.topic, env.queue_id): env.queue_offset + 1}
-            )
+            record_many(session, group, {(env.delivered_topic or env.topic, env.queue_id): next_offset(env)})
             return out
 
         return with_offset

@@ -92,7 +92,12 @@ def prepare(
         mid = env.message_id or ""
         it = Item(env, mid, hashlib.sha256(env.body).hexdigest() if check_payload else None)
         fault = unfit(env)
-        if fault is not None:  # before any statement: a database error here would be retried for ever
+        if env.bad_input is not None:  # the adapter could not read it: journaled as bad input, never run
+            unreadable = BadMessageError(env.bad_input)
+            it.env = storable(env)
+            it.mid = (it.env.message_id or "")[: C.MESSAGE_ID_MAX]
+            decide(it, Reason.BAD_MESSAGE, str(unreadable), error=unreadable)
+        elif fault is not None:  # before any statement: a database error here would be retried for ever
             bad = BadMessageError(f"{fault}: no column can hold it")
             it.env = storable(env)
             it.mid = (it.env.message_id or "")[: C.MESSAGE_ID_MAX]

@@ -224,6 +224,24 @@ def test_oversized_id_dead_letters(rel: Reliability, registry: CollectorRegistry
     assert d.reason is Reason.BAD_MESSAGE and calls == []
 
 
+def test_a_delivery_its_adapter_could_not_read_is_journaled_as_bad_input_never_run(
+    rel: Reliability, registry: CollectorRegistry
+) -> None:
+    """``Envelope.bad_input`` (a Kafka record with a header that is not UTF-8): dead-lettered with the
+    adapter's reason and journaled at its position, even under an id a real message has — no lease, no inbox
+    row touched, the handler never runs."""
+    handle, calls = counting(rel, registry)
+    add_stub(rel, "real-1", "g")
+    d = handle.decide(replace(env("real-1"), bad_input="undecodable: header 'x' is not UTF-8"))
+    assert d.result is ConsumeResult.DEAD_LETTER and d.reason is Reason.BAD_MESSAGE
+    assert isinstance(d.error, BadMessageError) and calls == []
+    assert log_rows(rel, "real-1") == [
+        ("real-1", "DEAD_LETTER", "bad_message: undecodable: header 'x' is not UTF-8")
+    ]
+    assert inbox_status(rel, "g", "real-1") is StubStatus.PENDING and inbox_attempts(rel, "g", "real-1") == 0
+    assert handle(env("real-1")) is ConsumeResult.SUCCESS and calls == ["real-1"]  # the readable copy runs
+
+
 def test_voided_stub_is_skipped(rel: Reliability, registry: CollectorRegistry) -> None:
     handle, calls = counting(rel, registry)
     m = uid("m")

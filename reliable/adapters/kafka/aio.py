@@ -183,6 +183,15 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
             try:
                 headers, wait, env = self._read(rec)
             except UndecodableRecord as exc:
+                stand_in = self._undecodable(rec, exc)  # journaled first (kafka.loop), held if it cannot be
+                delay = (
+                    None
+                    if stand_in is None
+                    else self._unjournaled_delay(tp, await self._decide_safely(stand_in))
+                )
+                if delay is not None:
+                    self._hold(tp, rec.offset, delay)
+                    return done
                 self.counts["undecodable"] += 1
                 log.error("%s-%d@%d undecodable, dead-lettered: %s", *tp, rec.offset, exc)
                 dlt = self.retry.dlt_topic(self.topic)

@@ -24,7 +24,9 @@ fails keeps the offset where it is and seeks back, so nothing is committed that 
 With ``db_offsets=True`` the stored positions of :mod:`reliable.adapters.kafka_offsets` are where the
 consumer starts on every assignment, and the loop writes each batch's final positions there too (wrap the
 handler in :func:`~reliable.adapters.kafka_offsets.offsets_in_db` so processed records write theirs in the
-guard's own transaction). Not thread-safe: one loop per thread or process, like the confluent consumer.
+guard's own transaction, never past the partition's first record whose answer is not final: each record
+carries that commit floor, see :mod:`~reliable.adapters.kafka_offsets`). Not thread-safe: one loop per
+thread or process, like the confluent consumer.
 """
 
 from __future__ import annotations
@@ -199,7 +201,8 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
                 chunk = []
                 if tp in self._paused:
                     return done
-                self._dead_letter_raw(rec, exc)
+                if not self._dead_letter_raw(tp, rec, exc):
+                    return done
                 done = rec.offset + 1
                 continue
             if self._foreign(rec, headers):
@@ -222,11 +225,20 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
                     return done
         return self._decide_chunk(tp, chunk, done)
 
-    def _dead_letter_raw(self, rec: Record, exc: UndecodableRecord) -> None:
+    def _dead_letter_raw(self, tp: TP, rec: Record, exc: UndecodableRecord) -> bool:
+        """Journal an undecodable record (a guard's stand-in, :mod:`~reliable.adapters.kafka.loop`), then
+        copy its raw bytes to the dead-letter topic; ``False``: held here, the journal could not take it."""
+        stand_in = self._undecodable(rec, exc)
+        if stand_in is not None:
+            delay = self._unjournaled_delay(tp, self._decide_safely(stand_in))
+            if delay is not None:
+                self._hold(tp, rec.offset, delay)
+                return False
         self.counts["undecodable"] += 1
         log.error("%s-%d@%d undecodable, dead-lettered: %s", rec.topic, rec.partition, rec.offset, exc)
         dlt = self.retry.dlt_topic(self.topic)
         self._forwarder.send(rec, dlt, raw_forward_headers(rec, f"undecodable: {exc}"))
+        return True
 
     def _decide_chunk(
         self,
@@ -239,9 +251,17 @@ class KafkaGuardedConsumer(GuardedLoop[GuardedHandler]):
             return done
         (rec0, headers0, env0), *rest = chunk
         chunk = [(rec0, headers0, self._at_head(tp, env0)), *rest]
+        batched = self._decide_batch is not None and len(chunk) > 1
+        # the furthest a record's own transaction may store the position (kafka_offsets.offsets_in_db): not
+        # past a copy still unconfirmed, nor past the chunk's start while any of a batch may yet fail
+        pending = self._forwarder.first_pending(tp)
+        chunk = [
+            (rec, h, kafka_offsets.with_floor(env, rec0.offset if batched else rec.offset + 1, pending))
+            for rec, h, env in chunk
+        ]
         envs = [env for _, _, env in chunk]
         answers: list[object]
-        if self._decide_batch is not None and len(envs) > 1:
+        if self._decide_batch is not None and batched:
             try:
                 answers = list(self._decide_batch(envs))
             except Exception as exc:  # never commit past records whose answer we do not have

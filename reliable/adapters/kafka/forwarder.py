@@ -48,6 +48,10 @@ class Forwarder:
         except (KafkaException, BufferError) as exc:
             copy.error, copy.done = KafkaError(KafkaError._FAIL, str(exc)), True
 
+    def first_pending(self, source: TP) -> int | None:
+        """The lowest offset of ``source`` whose copy :meth:`settle` has not confirmed (``None``: none)."""
+        return min((c.offset for c in self._pending if c.source == source), default=None)
+
     def settle(self, timeout_s: float = 30.0) -> list[tuple[TP, int, str]]:
         """Wait for every pending copy; the ``(source partition, offset, error)`` of those that failed."""
         pending, self._pending = self._pending, []

@@ -7,10 +7,17 @@ its answer carries the reason) and the handler itself otherwise, count answers i
 :class:`~reliable.adapters.kafka_steps.AnswerBook`, keep the partitions they hold back, read a record's
 headers, due time and envelope the same way, and stop on the same condition. What differs — blocking or
 awaited I/O, batching, offsets in the database — stays in each loop.
+
+An undecodable record (a header that is not UTF-8, broken forwarding headers) has no envelope of its own,
+so both loops give the guard a stand-in (:meth:`GuardedLoop._undecodable`) before its raw copy goes to the
+dead-letter topic: the journal gets a ``DEAD_LETTER`` row at the delivered position, reason
+``bad_message: undecodable: …``, and the reconciliation report counts it. Until 2026-11-28 such records left
+no row at all. A database that cannot take the row holds the record, as for any outage.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -18,8 +25,10 @@ from typing import Any, Generic, TypeVar
 
 from reliable import constants as C
 from reliable.adapters.kafka_common import (
+    HOLD_REASONS,
     Record,
     RetryPolicy,
+    UndecodableRecord,
     decode_headers,
     due_in_s,
     forwarded_by_another_group,
@@ -30,6 +39,9 @@ from reliable.adapters.kafka_steps import AnswerBook
 from reliable.types import Envelope
 
 TP = tuple[str, int]
+#: the journal's message id of an undecodable record is this and its delivered position: no id the adapter
+#: derives starts so (a position id is ``topic-partition-offset``)
+UNDECODABLE_ID_PREFIX = "undecodable:"
 #: the handler's type: a plain callable (confluent-kafka loop) or one returning an awaitable (aiokafka)
 H = TypeVar("H", bound=Callable[[Envelope], Any])
 
@@ -58,6 +70,8 @@ class GuardedLoop(Generic[H]):
         self.id_header = id_header
         self.allow_position_id = allow_position_id
         decide = getattr(handler, "decide", None)
+        #: a guard (it journals); a bare handler has no journal and never sees an undecodable record
+        self._guarded = callable(decide)
         self._decide: H = decide if callable(decide) else handler
         #: answers so far: success, duplicate, retry_topic, dead_letter, held, undecodable, handler_error
         self._book = AnswerBook()
@@ -91,6 +105,39 @@ class GuardedLoop(Generic[H]):
     def _envelope(self, rec: Record) -> Envelope:
         env = to_envelope(rec, id_header=self.id_header, allow_position_id=self.allow_position_id)
         return last_attempt(env, self.retry)
+
+    def _undecodable(self, rec: Record, exc: UndecodableRecord) -> Envelope | None:
+        """The stand-in the guard journals an undecodable record as (module doc); ``None``: a bare handler.
+
+        Its id is :data:`UNDECODABLE_ID_PREFIX` and the delivered position (the topic by a digest where the
+        whole would not fit the id column); ``bad_input`` makes the guard dead-letter it without a run.
+        """
+        if not self._guarded:
+            return None
+        mid = f"{UNDECODABLE_ID_PREFIX}{rec.topic}-{rec.partition}-{rec.offset}"
+        if len(mid) > C.MESSAGE_ID_MAX:
+            digest = hashlib.blake2b(rec.topic.encode("utf-8"), digest_size=8).hexdigest()
+            mid = f"{UNDECODABLE_ID_PREFIX}{digest}-{rec.partition}-{rec.offset}"
+        return Envelope(
+            message_id=mid,
+            topic=self.topic,
+            queue_id=rec.partition,
+            queue_offset=rec.offset,
+            body=bytes(rec.value or b""),
+            delivered_topic=None if rec.topic == self.topic else rec.topic,
+            bad_input=f"undecodable: {exc}",
+        )
+
+    def _unjournaled_delay(self, tp: TP, answer: object) -> float | None:
+        """After the guard's answer for an undecodable record's stand-in: ``None`` once its row is written,
+        else how long to hold the record (the database is down, or the guard raised: never commit past a
+        record the journal does not have)."""
+        if not isinstance(answer, Exception) and str(getattr(answer, "reason", "")) not in HOLD_REASONS:
+            self._book.failures.pop(tp, None)
+            return None
+        self._book.failures[tp] += 1
+        delays = self.retry.delays_s or (1.0,)
+        return delays[min(self._book.failures[tp], len(delays)) - 1]
 
     def _at_head(self, tp: TP, env: Envelope) -> Envelope:
         """``env``, the first record of ``tp`` about to be decided, marked as its last attempt by the handler

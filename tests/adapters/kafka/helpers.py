@@ -172,3 +172,20 @@ def assert_bad_records_dead_lettered(bootstrap: str, topic: str) -> None:
     assert "undecodable" in reasons[b"v1"] and "'message-id' is not UTF-8" in reasons[b"v1"]
     assert "missing_message_id" in reasons[b"no id at all"]
     assert dict(next(m for m in dead if m.value() == b"v1").headers())["message-id"] == b"\xff\xfe not utf-8"
+
+
+def assert_bad_records_journaled(engine: Engine, group: str, topic: str) -> None:
+    """Both bad records of :data:`BAD_RECORDS` have a ``DEAD_LETTER`` row at their delivered position: the
+    undecodable one under its position's stand-in id (the reconciliation report counts it), the one
+    without id under none."""
+    log = MessageLog
+    stmt = select(log.message_id, log.topic, log.queue_id, log.queue_offset, log.reason).where(
+        log.consumer_group == group, log.outcome == "DEAD_LETTER"
+    )
+    with engine.connect() as conn:
+        rows = {r.queue_offset: r for r in conn.execute(stmt)}
+    assert sorted(rows) == [0, 1]
+    bad = rows[0]
+    assert (bad.message_id, bad.topic, bad.queue_id) == (f"undecodable:{topic}-0-0", topic, 0)
+    assert bad.reason.startswith("bad_message: undecodable: ") and "'message-id' is not UTF-8" in bad.reason
+    assert rows[1].reason.startswith("missing_message_id")

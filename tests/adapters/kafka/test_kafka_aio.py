@@ -30,6 +30,7 @@ from tests.adapters.kafka.helpers import (
     BAD_RECORDS,
     TIMEOUT_S,
     assert_bad_records_dead_lettered,
+    assert_bad_records_journaled,
     committed,
     effect_counts,
     effects,
@@ -207,6 +208,7 @@ def test_bad_records_go_to_the_dlt_with_their_reason(
         allow_position_id=False,
     )
     assert_bad_records_dead_lettered(tansu.bootstrap, topic)
+    assert_bad_records_journaled(rel.engine, group, topic)
     assert effect_counts(rel.engine, group) == {"fine": 1}
     assert committed(tansu.bootstrap, group, topic, 1) == [3]
 

@@ -23,6 +23,7 @@ from tests.adapters.kafka.helpers import (
     TIMEOUT_S,
     apply_effect,
     assert_bad_records_dead_lettered,
+    assert_bad_records_journaled,
     committed,
     effect_counts,
     headers_of,
@@ -205,6 +206,7 @@ def test_bad_records_go_to_the_dlt_with_their_reason_and_are_never_committed_sil
             timeout_s=TIMEOUT_S,
         )
     assert_bad_records_dead_lettered(tansu.bootstrap, topic)
+    assert_bad_records_journaled(rel.engine, group, topic)
     assert effect_counts(rel.engine, group) == {"fine": 1}
     assert committed(tansu.bootstrap, group, topic, 1) == [3]
 
@@ -215,6 +217,37 @@ def test_bad_records_go_to_the_dlt_with_their_reason_and_are_never_committed_sil
         assert consumer.run(until=lambda: consumer.counts["success"] >= 1, timeout_s=TIMEOUT_S)
     assert effect_counts(rel.engine, group) == {"fine": 1, f"{topic}-0-3": 1}
     assert "producer retry of it will look like a new message" in caplog.text
+
+
+def test_an_undecodable_record_waits_while_the_journal_cannot_take_it(
+    tansu: Tansu, rel: Reliability, topic: str, group: str
+) -> None:
+    """The journal row of an undecodable record comes before its dead-letter copy and its commit: with the
+    database unreachable the record is held (not copied, not committed), and once it answers the row is
+    written and the copy sent."""
+    policy = RetryPolicy(delays_s=(0.2,))
+    ensure_topics(tansu.bootstrap, policy.all_topics(topic))
+    produce(tansu.bootstrap, topic, BAD_RECORDS[:1])
+    down = Reliability(
+        "postgresql+psycopg://postgres@127.0.0.1:16448/nowhere", key_prefix=rel.settings.key_prefix
+    )
+    unreachable = idempotent_consumer(down, group=group)(apply_effect(group))
+    try:
+        with make_consumer(tansu.bootstrap, topic, group, unreachable, retry=policy) as consumer:
+            assert consumer.run(until=lambda: consumer.counts["held"] >= 3, timeout_s=TIMEOUT_S)
+            assert consumer.counts["undecodable"] == 0
+    finally:
+        unreachable.close()
+        down.close()
+    assert committed(tansu.bootstrap, group, topic, 1) == [-1001]
+    assert read_all(tansu.bootstrap, f"{topic}.dlt", expect=0, timeout_s=1.0) == []
+    handle = idempotent_consumer(rel, group=group)(apply_effect(group))
+    with make_consumer(tansu.bootstrap, topic, group, handle, retry=policy) as consumer:
+        assert consumer.run(until=lambda: consumer.counts["undecodable"] >= 1, timeout_s=TIMEOUT_S)
+    assert [(m, o) for m, o, _ in log_rows(rel.engine, group)] == [
+        (f"undecodable:{topic}-0-0", "DEAD_LETTER")
+    ]
+    assert len(read_all(tansu.bootstrap, f"{topic}.dlt", expect=1)) == 1
 
 
 class DropsKafkaCommits(KafkaGuardedConsumer):

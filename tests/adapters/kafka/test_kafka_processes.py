@@ -1,4 +1,5 @@
-"""Two consumer processes in one group; one is killed mid-batch (live Tansu, PostgreSQL, Redis)."""
+"""Consumer processes killed mid-batch (live Tansu, PostgreSQL, Redis): a second member of the group takes
+over, or a restarted one resumes from the offsets kept in the database; nothing is lost or applied twice."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from reliable import Reliability
 from reliable.adapters.kafka import RetryPolicy, ensure_topics
+from reliable.adapters.kafka_offsets import load
 from reliable.demo.tansu import Tansu
 from tests.adapters.kafka.helpers import TIMEOUT_S, committed, effect_counts, produce, with_ids
 from tests.waiting import wait_until
@@ -113,6 +115,49 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     assert len(applied_by_victim) >= 5
     assert duplicates, "the killed member's uncommitted records were not redelivered"
     assert all(survivor_tag in w and m in applied_by_victim for m, w in duplicates)
+
+
+@pytest.mark.parametrize("batch", [1, 0], ids=["batch", "per-record"])
+def test_a_failed_record_is_retried_after_a_crash_with_database_offsets(
+    batch: int,
+    tansu: Tansu,
+    rel: Reliability,
+    postgres_url: str,
+    redis_url: str,
+    key_prefix: str,
+    topic: str,
+    group: str,
+    workers: Callable[..., tuple[subprocess.Popen[bytes], Path]],
+) -> None:
+    """``db_offsets`` with ``offsets_in_db``: m002 fails, m003 succeeds, and the member is killed before
+    m002's retry copy has landed. A later record's transaction must not have stored the position past m002:
+    the restarted member starts at m002 and applies it. Until 2026-11-28 m003 (in batch mode every record of
+    the chunk) stored its own next offset, the restarted member started after m002, and m002 was never
+    retried in this group."""
+    ensure_topics(tansu.bootstrap, RetryPolicy(delays_s=(0.3,)).all_topics(topic), partitions=1)
+    ids = [f"m{i:03d}" for i in range(6)]
+    produce(tansu.bootstrap, topic, with_ids(ids))
+    common = dict(
+        batch=batch,
+        db_offsets=1,
+        bootstrap=tansu.bootstrap,
+        topic=topic,
+        group=group,
+        db=postgres_url,
+        redis=redis_url,
+        prefix=key_prefix,
+    )
+    # the third success is m003; no copy of m002 can land (its producer has no broker)
+    victim, _ = workers("victim", die_after=3, fail_first="m002", dead_forwarder=1, **common)
+    assert victim.wait(TIMEOUT_S) == -signal.SIGKILL
+    assert "m002" not in effect_counts(rel.engine, group) and "m003" in effect_counts(rel.engine, group)
+    assert load(rel.engine, group, [topic]).get((topic, 0), 0) <= 2  # nothing stored past the failed record
+    restarted, _ = workers("restarted", **common)
+    wait_until(lambda: set(effect_counts(rel.engine, group)) == set(ids), 45, "every record applied")
+    wait_until(lambda: load(rel.engine, group, [topic]) == {(topic, 0): 6}, 20, "the position past them all")
+    assert effect_counts(rel.engine, group) == {i: 1 for i in ids}
+    os.kill(restarted.pid, signal.SIGTERM)
+    assert restarted.wait(20) == 0
 
 
 def journal_by_worker(rel: Reliability) -> list[tuple[str, str, str]]:
