@@ -75,7 +75,8 @@ class AsyncRedisLeaseStore:
             self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
-        return [classify(p) for p in previous]
+        # our own value back is our lease: a retried write whose first attempt had reached the server
+        return [classify(p, v) for p, v in zip(previous, values, strict=True)]
 
     async def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
         marks, self._marks = self._marks, []

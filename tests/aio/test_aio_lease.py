@@ -113,3 +113,24 @@ def test_a_client_error_that_is_not_a_redis_error_leaves_the_guard_on_the_databa
 
     asyncio.run(scenario())
     assert fallbacks == ["acquire", "release"]
+
+
+def test_a_retried_acquire_that_finds_our_own_value_is_acquired(redis_url: str, key_prefix: str) -> None:
+    """A retried ``SET NX GET`` whose first attempt reached the server returns our own value: that is our
+    lease (ACQUIRED, as in the sync store), not another worker's (HELD → LEASE_CONFLICT on every try)."""
+    key, mine = lease_key(key_prefix, "g", "m-retried"), processing_value("async-owner")
+
+    async def scenario() -> list[LeaseState]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.set(key, mine, px=60_000)  # the first attempt's write, its reply lost
+            store = AsyncRedisLeaseStore(client)
+            single = (await store.acquire_many([key], [mine], 60_000))[0].state
+            other = lease_key(key_prefix, "g", "m-other")
+            batch = [a.state for a in await store.acquire_many([key, other], [mine, mine], 60_000)]
+            await client.delete(key, other)
+            return [single, *batch]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == [LeaseState.ACQUIRED] * 3
