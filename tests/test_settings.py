@@ -68,6 +68,8 @@ def test_empty_environment_value_means_unset() -> None:
         ({}, {"RELIABLE_LOG_RETENTION_S": "30 days"}, "log_retention_s: not a duration: '30 days' (use e.g."),
         ({}, {"RELIABLE_DONE_TTL_S": "1500ms"}, "done_ttl_s: '1500ms' is not a whole number of seconds"),
         ({"purge_duty_cycle": float("nan")}, {}, "purge_duty_cycle must be a finite number"),
+        # 0 is no timeout at all to redis-py: a hung Redis hung the guard instead of being skipped
+        ({"redis_socket_timeout_s": 0}, {}, "redis_socket_timeout_s must be > 0"),
     ],
 )
 def test_bad_values_are_configuration_errors(
@@ -141,6 +143,10 @@ def test_facade_without_database_url_is_a_configuration_error(monkeypatch: pytes
     for url in ("nonsense", "nosuchdb://x/y"):  # SQLAlchemy's ArgumentError / NoSuchModuleError before
         with pytest.raises(ConfigurationError, match="bad database URL"):
             Reliability(url)
+    # redis-py's bare ValueError before ("Port could not be cast to integer value as 'abc'")
+    for redis_url in ("redis://h:abc/0", "redis+sentinel://[::1/svc", "redis://h:6379/x"):
+        with pytest.raises(ConfigurationError, match="bad redis URL"):
+            Reliability("sqlite://", redis_url)
 
 
 def test_topic_groups_from_the_environment_or_an_argument() -> None:

@@ -5,7 +5,8 @@ value formats (:func:`processing_value`, :func:`done_value`), how a previous val
 and the compare-and-delete script are imported from there, so a sync and an async worker of one group share
 leases and done markers on one Redis. Redis stays an optimisation: any error makes the answer
 ``UNAVAILABLE`` and the guard continues on the database alone, with the same circuit breaker (one timeout per
-``retry_after_s`` while Redis is down, not one per message).
+``retry_after_s`` while Redis is down, not one per message), and the same clean-up of leases a failed call
+may have set anyway (:mod:`reliable.stores.orphans`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from reliable import constants as C
 from reliable.stores import LeaseAnswer, LeaseState
 from reliable.stores.breaker import FallbackHook, RedisBreaker
 from reliable.stores.lease import COMPARE_AND_DELETE, classify
+from reliable.stores.orphans import Orphans
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -55,6 +57,8 @@ class AsyncRedisLeaseStore:
     ) -> None:
         self.client = client
         self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
+        self._orphans = Orphans(retry_after_s, clock)  # leases of failed calls that may have landed anyway
+        self._lease_ms = C.DEFAULT_LEASE_MS  # the last acquire's: how long a lease to free may still live
         self._cad = client.register_script(COMPARE_AND_DELETE)
         self._set_get = True
         self._marks: list[tuple[str, str, int]] = []  # done markers not yet sent (this loop's tasks only)
@@ -69,13 +73,34 @@ class AsyncRedisLeaseStore:
         if self.breaker.open():
             self.breaker.skipped("acquire")
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
+        self._lease_ms = lease_ms
         try:
+            await self._delete_orphans()
             previous = await self._set_many(keys, values, lease_ms)
         except _CLIENT_ERRORS as exc:
+            self._orphans.keep(zip(keys, values, strict=True), lease_ms)
             self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
-        return [classify(p) for p in previous]
+        # our own value back is our lease: a retried write whose first attempt had reached the server
+        return [classify(p, v) for p, v in zip(previous, values, strict=True)]
+
+    async def _delete_orphans(self) -> None:
+        """Compare-and-delete the leases of earlier failed calls (one pipeline; nothing to do as a rule)."""
+        orphans = self._orphans.take()
+        if not orphans:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key, value, _ in orphans:  # EVAL, not the registered script: a cluster pipeline loads none
+                pipe.eval(COMPARE_AND_DELETE, 1, key, value)
+            await pipe.execute()
+        except _CLIENT_ERRORS as exc:  # not this call's failure: its own commands still go out
+            self._orphans.give_back(orphans)
+            # debug: the call carrying them goes to the same Redis and reports an outage itself
+            log.debug("redis: %d stray lease(s) not deleted yet, trying again later: %r", len(orphans), exc)
+            return
+        log.debug("compare-and-deleted %d lease(s) of failed redis calls", len(orphans))
 
     async def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
         marks, self._marks = self._marks, []
@@ -171,10 +196,13 @@ class AsyncRedisLeaseStore:
     async def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key only if it still holds our own lease value."""
         if self.breaker.open():
+            self._orphans.keep([(key, value)], self._lease_ms)
             return
         try:
+            await self._delete_orphans()
             await self._cad(keys=[key], args=[value])
         except _CLIENT_ERRORS as exc:
+            self._orphans.keep([(key, value)], self._lease_ms)
             self.breaker.failed("release", exc)
 
 

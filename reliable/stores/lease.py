@@ -24,7 +24,9 @@ the group's inbox row (``DUPLICATE_CONFIRMED``), or, once the lease expired, by 
 Redis is an optimisation, never the source of truth: any connection error, timeout or error reply makes the
 answer :attr:`LeaseState.UNAVAILABLE`, the guard continues on the database alone, and the fallback is logged
 and counted. After a failure the store does not call Redis again for ``retry_after_s`` so that a dead Redis
-costs one timeout per interval rather than one per message.
+costs one timeout per interval rather than one per message. A lease write or release that failed may still
+have reached Redis; it is compare-and-deleted on the next call once Redis answers
+(:mod:`reliable.stores.orphans`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from reliable import constants as C
 from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseAnswer, LeaseState, call_at_exit, resp
 from reliable.stores.breaker import FallbackHook, RedisBreaker
+from reliable.stores.orphans import Orphans
 
 log = logging.getLogger("reliable.guard")
 
@@ -134,6 +137,8 @@ class RedisLeaseStore:
     ) -> None:
         self.client = client
         self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
+        self._orphans = Orphans(retry_after_s, clock)  # leases of failed calls that may have landed anyway
+        self._lease_ms = C.DEFAULT_LEASE_MS  # the last acquire's: how long a lease to free may still live
         self._cad = client.register_script(_COMPARE_AND_DELETE)
         #: packed commands on the pool's connections (standalone, Sentinel); None: a cluster client
         self._raw = resp.for_client(client)
@@ -152,13 +157,33 @@ class RedisLeaseStore:
         if self.breaker.open():
             self.breaker.skipped("acquire")
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
+        self._lease_ms = lease_ms
         try:
+            self._delete_orphans()
             previous = self._set_many(keys, values, lease_ms)
         except REDIS_ERRORS as exc:
+            self._orphans.keep(zip(keys, values, strict=True), lease_ms)
             self.breaker.failed("acquire", exc)
             return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
         self.breaker.succeeded()
         return [classify(p, v) for p, v in zip(previous, values, strict=True)]
+
+    def _delete_orphans(self) -> None:
+        """Compare-and-delete the leases of earlier failed calls (one pipeline; nothing to do as a rule)."""
+        orphans = self._orphans.take()
+        if not orphans:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for key, value, _ in orphans:  # EVAL, not the registered script: a cluster pipeline loads none
+                pipe.eval(_COMPARE_AND_DELETE, 1, key, value)
+            pipe.execute()
+        except REDIS_ERRORS as exc:  # not this call's failure: its own commands still go out
+            self._orphans.give_back(orphans)
+            # debug: the call carrying them goes to the same Redis and reports an outage itself
+            log.debug("redis: %d stray lease(s) not deleted yet, trying again later: %r", len(orphans), exc)
+            return
+        log.debug("compare-and-deleted %d lease(s) of failed redis calls", len(orphans))
 
     def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
         marks = self._take_marks()
@@ -272,8 +297,11 @@ class RedisLeaseStore:
     def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key for a redelivery only if it still holds our own lease value."""
         if self.breaker.open():
+            self._orphans.keep([(key, value)], self._lease_ms)
             return
         try:
+            self._delete_orphans()
             self._cad(keys=[key], args=[value])
         except REDIS_ERRORS as exc:
+            self._orphans.keep([(key, value)], self._lease_ms)
             self.breaker.failed("release", exc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import signal
 import warnings
 
 import redis as redis_lib
@@ -13,6 +15,7 @@ from reliable.stores import LeaseState
 from reliable.stores.aio_lease import AsyncRedisLeaseStore
 from reliable.stores.lease import RedisLeaseStore, done_value, lease_key, processing_value
 from tests.services import PrivateRedis
+from tests.waiting import wait_until
 
 
 def test_sync_and_async_workers_see_each_others_leases_and_done_markers(
@@ -113,3 +116,61 @@ def test_a_client_error_that_is_not_a_redis_error_leaves_the_guard_on_the_databa
 
     asyncio.run(scenario())
     assert fallbacks == ["acquire", "release"]
+
+
+def test_a_retried_acquire_that_finds_our_own_value_is_acquired(redis_url: str, key_prefix: str) -> None:
+    """A retried ``SET NX GET`` whose first attempt reached the server returns our own value: that is our
+    lease (ACQUIRED, as in the sync store), not another worker's (HELD → LEASE_CONFLICT on every try)."""
+    key, mine = lease_key(key_prefix, "g", "m-retried"), processing_value("async-owner")
+
+    async def scenario() -> list[LeaseState]:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            await client.set(key, mine, px=60_000)  # the first attempt's write, its reply lost
+            store = AsyncRedisLeaseStore(client)
+            single = (await store.acquire_many([key], [mine], 60_000))[0].state
+            other = lease_key(key_prefix, "g", "m-other")
+            batch = [a.state for a in await store.acquire_many([key, other], [mine, mine], 60_000)]
+            await client.delete(key, other)
+            return [single, *batch]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == [LeaseState.ACQUIRED] * 3
+
+
+def test_a_lease_set_after_the_client_gave_up_is_deleted_once_redis_answers(
+    private_redis: PrivateRedis, key_prefix: str
+) -> None:
+    """As in the sync store: an acquire whose reply never came (the server stopped) may have set our lease
+    anyway; the next call that reaches Redis compare-and-deletes it, so a redelivery is not LEASE_CONFLICT
+    for ``lease_ms``. A lease someone else holds under that key meanwhile is left alone."""
+    assert private_redis.proc is not None
+    pid = private_redis.proc.pid
+    now = [100.0]
+    admin = redis_lib.Redis.from_url(private_redis.url, socket_timeout=5)
+    stray, theirs = lease_key(key_prefix, "g", "m-stray"), lease_key(key_prefix, "g", "m-theirs")
+    mine = processing_value("async-owner")
+
+    async def scenario() -> list[LeaseState]:
+        client = aioredis.Redis.from_url(private_redis.url, socket_timeout=0.2, socket_connect_timeout=0.2)
+        store = AsyncRedisLeaseStore(client, retry_after_s=5.0, clock=lambda: now[0])
+        try:
+            await client.ping()  # connected: the acquire's write reaches the stopped server's socket
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                lost = await store.acquire_many([stray, theirs], [mine, mine], 60_000)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert [a.state for a in lost] == [LeaseState.UNAVAILABLE] * 2
+            wait_until(lambda: admin.get(stray) == mine.encode(), what="the late lease write to land")
+            admin.set(theirs, "processing:someone-else", px=60_000)
+            now[0] += 10  # the breaker lets the next call through
+            fresh = lease_key(key_prefix, "g", "m-fresh")
+            answers = [a.state for a in await store.acquire_many([fresh], [mine], 60_000)]
+            return answers + [a.state for a in await store.acquire_many([stray], ["again"], 60_000)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == [LeaseState.ACQUIRED, LeaseState.ACQUIRED]
+    assert admin.get(theirs) == b"processing:someone-else"

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import uuid
 
 import pytest
+import redis as redis_lib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -305,3 +308,44 @@ def test_a_delivery_is_journaled_when_the_settle_steps_pooled_connection_was_kil
     finally:
         rel.close()
         killer.close()
+
+
+def test_a_lease_that_lands_after_the_client_gave_up_does_not_block_redeliveries(
+    sqlite_url: str, private_redis: PrivateRedis, key_prefix: str
+) -> None:
+    """The lease SET reaches Redis after the client timed out (the server stopped, as in DEBUG SLEEP or a
+    stalled host): the guard decided on the database and the handler failed. The stray ``processing:``
+    lease is compare-and-deleted once Redis answers again — it used to turn every redelivery into
+    LEASE_CONFLICT until ``lease_ms`` ran out."""
+    _ensure_clean_schema(sqlite_url)
+    rel = make_rel(sqlite_url, private_redis.url, key_prefix, redis_socket_timeout_s=0.2, lease_ms=60_000)
+    admin = redis_lib.Redis.from_url(private_redis.url, socket_timeout=5)
+    mid, key = uid("m"), lease_key(key_prefix, "g", "")
+    failures = [RuntimeError("first attempt fails")]
+
+    @idempotent_consumer(rel, group="g", registry=CollectorRegistry(), redis_retry_after_s=0.05)
+    def handle(e: Envelope, session: Session) -> None:
+        if e.message_id == mid and failures:
+            raise failures.pop()
+        apply(e, session)
+
+    try:
+        assert handle.decide(env(uid("warm"))).reason is Reason.PROCESSED
+        assert private_redis.proc is not None
+        os.kill(private_redis.proc.pid, signal.SIGSTOP)  # our SET NX waits in its socket and times out
+        try:
+            assert handle.decide(env(mid)).reason is Reason.HANDLER_FAILED
+        finally:
+            os.kill(private_redis.proc.pid, signal.SIGCONT)
+        wait_until(lambda: admin.get(key + mid), what="the late lease write to land")
+
+        def redis_used_again() -> bool:  # any message decided through Redis: the breaker closed again
+            other = uid("o")
+            assert handle.decide(env(other)).reason is Reason.PROCESSED
+            return bool(admin.get(key + other))
+
+        wait_until(redis_used_again, what="the guard to use Redis again")
+        assert handle.decide(env(mid, reconsume_times=1)).reason is Reason.PROCESSED
+        assert per_message(rel)[mid] == 1
+    finally:
+        rel.close()

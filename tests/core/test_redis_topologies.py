@@ -43,6 +43,8 @@ def test_sentinel_and_cluster_urls_parse() -> None:
         2,
         "s3cret",
     )
+    own = parse_topology("redis+sentinel://:m@h:1/svc?sentinel_password=s%26t&sentinel_username=watch")
+    assert (own.password, own.sentinel_password, own.sentinel_username) == ("m", "s&t", "watch")
     c = parse_topology("rediss+cluster://a:7000,b:7001")
     assert (c.kind, c.nodes, c.tls) == ("cluster", [("a", 7000), ("b", 7001)], True)
     for bad in (
@@ -50,6 +52,9 @@ def test_sentinel_and_cluster_urls_parse() -> None:
         "redis+sentinel://h:26379/svc/x",
         "redis+cluster://h:7000/3",  # clusters have db 0 only
         "redis+cluster://h",
+        "redis+sentinel://h:1/svc?sentinel_pasword=typo",  # unknown parameters are refused, not ignored
+        "redis+sentinel://h:1/svc?sentinel_password=a&sentinel_password=b",
+        "redis+cluster://h:7000?sentinel_password=x",
     ):
         with pytest.raises(ConfigurationError):
             parse_topology(bad)
@@ -207,6 +212,39 @@ def test_guard_survives_a_sentinel_failover_applying_each_message_once(
             assert applied(rel, mid) == 1, mid
     finally:
         rel.close()
+
+
+@pytest.mark.parametrize(
+    ("master_password", "sentinel_password"), [("m-pw", "s-pw"), ("m-pw", None)], ids=["own", "none"]
+)
+def test_sentinels_get_their_own_password_and_never_the_masters(
+    clean_sqlite: str, key_prefix: str, master_password: str, sentinel_password: str | None
+) -> None:
+    """A sentinel with ``requirepass`` gets ``?sentinel_password=`` (it got nothing: MasterNotFoundError on
+    every call, the guard silently on the database alone); one without a password gets no AUTH at all (it
+    refuses one), whatever the master's password — sync and asyncio clients."""
+    from reliable.redis_connect import connect_topology_async
+
+    with redis_sentinel(
+        replica=False, master_password=master_password, sentinel_password=sentinel_password
+    ) as group:
+        rel = make_rel(clean_sqlite, group.url, key_prefix)
+        try:
+            mid = f"pw-{uuid.uuid4().hex[:6]}"
+            assert guard(rel).decide(env(mid)).reason is Reason.PROCESSED
+            assert done_on(group.master.client(), key_prefix)(mid), "the guard used Redis"
+        finally:
+            rel.close()
+
+        async def through_async() -> Any:
+            client = connect_topology_async(parse_topology(group.url), 2.0)
+            try:
+                await client.set(f"{key_prefix}:async", "v")
+                return await client.get(f"{key_prefix}:async")
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(through_async()) == b"v"
 
 
 def test_asyncio_clients_for_both_topologies(
