@@ -293,6 +293,53 @@ def test_retry_deliveries_move_only_the_retry_queues_watermark(rel: Reliability,
     assert {(q, off) for t, _, q, off in journal if t == RETRY} == {(0, k) for k in range(4)}
 
 
+def test_one_retry_in_a_batch_sends_that_message_back_alone(rel: Reliability, tmp_path: Path) -> None:
+    """A batch of three, the middle one failing once. Answered RECONSUME_LATER as a whole, every message of
+    the batch went back to %RETRY% and came again: the two applied ones as duplicates, a dead-lettered
+    one to the DLQ a second time. Only the failed message goes back; the batch is acknowledged."""
+    from broker_sim.broker.api import ConsumeFromWhere
+    from broker_sim.client.producer import Producer
+    from broker_sim.client.push_consumer import PushConsumer
+
+    broker = started_broker(tmp_path, queues=1)
+    producer = Producer(broker, "adapter_p4")
+    sender = BrokerSimSender(producer)
+    for i in range(3):
+        sender.send(OutgoingMessage(f"b-{i}", TOPIC, b"{}"))
+    failed: list[str] = []
+
+    def handler(env: Envelope, session: Session) -> None:
+        if env.message_id == "b-1" and not failed:
+            failed.append("b-1")
+            raise RuntimeError("first attempt fails")
+
+    guarded = idempotent_consumer(rel, group=GROUP)(handler)
+    consumer = PushConsumer(
+        broker,
+        GROUP,
+        consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        consume_message_batch_max_size=3,
+    )
+    listener = GuardedListener(guarded, send_back_to_dlq(consumer.transport, GROUP))
+    consumer.subscribe(TOPIC, "*", listener)
+
+    def outcomes(mid: str) -> list[str]:
+        with Session(rel.engine) as s:
+            rows = s.scalars(select(MessageLog).where(MessageLog.message_id == mid).order_by(MessageLog.id))
+            return [str(r.outcome) for r in rows]
+
+    consumer.start()
+    try:
+        wait_until(lambda: outcomes("b-1")[-1:] == ["SUCCESS"], what="b-1 applied on its retry")
+        assert listener.stats.delivered == 4  # one batch of three, then b-1 alone
+        assert consumer.transport.get_max_offset(RETRY, 0) == 1  # only b-1 went back
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+        broker.shutdown()
+    assert [outcomes(f"b-{i}") for i in range(3)] == [["SUCCESS"], ["RETRY", "SUCCESS"], ["SUCCESS"]]
+
+
 def test_dead_letter_goes_to_the_dlq_at_once(rel: Reliability, broker_target: Any) -> None:
     from broker_sim.client.producer import Producer
     from broker_sim.client.push_consumer import PushConsumer
