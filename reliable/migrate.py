@@ -9,7 +9,9 @@ Two things a deployment needs that Alembic's defaults do not give:
   application's database, which usually has its own Alembic migrations in ``alembic_version``. Sharing that
   table, whichever tool ran second failed with "Can't locate revision", for good. A database migrated before
   keeps its revision: :func:`adopt_legacy_version` moves reliable's row out of ``alembic_version`` (and drops
-  that table if nothing else is left in it) the first time the migrations run.
+  that table if nothing else is left in it) the first time the migrations run. A row there counts as
+  reliable's only when reliable's tables exist: an application numbering its own revisions 0001, 0002… lost
+  its row and its version table to reliable's install.
 * **one migrating process at a time** (:func:`migration_lock`): every consumer calls ``create_schema()`` at
   start, and N replicas starting together ran the same DDL at once — all but one crashed. The lock is a
   PostgreSQL transaction-level advisory lock, a MariaDB named lock, SQLite's write lock; the revision is read
@@ -81,12 +83,30 @@ def current(engine: Engine) -> str | None:
         return at if at is not None else _legacy_revision(conn)
 
 
+def tables_of(revision: str) -> set[str]:
+    """Tables reliable's schema has at ``revision`` that tell it apart from an application's: what makes a
+    row in the shared ``alembic_version`` reliable's rather than the application's own."""
+    order = ordered_revisions()
+    need = {"message_stub", "message_log"}
+    if order.index(revision) >= order.index("0003"):
+        need.add("message_inbox")
+    return need
+
+
 def _legacy_revision(conn: Connection) -> str | None:
-    if not inspect(conn).has_table(C.LEGACY_ALEMBIC_VERSION_TABLE):
+    """reliable's revision in the shared ``alembic_version``, if one is there: a row whose id is one of
+    reliable's AND whose tables exist. An application numbering its own revisions 0001, 0002… has rows with
+    reliable's ids; taken for reliable's, its row was deleted (and its table dropped) and reliable's schema
+    never created."""
+    insp = inspect(conn)
+    if not insp.has_table(C.LEGACY_ALEMBIC_VERSION_TABLE):
         return None
     rows = conn.execute(text(f"SELECT version_num FROM {C.LEGACY_ALEMBIC_VERSION_TABLE}")).scalars().all()
     mine = sorted(set(rows) & revisions())
-    return mine[-1] if mine else None
+    if not mine:
+        return None
+    present = set(insp.get_table_names())
+    return mine[-1] if tables_of(mine[-1]) <= present else None
 
 
 def adopt_legacy_version(conn: Connection) -> None:
