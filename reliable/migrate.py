@@ -27,6 +27,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, func, inspect, select, text
 
 import migrations as _migrations_pkg
@@ -65,11 +66,37 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def downgrade(engine: Engine, revision: str = "base") -> None:
-    """Take the schema back to ``revision`` (``base`` drops every table)."""
+    """Take the schema back to ``revision`` (``base`` drops every table).
+
+    On MySQL/MariaDB, where each DDL statement commits, a downgrade through 0008 is checked before its first
+    step: rows that would not survive 0008's conversion back refuse it (:class:`MigrationRefusedError`)
+    while nothing has changed yet."""
     cfg = alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
+        if conn.dialect.name in ("mysql", "mariadb"):
+            _refuse_partial_downgrade(cfg, conn, revision)
         command.downgrade(cfg, revision)
+
+
+def _refuse_partial_downgrade(cfg: Config, conn: Connection, revision: str) -> None:
+    from alembic.runtime.migration import MigrationContext
+
+    at = MigrationContext.configure(
+        conn, opts={"version_table": C.ALEMBIC_VERSION_TABLE}
+    ).get_current_revision()
+    if at is None:
+        return
+    scripts = ScriptDirectory.from_config(cfg)
+    try:
+        steps = list(scripts.iterate_revisions(at, revision))
+    except CommandError:  # unknown or not below: alembic's own command says so
+        return
+    # iterate_revisions yields down to and including the target revision, which is not undone
+    target = scripts.get_revision(revision) if revision not in ("base", None) else None
+    undone = {s.revision for s in steps} - ({target.revision} if target is not None else set())
+    if "0008" in undone:
+        scripts.get_revision("0008").module.refuse_unconvertible(conn)
 
 
 def current(engine: Engine) -> str | None:
