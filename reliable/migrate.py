@@ -65,6 +65,15 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
+def stamp(engine: Engine, revision: str) -> None:
+    """Record ``revision`` in reliable's version table without running a migration (tables that exist with
+    no revision recorded)."""
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.stamp(cfg, revision)
+
+
 def downgrade(engine: Engine, revision: str = "base") -> None:
     """Take the schema back to ``revision`` (``base`` drops every table).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from broker_sim.common.net import listen_port
 from reliable.cli import main
 from reliable.facade import make_engine
 from reliable.migrate import alembic_config, current
+from reliable.models import metadata
 from tests import services
 
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -169,3 +171,33 @@ def test_export_of_a_database_without_the_schema_is_one_line_and_leaves_no_file(
     assert (got, out) == (2, "")
     assert "has no reliable schema" in err and "reliable db upgrade" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_tables_without_a_recorded_revision_are_said_with_the_way_out(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``metadata.create_all`` (or a lost version table): ``db current`` printed an empty database and
+    ``db upgrade`` failed "table message_stub already exists", with no hint. Said now, and ``db stamp``
+    records the revision."""
+    with contextlib.ExitStack() as stack:
+        url = (
+            f"sqlite:///{tmp_path / 'made.db'}"
+            if kind == "sqlite"
+            else stack.enter_context(services.scratch_database("postgres"))
+        )
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        metadata.create_all(engine)
+        for argv in (["current"], ["upgrade"], ["downgrade", "base", "--yes"]):
+            code, out, err = run(capsys, "db", *argv, "--db", url)
+            assert (code, out) == (2, ""), err
+            assert err.count("\n") == 1 and "no schema revision is recorded" in err and "db stamp" in err
+        code, _, err = run(capsys, "stubs", "list", "--db", url)
+        assert code == 2 and "db stamp" in err
+        code, _, err = run(capsys, "db", "stamp", "nope", "--db", url)
+        assert code == 2 and err.count("\n") == 1 and "nope" in err
+        code, out, err = run(capsys, "db", "stamp", "head", "--db", url)
+        assert (code, out, err) == (0, f"database stamped at revision {HEAD} (no table changed)\n", "")
+        assert run(capsys, "db", "upgrade", "--db", url) == (0, f"database at revision {HEAD}\n", "")
+        assert run(capsys, "db", "current", "--db", url) == (0, f"{HEAD}\n", "")

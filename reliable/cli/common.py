@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, make_url
+from sqlalchemy import Engine, inspect, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from reliable import constants as C
@@ -88,12 +88,30 @@ def ready_engine(url: str) -> Engine:
         raise cannot_open(exc, f"check --db, create the database, then {UPGRADE_HINT}") from None
     head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
     if at != head:
+        unrecorded = unrecorded_schema(engine) if at is None else None
         engine.dispose()
+        if unrecorded is not None:
+            raise unrecorded
         if at is not None and at not in migrate.revisions():
             raise DatabaseNotReadyError(unknown_revision(at))
         state = "has no reliable schema" if at is None else f"is at schema revision {at}, not {head}"
         raise DatabaseNotReadyError(f"the database {state}: {UPGRADE_HINT}")
     return engine
+
+
+def unrecorded_schema(engine: Engine) -> DatabaseNotReadyError | None:
+    """reliable's tables without a recorded revision (``metadata.create_all``, a lost version table), as the
+    one line that says so and the way out; ``None`` when the tables are not there. An upgrade from "base"
+    failed with "table message_stub already exists", and ``db current`` printed an empty database."""
+    with engine.connect() as conn:
+        present = set(inspect(conn).get_table_names())
+    if "message_stub" not in present:
+        return None
+    return DatabaseNotReadyError(
+        "reliable's tables exist but no schema revision is recorded (created by metadata.create_all, or the "
+        f"{C.ALEMBIC_VERSION_TABLE} table was lost): record the revision they match with "
+        "`reliable db stamp REV --db URL` (head if this reliable created them), then `reliable db upgrade`"
+    )
 
 
 def cannot_open(
