@@ -201,3 +201,25 @@ def test_tables_without_a_recorded_revision_are_said_with_the_way_out(
         assert (code, out, err) == (0, f"database stamped at revision {HEAD} (no table changed)\n", "")
         assert run(capsys, "db", "upgrade", "--db", url) == (0, f"database at revision {HEAD}\n", "")
         assert run(capsys, "db", "current", "--db", url) == (0, f"{HEAD}\n", "")
+
+
+def test_a_sqlite_uri_filename_is_the_file_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sqlite:///file:/path/x.db?mode=ro&uri=true`` (read-only) was refused: ``file:/path…`` was looked for
+    as a path, by every command and by ``reliable reconcile``."""
+    from reliable.cli.reconcile import _check_sqlite
+    from reliable.reconcile.errors import InputError
+
+    db = tmp_path / "ro db.db"
+    assert run(capsys, "db", "upgrade", "--db", f"sqlite:///{db}")[0] == 0
+    for uri in (f"file:{db}?mode=ro&uri=true", f"file://{str(db).replace(' ', '%20')}?mode=ro&uri=true"):
+        assert run(capsys, "db", "current", "--db", f"sqlite:///{uri}") == (0, f"{HEAD}\n", "")
+        code, _, err = run(capsys, "stubs", "list", "--db", f"sqlite:///{uri}")
+        assert code == 0, err
+        _check_sqlite(f"sqlite:///{uri}")
+    missing = f"sqlite:///file:{tmp_path / 'nope.db'}?mode=ro&uri=true"
+    code, _, err = run(capsys, "db", "current", "--db", missing)
+    assert code == 2 and f"no database file {tmp_path / 'nope.db'}:" in err
+    with pytest.raises(InputError, match=r"nope\.db"):
+        _check_sqlite(missing)

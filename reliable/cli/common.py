@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from urllib.parse import unquote
 
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, make_url
@@ -135,10 +136,28 @@ def unknown_revision(at: str) -> str:
     )
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL opens, or ``None`` (not SQLite, in memory). A URI filename
+    (``sqlite:///file:/path/x.db?mode=ro&uri=true``) names ``/path/x.db``: read as a path, ``file:/path…``
+    never existed and every command refused a read-only database that was there."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    name = parsed.database
+    if str(parsed.query.get("uri", "")).lower() in ("true", "1") and name.startswith("file:"):
+        if parsed.query.get("mode") == "memory":
+            return None
+        name = unquote(name[len("file:") :].split("?", 1)[0].split("#", 1)[0])
+        if name.startswith("//"):  # file://[localhost]/path
+            name = name[2:]
+            name = name[name.index("/") :] if "/" in name else ""
+    return None if name in ("", ":memory:") else Path(name)
+
+
 def check_sqlite_file(url: str) -> None:
     """A SQLite file that does not exist is a mistyped path, not an empty database: never created here."""
-    path = make_url(url).database if make_url(url).get_backend_name() == "sqlite" else None
-    if path not in (None, "", ":memory:") and not Path(str(path)).exists():
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
         raise DatabaseNotReadyError(f"no database file {path}: {UPGRADE_HINT}")
 
 
