@@ -90,16 +90,20 @@ def test_database_url_from_environment(
     [
         (["db", "upgrade"], 2, "no database: pass --db URL or set RELIABLE_DB_URL"),
         (["db", "upgrade", "--db", "nonsense://x"], 2, "bad database URL"),
-        (["db", "upgrade", "9999", "--db", "sqlite://"], 2, "Can't locate revision identified by '9999'"),
-        (["db", "downgrade", "nope", "--yes", "--db", "sqlite://"], 2, "nope"),
+        (
+            ["db", "upgrade", "9999", "--db", "sqlite:///TMP/x.db"],
+            2,
+            "Can't locate revision identified by '9999'",
+        ),
+        (["db", "downgrade", "nope", "--yes", "--db", "sqlite:///TMP/x.db"], 2, "nope"),
         (["db", "current", "--db", "mysql://root@127.0.0.1/x"], 2, "write mysql+pymysql://"),
         (["stubs", "list", "--db", "garbage"], 2, "bad database URL"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
-    argv: list[str], code: int, needle: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], code: int, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    got, out, err = run(capsys, *argv)
+    got, out, err = run(capsys, *(a.replace("TMP", str(tmp_path)) for a in argv))
     assert got == code
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("reliable: error: ") and needle in err

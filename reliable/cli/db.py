@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from alembic.util import CommandError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from reliable import migrate
@@ -19,6 +19,7 @@ from reliable.cli.common import (
     cannot_open,
     check_sqlite_file,
     require_db,
+    sqlite_file,
     unknown_revision,
     unrecorded_schema,
 )
@@ -67,8 +68,18 @@ def _first_read(engine: Engine) -> str | None:
     return at
 
 
+def _writable(url: str) -> str:
+    """``url``, unless it is a SQLite database in memory: a migration there is lost when the command ends,
+    and it said "database at revision …" as if something had been saved."""
+    if make_url(url).get_backend_name() == "sqlite" and sqlite_file(url) is None:
+        raise ConfigurationError(
+            f"{url} is a SQLite database in memory: nothing would be saved; give a file, sqlite:///path/app.db"
+        )
+    return url
+
+
 def _upgrade(args: argparse.Namespace) -> int:
-    engine = make_engine(require_db(args))
+    engine = make_engine(_writable(require_db(args)))
     try:
         at = _first_read(engine)
         order = migrate.ordered_revisions()
@@ -120,7 +131,7 @@ def _current(args: argparse.Namespace) -> int:
 
 
 def _stamp(args: argparse.Namespace) -> int:
-    url = require_db(args)
+    url = _writable(require_db(args))
     check_sqlite_file(url)  # nothing to stamp in a file that is not there
     engine = make_engine(url)
     try:
