@@ -32,6 +32,25 @@ from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, func
 
 import migrations as _migrations_pkg
 from reliable import constants as C
+from reliable.errors import MigrationRefusedError
+
+
+class MigrationStepRefused(MigrationRefusedError, CommandError):
+    """What a migration step raises to refuse: a :class:`MigrationRefusedError` for the API and ``reliable
+    db`` (one line, exit 2), and an Alembic ``CommandError`` so ``alembic … --sql`` prints ``FAILED: <line>``
+    instead of a traceback."""
+
+
+def refuse_offline(step: str) -> None:
+    """Refuse a step that reads rows when Alembic writes SQL instead of running it (``--sql``): it crashed
+    on the missing result (``'NoneType' object has no attribute …``)."""
+    from alembic import context
+
+    if context.is_offline_mode():
+        raise MigrationStepRefused(
+            f"{step} reads the database's rows and cannot be written as SQL (--sql): run this downgrade "
+            "against the database (`reliable db downgrade REV --db URL`)"
+        )
 
 
 def alembic_config(engine: Engine | None = None, url: str | None = None) -> Config:

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
-from reliable.errors import MigrationRefusedError
+from reliable.migrate import MigrationStepRefused, refuse_offline
 
 revision: str = "0008"
 down_revision: str | None = "0007"
@@ -42,7 +42,18 @@ TABLES = (
 
 
 def exact_collation(bind: sa.Connection) -> str:
-    """The binary collation of the connected server that compares every byte, trailing spaces included."""
+    """The binary collation of the connected server that compares every byte, trailing spaces included.
+
+    Offline (``--sql``) there is no server to ask: a ``mariadb://`` URL means MariaDB ≥ 10.2 (every
+    supported one); a ``mysql://`` URL could be either, and the SQL wrote ``utf8mb4_bin`` (blind to trailing
+    spaces) — refused with the way out."""
+    if context.is_offline_mode():
+        if bind.dialect.name == "mariadb" or getattr(bind.dialect, "is_mariadb", False):
+            return "utf8mb4_nopad_bin"
+        raise MigrationStepRefused(
+            "0008 needs to know the server for --sql: write mariadb+pymysql://… for MariaDB; for MySQL run "
+            "the upgrade against the database (`reliable db upgrade --db URL`)"
+        )
     version = tuple(bind.dialect.server_version_info or ())
     if getattr(bind.dialect, "is_mariadb", False):
         return "utf8mb4_nopad_bin" if version >= (10, 2) else "utf8mb4_bin"
@@ -73,6 +84,7 @@ def refuse_unconvertible(bind: sa.Connection) -> tuple[str, str]:
     conversion failing on the third table left the first two converted and the revision at 0008, which
     `db upgrade` never repaired. ``reliable.migrate.downgrade`` calls this before the first step of a
     downgrade through 0008 (0009's step would already have been committed)."""
+    refuse_offline("the downgrade of 0008 (checking rows against the default collation)")
     charset, collation = bind.execute(
         sa.text(
             "SELECT default_character_set_name, default_collation_name FROM information_schema.schemata "
@@ -109,7 +121,7 @@ def _refuse_table(bind: sa.Connection, table: str, charset: str, collation: str)
         ).scalars()
         named = "; ".join(rows)
         if named:
-            raise MigrationRefusedError(
+            raise MigrationStepRefused(
                 f"cannot take {table} back to {collation}: rows ({', '.join(key)}) = {named} would be one "
                 f"key under it; delete or rename them first (nothing was changed)"
             )
@@ -123,7 +135,7 @@ def _refuse_table(bind: sa.Connection, table: str, charset: str, collation: str)
         ).scalars()
         named = " and ".join(bad)
         if named:
-            raise MigrationRefusedError(
+            raise MigrationStepRefused(
                 f"cannot take {table} back to {charset}: {col} of the rows ({', '.join(keys[0])}) = {named} "
                 f"holds text {charset} cannot; edit them, or give the database a utf8mb4 default "
                 f"(ALTER DATABASE … CHARACTER SET utf8mb4) first (nothing was changed)"
