@@ -27,6 +27,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
 from alembic.util import CommandError
 from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, func, inspect, select, text
 
@@ -118,12 +119,9 @@ def _refuse_partial_downgrade(cfg: Config, conn: Connection, revision: str) -> N
     scripts = ScriptDirectory.from_config(cfg)
     try:
         steps = list(scripts.iterate_revisions(at, revision))
-    except CommandError:  # unknown or not below: alembic's own command says so
+    except RevisionError:  # unknown, or not below: alembic's own command, run next, says so in its words
         return
-    # iterate_revisions yields down to and including the target revision, which is not undone
-    target = scripts.get_revision(revision) if revision not in ("base", None) else None
-    undone = {s.revision for s in steps} - ({target.revision} if target is not None else set())
-    if "0008" in undone:
+    if "0008" in {s.revision for s in steps}:  # the revisions undone (the target itself is not among them)
         scripts.get_revision("0008").module.refuse_unconvertible(conn)
 
 

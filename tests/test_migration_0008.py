@@ -153,3 +153,14 @@ def test_a_downgrade_to_a_latin1_default_with_text_latin1_cannot_hold_is_refused
     ):
         downgrade(engine, "0007")
     _untouched(engine)
+
+
+def test_a_downgrade_by_a_relative_or_unknown_revision_is_alembics_own_answer(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upgrade(engine)
+    url = engine.url.render_as_string(hide_password=False)
+    assert main(["db", "downgrade", "nope", "--yes", "--db", url]) == 2
+    assert "Can't locate revision identified by 'nope'" in capsys.readouterr().err
+    downgrade(engine, "-2")  # through 0008: checked, nothing in the way
+    assert current(engine) == "0007"

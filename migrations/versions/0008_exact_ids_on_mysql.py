@@ -74,6 +74,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name in ("mysql", "mariadb"):
+        refuse_offline("the downgrade of 0008 (checking rows against the default collation)")
         charset, collation = refuse_unconvertible(bind)
         _convert(charset, collation)
 
@@ -84,7 +85,6 @@ def refuse_unconvertible(bind: sa.Connection) -> tuple[str, str]:
     conversion failing on the third table left the first two converted and the revision at 0008, which
     `db upgrade` never repaired. ``reliable.migrate.downgrade`` calls this before the first step of a
     downgrade through 0008 (0009's step would already have been committed)."""
-    refuse_offline("the downgrade of 0008 (checking rows against the default collation)")
     charset, collation = bind.execute(
         sa.text(
             "SELECT default_character_set_name, default_collation_name FROM information_schema.schemata "
