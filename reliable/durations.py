@@ -21,6 +21,8 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 def parse_seconds(text: str) -> float:
     """``text`` as seconds; ``ValueError`` naming the text and the accepted forms when it is not one."""
     m = _DURATION.match(str(text))
+    if m is None and _DURATION.match(str(text).strip().removeprefix("-")):
+        raise ValueError(f"{text!r}: a duration must not be negative")
     if m is None:
         raise ValueError(f"not a duration: {text!r} ({DURATION_HINT})")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]

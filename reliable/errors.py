@@ -50,3 +50,8 @@ class InvalidMessageError(ReliableError):
 
 class DuplicateMessageIdError(ReliableError):
     """A stub with this id already exists: ids are business-unique, a second intent is a caller bug."""
+
+
+class MigrationRefusedError(ReliableError):
+    """A migration step would fail half-way on the rows the database holds (MariaDB/MySQL DDL commits as it
+    goes, leaving a mixed schema), or cannot run in offline ``--sql`` mode: refused before any change."""

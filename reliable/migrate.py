@@ -9,7 +9,9 @@ Two things a deployment needs that Alembic's defaults do not give:
   application's database, which usually has its own Alembic migrations in ``alembic_version``. Sharing that
   table, whichever tool ran second failed with "Can't locate revision", for good. A database migrated before
   keeps its revision: :func:`adopt_legacy_version` moves reliable's row out of ``alembic_version`` (and drops
-  that table if nothing else is left in it) the first time the migrations run.
+  that table if nothing else is left in it) the first time the migrations run. A row there counts as
+  reliable's only when reliable's tables exist: an application numbering its own revisions 0001, 0002… lost
+  its row and its version table to reliable's install.
 * **one migrating process at a time** (:func:`migration_lock`): every consumer calls ``create_schema()`` at
   start, and N replicas starting together ran the same DDL at once — all but one crashed. The lock is a
   PostgreSQL transaction-level advisory lock, a MariaDB named lock, SQLite's write lock; the revision is read
@@ -25,10 +27,31 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from alembic.script.revision import RevisionError
+from alembic.util import CommandError
 from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, func, inspect, select, text
 
 import migrations as _migrations_pkg
 from reliable import constants as C
+from reliable.errors import MigrationRefusedError
+
+
+class MigrationStepRefused(MigrationRefusedError, CommandError):
+    """What a migration step raises to refuse: a :class:`MigrationRefusedError` for the API and ``reliable
+    db`` (one line, exit 2), and an Alembic ``CommandError`` so ``alembic … --sql`` prints ``FAILED: <line>``
+    instead of a traceback."""
+
+
+def refuse_offline(step: str) -> None:
+    """Refuse a step that reads rows when Alembic writes SQL instead of running it (``--sql``): it crashed
+    on the missing result (``'NoneType' object has no attribute …``)."""
+    from alembic import context
+
+    if context.is_offline_mode():
+        raise MigrationStepRefused(
+            f"{step} reads the database's rows and cannot be written as SQL (--sql): run this downgrade "
+            "against the database (`reliable db downgrade REV --db URL`)"
+        )
 
 
 def alembic_config(engine: Engine | None = None, url: str | None = None) -> Config:
@@ -62,12 +85,44 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
-def downgrade(engine: Engine, revision: str = "base") -> None:
-    """Take the schema back to ``revision`` (``base`` drops every table)."""
+def stamp(engine: Engine, revision: str) -> None:
+    """Record ``revision`` in reliable's version table without running a migration (tables that exist with
+    no revision recorded)."""
     cfg = alembic_config(engine)
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
+        command.stamp(cfg, revision)
+
+
+def downgrade(engine: Engine, revision: str = "base") -> None:
+    """Take the schema back to ``revision`` (``base`` drops every table).
+
+    On MySQL/MariaDB, where each DDL statement commits, a downgrade through 0008 is checked before its first
+    step: rows that would not survive 0008's conversion back refuse it (:class:`MigrationRefusedError`)
+    while nothing has changed yet."""
+    cfg = alembic_config(engine)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        if conn.dialect.name in ("mysql", "mariadb"):
+            _refuse_partial_downgrade(cfg, conn, revision)
         command.downgrade(cfg, revision)
+
+
+def _refuse_partial_downgrade(cfg: Config, conn: Connection, revision: str) -> None:
+    from alembic.runtime.migration import MigrationContext
+
+    at = MigrationContext.configure(
+        conn, opts={"version_table": C.ALEMBIC_VERSION_TABLE}
+    ).get_current_revision()
+    if at is None:
+        return
+    scripts = ScriptDirectory.from_config(cfg)
+    try:
+        steps = list(scripts.iterate_revisions(at, revision))
+    except RevisionError:  # unknown, or not below: alembic's own command, run next, says so in its words
+        return
+    if "0008" in {s.revision for s in steps}:  # the revisions undone (the target itself is not among them)
+        scripts.get_revision("0008").module.refuse_unconvertible(conn)
 
 
 def current(engine: Engine) -> str | None:
@@ -81,12 +136,30 @@ def current(engine: Engine) -> str | None:
         return at if at is not None else _legacy_revision(conn)
 
 
+def tables_of(revision: str) -> set[str]:
+    """Tables reliable's schema has at ``revision`` that tell it apart from an application's: what makes a
+    row in the shared ``alembic_version`` reliable's rather than the application's own."""
+    order = ordered_revisions()
+    need = {"message_stub", "message_log"}
+    if order.index(revision) >= order.index("0003"):
+        need.add("message_inbox")
+    return need
+
+
 def _legacy_revision(conn: Connection) -> str | None:
-    if not inspect(conn).has_table(C.LEGACY_ALEMBIC_VERSION_TABLE):
+    """reliable's revision in the shared ``alembic_version``, if one is there: a row whose id is one of
+    reliable's AND whose tables exist. An application numbering its own revisions 0001, 0002… has rows with
+    reliable's ids; taken for reliable's, its row was deleted (and its table dropped) and reliable's schema
+    never created."""
+    insp = inspect(conn)
+    if not insp.has_table(C.LEGACY_ALEMBIC_VERSION_TABLE):
         return None
     rows = conn.execute(text(f"SELECT version_num FROM {C.LEGACY_ALEMBIC_VERSION_TABLE}")).scalars().all()
     mine = sorted(set(rows) & revisions())
-    return mine[-1] if mine else None
+    if not mine:
+        return None
+    present = set(insp.get_table_names())
+    return mine[-1] if tables_of(mine[-1]) <= present else None
 
 
 def adopt_legacy_version(conn: Connection) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from broker_sim.common.net import listen_port
 from reliable.cli import main
 from reliable.facade import make_engine
 from reliable.migrate import alembic_config, current
+from reliable.models import metadata
 from tests import services
 
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -88,16 +90,20 @@ def test_database_url_from_environment(
     [
         (["db", "upgrade"], 2, "no database: pass --db URL or set RELIABLE_DB_URL"),
         (["db", "upgrade", "--db", "nonsense://x"], 2, "bad database URL"),
-        (["db", "upgrade", "9999", "--db", "sqlite://"], 2, "Can't locate revision identified by '9999'"),
-        (["db", "downgrade", "nope", "--yes", "--db", "sqlite://"], 2, "nope"),
+        (
+            ["db", "upgrade", "9999", "--db", "sqlite:///TMP/x.db"],
+            2,
+            "Can't locate revision identified by '9999'",
+        ),
+        (["db", "downgrade", "nope", "--yes", "--db", "sqlite:///TMP/x.db"], 2, "nope"),
         (["db", "current", "--db", "mysql://root@127.0.0.1/x"], 2, "write mysql+pymysql://"),
         (["stubs", "list", "--db", "garbage"], 2, "bad database URL"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
-    argv: list[str], code: int, needle: str, capsys: pytest.CaptureFixture[str]
+    argv: list[str], code: int, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    got, out, err = run(capsys, *argv)
+    got, out, err = run(capsys, *(a.replace("TMP", str(tmp_path)) for a in argv))
     assert got == code
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("reliable: error: ") and needle in err
@@ -169,3 +175,55 @@ def test_export_of_a_database_without_the_schema_is_one_line_and_leaves_no_file(
     assert (got, out) == (2, "")
     assert "has no reliable schema" in err and "reliable db upgrade" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_tables_without_a_recorded_revision_are_said_with_the_way_out(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``metadata.create_all`` (or a lost version table): ``db current`` printed an empty database and
+    ``db upgrade`` failed "table message_stub already exists", with no hint. Said now, and ``db stamp``
+    records the revision."""
+    with contextlib.ExitStack() as stack:
+        url = (
+            f"sqlite:///{tmp_path / 'made.db'}"
+            if kind == "sqlite"
+            else stack.enter_context(services.scratch_database("postgres"))
+        )
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        metadata.create_all(engine)
+        for argv in (["current"], ["upgrade"], ["downgrade", "base", "--yes"]):
+            code, out, err = run(capsys, "db", *argv, "--db", url)
+            assert (code, out) == (2, ""), err
+            assert err.count("\n") == 1 and "no schema revision is recorded" in err and "db stamp" in err
+        code, _, err = run(capsys, "stubs", "list", "--db", url)
+        assert code == 2 and "db stamp" in err
+        code, _, err = run(capsys, "db", "stamp", "nope", "--db", url)
+        assert code == 2 and err.count("\n") == 1 and "nope" in err
+        code, out, err = run(capsys, "db", "stamp", "head", "--db", url)
+        assert (code, out, err) == (0, f"database stamped at revision {HEAD} (no table changed)\n", "")
+        assert run(capsys, "db", "upgrade", "--db", url) == (0, f"database at revision {HEAD}\n", "")
+        assert run(capsys, "db", "current", "--db", url) == (0, f"{HEAD}\n", "")
+
+
+def test_a_sqlite_uri_filename_is_the_file_it_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sqlite:///file:/path/x.db?mode=ro&uri=true`` (read-only) was refused: ``file:/path…`` was looked for
+    as a path, by every command and by ``reliable reconcile``."""
+    from reliable.cli.reconcile import _check_sqlite
+    from reliable.reconcile.errors import InputError
+
+    db = tmp_path / "ro db.db"
+    assert run(capsys, "db", "upgrade", "--db", f"sqlite:///{db}")[0] == 0
+    for uri in (f"file:{db}?mode=ro&uri=true", f"file://{str(db).replace(' ', '%20')}?mode=ro&uri=true"):
+        assert run(capsys, "db", "current", "--db", f"sqlite:///{uri}") == (0, f"{HEAD}\n", "")
+        code, _, err = run(capsys, "stubs", "list", "--db", f"sqlite:///{uri}")
+        assert code == 0, err
+        _check_sqlite(f"sqlite:///{uri}")
+    missing = f"sqlite:///file:{tmp_path / 'nope.db'}?mode=ro&uri=true"
+    code, _, err = run(capsys, "db", "current", "--db", missing)
+    assert code == 2 and f"no database file {tmp_path / 'nope.db'}:" in err
+    with pytest.raises(InputError, match=r"nope\.db"):
+        _check_sqlite(missing)

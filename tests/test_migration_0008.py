@@ -12,12 +12,14 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from alembic.script import ScriptDirectory
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, inspect, select, text
 
 from reliable import Reason, Reliability, StubProducer, idempotent_consumer
-from reliable.errors import InvalidMessageError
-from reliable.migrate import downgrade, upgrade
+from reliable.cli import main
+from reliable.errors import InvalidMessageError, MigrationRefusedError
+from reliable.migrate import alembic_config, current, downgrade, upgrade
 from reliable.models import MessageStub
 from tests import services
 from tests.core.guard_helpers import apply, env, ledger, make_rel
@@ -26,6 +28,7 @@ from tests.sweeper.helpers import QueueSender
 
 #: one id and its look-alikes under a case-, accent- and pad-insensitive collation
 IDS = ["Ord-aB", "ord-Ab", "ORD-AB", "Ord-aB ", "Örd-aB"]
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def effects(rel: Reliability) -> dict[str, int]:
@@ -95,3 +98,69 @@ def test_0008_gives_every_text_column_an_exact_collation_and_takes_it_back(engin
     assert _collations(engine) == {default}
     upgrade(engine)
     assert _collations(engine) == {"utf8mb4_nopad_bin"}
+
+
+def _inbox_row(engine: Engine, message_id: str, last_error: str | None = None) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count,"
+                " created_at, updated_at, broker_name, last_error)"
+                " VALUES ('g', :m, 'DEAD', 0, 0, NOW(6), NOW(6), '', :e)"
+            ),
+            {"m": message_id, "e": last_error},
+        )
+
+
+def _untouched(engine: Engine) -> None:
+    """Still at head: every column still exact, 0009's column still there (its step runs first)."""
+    assert current(engine) == HEAD
+    assert _collations(engine) == {"utf8mb4_nopad_bin"}
+    assert "properties" in {c["name"] for c in inspect(engine).get_columns("message_stub")}
+
+
+def test_a_downgrade_that_would_merge_two_ids_is_refused_before_any_change(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two ids differing only in case are one key under the default collation: the downgrade converted
+    message_stub, then failed (duplicate key) on message_inbox — mixed collations, revision still 0008, and
+    `db upgrade` never repaired it. Refused now, naming the rows, before 0009's step or any conversion."""
+    upgrade(engine)
+    _inbox_row(engine, "Ord-aB")
+    _inbox_row(engine, "ord-Ab")
+    with pytest.raises(MigrationRefusedError, match=r"\(g, Ord-aB\) and \(g, ord-Ab\)"):
+        downgrade(engine, "0007")
+    _untouched(engine)
+    url = engine.url.render_as_string(hide_password=False)
+    assert main(["db", "downgrade", "base", "--yes", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "message_inbox" in err and "nothing was changed" in err
+    _untouched(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM message_inbox WHERE message_id = 'ord-Ab'"))
+    downgrade(engine, "0007")
+    assert current(engine) == "0007"
+
+
+def test_a_downgrade_to_a_latin1_default_with_text_latin1_cannot_hold_is_refused(engine: Engine) -> None:
+    upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER DATABASE `{engine.url.database}` CHARACTER SET latin1"))
+    _inbox_row(engine, "m1", "handler_failed: Zahlung für Kunde \N{GRINNING FACE} abgelehnt")
+    _inbox_row(engine, "m2", "für")  # latin1 holds this one
+    with pytest.raises(
+        MigrationRefusedError, match=r"last_error of the rows .* = \(g, m1\) holds text latin1"
+    ):
+        downgrade(engine, "0007")
+    _untouched(engine)
+
+
+def test_a_downgrade_by_a_relative_or_unknown_revision_is_alembics_own_answer(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    upgrade(engine)
+    url = engine.url.render_as_string(hide_password=False)
+    assert main(["db", "downgrade", "nope", "--yes", "--db", url]) == 2
+    assert "Can't locate revision identified by 'nope'" in capsys.readouterr().err
+    downgrade(engine, "-2")  # through 0008: checked, nothing in the way
+    assert current(engine) == "0007"

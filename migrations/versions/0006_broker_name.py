@@ -26,6 +26,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from reliable.migrate import refuse_offline
+
 revision: str = "0006"
 down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
@@ -63,6 +65,7 @@ def downgrade() -> None:
 def _fold_progress() -> None:
     """One row per (group, topic, queue) before the old key comes back (the table is small: groups ×
     queues, so it is folded in Python, the same way on every backend)."""
+    refuse_offline("the downgrade of 0006 (folding consume_progress per queue)")
     conn = op.get_bind()
     progress = sa.table(
         "consume_progress",

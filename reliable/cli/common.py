@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from urllib.parse import unquote
 
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, make_url
+from sqlalchemy import Engine, inspect, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from reliable import constants as C
@@ -88,12 +89,30 @@ def ready_engine(url: str) -> Engine:
         raise cannot_open(exc, f"check --db, create the database, then {UPGRADE_HINT}") from None
     head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()
     if at != head:
+        unrecorded = unrecorded_schema(engine) if at is None else None
         engine.dispose()
+        if unrecorded is not None:
+            raise unrecorded
         if at is not None and at not in migrate.revisions():
             raise DatabaseNotReadyError(unknown_revision(at))
         state = "has no reliable schema" if at is None else f"is at schema revision {at}, not {head}"
         raise DatabaseNotReadyError(f"the database {state}: {UPGRADE_HINT}")
     return engine
+
+
+def unrecorded_schema(engine: Engine) -> DatabaseNotReadyError | None:
+    """reliable's tables without a recorded revision (``metadata.create_all``, a lost version table), as the
+    one line that says so and the way out; ``None`` when the tables are not there. An upgrade from "base"
+    failed with "table message_stub already exists", and ``db current`` printed an empty database."""
+    with engine.connect() as conn:
+        present = set(inspect(conn).get_table_names())
+    if "message_stub" not in present:
+        return None
+    return DatabaseNotReadyError(
+        "reliable's tables exist but no schema revision is recorded (created by metadata.create_all, or the "
+        f"{C.ALEMBIC_VERSION_TABLE} table was lost): record the revision they match with "
+        "`reliable db stamp REV --db URL` (head if this reliable created them), then `reliable db upgrade`"
+    )
 
 
 def cannot_open(
@@ -117,10 +136,28 @@ def unknown_revision(at: str) -> str:
     )
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL opens, or ``None`` (not SQLite, in memory). A URI filename
+    (``sqlite:///file:/path/x.db?mode=ro&uri=true``) names ``/path/x.db``: read as a path, ``file:/path…``
+    never existed and every command refused a read-only database that was there."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    name = parsed.database
+    if str(parsed.query.get("uri", "")).lower() in ("true", "1") and name.startswith("file:"):
+        if parsed.query.get("mode") == "memory":
+            return None
+        name = unquote(name[len("file:") :].split("?", 1)[0].split("#", 1)[0])
+        if name.startswith("//"):  # file://[localhost]/path
+            name = name[2:]
+            name = name[name.index("/") :] if "/" in name else ""
+    return None if name in ("", ":memory:") else Path(name)
+
+
 def check_sqlite_file(url: str) -> None:
     """A SQLite file that does not exist is a mistyped path, not an empty database: never created here."""
-    path = make_url(url).database if make_url(url).get_backend_name() == "sqlite" else None
-    if path not in (None, "", ":memory:") and not Path(str(path)).exists():
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
         raise DatabaseNotReadyError(f"no database file {path}: {UPGRADE_HINT}")
 
 

@@ -245,8 +245,8 @@ def check_database(url: str) -> None:
 
 def _check_sqlite(url: str) -> None:
     """A SQLite file that does not exist would be created empty by the export; say so instead."""
-    from sqlalchemy.engine import make_url
+    from reliable.cli.common import sqlite_file  # a URI filename (file:…?uri=true) names its path
 
-    database = make_url(url).database
-    if database and database != ":memory:" and not Path(database).exists():
+    database = sqlite_file(url)
+    if database is not None and not database.exists():
         raise InputError(f"no such SQLite database: {database}")

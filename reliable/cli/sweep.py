@@ -23,7 +23,7 @@ from typing import Any
 from reliable import constants as C
 from reliable.cli.common import add_db_options, one_line, port, ready_engine, require_db
 from reliable.facade import Reliability
-from reliable.sender import Sender
+from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.sweeper import EmailChannel, SmtpConfig, Sweeper, WebhookChannel, metrics
 from reliable.sweeper.backoff import parse_backoff, parse_duration
 from reliable.sweeper.errors import SenderLoadError, SweeperConfigError
@@ -246,6 +246,9 @@ def _sweep(args: argparse.Namespace) -> int:
     _warn_if_redis_unreachable(rel, swlog)
     sender: Sender | None = None
     try:
+        # every flag checked before the sender starts: a bad one was said after the sender's own start-up
+        # (a broker_sim heartbeat warning) made it look like a broker problem
+        build_sweeper(args, rel, _NotLoaded())
         sender = load_sender(args.sender, rel)
         sweeper = build_sweeper(args, rel, sender)
         if args.metrics_port:
@@ -260,6 +263,13 @@ def _sweep(args: argparse.Namespace) -> int:
         if callable(close):
             close()
         rel.close()
+
+
+class _NotLoaded:
+    """The sender of the sweeper built only to check the flags; never asked to send."""
+
+    def send(self, message: OutgoingMessage) -> SendReceipt:
+        raise AssertionError("a sweeper built to check its flags was asked to send")
 
 
 def _warn_if_redis_unreachable(rel: Reliability, log: logging.Logger) -> None:
