@@ -9,16 +9,19 @@ the counting around it is :class:`AnswerBook`. Pure code over :mod:`reliable.ada
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from reliable import constants as C
 from reliable.adapters.kafka_common import (
     HOLD_REASONS,
     Record,
     RetryMode,
     RetryPolicy,
+    UndecodableRecord,
     encode_headers,
     forward_headers,
     reason_of,
@@ -139,3 +142,34 @@ class AnswerBook:
         else:
             self.counts["retry_topic"] += 1
         return action
+
+
+#: the journal's message id of an undecodable record is this and its delivered position: no id the adapter
+#: derives starts so (a position id is ``topic-partition-offset``)
+UNDECODABLE_ID_PREFIX = "undecodable:"
+
+
+def undecodable_envelope(rec: Record, topic: str, exc: UndecodableRecord) -> Envelope:
+    """The stand-in the guard journals an undecodable record of business topic ``topic`` as: its id is
+    :data:`UNDECODABLE_ID_PREFIX` and the delivered position (the topic by a digest where the whole would not
+    fit the id column); ``bad_input`` makes the guard dead-letter it without a run, so the reconciliation
+    report counts it."""
+    mid = f"{UNDECODABLE_ID_PREFIX}{rec.topic}-{rec.partition}-{rec.offset}"
+    if len(mid) > C.MESSAGE_ID_MAX:
+        digest = hashlib.blake2b(rec.topic.encode("utf-8"), digest_size=8).hexdigest()
+        mid = f"{UNDECODABLE_ID_PREFIX}{digest}-{rec.partition}-{rec.offset}"
+    return Envelope(
+        message_id=mid,
+        topic=topic,
+        queue_id=rec.partition,
+        queue_offset=rec.offset,
+        body=bytes(rec.value or b""),
+        delivered_topic=None if rec.topic == topic else rec.topic,
+        bad_input=f"undecodable: {exc}",
+    )
+
+
+def unjournaled(answer: object) -> bool:
+    """Whether the guard's answer for a stand-in says its row was not written (the database is down, the
+    guard raised): the record is then held, never committed past."""
+    return isinstance(answer, Exception) or str(getattr(answer, "reason", "")) in HOLD_REASONS

@@ -20,12 +20,15 @@ Limits, because FastStream owns the consumer: a retry copy that is not due yet i
 handler (the subscriber's other partitions wait too), and a hold (lease conflict, database down) waits and
 asks the guard again in place rather than pausing one partition. FastStream's ``publish`` takes text headers,
 so an undecodable header's bytes reach the DLT backslash-escaped (the confluent and aiokafka loops keep them
-untouched); FastStream also adds its own ``content-type``/``correlation_id`` headers to the copies.
+untouched); FastStream also adds its own ``content-type``/``correlation_id`` headers to the copies. A header
+that is not UTF-8 makes FastStream's own parser drop the record (committed past, an error logged) before the
+subscriber is called: pass :func:`kafka_parser` as the subscriber's ``parser=``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,7 +48,7 @@ from reliable.adapters.kafka_common import (
     raw_forward_headers,
     to_envelope,
 )
-from reliable.adapters.kafka_steps import AnswerBook, Step, copy_headers
+from reliable.adapters.kafka_steps import AnswerBook, Step, copy_headers, undecodable_envelope, unjournaled
 from reliable.errors import ConfigurationError
 from reliable.types import Envelope
 
@@ -60,6 +63,21 @@ def _text(headers: Sequence[tuple[str, str | bytes | None]]) -> dict[str, str]:
     return {
         k: v if isinstance(v, str) else (v or b"").decode("utf-8", "backslashreplace") for k, v in headers
     }
+
+
+async def kafka_parser(record: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
+    """FastStream's Kafka parser, except that a record with a header that is not UTF-8 reaches the guarded
+    subscriber: FastStream decodes every header as UTF-8, and on one that is not it logged an error and
+    committed past the record — a silent skip. Pass it as the subscriber's ``parser=``; the subscriber reads
+    the record's own bytes (``raw_message``), journals it as undecodable and sends it to the DLT with its
+    header bytes untouched."""
+    try:
+        return await original(record)
+    except UnicodeDecodeError:
+        headers = [(k, (v or b"").decode("utf-8", "backslashreplace").encode()) for k, v in record.headers]
+        message = await original(dataclasses.replace(record, headers=headers))
+        message.raw_message = record
+        return message
 
 
 def faststream_kafka_consumer(
@@ -109,6 +127,11 @@ def faststream_kafka_consumer(
             env = last_attempt(env, policy)
         except UndecodableRecord as exc:
             counts["undecodable"] += 1
+            if callable(decide):  # journaled before its dead-letter copy, as the consumer loops do
+                stand_in = undecodable_envelope(rec, topic or rec.topic, exc)
+                while unjournaled(await answer(stand_in)):
+                    counts["held"] += 1
+                    await asyncio.sleep(policy.delays_s[0] if policy.delays_s else 1.0)
             wire = raw_forward_headers(rec, f"undecodable: {exc}")
             await broker.publish(
                 rec.value, policy.dlt_topic(topic or rec.topic), key=rec.key, headers=_text(wire)

@@ -17,7 +17,6 @@ no row at all. A database that cannot take the row holds the record, as for any 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -25,7 +24,6 @@ from typing import Any, Generic, TypeVar
 
 from reliable import constants as C
 from reliable.adapters.kafka_common import (
-    HOLD_REASONS,
     Record,
     RetryPolicy,
     UndecodableRecord,
@@ -35,15 +33,14 @@ from reliable.adapters.kafka_common import (
     last_attempt,
     to_envelope,
 )
-from reliable.adapters.kafka_steps import AnswerBook
+from reliable.adapters.kafka_steps import AnswerBook, undecodable_envelope, unjournaled
 from reliable.types import Envelope
 
-TP = tuple[str, int]
-#: the journal's message id of an undecodable record is this and its delivered position: no id the adapter
-#: derives starts so (a position id is ``topic-partition-offset``)
-UNDECODABLE_ID_PREFIX = "undecodable:"
 #: the handler's type: a plain callable (confluent-kafka loop) or one returning an awaitable (aiokafka)
 H = TypeVar("H", bound=Callable[[Envelope], Any])
+
+
+TP = tuple[str, int]
 
 
 class GuardedLoop(Generic[H]):
@@ -107,32 +104,15 @@ class GuardedLoop(Generic[H]):
         return last_attempt(env, self.retry)
 
     def _undecodable(self, rec: Record, exc: UndecodableRecord) -> Envelope | None:
-        """The stand-in the guard journals an undecodable record as (module doc); ``None``: a bare handler.
-
-        Its id is :data:`UNDECODABLE_ID_PREFIX` and the delivered position (the topic by a digest where the
-        whole would not fit the id column); ``bad_input`` makes the guard dead-letter it without a run.
-        """
-        if not self._guarded:
-            return None
-        mid = f"{UNDECODABLE_ID_PREFIX}{rec.topic}-{rec.partition}-{rec.offset}"
-        if len(mid) > C.MESSAGE_ID_MAX:
-            digest = hashlib.blake2b(rec.topic.encode("utf-8"), digest_size=8).hexdigest()
-            mid = f"{UNDECODABLE_ID_PREFIX}{digest}-{rec.partition}-{rec.offset}"
-        return Envelope(
-            message_id=mid,
-            topic=self.topic,
-            queue_id=rec.partition,
-            queue_offset=rec.offset,
-            body=bytes(rec.value or b""),
-            delivered_topic=None if rec.topic == self.topic else rec.topic,
-            bad_input=f"undecodable: {exc}",
-        )
+        """The stand-in the guard journals an undecodable record as (:func:`undecodable_envelope`);
+        ``None``: a bare handler."""
+        return undecodable_envelope(rec, self.topic, exc) if self._guarded else None
 
     def _unjournaled_delay(self, tp: TP, answer: object) -> float | None:
         """After the guard's answer for an undecodable record's stand-in: ``None`` once its row is written,
         else how long to hold the record (the database is down, or the guard raised: never commit past a
         record the journal does not have)."""
-        if not isinstance(answer, Exception) and str(getattr(answer, "reason", "")) not in HOLD_REASONS:
+        if not unjournaled(answer):
             self._book.failures.pop(tp, None)
             return None
         self._book.failures[tp] += 1
