@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from reliable import Envelope, Reliability, idempotent_consumer
 from reliable.guard import Decision, Reason
 from tests.aio.flavours import applied, env, inbox, journal, ledger, make_rel
+from tests.conftest import _ensure_clean_schema
 
 
 class SlowStatement:
@@ -59,8 +61,8 @@ class SlowStatement:
 
 
 @pytest.fixture
-def rel(server_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
-    r = make_rel(server_url, redis_url, key_prefix, max_attempts=3)
+def rel(db_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
+    r = make_rel(db_url, redis_url, key_prefix, max_attempts=3)
     yield r
     r.close()
 
@@ -167,3 +169,33 @@ def test_a_cancel_that_comes_out_of_the_handler_as_another_error_is_still_its_ca
     assert len(rows) == 1 and (rows[0][1] or "").startswith(
         "handler_failed: attempt 1/3: HandlerCancelled"
     ), rows
+
+
+def test_sqlite_a_statement_cut_off_by_a_timeout_leaves_the_database_writable(
+    sqlite_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """The cancelled statement's cursor was kept alive by the error's traceback until garbage collection:
+    the guard's own settle step waited out SQLite's busy timeout (30 s) and failed, and so did every other
+    writer. Now the next delivery is processed at once."""
+    _ensure_clean_schema(sqlite_url)
+    rel = make_rel(sqlite_url, redis_url, key_prefix, max_attempts=3)
+    slow = SlowStatement(rel)
+    handle = _slow_handler(rel, slow)
+
+    async def scenario() -> tuple[Decision, float]:
+        slow.install(rel)
+        await asyncio.wait_for(_timed_out(handle, env("poison"), slow), 10)
+        start = time.monotonic()
+        nxt: Decision = await handle.decide(env("next"))
+        took = time.monotonic() - start
+        await rel.aclose()
+        return nxt, took
+
+    try:
+        nxt, took = asyncio.run(scenario())
+        assert nxt.reason is Reason.PROCESSED and took < 5, (nxt, took)
+        assert inbox(rel, "poison") == ("PENDING", 1)
+        assert [o for o, _ in journal(rel, "poison")] == ["RETRY"]
+        assert applied(rel) == {"next": 1}
+    finally:
+        rel.close()
