@@ -22,6 +22,7 @@ The after-commit send runs inside ``await session.commit()`` (the commit returns
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 
@@ -35,6 +36,16 @@ from reliable.producer import SendResult, StagedMessage, StubProducer
 from reliable.sender import AsyncSender, OutgoingMessage, SendReceipt
 
 
+class StraySendCancel(Exception):
+    """The sender raised ``CancelledError`` while nobody cancelled the sending task (a client library that
+    cancelled a future of its own): a send that was not accepted, recorded on the row like any other
+    failure. Let through, it passed every ``except Exception`` after the commit (after-commit hook, the
+    guard's staged sends) and reached the caller, whose transaction had committed: ``stage`` + commit and
+    ``publish`` raised ``CancelledError``, and a guarded handler that staged a message made
+    ``await handle.decide(env)`` raise it for a processed message — adapters neither acked nor requeued
+    (until 2026-11-28). A cancel of the task itself still passes through."""
+
+
 class GreenletSender:
     """The synchronous :class:`~reliable.sender.Sender` face of an ``AsyncSender`` (inside greenlet_spawn)."""
 
@@ -46,7 +57,14 @@ class GreenletSender:
         return getattr(self.sender, name)
 
     def send(self, message: OutgoingMessage) -> SendReceipt:
-        return await_only(self.sender.send(message))
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
+        try:
+            return await_only(self.sender.send(message))
+        except asyncio.CancelledError as exc:
+            if task is not None and task.cancelling() > cancels:
+                raise  # the task itself is being cancelled: asyncio needs it to unwind
+            raise StraySendCancel(f"{exc!r} while the sending task was not cancelled") from exc
 
 
 class AsyncStubProducer:

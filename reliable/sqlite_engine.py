@@ -4,13 +4,21 @@ SQLite has no ``SELECT … FOR UPDATE``: a transaction that reads and then write
 its first write, and two such transactions deadlock on the upgrade. Opening every transaction with
 ``BEGIN IMMEDIATE`` takes the lock up front. A module of its own because both engine factories use it
 (:func:`reliable.facade.make_engine`, :func:`reliable.aio_backends.make_async_engine`).
+
+An aiosqlite connection is rolled back before SQLAlchemy closes it as invalid (:func:`_roll_back_invalid`):
+a statement cut off by a cancel leaves its cursor open, and ``sqlite3``'s ``close()`` then leaves the
+connection alive as SQLite's "zombie" until that cursor is freed — with its transaction and the file's write
+lock, which the guard (``BEGIN IMMEDIATE``) holds from its first statement.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import Engine, event
+
+log = logging.getLogger("reliable")
 
 
 def configure_sqlite(engine: Engine, db_url: str) -> None:
@@ -32,6 +40,25 @@ def configure_sqlite(engine: Engine, db_url: str) -> None:
     # and commit of every connection of the engine — on SQLite, where nothing waits on a network, that was
     # ≈ 15 % of the guard's CPU per new message. create_engine gives each engine a dialect of its own.
     engine.dialect.do_begin = _begin_immediate  # type: ignore[method-assign]
+    if engine.dialect.driver == "aiosqlite":  # a pool event: dispatched only when a connection is invalidated
+        event.listen(engine.pool, "invalidate", _roll_back_invalid)
+
+
+def _roll_back_invalid(dbapi_conn: Any, _record: Any, exc: BaseException | None) -> None:
+    """End the transaction of an aiosqlite connection SQLAlchemy is about to close as invalid.
+
+    SQLAlchemy invalidates the connection whenever a cancel lands in a statement (a handler's query cut off
+    by the caller's ``wait_for``). aiosqlite's thread runs the statement to its first row regardless, and its
+    cursor — referenced from the cancel's traceback, freed only by the garbage collector — keeps the closed
+    connection alive with the guard's transaction: the file stayed write-locked, the guard's settle step
+    waited out the 30 s busy timeout and failed, and every other writer with it (until 2026-11-28). A
+    ``ROLLBACK`` first aborts that statement and releases the lock; the close that follows is unchanged."""
+    if dbapi_conn is None:
+        return
+    try:
+        dbapi_conn.rollback()
+    except Exception as err:  # the connection is being discarded anyway; its close goes ahead
+        log.warning("rolling back an invalidated SQLite connection failed (after %r): %r", exc, err)
 
 
 def _begin_immediate(dbapi_connection: Any) -> None:

@@ -24,7 +24,9 @@ of one group share rows, leases and done markers.
 
 Cancellation: a task cancelled *inside the handler* becomes a handler failure (:class:`HandlerCancelled`), so
 the guard rolls the transaction back, counts the attempt and releases the lease (the message is
-retryable at once); then ``CancelledError`` is raised again to the caller, as asyncio requires. A
+retryable at once); then ``CancelledError`` is raised again to the caller, as asyncio requires — also when
+the cancel lands in the handler's own statement (SQLAlchemy invalidates the connection), and when another
+error comes out of the handler while its task's cancel count has risen (still its cancel, not an outage). A
 ``CancelledError`` out of the handler while its task is not being cancelled is an ordinary failure
 (:class:`StrayCancel`): answered like any other, never raised to the caller. A task
 cancelled while the guard itself awaits the database or Redis unwinds with the transaction rolled back; its
@@ -170,17 +172,35 @@ class AsyncGuard:
             )
             # what the handler stages through it is sent once the guard has committed (reliable.producer)
             async_session.sync_session.info[C.SESSION_AFTER_COMMIT] = session.info[C.SESSION_AFTER_COMMIT]
+            task = asyncio.current_task()
+            cancels = task.cancelling() if task is not None else 0
             try:
                 await_only(call(env, async_session))
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling() > 0:
-                    raise HandlerCancelled(f"handler of {env.message_id!r} was cancelled") from exc
-                raise StrayCancel(
-                    f"handler of {env.message_id!r} raised {exc!r}; its task was not cancelled"
-                ) from exc
+            except BaseException as exc:
+                failure = _cancel_failure(env, exc, task, cancels)
+                if failure is None:
+                    raise
+                raise failure from exc
 
         return run
+
+
+def _cancel_failure(
+    env: Envelope, exc: BaseException, task: asyncio.Task[Any] | None, cancels: int
+) -> Exception | None:
+    """What a handler's exception is to the guard when a cancel is involved (``None``: itself)."""
+    cancelled = task is not None and task.cancelling() > 0
+    if isinstance(exc, asyncio.CancelledError):
+        if cancelled:
+            return HandlerCancelled(f"handler of {env.message_id!r} was cancelled")
+        return StrayCancel(f"handler of {env.message_id!r} raised {exc!r}; its task was not cancelled")
+    if isinstance(exc, Exception) and task is not None and task.cancelling() > cancels:
+        # the task was cancelled under the handler, and what came out is another error: a statement tidying
+        # up on the connection the cancel invalidated (SQLAlchemy's PendingRollbackError; asyncmy's next
+        # command: InterfaceError "Cancelled during execution"), a library wrapping the cancel — still the
+        # handler's cancel, counted as its failure, not a database outage
+        return HandlerCancelled(f"handler of {env.message_id!r} was cancelled: {exc!r}")
+    return None
 
 
 class AsyncGuardedHandler:

@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reliable import constants as C
-from reliable.guard.decision import GuardHooks, Reason, Verdict
+from reliable.guard.decision import GuardHooks, HandlerCancelled, Reason, Verdict
 from reliable.guard.plan import Item, decide, decide_verdict, journal_entry, judge_row, outcome_update, undo
 from reliable.metrics import GuardMetrics
 from reliable.models import utcnow
@@ -53,7 +53,9 @@ class StaleConnection(Exception):
 class LostUnderHandler(SQLAlchemyError):
     """The guard's connection died while the handler ran (a failover, a killed session): an outage, answered
     ``database_unavailable`` by :meth:`WorkTransaction.run` like any failed statement of the guard's — not a
-    handler failure, so no attempt is counted (DESIGN.md §2 step 5)."""
+    handler failure, so no attempt is counted (DESIGN.md §2 step 5). Not a cancel of an ``async def``
+    handler's task that lands in its own statement (:class:`HandlerCancelled`): that invalidates the
+    connection too, but it is the handler's failure."""
 
 
 class ConfirmConflict(Exception):
@@ -318,10 +320,14 @@ class WorkTransaction:
             if sp is not None:
                 sp.commit()
             return
-        if conn.invalidated or (isinstance(err, DBAPIError) and err.connection_invalidated):
+        lost = conn.invalidated or (isinstance(err, DBAPIError) and err.connection_invalidated)
+        if lost and not isinstance(err, HandlerCancelled):
             raise LostUnderHandler(repr(err)[:300]) from err
+        # a cancel that lands in the handler's own statement invalidates the connection too (SQLAlchemy
+        # cannot tell where the statement stopped): still the handler's failure, counted like any other; the
+        # whole transaction is gone with the connection, and the settle step's first statement reconnects
         self._failed(it, err)
-        if sp is None:
+        if sp is None or lost:
             raise HandlerFailed
         if sp.is_active:
             sp.rollback()
