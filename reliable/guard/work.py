@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, event
-from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from reliable import constants as C
+from reliable.guard.db_errors import DEADLOCK_MARK, disconnect_in, is_deadlock, note_deadlock, own_cancel_in
 from reliable.guard.decision import GuardHooks, HandlerCancelled, Reason, Verdict
 from reliable.guard.plan import Item, decide, decide_verdict, journal_entry, judge_row, outcome_update, undo
 from reliable.metrics import GuardMetrics
@@ -82,9 +82,9 @@ class WorkTransaction:
         self.metrics = metrics
         self._mariadb = sql.dialect in ("mysql", "mariadb")
         self._postgres = sql.dialect == "postgresql"
-        if self._mariadb and not event.contains(sql.engine, "handle_error", _note_deadlock):
+        if self._mariadb and not event.contains(sql.engine, "handle_error", note_deadlock):
             # a dialect-level hook: it runs only when a statement fails, and costs the others nothing
-            event.listen(sql.engine, "handle_error", _note_deadlock)
+            event.listen(sql.engine, "handle_error", note_deadlock)
         # Learned: when most recent deliveries had no producer row, insert the inbox row first (one round
         # trip fewer). Not on MariaDB: there INSERT IGNORE share-locks an existing row and the FOR UPDATE that
         # follows could deadlock with a twin delivery.
@@ -291,7 +291,7 @@ class WorkTransaction:
         err: Exception | None = None
         it.ran = True
         if self._mariadb:
-            conn.info.pop(_DEADLOCK, None)
+            conn.info.pop(DEADLOCK_MARK, None)
         try:
             self.handler(it.env, session)
             session.flush()
@@ -305,7 +305,7 @@ class WorkTransaction:
                 "the handler caught a database error and went on, but PostgreSQL aborted the transaction: "
                 "run a statement that may fail inside session.begin_nested()"
             )
-        if err is None and self._mariadb and conn.info.pop(_DEADLOCK, False):
+        if err is None and self._mariadb and conn.info.pop(DEADLOCK_MARK, False):
             err = RuntimeError(
                 "the handler caught a deadlock and went on, but InnoDB rolled back the whole transaction, "
                 "the guard's rows with it: let the error propagate (the message is retried)"
@@ -320,8 +320,12 @@ class WorkTransaction:
             if sp is not None:
                 sp.commit()
             return
-        lost = conn.invalidated or (isinstance(err, DBAPIError) and err.connection_invalidated)
-        if lost and not isinstance(err, HandlerCancelled):
+        # the connection died under the handler (a failover, a killed session): an outage, not the handler's
+        # failure — unless what invalidated it was a cancel the handler itself asked for (its own
+        # ``asyncio.timeout`` around a statement), whose TimeoutError is the handler's failure like any other
+        lost = conn.invalidated or disconnect_in(err)
+        outage = disconnect_in(err) or (conn.invalidated and not own_cancel_in(err))
+        if outage and not isinstance(err, HandlerCancelled):
             raise LostUnderHandler(repr(err)[:300]) from err
         # a cancel that lands in the handler's own statement invalidates the connection too (SQLAlchemy
         # cannot tell where the statement stopped): still the handler's failure, counted like any other; the
@@ -358,31 +362,3 @@ def _aborted(conn: Connection) -> bool:
     info = getattr(conn.connection.driver_connection, "info", None)
     status = getattr(info, "transaction_status", None)
     return getattr(status, "name", "") == "INERROR"
-
-
-#: InnoDB's deadlock: the victim's whole transaction is rolled back, not only the statement
-_ER_LOCK_DEADLOCK = 1213
-_PG_DEADLOCK_DETECTED = "40P01"
-
-
-def is_deadlock(exc: DBAPIError) -> bool:
-    """Whether the database rolled the transaction back to break a deadlock (PostgreSQL, MariaDB/MySQL)."""
-    orig = exc.orig
-    if getattr(orig, "sqlstate", None) == _PG_DEADLOCK_DETECTED:
-        return True
-    args: tuple[Any, ...] = getattr(orig, "args", ())
-    return bool(args) and args[0] == _ER_LOCK_DEADLOCK
-
-
-#: ``Connection.info`` key: a deadlock was raised on this connection since the handler started
-_DEADLOCK = "reliable.deadlock"
-
-
-def _note_deadlock(ctx: ExceptionContext) -> None:
-    """Marks a deadlock raised while the handler runs (MariaDB/MySQL). A handler that catches it and retries
-    its statement goes on in a new implicit transaction: without the mark the guard would commit the
-    handler's retried write alone and answer the message processed, its journal row and inbox confirmation
-    rolled back with the old transaction — and the message's next copy would apply it again."""
-    args = getattr(ctx.original_exception, "args", ())
-    if args and args[0] == _ER_LOCK_DEADLOCK and ctx.connection is not None:
-        ctx.connection.info[_DEADLOCK] = True

@@ -38,6 +38,7 @@ class SlowStatement:
         sql = {"postgresql": "SELECT pg_sleep(30)", "mysql": "SELECT SLEEP(0.5)", "sqlite": "SELECT held()"}
         self.sql = text(sql[rel.engine.dialect.name])
         self.entered = asyncio.Event()
+        self.budget: asyncio.Timeout | None = None
         self.running, self.release = threading.Event(), threading.Event()
 
     def install(self, rel: Reliability) -> None:
@@ -73,6 +74,11 @@ def _slow_handler(rel: Reliability, slow: SlowStatement) -> Any:
         await session.execute(insert(ledger).values(message_id=e.message_id, grp="g"))
         if e.message_id == "fails":
             raise RuntimeError("an ordinary handler failure")
+        if e.message_id == "own-timeout":
+            async with asyncio.timeout(None) as budget:  # the handler's own budget for its statement
+                slow.budget = budget
+                slow.entered.set()
+                await session.execute(slow.sql)
         if e.message_id in ("poison", "tidy"):
             slow.entered.set()
             try:
@@ -199,3 +205,37 @@ def test_sqlite_a_statement_cut_off_by_a_timeout_leaves_the_database_writable(
         assert applied(rel) == {"next": 1}
     finally:
         rel.close()
+
+
+def test_a_handler_whose_own_timeout_cuts_off_its_statement_has_failed(rel: Reliability) -> None:
+    """The handler bounds its own statement (``asyncio.timeout``) and the bound runs out: its ``TimeoutError``
+    is the handler's failure, counted like any other. The cancel invalidated the connection, and the guard
+    took that for a database outage: no attempt counted, a handler whose query always outlasts its own
+    bound retried for ever, never dead-lettered, nobody told."""
+    slow = SlowStatement(rel)
+    handle = _slow_handler(rel, slow)
+
+    async def scenario() -> list[Decision]:
+        slow.install(rel)
+        out: list[Decision] = []
+        for n in range(3):
+            slow.entered.clear()
+            slow.running.clear()
+            slow.release.clear()
+            task = asyncio.create_task(handle.decide(env("own-timeout", reconsume_times=n)))
+            await slow.started()
+            assert slow.budget is not None
+            slow.budget.reschedule(asyncio.get_running_loop().time())  # its bound runs out now
+            slow.release.set()
+            out.append(await task)
+        await rel.aclose()
+        return out
+
+    decisions = asyncio.run(scenario())
+    assert [d.reason for d in decisions] == [
+        Reason.HANDLER_FAILED,
+        Reason.HANDLER_FAILED,
+        Reason.MAX_ATTEMPTS,
+    ]
+    assert inbox(rel, "own-timeout") == ("DEAD", 3)
+    assert applied(rel) == {}
