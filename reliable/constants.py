@@ -174,9 +174,6 @@ POOL_PING_IDLE_S: Final = 5.0
 GUARD_LOGGER: Final = "reliable.guard"
 #: times a guard work transaction chosen as a deadlock victim is run again at once (then: retry later)
 GUARD_DEADLOCK_RETRIES: Final = 2
-#: times the guard's peek or settle transaction runs again on a new connection when the one it had was found
-#: dead (the work transaction's first statement has its own retry, reliable.guard.work.StaleConnection)
-GUARD_STALE_RETRIES: Final = 1
 
 # --- asyncio flavour (reliable.aio_backends, reliable.guard.aio) ------------------------------------------
 #: connections of one event loop's ``redis.asyncio`` pool; a task beyond it waits (up to the socket timeout,

@@ -10,6 +10,10 @@ So at checkout:
 * the socket has something to read (or the driver gives no socket to look at) → ping;
 * the connection was last checked in more than ``idle_s`` ago → ping (what a silent network path — a
   firewall dropping an idle flow without a FIN — can only be found by);
+* a connection of the pool was found dead (invalidated) within ``idle_s`` → ping: a failover or a burst of
+  killed sessions ends every session at once, and a session the server is still tearing down has nothing on
+  its socket yet — the guard's settle step, checked out right after its work transaction lost its session,
+  got the next such connection and lost the delivery's journal row with it;
 * otherwise → use it: one non-blocking ``poll`` system call, no round trip.
 
 A ping that fails with a disconnect raises :class:`sqlalchemy.exc.DisconnectionError`, so the pool discards
@@ -50,10 +54,22 @@ def install(
         if record is not None:
             record.info[_LAST_USE] = clock()
 
+    distrust_until = [0.0]  # after a connection of this pool was found dead: ping every checkout until then
+
+    @event.listens_for(engine.pool, "invalidate")
+    def _lost(dbapi_conn: Any, record: Any, exc: BaseException | None) -> None:
+        distrust_until[0] = clock() + idle_s
+
     @event.listens_for(engine.pool, "checkout")
     def _check(dbapi_conn: Any, record: Any, proxy: Any) -> None:
         last = record.info.get(_LAST_USE)
-        if last is not None and clock() - last <= idle_s and not _readable(dbapi_conn):
+        now = clock()
+        if (
+            last is not None
+            and now - last <= idle_s
+            and now >= distrust_until[0]
+            and not _readable(dbapi_conn)
+        ):
             return
         try:
             dialect.do_ping(dbapi_conn)

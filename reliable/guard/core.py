@@ -67,6 +67,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from reliable import constants as C
 from reliable import outbox
 from reliable.guard import plan
+from reliable.guard.db_errors import is_deadlock
 from reliable.guard.decision import (
     TEXTS,
     Decision,
@@ -77,7 +78,7 @@ from reliable.guard.decision import (
     failure_reason,
 )
 from reliable.guard.plan import Item
-from reliable.guard.work import Handler, StaleConnection, WorkTransaction, is_deadlock
+from reliable.guard.work import Handler, StaleConnection, WorkTransaction
 from reliable.metrics import DecisionObserver, guard_metrics
 from reliable.models import utcnow
 from reliable.names import check_group
@@ -228,19 +229,12 @@ class Guard:
         held = [it for it in items if it.held]
         if not held:
             return True
-        for tries in range(C.GUARD_STALE_RETRIES + 1):
-            try:
-                with self.sql.transaction(conn):
-                    states = self.sql.peek_inbox(conn, self.group, [it.mid for it in held])
-                break
-            except DBAPIError as exc:
-                if not (exc.connection_invalidated and tries < C.GUARD_STALE_RETRIES):
-                    self._database_down(items, "journal", exc)
-                    return False
-                log.info("guard peek found its connection dead (group %s), retrying", self.group)
-            except SQLAlchemyError as exc:
-                self._database_down(items, "journal", exc)
-                return False
+        try:
+            with self.sql.transaction(conn):
+                states = self.sql.peek_inbox(conn, self.group, [it.mid for it in held])
+        except SQLAlchemyError as exc:
+            self._database_down(items, "journal", exc)
+            return False
         for it in held:
             plan.decide_held(it, states.get(it.mid), self.settings.max_attempts)
         return True
@@ -262,27 +256,21 @@ class Guard:
         # in id order, as every other step takes inbox row locks: two batches settling failures deadlocked
         failed = sorted((it for it in late if it.error is not None and it.decision is None), key=_mid)
         before = [(it, it.decision, it.log_id) for it in late]
-        deadlocks = stale = 0
-        while True:
+        for tries in range(C.GUARD_DEADLOCK_RETRIES + 1):
             try:
                 fresh = self._settle_once(conn, items, late, failed, now)
                 break
             except DBAPIError as exc:
-                if is_deadlock(exc) and deadlocks < C.GUARD_DEADLOCK_RETRIES:
-                    deadlocks += 1
-                    self.metrics.database_errors.labels(self.group, "deadlock_retried").inc()
-                elif exc.connection_invalidated and stale < C.GUARD_STALE_RETRIES:
-                    # the server had ended the session the connection revalidated onto (a burst of killed
-                    # sessions, a failover): the pool's check at checkout cannot see every such death
-                    # (reliable.pool_liveness). Nothing was written; once more on a new one — given up,
-                    # the deliveries leave no journal row, and the report shows their offsets as gaps
-                    stale += 1
-                    log.info("guard settle found its connection dead (group %s), retrying", self.group)
-                else:
+                # not retried on a lost connection: its last statement carries the COMMIT, and one lost there
+                # may have committed (a second run would count each failure twice); a connection that was
+                # dead before the first statement is kept from the settle step by the pool's checkout check
+                # (reliable.pool_liveness: every checkout is pinged for a while after one connection died)
+                if not (is_deadlock(exc) and tries < C.GUARD_DEADLOCK_RETRIES):
                     self._settle_failed(late, exc)
                     return
                 for it, decision, log_id in before:  # rolled back in full: decide again from the start
                     it.decision, it.log_id = decision, log_id
+                self.metrics.database_errors.labels(self.group, "deadlock_retried").inc()
             except SQLAlchemyError as exc:
                 self._settle_failed(late, exc)
                 return

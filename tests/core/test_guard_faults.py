@@ -278,7 +278,8 @@ def test_a_delivery_is_journaled_when_the_settle_steps_pooled_connection_was_kil
     fails on its own dead session, and the settle step's connection — the next pooled one, killed too but
     not gone yet, so the pool's checkout check passed it — fails at its first statement. The delivery was
     answered with a retry and left no journal row: the report showed its offset as a gap, a loss signal
-    for a message that was not lost. The settle step runs once more on a new connection."""
+    for a message that was not lost. Once one connection of the pool is found dead, every checkout is pinged
+    for a while (reliable.pool_liveness), so the settle step gets a live one."""
     _ensure_clean_schema(postgres_url)
     url = make_url(postgres_url)
     killer = SessionKiller((url.host or "127.0.0.1", url.port or 5432))
