@@ -173,14 +173,18 @@ def _coerce(name: str, value: Any, type_name: Any) -> Any:
                 "write 'orders=billing,audit;payments=ledger'"
             ) from None
     if name.endswith("_s") and t in {"int", "float"} and isinstance(value, str):
-        # a duration field reads what the CLI's options read: RELIABLE_LOG_RETENTION_S=30d
+        # a duration field reads what the CLI's options read (RELIABLE_LOG_RETENTION_S=30d) and, as before,
+        # any number Python reads (.5, 1e3)
         try:
-            seconds = parse_seconds(value)
-        except ValueError as exc:
-            raise ConfigurationError(f"setting {name}: {exc}") from None
+            seconds = float(value)
+        except ValueError:
+            try:
+                seconds = parse_seconds(value)
+            except ValueError as exc:
+                raise ConfigurationError(f"setting {name}: {exc}") from None
         if t == "float":
-            return seconds
-        if seconds != int(seconds):
+            return seconds  # nan and inf are refused by validate(), with the others
+        if not math.isfinite(seconds) or seconds != int(seconds):
             raise ConfigurationError(f"setting {name}: {value!r} is not a whole number of seconds")
         return int(seconds)
     if t == "bool | None":

@@ -64,7 +64,8 @@ def test_empty_environment_value_means_unset() -> None:
         ),
         # each used to pass and fail later, untyped, inside the producer's transaction or the sweeper
         ({"first_resend_delay_s": float("inf")}, {}, "first_resend_delay_s must be a finite number"),
-        ({}, {"RELIABLE_STUCK_AFTER_S": "nan"}, "stuck_after_s: not a duration: 'nan'"),
+        ({}, {"RELIABLE_STUCK_AFTER_S": "nan"}, "stuck_after_s must be a finite number"),
+        ({}, {"RELIABLE_DONE_TTL_S": "inf"}, "done_ttl_s: 'inf' is not a whole number of seconds"),
         ({}, {"RELIABLE_LOG_RETENTION_S": "30 days"}, "log_retention_s: not a duration: '30 days' (use e.g."),
         ({}, {"RELIABLE_DONE_TTL_S": "1500ms"}, "done_ttl_s: '1500ms' is not a whole number of seconds"),
         ({"purge_duty_cycle": float("nan")}, {}, "purge_duty_cycle must be a finite number"),
@@ -96,6 +97,14 @@ def test_duration_settings_read_what_the_command_line_reads() -> None:
     assert s.done_ttl_s == 7200 and isinstance(s.done_ttl_s, int)
     assert s.first_resend_delay_s == 45.0
     assert Settings.load({"stall_after_s": "1h"}, environ={}).stall_after_s == 3600.0
+    # what float() read before durations came stays read
+    numbers = {
+        "RELIABLE_REDIS_SOCKET_TIMEOUT_S": ".5",
+        "RELIABLE_STUCK_AFTER_S": "1e3",
+        "RELIABLE_DONE_TTL_S": "+5",
+    }
+    s = Settings.load(environ=numbers)
+    assert (s.redis_socket_timeout_s, s.stuck_after_s, s.done_ttl_s) == (0.5, 1000.0, 5)
 
 
 def test_replace_validates() -> None:

@@ -97,9 +97,10 @@ def requeue_delay_s(answer: object, retry_delay_s: float, reconsume_times: int =
     (RabbitMQ 4's default: 20), and the broker dead-lettered the message itself — no reason, the handler
     never run, the inbox row PENDING until the sweeper's stuck rule. Doubling the hold with the queue's
     delivery count spends about log2(lease ÷ retry delay) deliveries on a dead worker's lease (6 for the
-    defaults), while a twin delivered beside a *live* worker — whose lease also reads as a minute to go,
-    though its handler ends in milliseconds — is looked at again after ``retry_delay_s``, not held a minute
-    (a classic queue counts no deliveries: its redeliveries wait ``2 × retry_delay_s``)."""
+    defaults). Redis cannot tell a live worker's lease from a dead one's (both read as most of a minute to
+    go), so a twin delivered beside a live worker is held the same way: ``retry_delay_s`` on a message's
+    first delivery, longer on one already delivered several times (by failures or conflicts) — up to the
+    lease's end. A classic queue counts no deliveries: its redeliveries wait ``2 × retry_delay_s``."""
     wait_ms = getattr(answer, "retry_after_ms", None)
     if isinstance(wait_ms, int) and wait_ms > 0:
         backoff_s = retry_delay_s * float(2 ** min(max(reconsume_times, 0), 30))

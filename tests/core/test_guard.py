@@ -103,6 +103,7 @@ def test_fail_then_succeed_applies_once(rel: Reliability, registry: CollectorReg
 
     m = uid("m")
     add_stub(rel, m, "g")
+    failed_send(rel, m)  # the producer's send failed: the stub shows why until the message is applied
     d1 = handle.decide(env(m))
     assert (d1.result, d1.reason, d1.attempts) == (ConsumeResult.RECONSUME_LATER, Reason.HANDLER_FAILED, 1)
     assert applied(rel, m) == 0
@@ -117,10 +118,13 @@ def test_fail_then_succeed_applies_once(rel: Reliability, registry: CollectorReg
     assert stub_status(rel, m) is StubStatus.CONFIRMED
     # applied: the row no longer shows an error (the journal keeps the failed attempts), its count stays
     assert (inbox_error(rel, "g", m), inbox_attempts(rel, "g", m)) == (None, 2)
+    assert stub_error(rel, m) is None
+    assert [r[1] for r in log_rows(rel, m)] == ["RETRY", "RETRY", "SUCCESS"]
     # the same through a batch's confirm
     b, c, d = uid("b"), uid("c"), uid("d")
     for mid in (b, c, d):
         add_stub(rel, mid, "g")
+        failed_send(rel, mid)
     failures["left"] = 1
     assert [x.reason for x in handle.decide_batch([env(b), env(c)])] == [
         Reason.HANDLER_FAILED,
@@ -130,7 +134,23 @@ def test_fail_then_succeed_applies_once(rel: Reliability, registry: CollectorReg
     again = handle.decide_batch([env(b, reconsume_times=1), env(d)])
     assert [x.reason for x in again] == [Reason.PROCESSED] * 2
     assert inbox_error(rel, "g", b) is None
-    assert [r[1] for r in log_rows(rel, m)] == ["RETRY", "RETRY", "SUCCESS"]
+    assert stub_error(rel, b) is None and stub_error(rel, d) is None
+
+
+def failed_send(rel: Reliability, message_id: str) -> None:
+    with rel.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE message_stub SET last_error = 'ConnectionError: broker down' WHERE message_id = :m"),
+            {"m": message_id},
+        )
+
+
+def stub_error(rel: Reliability, message_id: str) -> str | None:
+    with rel.engine.connect() as conn:
+        value = conn.execute(
+            text("SELECT last_error FROM message_stub WHERE message_id = :m"), {"m": message_id}
+        ).scalar()
+    return None if value is None else str(value)
 
 
 def test_inbox_row_rolled_back_with_failed_handler(rel: Reliability, registry: CollectorRegistry) -> None:

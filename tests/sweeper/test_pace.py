@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from sqlalchemy import text
 
 from reliable import Reliability, outbox
 from reliable.errors import ConfigurationError
@@ -85,6 +86,8 @@ def test_settling_walks_every_pending_stub_a_slice_at_a_time_and_starts_over(rel
         add_stub(rel, f"s{i}", groups=["billing", "audit"])
         for group in ("billing", "audit") if i % 2 else ("billing",):
             set_inbox(rel, f"s{i}", group, status=StubStatus.CONFIRMED)
+    with rel.engine.begin() as conn:  # the producer's send failed: each stub shows why
+        conn.execute(text("UPDATE message_stub SET last_error = 'ConnectionError: broker down'"))
     cursors = []
     with rel.engine.begin() as conn:
         cursor = outbox.settle_slice(conn, T0, None, 2)
@@ -103,4 +106,12 @@ def test_settling_walks_every_pending_stub_a_slice_at_a_time_and_starts_over(rel
         StubStatus.CONFIRMED,
         StubStatus.PENDING,
         StubStatus.CONFIRMED,
+    ]
+    # a settled stub no longer shows its failed send; an open one still does
+    assert [get_stub(rel, f"s{i}").last_error is None for i in range(1, 6)] == [
+        True,
+        False,
+        True,
+        False,
+        True,
     ]
