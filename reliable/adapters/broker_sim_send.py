@@ -167,8 +167,10 @@ class BrokerSimProbe:
     ``reliable_sweeper_probe_failures`` (:class:`ProbeWarnings`).
     """
 
-    def __init__(self, transport: BrokerTransport) -> None:
+    def __init__(self, transport: BrokerTransport, warnings: ProbeWarnings = PROBE_WARNINGS) -> None:
         self.transport = transport
+        #: the process's shared rate limit by default (every probe of a sweeper speaks for one process)
+        self.warnings = warnings
 
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         try:
@@ -178,7 +180,7 @@ class BrokerSimProbe:
                 return None
             return int(self.transport.get_max_offset(topic, queue_id, name))
         except Exception as exc:  # unknown topic, broker down: "cannot tell", the sweeper falls back
-            PROBE_WARNINGS.failed(broker_name, topic, queue_id, exc)
+            self.warnings.failed(broker_name, topic, queue_id, exc)
             return None
 
     def _only_group(self, topic: str, queue_id: int) -> str | None:

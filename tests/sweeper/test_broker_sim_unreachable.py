@@ -59,11 +59,10 @@ def failures(broker_name: str) -> float:
 
 
 def test_a_failing_probe_warns_once_a_minute_per_broker_group_and_counts_every_failure(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr(adapter, "PROBE_WARNINGS", ProbeWarnings(60.0, clock))
-    probe = BrokerSimProbe(cast(BrokerTransport, _HungBrokers()))
+    probe = BrokerSimProbe(cast(BrokerTransport, _HungBrokers()), ProbeWarnings(60.0, clock))
     before = {name: failures(name) for name in ("broker-a", "broker-b")}
 
     def round_of_rows() -> list[str]:
