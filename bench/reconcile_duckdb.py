@@ -46,7 +46,7 @@ def _sql_views(
                CASE WHEN delivery_no = 1 THEN NULL
                     WHEN reconsume_times > 0 THEN 'retry'
                     WHEN position_no > 1 THEN 'redelivery'
-                    WHEN topic = '%RETRY%' || consumer_group THEN 'targeted_resend'
+                    WHEN topic = '%RETRY%' || consumer_group OR after_targeted = 1 THEN 'targeted_resend'
                     ELSE 'producer_double_send' END AS cause
         FROM (SELECT id, message_id, consumer_group, topic, broker_name, queue_id, queue_offset,
                      coalesce(reconsume_times, 0) AS reconsume_times, received_at,
@@ -56,7 +56,11 @@ def _sql_views(
                      min(received_at) OVER (PARTITION BY message_id, consumer_group) AS first_received_at,
                      max(received_at) OVER (PARTITION BY message_id, consumer_group) AS last_received_at,
                      row_number() OVER (PARTITION BY message_id, consumer_group, topic, broker_name, queue_id,
-                                                     queue_offset ORDER BY received_at, id) AS position_no
+                                                     queue_offset ORDER BY received_at, id) AS position_no,
+                     coalesce(max(CASE WHEN topic = '%RETRY%' || consumer_group
+                                        AND coalesce(reconsume_times, 0) = 0 THEN 1 ELSE 0 END)
+                              OVER (PARTITION BY message_id, consumer_group ORDER BY received_at, id
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS after_targeted
               FROM message_log)
         """
     )

@@ -150,6 +150,7 @@ def duplicate_causes(engine: Engine, topic: str) -> dict[str, dict[str, int]]:
     """
     lg = MessageLog
     seen: dict[tuple[str, str], set[tuple[str, str, int, int]]] = {}
+    resent: dict[tuple[str, str], bool] = {}  # a targeted copy of the pair was delivered already
     causes: dict[str, Counter[str]] = {}
     with engine.connect() as conn:
         rows = conn.execute(
@@ -168,17 +169,21 @@ def duplicate_causes(engine: Engine, topic: str) -> dict[str, dict[str, int]]:
         for group, message_id, delivered, broker, queue_id, queue_offset, reconsume_times in rows:
             pos = (str(delivered), str(broker), int(queue_id), int(queue_offset))
             mine = causes.setdefault(str(group), Counter())
+            retry_copy = pos[0] == RETRY_TOPIC_PREFIX + str(group)
+            targeted = retry_copy and not (reconsume_times and int(reconsume_times) > 0)
             positions = seen.get((group, message_id))
             if positions is None:
                 seen[(group, message_id)] = {pos}
+                resent[(group, message_id)] = targeted
                 continue
             if reconsume_times and int(reconsume_times) > 0:
                 mine[DuplicateCause.RETRY] += 1
             elif pos in positions:
                 mine[DuplicateCause.REDELIVERY] += 1
-            elif pos[0] == RETRY_TOPIC_PREFIX + str(group):
+            elif retry_copy or resent[(group, message_id)]:  # after a targeted copy: the original, overtaken
                 mine[DuplicateCause.TARGETED_RESEND] += 1
             else:
                 mine[DuplicateCause.PRODUCER_DOUBLE_SEND] += 1
             positions.add(pos)
+            resent[(group, message_id)] = resent[(group, message_id)] or targeted
     return {g: {c.value: counter[c] for c in DuplicateCause} for g, counter in sorted(causes.items())}

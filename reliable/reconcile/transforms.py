@@ -124,6 +124,9 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
       a rebalance or a lost offset commit);
     * else a new position in the group's ``%RETRY%{group}`` topic → ``targeted_resend`` (the sweeper re-sent
       it to this group alone);
+    * else, after such a targeted copy of the pair → ``targeted_resend`` too: the original, overtaken by its
+      resend (the sweeper judged it lost while it was merely late) — a duplicate the resend made, not the
+      producer (until 2026-11-29 it was counted as a producer double send);
     * else → ``producer_double_send`` (a second copy in the topic: a producer retry after a lost ACK, or a
       resend to the whole topic).
 
@@ -135,6 +138,8 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
     whole = by_pair.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     earlier = by_pair.rowsBetween(Window.unboundedPreceding, -1)
     position = F.struct("topic", "broker_name", "queue_id", "queue_offset")
+    in_retry_topic = F.col("topic") == retry_topic(F.col("consumer_group"))
+    targeted = in_retry_topic & (F.col("reconsume_times") == 0)  # the sweeper's copy, not a broker retry
     numbered = logs.select(
         "*",
         F.row_number().over(by_pair).alias("delivery_no"),
@@ -144,18 +149,16 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
         F.coalesce(F.array_contains(F.collect_list(position).over(earlier), position), F.lit(False)).alias(
             "position_seen"
         ),
+        F.coalesce(F.max(targeted.cast("int")).over(earlier), F.lit(0)).alias("after_targeted"),
     )
     cause = (
         F.when(F.col("delivery_no") == 1, F.lit(None).cast("string"))
         .when(F.col("reconsume_times") > 0, F.lit(DuplicateCause.RETRY.value))
         .when(F.col("position_seen"), F.lit(DuplicateCause.REDELIVERY.value))
-        .when(
-            F.col("topic") == retry_topic(F.col("consumer_group")),
-            F.lit(DuplicateCause.TARGETED_RESEND.value),
-        )
+        .when(in_retry_topic | (F.col("after_targeted") == 1), F.lit(DuplicateCause.TARGETED_RESEND.value))
         .otherwise(F.lit(DuplicateCause.PRODUCER_DOUBLE_SEND.value))
     )
-    return numbered.withColumn("cause", cause).drop("position_seen")
+    return numbered.withColumn("cause", cause).drop("position_seen", "after_targeted")
 
 
 def delivery_stats(classified: DataFrame) -> DataFrame:

@@ -222,15 +222,17 @@ def test_duplicate_causes_per_group(engine) -> None:  # type: ignore[no-untyped-
     _log(engine, "g", "d", ("T", 2, 8))  # delivered once to g …
     _log(engine, "h", "d", ("T", 2, 8))  # … and once to h: fan-out, not a duplicate
     _log(engine, "h", "d", ("%RETRY%h", 0, 3))  # the sweeper's resend to h alone
+    _log(engine, "h", "e", ("%RETRY%h", 0, 4))  # the resend overtook the original …
+    _log(engine, "h", "e", ("T", 1, 6))  # … which came after: the resend's duplicate, not a double send
     causes = stats.duplicate_causes(engine, "T")
     assert causes == {
         "g": {"redelivery": 1, "retry": 1, "producer_double_send": 1, "targeted_resend": 0},
-        "h": {"redelivery": 0, "retry": 0, "producer_double_send": 0, "targeted_resend": 1},
+        "h": {"redelivery": 0, "retry": 0, "producer_double_send": 0, "targeted_resend": 2},
     }
     snap = stats.snapshot(engine, "T")
     assert snap.group("g").deliveries == 7 and snap.group("g").duplicates_delivered == 3
-    assert snap.group("h").deliveries == 2 and snap.group("h").duplicates_delivered == 1
-    assert snap.deliveries == 9 and snap.duplicates_delivered == 4
+    assert snap.group("h").deliveries == 4 and snap.group("h").duplicates_delivered == 2
+    assert snap.deliveries == 11 and snap.duplicates_delivered == 5
 
 
 def test_snapshot_counts_each_groups_inbox_rows(engine) -> None:  # type: ignore[no-untyped-def]

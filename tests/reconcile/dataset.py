@@ -243,10 +243,15 @@ def build() -> Dataset:
         ds.log(g, "DOUBLE-1", 2, 9, ago(119))
         ds.log(g, "DOUBLE-1", 2, 10, ago(118))  # other offset: producer double-send, seen by every group
     # search's worker died after taking it (stuck); the sweeper re-sent it to search alone
-    created = normal(ds, "TARGETED-1", 2, 11, groups=(A, B))
+    created = normal(ds, "TARGETED-1", 2, 11, groups=(A,))
     ds.row(C, "TARGETED-1", "CONFIRMED", created, resend_count=1, resend_at=(0, 0))
     ds.log(C, "TARGETED-1", 2, 11, ago(119))
     ds.log(C, "TARGETED-1", 0, 0, ago(100), topic=retry(C), original=T1)
+    # audit's copy was late, not lost: the sweeper's targeted copy overtook it, and the original came after —
+    # a duplicate the resend made (counted as a producer double send until 2026-11-29)
+    ds.row(B, "TARGETED-1", "CONFIRMED", created, resend_count=1, resend_at=(0, 0))
+    ds.log(B, "TARGETED-1", 0, 0, ago(110), topic=retry(B), original=T1)
+    ds.log(B, "TARGETED-1", 2, 11, ago(105))
     # billing's resends exhausted: DEAD for billing (a gap at 12 in billing's log), fine for the others
     created = normal(ds, "DEAD-1", 2, 12, groups=(B, C))
     ds.row(A, "DEAD-1", "DEAD", created, resend_count=7, resend_at=(0, 2))
@@ -308,6 +313,7 @@ EXPECTED: dict[str, Any] = {
             (A, "REDELIVER-1", "redelivery"),
             (A, "RETRY-1", "retry"),
             (A, "RETRY-1", "retry"),
+            (B, "TARGETED-1", "targeted_resend"),
             (C, "TARGETED-1", "targeted_resend"),
             (A, "W-SPLIT", "redelivery"),
         ]

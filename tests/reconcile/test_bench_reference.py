@@ -8,6 +8,7 @@ pair had; ``quantile_disc`` is the ``ceil(p·n)``-th smallest, as :func:`exact_p
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,15 @@ def test_reference_percentiles_are_the_exact_nearest_rank_ones(tmp_path: Path) -
     src = write_parquet(ds, tmp_path / "in")
     report = ref.reference_report(src, tmp_path / "out", D.AS_OF, grace_s=300, stuck_after_s=900)
     assert report["percentiles_ms"] == ref.exact_percentiles(src)
+
+
+def test_reference_names_the_same_duplicate_causes_as_planted(planted: D.Dataset, tmp_path: Path) -> None:
+    """The benchmark checks that both engines agree; both must agree with the planted truth too (an original
+    overtaken by its targeted resend is the resend's duplicate in either engine)."""
+    pytest.importorskip("duckdb")
+    from bench import reconcile_duckdb as ref
+
+    src = write_parquet(planted, tmp_path / "in")
+    report = ref.reference_report(src, tmp_path / "out", D.AS_OF, grace_s=300, stuck_after_s=900)
+    want = Counter(cause for _, _, cause in D.EXPECTED["duplicates"])
+    assert report["duplicates_by_cause"] == {c: want[c] for c in ref.CAUSES}

@@ -56,9 +56,9 @@ def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
 
     t = summary["totals"]
     assert (t["lost"], t["stuck"], t["dead"], t["unsent"], t["orphan_logs"]) == (3, 1, 1, 2, 1)
-    assert t["duplicate_deliveries"] == 8 and t["duplicate_pairs"] == 7
+    assert t["duplicate_deliveries"] == 9 and t["duplicate_pairs"] == 8
     assert summary["duplicates_by_cause"] == {
-        "redelivery": 2, "retry": 2, "producer_double_send": 3, "targeted_resend": 1,
+        "redelivery": 2, "retry": 2, "producer_double_send": 3, "targeted_resend": 2,
     }  # fmt: skip
     assert (t["gaps"], t["missing_offsets"]) == (8, 11)
     assert t["messages"] == len(ds.stubs) == 50
@@ -101,11 +101,15 @@ def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
     assert g[D.C]["duplicates_by_cause"] == {
         "redelivery": 0, "retry": 0, "producer_double_send": 1, "targeted_resend": 1,
     }  # fmt: skip
-    assert g[D.A]["duplicates_by_cause"]["retry"] == 2 and g[D.B]["duplicate_deliveries"] == 1
+    assert g[D.A]["duplicates_by_cause"]["retry"] == 2 and g[D.B]["duplicate_deliveries"] == 2
+    # audit: DOUBLE-1's second copy; TARGETED-1's original after its resend
+    assert g[D.B]["duplicates_by_cause"] == {
+        "redelivery": 0, "retry": 0, "producer_double_send": 1, "targeted_resend": 1,
+    }  # fmt: skip
     hist = {
         n: {r["resend_count"]: r["inbox_rows"] for r in x["targeted_resend_histogram"]} for n, x in g.items()
     }
-    assert hist == {D.A: {0: 49, 7: 1}, D.B: {0: 50}, D.C: {0: 38, 1: 1}, D.LATE: {0: 1}}
+    assert hist == {D.A: {0: 49, 7: 1}, D.B: {0: 49, 1: 1}, D.C: {0: 38, 1: 1}, D.LATE: {0: 1}}
     assert {k: v["pairs"] for k, v in summary["attention"].items()} == {
         k: [{"consumer_group": gr, "message_id": m} for gr, m in pairs]
         for k, pairs in {
@@ -220,7 +224,7 @@ def test_cli_on_sqlite_exits_2_when_a_threshold_is_crossed(
     ]
     err = capsys.readouterr().err
     assert "threshold crossed: max_lost = 3 > 0" in err
-    assert "threshold crossed: max_duplicates = 8 > 7" in err
+    assert "threshold crossed: max_duplicates = 9 > 7" in err
     assert "threshold crossed: max_never_consumed = 1 > 0" in err
     assert "reconcile [1/9]" in err, "progress is shown on the console"
     assert (out / "report.html").read_text().count("ALERT") == 1
