@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from reliable.demo.groups import AUDIT_GROUP
 from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub, StubNotification
 from reliable.reconcile.config import RETRY_TOPIC_PREFIX
 
@@ -63,13 +64,19 @@ def ensure_database(url: str) -> None:
 
 def clear_previous_run(session: Session, topic: str, groups: Sequence[str]) -> None:
     """Delete what an earlier demo run left for ``topic``: its stubs with their inbox rows and notices, the
-    deliveries of the topic, and the positions on the topic and on the groups' ``%RETRY%`` topics."""
+    deliveries of the topic, and the positions on the topic and on the ``%RETRY%`` topics of the groups and
+    of any audit group an earlier run had (``--groups 3``)."""
     ids = select(MessageStub.message_id).where(MessageStub.topic == topic)
     retry_topics = [RETRY_TOPIC_PREFIX + g for g in groups]
     session.execute(
         delete(MessageLog).where(or_(MessageLog.topic == topic, MessageLog.original_topic == topic))
     )
-    session.execute(delete(ConsumeProgress).where(ConsumeProgress.topic.in_([topic, *retry_topics])))
+    # every demo group's retry topic, not only this run's: a --groups 3 run left demo_audit_2's position,
+    # and the next runs' reports listed that group with no rows
+    earlier = ConsumeProgress.topic.startswith(RETRY_TOPIC_PREFIX + AUDIT_GROUP, autoescape=True)
+    session.execute(
+        delete(ConsumeProgress).where(or_(ConsumeProgress.topic.in_([topic, *retry_topics]), earlier))
+    )
     session.execute(delete(StubNotification).where(StubNotification.message_id.in_(ids)))
     session.execute(delete(MessageInbox).where(MessageInbox.message_id.in_(ids)))
     session.execute(delete(MessageStub).where(MessageStub.topic == topic))

@@ -300,3 +300,40 @@ def test_summary_is_ok_only_when_every_group_is() -> None:
     s.set_groups({"demo_ledger": good, "demo_audit": dataclasses.replace(good, lost=1, lost_ids=["o-1"])})
     assert not s.ok and s.lost == 1 and s.lost_ids == ["demo_audit:o-1"]
     assert s.to_dict()["groups"]["demo_audit"]["ok"] is False
+
+
+def test_a_new_run_clears_the_positions_of_every_earlier_demo_group(engine) -> None:  # type: ignore[no-untyped-def]
+    """A --groups 3 run left demo_audit_2's position on its %RETRY% topic; every later two-group report listed
+    that group with no rows. Another application's positions stay."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from reliable.demo.database import clear_previous_run
+    from reliable.models import ConsumeProgress
+
+    topics = [
+        "DemoOrders",
+        "%RETRY%demo_ledger",
+        "%RETRY%demo_audit",
+        "%RETRY%demo_audit_2",
+        "%RETRY%billing",
+    ]
+    with engine.begin() as conn:
+        for i, t in enumerate(topics):
+            group = t.removeprefix("%RETRY%") if t.startswith("%RETRY%") else "demo_ledger"
+            conn.execute(
+                insert(ConsumeProgress).values(
+                    consumer_group=group,
+                    topic=t,
+                    broker_name="",
+                    queue_id=0,
+                    min_offset=i,
+                    max_offset=i,
+                    updated_at=utcnow(),
+                )
+            )
+    with Session(engine) as s, s.begin():
+        clear_previous_run(s, "DemoOrders", groups.group_names(2))
+    with engine.connect() as conn:
+        left = sorted(conn.execute(select(ConsumeProgress.topic)).scalars())
+    assert left == ["%RETRY%billing"]
