@@ -26,10 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_sim.common.errors import BrokerResponseError, NoPermissionError, TopicNotExistError
+from broker_sim.common.errors import (
+    BrokerResponseError,
+    NoPermissionError,
+    ServiceNotAvailableError,
+    TopicNotExistError,
+)
 from broker_sim.common.message import SysFlag
 from broker_sim.common.requests import PullMessageRequest, PullMessageResponse, ResponseCode
 from broker_sim.common.scheduler import Handle
+from broker_sim.store.errors import StoreNotRunningError
 from broker_sim.store.results import DispatchRequest, GetMessageStatus
 
 if TYPE_CHECKING:
@@ -101,7 +107,10 @@ class PullMessageProcessor:
         if not req.sys_flag & SysFlag.PULL_SUSPEND:
             # A pull that will not be held sees what is already appended (see Broker.get_max_offset).
             b.store.wait_dispatched(1.0)
-        resp = self.execute(req)
+        try:
+            resp = self.execute(req)
+        except StoreNotRunningError:  # checked running above, then the store stopped: a shutdown or power cut
+            raise ServiceNotAvailableError("broker is shutting down") from None
         if (
             resp.code == ResponseCode.PULL_NOT_FOUND
             and req.sys_flag & SysFlag.PULL_SUSPEND
@@ -207,6 +216,9 @@ class PullMessageProcessor:
     def _answer(self, held: _Held) -> None:
         try:
             resp = self.execute(held.request)
+        except StoreNotRunningError:  # woken as the store shut down (a power cut): the broker's going away
+            self._finish(held, None)
+            return
         except Exception as exc:
             self._finish(held, exc)
             return
@@ -214,8 +226,6 @@ class PullMessageProcessor:
 
     def _finish(self, held: _Held, result: PullMessageResponse | BaseException | None) -> None:
         if result is None:
-            from broker_sim.common.errors import ServiceNotAvailableError
-
             result = ServiceNotAvailableError("broker is shutting down")
         try:
             held.callback(result)
