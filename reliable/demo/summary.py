@@ -175,10 +175,11 @@ class DemoSummary:
             causes = ", ".join(f"{c} {n}" for c, n in g.duplicate_causes.items() if n)
             if causes:
                 rows.append(("  duplicate causes", causes))
+        # the run's, not the last group's: not indented under it
         for kind, n in self.faults.items():
-            rows.append((f"  fault: {kind}", n))
+            rows.append((f"fault: {kind}", n))
         for kind, n in self.faults_skipped.items():
-            rows.append((f"  fault skipped: {kind}", n))
+            rows.append((f"fault skipped: {kind}", n))
         for label, value in rows:
             t.add_row(label, str(value))
         console.print(t)
