@@ -335,5 +335,5 @@ def test_a_new_run_clears_the_positions_of_every_earlier_demo_group(engine) -> N
     with Session(engine) as s, s.begin():
         clear_previous_run(s, "DemoOrders", groups.group_names(2))
     with engine.connect() as conn:
-        left = sorted(conn.execute(select(ConsumeProgress.topic)).scalars())
-    assert left == ["%RETRY%billing"]
+        left = set(conn.execute(select(ConsumeProgress.topic)).scalars())
+    assert left & set(topics) == {"%RETRY%billing"}  # (other tests' rows of the shared database aside)
