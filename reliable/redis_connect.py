@@ -23,14 +23,18 @@ is given explicitly with the ``sentinel_password`` (and ``sentinel_username``) q
 The asyncio guard gets the same topologies from :func:`connect_topology_async` (``redis.asyncio``'s Sentinel
 and Cluster clients, same options).
 
-Limits: a cluster client must reach one of its start-up nodes when it is created (a Sentinel client is
-lazy; the async cluster client connects on first use); Redis Cluster has no databases other than 0.
+A cluster that does not answer when the client is made gets a :class:`LazyCluster`, built at the first
+call that reaches it (a Sentinel client is lazy anyway; the async cluster client connects on first use).
+Limit: Redis Cluster has no databases other than 0.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import redis as redis_lib
@@ -42,6 +46,8 @@ from redis.sentinel import Sentinel
 
 from reliable import constants as C
 from reliable.errors import ConfigurationError
+
+log = logging.getLogger("reliable")
 
 #: what a client of any topology may raise for "Redis did not answer". The cluster client raises its own
 #: RedisClusterException (not a RedisError) when it re-reads the slot map and no start-up node answers or
@@ -181,15 +187,74 @@ def _cluster_options(topology: RedisTopology, socket_timeout_s: float) -> dict[s
     return {**_timeouts(socket_timeout_s), **_auth(topology), **topology.options}
 
 
+class LazyCluster:
+    """A Redis Cluster client for a cluster that did not answer at start-up: built at the first call that
+    reaches one of its nodes.
+
+    Why: ``RedisCluster(...)`` reads the slot map when it is created and raises when no start-up node answers,
+    so a consumer restarted during a Redis maintenance window crash-looped — though Redis is an optimisation
+    and the database alone decides (a Sentinel client and a standalone one start fine and pick Redis up
+    later). Until the cluster answers, every call raises ``RedisClusterException`` (one of
+    :data:`REDIS_ERRORS`): the lease store's breaker answers "Redis unavailable" and spaces the attempts.
+    """
+
+    def __init__(self, build: Callable[[], RedisCluster]) -> None:
+        self._build = build
+        self._client: RedisCluster | None = None
+        self._lock = threading.Lock()
+
+    def client(self) -> RedisCluster:
+        """The real client, built now if it was not yet; raises while no node answers."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._build()
+        return self._client
+
+    def register_script(self, script: str) -> Callable[..., Any]:
+        """A script registered on the real client at its first call (registering reads the client's
+        encoder, which would build it now)."""
+        registered: list[Any] = []
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not registered:
+                registered.append(self.client().register_script(script))
+            return registered[0](*args, **kwargs)
+
+        return call
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends ask for these: no reason to build the client
+            raise AttributeError(name)
+        return getattr(self.client(), name)
+
+
 def connect_topology(topology: RedisTopology, socket_timeout_s: float) -> RedisClient:
     """A client for a parsed (or hand-built) Sentinel or Cluster topology."""
     if topology.kind == "cluster":
-        return RedisCluster(
-            startup_nodes=[ClusterNode(h, p) for h, p in topology.nodes],  # type: ignore[no-untyped-call]
-            # a slot's master gone: fail fast (the guard falls back to the database) instead of retrying
-            retry=Retry(NoBackoff(), 1),
-            **_cluster_options(topology, socket_timeout_s),
-        )
+
+        def build() -> RedisCluster:
+            return RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in topology.nodes],  # type: ignore[no-untyped-call]
+                # a slot's master gone: fail fast (the guard falls back to the database) instead of retrying
+                retry=Retry(NoBackoff(), 1),
+                **_cluster_options(topology, socket_timeout_s),
+            )
+
+        try:
+            return build()
+        except RedisClusterException as exc:
+            log.warning(
+                "redis cluster %s does not answer (%s): the guard decides on the database alone "
+                "until it does",
+                ",".join(f"{h}:{p}" for h, p in topology.nodes),
+                exc,
+            )
+            return cast(RedisCluster, LazyCluster(build))
     once = Retry(NoBackoff(), 0)
     sentinel = Sentinel(topology.nodes, **_sentinel_options(topology, socket_timeout_s, once))  # type: ignore[no-untyped-call]
     client: redis_lib.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]

@@ -16,7 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,11 +114,12 @@ class Cluster:
 
 
 @contextmanager
-def redis_cluster(masters: int = 3) -> Iterator[Cluster]:
+def redis_cluster(masters: int = 3, ports: Sequence[int] | None = None) -> Iterator[Cluster]:
+    """A cluster of ``masters`` nodes, on ``ports`` when given (a client made before the cluster exists)."""
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="reliable-cluster-") as d:
         nodes = []
-        for _ in range(masters):
-            port = cluster_port()
+        for i in range(masters):
+            port = ports[i] if ports is not None else cluster_port()
             workdir = Path(d) / str(port)
             workdir.mkdir()
             nodes.append(

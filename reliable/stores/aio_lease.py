@@ -91,10 +91,9 @@ class AsyncRedisLeaseStore:
         if not orphans:
             return
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for key, value, _ in orphans:  # EVAL, not the registered script: a cluster pipeline loads none
-                pipe.eval(COMPARE_AND_DELETE, 1, key, value)
-            await pipe.execute()
+            # one call each, not a pipeline: a cluster pipeline takes no scripts (orphans are rare)
+            for key, value, _ in orphans:
+                await self._cad(keys=[key], args=[value])
         except _CLIENT_ERRORS as exc:  # not this call's failure: its own commands still go out
             self._orphans.give_back(orphans)
             # debug: the call carrying them goes to the same Redis and reports an outage itself

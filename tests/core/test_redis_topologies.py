@@ -27,7 +27,14 @@ from reliable.decorator import GuardedHandler
 from reliable.errors import ConfigurationError
 from reliable.redis_connect import parse_topology
 from tests.core.guard_helpers import applied, apply, env, make_rel
-from tests.redis_topologies import Cluster, SentinelGroup, answering, redis_cluster, redis_sentinel
+from tests.redis_topologies import (
+    Cluster,
+    SentinelGroup,
+    answering,
+    cluster_port,
+    redis_cluster,
+    redis_sentinel,
+)
 from tests.scripted_server import ScriptedServer
 from tests.waiting import wait_until
 
@@ -170,6 +177,33 @@ def test_a_dead_cluster_master_leaves_the_guard_on_the_database(
         assert set(reasons(handle, late)) == {Reason.PROCESSED}
         assert all(d.duplicate for d in handle.decide_batch([env(m) for m in warm + ids + late]))
         assert applied(rel) == len(warm) + len(ids) + len(late)
+    finally:
+        rel.close()
+
+
+def test_a_cluster_that_does_not_answer_at_start_up_is_picked_up_once_it_does(
+    clean_sqlite: str, key_prefix: str
+) -> None:
+    """``RedisCluster(...)`` reads the slot map when it is made: a consumer started during a Redis
+    maintenance window raised RedisClusterException and crash-looped, though the database alone decides.
+    It starts, decides on the database, and uses the cluster once it answers."""
+    ports = [cluster_port() for _ in range(3)]
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports[:2])
+    rel = make_rel(clean_sqlite, url, key_prefix)  # nothing listens on those ports yet
+    try:
+        handle = idempotent_consumer(rel, group="billing", redis_retry_after_s=0.05)(apply)
+        early = f"early-{uuid.uuid4().hex[:6]}"
+        assert handle.decide(env(early)).reason is Reason.PROCESSED  # the database alone
+        with redis_cluster(ports=ports):
+            late = f"late-{uuid.uuid4().hex[:6]}"
+
+            def decided_with_redis() -> bool:
+                mid = f"{late}-{uuid.uuid4().hex[:4]}"
+                handle.decide(env(mid))
+                return handle.decide(env(mid)).reason is Reason.DUPLICATE_DONE_MARKER
+
+            wait_until(decided_with_redis, what="the guard using the cluster that came up")
+        assert handle.decide(env(early)).duplicate
     finally:
         rel.close()
 
