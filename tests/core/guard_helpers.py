@@ -99,11 +99,29 @@ def log_rows(rel: Reliability, message_id: str | None = None) -> list[tuple[str,
 
 
 def stub_status(rel: Reliability, message_id: str) -> StubStatus | None:
+    v = _stub_column(rel, "status", message_id)
+    return None if v is None else StubStatus(str(v))
+
+
+def stub_error(rel: Reliability, message_id: str) -> str | None:
+    v = _stub_column(rel, "last_error", message_id)
+    return None if v is None else str(v)
+
+
+def failed_send(rel: Reliability, message_id: str) -> None:
+    """The producer's send of ``message_id`` failed: its stub shows why until the message is applied."""
+    with rel.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE message_stub SET last_error = 'ConnectionError: broker down' WHERE message_id = :m"),
+            {"m": message_id},
+        )
+
+
+def _stub_column(rel: Reliability, column: str, message_id: str) -> object:
     with rel.engine.connect() as conn:
-        v = conn.execute(
-            text("SELECT status FROM message_stub WHERE message_id = :m"), {"m": message_id}
+        return conn.execute(
+            text(f"SELECT {column} FROM message_stub WHERE message_id = :m"), {"m": message_id}
         ).scalar()
-    return None if v is None else StubStatus(v)
 
 
 def inbox_status(rel: Reliability, group: str, message_id: str) -> StubStatus | None:

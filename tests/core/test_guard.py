@@ -25,12 +25,14 @@ from tests.core.guard_helpers import (
     apply,
     counting,
     env,
+    failed_send,
     inbox_attempts,
     inbox_error,
     inbox_status,
     log_rows,
     make_rel,
     per_message,
+    stub_error,
     stub_status,
     uid,
 )
@@ -135,22 +137,6 @@ def test_fail_then_succeed_applies_once(rel: Reliability, registry: CollectorReg
     assert [x.reason for x in again] == [Reason.PROCESSED] * 2
     assert inbox_error(rel, "g", b) is None
     assert stub_error(rel, b) is None and stub_error(rel, d) is None
-
-
-def failed_send(rel: Reliability, message_id: str) -> None:
-    with rel.engine.begin() as conn:
-        conn.execute(
-            text("UPDATE message_stub SET last_error = 'ConnectionError: broker down' WHERE message_id = :m"),
-            {"m": message_id},
-        )
-
-
-def stub_error(rel: Reliability, message_id: str) -> str | None:
-    with rel.engine.connect() as conn:
-        value = conn.execute(
-            text("SELECT last_error FROM message_stub WHERE message_id = :m"), {"m": message_id}
-        ).scalar()
-    return None if value is None else str(value)
 
 
 def test_inbox_row_rolled_back_with_failed_handler(rel: Reliability, registry: CollectorRegistry) -> None:
