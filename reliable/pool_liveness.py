@@ -54,22 +54,18 @@ def install(
         if record is not None:
             record.info[_LAST_USE] = clock()
 
-    distrust_until = [0.0]  # after a connection of this pool was found dead: ping every checkout until then
+    distrust_until = 0.0  # after a connection of this pool was found dead: ping every checkout until then
 
     @event.listens_for(engine.pool, "invalidate")
     def _lost(dbapi_conn: Any, record: Any, exc: BaseException | None) -> None:
-        distrust_until[0] = clock() + idle_s
+        nonlocal distrust_until
+        distrust_until = clock() + idle_s
 
     @event.listens_for(engine.pool, "checkout")
     def _check(dbapi_conn: Any, record: Any, proxy: Any) -> None:
         last = record.info.get(_LAST_USE)
         now = clock()
-        if (
-            last is not None
-            and now - last <= idle_s
-            and now >= distrust_until[0]
-            and not _readable(dbapi_conn)
-        ):
+        if last is not None and now - last <= idle_s and now >= distrust_until and not _readable(dbapi_conn):
             return
         try:
             dialect.do_ping(dbapi_conn)

@@ -323,8 +323,9 @@ class WorkTransaction:
         # the connection died under the handler (a failover, a killed session): an outage, not the handler's
         # failure — unless what invalidated it was a cancel the handler itself asked for (its own
         # ``asyncio.timeout`` around a statement), whose TimeoutError is the handler's failure like any other
-        lost = conn.invalidated or disconnect_in(err)
-        outage = disconnect_in(err) or (conn.invalidated and not own_cancel_in(err))
+        disconnected = disconnect_in(err)
+        lost = conn.invalidated or disconnected
+        outage = disconnected or (conn.invalidated and not own_cancel_in(err))
         if outage and not isinstance(err, HandlerCancelled):
             raise LostUnderHandler(repr(err)[:300]) from err
         # a cancel that lands in the handler's own statement invalidates the connection too (SQLAlchemy
