@@ -58,6 +58,18 @@ def consume(rel: Reliability, url: str, topology: Topology, settled: int, calls:
     return asyncio.run(scenario())
 
 
+@pytest.fixture
+def declared(rabbitmq_url: str, topology: Topology) -> Topology:
+    """The test's topology with its exchange, queue and dead-letter path declared (messages are published
+    before the consumer, which would declare them, starts)."""
+    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
+    try:
+        topology.declare(conn.channel())
+    finally:
+        conn.close()
+    return topology
+
+
 def reasons(admin: Any, topology: Topology) -> list[str]:
     return sorted(
         str(props.headers[HEADER_DEAD_REASON]).split(":")[0] for props, _ in dlq_messages(admin, topology)
@@ -65,11 +77,9 @@ def reasons(admin: Any, topology: Topology) -> list[str]:
 
 
 def test_an_id_header_sent_as_bytes_is_the_id_and_a_copy_under_the_id_property_is_its_duplicate(
-    rel: Reliability, rabbitmq_url: str, topology: Topology, admin: Any
+    rel: Reliability, rabbitmq_url: str, declared: Topology, admin: Any
 ) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    topology.declare(conn.channel())
-    conn.close()
+    topology = declared
     calls: list[str | None] = []
     publish(admin, topology, b"pay 10", headers={"message-id": b"order-1", HEADER_TOPIC: TOPIC.encode()})
     publish(admin, topology, b"pay 10", message_id="order-1")  # the same message, e.g. a sweeper resend
@@ -82,11 +92,9 @@ def test_an_id_header_sent_as_bytes_is_the_id_and_a_copy_under_the_id_property_i
 
 
 def test_an_id_or_topic_header_that_is_not_utf8_is_dead_lettered_as_bad_input(
-    rel: Reliability, rabbitmq_url: str, topology: Topology, admin: Any
+    rel: Reliability, rabbitmq_url: str, declared: Topology, admin: Any
 ) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    topology.declare(conn.channel())
-    conn.close()
+    topology = declared
     calls: list[str | None] = []
     publish(admin, topology, b"a", headers={"message-id": b"id\xff"})
     publish(admin, topology, b"b", message_id="bt-1", headers={HEADER_TOPIC: b"ord\xffers"})
@@ -99,11 +107,9 @@ def test_an_id_or_topic_header_that_is_not_utf8_is_dead_lettered_as_bad_input(
 
 
 def test_a_replayed_dead_letter_of_a_message_without_an_id_is_dead_lettered_again_not_processed(
-    rel: Reliability, rabbitmq_url: str, topology: Topology, admin: Any
+    rel: Reliability, rabbitmq_url: str, declared: Topology, admin: Any
 ) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    topology.declare(conn.channel())
-    conn.close()
+    topology = declared
     calls: list[str | None] = []
     publish(admin, topology, b"no id at all")
     assert consume(rel, rabbitmq_url, topology, 1, calls)["dead_letter"] == 1
