@@ -237,22 +237,38 @@ class PopService:
             self._changed.notify_all()
             return new
 
-    def forward_to_dlq(self, group: str, topic: str, text: str) -> None:
+    def forward_to_dlq(self, group: str, topic: str, text: str) -> bool:
+        """What the 5.x proxy does: the message is copied to ``%DLQ%{group}`` by the handle's commit-log
+        offset whatever the handle's state, then acked with the handle — an ack that fails (the handle
+        expired, or the message was delivered again meanwhile) is ignored and the forward still answers OK.
+        So a stale handle makes a DLQ copy and leaves the delivery in flight: it comes back and is forwarded
+        again. Until 2026-11-30 a stale handle was refused here, which hid that from the 5.x adapter's
+        tests. Returns whether the delivery was finished. A malformed handle: InvalidReceiptHandleError."""
+        handle = ReceiptHandle.decode(text)
         with self._changed:
-            st, fl = self._current(group, topic, text, check_expiry=False)
+            try:
+                st, fl = self._current(group, topic, text, check_expiry=True)
+            except InvalidReceiptHandleError as exc:
+                self._copy_to_dlq(group, topic, handle.commit_log_offset)
+                log.warning("%s: forwarded on a stale handle, the delivery stays in flight (%s)", group, exc)
+                return False
             h = fl.handle
             self._dead_letter(st, group, topic, h.queue_id, h.queue_offset, h.commit_log_offset, fl.attempt)
             self._changed.notify_all()
+            return True
 
     def _dead_letter(
         self, st: _QueueState, group: str, topic: str, queue_id: int, offset: int, clog: int, attempts: int
     ) -> None:
+        self._copy_to_dlq(group, topic, clog)
+        log.warning("%s %s:%d@%d dead-lettered after %d attempts", group, topic, queue_id, offset, attempts)
+        self._finish(st, group, topic, queue_id, offset)
+
+    def _copy_to_dlq(self, group: str, topic: str, clog: int) -> None:
         self.broker.consumer_send_msg_back(
             ConsumerSendMsgBackRequest(group, clog, delay_level=-1, origin_topic=topic)
         )
         self.dead_lettered += 1
-        log.warning("%s %s:%d@%d dead-lettered after %d attempts", group, topic, queue_id, offset, attempts)
-        self._finish(st, group, topic, queue_id, offset)
 
     def _finish(self, st: _QueueState, group: str, topic: str, queue_id: int, offset: int) -> None:
         st.inflight.pop(offset, None)

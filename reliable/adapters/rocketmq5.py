@@ -6,7 +6,8 @@ a venv *without* the 4.x one (``pip install reliable[rocketmq5]``); it imports t
 * :func:`run_simple_consumer` — a SimpleConsumer loop: each message through the guard; ``SUCCESS`` → ack,
   ``RECONSUME_LATER`` → change the invisible duration to the retry backoff of its delivery attempt,
   ``DEAD_LETTER`` → ForwardMessageToDeadLetterQueue (the protocol carries no reason: the guard has journaled
-  it in ``message_log``).
+  it in ``message_log``) on a handle renewed first, so a stale one makes no DLQ copy
+  (:mod:`reliable.adapters.rocketmq5_settle`).
 * :class:`GuardedListener` — the same for a PushConsumer. ``RECONSUME_LATER`` answers ``FAILURE``, so the
   client applies the *consumer group's* retry policy that the broker sent in the Telemetry settings (the
   client overrides any other invisible duration); ``DEAD_LETTER`` forwards to the DLQ itself (and, in a FIFO
@@ -45,7 +46,8 @@ from reliable import constants as C
 from reliable.adapters.rocketmq5_fifo import LocalRuns, hold_back, message_group
 from reliable.adapters.rocketmq5_send import RocketMQ5Probe, RocketMQ5Sender, sweeper_sender
 from reliable.adapters.rocketmq5_send import load_client as _client
-from reliable.errors import ConfigurationError, SendError
+from reliable.adapters.rocketmq5_settle import ack, dead_letter, forward_to_dlq
+from reliable.errors import ConfigurationError
 from reliable.sweeper.backoff import parse_duration
 from reliable.types import ConsumeResult, Envelope
 
@@ -123,27 +125,6 @@ def to_envelope(
         broker_name=broker[: C.BROKER_NAME_MAX],
         last_attempt=attempt >= max_attempts,
     )
-
-
-def forward_to_dlq(consumer: Any, message: Any, max_attempts: int = 0) -> None:
-    """ForwardMessageToDeadLetterQueue for ``message`` (the SimpleConsumer has no method for it)."""
-    _, pb = _client()
-    req = pb.ForwardMessageToDeadLetterQueueRequest()
-    req.group.name = consumer.consumer_group
-    req.topic.name = message.topic
-    req.receipt_handle = message.receipt_handle
-    req.message_id = message.message_id
-    req.delivery_attempt = message.delivery_attempt or 1
-    req.max_delivery_attempts = max_attempts
-    future = consumer.rpc_client.forward_message_to_dead_letter_queue_async(
-        message.endpoints,
-        req,
-        metadata=consumer.sign(),
-        timeout=consumer.client_configuration.request_timeout,
-    )
-    res = future.result()
-    if res.status.code != pb.Code.OK:
-        raise SendError(f"forward to DLQ refused: {res.status.code} {res.status.message}")
 
 
 def check_timing(invisible_s: int, every_s: float) -> None:
@@ -235,18 +216,22 @@ def consume_one(
     ack / retry later / dead-letter as the result says. Returns the result."""
     with InvisibilityExtender(consumer.change_invisible_duration, message, invisible_s, extend_every_s):
         result = _decide(handler, to_envelope(message, max_attempts))
-    settle(consumer, message, result)
+    settle(consumer, message, result, invisible_s)
     return result
 
 
-def settle(consumer: Any, message: Any, result: ConsumeResult) -> None:
-    """Ack, retry later or dead-letter one SimpleConsumer message as ``result`` says."""
+def settle(
+    consumer: Any, message: Any, result: ConsumeResult, invisible_s: int = C.DEFAULT_ROCKETMQ5_INVISIBLE_S
+) -> None:
+    """Ack, retry later or dead-letter one SimpleConsumer message as ``result`` says. A stale receipt handle
+    (:mod:`~reliable.adapters.rocketmq5_settle`) is a WARNING line for an ack and a dead letter: the receive
+    holding the message now settles it. Dead-lettering renews the handle for ``invisible_s`` first."""
     if result is ConsumeResult.SUCCESS:
-        consumer.ack(message)
+        ack(consumer, message)
     elif result is ConsumeResult.RECONSUME_LATER:
         consumer.change_invisible_duration(message, retry_delay_s(message.delivery_attempt or 1))
     else:
-        forward_to_dlq(consumer, message)
+        dead_letter(consumer, message, consumer.change_invisible_duration, invisible_s)
 
 
 def run_simple_consumer(
@@ -287,7 +272,7 @@ def run_simple_consumer(
                 if group is not None and result is ConsumeResult.RECONSUME_LATER:
                     retrying[group] = retry_delay_s(message.delivery_attempt or 1)
                 try:
-                    settle(consumer, message, result)
+                    settle(consumer, message, result, invisible_s)
                 except Exception:
                     log.exception(
                         "could not settle %s; it comes back after its invisible time", message.message_id
@@ -333,15 +318,16 @@ class GuardedListener:
             return rocketmq.ConsumeResult.SUCCESS
         if result is ConsumeResult.DEAD_LETTER:
             try:
-                forward_to_dlq(self.consumer, message)
+                dead_letter(self.consumer, message, change, self.invisible_s)
             except Exception:
                 log.exception("forward of %s to the DLQ failed; retry later", message.message_id)
                 return rocketmq.ConsumeResult.FAILURE
-            if getattr(self.consumer, "fifo", False):
+            if fifo:
                 # FIFO: FAILURE makes the client run the message again locally, then dead-letter it itself
-                # with the handle the forward just finished — refused as stale, retried forever, the
-                # message group and shutdown stuck behind it. SUCCESS: the client acks, the broker refuses
-                # the finished handle, the client drops the message and goes on with the message group.
+                # with the handle the forward just finished (or a stale one: dead_letter forwarded nothing),
+                # retried forever — a DLQ copy per try on a proxy, the message group and shutdown stuck
+                # behind it. SUCCESS: the client acks, the broker refuses the finished (or stale) handle, the
+                # client drops the message and goes on with the message group.
                 return rocketmq.ConsumeResult.SUCCESS
         return rocketmq.ConsumeResult.FAILURE
 

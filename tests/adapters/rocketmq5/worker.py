@@ -6,7 +6,9 @@ until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ
 business handler records each application in ``applied5`` (one row per group and message, in the guard's
 transaction) and leaves a ``started-<id>-<pid>`` file in the control directory before its work; a message
 whose body is ``slow`` waits until the control file ``release`` exists (a handler that runs for a while);
-the first attempt at a message whose body is ``flaky`` raises, every attempt at one whose body is ``poison``.
+the first attempt at a message whose body is ``flaky`` raises, every attempt at one whose body is ``poison``;
+one whose body is ``slow-poison`` waits for ``release`` and then raises. ``guard_max_attempts`` sets the
+guard's ``max_attempts``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def main() -> None:
         sender.close()
         print(json.dumps({"receipts": receipts, "max_offsets": offsets}), flush=True)
         return
-    rel = Reliability(spec["db_url"], None, lease_ms=2000)
+    guard = {"max_attempts": spec["guard_max_attempts"]} if "guard_max_attempts" in spec else {}
+    rel = Reliability(spec["db_url"], None, lease_ms=2000, **guard)
     if spec["mode"] == "produce":
         sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
         producer = StubProducer(rel, sender)
@@ -69,9 +72,11 @@ def main() -> None:
             raise RuntimeError("the first attempt of a flaky message fails")
         if env.body == b"poison":
             raise RuntimeError("a poison message fails every time")
-        if env.body == b"slow":
+        if env.body in (b"slow", b"slow-poison"):
             while not (control / "release").exists():
                 time.sleep(0.05)  # the work itself: this handler runs until the test releases it
+        if env.body == b"slow-poison":
+            raise RuntimeError("a slow poison message fails every time, once released")
         session.execute(
             text("INSERT INTO applied5 (group_name, message_id, worker) VALUES (:g, :m, :w)"),
             {"g": group, "m": env.message_id, "w": os.getpid()},

@@ -199,3 +199,41 @@ def test_a_fifo_receive_hands_out_one_message_of_each_message_group(
         assert receive() == ["S-2"]
     finally:
         broker.shutdown()
+
+
+def test_a_forward_to_the_dlq_copies_on_any_handle_and_finishes_only_on_the_current_one(
+    tmp_path: Path,
+) -> None:
+    """The 5.x proxy forwards by the handle's commit-log offset without checking the handle, then acks with
+    it and ignores a failed ack. broker_sim refused a stale handle instead, so a consumer forwarding on one
+    looked fine against it and made a DLQ copy per forward against a real proxy. Now: a copy on a stale or
+    expired handle too, the delivery left to its current holder; a copy and the delivery finished on the
+    current handle; a malformed handle refused."""
+    clock = ManualClock()
+    broker = Broker(tmp_path / "store", topics={TOPIC: 1}, clock=clock, **SMALL_STORE).start()
+    try:
+        policies = GroupPolicies(tmp_path / "policies.json")
+        policies.set(GROUP, GroupPolicy(fifo=True))
+        pop = PopService(broker, policies)
+        props = {Prop.UNIQ_KEY: "D-1", MESSAGE_GROUP: "G1"}
+        broker.send_message(SendMessageRequest("p", TOPIC, 0, properties=props), b"d")
+        assert broker.store.wait_dispatched(5.0)
+
+        def dlq() -> int:
+            broker.store.wait_dispatched(5.0)
+            return broker.get_max_offset(f"%DLQ%{GROUP}", 0)
+
+        (first,) = pop.pop(GROUP, TOPIC, 1, 10_000)
+        clock.advance(11)
+        assert pop.forward_to_dlq(GROUP, TOPIC, first.handle.encode()) is False  # expired: copied, in flight
+        assert dlq() == 1
+        (second,) = pop.pop(GROUP, TOPIC, 1, 10_000)
+        assert second.attempt == 2
+        assert pop.forward_to_dlq(GROUP, TOPIC, first.handle.encode()) is False  # stale: copied again
+        assert dlq() == 2 and len(pop.inflight(GROUP, TOPIC)) == 1
+        assert pop.forward_to_dlq(GROUP, TOPIC, second.handle.encode()) is True
+        assert dlq() == 3 and pop.inflight(GROUP, TOPIC) == {}
+        with pytest.raises(InvalidReceiptHandleError):
+            pop.forward_to_dlq(GROUP, TOPIC, "1 2 3")
+    finally:
+        broker.shutdown()
