@@ -242,8 +242,8 @@ class PopService:
         offset whatever the handle's state, then acked with the handle — an ack that fails (the handle
         expired, or the message was delivered again meanwhile) is ignored and the forward still answers OK.
         So a stale handle makes a DLQ copy and leaves the delivery in flight: it comes back and is forwarded
-        again. Until 2026-11-30 a stale handle was refused here, which hid that from the 5.x adapter's
-        tests. Returns whether the delivery was finished. A malformed handle: InvalidReceiptHandleError."""
+        again (broker_sim used to refuse a stale handle here, which hid that from the 5.x adapter's
+        tests). Returns whether the delivery was finished. A malformed handle: InvalidReceiptHandleError."""
         handle = ReceiptHandle.decode(text)
         with self._changed:
             try:
