@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from sqlalchemy.engine import URL, Engine, make_url
 
 from reliable import constants as C
-from reliable import pool_liveness, redis_connect
+from reliable import pool_liveness, redis_connect, server_cancel
 from reliable.errors import ConfigurationError
 from reliable.redis_connect import RedisClient
 from reliable.sqlite_engine import configure_sqlite
@@ -86,6 +86,7 @@ def make_async_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     engine = create_async_engine(u, **kwargs)
     if not kwargs.get("pool_pre_ping"):  # as make_engine: ping only an idle or hung-up connection
         pool_liveness.install(engine.sync_engine, idle_s=ping_idle_s)
+    server_cancel.install(engine)  # asyncmy: a cancelled statement stops on the server too
     return engine
 
 

@@ -5,7 +5,8 @@ verification that a stub is still ``PENDING``, and the recording of send results
 (:func:`reliable.outbox.record_sends`) are the synchronous :class:`~reliable.producer.StubProducer`'s, and the
 sweeper reads those rows. So this class runs that producer through SQLAlchemy's greenlet bridge, as the async
 guard runs the sync guard (:mod:`reliable.guard.aio`): its database work goes through the running loop's
-async engine, and its sends ``await`` the :class:`~reliable.sender.AsyncSender`. Nothing blocks the loop.
+async engine, its sends ``await`` the :class:`~reliable.sender.AsyncSender`, and its wait between tries of
+recording a send result is an ``asyncio.sleep`` (:func:`pause_on_loop`). Nothing blocks the loop.
 
 ::
 
@@ -67,6 +68,16 @@ class GreenletSender:
             raise StraySendCancel(f"{exc!r} while the sending task was not cancelled") from exc
 
 
+def pause_on_loop(seconds: float) -> None:
+    """:attr:`StubProducer.pause` inside ``greenlet_spawn``: the loop runs its other tasks meanwhile.
+
+    The sync producer's ``time.sleep`` ran on the loop's thread (the after-commit send runs inside ``await
+    session.commit()``): a failed record — a deadlock, a lock timeout, a blip — stalled every consumer and
+    heartbeat on the loop for the whole backoff (until 2026-11-29).
+    """
+    await_only(asyncio.sleep(seconds))
+
+
 class AsyncStubProducer:
     """:class:`~reliable.producer.StubProducer` with ``async`` methods: the same rows, hooks and metrics."""
 
@@ -100,9 +111,11 @@ class AsyncStubProducer:
         """
         view = Reliability(engine=make_async_engine(self.rel.aio.url).sync_engine, redis_url="")
         view.settings = self.rel.settings  # the one settings object
-        return StubProducer(
+        producer = StubProducer(
             view, GreenletSender(self.sender), default_group=self.default_group, clock=self.clock
         )
+        producer.pause = pause_on_loop
+        return producer
 
     async def aclose(self) -> None:
         """Close the running loop's connections of this producer (not the sender: it is the caller's)."""

@@ -93,6 +93,9 @@ class StubProducer:
         self.clock = clock
         #: defers the after-commit sends to the sweeper for a while after one hung (reliable.send_breaker)
         self.breaker = SendBreaker()
+        #: waits between tries of recording send results; the asyncio producer, which runs this class on the
+        #: event loop's thread, swaps in a wait that lets the loop's other tasks run meanwhile
+        self.pause: Callable[[float], object] = time.sleep
 
     def groups_for(self, topic: str) -> tuple[str, ...]:
         """The groups a message of ``topic`` is staged for when the caller names none."""
@@ -303,7 +306,7 @@ class StubProducer:
                 if attempt < C.PRODUCER_RECORD_TRIES:
                     RECORD_FAILURES.labels("retried").inc()
                     log.warning("recording %d send(s) failed, retrying: %r", len(attempts), exc)
-                    time.sleep(C.PRODUCER_RECORD_BACKOFF_S * attempt)
+                    self.pause(C.PRODUCER_RECORD_BACKOFF_S * attempt)
                     continue
                 RECORD_FAILURES.labels("given_up").inc()
                 log.error(

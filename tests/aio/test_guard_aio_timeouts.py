@@ -28,14 +28,14 @@ from tests.conftest import _ensure_clean_schema
 class SlowStatement:
     """A statement still running when the caller gives up; ``started()`` returns once it runs.
 
-    PostgreSQL sleeps (psycopg cancels it on the server). MariaDB sleeps briefly: asyncmy only closes its
-    socket, and the server notices that within SLEEP's 5 s slices, holding the guard's row locks meanwhile.
-    SQLite runs ``held()``, a function of the test's that waits in aiosqlite's thread until the cancel has
-    been delivered: the cursor it leaves with a row to fetch is what held the file's lock."""
+    PostgreSQL and MariaDB sleep long (psycopg cancels the statement on the server; asyncmy only closes its
+    socket, and reliable.server_cancel kills the server thread). SQLite runs ``held()``, a function of the
+    test's that waits in aiosqlite's thread until the cancel has been delivered: the cursor it leaves with a
+    row to fetch is what held the file's lock."""
 
     def __init__(self, rel: Reliability) -> None:
         self.sqlite = rel.engine.dialect.name == "sqlite"
-        sql = {"postgresql": "SELECT pg_sleep(30)", "mysql": "SELECT SLEEP(0.5)", "sqlite": "SELECT held()"}
+        sql = {"postgresql": "SELECT pg_sleep(30)", "mysql": "SELECT SLEEP(30)", "sqlite": "SELECT held()"}
         self.sql = text(sql[rel.engine.dialect.name])
         self.entered = asyncio.Event()
         self.budget: asyncio.Timeout | None = None

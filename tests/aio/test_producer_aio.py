@@ -14,16 +14,20 @@ from typing import Any
 
 import aio_pika
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import insert, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from reliable import Envelope, Reliability, StubProducer, idempotent_consumer
+from reliable import constants as C
 from reliable.adapters.amqp import Topology
 from reliable.adapters.rabbitmq import RabbitMQSender
 from reliable.adapters.rabbitmq_aio import AioRabbitMQSender, declare, delete, to_envelope
 from reliable.aio_producer import AsyncStubProducer
 from reliable.guard import Reason
 from reliable.producer import SendOutcome
+from reliable.sender import OutgoingMessage, SendReceipt
 from tests.aio.flavours import applied, ledger, make_rel
 from tests.conftest import _ensure_clean_schema
 
@@ -153,3 +157,83 @@ def test_many_concurrent_commits_all_send_without_exhausting_the_pool(
             text("SELECT count(*) FROM message_stub WHERE queue_offset IS NOT NULL")
         ).scalar_one()
     assert sent == tasks
+
+
+class LockedStubSender:
+    """Hands each message to RabbitMQ only once another connection holds its committed stub row locked (the
+    row the producer records the send on), and keeps that lock until a record has failed on it."""
+
+    def __init__(self, inner: AioRabbitMQSender, rel: Reliability) -> None:
+        self.inner = inner
+        self.rel = rel
+        self.holder: asyncio.Task[None] | None = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def send(self, message: OutgoingMessage) -> SendReceipt:
+        locked = asyncio.Event()
+        self.holder = asyncio.create_task(self._hold(message.message_id, locked))
+        await asyncio.wait_for(locked.wait(), 10)
+        return await self.inner.send(message)
+
+    async def _hold(self, message_id: str, locked: asyncio.Event) -> None:
+        before = _record_retries()
+        async with self.rel.aio.engine().begin() as conn:
+            await conn.execute(
+                text("SELECT 1 FROM message_stub WHERE message_id = :m FOR UPDATE"), {"m": message_id}
+            )
+            locked.set()
+            deadline = asyncio.get_running_loop().time() + 10
+            while _record_retries() == before and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+
+
+def _record_retries() -> float:
+    return REGISTRY.get_sample_value("reliable_producer_record_failures_total", {"outcome": "retried"}) or 0.0
+
+
+def test_a_send_record_retried_after_a_database_error_lets_the_loops_other_tasks_run(
+    rel: Reliability, postgres_url: str, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The after-commit send runs inside ``await session.commit()``; when recording its result fails (here a
+    lock timeout) the producer waits and tries again. That wait must not stop the event loop: every consumer
+    and heartbeat of the process runs on it. It was ``time.sleep``, and the loop stood still for it."""
+    monkeypatch.setattr(C, "PRODUCER_RECORD_BACKOFF_S", 0.5)  # a wait long enough to be seen
+    impatient = make_url(postgres_url).update_query_dict({"options": "-c lock_timeout=100"})
+    producer_rel = Reliability(impatient.render_as_string(hide_password=False), None)
+    nowhere = f"nowhere-{uuid.uuid4().hex[:8]}"  # refused by the broker: a FAILED send, recorded all the same
+    retries_before = _record_retries()
+    gaps: list[float] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            gaps.append(loop.time() - last)
+            last = loop.time()
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        ticking = asyncio.create_task(ticker(stop))
+        async with AioRabbitMQSender(rabbitmq_url, routing_key=lambda m: nowhere) as inner:
+            sender = LockedStubSender(inner, rel)
+            producer = AsyncStubProducer(producer_rel, sender)
+            async with producer_rel.async_session() as s:
+                await producer.stage(s, "blip-1", "orders", b"{}", groups=["g"])
+            assert sender.holder is not None
+            await sender.holder
+            await producer.aclose()
+        stop.set()
+        await ticking
+        await producer_rel.aclose()
+        await rel.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        producer_rel.close()
+    assert _record_retries() > retries_before, "the record never failed: nothing was retried"
+    assert facts(rel, "blip-1")[0][:4] == ("PENDING", 1, True, False)  # recorded by the retry
+    assert max(gaps) < 0.25, f"the loop stood still for {max(gaps):.3f} s during the record's retry"
