@@ -74,6 +74,20 @@ class BrokerProbe(Protocol):
 
 
 @runtime_checkable
+class RetentionProbe(Protocol):
+    """The other end of a queue, which a :class:`BrokerProbe` may also tell: ``min_offset`` is the first
+    offset the broker still stores (RocketMQ *minOffset*, Kafka's log start offset); ``None``: cannot tell.
+
+    A broker deletes old segments by retention whether or not every group has read them, so a copy whose
+    offset is below it is gone for a group that had not read it — on a quiet queue no watermark ever
+    overtakes it and the max offset is above it, so without this answer the sweeper would hold it as
+    queued for ever. Optional: a probe without it keeps the other rules.
+    """
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None: ...
+
+
+@runtime_checkable
 class AsyncSender(Protocol):
     """The asyncio flavour of :class:`Sender` (aio-pika, aiokafka): same message, same receipt, awaited."""
 

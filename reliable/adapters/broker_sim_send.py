@@ -98,6 +98,13 @@ class BrokerSimSender:
             return None
         return BrokerSimProbe(transport).max_offset(topic, queue_id, broker_name)
 
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        """The sweeper's :class:`~reliable.sender.RetentionProbe`, over the producer's own connection."""
+        transport = getattr(self.producer, "transport", None)
+        if transport is None:
+            return None
+        return BrokerSimProbe(transport).min_offset(topic, queue_id, broker_name)
+
 
 def sweeper_sender(rel: object) -> BrokerSimSender:
     """``reliable sweep --sender reliable.adapters.broker_sim:sweeper_sender``: a sender to the broker-sim
@@ -173,12 +180,21 @@ class BrokerSimProbe:
         self.warnings = warnings
 
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return self._offset(self.transport.get_max_offset, "max", topic, queue_id, broker_name)
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        """GET_MIN_OFFSET: the first offset the broker still stores (its retention deleted those below)."""
+        return self._offset(self.transport.get_min_offset, "min", topic, queue_id, broker_name)
+
+    def _offset(
+        self, ask: Callable[[str, int, str], int], end: str, topic: str, queue_id: int, broker_name: str
+    ) -> int | None:
         try:
             name = broker_name or self._only_group(topic, queue_id)
             if name is None:
-                log.debug("max offset of %s:%d: several broker groups have that queue", topic, queue_id)
+                log.debug("%s offset of %s:%d: several broker groups have that queue", end, topic, queue_id)
                 return None
-            return int(self.transport.get_max_offset(topic, queue_id, name))
+            return int(ask(topic, queue_id, name))
         except Exception as exc:  # unknown topic, broker down: "cannot tell", the sweeper falls back
             self.warnings.failed(broker_name, topic, queue_id, exc)
             return None

@@ -83,7 +83,8 @@ def retry_topic(group: str) -> str:
 
 
 class RocketMQProbe(BrokerSimProbe):
-    """A :class:`~reliable.sender.BrokerProbe`: a queue's max offset (GET_MAX_OFFSET) via the name server
+    """A :class:`~reliable.sender.BrokerProbe`: a queue's max offset (GET_MAX_OFFSET; and its min offset,
+    GET_MIN_OFFSET, the :class:`~reliable.sender.RetentionProbe`) via the name server
     ``namesrv``, over broker_sim's RocketMQ 4.x wire client, asked of the queue's broker group; ``None`` when
     the broker cannot tell. It also reads topic routes for :class:`QueueBook`."""
 
@@ -207,6 +208,9 @@ class RocketMQSender:
 
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         return None if self.probe is None else self.probe.max_offset(topic, queue_id, broker_name)
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return None if self.probe is None else self.probe.min_offset(topic, queue_id, broker_name)
 
     def _message(self, message: OutgoingMessage) -> Any:
         client = _client()

@@ -49,6 +49,9 @@ class RocketMQ5Sender:
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         return self.probe.max_offset(topic, queue_id, broker_name) if self.probe is not None else None
 
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return self.probe.min_offset(topic, queue_id, broker_name) if self.probe is not None else None
+
     @classmethod
     def connect(
         cls, endpoint: str, topics: tuple[str, ...] = (), request_timeout_s: int = 5
@@ -92,7 +95,7 @@ class RocketMQ5Sender:
 
 
 class RocketMQ5Probe:
-    """The loss probe over the 5.x protocol's QueryOffset (a queue's max offset)."""
+    """The loss probe over the 5.x protocol's QueryOffset (a queue's max offset, and its min offset)."""
 
     def __init__(self, endpoint: str, timeout_s: float = 5.0) -> None:
         import grpc
@@ -107,16 +110,27 @@ class RocketMQ5Probe:
         self._channel.close()
 
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        from rocketmq.grpc_protocol import definition_pb2
+
+        return self._query(definition_pb2.QueryOffsetPolicy.END, topic, queue_id, broker_name)
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        """QueryOffset BEGINNING: the first offset the broker still stores (:class:`RetentionProbe`)."""
+        from rocketmq.grpc_protocol import definition_pb2
+
+        return self._query(definition_pb2.QueryOffsetPolicy.BEGINNING, topic, queue_id, broker_name)
+
+    def _query(self, policy: int, topic: str, queue_id: int, broker_name: str) -> int | None:
         if queue_id < 0:
             return None
-        from rocketmq.grpc_protocol import definition_pb2, service_pb2
+        from rocketmq.grpc_protocol import service_pb2
 
         req = service_pb2.QueryOffsetRequest()
         req.message_queue.topic.name = topic
         req.message_queue.id = queue_id
         if broker_name:  # the proxy routes the question to that broker group
             req.message_queue.broker.name = broker_name
-        req.query_offset_policy = definition_pb2.QueryOffsetPolicy.END
+        req.query_offset_policy = policy
         try:
             res = self._stub.QueryOffset(req, timeout=self.timeout_s)
         except Exception:

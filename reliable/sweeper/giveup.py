@@ -84,6 +84,11 @@ def give_up_reason(
     where = f"last copy at {topic} queue {cand.queue_id}{on} offset {cand.queue_offset}"
     if verdict is Verdict.LOST:
         return f"never received {spent}: {where}, and the broker's max offset there is {facts.broker_max}"
+    if verdict is Verdict.EXPIRED:
+        return (
+            f"never received {spent}: {where}, below the broker's min offset there ({facts.broker_min}): "
+            "deleted by the broker's retention before the group read it"
+        )
     if verdict is Verdict.TOO_OLD:
         return f"never received {spent}: {where}, unconfirmed for longer than {max_age}"
     return f"never received {spent}: {where}, group watermark {facts.watermark}"

@@ -7,7 +7,9 @@ watermark (``consume_progress.max_offset``) has not moved for ``stall_after`` (i
 writes it with every delivery it journals), and calls it **stalled** when
 
 * the broker holds messages beyond the watermark (the probe's max offset, one past the last message, is
-  above ``watermark + 1``: a quiet queue — nothing new — is not a stall), and
+  above ``watermark + 1``: a quiet queue — nothing new — is not a stall; nor is a queue whose messages
+  beyond the watermark the broker's retention deleted — its min offset is the max offset: the group has
+  nothing to read there, and the resend rules send the expired ones again), and
 * the group owes one of them: a ``PENDING`` inbox row whose copy (the producer's send) sits beyond the
   watermark on that queue and was sent ``stall_after`` ago or more (so a message that just arrived on a
   quiet queue is not one either).
@@ -72,6 +74,9 @@ class Stall:
     still_since: dt.datetime
     #: the broker's max offset there; ``None``: no probe answer (the age of the waiting row decided)
     broker_max: int | None
+    #: the first offset the group can still read there: the watermark's next, or the broker's min offset
+    #: when its retention deleted beyond the watermark
+    readable_from: int
     #: the oldest message the group owes there, and since when
     waiting: str
     waiting_since: dt.datetime
@@ -85,7 +90,7 @@ class Stall:
             f"(stall_after {stall_after}); its position stays at offset {self.watermark}"
         )
         if self.broker_max is not None:
-            beyond = self.broker_max - self.watermark - 1
+            beyond = self.broker_max - self.readable_from
             evidence = (
                 f" while the broker holds {beyond} message(s) beyond it (max offset {self.broker_max}); the "
                 f"first it owes is {self.waiting}, sent {self.waiting_since.isoformat()}."
@@ -113,11 +118,13 @@ def check_stalls(
     stall_after: dt.timedelta,
     broker_max: MaxOffset | None,
     channels: Sequence[str],
+    broker_min: MaxOffset | None = None,
 ) -> StallResult:
-    """Find the stalled queues, raise the new ones once, clear the ended ones (see the module doc)."""
+    """Find the stalled queues, raise the new ones once, clear the ended ones (see the module doc).
+    ``broker_min``: the probe's min offset, where it tells it (:class:`reliable.sender.RetentionProbe`)."""
     with engine.begin() as conn:
         episodes = open_episodes(conn)
-        found = {(s.group, s.queue): s for s in find_stalls(conn, now, stall_after, broker_max)}
+        found = {(s.group, s.queue): s for s in find_stalls(conn, now, stall_after, broker_max, broker_min)}
     result = StallResult()
     for key, watermark in sorted(episodes.items()):
         stall = found.get(key)
@@ -165,7 +172,11 @@ def open_episodes(conn: Connection) -> dict[GroupQueue, int | None]:
 
 
 def find_stalls(
-    conn: Connection, now: dt.datetime, stall_after: dt.timedelta, broker_max: MaxOffset | None
+    conn: Connection,
+    now: dt.datetime,
+    stall_after: dt.timedelta,
+    broker_max: MaxOffset | None,
+    broker_min: MaxOffset | None = None,
 ) -> list[Stall]:
     """Every stalled ``(group, topic, broker group, queue)`` now (one statement for the still watermarks,
     then at most a probe call and one bounded lookup per still one)."""
@@ -189,6 +200,7 @@ def find_stalls(
         ).where(progress.c.updated_at <= cutoff, or_(progress.c.broker_name != "", ~superseded))
     ).all()
     asked: dict[QueueRef, int | None] = {}
+    bottoms: dict[QueueRef, int | None] = {}
     stalls = []
     for group, topic, broker_name, queue_id, watermark, since in still:
         queue = QueueRef(topic, queue_id, broker_name)
@@ -197,9 +209,16 @@ def find_stalls(
         top = asked[queue]
         if top is not None and top <= watermark + 1:
             continue  # nothing beyond the watermark: a quiet queue
-        owed = _owed(conn, group, queue, watermark, cutoff, probed=top is not None)
+        readable_from = watermark + 1
+        if top is not None and broker_min is not None:
+            if queue not in bottoms:
+                bottoms[queue] = _ask(broker_min, queue)
+            bottom = bottoms[queue]
+            if bottom is not None and bottom > readable_from:
+                readable_from = bottom  # the retention deleted the rest: those are the resend rules' now
+        owed = _owed(conn, group, queue, readable_from - 1, cutoff, probed=top is not None)
         if owed is not None:
-            stalls.append(Stall(group, queue, watermark, since, top, owed[0], owed[1]))
+            stalls.append(Stall(group, queue, watermark, since, top, readable_from, owed[0], owed[1]))
     return stalls
 
 

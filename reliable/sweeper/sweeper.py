@@ -36,7 +36,7 @@ from reliable import constants as C
 from reliable import otel, outbox
 from reliable.facade import Reliability
 from reliable.models import utcnow
-from reliable.sender import BrokerProbe, Sender
+from reliable.sender import BrokerProbe, RetentionProbe, Sender
 from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, default_backoff
 from reliable.sweeper.claim import claim
@@ -341,6 +341,7 @@ class Sweeper:
             stall_after=self.stall_after,
             broker_max=self.probe.max_offset if self.probe is not None else None,
             channels=[c.name for c in self.channels],
+            broker_min=self.probe.min_offset if isinstance(self.probe, RetentionProbe) else None,
         )
         summary.stalled, summary.stall_alarms = found.open, found.raised
 

@@ -7,7 +7,8 @@ Runs in the claiming transaction, after the selection (:mod:`.selection`) and be
    once it has been unconfirmed for ``max_unconfirmed_age``;
 2. the facts of each row's queue — ``(topic, broker_name, queue_id)``, :mod:`.queues` — are gathered once
    per queue: the group's watermark (one ``consume_progress`` statement for the batch) and, where the
-   watermark does not already decide, the broker's max offset (one probe call per queue and round);
+   watermark does not already decide, the broker's max offset (one probe call per queue and round) and,
+   where the broker still has offsets above the copy's, its min offset (did its retention delete the copy?);
 3. each row is judged (:func:`reliable.sweeper.verdict.judge`); a stuck row's Redis lease is read;
 4. rows that must wait are postponed (their ``resend_at`` moves, so they do not take batch slots every
    round), spent rows whose copy is not coming go DEAD, never-consumed queues raise their alarm once, and
@@ -17,6 +18,7 @@ Runs in the claiming transaction, after the selection (:mod:`.selection`) and be
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import logging
 import time
 from collections import Counter
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection
 
 from reliable import constants as C
-from reliable.sender import BrokerProbe
+from reliable.sender import BrokerProbe, RetentionProbe
 from reliable.stores import LeaseState
 from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
@@ -38,6 +40,13 @@ from reliable.sweeper.selection import Candidate, load_stubs
 from reliable.sweeper.verdict import Facts, RetrySchedule, Verdict, judge, retry_window_end
 
 log = logging.getLogger("reliable.sweeper")
+
+
+class End(enum.Enum):
+    """Which end of a queue a probe call asks for."""
+
+    MAX = "max"
+    MIN = "min"
 
 
 @dataclass
@@ -53,24 +62,42 @@ class Triage:
     retry_schedule: RetrySchedule
     lease_hold: dt.timedelta
     channels: Sequence[str]
-    #: (topic, broker_name, queue_id) → the broker's max offset, asked once per round
-    probed: dict[tuple[str, str, int], int | None] = field(default_factory=dict)
+    #: (end, topic, broker_name, queue_id) → the broker's max or min offset, asked once per round
+    probed: dict[tuple[End, str, str, int], int | None] = field(default_factory=dict)
     #: broker groups whose probe hung this round: not asked again (with row-lock claims every probe call
     #: holds the batch's rows locked; a hung broker cost a timeout per queue)
     unanswered: set[str] = field(default_factory=set)
     monotonic: Callable[[], float] = time.monotonic
 
     def broker_max(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
-        key = (topic, broker_name, queue_id)
+        return self._ask(End.MAX, topic, queue_id, broker_name)
+
+    def broker_min(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        """The queue's first stored offset, asked only of a probe that tells it (``None`` otherwise)."""
+        if not isinstance(self.probe, RetentionProbe):
+            return None
+        return self._ask(End.MIN, topic, queue_id, broker_name)
+
+    def _ask(self, end: End, topic: str, queue_id: int, broker_name: str) -> int | None:
+        key = (end, topic, broker_name, queue_id)
         if key not in self.probed:
             answer: int | None = None
             if self.probe is not None and broker_name not in self.unanswered:
                 started = self.monotonic()
                 try:
-                    answer = self.probe.max_offset(topic, queue_id, broker_name)
+                    if end is End.MAX:
+                        answer = self.probe.max_offset(topic, queue_id, broker_name)
+                    else:
+                        assert isinstance(self.probe, RetentionProbe)
+                        answer = self.probe.min_offset(topic, queue_id, broker_name)
                 except Exception as exc:  # the contract says None for "cannot tell"; a raising probe too
                     log.warning(
-                        "broker probe of %s %s queue %d failed: %r", topic, broker_name, queue_id, exc
+                        "broker probe (%s offset) of %s %s queue %d failed: %r",
+                        end.value,
+                        topic,
+                        broker_name,
+                        queue_id,
+                        exc,
                     )
                 if answer is None and self.monotonic() - started >= C.SLOW_BROKER_CALL_S:
                     self.unanswered.add(broker_name)
@@ -134,12 +161,16 @@ def triage(
         queue = None if pos is None else pos.progress
         watermark = queue.max_offset if queue is not None else None
         decided = cand.queue_offset is None or (watermark is not None and cand.queue_offset <= watermark)
-        broker_max = None
+        broker_max = broker_min = None
         # an unknown position (no broker name on a cluster with groups): no probe, so no loss verdict
         if not cand.stuck and not decided and cand.queue_id is not None and pos is not None and pos.known:
             broker_max = t.broker_max(topic, cand.queue_id, broker)
+            if broker_max is not None and cand.queue_offset is not None and broker_max > cand.queue_offset:
+                broker_min = t.broker_min(topic, cand.queue_id, broker)  # the broker has it, or expired it
         legacy = pos is not None and pos.consumed and queue is None
-        facts = Facts(watermark=watermark, broker_max=broker_max, legacy_position=legacy)
+        facts = Facts(
+            watermark=watermark, broker_max=broker_max, broker_min=broker_min, legacy_position=legacy
+        )
         verdict = judge(
             cand,
             facts,

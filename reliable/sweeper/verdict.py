@@ -4,8 +4,9 @@ The selection (:mod:`reliable.sweeper.selection`) returns every due, unconfirmed
 never received the message or holds a stale delivery. This module decides, row by row, with three facts the
 SQL cannot have: the group's watermark on the queue its newest copy went to (``%RETRY%{group}`` after a
 targeted resend; a queue is ``(topic, broker_name, queue_id)``: on a RocketMQ cluster each broker group's
-queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's max offset of that queue
-(the :class:`~reliable.sender.BrokerProbe`), and the broker's own retry schedule. DESIGN.md §3 in order:
+queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's max and min offsets of
+that queue (the :class:`~reliable.sender.BrokerProbe` and :class:`~reliable.sender.RetentionProbe`), and
+the broker's own retry schedule. DESIGN.md §3 in order, with one rule of ours (``EXPIRED``):
 
 =================  =====================================================================================
 ``NEVER_SENT``      no send ever landed (``queue_offset`` null): send                              → resend
@@ -15,6 +16,10 @@ queue 0 has its own offsets, see :mod:`reliable.sweeper.queues`), the broker's m
 ``LOST``            the broker's max offset of that queue (one past its last message) is at or below
                     the copy's offset: the broker does not have it — found on a quiet queue too, and
                     for a group that never consumed the queue                                  → resend
+``EXPIRED``         the broker's min offset of that queue (its first stored message) is above the
+                    copy's offset and the group has no delivery of it: the broker deleted it by its
+                    retention before the group read it (a group stopped longer than the retention on a
+                    quiet queue, where no watermark overtakes it)                             → resend
 ``TOO_OLD``         no probe answer (RabbitMQ has none, a broker that is down) and the copy was sent
                     longer than ``max_unconfirmed_age`` ago: the last resort                   → resend
 ``STUCK``           delivered, still pending, newest delivery older than ``stuck_after`` and past the
@@ -61,6 +66,7 @@ class Verdict(enum.Enum):
     NEVER_SENT = "never_sent"
     OVERTAKEN = "overtaken"
     LOST = "lost"
+    EXPIRED = "expired"
     TOO_OLD = "too_old"
     STUCK = "stuck"
     NEVER_CONSUMED = "never_consumed"
@@ -72,7 +78,9 @@ class Verdict(enum.Enum):
         return self in _RESEND
 
 
-_RESEND = frozenset({Verdict.NEVER_SENT, Verdict.OVERTAKEN, Verdict.LOST, Verdict.TOO_OLD, Verdict.STUCK})
+_RESEND = frozenset(
+    {Verdict.NEVER_SENT, Verdict.OVERTAKEN, Verdict.LOST, Verdict.EXPIRED, Verdict.TOO_OLD, Verdict.STUCK}
+)
 
 #: how long after a delivery answered RECONSUME_LATER (with its ``reconsume_times``) the broker redelivers;
 #: ``None``: it will not (the message went to the dead-letter queue).
@@ -101,6 +109,8 @@ class Facts:
     watermark: int | None
     #: the broker's max offset of that queue; ``None``: no probe, or it could not tell
     broker_max: int | None
+    #: the broker's min offset of that queue (its first stored message); ``None``: not asked, or cannot tell
+    broker_min: int | None = None
     #: the group has a watermark row that may be this queue's though it is not keyed by its broker group (a
     #: row written before migration 0006): not an alarm (see reliable/sweeper/queues.py)
     legacy_position: bool = False
@@ -131,6 +141,8 @@ def judge(
     if facts.broker_max is not None:
         if facts.broker_max <= offset:
             return Verdict.LOST
+        if facts.broker_min is not None and offset < facts.broker_min:
+            return Verdict.EXPIRED
         old = now - sent >= max_unconfirmed_age
         if facts.watermark is not None:
             # behind the group's position: queued — but a targeted copy on %RETRY%{group} is not watched by

@@ -108,6 +108,7 @@ def test_real_client_through_the_guard(server: BrokerServer, rel: Reliability) -
         )
         assert sender.max_offset(RETRY, targeted.queue_id) == targeted.queue_offset + 1
         assert sum(sender.max_offset(TOPIC, q) or 0 for q in range(4)) == 24 + 1  # + the double-send
+        assert [sender.min_offset(TOPIC, q) for q in range(4)] == [0, 0, 0, 0]  # GET_MIN_OFFSET: none deleted
 
         failed_once: set[str] = set()
         guarded = idempotent_consumer(rel, group="rmq_adapter_g")(ledger.make_business_handler("rmq"))

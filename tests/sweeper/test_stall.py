@@ -53,6 +53,17 @@ class Probe:
         return self.tops.get((topic, queue_id))
 
 
+class RetentionProbe(Probe):
+    """A probe that also tells each queue's min offset (the broker's retention deleted below it)."""
+
+    def __init__(self, tops: dict[tuple[str, int], int], bottoms: dict[tuple[str, int], int]) -> None:
+        super().__init__(tops)
+        self.bottoms = bottoms
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return self.bottoms.get((topic, queue_id))
+
+
 def _stage(
     rel: Reliability, first: int, count: int, *, groups: tuple[str, ...] = ("billing",), broker: str = ""
 ) -> None:
@@ -142,6 +153,33 @@ def test_a_group_that_stops_is_told_once_per_stall_and_clears_when_it_resumes(
     second = sweeper.run_once()
     assert (second.stalled, second.stall_alarms) == (1, 1)
     assert _stalls(channel) == [("billing", "orders", 0, 1009), ("billing", "orders", 0, 1011)]
+
+
+def test_a_queue_whose_retention_deleted_what_the_group_owed_is_no_stall(
+    rel: Reliability, clock: Clock
+) -> None:
+    """The group stopped at 1009; the broker's retention then deleted 1010–1012. It has nothing to read
+    there — a stall alarm saying "the broker holds 3 messages beyond it" would send a person to look at
+    healthy consumers (the resend rules send the deleted ones again: verdict EXPIRED)."""
+    channel = MemoryChannel()
+    sweeper = _sweeper(rel, clock, channel, RetentionProbe({("orders", 0): 1013}, {("orders", 0): 1013}))
+    set_progress(rel, 1009, updated_at=T0)
+    _stage(rel, 1010, 3)
+    clock.advance(STALL_S + 1)
+    assert sweeper.run_once().stalled == 0 and _stalls(channel) == []
+
+
+def test_a_stall_counts_only_what_the_broker_still_holds_beyond_the_watermark(
+    rel: Reliability, clock: Clock
+) -> None:
+    channel = MemoryChannel()
+    sweeper = _sweeper(rel, clock, channel, RetentionProbe({("orders", 0): 1013}, {("orders", 0): 1011}))
+    set_progress(rel, 1009, updated_at=T0)
+    _stage(rel, 1010, 3)  # 1010 deleted by the broker's retention, 1011 and 1012 still there
+    clock.advance(STALL_S + 1)
+    assert sweeper.run_once().stall_alarms == 1
+    (notice,) = channel.notices
+    assert "2 message(s) beyond it" in notice.reason and "first it owes is m1011" in notice.reason
 
 
 def stall_key_of() -> str:

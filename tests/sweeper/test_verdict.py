@@ -20,8 +20,10 @@ ROW = candidate()
 TARGETED = replace(ROW, resend_count=1, inbox_queue_id=0, inbox_queue_offset=3)
 
 
-def verdict(row: Candidate, watermark: int | None = None, broker_max: int | None = None) -> Verdict:
-    facts = Facts(watermark=watermark, broker_max=broker_max)
+def verdict(
+    row: Candidate, watermark: int | None = None, broker_max: int | None = None, broker_min: int | None = None
+) -> Verdict:
+    facts = Facts(watermark=watermark, broker_max=broker_max, broker_min=broker_min)
     return judge(row, facts, now=T0, stuck_after=STUCK, max_unconfirmed_age=MAX_AGE, retry_schedule=SCHEDULE)
 
 
@@ -62,6 +64,30 @@ def test_never_received(
     assert expected.resend is (
         expected in {Verdict.NEVER_SENT, Verdict.OVERTAKEN, Verdict.LOST, Verdict.TOO_OLD}
     )
+
+
+@pytest.mark.parametrize(
+    ("row", "watermark", "broker_min", "expected"),
+    [
+        # the group stopped at offset 3; the broker's retention deleted up to offset 10: the copy at 7 is gone
+        (ROW, 3, 10, Verdict.EXPIRED),
+        (ROW, 3, 8, Verdict.EXPIRED),
+        # the broker still has offset 7: the group is merely behind
+        (ROW, 3, 7, Verdict.QUEUED),
+        (ROW, 3, None, Verdict.QUEUED),
+        # a group that never consumed the queue: gone is gone, not an alarm
+        (ROW, None, 10, Verdict.EXPIRED),
+        # a targeted copy on %RETRY%{group} deleted by retention too
+        (TARGETED, 1, 5, Verdict.EXPIRED),
+        # the watermark decides first: the group passed the copy without a delivery of it
+        (ROW, 7, 10, Verdict.OVERTAKEN),
+    ],
+)
+def test_a_copy_below_the_brokers_min_offset_was_deleted_by_its_retention(
+    row: Candidate, watermark: int | None, broker_min: int | None, expected: Verdict
+) -> None:
+    assert verdict(row, watermark, 20, broker_min) is expected
+    assert Verdict.EXPIRED.resend
 
 
 def test_too_old_is_measured_from_the_groups_newest_copy() -> None:

@@ -83,14 +83,26 @@ class KafkaProbe:
         self.timeout_s = timeout_s
 
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return self._watermarks(topic, queue_id)[1]
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        """The partition's log start offset (low watermark): retention deleted the records below it
+        (:class:`reliable.sender.RetentionProbe`)."""
+        return self._watermarks(topic, queue_id)[0]
+
+    def _watermarks(self, topic: str, queue_id: int) -> tuple[int | None, int | None]:
         try:
-            _low, high = self._consumer.get_watermark_offsets(
+            low, high = self._consumer.get_watermark_offsets(
                 TopicPartition(topic, queue_id), timeout=self.timeout_s
             )
         except KafkaException as exc:
-            log.warning("high watermark of %s-%d unknown: %s", topic, queue_id, exc)
-            return None
-        return int(high) if high is not None and high >= 0 else None
+            log.warning("watermarks of %s-%d unknown: %s", topic, queue_id, exc)
+            return None, None
+
+        def known(offset: int | None) -> int | None:
+            return int(offset) if offset is not None and offset >= 0 else None
+
+        return known(low), known(high)
 
     def lag(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
         """Records not yet committed by ``group``, per partition (``None``: unknown; no commit: from 0)."""

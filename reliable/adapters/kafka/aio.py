@@ -349,14 +349,24 @@ class AioKafkaSender:
 
     async def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         """The partition's high watermark (``None``: the broker cannot tell)."""
+        return await self._offset(topic, queue_id, high=True)
+
+    async def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        """The partition's log start offset: retention deleted the records below it."""
+        return await self._offset(topic, queue_id, high=False)
+
+    async def _offset(self, topic: str, queue_id: int, *, high: bool) -> int | None:
         if self._probe is None:
             self._probe = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
             await self._probe.start()
         part = TopicPartition(topic, queue_id)
         try:
-            ends = await self._probe.end_offsets([part])
+            if high:
+                answers = await self._probe.end_offsets([part])
+            else:
+                answers = await self._probe.beginning_offsets([part])
         except KafkaError as exc:
-            log.warning("high watermark of %s-%d unknown: %s", topic, queue_id, exc)
+            log.warning("%s watermark of %s-%d unknown: %s", "high" if high else "low", topic, queue_id, exc)
             return None
-        end = ends.get(part)
-        return None if end is None else int(end)
+        answer = answers.get(part)
+        return None if answer is None else int(answer)

@@ -112,9 +112,16 @@ class KafkaSender:
 
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         """:class:`~reliable.sender.BrokerProbe`: the partition's high watermark (``None``: cannot tell)."""
+        return self._kafka_probe().max_offset(topic, queue_id)
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        """:class:`~reliable.sender.RetentionProbe`: the partition's log start offset."""
+        return self._kafka_probe().min_offset(topic, queue_id)
+
+    def _kafka_probe(self) -> KafkaProbe:
         if self._probe is None:
             self._probe = KafkaProbe(self.bootstrap)
-        return self._probe.max_offset(topic, queue_id)
+        return self._probe
 
     def close(self) -> None:
         with self._lock:

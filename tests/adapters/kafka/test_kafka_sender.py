@@ -82,6 +82,7 @@ def test_the_sender_recovers_after_the_broker_lost_everything(private_tansu: Tan
         receipts = [sender.send(outgoing(mid, topic)) for mid in ("b", "c", "d")]
         assert [r.queue_offset for r in receipts] == [0, 1, 2]
         assert sender.max_offset(topic, 0) == len(receipts)
+        assert sender.min_offset(topic, 0) == 0  # the log start offset: no retention has deleted any
 
 
 @pytest.mark.postgres

@@ -277,6 +277,8 @@ def test_sender_receipts_and_the_query_offset_probe(make_broker: GrpcBrokerFacto
     assert b is not None
     assert out["max_offsets"][1:] == [b.get_max_offset(TOPIC, q) for q in range(4)]
     assert sum(out["max_offsets"][1:]) == len(ids)
+    # QueryOffset(BEGINNING): nothing deleted yet, so every queue starts at 0
+    assert out["min_offsets"] == [None, 0, 0, 0, 0]
 
 
 def test_a_delayed_stub_is_sent_with_a_delivery_time_not_a_system_property(

@@ -33,7 +33,7 @@ from reliable.adapters.rocketmq5 import (
 )
 from reliable.decorator import idempotent_consumer
 from reliable.producer import StubProducer
-from reliable.sender import BrokerProbe, OutgoingMessage
+from reliable.sender import BrokerProbe, OutgoingMessage, RetentionProbe
 from reliable.types import Envelope
 
 
@@ -47,9 +47,11 @@ def main() -> None:
             r = sender.send(OutgoingMessage(mid, spec["topic"], mid.encode(), properties=props))
             receipts.append([r.queue_id, r.queue_offset, r.broker_message_id])
         assert isinstance(sender, BrokerProbe)  # the sweeper gets sender and probe in one object
+        assert isinstance(sender, RetentionProbe)  # and the other end of each queue
         offsets = [sender.max_offset(spec["topic"], q) for q in (-1, 0, 1, 2, 3)]
+        bottoms = [sender.min_offset(spec["topic"], q) for q in (-1, 0, 1, 2, 3)]
         sender.close()
-        print(json.dumps({"receipts": receipts, "max_offsets": offsets}), flush=True)
+        print(json.dumps({"receipts": receipts, "max_offsets": offsets, "min_offsets": bottoms}), flush=True)
         return
     guard = {"max_attempts": spec["guard_max_attempts"]} if "guard_max_attempts" in spec else {}
     rel = Reliability(spec["db_url"], None, lease_ms=2000, **guard)
