@@ -55,8 +55,8 @@ class Triage:
     channels: Sequence[str]
     #: (topic, broker_name, queue_id) → the broker's max offset, asked once per round
     probed: dict[tuple[str, str, int], int | None] = field(default_factory=dict)
-    #: broker groups whose probe hung this round: not asked again (with row-lock claims every probe call
-    #: holds the batch's rows locked; a hung broker cost a timeout per queue)
+    #: broker groups whose probe hung this round: not asked again (every probe call runs in the claim
+    #: transaction, the batch's rows locked; a hung broker cost a timeout per queue)
     unanswered: set[str] = field(default_factory=set)
     monotonic: Callable[[], float] = time.monotonic
 
