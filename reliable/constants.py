@@ -40,7 +40,10 @@ DEFAULT_REDIS_SOCKET_TIMEOUT_S: Final = 0.5  # a slow Redis must not stall consu
 # --- producer / sweeper defaults ------------------------------------------------------------------------
 DEFAULT_FIRST_RESEND_DELAY_S: Final = 60.0  # earliest resend after the first send
 DEFAULT_MAX_SENDS: Final = 8
-#: a lease-claimed batch starts no send in the last share of its claim TTL (another sweeper may take it then)
+#: how far a sweeper's claim moves its rows' ``resend_at`` (reliable.sweeper.claim): well above a batch of
+#: sends to a slow broker; the rows of a sweeper killed mid-batch wait this long
+DEFAULT_CLAIM_TTL_S: Final = 300.0
+#: a claimed batch starts no send in the last share of its claim window (another sweeper may take it then)
 CLAIM_SEND_SHARE_REMAINING: Final = 0.2
 PRODUCER_RECORD_TRIES: Final = (
     3  # tries to record a send result (a deadlock victim) before leaving it to the sweeper

@@ -81,7 +81,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--claim-ttl",
         metavar="DURATION",
-        help="claim by lease for this long instead of holding row locks while sending",
+        help="claim window: claimed rows are not due for this long (default 5m; a killed sweeper's rows "
+        "are due again after it); no row lock is held while sending",
     )
     mail = p.add_argument_group(
         "e-mail notification",

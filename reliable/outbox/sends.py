@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, text, update
+from sqlalchemy import Connection, and_, bindparam, case, text, update
 
 from reliable.outbox.tables import inbox, stub
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
@@ -46,7 +46,11 @@ def attempt_send(sender: Sender, message: OutgoingMessage) -> SendAttempt:
 
 
 def record_sends(
-    conn: Connection, attempts: Sequence[tuple[SendAttempt, dt.datetime]], now: dt.datetime
+    conn: Connection,
+    attempts: Sequence[tuple[SendAttempt, dt.datetime]],
+    now: dt.datetime,
+    *,
+    claimed_until: dt.datetime | None = None,
 ) -> None:
     """Record send attempts (each with the time its row is due again) in at most four executemany calls —
     on PostgreSQL the targeted sends in one set-based statement (a sweeper batch's hundreds of rows).
@@ -57,6 +61,14 @@ def record_sends(
     its broker group, queue and offset (the retry topic's), ``last_error`` cleared and ``attempts`` reset to
     0; failed → ``last_error``. No status filter: a consumer may have confirmed meanwhile; the send history
     still belongs to the row.
+
+    ``claimed_until``: the targeted sends were claimed by moving their rows' ``resend_at`` there (the
+    sweeper's claim, :mod:`reliable.sweeper.claim`) and sent with no row lock held. Only a row still
+    ``PENDING`` and still carrying that claim takes the send's ``resend_at``, ``last_error`` and
+    ``attempts``; on any other row — confirmed, voided or given up meanwhile, or claimed again by another
+    sweeper after this claim ended — the send is history only (``resend_count + 1`` and, landed, where the
+    copy is: the report attributes the duplicate it causes), so a confirmation that landed during the send
+    stands and keeps no error.
     """
     topic_ok: list[dict[str, Any]] = []
     topic_failed: list[dict[str, Any]] = []
@@ -110,14 +122,55 @@ def record_sends(
     if topic_failed:
         conn.execute(update(stub).where(by_id).values(last_error=bindparam("b_err"), **sent), topic_failed)
     if conn.dialect.name == "postgresql" and (group_ok or group_failed):
-        _record_group_sends_pg(conn, sorted(group_ok + group_failed, key=_lock_order), now)
+        _record_group_sends_pg(conn, sorted(group_ok + group_failed, key=_lock_order), now, claimed_until)
         return
     mine = and_(inbox.c.message_id == bindparam("b_mid"), inbox.c.consumer_group == bindparam("b_group"))
-    resent = {"resend_count": inbox.c.resend_count + 1, "resend_at": bindparam("b_due"), "updated_at": now}
+    if claimed_until is None:
+        resent = {
+            "resend_count": inbox.c.resend_count + 1,
+            "resend_at": bindparam("b_due"),
+            "updated_at": now,
+        }
+        if group_ok:
+            conn.execute(update(inbox).where(mine).values(**landed, attempts=0, **resent), group_ok)
+        if group_failed:
+            conn.execute(
+                update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed
+            )
+        return
+    # still ours: PENDING and carrying the claim (else the send is history only, see the docstring)
+    ours = and_(inbox.c.status == StubStatus.PENDING, inbox.c.resend_at == claimed_until)
+
+    def if_ours(value: Any, column: Any) -> Any:
+        return case((ours, value), else_=column)
+
+    # MariaDB/MySQL assign left to right, later assignments seeing earlier ones: ``resend_at``, which
+    # ``ours`` reads, is assigned last (ordered_values; SQLAlchemy would use the table's column order)
+    count = (inbox.c.resend_count, inbox.c.resend_count + 1)
+    due_at = (inbox.c.resend_at, if_ours(bindparam("b_due", type_=inbox.c.resend_at.type), inbox.c.resend_at))
     if group_ok:
-        conn.execute(update(inbox).where(mine).values(**landed, attempts=0, **resent), group_ok)
+        position = [(inbox.c[name], value) for name, value in landed.items() if name != "last_error"]
+        conn.execute(
+            update(inbox)
+            .where(mine)
+            .ordered_values(
+                count,
+                (inbox.c.updated_at, now),
+                *position,
+                (inbox.c.last_error, if_ours(None, inbox.c.last_error)),
+                (inbox.c.attempts, if_ours(0, inbox.c.attempts)),
+                due_at,
+            ),
+            group_ok,
+        )
     if group_failed:
-        conn.execute(update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed)
+        error = if_ours(bindparam("b_err", type_=inbox.c.last_error.type), inbox.c.last_error)
+        conn.execute(
+            update(inbox)
+            .where(mine)
+            .ordered_values(count, (inbox.c.updated_at, now), (inbox.c.last_error, error), due_at),
+            group_failed,
+        )
 
 
 #: every targeted send of a batch in one statement, the rows as one JSON document (what ``executemany``
@@ -125,28 +178,36 @@ def record_sends(
 #: cheaper to build than eight arrays). ``v`` takes the row locks in the guard's order first (a ``SELECT …
 #: ORDER BY … FOR UPDATE`` locks as it emits rows; the UPDATE's own join order is the planner's) and is the
 #: only row source the UPDATE joins, so even a generic plan is one index probe per row. A failed send
-#: (``ok`` false) keeps its row's last landed position.
+#: (``ok`` false) keeps its row's last landed position. ``own``: the row is still PENDING and carries the
+#: sweeper's claim (``:claimed_until``; NULL: no claim to check), else the send is history only — read
+#: under the row lock ``v`` takes (a row changed meanwhile is read in its newest version).
 _GROUP_SENDS_PG = text(
     """
 WITH v AS (
-    SELECT v.* FROM json_to_recordset(CAST(:rows AS json)) AS v(
+    SELECT v.*, (CAST(:claimed_until AS timestamptz) IS NULL
+        OR (i.status = 'PENDING' AND i.resend_at = CAST(:claimed_until AS timestamptz))) AS own
+    FROM json_to_recordset(CAST(:rows AS json)) AS v(
         consumer_group varchar, message_id varchar, ok boolean, due timestamptz, qid integer, qoff bigint,
         broker varchar, err text)
     JOIN message_inbox AS i USING (consumer_group, message_id)
     ORDER BY i.message_id, i.consumer_group FOR UPDATE OF i
 )
 UPDATE message_inbox AS i SET
-    resend_count = i.resend_count + 1, resend_at = v.due, updated_at = :now, last_error = v.err,
+    resend_count = i.resend_count + 1, updated_at = :now,
+    resend_at = CASE WHEN v.own THEN v.due ELSE i.resend_at END,
+    last_error = CASE WHEN v.own THEN v.err ELSE i.last_error END,
     queue_id = CASE WHEN v.ok THEN v.qid ELSE i.queue_id END,
     queue_offset = CASE WHEN v.ok THEN v.qoff ELSE i.queue_offset END,
     broker_name = CASE WHEN v.ok THEN v.broker ELSE i.broker_name END,
-    attempts = CASE WHEN v.ok THEN 0 ELSE i.attempts END
+    attempts = CASE WHEN v.ok AND v.own THEN 0 ELSE i.attempts END
 FROM v WHERE i.consumer_group = v.consumer_group AND i.message_id = v.message_id
 """
 )
 
 
-def _record_group_sends_pg(conn: Connection, rows: Sequence[Mapping[str, Any]], now: dt.datetime) -> None:
+def _record_group_sends_pg(
+    conn: Connection, rows: Sequence[Mapping[str, Any]], now: dt.datetime, claimed_until: dt.datetime | None
+) -> None:
     """The targeted sends of ``rows`` (``record_sends``' rows, in lock order) in one statement."""
     doc = [
         {
@@ -161,7 +222,7 @@ def _record_group_sends_pg(conn: Connection, rows: Sequence[Mapping[str, Any]], 
         }
         for r in rows
     ]
-    conn.execute(_GROUP_SENDS_PG, {"rows": json.dumps(doc), "now": now})
+    conn.execute(_GROUP_SENDS_PG, {"rows": json.dumps(doc), "now": now, "claimed_until": claimed_until})
 
 
 def _lock_order(row: Mapping[str, Any]) -> tuple[str, str]:

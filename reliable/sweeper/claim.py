@@ -4,22 +4,26 @@ Every claim starts with the selection statement plus a row-locking clause::
 
     SELECT <due_statement> FOR UPDATE [OF message_inbox] SKIP LOCKED
 
-Rows another sweeper has locked are skipped, not waited on. Two strategies use it
-(``Sweeper(claim_ttl_s=…)``):
+Rows another sweeper has locked are skipped, not waited on. The sweeper claims, sends, then records
+(``Sweeper(claim_ttl_s=…)``, default ``DEFAULT_CLAIM_TTL_S``):
 
-* **row locks** (default, ``claim_ttl_s=None``): one transaction per batch — select-and-lock, send, write
-  the outcomes (one statement per batch), commit. The locks are the claim. One row write per stub: the
-  fastest (bench c1). While a batch is being sent, a consumer confirming one of its stubs waits for the
-  commit (at most one batch of broker calls: keep batches small with a slow broker), and a sweeper that
-  dies mid-batch rolls back: those stubs are due again at once (re-sent twice: at-least-once; the guard
-  deduplicates).
-* **leases** (``claim_ttl_s=N``): a short transaction selects-and-locks and moves the rows' ``resend_at``
-  N seconds ahead, then commits; the sends run with no transaction open and the outcomes are written in a
-  second transaction. No lock is held during broker calls; costs a second row write per stub; a sweeper
-  that dies leaves its rows for N seconds.
+1. **claim** — a short transaction selects-and-locks the due rows, moves their ``resend_at`` to the claim's
+   end (``until``: now + the claim window), sorts them (holds, give-ups: :mod:`.triage`, whose broker probes
+   still run here: a hung broker group costs one probe timeout a round) and commits. The rows are no
+   longer due, so another sweeper's selection does not see them;
+2. **send** — with no transaction open: no row lock is held during broker calls, so a consumer confirming
+   one of the rows (DESIGN.md §2 step 3 locks it) never waits for the broker. The former default held
+   the claim's row locks through the batch's sends: a slow broker stalled consumers exactly when the
+   sweeper mattered;
+3. **record** — a second short transaction writes the outcomes, conditionally: only a row still
+   ``PENDING`` and still carrying ``resend_at = until`` takes the send's due time and error; on any other
+   row (confirmed meanwhile, or claimed again by another sweeper once this claim ended) the send is history
+   only (:func:`reliable.outbox.record_sends`). Rows claimed but not sent (a stop, an outage pause, the
+   claim's last fifth) are released to the next round.
 
-After either commit the rows are no longer due (their ``resend_at`` is in the future), so another sweeper's
-next selection does not see them.
+A sweeper killed between claim and record leaves its rows claimed: due again when the claim window ends.
+No send starts in the claim's last fifth (``CLAIM_SEND_SHARE_REMAINING``), so a slow batch does not run
+past its claim into another sweeper's.
 
 Per backend:
 
@@ -29,9 +33,8 @@ Per backend:
 * SQLite (:attr:`LockMode.SERIAL`) has no row locks. :func:`reliable.facade.make_engine` opens every
   transaction with ``BEGIN IMMEDIATE``, which takes the database write lock before the SELECT, so claim
   transactions are serialised and select-then-update is atomic. Two sweepers on one SQLite file therefore
-  do not double-send, but they queue behind each other and — with row-lock claims, for a whole batch of
-  sends — behind every consumer write: run one sweeper per SQLite database, with small batches or
-  lease claims (docs/sweeper.md).
+  do not double-send; the write lock is held for the claim and the record, not during sends. Still, run
+  one sweeper per SQLite database (docs/sweeper.md).
 """
 
 from __future__ import annotations
@@ -77,8 +80,9 @@ def locking(stmt: Select[Any], mode: LockMode) -> Select[Any]:
 def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> list[Candidate]:
     """Lock and return the rows of ``stmt``; with ``until`` also move their ``resend_at`` there.
 
-    Runs inside the caller's transaction: the rows are claimed when the caller commits. ``until=None`` keeps
-    the row locks only (the sweeper then finishes its work inside the same transaction). ``stmt`` in its
+    Runs inside the caller's transaction: the rows are claimed when the caller commits. ``until=None`` takes
+    the row locks only (what the claim tests look at: the locks alone, held while their transaction is
+    open). ``stmt`` in its
     dialect's shape (``due_statement(…, dialect=…)``) brings the stubs along where the lock clause locks
     inbox rows only (PostgreSQL's ``FOR UPDATE OF``, SQLite's database lock).
     """
@@ -86,7 +90,11 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
     candidates = Candidate.from_rows(list(result.keys()), result.all())
     if candidates and until is not None:
         keys = [(c.consumer_group, c.message_id) for c in candidates]
-        conn.execute(update(inbox).where(pair_in(conn, keys)).values(resend_at=until))
+        # updated_at dates the group's last send (verdict.py): the claim is not one (the column's onupdate
+        # stamped the claim's wall-clock time on it, and a queued copy was never found too old)
+        conn.execute(
+            update(inbox).where(pair_in(conn, keys)).values(resend_at=until, updated_at=inbox.c.updated_at)
+        )
     return candidates
 
 

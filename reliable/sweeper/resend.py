@@ -23,9 +23,11 @@ position keeps describing the last copy that did land. Counting failures keeps a
 (unknown topic, revoked credentials) from retrying forever in silence: it spends the budget and ends DEAD,
 which tells a person.
 
-The status is never changed here: a consumer may confirm the row while the broker call is in flight, and
-that confirmation must stand. :func:`postpone` is the sweeper's only other write: it moves ``resend_at`` of
-rows it holds back (queued, leased, inside the broker's retry window, never consumed).
+The status is never changed here: a consumer may confirm the row while the broker call is in flight (no row
+lock is held during it: :mod:`.claim`), and that confirmation must stand — the record writes the due time and
+error only on rows still ``PENDING`` and still carrying the claim. :func:`postpone` is the sweeper's only
+other write: it moves ``resend_at`` of rows it holds back (queued, leased, inside the broker's retry window,
+never consumed).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.notices import DeadNotice
 from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.selection import Candidate, inbox
+from reliable.types import StubStatus
 
 log = logging.getLogger("reliable.sweeper")
 
@@ -58,11 +61,11 @@ RESEND_PROPERTY = "RELIABLE_RESEND"
 class OutagePause:
     """Which of a round's sends should stop because their broker (or their route) looks down.
 
-    Every failed resend spends one of the row's ``max_sends`` and, with row-lock claims, every send holds the
-    batch's rows locked — consumers confirming one of them wait. A broker that hung (each send waiting for
-    the sender's timeout) or refuses everything (a name server down) made one round spend a unit of every
-    due row's budget — a quarter of an hour of maintenance ended every message staged meanwhile DEAD — and
-    held the batch's locks for a timeout per row (minutes). So:
+    Every failed resend spends one of the row's ``max_sends`` (and, before claims moved to a claim window,
+    every send held the batch's rows locked — consumers confirming one of them waited). A broker that hung
+    (each send waiting for the sender's timeout) or refuses everything (a name server down) made one round
+    spend a unit of every due row's budget — a quarter of an hour of maintenance ended every message staged
+    meanwhile DEAD — and held the batch's locks for a timeout per row (minutes). So:
 
     * after ``SWEEP_PAUSE_AFTER_SLOW_FAILURES`` failures in a row that each took
       ``SLOW_BROKER_CALL_S`` or longer (a hung broker) the round sends nothing more (``paused``);
@@ -150,18 +153,21 @@ def send_claimed(
     should_stop: Callable[[], bool] = lambda: False,
     outage: OutagePause | None = None,
     copies: dict[str, outbox.SendAttempt] | None = None,
+    claimed_until: dt.datetime | None = None,
 ) -> BatchResult:
     """Send each row's targeted copy, then record all outcomes at once (through :mod:`reliable.outbox`,
     the one owner of send-and-record).
 
-    ``recorder()`` gives the connection the outcomes are written on: the claiming transaction itself
-    (row-lock claims) or a new one (lease claims, see :mod:`reliable.sweeper.claim`). A stop request between
-    sends leaves the rest unsent and unchanged: due again in the next round (row locks) or after the claim
-    TTL (leases). So does a broker that looks down (``outage``, the round's :class:`OutagePause`): the
-    batch's sends stop and ``result.paused`` is set; a route that looks down is skipped, its rows postponed
-    to the next round (``result.route_paused``), unchanged otherwise. ``copies``: the round's copies sent
-    so far by message id, for a sender that cannot target one group (a message's due rows may fall into
-    two batches of a round: one copy still serves both).
+    ``recorder()`` gives the connection the outcomes are written on: a new transaction, opened after the sends
+    (:mod:`reliable.sweeper.claim`). ``claimed_until``: the ``resend_at`` the claim gave the rows; only a row
+    still ``PENDING`` and carrying it takes the outcome's due time and error (a confirmation that landed
+    during the send stands: :func:`reliable.outbox.record_sends`). A stop request between sends leaves the
+    rest unsent, their budget untouched, and releases their claim: due again from the next round on (a second
+    after the record). So does a broker that looks down (``outage``, the round's :class:`OutagePause`): the
+    batch's sends stop and ``result.paused`` is set; a route that looks down is skipped, its rows postponed to
+    the next round (``result.route_paused``), unchanged otherwise. ``copies``: the round's copies sent so far
+    by message id, for a sender that cannot target one group (a message's due rows may fall into two batches
+    of a round: one copy still serves both).
     """
     result = BatchResult()
     outage = outage if outage is not None else OutagePause()
@@ -175,11 +181,14 @@ def send_claimed(
         (c.consumer_group, c.message_id): resend_topic(sender, c.topic, c.consumer_group) for c in candidates
     }
     skipped: list[Candidate] = []
-    for cand in candidates:
+    unsent: Sequence[Candidate] = ()  # claimed, not tried: a stop, an outage pause, the claim's last fifth
+    for at, cand in enumerate(candidates):
         if should_stop():
+            unsent = candidates[at:]
             break
         if outage.paused:
             result.paused = True
+            unsent = candidates[at:]
             break
         route = routes[(cand.consumer_group, cand.message_id)]
         if outage.route_paused(route):
@@ -218,7 +227,9 @@ def send_claimed(
         now = clock()
         if skipped:  # not this round again: the round's later batches would select them once more
             result.route_paused += len(skipped)
-            postpone(conn, [(c, now + _NEXT_ROUND, _ROUTE_PAUSED) for c in skipped])
+            postpone(conn, [(c, now + _NEXT_ROUND, _ROUTE_PAUSED) for c in skipped], claimed_until)
+        if unsent and claimed_until is not None:  # the claim released: due again from the next round on
+            postpone(conn, [(c, now + _NEXT_ROUND, None) for c in unsent], claimed_until)
         keys = {
             (c.consumer_group, routes[(c.consumer_group, c.message_id)], a.receipt.queue_id)
             for c, a in sent
@@ -244,21 +255,30 @@ def send_claimed(
                 receipt.broker_name,
             )
             due.append((attempt, now + policy.delay(sends) + backlog))
-        outbox.record_sends(conn, due, now)
+        outbox.record_sends(conn, due, now, claimed_until=claimed_until)
     return result
 
 
 _KEY = and_(inbox.c.consumer_group == bindparam("b_group"), inbox.c.message_id == bindparam("b_id"))
 
 
-def postpone(conn: Connection, holds: Sequence[tuple[Candidate, dt.datetime, str | None]]) -> None:
+def postpone(
+    conn: Connection,
+    holds: Sequence[tuple[Candidate, dt.datetime, str | None]],
+    claimed_until: dt.datetime | None = None,
+) -> None:
     """Move ``resend_at`` of rows that must not be sent now (queued, leased, in the broker's retry window,
-    never consumed); ``last_error`` says why when given. ``updated_at`` is kept: it dates the last send."""
+    never consumed); ``last_error`` says why when given. ``updated_at`` is kept: it dates the last send.
+    ``claimed_until``: only rows still ``PENDING`` and carrying that claim (written after the claim's
+    transaction committed: a row confirmed since keeps its state)."""
     if not holds:
         return
+    where = _KEY
+    if claimed_until is not None:
+        where = and_(_KEY, inbox.c.status == StubStatus.PENDING, inbox.c.resend_at == claimed_until)
     conn.execute(
         update(inbox)
-        .where(_KEY)
+        .where(where)
         .values(
             resend_at=bindparam("b_resend_at", type_=inbox.c.resend_at.type),
             last_error=func.coalesce(bindparam("b_error", type_=inbox.c.last_error.type), inbox.c.last_error),

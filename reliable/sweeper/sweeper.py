@@ -2,10 +2,11 @@
 
 A round, in order:
 
-1. **sweep**, batch by batch: one selection statement claims due stubs (see :mod:`.claim`); the Redis
-   leases of the stuck ones are read; stubs at ``max_sends`` go ``DEAD`` with their notices owed (in the
-   claim transaction); the others are sent through the :class:`~reliable.sender.Sender` and the outcomes
-   recorded (one statement per batch);
+1. **sweep**, batch by batch: one selection statement claims due stubs (see :mod:`.claim`: their
+   ``resend_at`` moves a claim window ahead); the Redis leases of the stuck ones are read; stubs at
+   ``max_sends`` go ``DEAD`` with their notices owed (in the claim transaction); after it commits the
+   others are sent through the :class:`~reliable.sender.Sender`, no row lock held, and the outcomes
+   recorded in a second transaction (one statement per batch, on rows still PENDING and still claimed);
 2. **notify** — deliver owed notices per channel (a failing channel never stops the round);
 3. **retention** — purge old log rows of settled stubs, yielding to consumers (rests between batches, at
    most ``DEFAULT_PURGE_ROUND_BUDGET_S`` per round; the next round goes on).
@@ -21,7 +22,6 @@ batches ends: no stub is handled twice in a round.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
@@ -109,9 +109,9 @@ class Sweeper:
     the broker's own redelivery delay (default RocketMQ's). ``clock`` is the time source of every due-time
     decision (tests pass a controllable one). ``channels`` are the notification channels besides the log
     (see :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches per round (``None``: until
-    nothing is due). ``claim_ttl_s`` chooses the claim strategy (:mod:`reliable.sweeper.claim`): ``None``
-    (default) holds row locks for the batch; a number claims by moving ``resend_at`` that far ahead and
-    sends with no transaction open.
+    nothing is due). ``claim_ttl_s`` is the claim window (:mod:`reliable.sweeper.claim`; default
+    ``DEFAULT_CLAIM_TTL_S``): a batch is claimed by moving its rows' ``resend_at`` that far ahead and sent
+    with no transaction open; the rows of a sweeper killed mid-batch are due again when it ends.
     """
 
     def __init__(
@@ -171,13 +171,14 @@ class Sweeper:
         self.stall_after = dt.timedelta(seconds=stall)
         #: where the settle walk goes on next round (reliable.outbox.settle_slice)
         self._settle_at: outbox.SettleCursor = None
-        self.claim_ttl = dt.timedelta(seconds=claim_ttl_s) if claim_ttl_s is not None else None
+        ttl = claim_ttl_s if claim_ttl_s is not None else C.DEFAULT_CLAIM_TTL_S
+        self.claim_ttl = dt.timedelta(seconds=ttl)
         self.lease_hold = dt.timedelta(milliseconds=s.lease_ms)
         self.max_batches = max_batches
         self.clock = clock
         #: times the broker calls (a hung broker: sends and probes that wait for their timeout)
         self.monotonic: Callable[[], float] = time.monotonic
-        if self.batch <= 0 or self.max_sends <= 0 or (claim_ttl_s is not None and claim_ttl_s <= 0):
+        if self.batch <= 0 or self.max_sends <= 0 or ttl <= 0:
             raise SweeperConfigError("batch, max_sends and claim_ttl must be > 0")
         if max_batches is not None and max_batches <= 0:
             raise SweeperConfigError("max_batches must be > 0")
@@ -186,7 +187,8 @@ class Sweeper:
         self._stop = threading.Event()
 
     def stop(self) -> None:
-        """Ask a running round to stop after the current send (claimed leftovers are due after the TTL)."""
+        """Ask a running round to stop after the current send (claimed leftovers are due after the claim
+        window)."""
         self._stop.set()
 
     @property
@@ -267,24 +269,19 @@ class Sweeper:
             if self.stopping:
                 return
             marks = Watermarks()  # this batch's watermark reads, shared by triage and the record
-            if self.claim_ttl is None:  # row-lock claim: one transaction around claim, sends and record
-                with self.engine.begin() as conn:
-                    claimed = claim(conn, stmt, until=None)
-                    if not claimed:
-                        return
-                    send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
-                    result = self._send(send, lambda: contextlib.nullcontext(conn), marks, outage, copies)
-            else:  # lease claim: short claim transaction, sends outside any transaction, then record
-                until = self.clock() + self.claim_ttl
-                with self.engine.begin() as conn:
-                    claimed = claim(conn, stmt, until=until)
-                    if not claimed:
-                        return
-                    send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
-                # no send starts in the claim's last fifth: past its end another sweeper may take the rows and
-                # send them too (both recorded: the budget spent twice as fast); the rest wait for the TTL
-                last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING
-                result = self._send(send, self.engine.begin, marks, outage, copies, last_start)
+            # claim: a short transaction moves the rows' resend_at to the claim's end and commits; the sends
+            # run with no transaction open (no row lock: a consumer confirming one of them does not wait for
+            # the broker); the outcomes are recorded in a second short transaction, on rows still ours
+            until = self.clock() + self.claim_ttl
+            with self.engine.begin() as conn:
+                claimed = claim(conn, stmt, until=until)
+                if not claimed:
+                    return
+                send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
+            # no send starts in the claim's last fifth: past its end another sweeper may take the rows and
+            # send them too (both recorded: the budget spent twice as fast); the rest wait for the claim's end
+            last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING
+            result = self._send(send, self.engine.begin, marks, outage, copies, until, last_start)
             summary.selected += len(claimed)
             summary.add(triaged)
             summary.add(result)
@@ -307,10 +304,11 @@ class Sweeper:
         marks: Watermarks,
         outage: OutagePause,
         copies: dict[str, outbox.SendAttempt],
-        last_start: dt.datetime | None = None,
+        claimed_until: dt.datetime,
+        last_start: dt.datetime,
     ) -> BatchResult:
         def should_stop() -> bool:
-            return self._stop.is_set() or (last_start is not None and self.clock() >= last_start)
+            return self._stop.is_set() or self.clock() >= last_start
 
         return send_claimed(
             recorder,
@@ -323,6 +321,7 @@ class Sweeper:
             should_stop=should_stop,
             outage=outage,
             copies=copies,
+            claimed_until=claimed_until,
         )
 
     def _tell_dead_lettered(self, summary: RoundSummary) -> None:

@@ -64,8 +64,8 @@ class Triage:
     channels: Sequence[str]
     #: (end, topic, broker_name, queue_id) → the broker's max or min offset, asked once per round
     probed: dict[tuple[End, str, str, int], int | None] = field(default_factory=dict)
-    #: broker groups whose probe hung this round: not asked again (with row-lock claims every probe call
-    #: holds the batch's rows locked; a hung broker cost a timeout per queue)
+    #: broker groups whose probe hung this round: not asked again (every probe call runs in the claim
+    #: transaction, the batch's rows locked; a hung broker cost a timeout per queue)
     unanswered: set[str] = field(default_factory=set)
     monotonic: Callable[[], float] = time.monotonic
 

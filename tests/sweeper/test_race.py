@@ -47,7 +47,7 @@ def test_server_supports_skip_locked(rels: tuple[Reliability, Reliability]) -> N
         assert lock_mode(conn) is LockMode.SKIP_LOCKED
 
 
-@pytest.mark.parametrize("claim_ttl", [None, 30.0], ids=["row-locks", "leases"])
+@pytest.mark.parametrize("claim_ttl", [None, 30.0], ids=["default-window", "30s-window"])
 def test_two_sweepers_racing_never_double_send(
     rels: tuple[Reliability, Reliability], claim_ttl: float | None
 ) -> None:
