@@ -33,6 +33,7 @@ from reliable.models import utcnow
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.selection import notif
+from reliable.sweeper.stall import StallResult, check_stalls
 from reliable.types import StubStatus
 from tests.core.guard_helpers import apply, env, ledger, ledger_md
 from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, get_inbox, set_progress
@@ -193,6 +194,31 @@ def test_a_consumer_confirms_while_the_sweepers_probe_hangs_and_its_confirmation
     summary = sweeper.run_once()
     assert (summary.selected, summary.dead, summary.never_consumed) == (0, 0, 0)
     assert get_inbox(rel, "m").status is StubStatus.CONFIRMED and owed_notices(rel) == 0
+
+
+def test_a_consumer_confirms_while_the_stall_checks_probe_hangs(
+    rel: Reliability, guarded: GuardedHandler
+) -> None:
+    """The stalled-group check asks the broker too; on SQLite its transaction held the database's write lock
+    through the probe, so every confirmation waited for it."""
+    set_progress(rel, 3, updated_at=T0 - dt.timedelta(hours=1))  # still for an hour
+    add_stub(rel, "owed", queue_offset=5)  # the group owes offset 5, beyond its watermark: a stall
+    add_stub(rel, "m", queue_offset=None)
+    probe = BlockedProbe(100)
+    found: list[StallResult] = []
+    after = dt.timedelta(minutes=5)
+    check = threading.Thread(
+        target=lambda: found.append(
+            check_stalls(rel.engine, now=T0, stall_after=after, broker_max=probe.max_offset, channels=[])
+        ),
+        daemon=True,
+    )
+    check.start()
+    reason, took = confirm_while_send_hangs(guarded, probe, "m")
+    check.join(30)
+    assert reason is Reason.PROCESSED, f"the consumer waited {took:.1f} s for the stall check's probe"
+    assert get_inbox(rel, "m").status is StubStatus.CONFIRMED
+    assert [(r.open, r.raised) for r in found] == [(1, 1)]
 
 
 def test_a_second_sweeper_neither_waits_for_nor_sends_what_the_first_is_sending(
