@@ -155,8 +155,8 @@ class BacklogEstimator:
 
     ``lag = broker next offset − (watermark + 1)``: the messages of that queue the group has not received.
     The broker's next offset comes from the :class:`~reliable.sender.BrokerProbe` when one is given and
-    answers; otherwise
-    from the send receipt (``receipt offset + 1``), which is exactly the queue's end as our message saw it.
+    answers (and is not below the receipt's: an answer asked before the send); otherwise from the send
+    receipt (``receipt offset + 1``), which is exactly the queue's end as our message saw it.
     No ``consume_progress`` row, or no measurable rate yet: the estimate is 0 — the verdict's offset rules
     (:mod:`reliable.sweeper.verdict`) still keep a queued message from being re-sent, the estimate only
     saves the sweeper from looking at it early. Capped at ``cap``.
@@ -179,11 +179,13 @@ class BacklogEstimator:
         rate = progress.rate_per_s
         if rate is None:
             return dt.timedelta(0)
-        next_offset = self.probe.max_offset(topic, queue_id, broker_name) if self.probe is not None else None
-        if next_offset is None:
-            if receipt_offset is None:
-                return dt.timedelta(0)
-            next_offset = receipt_offset + 1
+        ends = [self.probe.max_offset(topic, queue_id, broker_name) if self.probe is not None else None]
+        ends.append(receipt_offset + 1 if receipt_offset is not None else None)
+        # the queue's end is at least one past the copy just sent there (a probe answer may predate it)
+        known = [end for end in ends if end is not None]
+        if not known:
+            return dt.timedelta(0)
+        next_offset = max(known)
         lag = next_offset - (progress.max_offset + 1)
         if lag <= 0:
             return dt.timedelta(0)

@@ -8,18 +8,21 @@ Rows another sweeper has locked are skipped, not waited on. The sweeper claims, 
 (``Sweeper(claim_ttl_s=…)``, default ``DEFAULT_CLAIM_TTL_S``):
 
 1. **claim** — a short transaction selects-and-locks the due rows, moves their ``resend_at`` to the claim's
-   end (``until``: now + the claim window), sorts them (holds, give-ups: :mod:`.triage`, whose broker probes
-   still run here: a hung broker group costs one probe timeout a round) and commits. The rows are no
-   longer due, so another sweeper's selection does not see them;
-2. **send** — with no transaction open: no row lock is held during broker calls, so a consumer confirming
-   one of the rows (DESIGN.md §2 step 3 locks it) never waits for the broker. The former default held
-   the claim's row locks through the batch's sends: a slow broker stalled consumers exactly when the
-   sweeper mattered;
-3. **record** — a second short transaction writes the outcomes, conditionally: only a row still
-   ``PENDING`` and still carrying ``resend_at = until`` takes the send's due time and error; on any other
-   row (confirmed meanwhile, or claimed again by another sweeper once this claim ended) the send is history
-   only (:func:`reliable.outbox.record_sends`). Rows claimed but not sent (a stop, an outage pause, the
-   claim's last fifth) are released to the next round.
+   end (``until``: now + the claim window), reads what their verdicts need from the database
+   (:func:`reliable.sweeper.triage.observe`) and commits. The rows are no longer due, so another sweeper's
+   selection does not see them;
+2. **probe and send** — with no transaction open: the broker's offsets of the rows' queues are asked and
+   the rows judged (:mod:`.triage`), the ones to re-send sent. No row lock is held during broker calls, so a
+   consumer confirming one of the rows (DESIGN.md §2 step 3 locks it) never waits for the broker. The former
+   default held the claim's row locks through the batch's sends, and until 2026-11-29 through its probes: a
+   slow broker stalled consumers exactly when the sweeper mattered;
+3. **record** — a second short transaction locks the batch's rows in the guard's order
+   (:func:`still_claimed`) and writes the verdicts and the outcomes, conditionally: only a row still
+   ``PENDING`` and still carrying ``resend_at = until`` is held, given up (with its notice), counted in a
+   never-consumed alarm, or takes the send's due time and error; on any other row (confirmed meanwhile, or
+   claimed again by another sweeper once this claim ended) the send is history only
+   (:func:`reliable.outbox.record_sends`) and the verdict is dropped. Rows claimed but not sent (a stop, an
+   outage pause, the claim's last fifth) are released to the next round.
 
 A sweeper killed between claim and record leaves its rows claimed: due again when the claim window ends.
 No send starts in the claim's last fifth (``CLAIM_SEND_SHARE_REMAINING``), so a slow batch does not run
@@ -44,9 +47,10 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, and_, or_, tuple_, update
+from sqlalchemy import ColumnElement, Connection, Select, and_, case, or_, select, tuple_, update
 
 from reliable.sweeper.selection import Candidate, inbox
+from reliable.types import StubStatus
 
 
 class LockMode(enum.Enum):
@@ -96,6 +100,28 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
             update(inbox).where(pair_in(conn, keys)).values(resend_at=until, updated_at=inbox.c.updated_at)
         )
     return candidates
+
+
+def still_claimed(
+    conn: Connection, rows: Sequence[Candidate], claimed_until: dt.datetime
+) -> set[tuple[str, str]]:
+    """Lock ``rows`` in the guard's order (message id, then group: a record locking them in another order
+    could deadlock with a guard's batch) and return the ``(group, message_id)`` of those still ``PENDING``
+    and still carrying the claim (``resend_at = claimed_until``): the rows the record may write its
+    verdicts on. The others were confirmed, voided or given up meanwhile, or claimed again by another
+    sweeper once this claim ended. On SQLite the transaction's write lock does the locking."""
+    if not rows:
+        return set()
+    keys = sorted({(c.consumer_group, c.message_id) for c in rows})
+    ours = case((and_(inbox.c.status == StubStatus.PENDING, inbox.c.resend_at == claimed_until), 1), else_=0)
+    stmt = (
+        select(inbox.c.consumer_group, inbox.c.message_id, ours.label("ours"))
+        .where(pair_in(conn, keys))
+        .order_by(inbox.c.message_id, inbox.c.consumer_group)
+    )
+    if conn.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    return {(r.consumer_group, r.message_id) for r in conn.execute(stmt) if r.ours}
 
 
 def pair_in(conn: Connection, keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:

@@ -1,12 +1,12 @@
 """Telling a person: a group's row goes DEAD when its sends are spent, or its handler's attempts; and the
 never-consumed alarm.
 
-**DEAD** (in the claiming transaction): the group's inbox row ``PENDING`` → ``DEAD`` with the reason in
-``last_error`` and the stub's status derived (DESIGN.md §1: some group's resends exhausted → ``DEAD``); one
-``stub_notification`` row per configured channel for that ``(message_id, consumer_group)`` — so in a
-fan-out each group that gave up is reported once, and a group that did receive the message is not. The log
-line is written at once (the always-on channel), and its row, written delivered, remembers that a person
-was told.
+**DEAD** (in the sweeper's record transaction, on rows still carrying its claim): the group's inbox row
+``PENDING`` → ``DEAD`` with the reason in ``last_error`` and the stub's status derived (DESIGN.md §1: some
+group's resends exhausted → ``DEAD``); one ``stub_notification`` row per configured channel for that
+``(message_id, consumer_group)`` — so in a fan-out each group that gave up is reported once, and a group
+that did receive the message (or confirmed it while the sweeper asked the broker) is not. The log line is
+written at once (the always-on channel), and its row, written delivered, remembers that a person was told.
 
 **DEAD by the guard** (:func:`tell_unreported`): a handler that failed ``max_attempts`` times makes the guard
 dead-letter the delivery and set the group's row ``DEAD`` itself, in its settle transaction — the guard has
@@ -111,11 +111,14 @@ def mark_dead(
 ) -> list[DeadNotice]:
     """Set the rows DEAD with their reasons (:func:`reliable.outbox.mark_dead`: only a row still
     ``PENDING``, so a confirmation that slipped in stands; the stub's status is derived) and record the
-    notices owed."""
+    notices owed for the rows it set DEAD (returned)."""
+    dead = [
+        (cand, reason)
+        for cand, reason in dead
+        if outbox.mark_dead(conn, cand.message_id, cand.consumer_group, now, "DEAD: " + reason)
+    ]  # a row no longer PENDING was not given up: no notice, not counted
     if not dead:
         return []
-    for cand, reason in dead:
-        outbox.mark_dead(conn, cand.message_id, cand.consumer_group, now, "DEAD: " + reason)
     keys = [(c.message_id, c.consumer_group) for c, _ in dead]
     # rows of an earlier death of the same (message, group) (revived since) would collide
     conn.execute(delete(notif).where(keys_in(keys)))

@@ -36,7 +36,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, bindparam, func, update
@@ -44,7 +43,7 @@ from sqlalchemy import Connection, and_, bindparam, func, update
 from reliable import constants as C
 from reliable import outbox
 from reliable.otel.propagation import carrier_from_json
-from reliable.sender import OutgoingMessage, Sender
+from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.staged import stored_properties
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.notices import DeadNotice
@@ -141,58 +140,66 @@ def targets_groups(sender: object) -> bool:
     return bool(getattr(sender, "targets_groups", True))
 
 
-def send_claimed(
-    recorder: Callable[[], AbstractContextManager[Connection]],
+@dataclass
+class Sent:
+    """What one batch's sends did, before any of it is recorded."""
+
+    result: BatchResult
+    #: each tried row with its attempt (a shared copy counts for each of its rows)
+    attempts: list[tuple[Candidate, outbox.SendAttempt]] = field(default_factory=list)
+    #: rows of a route that refused the round's last sends there: postponed to the next round
+    skipped: list[Candidate] = field(default_factory=list)
+    #: claimed, not tried: a stop, an outage pause, the claim's last fifth
+    unsent: Sequence[Candidate] = ()
+    #: (group, message_id) → the topic the row's copy goes to
+    routes: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def landed(self) -> list[tuple[str, SendReceipt]]:
+        """Where the landed copies are: ``(topic, receipt)``."""
+        return [
+            (self.routes[(c.consumer_group, c.message_id)], a.receipt)
+            for c, a in self.attempts
+            if a.receipt is not None
+        ]
+
+
+def send_batch(
     sender: Sender,
     candidates: Sequence[Candidate],
     *,
-    policy: BackoffPolicy,
-    estimator: BacklogEstimator,
-    clock: Callable[[], dt.datetime],
-    marks: Watermarks,
     should_stop: Callable[[], bool] = lambda: False,
     outage: OutagePause | None = None,
     copies: dict[str, outbox.SendAttempt] | None = None,
-    claimed_until: dt.datetime | None = None,
-) -> BatchResult:
-    """Send each row's targeted copy, then record all outcomes at once (through :mod:`reliable.outbox`,
-    the one owner of send-and-record).
+) -> Sent:
+    """Send each row's targeted copy, with no transaction open (:func:`record_batch` records them).
 
-    ``recorder()`` gives the connection the outcomes are written on: a new transaction, opened after the sends
-    (:mod:`reliable.sweeper.claim`). ``claimed_until``: the ``resend_at`` the claim gave the rows; only a row
-    still ``PENDING`` and carrying it takes the outcome's due time and error (a confirmation that landed
-    during the send stands: :func:`reliable.outbox.record_sends`). A stop request between sends leaves the
-    rest unsent, their budget untouched, and releases their claim: due again from the next round on (a second
-    after the record). So does a broker that looks down (``outage``, the round's :class:`OutagePause`): the
-    batch's sends stop and ``result.paused`` is set; a route that looks down is skipped, its rows postponed to
-    the next round (``result.route_paused``), unchanged otherwise. ``copies``: the round's copies sent so far
-    by message id, for a sender that cannot target one group (a message's due rows may fall into two batches
-    of a round: one copy still serves both).
+    A stop request between sends leaves the rest unsent, their budget untouched. So does a broker that looks
+    down (``outage``, the round's :class:`OutagePause`): the batch's sends stop and ``result.paused`` is set;
+    a route that looks down is skipped, its rows postponed to the next round (``result.route_paused``).
+    ``copies``: the round's copies sent so far by message id, for a sender that cannot target one group (a
+    message's due rows may fall into two batches of a round: one copy still serves both).
     """
-    result = BatchResult()
     outage = outage if outage is not None else OutagePause()
     monotonic = outage.monotonic
-    sent: list[tuple[Candidate, outbox.SendAttempt]] = []
+    routes = {
+        (c.consumer_group, c.message_id): resend_topic(sender, c.topic, c.consumer_group) for c in candidates
+    }
+    done = Sent(BatchResult(), routes=routes)
     # a sender that cannot address one group puts every targeted copy on the topic, where all groups get it:
     # one copy per message per round then serves each due group of it (N due groups sent N copies each)
     one_copy = not targets_groups(sender)
     copies = copies if copies is not None else {}
-    routes = {
-        (c.consumer_group, c.message_id): resend_topic(sender, c.topic, c.consumer_group) for c in candidates
-    }
-    skipped: list[Candidate] = []
-    unsent: Sequence[Candidate] = ()  # claimed, not tried: a stop, an outage pause, the claim's last fifth
     for at, cand in enumerate(candidates):
         if should_stop():
-            unsent = candidates[at:]
+            done.unsent = candidates[at:]
             break
         if outage.paused:
-            result.paused = True
-            unsent = candidates[at:]
+            done.result.paused = True
+            done.unsent = candidates[at:]
             break
         route = routes[(cand.consumer_group, cand.message_id)]
         if outage.route_paused(route):
-            skipped.append(cand)
+            done.skipped.append(cand)
             continue
         message = OutgoingMessage(
             message_id=cand.message_id,
@@ -209,7 +216,8 @@ def send_claimed(
         )
         shared = copies.get(cand.message_id) if one_copy else None
         if shared is not None:  # the copy sent for another group of this message: this group's too
-            sent.append((cand, outbox.SendAttempt(message, receipt=shared.receipt, error=shared.error)))
+            copy = outbox.SendAttempt(message, receipt=shared.receipt, error=shared.error)
+            done.attempts.append((cand, copy))
             continue
         started = monotonic()
         attempt = copies[cand.message_id] = outbox.attempt_send(sender, message)
@@ -221,41 +229,59 @@ def send_claimed(
                 route,
                 attempt.error,
             )
-        sent.append((cand, attempt))
+        done.attempts.append((cand, attempt))
+    return done
 
-    with recorder() as conn:
-        now = clock()
-        if skipped:  # not this round again: the round's later batches would select them once more
-            result.route_paused += len(skipped)
-            postpone(conn, [(c, now + _NEXT_ROUND, _ROUTE_PAUSED) for c in skipped], claimed_until)
-        if unsent and claimed_until is not None:  # the claim released: due again from the next round on
-            postpone(conn, [(c, now + _NEXT_ROUND, None) for c in unsent], claimed_until)
-        keys = {
-            (c.consumer_group, routes[(c.consumer_group, c.message_id)], a.receipt.queue_id)
-            for c, a in sent
-            if a.receipt is not None
-        }
-        queues = marks.load(conn, keys)
-        due: list[tuple[outbox.SendAttempt, dt.datetime]] = []
-        for cand, attempt in sent:
-            sends = cand.sends + 1
-            if attempt.receipt is None:
-                result.send_failures += 1
-                due.append((attempt, now + policy.delay(sends)))
-                continue
-            result.resent += 1
-            if cand.stuck:
-                result.stuck_recovered += 1
-            topic, receipt = routes[(cand.consumer_group, cand.message_id)], attempt.receipt
-            backlog = estimator.estimate(
-                queues.get((cand.consumer_group, topic, receipt.broker_name, receipt.queue_id)),
-                topic,
-                receipt.queue_id,
-                receipt.queue_offset,
-                receipt.broker_name,
-            )
-            due.append((attempt, now + policy.delay(sends) + backlog))
-        outbox.record_sends(conn, due, now, claimed_until=claimed_until)
+
+def record_batch(
+    conn: Connection,
+    done: Sent,
+    *,
+    policy: BackoffPolicy,
+    estimator: BacklogEstimator,
+    now: dt.datetime,
+    marks: Watermarks,
+    claimed_until: dt.datetime | None = None,
+) -> BatchResult:
+    """Record the outcomes of :func:`send_batch` on ``conn`` (the record transaction; through
+    :mod:`reliable.outbox`, the one owner of send-and-record). ``claimed_until``: the ``resend_at`` the claim
+    gave the rows; only a row still ``PENDING`` and carrying it takes the outcome's due time and error (a
+    confirmation that landed during the send stands: :func:`reliable.outbox.record_sends`); the rows left
+    unsent are released (due again from the next round on, a second after the record). ``estimator`` must not
+    call the broker (:meth:`reliable.sweeper.triage.Triage.known_ends`): ``conn`` holds row locks."""
+    result = done.result
+    routes = done.routes
+    if done.skipped:  # not this round again: the round's later batches would select them once more
+        result.route_paused += len(done.skipped)
+        postpone(conn, [(c, now + _NEXT_ROUND, _ROUTE_PAUSED) for c in done.skipped], claimed_until)
+    if done.unsent and claimed_until is not None:  # the claim released: due again from the next round on
+        postpone(conn, [(c, now + _NEXT_ROUND, None) for c in done.unsent], claimed_until)
+    keys = {
+        (c.consumer_group, routes[(c.consumer_group, c.message_id)], a.receipt.queue_id)
+        for c, a in done.attempts
+        if a.receipt is not None
+    }
+    queues = marks.load(conn, keys)
+    due: list[tuple[outbox.SendAttempt, dt.datetime]] = []
+    for cand, attempt in done.attempts:
+        sends = cand.sends + 1
+        if attempt.receipt is None:
+            result.send_failures += 1
+            due.append((attempt, now + policy.delay(sends)))
+            continue
+        result.resent += 1
+        if cand.stuck:
+            result.stuck_recovered += 1
+        topic, receipt = routes[(cand.consumer_group, cand.message_id)], attempt.receipt
+        backlog = estimator.estimate(
+            queues.get((cand.consumer_group, topic, receipt.broker_name, receipt.queue_id)),
+            topic,
+            receipt.queue_id,
+            receipt.queue_offset,
+            receipt.broker_name,
+        )
+        due.append((attempt, now + policy.delay(sends) + backlog))
+    outbox.record_sends(conn, due, now, claimed_until=claimed_until)
     return result
 
 

@@ -122,9 +122,15 @@ def check_stalls(
 ) -> StallResult:
     """Find the stalled queues, raise the new ones once, clear the ended ones (see the module doc).
     ``broker_min``: the probe's min offset, where it tells it (:class:`reliable.sender.RetentionProbe`)."""
+    cutoff = now - stall_after
     with engine.begin() as conn:
         episodes = open_episodes(conn)
-        found = {(s.group, s.queue): s for s in find_stalls(conn, now, stall_after, broker_max, broker_min)}
+        still = still_watermarks(conn, cutoff)
+    # the broker is asked with no transaction open: on SQLite one holds the database's write lock, and every
+    # consumer's confirmation waited for the probe (a timeout while a broker group hangs)
+    ends = ask_ends(still, broker_max, broker_min)
+    with engine.begin() as conn:
+        found = {(s.group, s.queue): s for s in find_stalls(conn, still, ends, cutoff)}
     result = StallResult()
     for key, watermark in sorted(episodes.items()):
         stall = found.get(key)
@@ -171,16 +177,14 @@ def open_episodes(conn: Connection) -> dict[GroupQueue, int | None]:
     return out
 
 
-def find_stalls(
-    conn: Connection,
-    now: dt.datetime,
-    stall_after: dt.timedelta,
-    broker_max: MaxOffset | None,
-    broker_min: MaxOffset | None = None,
-) -> list[Stall]:
-    """Every stalled ``(group, topic, broker group, queue)`` now (one statement for the still watermarks,
-    then at most a probe call and one bounded lookup per still one)."""
-    cutoff = now - stall_after
+#: a still watermark: (group, topic, broker_name, queue_id, max_offset, updated_at)
+Still = tuple[str, str, str, int, int, dt.datetime]
+#: the broker's (max offset, min offset) of a queue; ``None``: not asked, or it cannot tell
+Ends = dict[QueueRef, tuple[int | None, int | None]]
+
+
+def still_watermarks(conn: Connection, cutoff: dt.datetime) -> list[Still]:
+    """The watermarks that have not moved since ``cutoff`` (one statement)."""
     named = progress.alias("named")
     # a watermark without a broker group where the group has rows naming one: the pre-0006 row, superseded
     superseded = exists().where(
@@ -189,7 +193,7 @@ def find_stalls(
         named.c.queue_id == progress.c.queue_id,
         named.c.broker_name != "",
     )
-    still = conn.execute(
+    rows = conn.execute(
         select(
             progress.c.consumer_group,
             progress.c.topic,
@@ -199,23 +203,36 @@ def find_stalls(
             progress.c.updated_at,
         ).where(progress.c.updated_at <= cutoff, or_(progress.c.broker_name != "", ~superseded))
     ).all()
-    asked: dict[QueueRef, int | None] = {}
-    bottoms: dict[QueueRef, int | None] = {}
+    return [(g, t, b, q, m, u) for g, t, b, q, m, u in rows]
+
+
+def ask_ends(still: Sequence[Still], broker_max: MaxOffset | None, broker_min: MaxOffset | None) -> Ends:
+    """The broker's ends of each still watermark's queue, a call per queue (network: no transaction open);
+    the min offset only where the broker holds messages beyond a watermark there."""
+    lowest: dict[QueueRef, int] = {}
+    for _, topic, broker_name, queue_id, watermark, _ in still:
+        queue = QueueRef(topic, queue_id, broker_name)
+        lowest[queue] = min(watermark, lowest.get(queue, watermark))
+    ends: Ends = {}
+    for queue, watermark in lowest.items():
+        top = _ask(broker_max, queue)
+        beyond = top is not None and top > watermark + 1
+        ends[queue] = (top, _ask(broker_min, queue) if beyond else None)
+    return ends
+
+
+def find_stalls(conn: Connection, still: Sequence[Still], ends: Ends, cutoff: dt.datetime) -> list[Stall]:
+    """Every stalled ``(group, topic, broker group, queue)`` among the ``still`` watermarks, by the broker's
+    ``ends`` (:func:`ask_ends`): at most one bounded lookup per still one."""
     stalls = []
     for group, topic, broker_name, queue_id, watermark, since in still:
         queue = QueueRef(topic, queue_id, broker_name)
-        if queue not in asked:
-            asked[queue] = _ask(broker_max, queue)
-        top = asked[queue]
+        top, bottom = ends.get(queue, (None, None))
         if top is not None and top <= watermark + 1:
             continue  # nothing beyond the watermark: a quiet queue
         readable_from = watermark + 1
-        if top is not None and broker_min is not None:
-            if queue not in bottoms:
-                bottoms[queue] = _ask(broker_min, queue)
-            bottom = bottoms[queue]
-            if bottom is not None and bottom > readable_from:
-                readable_from = bottom  # the retention deleted the rest: those are the resend rules' now
+        if top is not None and bottom is not None and bottom > readable_from:
+            readable_from = bottom  # the retention deleted the rest: those are the resend rules' now
         owed = _owed(conn, group, queue, readable_from - 1, cutoff, probed=top is not None)
         if owed is not None:
             stalls.append(Stall(group, queue, watermark, since, top, readable_from, owed[0], owed[1]))

@@ -2,11 +2,13 @@
 
 A round, in order:
 
-1. **sweep**, batch by batch: one selection statement claims due stubs (see :mod:`.claim`: their
-   ``resend_at`` moves a claim window ahead); the Redis leases of the stuck ones are read; stubs at
-   ``max_sends`` go ``DEAD`` with their notices owed (in the claim transaction); after it commits the
-   others are sent through the :class:`~reliable.sender.Sender`, no row lock held, and the outcomes
-   recorded in a second transaction (one statement per batch, on rows still PENDING and still claimed);
+1. **sweep**, batch by batch: a short claim transaction takes the due stubs (see :mod:`.claim`: their
+   ``resend_at`` moves a claim window ahead) and reads what their verdicts need from the database (stubs,
+   watermarks, the Redis leases of the stuck ones) and commits; with no transaction open the broker is
+   probed (:mod:`.triage`), the rows judged, and the ones to re-send sent through the
+   :class:`~reliable.sender.Sender`; a second short transaction records it all (holds, give-ups with their
+   notices, never-consumed alarms, send outcomes) on the rows still PENDING and still claimed. No inbox row
+   is locked while the broker is called;
 2. **notify** — deliver owed notices per channel (a failing channel never stops the round);
 3. **retention** — purge old log rows of settled stubs, yielding to consumers (rests between batches, at
    most ``DEFAULT_PURGE_ROUND_BUDGET_S`` per round; the next round goes on).
@@ -27,10 +29,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 
 from reliable import constants as C
 from reliable import otel, outbox
@@ -38,18 +39,18 @@ from reliable.facade import Reliability
 from reliable.models import utcnow
 from reliable.sender import BrokerProbe, RetentionProbe, Sender
 from reliable.sweeper import metrics
-from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy, default_backoff
+from reliable.sweeper.backoff import BackoffPolicy, default_backoff
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.giveup import tell_unreported
 from reliable.sweeper.leases import FREE, LeaseView, read_leases
 from reliable.sweeper.notify import Channel, deliver_owed
 from reliable.sweeper.queues import Watermarks
-from reliable.sweeper.resend import BatchResult, OutagePause, send_claimed
+from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, send_batch
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
 from reliable.sweeper.stall import check_stalls
-from reliable.sweeper.triage import Triage, triage
+from reliable.sweeper.triage import Triage, observe, record, sort
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule
 
 log = logging.getLogger("reliable.sweeper")
@@ -143,7 +144,7 @@ class Sweeper:
         if probe is None and isinstance(sender, BrokerProbe):
             probe = sender
         self.probe = probe
-        self.estimator = BacklogEstimator(probe, backlog_cap_s)
+        self.backlog_cap_s = backlog_cap_s
         self.channels = list(channels)
         names = [c.name for c in self.channels]
         if len(set(names)) != len(names) or C.NOTIFY_CHANNEL_LOG in names:
@@ -253,7 +254,8 @@ class Sweeper:
         )
 
     def _sweep(self, now: dt.datetime, summary: RoundSummary) -> None:
-        """Batches of (claim → triage: hold, give up, alarm → send the rest → record) until nothing is due."""
+        """Batches of (claim → probe → judge → send → record) until nothing is due; no inbox row is locked
+        while the broker is called (the probe or the sends)."""
         stmt = due_statement(
             now=now,
             stuck_after=self.stuck_after,
@@ -269,19 +271,36 @@ class Sweeper:
             if self.stopping:
                 return
             marks = Watermarks()  # this batch's watermark reads, shared by triage and the record
-            # claim: a short transaction moves the rows' resend_at to the claim's end and commits; the sends
-            # run with no transaction open (no row lock: a consumer confirming one of them does not wait for
-            # the broker); the outcomes are recorded in a second short transaction, on rows still ours
+            # 1. claim: a short transaction moves the rows' resend_at to the claim's end, reads what the
+            # verdicts need from the database (stubs, watermarks, leases) and commits
             until = self.clock() + self.claim_ttl
             with self.engine.begin() as conn:
                 claimed = claim(conn, stmt, until=until)
                 if not claimed:
                     return
-                send, triaged = triage(t, conn, claimed, self._leases, self.clock(), marks)
-            # no send starts in the claim's last fifth: past its end another sweeper may take the rows and
-            # send them too (both recorded: the budget spent twice as fast); the rest wait for the claim's end
+                seen = observe(t, conn, claimed, self._leases, marks)
+            # 2. the broker's view of the rows' queues, with no transaction open (a consumer confirming one
+            # of the rows does not wait for it); 3. the verdicts: send, hold, give up, alarm
+            plan = sort(t, seen, t.facts(seen), self.clock())
+            # 4. the sends, still with no transaction open; none starts in the claim's last fifth: past its
+            # end another sweeper may take the rows and send them too (the budget spent twice as fast)
             last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING
-            result = self._send(send, self.engine.begin, marks, outage, copies, until, last_start)
+            sent = self._send(plan.send, outage, copies, last_start)
+            t.ask_landed(sent.landed())  # the landed queues' ends, for the backlog estimate
+            # 5. record: a short transaction writes the verdicts and the send outcomes on the rows still
+            # PENDING and still carrying this claim (a confirmation that landed meanwhile stands)
+            with self.engine.begin() as conn:
+                at = self.clock()
+                triaged = record(conn, plan, claimed_until=until, channels=t.channels, now=at)
+                result = record_batch(
+                    conn,
+                    sent,
+                    policy=self.backoff,
+                    estimator=t.known_ends(self.backlog_cap_s),
+                    now=at,
+                    marks=marks,
+                    claimed_until=until,
+                )
             summary.selected += len(claimed)
             summary.add(triaged)
             summary.add(result)
@@ -300,29 +319,14 @@ class Sweeper:
     def _send(
         self,
         candidates: Sequence[Candidate],
-        recorder: Callable[[], AbstractContextManager[Connection]],
-        marks: Watermarks,
         outage: OutagePause,
         copies: dict[str, outbox.SendAttempt],
-        claimed_until: dt.datetime,
         last_start: dt.datetime,
-    ) -> BatchResult:
+    ) -> Sent:
         def should_stop() -> bool:
             return self._stop.is_set() or self.clock() >= last_start
 
-        return send_claimed(
-            recorder,
-            self.sender,
-            candidates,
-            policy=self.backoff,
-            estimator=self.estimator,
-            clock=self.clock,
-            marks=marks,
-            should_stop=should_stop,
-            outage=outage,
-            copies=copies,
-            claimed_until=claimed_until,
-        )
+        return send_batch(self.sender, candidates, should_stop=should_stop, outage=outage, copies=copies)
 
     def _tell_dead_lettered(self, summary: RoundSummary) -> None:
         names = [c.name for c in self.channels]

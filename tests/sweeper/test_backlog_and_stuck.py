@@ -108,6 +108,28 @@ def test_probe_sizes_the_backlog_estimate(rel: Reliability, sender: QueueSender,
     assert get_inbox(rel, "lost").resend_at == T0 + dt.timedelta(seconds=10 + 400)
 
 
+class RefusingProbe:
+    """A probe whose broker refuses the offset query (the contract says ``None``; a raising one is "cannot
+    tell" too)."""
+
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        raise ConnectionError("broker refused the offset query")
+
+
+def test_a_probe_failing_for_the_backlog_estimate_does_not_lose_the_sends_record(
+    rel: Reliability, clock: Clock
+) -> None:
+    """The estimate asked the probe inside the record transaction, uncaught: the round raised after the
+    send, which was never recorded (and was sent again once the claim ended)."""
+    sender = QueueSender(queues=1, start=1500)
+    add_stub(rel, "lost", queue_offset=None)
+    set_progress(rel, 1000, min_offset=0, created_at=T0 - dt.timedelta(seconds=100), updated_at=T0)
+    summary = Sweeper(rel, sender, backoff=BACKOFF, probe=RefusingProbe(), clock=clock).run_once()
+    row = get_inbox(rel, "lost")
+    assert (summary.resent, row.resend_count, row.queue_offset) == (1, 1, 1500)
+    assert row.resend_at == T0 + dt.timedelta(seconds=10 + 50)  # the receipt's end: 500 offsets at 10/s
+
+
 # --- stuck recovery with the Redis lease ------------------------------------------------------------------
 @pytest.fixture
 def redis_rel(db_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:

@@ -1,11 +1,13 @@
-"""The sweeper holds no inbox row lock while it talks to the broker (claim → send → record).
+"""The sweeper holds no inbox row lock while it talks to the broker (claim → probe → send → record).
 
 What users saw: a broker that answered slowly (each send waiting for its timeout) made consumers stall
 exactly then — the sweeper held the batch's rows locked through its sends, and a consumer confirming one of
 them (DESIGN.md §2 step 3 locks the group's inbox row) waited for the whole batch of broker calls, or its
 delivery timed out. Now a short transaction claims the rows (moves their ``resend_at`` a claim window
 ahead), the sends run with no transaction open, and a second short transaction records the outcomes —
-conditionally: a confirmation that landed meanwhile stands.
+conditionally: a confirmation that landed meanwhile stands. The same holds for the broker *probe* (its max
+and min offsets, which decide lost/expired/queued/never consumed): it ran inside the claim transaction, so a
+consumer confirming a claimed row waited for it (a hung broker group: a probe timeout a round).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -31,13 +33,21 @@ from reliable.models import utcnow
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.selection import notif
+from reliable.sweeper.stall import StallResult, check_stalls
 from reliable.types import StubStatus
 from tests.core.guard_helpers import apply, env, ledger, ledger_md
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, get_inbox
+from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, get_inbox, set_progress
 from tests.waiting import wait_until
 
 #: how long a confirmation may take while the sweeper's send hangs (it took until the send was released)
 CONFIRM_WITHIN_S = 5.0
+
+
+class Hanging(Protocol):
+    """A broker call that hangs: ``entered`` once it started, returns once the test sets ``release``."""
+
+    entered: threading.Event
+    release: threading.Event
 
 
 class BlockedSender(QueueSender):
@@ -88,11 +98,11 @@ def sweep_in_background(sweeper: Sweeper) -> tuple[threading.Thread, list[BaseEx
 
 
 def confirm_while_send_hangs(
-    guarded: GuardedHandler, sender: BlockedSender, message_id: str
+    guarded: GuardedHandler, sender: Hanging, message_id: str
 ) -> tuple[Reason | None, float]:
-    """Deliver ``message_id`` to the guard while the sweeper's send hangs; what it decided, and how long
-    it took (``None``: still waiting after CONFIRM_WITHIN_S)."""
-    assert sender.entered.wait(10), "the sweeper never started its send"
+    """Deliver ``message_id`` to the guard while the sweeper's send (or probe) hangs; what it decided, and
+    how long it took (``None``: still waiting after CONFIRM_WITHIN_S)."""
+    assert sender.entered.wait(10), "the sweeper never called the broker"
     outcome: list[Reason] = []
     consumer = threading.Thread(
         target=lambda: outcome.append(guarded.decide(env(message_id, f"body-{message_id}".encode())).reason),
@@ -129,6 +139,86 @@ def test_a_consumer_confirms_while_the_sweepers_send_hangs_and_its_confirmation_
     clock.advance(3600)
     assert sweeper.run_once().dead == 0
     assert get_inbox(rel, "m").status is StubStatus.CONFIRMED and owed_notices(rel) == 0
+
+
+class BlockedProbe:
+    """The broker's view of its queues (our ``BrokerProbe`` and ``RetentionProbe``) answering only once the
+    test releases it: a broker group that hangs on the sweeper's offset query."""
+
+    def __init__(self, max_offset: int, min_offset: int = 0) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.top, self.bottom = max_offset, min_offset
+
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        self.entered.set()
+        if not self.release.wait(30):
+            raise TimeoutError("the test never released the probe")
+        return self.top
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return self.bottom
+
+
+#: what the probe's answer makes of the claimed row (its copy at offset 5 of orders queue 0): held as queued
+#: (the broker has it beyond the group's watermark 3), given up (the broker lost it and the budget is spent),
+#: or the never-consumed alarm (the group has no watermark there) — none of which may touch a row the group
+#: confirmed while the probe was out
+PROBE_CASES = {
+    "queued": (10, 2, 3),
+    "lost-and-spent": (5, 3, 3),
+    "never-consumed": (10, 2, None),
+}
+
+
+@pytest.mark.parametrize("case", list(PROBE_CASES))
+def test_a_consumer_confirms_while_the_sweepers_probe_hangs_and_its_confirmation_stands(
+    rel: Reliability, guarded: GuardedHandler, clock: Clock, case: str
+) -> None:
+    broker_max, sends, watermark = PROBE_CASES[case]
+    add_stub(rel, "m", queue_offset=5, send_count=sends)
+    if watermark is not None:
+        set_progress(rel, watermark)
+    probe, sender = BlockedProbe(broker_max), QueueSender()
+    sweeper = Sweeper(rel, sender, probe=probe, backoff=FixedBackoff((60.0,)), clock=clock)
+    thread, errors = sweep_in_background(sweeper)
+    reason, took = confirm_while_send_hangs(guarded, probe, "m")
+    thread.join(30)
+    assert not errors, errors
+    assert reason is Reason.PROCESSED, f"the consumer waited {took:.1f} s for the sweeper's broker probe"
+
+    row = get_inbox(rel, "m")
+    assert (row.status, row.last_error, row.resend_count) == (StubStatus.CONFIRMED, None, sends - 1)
+    assert sender.ids() == [] and owed_notices(rel) == 0  # no give-up notice, no never-consumed alarm
+    clock.advance(3600)
+    summary = sweeper.run_once()
+    assert (summary.selected, summary.dead, summary.never_consumed) == (0, 0, 0)
+    assert get_inbox(rel, "m").status is StubStatus.CONFIRMED and owed_notices(rel) == 0
+
+
+def test_a_consumer_confirms_while_the_stall_checks_probe_hangs(
+    rel: Reliability, guarded: GuardedHandler
+) -> None:
+    """The stalled-group check asks the broker too; on SQLite its transaction held the database's write lock
+    through the probe, so every confirmation waited for it."""
+    set_progress(rel, 3, updated_at=T0 - dt.timedelta(hours=1))  # still for an hour
+    add_stub(rel, "owed", queue_offset=5)  # the group owes offset 5, beyond its watermark: a stall
+    add_stub(rel, "m", queue_offset=None)
+    probe = BlockedProbe(100)
+    found: list[StallResult] = []
+    after = dt.timedelta(minutes=5)
+    check = threading.Thread(
+        target=lambda: found.append(
+            check_stalls(rel.engine, now=T0, stall_after=after, broker_max=probe.max_offset, channels=[])
+        ),
+        daemon=True,
+    )
+    check.start()
+    reason, took = confirm_while_send_hangs(guarded, probe, "m")
+    check.join(30)
+    assert reason is Reason.PROCESSED, f"the consumer waited {took:.1f} s for the stall check's probe"
+    assert get_inbox(rel, "m").status is StubStatus.CONFIRMED
+    assert [(r.open, r.raised) for r in found] == [(1, 1)]
 
 
 def test_a_second_sweeper_neither_waits_for_nor_sends_what_the_first_is_sending(
