@@ -84,8 +84,10 @@ class ThreadSessions:
     def _checkout(self, dbapi_conn: Any, record: Any, proxy: Any) -> None:
         if threading.current_thread().name not in self.names:
             return
-        info = getattr(dbapi_conn, "info", None)
-        sid = info.backend_pid if info is not None else dbapi_conn.thread_id()
+        if self.engine.dialect.name == "postgresql":
+            sid = dbapi_conn.info.backend_pid
+        else:
+            sid = dbapi_conn.thread_id()
         with self._lock:
             self.ids.add(int(sid))
 
