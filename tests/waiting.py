@@ -32,9 +32,18 @@ def wait_until(
         time.sleep(interval)
 
 
-#: how many statements of other sessions wait on a row lock, asked from outside (SQLite's wait cannot be seen)
+#: how many statements of other sessions of the test's own database wait on a row lock, asked from outside
+#: (SQLite's wait cannot be seen). Only this database: each pytest process has a scratch database of its
+#: own, and a count over the whole server saw the lock waits of other test processes and benchmarks on the
+#: same server. A test that must know *which* session waits uses tests.lock_waits.
 LOCK_WAITS = {
-    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    "postgresql": (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ),
     # the statement in progress on the server (innodb_trx's LOCK WAIT lags behind, from a cache)
-    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'UPDATE message_inbox%'",
+    "mysql": (
+        "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+        "AND info LIKE 'UPDATE message_inbox%'"
+    ),
 }

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from reliable import ConsumeResult, Envelope, GuardHooks, Reason, Reliability, idempotent_consumer
@@ -260,7 +259,8 @@ def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_du
     A's handler fails: its transaction rolls back, B applies the message and confirms it. A's failure is
     not one of a message still owed: it must not count an attempt — with ``max_attempts=1`` it dead-lettered
     the message, a DLQ copy of a message already applied —, and A answers it as a duplicate."""
-    from tests.waiting import LOCK_WAITS, wait_until
+    from tests.lock_waits import ThreadSessions, mysql_waiting, pg_blocked_by
+    from tests.waiting import wait_until
 
     db_url: str = request.getfixturevalue(f"{backend}_url")
     _ensure_clean_schema(db_url)
@@ -281,17 +281,22 @@ def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_du
         answers: dict[str, Any] = {}
         a = threading.Thread(target=lambda: answers.update(A=handle.decide(env(m))), name="A")
         b = threading.Thread(target=lambda: answers.update(B=handle.decide(env(m))), name="B")
+        sessions = {t: ThreadSessions(rel.engine, t) for t in ("A", "B")}
+
+        def b_waits() -> bool:  # B's own session, not any lock wait on the server
+            if rel.engine.dialect.name == "postgresql":
+                return pg_blocked_by(rel.engine, sessions["B"].snapshot(), sessions["A"].snapshot())
+            return mysql_waiting(rel.engine, sessions["B"].snapshot(), "%message_inbox%")
+
         a.start()
         assert started.wait(30)
         b.start()
-        with rel.engine.connect() as conn:
-            wait_until(
-                lambda: conn.execute(text(LOCK_WAITS[rel.engine.dialect.name])).scalar_one() >= 1,
-                what="B waiting on A's row lock",
-            )
+        wait_until(b_waits, what="B waiting on A's row lock")
         release.set()
         a.join(30)
         b.join(30)
+        for s in sessions.values():
+            s.close()
         assert answers["B"].reason is Reason.PROCESSED
         assert (answers["A"].reason, answers["A"].result) == (
             Reason.DUPLICATE_CONFIRMED,

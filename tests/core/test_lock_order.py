@@ -29,6 +29,13 @@ from reliable.stores.sql import SqlStore
 from tests.conftest import _ensure_clean_schema
 from tests.core.guard_helpers import applied, apply, env, make_rel
 from tests.core.producer.support import RecordingSender
+from tests.lock_waits import (
+    HoldAfterDeadlock,
+    ThreadSessions,
+    pg_blocked_by,
+    pg_checks_for_deadlocks_last,
+    session_id,
+)
 from tests.waiting import wait_until
 
 
@@ -37,16 +44,6 @@ def rel(server_url: str) -> Iterator[Reliability]:
     r = make_rel(server_url, None, "lo")  # no Redis: the database alone decides, as when Redis is down
     yield r
     r.close()
-
-
-def lock_waits(rel: Reliability) -> int:
-    """PostgreSQL sessions of this database waiting for a lock now."""
-    sql = (
-        "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-        "WHERE NOT l.granted AND a.datname = current_database()"
-    )
-    with rel.engine.connect() as conn:
-        return int(conn.execute(text(sql)).scalar_one())
 
 
 def deadlocks_retried(registry: CollectorRegistry, group: str) -> float:
@@ -209,6 +206,7 @@ def test_a_work_transaction_chosen_as_deadlock_victim_runs_again(postgres_url: s
     once and answered processed — not "database unavailable" after a broker round trip."""
     _ensure_clean_schema(postgres_url)
     rel = make_rel(postgres_url, None, "lo")
+    guard_sessions, hold = ThreadSessions(rel.engine, "guard"), HoldAfterDeadlock(rel.engine, "guard")
     try:
         registry = CollectorRegistry()
         mid = f"victim-{uuid.uuid4().hex[:6]}"
@@ -218,11 +216,17 @@ def test_a_work_transaction_chosen_as_deadlock_victim_runs_again(postgres_url: s
         handle = idempotent_consumer(rel, group="billing", registry=registry, hooks=[hooks])(apply)
         with rel.engine.connect() as other:
             other.begin()
+            other_pid = session_id(other)
+            pg_checks_for_deadlocks_last(other)
             locked = "SELECT 1 FROM message_stub WHERE message_id = :m FOR UPDATE"
             other.execute(text(locked), {"m": mid})
             guard, out = in_thread(lambda: handle.decide(env(mid)), "guard")
-            wait_until(lambda: lock_waits(rel) > 0, what="the guard waiting for the stub")
+            wait_until(
+                lambda: pg_blocked_by(rel.engine, guard_sessions.snapshot(), [other_pid]),
+                what="the guard waiting for the stub the test holds",
+            )
             _lock_inbox(other, mid)  # the deadlock: PostgreSQL rolls the guard back
+            hold.go.set()  # the test's transaction has the inbox row: the guard may run again
             wait_until(lambda: deadlocks_retried(registry, "billing") > 0, what="the guard's retry")
             other.commit()
         guard.join(60)
@@ -231,9 +235,12 @@ def test_a_work_transaction_chosen_as_deadlock_victim_runs_again(postgres_url: s
         assert out["value"].reason is Reason.PROCESSED
         assert applied(rel, mid) == 1
         assert deadlocks_retried(registry, "billing") == 1
+        assert (hold.held, hold.timed_out) == (1, False)
         # the guard was rolled back while it waited for the stub, before the handler: one run, one decision
         assert hooks.calls == {"before_handler": 1, "after_handler": 1, "after_decision": 1}
     finally:
+        guard_sessions.close()
+        hold.close()
         rel.close()
 
 
@@ -266,6 +273,7 @@ def test_a_deadlock_rerun_of_a_savepoint_batch_keeps_its_failed_handler_failed(p
     failure is counted as any other; its redelivery is applied once."""
     _ensure_clean_schema(postgres_url)
     rel = make_rel(postgres_url, None, "lo")
+    guard_sessions, hold = ThreadSessions(rel.engine, "guard"), HoldAfterDeadlock(rel.engine, "guard")
     try:
         registry = CollectorRegistry()
         tag = uuid.uuid4().hex[:6]
@@ -290,17 +298,24 @@ def test_a_deadlock_rerun_of_a_savepoint_batch_keeps_its_failed_handler_failed(p
         handle.decide(env(warm))  # the group's watermark row exists: the batch's last statement updates it
         with rel.engine.connect() as other:
             other.begin()
+            other_pid = session_id(other)
+            pg_checks_for_deadlocks_last(other)
             other.execute(text("SELECT 1 FROM consume_progress WHERE consumer_group = 'billing' FOR UPDATE"))
             batch, out = in_thread(lambda: handle.decide_batch([env(a), env(b), env(c)]), "guard")
             assert at_c.wait(30)
-            wait_until(lambda: lock_waits(rel) > 0, what="the guard's watermark waiting for the test's lock")
+            wait_until(
+                lambda: pg_blocked_by(rel.engine, guard_sessions.snapshot(), [other_pid]),
+                what="the guard's watermark waiting for the test's lock",
+            )
             _lock_inbox(other, c)  # the deadlock: PostgreSQL rolls the guard back (it waited first)
+            hold.go.set()
             other.rollback()
         batch.join(60)
         assert "error" not in out, out.get("error")
         reasons = {d.message_id: d.reason for d in out["value"]}
         assert reasons == {a: Reason.HANDLER_FAILED, b: Reason.HANDLER_FAILED, c: Reason.PROCESSED}
         assert deadlocks_retried(registry, "billing") == 1
+        assert (hold.held, hold.timed_out) == (1, False)
         # A's failure stopped the plain run before B and C; C ran in the savepoint pass and after the
         # deadlock. The hooks report each run of a handler (warm's too), and one decision per delivery
         assert (calls[a], calls[b], calls[c]) == (1, 1, 2)
@@ -310,6 +325,8 @@ def test_a_deadlock_rerun_of_a_savepoint_batch_keeps_its_failed_handler_failed(p
         assert applied(rel, b) == 1
         handle.close()
     finally:
+        guard_sessions.close()
+        hold.close()
         rel.close()
 
 
@@ -321,6 +338,7 @@ def test_a_settle_step_chosen_as_deadlock_victim_counts_each_failure_once(postgr
     unavailable", and not a second attempt counted for a decision the rollback undid."""
     _ensure_clean_schema(postgres_url)
     rel = make_rel(postgres_url, None, "lo")
+    guard_sessions, hold = ThreadSessions(rel.engine, "guard"), HoldAfterDeadlock(rel.engine, "guard")
     try:
         registry = CollectorRegistry()
         tag = uuid.uuid4().hex[:6]
@@ -328,30 +346,47 @@ def test_a_settle_step_chosen_as_deadlock_victim_counts_each_failure_once(postgr
         with StubProducer(rel, RecordingSender()).transaction() as tx:
             for mid in (x, y):
                 tx.stage(mid, "orders", b"{}", groups=["billing"])
-        at_y = threading.Event()
-        y_taken = threading.Event()
+        at_y, release_y, y_taken = threading.Event(), threading.Event(), threading.Event()
 
         def handler(e: Envelope, session: Session) -> None:
-            if e.message_id == y:  # the savepoint pass: Y's row is locked by this run until it fails
+            if e.message_id == y:  # the savepoint pass: its work transaction holds Y's row (X's is free)
                 at_y.set()
-                wait_until(lambda: lock_waits(rel) > 0, what="the other transaction waiting for Y's row")
+                assert release_y.wait(30)
             raise RuntimeError(f"{e.message_id} fails")
 
-        def other_transaction() -> None:
-            assert at_y.wait(30)
-            with rel.engine.connect() as other:
-                other.begin()
-                _lock_inbox(other, y)  # granted once Y's savepoint rolls back
-                y_taken.set()
-                wait_until(lambda: lock_waits(rel) > 0, what="the settle step waiting for Y's row")
-                _lock_inbox(other, x)  # the deadlock: the settle holds X and waits for Y
-                other.rollback()
+        def other_transaction(other: Connection, other_pid: int) -> None:
+            _lock_inbox(other, y)  # granted when the work transaction ends
+            y_taken.set()
+            wait_until(
+                lambda: pg_blocked_by(rel.engine, guard_sessions.snapshot(), [other_pid]),
+                what="the settle step waiting for Y's row",
+            )
+            _lock_inbox(other, x)  # the deadlock: the settle holds X and waits for Y
+            hold.go.set()
+            other.rollback()
 
         handle = idempotent_consumer(rel, group="billing", registry=registry)(handler)
-        other, other_out = in_thread(other_transaction, "other")
-        batch, out = in_thread(lambda: handle.decide_batch([env(x), env(y)]), "guard")
-        batch.join(60)
-        other.join(60)
+        with rel.engine.connect() as gate, rel.engine.connect() as other:
+            gate_pid, other_pid = session_id(gate), session_id(other)
+            pg_checks_for_deadlocks_last(other)
+            batch, out = in_thread(lambda: handle.decide_batch([env(x), env(y)]), "guard")
+            assert at_y.wait(30)
+            # the gate holds X until the test holds Y: without it the settle step, which starts the moment
+            # the work transaction commits, could lock Y before the test's transaction woke up to take it
+            _lock_inbox(gate, x)
+            taker, other_out = in_thread(functools.partial(other_transaction, other, other_pid), "other")
+            wait_until(
+                lambda: pg_blocked_by(rel.engine, [other_pid], guard_sessions.snapshot()),
+                what="the other transaction waiting for Y's row",
+            )
+            release_y.set()  # Y fails; the work transaction commits; the settle step waits for X at the gate
+            wait_until(
+                lambda: y_taken.is_set() and pg_blocked_by(rel.engine, guard_sessions.snapshot(), [gate_pid]),
+                what="the test's transaction holding Y, the settle step waiting for X",
+            )
+            gate.rollback()
+            batch.join(60)
+            taker.join(60)
         handle.close()
         assert "error" not in other_out, other_out.get("error")
         assert y_taken.is_set()
@@ -361,6 +396,7 @@ def test_a_settle_step_chosen_as_deadlock_victim_counts_each_failure_once(postgr
             y: Reason.HANDLER_FAILED,
         }
         assert deadlocks_retried(registry, "billing") == 1
+        assert (hold.held, hold.timed_out) == (1, False)
         with rel.engine.connect() as conn:
             attempts: dict[str, int] = dict(
                 conn.execute(
@@ -380,4 +416,6 @@ def test_a_settle_step_chosen_as_deadlock_victim_counts_each_failure_once(postgr
         assert attempts == {x: 1, y: 1}
         assert journaled == {x: 1, y: 1}
     finally:
+        guard_sessions.close()
+        hold.close()
         rel.close()

@@ -194,7 +194,10 @@ def test_two_sweepers_raising_one_never_consumed_alarm_at_once_raise_it_once(
 def _insert_waits(rel: Reliability) -> bool:
     query = {
         "postgresql": LOCK_WAITS["postgresql"],
-        "mysql": "SELECT count(*) FROM information_schema.processlist WHERE info LIKE 'INSERT INTO stub_no%'",
+        "mysql": (
+            "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE() "
+            "AND info LIKE 'INSERT INTO stub_no%'"
+        ),
     }[rel.engine.dialect.name]
     with rel.engine.connect() as conn:
         return bool(conn.execute(text(query)).scalar())
