@@ -43,6 +43,10 @@ DEFAULT_MAX_SENDS: Final = 8
 #: how far a sweeper's claim moves its rows' ``resend_at`` (reliable.sweeper.claim): well above a batch of
 #: sends to a slow broker; the rows of a sweeper killed mid-batch wait this long
 DEFAULT_CLAIM_TTL_S: Final = 300.0
+#: the claim window's bounds: shorter leaves a batch no time to be probed and sent; longer leaves the rows of
+#: a sweeper killed mid-batch waiting for it (an hour)
+MIN_CLAIM_TTL_S: Final = 5.0
+MAX_CLAIM_TTL_S: Final = 3600.0
 #: a claimed batch starts no send in the last share of its claim window (another sweeper may take it then)
 CLAIM_SEND_SHARE_REMAINING: Final = 0.2
 PRODUCER_RECORD_TRIES: Final = (

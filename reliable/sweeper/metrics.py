@@ -45,6 +45,9 @@ LEASE_UNKNOWN = Counter(
     "reliable_sweeper_lease_unknown", "Stuck stubs postponed because Redis did not answer"
 )
 DEAD = Counter("reliable_sweeper_dead", "Stubs given up (status DEAD)")
+CLAIM_RELEASED = Counter(
+    "reliable_sweeper_claim_released", "Claimed rows left unsent because the claim window ran out first"
+)
 PURGED = Counter("reliable_sweeper_log_purged", "message_log rows deleted by retention")
 NOTIFIED = Counter("reliable_sweeper_notified", "Dead-stub notices accepted by a channel", ["channel"])
 NOTIFY_FAILURES = Counter("reliable_sweeper_notify_failures", "Channel deliveries that failed", ["channel"])

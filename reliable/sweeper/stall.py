@@ -42,7 +42,19 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, and_, case, delete, exists, func, insert, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    and_,
+    case,
+    delete,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+)
 from sqlalchemy.exc import IntegrityError
 
 from reliable import constants as C
@@ -144,7 +156,7 @@ def check_stalls(
         group, queue = key
         metrics.STALLED_SECONDS.labels(group, queue.topic, queue.broker_name, str(queue.queue_id)).set(0)
         log.info(
-            "stall cleared: group %s %s queue %s%s (its position moved)",
+            "stall cleared: group %s %s queue %s%s (its position moved, or it owes nothing there any more)",
             group,
             queue.topic,
             queue.queue_id,
@@ -233,7 +245,7 @@ def find_stalls(conn: Connection, still: Sequence[Still], ends: Ends, cutoff: dt
         readable_from = watermark + 1
         if top is not None and bottom is not None and bottom > readable_from:
             readable_from = bottom  # the retention deleted the rest: those are the resend rules' now
-        owed = _owed(conn, group, queue, readable_from - 1, cutoff, probed=top is not None)
+        owed = _owed(conn, group, queue, watermark, readable_from, cutoff, probed=top is not None)
         if owed is not None:
             stalls.append(Stall(group, queue, watermark, since, top, readable_from, owed[0], owed[1]))
     return stalls
@@ -252,9 +264,23 @@ def _ask(broker_max: MaxOffset | None, queue: QueueRef) -> int | None:
 
 
 def _owed(
-    conn: Connection, group: str, queue: QueueRef, watermark: int, cutoff: dt.datetime, *, probed: bool
+    conn: Connection,
+    group: str,
+    queue: QueueRef,
+    watermark: int,
+    readable_from: int,
+    cutoff: dt.datetime,
+    *,
+    probed: bool,
 ) -> tuple[str, dt.datetime] | None:
-    """The first message ``group`` owes on ``queue`` that proves the stall, and since when; ``None``: none."""
+    """The first message ``group`` owes on ``queue`` that proves the stall, and since when; ``None``: none.
+
+    With a probe: a producer's copy the broker still holds beyond the watermark (from ``readable_from``),
+    sent ``stall_after`` ago — or, where the broker's retention deleted copies beyond the watermark
+    (``readable_from`` above ``watermark + 1``), one of those that the sweeper re-sent to the group
+    (``EXPIRED``) ``stall_after`` ago and the group has not taken either. A group that came back reads its
+    resends at once and owes nothing; one still stopped keeps its stall open (the resends' retry topic has no
+    stall watch of its own)."""
     mine = and_(
         inbox.c.message_id == stub.c.message_id,
         inbox.c.consumer_group == group,
@@ -263,17 +289,21 @@ def _owed(
     )
     if probed:
         # the producer's copy, beyond the watermark, sent long enough ago: lowest offset = first owed
-        since = func.coalesce(stub.c.last_sent_at, inbox.c.created_at)
+        sent = func.coalesce(stub.c.last_sent_at, inbox.c.created_at)
+        owed = and_(inbox.c.queue_offset.is_(None), stub.c.queue_offset >= readable_from, sent <= cutoff)
+        since: ColumnElement[dt.datetime] = sent
+        if readable_from > watermark + 1:  # deleted by retention, re-sent to the group, not taken either
+            resent = and_(
+                inbox.c.queue_offset.is_not(None),
+                stub.c.queue_offset > watermark,
+                stub.c.queue_offset < readable_from,
+                inbox.c.updated_at <= cutoff,  # the group's last (targeted) send
+            )
+            owed = or_(owed, resent)
+            since = case((inbox.c.queue_offset.is_(None), sent), else_=inbox.c.updated_at)
         q = (
             select(inbox.c.message_id, since)
-            .where(
-                mine,
-                inbox.c.queue_offset.is_(None),
-                stub.c.broker_name == queue.broker_name,
-                stub.c.queue_id == queue.queue_id,
-                stub.c.queue_offset > watermark,
-                since <= cutoff,
-            )
+            .where(mine, stub.c.broker_name == queue.broker_name, stub.c.queue_id == queue.queue_id, owed)
             .order_by(stub.c.queue_offset)
         )
     else:

@@ -36,7 +36,6 @@ from sqlalchemy import Engine
 from reliable import constants as C
 from reliable import otel, outbox
 from reliable.facade import Reliability
-from reliable.models import utcnow
 from reliable.sender import BrokerProbe, RetentionProbe, Sender
 from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BackoffPolicy, default_backoff
@@ -49,6 +48,7 @@ from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, send_batch
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
+from reliable.sweeper.shared_clock import DatabaseClock
 from reliable.sweeper.stall import check_stalls
 from reliable.sweeper.triage import Triage, observe, record, sort
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule
@@ -75,6 +75,8 @@ class RoundSummary:
     purged: int = 0
     notified: int = 0
     notify_failures: int = 0
+    #: claimed rows left unsent because the claim window ran out first (due again next round)
+    released: int = 0
     duration_s: float = 0.0
 
     def line(self) -> str:
@@ -84,7 +86,7 @@ class RoundSummary:
             f"lease_held={self.lease_held} "
             f"lease_unknown={self.lease_unknown} held={self.held} never_consumed={self.never_consumed} "
             f"stalled={self.stalled} stall_alarms={self.stall_alarms} purged={self.purged} "
-            f"notified={self.notified} notify_failures={self.notify_failures} "
+            f"notified={self.notified} notify_failures={self.notify_failures} released={self.released} "
             f"duration={self.duration_s:.3f}s"
         )
 
@@ -108,7 +110,9 @@ class Sweeper:
     queues (:class:`~reliable.sender.BrokerProbe`; default: the sender itself when it is one) — it proves
     a loss on a quiet queue; without it ``max_unconfirmed_age_s`` is the last resort. ``retry_schedule`` is
     the broker's own redelivery delay (default RocketMQ's). ``clock`` is the time source of every due-time
-    decision (tests pass a controllable one). ``channels`` are the notification channels besides the log
+    decision: by default the database server's, read once a round (:mod:`reliable.sweeper.shared_clock`:
+    sweepers on hosts whose clocks differ would re-claim each other's rows); tests pass a controllable one.
+    ``channels`` are the notification channels besides the log
     (see :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches per round (``None``: until
     nothing is due). ``claim_ttl_s`` is the claim window (:mod:`reliable.sweeper.claim`; default
     ``DEFAULT_CLAIM_TTL_S``): a batch is claimed by moving its rows' ``resend_at`` that far ahead and sent
@@ -134,7 +138,7 @@ class Sweeper:
         stall_after_s: float | None = None,
         claim_ttl_s: float | None = None,
         max_batches: int | None = None,
-        clock: Callable[[], dt.datetime] = utcnow,
+        clock: Callable[[], dt.datetime] | None = None,
     ) -> None:
         s = rel.settings
         self.rel = rel
@@ -176,11 +180,17 @@ class Sweeper:
         self.claim_ttl = dt.timedelta(seconds=ttl)
         self.lease_hold = dt.timedelta(milliseconds=s.lease_ms)
         self.max_batches = max_batches
-        self.clock = clock
+        #: the round's time: by default the database's (:mod:`.shared_clock`: every sweeper reads one clock)
+        self.clock: Callable[[], dt.datetime] = clock if clock is not None else DatabaseClock(self.engine)
         #: times the broker calls (a hung broker: sends and probes that wait for their timeout)
         self.monotonic: Callable[[], float] = time.monotonic
-        if self.batch <= 0 or self.max_sends <= 0 or ttl <= 0:
-            raise SweeperConfigError("batch, max_sends and claim_ttl must be > 0")
+        if self.batch <= 0 or self.max_sends <= 0:
+            raise SweeperConfigError("batch and max_sends must be > 0")
+        if not C.MIN_CLAIM_TTL_S <= ttl <= C.MAX_CLAIM_TTL_S:  # rows of a killed sweeper wait this long
+            raise SweeperConfigError(
+                f"claim_ttl must be between {C.MIN_CLAIM_TTL_S:g} s and {C.MAX_CLAIM_TTL_S / 3600:g} h, "
+                f"got {ttl!r} s"
+            )
         if max_batches is not None and max_batches <= 0:
             raise SweeperConfigError("max_batches must be > 0")
         if max_unconfirmed_age_s <= 0:
@@ -202,6 +212,8 @@ class Sweeper:
         started = time.perf_counter()
         summary = RoundSummary()
         try:
+            if isinstance(self.clock, DatabaseClock):
+                self.clock.sync()
             self._sweep(self.clock(), summary)
             with self.engine.begin() as conn:  # stubs whose last groups confirmed at the same instant
                 self._settle_at = outbox.settle_slice(
@@ -286,6 +298,8 @@ class Sweeper:
             # end another sweeper may take the rows and send them too (the budget spent twice as fast)
             last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING
             sent = self._send(plan.send, outage, copies, last_start)
+            if sent.unsent and not self.stopping and not sent.result.paused:
+                self._window_ran_out(summary, len(sent.unsent), len(claimed))
             t.ask_landed(sent.landed())  # the landed queues' ends, for the backlog estimate
             # 5. record: a short transaction writes the verdicts and the send outcomes on the rows still
             # PENDING and still carrying this claim (a confirmation that landed meanwhile stands)
@@ -315,6 +329,20 @@ class Sweeper:
                 return
             if len(claimed) < self.batch:
                 return
+
+    def _window_ran_out(self, summary: RoundSummary, unsent: int, claimed: int) -> None:
+        """The claim's send window (its first four fifths) ended before the batch was sent: the rest is
+        released, due again next round. Repeated every round it sends nothing at all — said, not silent."""
+        summary.released += unsent
+        metrics.CLAIM_RELEASED.inc(unsent)
+        log.warning(
+            "claim window %s ran out after %d of %d claimed rows (the probe and sends took longer): the "
+            "other %d are released to the next round; raise --claim-ttl or lower the batch",
+            self.claim_ttl,
+            claimed - unsent,
+            claimed,
+            unsent,
+        )
 
     def _send(
         self,

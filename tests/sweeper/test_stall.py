@@ -182,6 +182,34 @@ def test_a_stall_counts_only_what_the_broker_still_holds_beyond_the_watermark(
     assert "2 message(s) beyond it" in notice.reason and "first it owes is m1011" in notice.reason
 
 
+def test_a_group_still_stopped_after_its_expired_copies_were_resent_stays_stalled(
+    rel: Reliability, clock: Clock
+) -> None:
+    """The group stopped at 1009 and stayed stopped; the broker's retention deleted 1010–1012 and the sweeper
+    re-sent them to the group (EXPIRED, onto its retry topic). It does not read those either: its stall must
+    stay open — a person is told, and nobody reads "cleared" while its consumers are still down. A group
+    that came back takes the resends and owes nothing: then the episode ends."""
+    channel = MemoryChannel()
+    sweeper = _sweeper(rel, clock, channel, RetentionProbe({("orders", 0): 1020}, {("orders", 0): 1013}))
+    set_progress(rel, 1009, updated_at=T0)
+    _stage(rel, 1010, 3)
+    for offset in range(1010, 1013):  # the sweeper's EXPIRED resends, onto the group's retry topic at T0
+        set_inbox(rel, f"m{offset}", queue_id=0, queue_offset=offset - 1010, resend_count=1, updated_at=T0)
+    clock.advance(STALL_S - 1)
+    assert sweeper.run_once().stall_alarms == 0  # the resends are younger than stall_after: maybe it reads
+    clock.advance(2)
+    raised = sweeper.run_once()
+    assert (raised.stalled, raised.stall_alarms) == (1, 1)
+    (notice,) = channel.notices
+    assert "m1010" in notice.reason and "7 message(s) beyond it" in notice.reason  # 1013..1019 still held
+    clock.advance(STALL_S)
+    assert sweeper.run_once().stalled == 1  # still stopped: still stalled
+    for offset in range(1010, 1013):  # it came back and took its resends (the topic's queue stays quiet)
+        set_inbox(rel, f"m{offset}", status=StubStatus.CONFIRMED)
+    clock.advance(1)
+    assert sweeper.run_once().stalled == 0
+
+
 def stall_key_of() -> str:
     return stall_key(QueueRef("orders", 0))
 
