@@ -131,8 +131,8 @@ def test_export_streams_tables_in_chunks(tmp_path: Path) -> None:
     finally:
         engine.dispose()
     assert result.rows == {
-        "message_stub": 50,
-        "message_inbox": 140,
+        "message_stub": 52,
+        "message_inbox": 144,
         "message_log": len(ds.logs),
         "consume_progress": len(ds.progress),
     }
@@ -185,7 +185,7 @@ def test_export_cli_writes_the_four_files(tmp_path: Path) -> None:
     write_database(D.build(), url)
     res = _cli("export", "--to", str(tmp_path / "pq"), "--db", url, "-q")
     assert res.returncode == 0, res.stderr
-    assert "message_stub 50" in res.stdout and "message_inbox 140" in res.stdout
+    assert "message_stub 52" in res.stdout and "message_inbox 144" in res.stdout
     assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
         "consume_progress.parquet", "message_inbox.parquet", "message_log.parquet", "message_stub.parquet",
     ]  # fmt: skip
