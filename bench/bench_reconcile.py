@@ -13,7 +13,7 @@ DuckDB outside the timed report, within the job's stated relative error (``LATEN
 
 ``--rows`` is the number of *messages* (``message_stub`` rows); with two groups per topic the report's
 subject, the (group, message) pairs, is twice that, and the log about 2.1× (``bench/reconcile_data.py``).
-The generated inputs are cached in ``bench/results/reconcile-v2-<rows>/`` (git-ignored).
+The generated inputs are cached in ``bench/results/reconcile-<version>-<rows>/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def spark_round(directory: Path, rows: int, master: str, driver_memory: str) -> 
     stages: list[dict[str, float]] = []
     summary: dict[str, Any] = {}
     for _ in range(RUNS_PER_SESSION):
-        out = RESULTS / f"reconcile-v2-{rows}-out-spark"
+        out = RESULTS / f"reconcile-{data.VERSION}-{rows}-out-spark"
         shutil.rmtree(out, ignore_errors=True)
         progress = Progress(8, stream=sys.stderr)
         t = time.perf_counter()
@@ -92,7 +92,7 @@ def _duck_round(directory: Path, rows: int) -> tuple[float, dict[str, Any]]:
     from reliable.reconcile.config import ReconcileConfig
 
     cfg = ReconcileConfig(as_of=data.as_of(rows))
-    out = RESULTS / f"reconcile-v2-{rows}-out-duckdb"
+    out = RESULTS / f"reconcile-{data.VERSION}-{rows}-out-duckdb"
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
     report = ref.reference_report(directory, out, cfg.as_of, cfg.grace_s, cfg.stuck_after_s)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spark-round", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
-    directory = RESULTS / f"reconcile-v2-{args.rows}"
+    directory = RESULTS / f"reconcile-{data.VERSION}-{args.rows}"
     if args.spark_round:
         print(json.dumps(spark_round(directory, args.rows, args.master, args.driver_memory)))
         return 0

@@ -13,7 +13,11 @@ Shape for ``messages`` = N (one ``message_stub`` row each; "3 M stubs" means N =
 * per pair (``g`` = 0 for the first group, 1 for the second; rates counted on ``i // 2`` so both topics
   get them): lost for group 0 one message in 1 000
   (pending, never delivered, below the watermark), stuck for group 1 one in 1 000 (delivered a day before
-  ``as_of``, never confirmed), dead for group 0 one in 2 000, voided for group 1 one in 3 000, unsent for both
+  ``as_of``, never confirmed), and for group 1 three in 1 000 whose newest delivery was answered with a
+  retry (``outcome`` RETRY; the earlier deliveries of their retries are left out): ``reconsume_times`` 13
+  20 min before ``as_of`` (the broker redelivers after 30 min: waiting for it, *not* stuck), 13 50 min
+  before (its redelivery is past due: stuck) and 16 20 min before (past the last retry, the dead-letter
+  queue: stuck); dead for group 0 one in 2 000, voided for group 1 one in 3 000, unsent for both
   one message in 5 000 (no queue); every 10th message is delivered twice to each group with the cause
   rotating — redelivery, retry (via ``%RETRY%{group}``), producer double send (second copy in the topic),
   targeted resend (group 0 only, via ``%RETRY%{group}``, recorded in its inbox row);
@@ -30,6 +34,9 @@ from pathlib import Path
 import duckdb
 
 BASE = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+#: the generated inputs are cached under this name (bump it when the data set's shape changes): v3 added
+#: the deliveries answered with a retry
+VERSION = "v3"
 QUEUES = 8
 #: offsets of the producer's second copies start here (above any first-copy offset of the data set)
 DOUBLE_SEND_BASE = 1_000_000_000
@@ -54,6 +61,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
     con.execute("SET enable_progress_bar=false")
     con.execute("SET TimeZone='UTC'")
     base = BASE.strftime("%Y-%m-%d %H:%M:%S+00")
+    now = as_of(messages).strftime("%Y-%m-%d %H:%M:%S.%f+00")
     con.execute(
         f"""
         CREATE TEMP TABLE s AS
@@ -75,6 +83,9 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
                     ELSE (CASE g WHEN 0 THEN 'ledger' ELSE 'search' END) END AS grp,
                CASE WHEN unsent THEN 'unsent' WHEN g = 0 AND (i // 2) % 1000 = 1 THEN 'lost'
                     WHEN g = 1 AND (i // 2) % 1000 = 2 THEN 'stuck'
+                    WHEN g = 1 AND (i // 2) % 1000 = 6 THEN 'retry_waiting'
+                    WHEN g = 1 AND (i // 2) % 1000 = 7 THEN 'retry_due'
+                    WHEN g = 1 AND (i // 2) % 1000 = 8 THEN 'retry_dead_lettered'
                     WHEN g = 0 AND (i // 2) % 2000 = 3 THEN 'dead'
                     WHEN g = 1 AND (i // 2) % 3000 = 5 THEN 'voided' ELSE 'ok' END AS kind
         FROM s, range(2) t(g)
@@ -83,7 +94,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
     con.execute(
         f"""
         COPY (SELECT message_id, topic,
-                     CASE WHEN unsent OR (i // 2) % 1000 IN (1, 2) THEN 'PENDING'
+                     CASE WHEN unsent OR (i // 2) % 1000 IN (1, 2, 6, 7, 8) THEN 'PENDING'
                           WHEN (i // 2) % 2000 = 3 THEN 'DEAD'
                           ELSE 'CONFIRMED' END AS status,
                      CASE WHEN dup = 2 THEN 2 ELSE 1 END::INTEGER AS send_count,
@@ -101,7 +112,8 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
         COPY (SELECT grp AS consumer_group, message_id,
                      CASE kind WHEN 'ok' THEN 'CONFIRMED' WHEN 'dead' THEN 'DEAD' WHEN 'voided' THEN 'VOIDED'
                           ELSE 'PENDING' END AS status,
-                     CASE kind WHEN 'dead' THEN 16 WHEN 'stuck' THEN 1 ELSE 0 END::INTEGER AS attempts,
+                     CASE WHEN kind = 'dead' THEN 16 WHEN kind = 'stuck' THEN 1
+                          WHEN starts_with(kind, 'retry_') THEN 14 ELSE 0 END::INTEGER AS attempts,
                      CASE WHEN {targeted} THEN 1 ELSE 0 END::INTEGER AS resend_count,
                      CASE WHEN {targeted} THEN 0 END::INTEGER AS queue_id,
                      CASE WHEN {targeted} THEN i // 20 END::BIGINT AS queue_offset,
@@ -115,19 +127,25 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
         f"""
         CREATE TEMP TABLE l AS
         SELECT message_id, grp, topic AS dtopic, topic, q AS queue_id, off AS queue_offset,
-               0 AS reconsume_times, created_at + to_milliseconds(5 + i % 1000) AS received_at, i, g
+               0 AS reconsume_times, created_at + to_milliseconds(5 + i % 1000) AS received_at, i, g,
+               'SUCCESS' AS outcome
         FROM p WHERE kind IN ('ok', 'stuck', 'dead', 'voided')
+        UNION ALL
+        SELECT message_id, grp, topic, topic, q, off,
+               CASE kind WHEN 'retry_dead_lettered' THEN 16 ELSE 13 END,
+               TIMESTAMPTZ '{now}' - to_minutes(CASE kind WHEN 'retry_due' THEN 50 ELSE 20 END), i, g, 'RETRY'
+        FROM p WHERE starts_with(kind, 'retry_')
         UNION ALL
         SELECT message_id, grp,
                CASE WHEN dup IN (1, 3) THEN '%RETRY%' || grp ELSE topic END, topic,
                CASE WHEN dup IN (1, 3) THEN 0 ELSE q END,
                CASE dup WHEN 0 THEN off WHEN 2 THEN {DOUBLE_SEND_BASE} + off ELSE i // 20 END,
                CASE WHEN dup = 1 THEN 1 ELSE 0 END,
-               created_at + to_milliseconds(2000 + i % 1000), i, g
+               created_at + to_milliseconds(2000 + i % 1000), i, g, 'SUCCESS'
         FROM p WHERE kind = 'ok' AND dup IS NOT NULL AND (dup <> 3 OR g = 0)
         UNION ALL
         SELECT 'orphan-' || CAST(i AS VARCHAR), grp, topic, topic, q, 2 * {DOUBLE_SEND_BASE} + i, 0,
-               created_at, i, g
+               created_at, i, g, 'SUCCESS'
         FROM p WHERE i % 100000 = 7 AND g = 0
         """
     )
@@ -137,7 +155,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
                      grp AS consumer_group, dtopic AS topic, topic AS original_topic,
                      queue_id::INTEGER AS queue_id, queue_offset::BIGINT AS queue_offset,
                      reconsume_times::INTEGER AS reconsume_times, received_at,
-                     'SUCCESS' AS outcome, 'w1' AS worker, NULL::VARCHAR AS reason, '' AS broker_name
+                     outcome, 'w1' AS worker, NULL::VARCHAR AS reason, '' AS broker_name
               FROM l ORDER BY id)
         TO '{directory / "message_log.parquet"}' (FORMAT parquet, COMPRESSION zstd)
         """

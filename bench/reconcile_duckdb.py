@@ -3,7 +3,8 @@
 Why a second implementation: d1 compares the Spark job with a single-process engine doing the *same* work,
 and the benchmark's equality check is only meaningful if the definitions are the same. They are written here
 independently, from docs/reconcile.md (schema_version 3: the subject is the (group, message) pair; a queue
-is (group, topic, broker_name, queue_id)), not by
+is (group, topic, broker_name, queue_id); a pair waiting for the broker's retry is not stuck yet, by the
+sweeper's own schedule), not by
 translating ``reliable/reconcile/transforms.py``; the benchmark then checks both engines report the same
 counts — totals, duplicates by cause and every group's figures. The percentiles here are exact nearest-rank
 ones (``quantile_disc``, the ``ceil(p·n)``-th smallest; until 2026-11-28 ``approx_quantile``, whose t-digest
@@ -23,7 +24,9 @@ from typing import Any
 
 import duckdb
 
+from reliable.reconcile.retry import retry_delays_s
 from reliable.reconcile.summary import COUNTERS
+from reliable.sweeper.verdict import RocketMQRetrySchedule
 
 TABLES = ("message_stub", "message_inbox", "message_log", "consume_progress")
 #: the per-group figures both engines must agree on (summary.json ``groups[]``; names from the job's summary,
@@ -38,6 +41,8 @@ def _sql_views(
     for t in TABLES:
         con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{directory / t}.parquet')")
     now = as_of.strftime("%Y-%m-%d %H:%M:%S.%f+00")
+    # the sweeper's retry schedule (its own object, not a copy of its table): delay by reconsume_times
+    delays = "[" + ", ".join(str(float(d)) for d in retry_delays_s(RocketMQRetrySchedule())) + "]"
     # d: every delivery, numbered per pair and per (pair, delivered position), with its cause
     con.execute(
         """
@@ -55,6 +60,10 @@ def _sql_views(
                      count(*) OVER (PARTITION BY message_id, consumer_group) AS deliveries,
                      min(received_at) OVER (PARTITION BY message_id, consumer_group) AS first_received_at,
                      max(received_at) OVER (PARTITION BY message_id, consumer_group) AS last_received_at,
+                     -- the newest delivery's reconsume_times when it was answered with a retry
+                     last_value(CASE WHEN upper(outcome) = 'RETRY' THEN coalesce(reconsume_times, 0) END)
+                       OVER (PARTITION BY message_id, consumer_group ORDER BY received_at, id
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_retry_level,
                      row_number() OVER (PARTITION BY message_id, consumer_group, topic, broker_name, queue_id,
                                                      queue_offset ORDER BY received_at, id) AS position_no,
                      coalesce(max(CASE WHEN topic = '%RETRY%' || consumer_group
@@ -89,7 +98,12 @@ def _sql_views(
                  AND coalesce(x.last_sent_at, x.created_at) < TIMESTAMPTZ '{now}' - to_seconds({grace_s})
                  AS is_lost,
                x.status = 'PENDING' AND f.deliveries IS NOT NULL
-                 AND f.last_received_at < TIMESTAMPTZ '{now}' - to_seconds({stuck_after_s}) AS is_stuck,
+                 AND f.last_received_at < TIMESTAMPTZ '{now}' - to_seconds({stuck_after_s})
+                 -- answered with a retry: stuck once the broker's redelivery is stuck_after old too
+                 AND coalesce(f.last_received_at + to_seconds(
+                       CASE WHEN f.last_retry_level < {len(delays)}
+                            THEN {delays}[greatest(f.last_retry_level, 0) + 1] END)
+                       <= TIMESTAMPTZ '{now}' - to_seconds({stuck_after_s}), true) AS is_stuck,
                x.status = 'PENDING' AND f.deliveries IS NULL AND x.send_offset IS NULL
                  AND coalesce(x.last_sent_at, x.created_at) < TIMESTAMPTZ '{now}' - to_seconds({grace_s})
                  AS is_unsent,

@@ -6,6 +6,7 @@ Layout, so each part can be used and tested alone:
 * :mod:`.inputs` — the contract tables projected, typed and windowed;
 * :mod:`.transforms` — pure DataFrame → DataFrame functions (no I/O), the (group, message) pairs and the
   definitions of *lost*, *stuck*, *duplicate*, *never consumed* and the rest;
+* :mod:`.retry` — the sweeper's broker retry schedule as a Spark column (when a retried pair is stuck);
 * :mod:`.orphans` — deliveries of messages that have no stub at all (their own join strategy);
 * :mod:`.aggregates` — the small per-queue, per-group and overall results the driver collects;
 * :mod:`.summary` — the stable ``summary.json`` dictionary built from the small aggregated results;

@@ -39,7 +39,7 @@ def _sum_if(cond: Column) -> Column:
 
 
 def queue_stats(enriched: DataFrame) -> DataFrame:
-    """Per queue: pair counts by status, anomaly counts, max offset, latency counts/maxima and histogram
+    """Per queue: pair counts by status, anomaly counts, max offset, latency counts/extremes and histogram
     buckets, the never-consumed flag count and the targeted-resend histogram (``resend_<k>``).
 
     Two plain hash aggregations (no percentile sketch, no grouping sets): the pairs are first counted per
@@ -61,6 +61,7 @@ def queue_stats(enriched: DataFrame) -> DataFrame:
         F.sum("deliveries").alias("deliveries"),
         F.max("queue_offset").alias("max_stub_offset"),
         *(F.max(m).alias(f"{m}_max") for m in LATENCY_METRICS),
+        *(F.min(m).alias(f"{m}_min") for m in LATENCY_METRICS),
     )
     return fine.groupBy(*QUEUE_KEY).agg(
         F.sum("n").cast("long").alias("inbox_rows"),
@@ -72,6 +73,7 @@ def queue_stats(enriched: DataFrame) -> DataFrame:
         _sum_if(F.col("is_never_consumed")).alias("never_consumed_rows"),
         F.max("max_stub_offset").alias("max_stub_offset"),
         *(F.max(f"{m}_max").alias(f"{m}_max") for m in LATENCY_METRICS),
+        *(F.min(f"{m}_min").alias(f"{m}_min") for m in LATENCY_METRICS),
         *(_sum_if(F.col(f"{m}_hist").isNotNull()).alias(f"{m}_count") for m in LATENCY_METRICS),
         *(
             _sum_if(F.col(f"{m}_hist") == i).alias(f"{m}_hist_{label}")

@@ -12,6 +12,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from reliable.reconcile.config import CLOCK_SKEW_S, ReconcileConfig
+from reliable.types import LogOutcome
 
 STUB_COLUMNS = (
     "message_id",
@@ -47,6 +48,10 @@ LOG_COLUMNS = (
     "received_at",
     "broker_name",
 )
+#: what is read from ``message_log``: the delivery's columns and its ``outcome``, which the report keeps
+#: only as ``retry_level`` (the ``reconsume_times`` of a delivery answered with a retry: the broker's retry
+#: schedule applies to it)
+LOG_SOURCE_COLUMNS = (*LOG_COLUMNS, "outcome")
 PROGRESS_COLUMNS = ("consumer_group", "topic", "queue_id", "max_offset", "broker_name")
 
 
@@ -92,7 +97,21 @@ def normalize_inbox(inbox: DataFrame) -> DataFrame:
     )
 
 
+def _retry_level(logs: DataFrame, reconsume_times: Column) -> Column:
+    """``reconsume_times`` where the delivery was answered with a retry (``outcome`` ``RETRY``), else null.
+
+    An int, not the outcome string, goes through the shuffle: the log is the biggest input. Null where the
+    outcome is unknown too — an export made before the report read it has no ``outcome`` column — so such
+    deliveries are judged as before (stuck from ``stuck_after`` on, without the broker's retry schedule).
+    """
+    if "outcome" not in logs.columns:
+        return F.lit(None).cast("int").alias("retry_level")
+    retry = F.upper(F.col("outcome").cast("string")) == LogOutcome.RETRY.value
+    return F.when(retry, reconsume_times).alias("retry_level")
+
+
 def normalize_logs(logs: DataFrame) -> DataFrame:
+    reconsume_times = F.coalesce(F.col("reconsume_times").cast("int"), F.lit(0))
     return logs.select(
         F.col("id").cast("long"),
         F.col("message_id").cast("string"),
@@ -104,9 +123,10 @@ def normalize_logs(logs: DataFrame) -> DataFrame:
         ),
         F.col("queue_id").cast("int"),
         F.col("queue_offset").cast("long"),
-        F.coalesce(F.col("reconsume_times").cast("int"), F.lit(0)).alias("reconsume_times"),
+        reconsume_times.alias("reconsume_times"),
         F.col("received_at").cast("timestamp"),
         _broker(logs),
+        _retry_level(logs, reconsume_times),
     )
 
 

@@ -173,7 +173,7 @@ def read_jdbc(
     target = jdbc_target(db_url)
     parts = partitions or max(2, spark.sparkContext.defaultParallelism)
     stub_cols = ", ".join(I.STUB_COLUMNS)
-    log_cols = ", ".join(I.LOG_COLUMNS)
+    log_cols = ", ".join(I.LOG_SOURCE_COLUMNS)
     log_since = cfg.since - dt.timedelta(seconds=CLOCK_SKEW_S) if cfg.since is not None else None
     stub_where = window_sql("created_at", cfg.since, cfg.until, target.dialect)
     inbox_cols = ", ".join(f"i.{c}" for c in I.INBOX_COLUMNS)

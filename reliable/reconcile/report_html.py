@@ -267,12 +267,13 @@ def render_view(v: ReportView) -> str:
     """The whole page for a view-model."""
     status = f'<span class="status {"ok" if v.ok else "fail"}" id="status">{escape(v.status)}</span>'
     groups = "".join(_group(g) for g in v.groups)
+    note = "" if v.journal_note is None else f"<p class='meta' id='journal-note'>{escape(v.journal_note)}</p>"
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"
         f"<title>Reconciliation report</title><style>{_CSS}</style></head><body>"
         f"<h1>Reconciliation report</h1><div class='meta'>{escape(v.meta)}</div>{status}"
-        f"<h2>Headline</h2>{_tiles(v.tiles, 'headline')}"
+        f"<h2>Headline</h2>{_tiles(v.tiles, 'headline')}{note}"
         f"<h2>Consumer groups</h2>{_groups_table(v.groups)}"
         f"<h2>Timeline (all groups, per minute)</h2>{_timeline(v.timeline, 'tl-all')}"
         f"{groups}"

@@ -108,6 +108,8 @@ class ReportView:
     #: queues a group has messages on but never consumed (schema_version 2; empty before)
     never_consumed: list[Mapping[str, Any]]
     schema_version: int
+    #: why deliveries are missing: the journal of part of the window was purged (``None``: nothing purged)
+    journal_note: str | None = None
 
 
 def _tiles(pairs: Sequence[tuple[str, int]]) -> list[Tile]:
@@ -188,6 +190,24 @@ def _attention(summary: Mapping[str, Any]) -> list[AttentionView]:
     return sorted(out, key=lambda a: a.total == 0)  # the ones with something in them first, order kept
 
 
+def journal_note(summary: Mapping[str, Any]) -> str | None:
+    """A sentence for a window whose journal was (partly) purged: confirmed pairs without a delivery row.
+
+    Without it a window over purged days shows every pair confirmed and zero deliveries, with no reason."""
+    journal = (summary.get("timeline") or {}).get("journal") or {}
+    unlogged = int(journal.get("unlogged_confirmed") or 0)
+    if not unlogged:
+        return None
+    first = journal.get("first_delivery")
+    where = f"its deliveries start at {first}" if first else "it holds no delivery of this window"
+    pairs = f"{unlogged} confirmed (group, message) pair{'s' if unlogged != 1 else ''}"
+    return (
+        f"Journal purged: {pairs} of this window have no delivery row left in message_log (the log "
+        f"retention deleted them; {where}). They count as delivered at their confirmation in the backlog; "
+        "their deliveries, duplicates and delivery latency are not in this report."
+    )
+
+
 def _meta(summary: Mapping[str, Any]) -> str:
     window = summary["window"]
     return (
@@ -220,4 +240,5 @@ def report_view(summary: Mapping[str, Any]) -> ReportView:
         attention=_attention(summary),
         never_consumed=list(summary.get("never_consumed", [])),
         schema_version=int(summary["schema_version"]),
+        journal_note=journal_note(summary),
     )

@@ -12,7 +12,10 @@ percentile is a true percentile of its own pairs.
 percentile is within ``α`` = :data:`LATENCY_RELATIVE_ERROR` (0.5 %) *of the value* of the true nearest-rank
 percentile (the ``⌈p·n⌉``-th smallest sample). Negative latencies (clock skew) are bucketed the same way by
 magnitude; ``|x| < MIN_MS`` (below the timestamps' microsecond resolution) counts as exactly 0. ``max`` and
-``count`` are exact. Pure Python: no Spark needed to test it.
+``count`` are exact, and a reported percentile is clamped to the level's exact ``[min, max]``: a bucket's
+midpoint can lie just past its largest sample (p99 80.425 ms beside a max of 80.076 ms until 2026-11-29),
+which no true percentile can. Clamping only moves it towards the true value. Pure Python: no Spark needed
+to test it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ MIN_MS = 0.001
 PERCENTILES = (0.5, 0.95, 0.99)
 LATENCY_METRICS = ("first_delivery_ms", "confirm_ms")
 LEVEL_QUEUE, LEVEL_GROUP, LEVEL_TOTAL = "queue", "group", "total"
-#: per-queue columns that sum into the group and overall rows (the rest: max_stub_offset and the maxima)
+#: per-queue columns that sum into the group and overall rows (the rest: max_stub_offset, maxima, minima)
 _NOT_SUMMED = ("consumer_group", "topic", "broker_name", "queue_id", "level", "max_stub_offset")
 
 
@@ -67,6 +70,17 @@ def percentile(counts: Mapping[int, int], p: float) -> float | None:
     raise AssertionError("unreachable: rank <= n")  # pragma: no cover
 
 
+def clamp(value: float | None, low: float | None, high: float | None) -> float | None:
+    """``value`` within the exact ``[low, high]`` of its samples (either bound ``None``: not known)."""
+    if value is None:
+        return None
+    if high is not None and value > high:
+        value = float(high)
+    if low is not None and value < low:
+        value = float(low)
+    return value
+
+
 def _merge(target: dict[str, Any], row: Row) -> None:
     for name, value in row.items():
         if name in _NOT_SUMMED or value is None:
@@ -74,6 +88,9 @@ def _merge(target: dict[str, Any], row: Row) -> None:
         if name.endswith("_max"):
             old = target.get(name)
             target[name] = value if old is None else max(old, value)
+        elif name.endswith("_min"):
+            old = target.get(name)
+            target[name] = value if old is None else min(old, value)
         else:
             target[name] = int(target.get(name) or 0) + int(value)
     offset = row.get("max_stub_offset")
@@ -119,7 +136,10 @@ def roll_up(queue_rows: Iterable[Row], sketch: Iterable[Row]) -> list[Row]:
         for metric in LATENCY_METRICS:
             counts = hists.get((key, metric), {})
             for p in PERCENTILES:
-                out[f"{metric}_p{round(p * 100)}"] = percentile(counts, p)
+                value = percentile(counts, p)
+                out[f"{metric}_p{round(p * 100)}"] = clamp(
+                    value, out.get(f"{metric}_min"), out.get(f"{metric}_max")
+                )
     return list(levels.values())
 
 

@@ -13,10 +13,15 @@ Two halves, so the page can be rebuilt from summary.json without Spark:
   cause :func:`reliable.reconcile.transforms.classify_deliveries` gave them; *resends* are stubs whose
   newest send (``last_sent_at``) was a resend (``send_count > 1``) — earlier resends of the same stub leave
   no timestamp and are not shown; *staged* by ``created_at``, *first delivered* and the p95 of send → first
-  delivery by the first delivery's minute.
+  delivery by the first delivery's minute. A confirmed pair with no journal row left (the log retention
+  purged them) was delivered all the same: it counts as first delivered at its ``confirmed_at``
+  (*unlogged*), without a latency — until 2026-11-29 it stayed in the backlog for ever, which then grew by
+  every message older than the retention.
 * :func:`timeline_summary` (plain Python): the rows as summary.json's ``timeline`` — continuous minutes
   (empty ones filled with zeros), and the *backlog*: messages staged so far minus messages delivered so far,
-  the lag a person watches build up. At most :data:`MAX_MINUTES` minutes are kept (the most recent).
+  the lag a person watches build up. At most :data:`MAX_MINUTES` minutes are kept (the most recent). Its
+  ``journal`` says how many confirmed pairs had no journal row left and from which minute on the journal
+  shows deliveries, so a window over purged days explains its zero deliveries.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from reliable.reconcile.config import DuplicateCause
 #: how many minutes summary.json keeps per series (the newest): 12 hours
 MAX_MINUTES = 720
 CAUSES = tuple(c.value for c in DuplicateCause)
-COUNTS = ("deliveries", "resends", "staged", "first_delivered")
+COUNTS = ("deliveries", "resends", "staged", "first_delivered", "unlogged")
 ALL_GROUPS = "*"
 #: the timeline's latency figure: the nearest-rank p95 of send → first delivery, per minute
 P95 = 0.95
@@ -38,26 +43,35 @@ P95 = 0.95
 _STAGED, _FIRST, _RESENDS = 0, 1, 2
 
 
-def _minute(col: str) -> Any:
+def _minute(col: Any) -> Any:
     """``date_trunc("minute")`` in UTC, as integer arithmetic (no calendar lookup per row)."""
     from pyspark.sql import functions as F
 
-    micros = F.unix_micros(F.col(col))
+    micros = F.unix_micros(F.col(col) if isinstance(col, str) else col)
     return F.timestamp_micros(micros - F.pmod(micros, F.lit(60_000_000)))
 
 
 def timeline_kinds() -> list[tuple[int, Any, Any]]:
     """What one pair row counts for: ``(kind, minute, latency bucket)`` columns, a null minute counting for
     nothing — staged at ``created_at``, first delivered (with the log bucket of send → first delivery) and
-    re-sent at ``last_sent_at``."""
+    re-sent at ``last_sent_at``.
+
+    A confirmed pair without a delivery in the journal (purged) is first delivered at its confirmation with
+    a null bucket: one kind, so the pairs are not read twice; the null bucket tells them apart (a delivered
+    pair always has a latency). ``confirmed_at`` is ``created_at + confirm_ms`` (the cached pairs keep no
+    ``confirmed_at`` column of their own)."""
     from pyspark.sql import functions as F
 
     from reliable.reconcile.buckets import log_bucket
 
     resent = (F.col("send_count") > 1) & F.col("last_sent_at").isNotNull()
+    confirmed_at = F.timestamp_micros(
+        F.unix_micros(F.col("created_at")) + F.round(F.col("confirm_ms") * F.lit(1000)).cast("long")
+    )
+    unlogged = F.when((F.col("deliveries") == 0) & F.col("confirm_ms").isNotNull(), confirmed_at)
     return [
         (_STAGED, _minute("created_at"), F.lit(None).cast("int")),
-        (_FIRST, _minute("first_received_at"), log_bucket("first_delivery_ms")),
+        (_FIRST, _minute(F.coalesce(F.col("first_received_at"), unlogged)), log_bucket("first_delivery_ms")),
         (_RESENDS, F.when(resent, _minute("last_sent_at")), F.lit(None).cast("int")),
     ]
 
@@ -115,9 +129,12 @@ def timeline_frame(
         *(
             F.sum(F.when(F.col("kind") == k, F.col("n")).otherwise(0)).cast("long").alias(name)
             for k, name in ((_STAGED, "staged"), (_FIRST, "first_delivered"), (_RESENDS, "resends"))
-        )
+        ),
+        F.sum(F.when((F.col("kind") == _FIRST) & F.col("bucket").isNull(), F.col("n")).otherwise(0))
+        .cast("long")
+        .alias("unlogged"),
     )
-    firsts = counted.where(F.col("kind") == _FIRST)
+    firsts = counted.where((F.col("kind") == _FIRST) & F.col("bucket").isNotNull())
     running = Window.partitionBy(*key).orderBy("bucket").rowsBetween(Window.unboundedPreceding, 0)
     p95 = (
         firsts.withColumn("seen", F.sum("n").over(running))
@@ -173,8 +190,19 @@ def _series(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out[-MAX_MINUTES:]
 
 
+def _journal(rows: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the journal still shows of the timeline (all groups' rows): the first minute with a delivery,
+    and how many confirmed pairs have no journal row left (counted as delivered at their confirmation)."""
+    delivered = [r["minute"] for r in rows if int(r.get("deliveries") or 0) > 0]
+    return {
+        "first_delivery": _iso(min(delivered)) if delivered else None,
+        "unlogged_confirmed": sum(int(r.get("unlogged") or 0) for r in rows),
+    }
+
+
 def timeline_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """summary.json's ``timeline``: ``{"all": [...], "groups": {group: [...]}}`` of per-minute points."""
+    """summary.json's ``timeline``: ``{"all": [...], "groups": {group: [...]}, "journal": {...}}`` of
+    per-minute points (``journal``: :func:`_journal`)."""
     grouped: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         if row.get("minute") is None:
@@ -182,9 +210,11 @@ def timeline_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         grouped.setdefault(str(row.get("consumer_group")), []).append(
             {**row, "minute": _instant(row["minute"])}
         )
+    journal = _journal(grouped.get(ALL_GROUPS, []))
     series = {g: _series(rs) for g, rs in grouped.items()}
     return {
         "all": series.pop(ALL_GROUPS, []),
         "groups": dict(sorted(series.items())),
         "max_minutes": MAX_MINUTES,
+        "journal": journal,
     }

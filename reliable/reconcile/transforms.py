@@ -15,7 +15,8 @@ Shapes (column names are the contract tables' names, DESIGN.md §1):
   confirmed_at, broker_name (one row per *(group, message)*: that group's state and its own targeted
   resends)
 * ``logs``     — id, message_id, consumer_group, topic (the *delivered* topic), original_topic, queue_id,
-  queue_offset, reconsume_times, received_at, broker_name
+  queue_offset, reconsume_times, received_at, broker_name, retry_level (``reconsume_times`` where the
+  delivery was answered with a retry, :func:`reliable.reconcile.inputs.normalize_logs`)
 * ``progress`` — consumer_group, topic, queue_id, max_offset, broker_name
 
 The subject of the report is the *(group, message) pair*: an inbox row joined with its message's stub. A
@@ -35,6 +36,7 @@ from pyspark.sql import functions as F
 
 from reliable.reconcile.config import RETRY_TOPIC_PREFIX, DuplicateCause, ReconcileConfig
 from reliable.reconcile.inputs import LOG_COLUMNS, ts
+from reliable.reconcile.retry import redelivery_due_at
 
 QUEUE_KEY = ["consumer_group", "topic", "broker_name", "queue_id"]
 MESSAGE_KEY = ["message_id", "consumer_group"]
@@ -116,7 +118,9 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
     """Number every delivery of a (message, group) and name the likely cause of each extra one.
 
     Adds ``delivery_no`` (1 = the first, by received_at then log id), ``deliveries`` (how many the pair
-    had), ``first_received_at``, ``last_received_at`` and ``cause`` (null for the first delivery). A
+    had), ``first_received_at``, ``last_received_at``, ``last_retry_level`` (the newest delivery's
+    ``retry_level``: its ``reconsume_times`` if it asked for a retry) and ``cause`` (null for the first
+    delivery). A
     *position* is the delivered ``(topic, broker_name, queue_id, queue_offset)``:
 
     * ``reconsume_times > 0`` → ``retry`` (the broker re-delivered it because the consumer asked);
@@ -146,6 +150,7 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
         F.count(F.lit(1)).over(whole).alias("deliveries"),
         F.first("received_at").over(whole).alias("first_received_at"),
         F.last("received_at").over(whole).alias("last_received_at"),
+        F.last("retry_level").over(whole).alias("last_retry_level"),
         F.coalesce(F.array_contains(F.collect_list(position).over(earlier), position), F.lit(False)).alias(
             "position_seen"
         ),
@@ -181,6 +186,7 @@ def delivery_stats(classified: DataFrame) -> DataFrame:
             "deliveries",
             "first_received_at",
             "last_received_at",
+            "last_retry_level",
             F.when(F.col("deliveries") > 1, F.col("extras")).alias("extras"),
         )
     )
@@ -226,7 +232,10 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
       group's watermark of that queue (the group moved past it, or received another message at that offset
       because the broker lost this one and reused the offset — the sweeper's *overtaken*), and the last
       topic-wide send is older than the grace period;
-    * ``is_stuck``: PENDING, delivered, and the newest delivery is older than ``stuck_after``;
+    * ``is_stuck``: PENDING, delivered, the newest delivery is older than ``stuck_after`` and, when it was
+      answered with a retry, the broker's redelivery of it (its delay in the sweeper's retry schedule,
+      :mod:`.retry`) is older than ``stuck_after`` too — the sweeper's own test (``BROKER_RETRY``), so the
+      report does not flag a pair the sweeper rightly holds;
     * ``is_unsent``: PENDING, never delivered, no send returned an offset, older than the grace period;
     * ``is_dead``: status DEAD;
     * ``is_never_consumed``: PENDING or DEAD (a confirmed or voided pair owes nothing), the message has a
@@ -281,6 +290,7 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
     delivered = F.coalesce(F.col("deliveries"), F.lit(0)) > 0
     sent_at = F.coalesce(F.col("last_sent_at"), F.col("created_at"))
     confirmed = (F.col("status") == "CONFIRMED") & F.col("confirmed_at").isNotNull()
+    due = redelivery_due_at(F.col("last_received_at"), F.col("last_retry_level"))
     consumed = F.coalesce(
         F.col("watermark").isNotNull()
         | ((F.col("broker_name") != "") & F.col("unnamed_watermark").isNotNull())
@@ -308,9 +318,13 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
             & (sent_at < grace_edge),
             F.lit(False),
         ).alias("is_lost"),
-        F.coalesce(pending & delivered & (F.col("last_received_at") < stuck_edge), F.lit(False)).alias(
-            "is_stuck"
-        ),
+        F.coalesce(
+            pending
+            & delivered
+            & (F.col("last_received_at") < stuck_edge)
+            & (due.isNull() | (due <= stuck_edge)),
+            F.lit(False),
+        ).alias("is_stuck"),
         F.coalesce(
             pending & ~delivered & F.col("send_offset").isNull() & (sent_at < grace_edge), F.lit(False)
         ).alias("is_unsent"),

@@ -2,10 +2,11 @@
 
 Topic ``orders`` has three consumer groups (billing, audit, search) and topic ``payments`` two (billing,
 audit), as the producer stages them (one stub per message, one inbox row per group). Planted per group: audit
-*loses* one message and *lags* on queue 0; search *never consumed* queue 3; billing has a stuck, a dead, a
-redelivered, a retried message; search receives a *targeted resend*; every group sees a producer
-double-send; the broker loses a message and reuses its offset. Each planted row sits next to a decoy that
-must *not* be reported.
+*loses* one message and *lags* on queue 0, and its handler keeps failing two payments (one overdue for the
+broker's redelivery: stuck; one still waiting for it: not); search *never consumed* queue 3; billing has a
+stuck, a dead, a redelivered, a retried message; search receives a *targeted resend*; every group sees a
+producer double-send; the broker loses a message and reuses its offset. Each planted row sits next to a
+decoy that must *not* be reported.
 
 Everything is relative to ``AS_OF``; with the default grace (5 min) and stuck_after (15 min) each planted
 row is an anomaly for certain and each decoy certainly not one. ``EXPECTED`` is what the report must find,
@@ -118,8 +119,10 @@ class Dataset:
         reconsume: int = 0,
         topic: str = T1,
         original: str | None = None,
+        outcome: str = "SUCCESS",
     ) -> None:
-        """One delivery; ``topic`` is the delivered topic (``%RETRY%…`` for retries and targeted resends)."""
+        """One delivery; ``topic`` is the delivered topic (``%RETRY%…`` for retries and targeted resends),
+        ``outcome`` what the guard answered (``RETRY``: RECONSUME_LATER, the broker redelivers it)."""
         self.logs.append(
             {
                 "id": self._next_log_id,
@@ -131,7 +134,7 @@ class Dataset:
                 "queue_offset": offset,
                 "reconsume_times": reconsume,
                 "received_at": received,
-                "outcome": "SUCCESS",
+                "outcome": outcome,
                 "worker": "w1",
                 "reason": None,
             }
@@ -280,6 +283,18 @@ def build() -> Dataset:
         ds.row(g, "VOID-1", "VOIDED", created)
         ds.log(g, "VOID-1", 0, 5, ago(119), topic=T2)
     # a group the producer did not list: the guard gave it its own inbox row (not an orphan)
+    # audit's handler keeps failing: each delivery answered RECONSUME_LATER. RETRY-WAIT's second delivery
+    # (reconsume_times 1) came 15¼ min ago: the broker's next try is due 30 s after it (RocketMQ's delay
+    # level 4) and the sweeper gives it stuck_after to be taken, so it holds the pair (BROKER_RETRY) — not
+    # stuck (until 2026-11-29 the report called it stuck from stuck_after on). RETRY-DUE's came 16 min ago:
+    # that redelivery is overdue → stuck for audit. Billing confirmed both.
+    for mid, offset, newest in (("RETRY-WAIT", 7, 15.25), ("RETRY-DUE", 8, 16)):
+        created = ds.stub(mid, 0, offset, status="PENDING", created=ago(30), topic=T2)
+        ds.row(A, mid, "CONFIRMED", created)
+        ds.log(A, mid, 0, offset, created + dt.timedelta(milliseconds=50), topic=T2)
+        ds.row(B, mid, "PENDING", created)
+        ds.log(B, mid, 0, offset, ago(25), topic=T2, outcome="RETRY")
+        ds.log(B, mid, 0, offset - 6, ago(newest), reconsume=1, topic=retry(B), original=T2, outcome="RETRY")
     ds.row(LATE, "pay-0", "CONFIRMED", ago(120))
     ds.log(LATE, "pay-0", 0, 0, ago(119), topic=T2)
     # the window case: created and first delivered inside WINDOW, delivered again after it (billing)
@@ -300,7 +315,7 @@ def build() -> Dataset:
 #: what the unwindowed report must find: (group, message_id) pairs, by hand
 EXPECTED: dict[str, Any] = {
     "lost": {(B, "LOST-1"), (A, "REUSED-1"), (B, "REUSED-1")},
-    "stuck": {(A, "STUCK-1")},
+    "stuck": {(A, "STUCK-1"), (B, "RETRY-DUE")},
     "dead": {(A, "DEAD-1")},
     "unsent": {(A, "UNSENT-1"), (B, "UNSENT-1")},
     "orphans": {(A, "ORPHAN-1")},
@@ -313,6 +328,8 @@ EXPECTED: dict[str, Any] = {
             (A, "REDELIVER-1", "redelivery"),
             (A, "RETRY-1", "retry"),
             (A, "RETRY-1", "retry"),
+            (B, "RETRY-WAIT", "retry"),
+            (B, "RETRY-DUE", "retry"),
             (B, "TARGETED-1", "targeted_resend"),
             (C, "TARGETED-1", "targeted_resend"),
             (A, "W-SPLIT", "redelivery"),

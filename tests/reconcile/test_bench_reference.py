@@ -45,3 +45,15 @@ def test_reference_names_the_same_duplicate_causes_as_planted(planted: D.Dataset
     report = ref.reference_report(src, tmp_path / "out", D.AS_OF, grace_s=300, stuck_after_s=900)
     want = Counter(cause for _, _, cause in D.EXPECTED["duplicates"])
     assert report["duplicates_by_cause"] == {c: want[c] for c in ref.CAUSES}
+
+
+def test_reference_finds_the_planted_stuck_pairs(planted: D.Dataset, tmp_path: Path) -> None:
+    """The benchmark compares the two engines' stuck counts: the reference, too, holds a pair waiting for the
+    broker's redelivery (RETRY-WAIT) and flags the overdue one (RETRY-DUE), by the sweeper's schedule."""
+    pytest.importorskip("duckdb")
+    from bench import reconcile_duckdb as ref
+
+    src = write_parquet(planted, tmp_path / "in")
+    report = ref.reference_report(src, tmp_path / "out", D.AS_OF, grace_s=300, stuck_after_s=900)
+    want = Counter(group for group, _ in D.EXPECTED["stuck"])
+    assert {g: figures["stuck"] for g, figures in report["groups"].items() if figures["stuck"]} == want

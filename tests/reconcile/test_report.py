@@ -55,15 +55,15 @@ def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
     assert gaps == exp["gaps"]
 
     t = summary["totals"]
-    assert (t["lost"], t["stuck"], t["dead"], t["unsent"], t["orphan_logs"]) == (3, 1, 1, 2, 1)
-    assert t["duplicate_deliveries"] == 9 and t["duplicate_pairs"] == 8
+    assert (t["lost"], t["stuck"], t["dead"], t["unsent"], t["orphan_logs"]) == (3, 2, 1, 2, 1)
+    assert t["duplicate_deliveries"] == 11 and t["duplicate_pairs"] == 10
     assert summary["duplicates_by_cause"] == {
-        "redelivery": 2, "retry": 2, "producer_double_send": 3, "targeted_resend": 2,
+        "redelivery": 2, "retry": 4, "producer_double_send": 3, "targeted_resend": 2,
     }  # fmt: skip
     assert (t["gaps"], t["missing_offsets"]) == (8, 11)
-    assert t["messages"] == len(ds.stubs) == 50
-    assert t["inbox_rows"] == len(ds.inbox) == 140
-    assert (t["pending"], t["confirmed"], t["voided"], t["dead"]) == (21, 116, 2, 1)
+    assert t["messages"] == len(ds.stubs) == 52
+    assert t["inbox_rows"] == len(ds.inbox) == 144
+    assert (t["pending"], t["confirmed"], t["voided"], t["dead"]) == (23, 118, 2, 1)
     assert t["deliveries"] == len(ds.logs) - 1, "every delivery but the orphan belongs to a pair"
     # lag per (group, topic, queue): audit lags on queue 0, search never consumed queue 3
     lags = {(q["consumer_group"], q["topic"], q["queue_id"]): q["lag"] for q in summary["queues"] if q["lag"]}
@@ -93,28 +93,28 @@ def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
     }
     assert figures == {
         D.A: (1, 1, 1, 1, 2, 0),
-        D.B: (2, 0, 0, 1, 7, 0),
+        D.B: (2, 1, 0, 1, 7, 0),  # RETRY-DUE stuck; RETRY-WAIT waits for the broker's retry
         D.C: (0, 0, 0, 0, 5, 1),
         D.LATE: (0, 0, 0, 0, 0, 0),
     }
-    assert {n: x["inbox_rows"] for n, x in g.items()} == {D.A: 50, D.B: 50, D.C: 39, D.LATE: 1}
+    assert {n: x["inbox_rows"] for n, x in g.items()} == {D.A: 52, D.B: 52, D.C: 39, D.LATE: 1}
     assert g[D.C]["duplicates_by_cause"] == {
         "redelivery": 0, "retry": 0, "producer_double_send": 1, "targeted_resend": 1,
     }  # fmt: skip
-    assert g[D.A]["duplicates_by_cause"]["retry"] == 2 and g[D.B]["duplicate_deliveries"] == 2
-    # audit: DOUBLE-1's second copy; TARGETED-1's original after its resend
+    assert g[D.A]["duplicates_by_cause"]["retry"] == 2 and g[D.B]["duplicate_deliveries"] == 4
+    # audit: DOUBLE-1's second copy; TARGETED-1's original after its resend; the broker's retries
     assert g[D.B]["duplicates_by_cause"] == {
-        "redelivery": 0, "retry": 0, "producer_double_send": 1, "targeted_resend": 1,
+        "redelivery": 0, "retry": 2, "producer_double_send": 1, "targeted_resend": 1,
     }  # fmt: skip
     hist = {
         n: {r["resend_count"]: r["inbox_rows"] for r in x["targeted_resend_histogram"]} for n, x in g.items()
     }
-    assert hist == {D.A: {0: 49, 7: 1}, D.B: {0: 49, 1: 1}, D.C: {0: 38, 1: 1}, D.LATE: {0: 1}}
+    assert hist == {D.A: {0: 51, 7: 1}, D.B: {0: 51, 1: 1}, D.C: {0: 38, 1: 1}, D.LATE: {0: 1}}
     assert {k: v["pairs"] for k, v in summary["attention"].items()} == {
         k: [{"consumer_group": gr, "message_id": m} for gr, m in pairs]
         for k, pairs in {
             "lost": sorted([(D.B, "LOST-1"), (D.A, "REUSED-1"), (D.B, "REUSED-1")]),
-            "stuck": [(D.A, "STUCK-1")],
+            "stuck": sorted([(D.A, "STUCK-1"), (D.B, "RETRY-DUE")]),
             "dead": [(D.A, "DEAD-1")],
             "unsent": sorted([(D.A, "UNSENT-1"), (D.B, "UNSENT-1")]),
             "duplicates": sorted({(gr, m) for gr, m, _ in exp["duplicates"]}),
@@ -126,10 +126,10 @@ def assert_exactly_planted(out: Path, summary: dict[str, Any]) -> None:
     lat = summary["latency_ms"]
     assert lat["send_to_first_delivery"]["p50"] == pytest.approx(50.0, rel=LATENCY_RELATIVE_ERROR)
     assert lat["send_to_confirm"]["p50"] == pytest.approx(250.0, rel=LATENCY_RELATIVE_ERROR)
-    assert lat["send_to_confirm"]["count"] == 116
+    assert lat["send_to_confirm"]["count"] == 118
     assert g[D.C]["latency_ms"]["send_to_confirm"]["count"] == 39 - 5, "FRESH, BUSY, BACKLOG, NC-0, NC-1"
-    assert sum(summary["latency_histogram"]["send_to_confirm"]) == 116
-    assert {r["send_count"]: r["messages"] for r in summary["resend_histogram"]} == {1: 49, 2: 1}
+    assert sum(summary["latency_histogram"]["send_to_confirm"]) == 118
+    assert {r["send_count"]: r["messages"] for r in summary["resend_histogram"]} == {1: 51, 2: 1}
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["totals"] == t and on_disk["schema_version"] == 3
 
@@ -224,7 +224,7 @@ def test_cli_on_sqlite_exits_2_when_a_threshold_is_crossed(
     ]
     err = capsys.readouterr().err
     assert "threshold crossed: max_lost = 3 > 0" in err
-    assert "threshold crossed: max_duplicates = 9 > 7" in err
+    assert "threshold crossed: max_duplicates = 11 > 7" in err
     assert "threshold crossed: max_never_consumed = 1 > 0" in err
     assert "reconcile [1/9]" in err, "progress is shown on the console"
     assert (out / "report.html").read_text().count("ALERT") == 1

@@ -49,6 +49,38 @@ def test_a_sketched_percentile_is_within_the_stated_relative_error(values: list[
     assert got == pytest.approx(want, rel=LATENCY_RELATIVE_ERROR * (1 + 1e-9), abs=1e-3)
 
 
+def _levels(values: list[float]) -> list[dict[str, Any]]:
+    """roll_up of one queue holding ``values`` (as confirm_ms), with the exact min and max the job keeps."""
+    row = {
+        "consumer_group": "g", "topic": "t", "queue_id": 0, "inbox_rows": len(values),
+        "confirm_ms_count": len(values), "confirm_ms_max": max(values), "confirm_ms_min": min(values),
+    }  # fmt: skip
+    sketch = [
+        {"consumer_group": "g", "topic": "t", "queue_id": 0, "metric": "confirm_ms", "bucket": b, "n": n}
+        for b, n in _sketch(values).items()
+    ]
+    return [dict(r) for r in roll_up([row], sketch)]
+
+
+def test_no_percentile_is_above_the_max_or_below_the_min() -> None:
+    """The long-run hunt's report: p99 80.425 ms beside a max of 80.076 ms (the bucket's midpoint lies past
+    the one sample in it). A person reading it sees an impossible figure."""
+    for level in _levels([10.0, 50.0, 80.076]):
+        assert (level["confirm_ms_p95"], level["confirm_ms_p99"]) == (80.076, 80.076)
+        assert level["confirm_ms_max"] == 80.076
+    for level in _levels([-80.076, -80.076, 3.0]):  # clock skew: negative latencies, the midpoint below min
+        assert level["confirm_ms_p50"] == -80.076
+
+
+@given(st.lists(latencies, min_size=1, max_size=200))
+def test_every_percentile_lies_within_the_samples_and_the_stated_error(values: list[float]) -> None:
+    for level in _levels(values):
+        for p in (0.5, 0.95, 0.99):
+            got = level[f"confirm_ms_p{round(p * 100)}"]
+            assert min(values) <= got <= max(values)
+            assert got == pytest.approx(_true(values, p), rel=LATENCY_RELATIVE_ERROR * (1 + 1e-9), abs=1e-3)
+
+
 def test_an_empty_sketch_has_no_percentile() -> None:
     assert percentile({}, 0.5) is None
 
@@ -82,12 +114,12 @@ def test_spark_buckets_latencies_exactly_as_documented(spark: Any) -> None:
     from reliable.reconcile.aggregates import sketch_and_timeline_counts, sketch_rows
 
     values = [None, 0.0, 0.0004, -0.0004, 0.001, 0.0011, 1.0, 49.999, 50.0, 250.0, -12.5, 86_400_000.0]
-    rows = [("g", "t", "", 0, v, v, None, None, 1, None) for v in values]
+    rows = [("g", "t", "", 0, v, v, None, None, 1, None, 1) for v in values]
     df = spark.createDataFrame(
         rows,
         "consumer_group string, topic string, broker_name string, queue_id int, first_delivery_ms double, "
         "confirm_ms double, created_at timestamp, first_received_at timestamp, send_count int, "
-        "last_sent_at timestamp",
+        "last_sent_at timestamp, deliveries int",
     )
     sketch = sketch_rows(sketch_and_timeline_counts(df))
     got = {(r["bucket"], r["n"]) for r in sketch.where(F.col("metric") == "confirm_ms").collect()}

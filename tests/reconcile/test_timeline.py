@@ -38,6 +38,7 @@ def row(
 ) -> dict[str, Any]:
     ms = None if first is None else (first - created).total_seconds() * 1000
     return {
+        "deliveries": 0 if first is None else 1,
         "consumer_group": group,
         "topic": "orders",
         "broker_name": "",
@@ -74,7 +75,8 @@ def test_per_minute_figures(spark: Any) -> None:
             row(G1, at(1, 0), None),  # C, never delivered: the backlog stays up
             row(G2, at(0, 40), at(0, 41)),  # E
         ],
-        "consumer_group string, topic string, broker_name string, queue_id int, created_at timestamp, "
+        "deliveries int, consumer_group string, topic string, broker_name string, queue_id int, "
+        "created_at timestamp, "
         "first_received_at timestamp, first_delivery_ms double, confirm_ms double, send_count int, "
         "last_sent_at timestamp",
     )
@@ -142,3 +144,50 @@ def test_quiet_minutes_are_zero_and_only_the_newest_are_kept() -> None:
     assert len(points) == MAX_MINUTES and points[-1]["deliveries"] == 1
     assert all(p["deliveries"] == 0 for p in points[:-1]), "the quiet minutes in between are zeros"
     assert {p["backlog"] for p in points} == {2}, "the backlog carries over the quiet minutes"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_confirmed_pair_whose_journal_was_purged_leaves_the_backlog_at_its_confirmation(
+    spark: Any, tmp_path: Any
+) -> None:
+    """After the log retention purged a confirmed pair's deliveries, the pair is still delivered: it leaves
+    the backlog when it was confirmed (until 2026-11-29 it stayed there for ever, so the backlog grew by
+    every message older than the retention). A window over purged days says so instead of showing every
+    pair confirmed, zero deliveries and a backlog of all of them (the long-run hunt's S3)."""
+    from reliable.reconcile import io
+    from reliable.reconcile.config import ReconcileConfig
+    from reliable.reconcile.report_html import render_html
+    from tests.reconcile import dataset as D
+    from tests.reconcile.conftest import run_report, write_parquet
+
+    old = D.AS_OF - dt.timedelta(days=10)
+    ds = D.Dataset()
+    for i in range(20):  # ten days old, confirmed by three groups; the purge left no journal row
+        created = ds.stub(f"a-{i:02d}", 0, i, created=old + dt.timedelta(seconds=i))
+        for group in D.ALL:
+            ds.row(group, f"a-{i:02d}", "CONFIRMED", created)
+    for i in range(3):  # this hour's: delivered and journaled
+        D.normal(ds, f"b-{i}", 0, 20 + i)
+    ds.finish_progress()
+    src = write_parquet(ds, tmp_path / "in")
+
+    cfg = ReconcileConfig(as_of=D.AS_OF)
+    everything = run_report(spark, io.read_parquet(spark, src, cfg), tmp_path / "all", cfg).summary
+    points = everything["timeline"]["all"]
+    assert {p["backlog"] for p in points} == {0}, "every pair was delivered (confirmed)"
+    assert everything["timeline"]["journal"] == {
+        "first_delivery": "2026-11-20T10:00Z",
+        "unlogged_confirmed": 60,
+    }
+
+    cfg = ReconcileConfig(as_of=D.AS_OF, since=old - dt.timedelta(days=1), until=old + dt.timedelta(days=1))
+    window = run_report(spark, io.read_parquet(spark, src, cfg), tmp_path / "window", cfg).summary
+    assert (window["totals"]["confirmed"], window["totals"]["deliveries"]) == (60, 0)
+    assert [p["backlog"] for p in window["timeline"]["all"]] == [0]
+    assert window["timeline"]["journal"] == {"first_delivery": None, "unlogged_confirmed": 60}
+    page = render_html(window)
+    assert "Journal purged: 60 confirmed (group, message) pairs" in page
+    assert "Journal purged" not in render_html(
+        {**window, "timeline": {**window["timeline"], "journal": None}}
+    )

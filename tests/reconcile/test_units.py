@@ -131,13 +131,13 @@ def test_export_streams_tables_in_chunks(tmp_path: Path) -> None:
     finally:
         engine.dispose()
     assert result.rows == {
-        "message_stub": 50,
-        "message_inbox": 140,
+        "message_stub": 52,
+        "message_inbox": 144,
         "message_log": len(ds.logs),
         "consume_progress": len(ds.progress),
     }
     stub = pq.ParquetFile(tmp_path / "out" / "message_stub.parquet")
-    assert stub.metadata.num_row_groups == 8, "50 rows in chunks of 7"
+    assert stub.metadata.num_row_groups == 8, "52 rows in chunks of 7"
     assert "content" not in stub.schema_arrow.names
     rows = {r["message_id"]: r for r in stub.read().to_pylist()}
     assert rows["LOST-1"]["status"] == "PENDING" and rows["LOST-1"]["created_at"] == D.ago(60)
@@ -147,8 +147,10 @@ def test_export_streams_tables_in_chunks(tmp_path: Path) -> None:
     assert lost == {(D.A, "CONFIRMED"), (D.B, "PENDING"), (D.C, "CONFIRMED")}
     log = pq.read_table(tmp_path / "out" / "message_log.parquet").to_pylist()
     assert {(r["topic"], r["original_topic"]) for r in log if r["reconsume_times"]} == {
-        ("%RETRY%billing", "orders")
+        ("%RETRY%billing", "orders"),
+        ("%RETRY%audit", "payments"),
     }
+    assert {r["outcome"] for r in log if r["message_id"] == "RETRY-DUE"} == {"RETRY", "SUCCESS"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -185,7 +187,7 @@ def test_export_cli_writes_the_four_files(tmp_path: Path) -> None:
     write_database(D.build(), url)
     res = _cli("export", "--to", str(tmp_path / "pq"), "--db", url, "-q")
     assert res.returncode == 0, res.stderr
-    assert "message_stub 50" in res.stdout and "message_inbox 140" in res.stdout
+    assert "message_stub 52" in res.stdout and "message_inbox 144" in res.stdout
     assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
         "consume_progress.parquet", "message_inbox.parquet", "message_log.parquet", "message_stub.parquet",
     ]  # fmt: skip
