@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from reliable import ConsumeResult, Envelope, GuardHooks, Reason, Reliability, idempotent_consumer
@@ -268,19 +269,37 @@ def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_du
     try:
         m = uid("slow")
         add_stub(rel, m, "g")
-        started, release = threading.Event(), threading.Event()
+        started, release, a_failed, b_done = (threading.Event() for _ in range(4))
+        held: list[bool] = []
 
         def handler(e: Envelope, session: Session) -> None:
             if threading.current_thread().name == "A":
                 started.set()
                 release.wait(30)
+                a_failed.set()
                 raise RuntimeError("A's handler fails after its lease ran out")
             apply(e, session)
+
+        def settle_after_b(conn: Any) -> None:
+            """A's rollback frees the row B waits for; A's next transaction — the step that counts A's
+            failure — and B then race for it. This test is about B winning (the other order is a plain
+            failure counted before B came: max_attempts=1 gives the message up, and B answers so)."""
+            if threading.current_thread().name == "A" and a_failed.is_set() and not held:
+                held.append(b_done.wait(30))
+
+        event.listen(rel.engine, "begin", settle_after_b)
 
         handle = idempotent_consumer(rel, group="g", registry=CollectorRegistry())(handler)
         answers: dict[str, Any] = {}
         a = threading.Thread(target=lambda: answers.update(A=handle.decide(env(m))), name="A")
-        b = threading.Thread(target=lambda: answers.update(B=handle.decide(env(m))), name="B")
+
+        def run_b() -> None:
+            try:
+                answers.update(B=handle.decide(env(m)))
+            finally:
+                b_done.set()
+
+        b = threading.Thread(target=run_b, name="B")
         sessions = {t: ThreadSessions(rel.engine, t) for t in ("A", "B")}
 
         def b_waits() -> bool:  # B's own session, not any lock wait on the server
@@ -297,6 +316,7 @@ def test_a_handler_failing_after_another_worker_applied_the_message_answers_a_du
         b.join(30)
         for s in sessions.values():
             s.close()
+        assert held == [True]  # A's settle step waited for B
         assert answers["B"].reason is Reason.PROCESSED
         assert (answers["A"].reason, answers["A"].result) == (
             Reason.DUPLICATE_CONFIRMED,
