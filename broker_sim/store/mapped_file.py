@@ -187,10 +187,26 @@ class MappedFile:
     def flush(self) -> int:
         """msync everything written but not yet flushed; returns the new flushed position."""
         wrote = self.wrote
-        if wrote > self.flushed:
-            os.fdatasync(self.fd)
+        if wrote > self.flushed and self._datasync():
             self.flushed = wrote
         return self.flushed
+
+    def _datasync(self) -> bool:
+        """``fdatasync`` the file; False if it was destroyed (expired) or closed, before or during the call.
+
+        The flush service runs beside expiry: a segment that expiry destroys while a periodic flush walks the
+        queue's files has nothing left to keep (the flush used to fail on the descriptor ``-1`` that
+        :meth:`destroy` leaves, logging an error)."""
+        fd = self.fd
+        if fd < 0:
+            return False
+        try:
+            os.fdatasync(fd)
+        except OSError:
+            if self.fd < 0:  # destroyed while the call ran: the descriptor went with the file
+                return False
+            raise
+        return True
 
     def discard_unflushed(self) -> None:
         """Crash simulation: zero what a power cut would lose (written but never msync-ed)."""
@@ -201,7 +217,7 @@ class MappedFile:
 
     def flush_range(self, start: int, end: int) -> None:
         if end > start:
-            os.fdatasync(self.fd)
+            self._datasync()
 
     def zero_from(self, pos: int) -> None:
         """Erase everything from ``pos`` to the end of the file (recovery's truncation) and persist it: the

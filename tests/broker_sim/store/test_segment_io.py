@@ -247,3 +247,15 @@ def test_writing_zeros_ahead_never_touches_a_written_byte(
             assert got is not None and got.body == body, f"record at {off} (after restart: {reopened})"
         store.shutdown()
         store = make_store(path=store.store_dir, commit_log_file_size=128 * 1024, **roomy())
+
+
+def test_a_flush_of_a_segment_that_expiry_destroyed_is_a_no_op(tmp_path: Path) -> None:
+    """The periodic flush walks the files while expiry destroys the oldest: a flush that reaches a destroyed
+    segment has nothing to keep (it raised on the closed descriptor; the flush service logged an error)."""
+    segment = mapped_file_module.MappedFile(tmp_path / f"{0:020d}", 64 * 1024)
+    segment.mm[0:5] = b"hello"
+    segment.wrote = 5
+    segment.destroy()
+    assert segment.flush() == 0
+    segment.flush_range(0, 5)
+    assert not segment.path.exists()
