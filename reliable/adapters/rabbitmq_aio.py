@@ -190,6 +190,33 @@ async def settle(
     return action
 
 
+async def judge_and_settle(
+    delivery: Delivery,
+    message: AbstractIncomingMessage,
+    env: Envelope,
+    decide: AsyncGuardedHandler,
+    dead_letters: DeadLetterPublisher,
+    counts: Counter[str],
+    retry_delay_s: float,
+    *,
+    reject_fallback: bool,
+) -> None:
+    """Await the guard's answer for ``env`` and :func:`settle` the delivery (the consumer and the FastStream
+    integration). An exception out of ``decide`` (a bare handler's bug) is counted as ``handler_error`` and
+    the delivery requeued: never acknowledged, never rejected into a queue that may have no dead-letter
+    exchange."""
+    try:
+        answer = await decide(env)
+    except Exception as exc:
+        counts["handler_error"] += 1
+        log.exception("handler raised for message %s; requeued (%s)", env.message_id, type(exc).__name__)
+        await requeue(delivery, counts, retry_delay_s)
+        return
+    await settle(
+        delivery, message, env, answer, dead_letters, counts, retry_delay_s, reject_fallback=reject_fallback
+    )
+
+
 async def requeue(delivery: Delivery, counts: Counter[str], retry_delay_s: float) -> None:
     """Hold the delivery unacked ``retry_delay_s`` (no hot loop on a lease conflict; :func:`settle` passes
     :func:`~reliable.adapters.amqp.requeue_delay_s`: until another worker's lease can have run out), then
@@ -267,20 +294,12 @@ class AioRabbitMQConsumer:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         assert self._dead is not None
-        env = to_envelope(message, self.topic)
-        try:
-            answer = await self._decide(env)
-        except Exception as exc:  # a bare handler's bug: never ack, never lose the message
-            self.counts["handler_error"] += 1
-            log.exception("handler raised for message %s; requeued (%s)", env.message_id, type(exc).__name__)
-            await requeue(message, self.counts, self.retry_delay_s)
-            return
         # a queue this consumer did not declare may have no dead-letter exchange: rejecting would drop
-        await settle(
+        await judge_and_settle(
             message,
             message,
-            env,
-            answer,
+            to_envelope(message, self.topic),
+            self._decide,
             self._dead,
             self.counts,
             self.retry_delay_s,

@@ -5,9 +5,17 @@
     policy = RetryPolicy(delays_s=(1.0, 10.0))
     broker = KafkaBroker("127.0.0.1:9092")
 
-    @broker.subscriber(*policy.topics("orders"), group_id="billing", auto_offset_reset="earliest")
-    @reliable_subscriber(rel, group="billing", kafka=policy)
+    @reliable_subscriber(rel, group="billing", kafka=policy, subscriber=broker.subscriber(
+        *policy.topics("orders"), group_id="billing", auto_offset_reset="earliest",
+        ack_policy=AckPolicy.ACK, no_reply=True, parser=kafka_parser))
     async def on_order(env: Envelope, session: AsyncSession) -> None: ...
+
+``ack_policy=AckPolicy.ACK`` is required (any policy but FastStream's default ``ACK_FIRST``, which turns on
+aiokafka's auto-commit: offsets committed while the handler runs, a crash loses the record); the offset is
+committed once the guard answered and any copy was published. The function never raises into FastStream —
+an error (a copy that could not be published, a failed commit) seeks back to the record and takes it again
+after a pause — so FastStream's policy never acts on an error. ``batch=True`` is refused
+(:mod:`reliable.integrations.faststream_binding`).
 
 The subscriber listens to the topic *and* its retry topics (``policy.topics``). Each record becomes an
 :class:`~reliable.types.Envelope` and, after the guard's answer, takes the step the shared
@@ -25,8 +33,9 @@ that is not UTF-8 makes FastStream's own parser drop the record (committed past,
 subscriber is called: pass :func:`kafka_parser` as the subscriber's ``parser=``.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: FastStream resolves the annotations of ``consume`` when the
+# subscriber starts, and string annotations would be looked up in the caller's frames first — a user's module
+# that imported ``KafkaBroker`` (the class) would make ``broker: "KafkaBroker"`` one FastStream cannot inject
 import asyncio
 import dataclasses
 import logging
@@ -50,6 +59,7 @@ from reliable.adapters.kafka_common import (
 )
 from reliable.adapters.kafka_steps import AnswerBook, Step, copy_headers, undecodable_envelope, unjournaled
 from reliable.errors import ConfigurationError
+from reliable.integrations.faststream_binding import bind, check
 from reliable.types import Envelope
 
 log = logging.getLogger("reliable.integrations.faststream")
@@ -83,55 +93,63 @@ async def kafka_parser(record: Any, original: Callable[[Any], Awaitable[Any]]) -
 def faststream_kafka_consumer(
     handle: Any,
     *,
+    subscriber: Any = None,
     retry: RetryPolicy | None = None,
     topic: str | None = None,
     id_header: str = C.KAFKA_ID_HEADER,
     allow_position_id: bool = True,
-) -> Consume:
-    """A FastStream Kafka subscriber function that runs every record through the guarded ``handle``.
+    counts: "Counter[str] | None" = None,
+) -> Any:
+    """Register on ``subscriber`` (``broker.subscriber(…)`` of a ``KafkaBroker``) a function that runs every
+    record through the guarded ``handle``; returns FastStream's handler wrapper.
 
     ``topic``: the business topic whose ``.dlt`` takes undecodable records (default: the record's topic).
+    ``counts``: a counter of what happened (``success``, ``retry_topic``, ``dead_letter`` …).
     """
+    check(subscriber, kafka=True)
     policy = retry or RetryPolicy()
     decide = getattr(handle, "decide", None)
     judge: AsyncDecide = decide if callable(decide) else handle
     book = AnswerBook()
-    counts: Counter[str] = book.counts
+    if counts is not None:
+        book.counts = counts
+    tally: Counter[str] = book.counts
     group = str(getattr(handle, "group", "") or "")  # the guard's group, named on the copies it forwards
+    pause_s = policy.delays_s[0] if policy.delays_s else 1.0
 
     async def answer(env: Envelope) -> object:
         try:
             return await judge(env)
         except Exception as exc:  # a bare handler's bug: retried like a failure
-            counts["handler_error"] += 1
+            tally["handler_error"] += 1
             log.exception("handler raised for %s", env.message_id)
             return exc
 
-    async def consume(message: KafkaMessage, broker: KafkaBroker) -> None:
+    async def one(message: KafkaMessage, broker: KafkaBroker) -> None:
         raw = message.raw_message
-        if isinstance(raw, tuple):
+        if isinstance(raw, tuple):  # refused when the subscriber was registered; kept as a last stop
             raise ConfigurationError("reliable_subscriber(kafka=…) guards one record a call, not batch=True")
         ts = raw.timestamp if raw.timestamp and raw.timestamp > 0 else None
         rec = Record(raw.topic, raw.partition, raw.offset, raw.key, raw.value, list(raw.headers or ()), ts)
         try:
             headers = decode_headers(rec.headers)
             if forwarded_by_another_group(rec, headers, group, policy):  # not this group's to handle
-                counts["foreign_retry"] += 1
+                tally["foreign_retry"] += 1
                 await message.ack()
                 return
             wait = due_in_s(rec, headers, policy)
             if wait > 0:  # a retry copy that is not due yet
-                counts["waited"] += 1
+                tally["waited"] += 1
                 await asyncio.sleep(wait)
             env = to_envelope(rec, id_header=id_header, allow_position_id=allow_position_id)
             env = last_attempt(env, policy)
         except UndecodableRecord as exc:
-            counts["undecodable"] += 1
+            tally["undecodable"] += 1
             if callable(decide):  # journaled before its dead-letter copy, as the consumer loops do
                 stand_in = undecodable_envelope(rec, topic or rec.topic, exc)
                 while unjournaled(await answer(stand_in)):
-                    counts["held"] += 1
-                    await asyncio.sleep(policy.delays_s[0] if policy.delays_s else 1.0)
+                    tally["held"] += 1
+                    await asyncio.sleep(pause_s)
             wire = raw_forward_headers(rec, f"undecodable: {exc}")
             await broker.publish(
                 rec.value, policy.dlt_topic(topic or rec.topic), key=rec.key, headers=_text(wire)
@@ -144,7 +162,7 @@ def faststream_kafka_consumer(
             action = book.step(tp, await answer(env), env, policy)
             if action.step is not Step.HOLD:
                 break
-            counts["held"] += 1
+            tally["held"] += 1
             await asyncio.sleep(action.delay_s)
         if action.step is not Step.ACK:
             assert action.topic is not None
@@ -152,6 +170,18 @@ def faststream_kafka_consumer(
             await broker.publish(rec.value, action.topic, key=rec.key, headers=_text(wire))
         await message.ack()
 
-    consume.counts = counts  # type: ignore[attr-defined]  # what happened so far (success, retry_topic …)
+    async def consume(message: KafkaMessage, broker: KafkaBroker) -> None:
+        try:
+            await one(message, broker)
+        except Exception as exc:
+            # never into FastStream: its ACK (and REJECT_ON_ERROR) policy would commit past the record; seek
+            # back to it instead and take it again after a pause (a failed copy publish, a failed commit)
+            tally["error"] += 1
+            raw = message.raw_message
+            where = f"{raw.topic}-{raw.partition}@{raw.offset}" if not isinstance(raw, tuple) else "batch"
+            log.exception("record %s: %r; taken again in %.1f s", where, exc, pause_s)
+            await asyncio.sleep(pause_s)
+            await message.nack()
+
     consume.__name__ = consume.__qualname__ = getattr(handle, "__name__", consume.__name__)
-    return consume
+    return bind(subscriber, consume, kafka=True)
