@@ -42,6 +42,10 @@ DEFAULT_FIRST_RESEND_DELAY_S: Final = 60.0  # earliest resend after the first se
 DEFAULT_MAX_SENDS: Final = 8
 #: how far a sweeper's claim moves its rows' ``resend_at`` (reliable.sweeper.claim): well above a batch of
 #: sends to a slow broker; the rows of a sweeper killed mid-batch wait this long
+#: the FastStream Kafka wrapper's pause after its own error on a record (a failed copy publish or commit):
+#: from the minimum, doubling per error in a row on the partition, up to the maximum
+KAFKA_ERROR_PAUSE_MIN_S: Final = 1.0
+KAFKA_ERROR_PAUSE_MAX_S: Final = 60.0
 DEFAULT_CLAIM_TTL_S: Final = 300.0
 #: the claim window's bounds: shorter leaves a batch no time to be probed and sent; longer leaves the rows of
 #: a sweeper killed mid-batch waiting for it (an hour)

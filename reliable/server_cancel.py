@@ -17,6 +17,7 @@ thread to notice the closed socket. The thread id comes from the connection's ha
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -34,8 +35,11 @@ log = logging.getLogger("reliable.aio")
 _ER_NO_SUCH_THREAD = 1094
 #: asyncmy's close reason (and ``InterfaceError`` text) for a connection it closed because of a cancel
 ASYNCMY_CANCEL_REASON = "Cancelled during execution"
-#: seconds the kill may take to connect: a server that does not answer is an outage, not a dead statement
-_KILL_CONNECT_TIMEOUT_S = 2
+#: seconds the kill may take in all — connect, handshake, ``KILL``: a server that does not answer is an
+#: outage, not a dead statement, and the cancelled caller (an ``asyncio.timeout`` around the work) waits
+#: for it. asyncmy's ``connect_timeout`` covers the TCP connect alone: a frozen server (SIGSTOP, a paused
+#: VM) accepts it and never sends its handshake, and the kill waited for ever (the review of 2026-11-29)
+KILL_TIMEOUT_S = 2.0
 
 
 def install(engine: AsyncEngine) -> None:
@@ -43,7 +47,7 @@ def install(engine: AsyncEngine) -> None:
     if engine.dialect.driver != "asyncmy":
         return
     _, params = engine.dialect.create_connect_args(engine.url)
-    params = {**params, "connect_timeout": _KILL_CONNECT_TIMEOUT_S}
+    params = {**params, "connect_timeout": KILL_TIMEOUT_S}
 
     def on_invalidate(dbapi_connection: Any, record: ConnectionPoolEntry, exc: BaseException | None) -> None:
         if not _cut_off_by_cancel(dbapi_connection, exc):
@@ -84,21 +88,30 @@ def _thread_id(dbapi_connection: Any) -> int | None:
         return None
 
 
-async def _kill(params: dict[str, Any], thread_id: int) -> None:
-    """``KILL thread_id`` on a connection of its own; a failure is logged (the server ends it in time)."""
+async def _kill(params: dict[str, Any], thread_id: int, timeout_s: float = KILL_TIMEOUT_S) -> None:
+    """``KILL thread_id`` on a connection of its own, within ``timeout_s`` in all; a failure is logged (the
+    server ends the statement in time)."""
     import asyncmy
     from asyncmy.errors import Error
 
+    conn: Any = None
     try:
-        conn = await asyncmy.connect(**params)
-        try:
+        async with asyncio.timeout(timeout_s):
+            conn = await asyncmy.connect(**params)
             async with conn.cursor() as cur:
                 await cur.execute(f"KILL {int(thread_id)}")
-        finally:
-            await conn.ensure_closed()
+    except TimeoutError:
+        log.warning(
+            "could not end the cancelled statement of MariaDB thread %d: the server did not answer in %.1f s",
+            thread_id,
+            timeout_s,
+        )
     except Error as exc:
         if exc.args and exc.args[0] == _ER_NO_SUCH_THREAD:
             return  # the statement ended on its own before the kill
         log.warning("could not end the cancelled statement of MariaDB thread %d: %r", thread_id, exc)
     except OSError as exc:
         log.warning("could not end the cancelled statement of MariaDB thread %d: %r", thread_id, exc)
+    finally:
+        if conn is not None:
+            conn.close()  # no goodbye to a server that may not answer: the socket is closed at once

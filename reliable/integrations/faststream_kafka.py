@@ -68,6 +68,14 @@ Consume = Callable[..., Awaitable[None]]
 AsyncDecide = Callable[[Envelope], Awaitable[Any]]
 
 
+def error_pause_s(in_a_row: int) -> float:
+    """How long the FastStream Kafka wrapper waits before taking a record again after its ``in_a_row``-th
+    error in a row on that partition: from :data:`~reliable.constants.KAFKA_ERROR_PAUSE_MIN_S`, doubling, at
+    most :data:`~reliable.constants.KAFKA_ERROR_PAUSE_MAX_S`."""
+    exponent = min(max(in_a_row, 1) - 1, 32)
+    return float(min(C.KAFKA_ERROR_PAUSE_MIN_S * 2**exponent, C.KAFKA_ERROR_PAUSE_MAX_S))
+
+
 def _text(headers: Sequence[tuple[str, str | bytes | None]]) -> dict[str, str]:
     """FastStream publishes text headers: bytes that are not UTF-8 are backslash-escaped."""
     return {
@@ -115,7 +123,9 @@ def faststream_kafka_consumer(
         book.counts = counts
     tally: Counter[str] = book.counts
     group = str(getattr(handle, "group", "") or "")  # the guard's group, named on the copies it forwards
-    pause_s = policy.delays_s[0] if policy.delays_s else 1.0
+    # a database outage while journaling an undecodable record: never a hot loop, even with delays_s (0, …)
+    pause_s = max(policy.delays_s[0] if policy.delays_s else 1.0, C.KAFKA_ERROR_PAUSE_MIN_S)
+    errors: Counter[tuple[str, int]] = Counter()  # the wrapper's own errors in a row, per partition
 
     async def answer(env: Envelope) -> object:
         try:
@@ -171,17 +181,25 @@ def faststream_kafka_consumer(
         await message.ack()
 
     async def consume(message: KafkaMessage, broker: KafkaBroker) -> None:
+        raw = message.raw_message
+        tp = ("", -1) if isinstance(raw, tuple) else (raw.topic, raw.partition)
         try:
             await one(message, broker)
         except Exception as exc:
             # never into FastStream: its ACK (and REJECT_ON_ERROR) policy would commit past the record; seek
-            # back to it instead and take it again after a pause (a failed copy publish, a failed commit)
+            # back to it instead and take it again after a pause (a failed copy publish, a failed commit),
+            # doubling while the error persists: a lasting one is a log line a minute, not a hot loop
             tally["error"] += 1
-            raw = message.raw_message
-            where = f"{raw.topic}-{raw.partition}@{raw.offset}" if not isinstance(raw, tuple) else "batch"
-            log.exception("record %s: %r; taken again in %.1f s", where, exc, pause_s)
-            await asyncio.sleep(pause_s)
+            errors[tp] += 1
+            pause = error_pause_s(errors[tp])
+            where = f"{tp[0]}-{tp[1]}@{raw.offset}" if not isinstance(raw, tuple) else "batch"
+            log.exception(
+                "record %s: %r; taken again in %.1f s (error %d in a row)", where, exc, pause, errors[tp]
+            )
+            await asyncio.sleep(pause)
             await message.nack()
+        else:
+            errors.pop(tp, None)
 
     consume.__name__ = consume.__qualname__ = getattr(handle, "__name__", consume.__name__)
     return bind(subscriber, consume, kafka=True)

@@ -15,12 +15,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import insert, make_url, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from reliable import Envelope, Reliability, idempotent_consumer
+from reliable import Envelope, Reliability, idempotent_consumer, server_cancel
+from reliable.aio_backends import make_async_engine
 from reliable.guard import Reason
 from tests.aio.flavours import applied, env, inbox, ledger, make_rel
+from tests.freezing_proxy import FreezingProxy
 from tests.waiting import wait_until
 
 MARK = "cancelled-handler-statement"
@@ -122,3 +124,31 @@ def test_a_cancel_in_the_guards_own_statement_stops_it_on_the_server(rel: Reliab
         asyncio.run(scenario(first=False))
         blocker.rollback()
     assert inbox(rel, mid) == ("PENDING", 1)
+
+
+def test_a_cancel_while_the_server_hangs_returns_within_the_kills_own_bound(mariadb_url: str) -> None:
+    """A server that stops answering (SIGSTOP, a paused VM) is when users put ``asyncio.timeout`` around
+    their work. The kill that ends a cancelled statement connects to that same server: its TCP connect
+    succeeds and the greeting never comes — the cancelled caller waited for ever (asyncmy's
+    ``connect_timeout`` covers the connect alone). The whole kill is bounded now."""
+    proxy = FreezingProxy(("127.0.0.1", make_url(mariadb_url).port or 3306))
+    url = make_url(mariadb_url).set(drivername="mysql+asyncmy", host="127.0.0.1", port=proxy.port)
+    engine = make_async_engine(url)
+
+    async def cancelled_while_frozen() -> float:
+        async with engine.connect() as conn:  # a pooled connection that worked
+            assert (await conn.execute(text("SELECT 1"))).scalar_one() == 1
+        proxy.freeze()
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(1), engine.connect() as conn:
+                await conn.execute(text("SELECT 2"))
+        return time.monotonic() - started
+
+    try:
+        # liveness, not speed: without the bound the cancelled call never came back
+        elapsed = asyncio.run(asyncio.wait_for(cancelled_while_frozen(), 60))
+        assert elapsed < 1 + server_cancel.KILL_TIMEOUT_S + 5
+    finally:
+        proxy.close()
+        asyncio.run(engine.dispose(close=False))

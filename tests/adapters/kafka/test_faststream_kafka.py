@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import select, text
 
 from reliable import Envelope, Reliability
@@ -32,7 +34,7 @@ from reliable.adapters.kafka.aio import AioKafkaSender
 from reliable.demo.tansu import Tansu
 from reliable.errors import ConfigurationError
 from reliable.integrations.faststream import reliable_subscriber
-from reliable.integrations.faststream_kafka import kafka_parser
+from reliable.integrations.faststream_kafka import error_pause_s, kafka_parser
 from reliable.models import MessageLog
 from reliable.sender import OutgoingMessage
 from tests.adapters.kafka.helpers import (
@@ -255,3 +257,16 @@ def test_a_subscriber_that_would_commit_past_unguarded_records_is_refused_before
     with pytest.raises(ConfigurationError, match=expected):
         reliable_subscriber(rel, group=group, kafka=policy, subscriber=sub)(on_order)
     assert committed(tansu.bootstrap, group, topic, 1) == [-1001]  # no offset stored for the group
+
+
+@given(st.integers(min_value=-3, max_value=10_000))
+def test_the_wrappers_error_pause_never_makes_a_hot_loop_and_stays_bounded(in_a_row: int) -> None:
+    """A lasting error (a retry copy the broker refuses) with ``RetryPolicy(delays_s=(0,))`` took the record
+    again ~335 times a second, each a guard call and a traceback: the pause starts at the minimum, doubles
+    per error in a row, and stops at the maximum."""
+    pause = error_pause_s(in_a_row)
+    assert C.KAFKA_ERROR_PAUSE_MIN_S <= pause <= C.KAFKA_ERROR_PAUSE_MAX_S
+    if in_a_row >= 1:
+        assert error_pause_s(in_a_row + 1) == min(pause * 2, C.KAFKA_ERROR_PAUSE_MAX_S)
+    else:  # no error yet counts as the first
+        assert pause == C.KAFKA_ERROR_PAUSE_MIN_S
