@@ -131,8 +131,11 @@ def _list(args: argparse.Namespace) -> int:
     try:
         with Session(engine) as s:
             rows = s.execute(stmt).all()
+            # identifiers are never clipped: a person copies them into `stubs revive --group …`
+            group_w = max([16, *(len(row.consumer_group) for row, *_ in rows)])
+            topic_w = max([16, *(len(topic or "") for _, topic, *_ in rows)])
             print(
-                f"{'MESSAGE_ID':<32} {'GROUP':<16} {'STATUS':<9} {'SENDS':>5} {'TOPIC':<16} "
+                f"{'MESSAGE_ID':<32} {'GROUP':<{group_w}} {'STATUS':<9} {'SENDS':>5} {'TOPIC':<{topic_w}} "
                 f"{'BROKER':<12} {'Q':>3} {'OFFSET':>8} {'RESEND_AT':<25} LAST_ERROR"
             )
             for row, topic, stub_q, stub_off, broker_name in rows:
@@ -140,8 +143,8 @@ def _list(args: argparse.Namespace) -> int:
                 q, off = (row.queue_id, row.queue_offset) if targeted else (stub_q, stub_off)
                 resend = row.resend_at.isoformat(timespec="seconds") if row.resend_at else "-"
                 print(
-                    f"{row.message_id:<32} {_clip(row.consumer_group, 16):<16} {row.status.value:<9} "
-                    f"{1 + row.resend_count:>5} {_clip(topic, 16) or '-':<16} "
+                    f"{row.message_id:<32} {row.consumer_group:<{group_w}} {row.status.value:<9} "
+                    f"{1 + row.resend_count:>5} {topic or '-':<{topic_w}} "
                     f"{_clip(broker_name, 12) or '-':<12} "
                     f"{'' if q is None else q:>3} "
                     f"{'' if off is None else off:>8} {resend:<25} {_clip(row.last_error, 60)}"

@@ -295,6 +295,11 @@ def test_stubs_list_show_revive(
     assert "dead-1" in out and "live-1" not in out and "(2 row(s))" in out
     assert main(["stubs", "list", "--status", "dead", "--group", "audit", "--db", sqlite_url]) == 0
     assert "(1 row(s))" in capsys.readouterr().out
+    long_group, long_topic = "payments-reconciliation-eu-west", "orders.v2.created-by-checkout"
+    add_stub(sqlite_rel, "dead-2", groups=[long_group], topic=long_topic, status=StubStatus.DEAD)
+    assert main(["stubs", "list", "--status", "dead", "--db", sqlite_url]) == 0
+    listed = capsys.readouterr().out  # whole, as a person copies them into `stubs revive --group …`
+    assert f" {long_group} " in listed and f" {long_topic} " in listed
     assert main(["stubs", "show", "dead-1", "--db", sqlite_url]) == 0
     out = capsys.readouterr().out
     assert "status          DEAD" in out and "group audit" in out and "group billing" in out
