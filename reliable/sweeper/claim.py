@@ -47,7 +47,7 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Select, and_, case, or_, select, tuple_, update
+from sqlalchemy import ColumnElement, Connection, Select, and_, case, or_, select, text, tuple_, update
 
 from reliable.sweeper.selection import Candidate, inbox
 from reliable.types import StubStatus
@@ -94,12 +94,26 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
     candidates = Candidate.from_rows(list(result.keys()), result.all())
     if candidates and until is not None:
         keys = [(c.consumer_group, c.message_id) for c in candidates]
+        if conn.dialect.name == "postgresql":  # two array parameters, not a statement of 2 × batch binds
+            conn.execute(
+                _CLAIM_PG,
+                {"groups": [g for g, _ in keys], "ids": [m for _, m in keys], "until": until},
+            )
+            return candidates
         # updated_at dates the group's last send (verdict.py): the claim is not one (the column's onupdate
         # stamped the claim's wall-clock time on it, and a queued copy was never found too old)
         conn.execute(
             update(inbox).where(pair_in(conn, keys)).values(resend_at=until, updated_at=inbox.c.updated_at)
         )
     return candidates
+
+
+#: the claim's move of ``resend_at`` on PostgreSQL (``updated_at`` untouched: it dates the group's last send)
+_CLAIM_PG = text(
+    "UPDATE message_inbox AS i SET resend_at = :until "
+    "FROM unnest(CAST(:groups AS varchar[]), CAST(:ids AS varchar[])) AS k(consumer_group, message_id) "
+    "WHERE i.consumer_group = k.consumer_group AND i.message_id = k.message_id"
+)
 
 
 def still_claimed(
