@@ -101,11 +101,17 @@ class Stall:
             f"{q.topic} queue {q.queue_id}{on} since {self.still_since.isoformat()} "
             f"(stall_after {stall_after}); its position stays at offset {self.watermark}"
         )
-        if self.broker_max is not None:
+        if self.broker_max is not None and self.broker_max > self.readable_from:
             beyond = self.broker_max - self.readable_from
             evidence = (
                 f" while the broker holds {beyond} message(s) beyond it (max offset {self.broker_max}); the "
                 f"first it owes is {self.waiting}, sent {self.waiting_since.isoformat()}."
+            )
+        elif self.broker_max is not None:  # all it owed there was deleted by retention, and re-sent
+            evidence = (
+                f" while the broker's retention deleted what it owed there (min offset "
+                f"{self.readable_from}) and the copies re-sent to it are not taken either; the first is "
+                f"{self.waiting}, re-sent {self.waiting_since.isoformat()}."
             )
         else:
             evidence = (
@@ -143,12 +149,22 @@ def check_stalls(
     ends = ask_ends(still, broker_max, broker_min)
     with engine.begin() as conn:
         found = {(s.group, s.queue): s for s in find_stalls(conn, still, ends, cutoff)}
+    # a queue the probe could not answer for (its broker group down): no evidence either way this round —
+    # an open stall whose watermark stayed stays open (clearing it re-raised it, a second notice, once the
+    # broker answered again)
+    unanswered = (
+        {queue for queue, (top, _) in ends.items() if top is None} if broker_max is not None else set()
+    )
+    still_at = {(g, QueueRef(t, q, b)): m for g, t, b, q, m, _ in still}
     result = StallResult()
     for key, watermark in sorted(episodes.items()):
         stall = found.get(key)
         if stall is not None and stall.watermark == watermark:
             result.open += 1
             _gauge(stall, now)
+            continue
+        if stall is None and key[1] in unanswered and still_at.get(key) == watermark:
+            result.open += 1
             continue
         with engine.begin() as conn:
             _delete_episode(conn, key)

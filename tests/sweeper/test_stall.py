@@ -210,6 +210,44 @@ def test_a_group_still_stopped_after_its_expired_copies_were_resent_stays_stalle
     assert sweeper.run_once().stalled == 0
 
 
+class DownProbe(RetentionProbe):
+    """A retention probe whose broker group can go down: it then answers "cannot tell" (``None``)."""
+
+    down = False
+
+    def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return None if self.down else super().max_offset(topic, queue_id, broker_name)
+
+    def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
+        return None if self.down else super().min_offset(topic, queue_id, broker_name)
+
+
+def test_a_stall_stays_one_episode_through_a_round_the_broker_cannot_answer(
+    rel: Reliability, clock: Clock
+) -> None:
+    """A broker outage says nothing about whether a group consumes: clearing the stall then re-raised it once
+    the broker answered again — a second notice for one unchanged stall (found on a cluster whose broker
+    group restarted)."""
+    channel = MemoryChannel()
+    probe = DownProbe({("orders", 0): 1013}, {("orders", 0): 1013})  # retention deleted 1010–1012
+    sweeper = _sweeper(rel, clock, channel, probe)
+    set_progress(rel, 1009, updated_at=T0)
+    _stage(rel, 1010, 3)
+    for offset in range(1010, 1013):  # re-sent to the group's retry topic (EXPIRED), not taken either
+        set_inbox(rel, f"m{offset}", queue_id=3, queue_offset=offset - 1010, resend_count=1, updated_at=T0)
+    clock.advance(STALL_S + 1)
+    assert sweeper.run_once().stall_alarms == 1
+    (notice,) = channel.notices
+    assert "retention deleted what it owed there" in notice.reason and "0 message(s)" not in notice.reason
+    probe.down = True
+    clock.advance(STALL_S)
+    assert sweeper.run_once().stalled == 1
+    probe.down = False
+    clock.advance(STALL_S)
+    again = sweeper.run_once()
+    assert (again.stalled, again.stall_alarms) == (1, 0) and len(channel.notices) == 1
+
+
 def stall_key_of() -> str:
     return stall_key(QueueRef("orders", 0))
 
