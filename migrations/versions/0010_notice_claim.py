@@ -11,7 +11,8 @@ Why the data: a never-consumed alarm used to be owed on an example waiting messa
 key, and giving up (or reviving, voiding) that message deleted the owed alarm while its ``~never:`` marker
 stayed — the alarm was never raised again, nobody told. The marker row now is the alarm. The alarm rows of
 each marker's (group, reason) found on a message key move to the marker's key; the downgrade leaves them
-there (the code of before delivers owed rows whatever their key).
+there (the code of before delivers owed rows whatever their key). An offline (``--sql``) script does not
+move them: they stay where they were, delivered as before.
 
 Revision ID: 0010
 Revises: 0009
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 from reliable.models import UTCDateTime
 
@@ -47,6 +48,8 @@ def downgrade() -> None:
 
 
 def _alarms_onto_their_markers() -> None:
+    if context.is_offline_mode():  # rows to read: an online upgrade's only
+        return
     bind = op.get_bind()
     t = sa.table("stub_notification", *(sa.column(c) for c in (*_COLUMNS, "last_error")))
     on_message_key = ~t.c.message_id.like("~%")
