@@ -31,7 +31,7 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, delete, exists, insert, select
+from sqlalchemy import Connection, exists, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from reliable import constants as C
@@ -48,7 +48,7 @@ from reliable.sweeper.notices import (
     queue_tag,
 )
 from reliable.sweeper.notify import log_dead
-from reliable.sweeper.owed import keys_in, told_rows
+from reliable.sweeper.owed import forget, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
 from reliable.types import StubStatus
@@ -123,8 +123,7 @@ def mark_dead(
     if not dead:
         return []
     keys = [(c.message_id, c.consumer_group) for c, _ in dead]
-    # rows of an earlier death of the same (message, group) (revived since) would collide
-    conn.execute(delete(notif).where(keys_in(keys)))
+    forget(conn, keys)  # rows of an earlier death of the same (message, group) (revived since) would collide
     notices = [
         DeadNotice(
             message_id=cand.message_id,
@@ -197,8 +196,8 @@ def tell_unreported(conn: Connection, *, now: dt.datetime, limit: int) -> list[D
                 broker_name=pos.broker_name or "",
             )
         )
-    # the alarm rows of those keys would collide with the notices' (one row per message, group, channel)
-    conn.execute(delete(notif).where(keys_in([(n.message_id, n.consumer_group) for n in notices])))
+    # an alarm's rows on those keys (before 0010) would collide with the notices' (one per key and channel)
+    forget(conn, [(n.message_id, n.consumer_group) for n in notices])
     _tell(conn, notices, now)
     return notices
 

@@ -114,8 +114,8 @@ class Sweeper:
     the broker's own redelivery delay (default RocketMQ's). ``clock`` is the time source of every due-time
     decision: by default the database server's, read once a round (:mod:`reliable.sweeper.shared_clock`:
     sweepers on hosts whose clocks differ would re-claim each other's rows); tests pass a controllable one.
-    ``channels`` are the notification channels besides the log
-    (see :mod:`reliable.sweeper.channels`, :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches per round (``None``: until
+    ``channels`` are the notification channels besides the log (see :mod:`reliable.sweeper.channels`,
+    :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches per round (``None``: until
     nothing is due). ``claim_ttl_s`` is the claim window (:mod:`reliable.sweeper.claim`; default
     ``DEFAULT_CLAIM_TTL_S``): a batch is claimed by moving its rows' ``resend_at`` that far ahead and sent
     with no transaction open; the rows of a sweeper killed mid-batch are due again when it ends.

@@ -8,14 +8,16 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import event, insert, select, text
 
 from reliable import Reliability
 from reliable import constants as C
 from reliable.models import StubNotification
 from reliable.sweeper import WebhookChannel
+from reliable.sweeper.giveup import tell_unreported
 from reliable.sweeper.notices import DeadNotice
 from reliable.sweeper.notify import deliver_owed
 from tests.sweeper.helpers import T0, MemoryChannel, add_stub
@@ -148,3 +150,37 @@ def test_a_slow_channel_holds_up_no_other_sweepers_give_up_on_mariadb(mariadb_ur
             assert receiver.events == ["reliable.stub.dead"]
         finally:
             receiver.close()
+
+
+@pytest.mark.mariadb
+def test_two_sweepers_telling_dead_letters_at_once_do_not_deadlock_on_mariadb(mariadb_url: str) -> None:
+    """Each removed the earlier notice rows of the rows it told with a DELETE that matched nothing, which at
+    REPEATABLE READ took a gap lock; both then inserted their notices into that gap, and one sweeper's round
+    died of a deadlock (three sweepers telling 400 guard dead-letters: one run in three)."""
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(mariadb_url)
+    with Reliability(mariadb_url, redis_url="") as a, Reliability(mariadb_url, redis_url="") as b:
+        for i in range(200):
+            add_stub(a, f"bug-{i:03d}")
+        with a.engine.begin() as conn:  # as the guard leaves them after max_attempts
+            conn.execute(text("UPDATE message_inbox SET status = 'DEAD', last_error = 'DEAD: max_attempts'"))
+        both_inserting = threading.Barrier(2, timeout=10)
+
+        def meet_before_inserting(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+            if statement.startswith("INSERT INTO stub_notification"):
+                both_inserting.wait()  # each has done everything before its insert
+
+        told: list[int] = []
+
+        def sweeper(rel: Reliability) -> None:
+            event.listen(rel.engine, "before_cursor_execute", meet_before_inserting)
+            with rel.engine.begin() as conn:
+                told.append(len(tell_unreported(conn, now=T0, limit=50)))
+
+        threads = [threading.Thread(target=sweeper, args=(r,)) for r in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert told == [50, 50]
