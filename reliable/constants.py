@@ -160,6 +160,15 @@ DEFAULT_BACKOFF: Final = "fixed:" + ",".join(ROCKETMQ_DELAY_LEVELS.split())
 DEFAULT_NOTIFY_TIMEOUT_S: Final = 10.0
 #: how long letting go of a closed event loop's aiosqlite pool waits for its connections to close
 AIOSQLITE_CLOSE_TIMEOUT_S: Final = 5.0
+#: a sweeper delivering owed notices has them for this long (stub_notification.claimed_until): others skip
+#: them meanwhile; a sweeper killed while delivering leaves them owed, delivered again after it. Longer
+#: than a batch's delivery can take (one message per kind, each bounded by the notify timeout per step).
+NOTIFY_CLAIM_TTL_S: Final = 300.0
+#: a notice still owed after this many failed deliveries, or this long after it was raised, is logged at
+#: ERROR (before: WARNING): the channel is down for good, or nobody delivers it (a channel dropped from the
+#: configuration); the gauges ``reliable_sweeper_notices_owed`` and ``…_oldest_seconds`` show it meanwhile
+NOTIFY_ESCALATE_ATTEMPTS: Final = 5
+NOTIFY_ESCALATE_AGE_S: Final = 3600.0
 NOTIFY_CHANNEL_LOG: Final = "log"
 NOTIFY_CHANNEL_EMAIL: Final = "email"
 NOTIFY_CHANNEL_WEBHOOK: Final = "webhook"

@@ -274,10 +274,11 @@ class ConsumeProgress(Base):
 class StubNotification(Base):
     """Give-up notices owed to people: one row per (message, consumer group, channel).
 
-    Added by migration 0002 per (message, channel); 0003 added the group. Written in the transaction that
-    marks a group's inbox row ``DEAD``; ``notified_at`` stays NULL until the channel
-    accepted the notice, so a channel that fails (SMTP down, webhook 500) is retried on the next sweep round
-    and a notice is delivered once rather than once per round. Owned by :mod:`reliable.sweeper`.
+    Added by migration 0002 per (message, channel); 0003 added the group, 0010 the claim. The ``log``
+    channel's row, written delivered when the sweeper gives up or raises an alarm, is the notice; each
+    sweeper owes it on its own channels (reliable/sweeper/owed.py). ``notified_at`` stays NULL until the
+    channel accepted the notice, so a channel that fails (SMTP down, webhook 500) is retried on the next
+    sweep round and a notice is delivered once rather than once per round. Owned by :mod:`reliable.sweeper`.
     """
 
     __tablename__ = "stub_notification"
@@ -290,6 +291,9 @@ class StubNotification(Base):
     notified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
+    #: a sweeper is delivering the row until then (migration 0010): others skip it; a sweeper killed while
+    #: delivering leaves it owed, delivered again once this has passed
+    claimed_until: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         # "what is still owed?": the sweeper's notify step

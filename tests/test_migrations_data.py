@@ -240,3 +240,43 @@ def test_0006_broker_name_moves_data_forward_and_back(
 
         upgrade(engine, "0006")
         assert [r["broker_name"] for r in _rows(engine, "consume_progress")] == [""]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_0010_moves_never_consumed_alarms_onto_their_queue_key(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    """Before 0010 a never-consumed alarm was owed on an example message's key, and that message's give-up
+    deleted it (never told, never raised again): its rows move onto the marker's ``~never:`` key; a DEAD
+    notice of another message, and an alarm without a marker (raised before markers existed), stay."""
+    notice = (
+        "INSERT INTO stub_notification (message_id, consumer_group, channel, reason, created_at, notified_at,"
+        " attempts) VALUES (:m, :g, :ch, :r, :t, :n, :a)"
+    )
+    alarm, old = "NEVER_CONSUMED topic=orders queue=3: subscribe it", "NEVER_CONSUMED topic=orders queue=9: x"
+    rows = [
+        dict(m="~never:abc", g="billing", ch="log", r=alarm, t=T0, n=T0, a=0),  # the marker
+        dict(m="w1", g="billing", ch="log", r=alarm, t=T0, n=T0, a=0),  # the alarm on its example message
+        dict(m="w1", g="billing", ch="webhook", r=alarm, t=T0, n=None, a=2),  # … still owed there
+        dict(m="w1", g="billing", ch="email", r=alarm, t=T0, n=T0, a=1),  # … delivered there
+        dict(m="d1", g="billing", ch="webhook", r="DEAD: gone", t=T0, n=None, a=0),
+        dict(m="w9", g="billing", ch="webhook", r=old, t=T0, n=None, a=0),
+    ]
+    with fresh(kind) as url, engine_for(url) as engine:
+        upgrade(engine, "0009")
+        with engine.begin() as conn:
+            conn.execute(text(notice), rows)
+        upgrade(engine, "0010")
+        got = {
+            (r["message_id"], r["channel"]): (r["notified_at"] is not None, r["attempts"])
+            for r in _rows(engine, "stub_notification")
+        }
+        assert got == {
+            ("~never:abc", "log"): (True, 0),
+            ("~never:abc", "webhook"): (False, 2),
+            ("~never:abc", "email"): (True, 1),
+            ("d1", "webhook"): (False, 0),
+            ("w9", "webhook"): (False, 0),
+        }
+        downgrade(engine, "0009")
+        assert len(_rows(engine, "stub_notification")) == 5

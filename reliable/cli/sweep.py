@@ -17,7 +17,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from reliable import constants as C
@@ -26,8 +26,8 @@ from reliable.facade import Reliability
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.sweeper import EmailChannel, SmtpConfig, Sweeper, WebhookChannel, metrics
 from reliable.sweeper.backoff import parse_backoff, parse_duration
+from reliable.sweeper.channels import Channel, check_reachable, env_flag
 from reliable.sweeper.errors import SenderLoadError, SweeperConfigError
-from reliable.sweeper.notify import Channel, env_flag
 from reliable.sweeper.scheduler import make_trigger, run_scheduled
 
 
@@ -128,6 +128,12 @@ def register(sub: Any) -> None:
         help="give up on one notice delivery after this long (default 10s)",
     )
     p.add_argument("--metrics-port", type=port, help="serve Prometheus /metrics on 127.0.0.1:PORT")
+    p.add_argument(
+        "--metrics-textfile",
+        metavar="PATH",
+        help="with --once: write the metrics to PATH after the round (node_exporter's textfile collector; "
+        "PATH ending in .prom)",
+    )
     p.set_defaults(func=_sweep)
 
 
@@ -239,6 +245,10 @@ def build_sweeper(args: argparse.Namespace, rel: Reliability, sender: Sender) ->
 def _sweep(args: argparse.Namespace) -> int:
     db = require_db(args)
     trigger = None if args.once else make_trigger(cron=args.cron, interval=args.interval)
+    if args.metrics_textfile and trigger is not None:
+        raise SweeperConfigError(
+            "--metrics-textfile is for --once (cron); a long-running sweeper: --metrics-port"
+        )
     swlog = logging.getLogger("reliable.sweeper")
     if swlog.getEffectiveLevel() > logging.INFO:
         swlog.setLevel(logging.INFO)  # the one summary line per round is the point of a scheduled sweeper
@@ -252,10 +262,15 @@ def _sweep(args: argparse.Namespace) -> int:
         build_sweeper(args, rel, _NotLoaded())
         sender = load_sender(args.sender, rel)
         sweeper = build_sweeper(args, rel, sender)
+        check_channels(sweeper.channels, swlog)
         if args.metrics_port:
             metrics.serve(args.metrics_port)
         if trigger is None:
-            print(sweeper.run_once().line())
+            try:
+                print(sweeper.run_once().line())
+            finally:  # a failed round too: its error counter and last round's time are what an alert reads
+                if args.metrics_textfile:
+                    metrics.write_textfile(args.metrics_textfile)
             sys.stdout.flush()
             return 0
         return run_scheduled(sweeper, trigger, run_now=True)
@@ -264,6 +279,27 @@ def _sweep(args: argparse.Namespace) -> int:
         if callable(close):
             close()
         rel.close()
+
+
+def check_channels(channels: Sequence[Channel], log: logging.Logger) -> None:
+    """Say at start-up what would otherwise show at the first give-up, maybe weeks later: no channel to
+    reach a person but this log (a missing env file looks like that), or a channel's server that does not
+    answer (an ERROR, not fatal: its notices stay owed until it does)."""
+    if not any(c.name in (C.NOTIFY_CHANNEL_EMAIL, C.NOTIFY_CHANNEL_WEBHOOK) for c in channels):
+        log.warning(
+            "no e-mail or webhook channel configured (--smtp-host, --webhook; %s, %s): DEAD notices go to "
+            "this log only, unless another sweeper of this database has channels (each owes them on its own)",
+            C.ENV_SMTP_HOST,
+            C.ENV_WEBHOOK_URL,
+        )
+    for channel in channels:
+        problem = check_reachable(channel)
+        if problem is not None:
+            log.error(
+                "notification channel %s does not answer at start-up: %s (its notices wait until it does)",
+                channel.name,
+                problem,
+            )
 
 
 class _NotLoaded:

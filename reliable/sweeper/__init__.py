@@ -18,9 +18,9 @@ from reliable.sweeper.backoff import (
     parse_backoff,
     parse_duration,
 )
+from reliable.sweeper.channels import Channel, EmailChannel, SmtpConfig, WebhookChannel
 from reliable.sweeper.errors import NotifyError, SenderLoadError, SweeperConfigError, SweeperError
 from reliable.sweeper.notices import DeadNotice, Notice, NoticeKind
-from reliable.sweeper.notify import Channel, EmailChannel, SmtpConfig, WebhookChannel
 from reliable.sweeper.resolve import retire_group, revive, void
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.sweeper import RoundSummary, Sweeper

@@ -3,23 +3,26 @@ never-consumed alarm.
 
 **DEAD** (in the sweeper's record transaction, on rows still carrying its claim): the group's inbox row
 ``PENDING`` → ``DEAD`` with the reason in ``last_error`` and the stub's status derived (DESIGN.md §1: some
-group's resends exhausted → ``DEAD``); one ``stub_notification`` row per configured channel for that
-``(message_id, consumer_group)`` — so in a fan-out each group that gave up is reported once, and a group
-that did receive the message (or confirmed it while the sweeper asked the broker) is not. The log line is
-written at once (the always-on channel), and its row, written delivered, remembers that a person was told.
+group's resends exhausted → ``DEAD``); the log line at once (the always-on channel) and its
+``stub_notification`` row, written delivered, for that ``(message_id, consumer_group)`` — so in a fan-out
+each group that gave up is reported once, and a group that did receive the message (or confirmed it while
+the sweeper asked the broker) is not. That row is the notice: every sweeper owes it on its own channels
+(:mod:`.owed`), whichever sweeper gave the row up.
 
 **DEAD by the guard** (:func:`tell_unreported`): a handler that failed ``max_attempts`` times makes the guard
 dead-letter the delivery and set the group's row ``DEAD`` itself, in its settle transaction — the guard has
 no notification channels. Every round, the sweeper finds the DEAD rows with no notice row at all and tells
-a person about them exactly as about its own: the log line, one owed row per channel, the delivered ``log``
-row. Several sweepers skip each other's locked rows.
+a person about them exactly as about its own: the log line and the delivered ``log`` row. Several sweepers
+skip each other's locked rows.
 
 **Never consumed**: a group has rows on a queue it has no watermark on, and the broker has the message
 there. Re-sending would put another copy on a queue nobody of that group reads, so the sweeper holds those
 rows and raises an alarm instead: the ``reliable_sweeper_never_consumed`` metric, one ERROR log line and one
-notice per configured channel — once per ``(group, topic, broker group, queue)``, not once per row or per
-round, with a text of its own (:mod:`.notices`: it is not a give-up). The ``log`` channel's row (written
-already delivered) is what remembers that the alarm was raised.
+notice — once per ``(group, topic, broker group, queue)``, not once per row or per round, with a text of its
+own (:mod:`.notices`: it is not a give-up). The notice is its marker row (``~never:`` + the queue, on the
+``log`` channel, written delivered), owed on the channels like any other: it used to lie on a waiting
+message's key, and that message's give-up, revive or void deleted the owed alarm while the marker stayed,
+so it was never raised again.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import datetime as dt
 import logging
 from collections.abc import Sequence
 
-from sqlalchemy import Connection, delete, exists, insert, select
+from sqlalchemy import Connection, exists, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from reliable import constants as C
@@ -44,7 +47,8 @@ from reliable.sweeper.notices import (
     never_consumed_marker,
     queue_tag,
 )
-from reliable.sweeper.notify import keys_in, log_dead, told_rows
+from reliable.sweeper.notify import log_dead
+from reliable.sweeper.owed import forget, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
 from reliable.types import StubStatus
@@ -106,7 +110,6 @@ def mark_dead(
     conn: Connection,
     dead: Sequence[tuple[Candidate, str]],
     *,
-    channels: Sequence[str],
     now: dt.datetime,
 ) -> list[DeadNotice]:
     """Set the rows DEAD with their reasons (:func:`reliable.outbox.mark_dead`: only a row still
@@ -120,8 +123,7 @@ def mark_dead(
     if not dead:
         return []
     keys = [(c.message_id, c.consumer_group) for c, _ in dead]
-    # rows of an earlier death of the same (message, group) (revived since) would collide
-    conn.execute(delete(notif).where(keys_in(keys)))
+    forget(conn, keys)  # rows of an earlier death of the same (message, group) (revived since) would collide
     notices = [
         DeadNotice(
             message_id=cand.message_id,
@@ -136,17 +138,15 @@ def mark_dead(
         )
         for cand, reason in dead
     ]
-    _tell(conn, notices, channels, now)
+    _tell(conn, notices, now)
     return notices
 
 
-def tell_unreported(
-    conn: Connection, *, channels: Sequence[str], now: dt.datetime, limit: int
-) -> list[DeadNotice]:
+def tell_unreported(conn: Connection, *, now: dt.datetime, limit: int) -> list[DeadNotice]:
     """Tell a person about up to ``limit`` DEAD rows nobody was told about (the guard's, see the module
     docstring); returns their notices. Locks the rows it reads (``SKIP LOCKED`` where the server has it)."""
-    # a give-up's notice; a queue-level alarm kept on the same row (the never-consumed alarm is stored on one
-    # waiting message) is not one: that message can still end DEAD later, and a person must hear of it
+    # a give-up's notice; a queue-level alarm on the same key (a never-consumed alarm raised before
+    # migration 0010 lies on a waiting message's key) is not one: a person must hear of the give-up too
     told = exists().where(
         notif.c.message_id == inbox.c.message_id,
         notif.c.consumer_group == inbox.c.consumer_group,
@@ -196,16 +196,16 @@ def tell_unreported(
                 broker_name=pos.broker_name or "",
             )
         )
-    # the alarm rows of those keys would collide with the notices' (one row per message, group, channel)
-    conn.execute(delete(notif).where(keys_in([(n.message_id, n.consumer_group) for n in notices])))
-    _tell(conn, notices, channels, now)
+    # an alarm's rows on those keys (before 0010) would collide with the notices' (one per key and channel)
+    forget(conn, [(n.message_id, n.consumer_group) for n in notices])
+    _tell(conn, notices, now)
     return notices
 
 
-def _tell(conn: Connection, notices: Sequence[DeadNotice], channels: Sequence[str], now: dt.datetime) -> None:
-    """The log line of each notice now, its owed row per channel, and its ``log`` row written delivered."""
+def _tell(conn: Connection, notices: Sequence[DeadNotice], now: dt.datetime) -> None:
+    """The log line of each notice now and its ``log`` row, written delivered (the channels owe it later)."""
     keys = [(n.message_id, n.consumer_group) for n in notices]
-    conn.execute(insert(notif), told_rows(keys, [n.reason for n in notices], channels, now))
+    conn.execute(insert(notif), told_rows(keys, [n.reason for n in notices], now))
     for notice in notices:
         log_dead(notice)
 
@@ -221,7 +221,6 @@ def raise_never_consumed(
     conn: Connection,
     found: Sequence[tuple[Candidate, str, Facts]],
     *,
-    channels: Sequence[str],
     now: dt.datetime,
 ) -> int:
     """Count the rows in the metric and raise each new ``(group, topic, broker group, queue)`` alarm once;
@@ -249,9 +248,6 @@ def raise_never_consumed(
         if not _claim_alarm(conn, QueueRef(topic, queue_id, broker_name), group, reason, now):
             continue
         log.error("never-consumed alarm: %s", reason)
-        key = [(first.message_id, group)]
-        conn.execute(delete(notif).where(keys_in(key)))
-        conn.execute(insert(notif), told_rows(key, [reason], channels, now))
         raised += 1
     return raised
 
@@ -272,14 +268,14 @@ def _raised_before(conn: Connection, group: str, prefix: str) -> bool:
 
 
 def _claim_alarm(conn: Connection, queue: QueueRef, group: str, reason: str, now: dt.datetime) -> bool:
-    """Write the alarm's marker row (delivered, on the log channel: nothing is sent for it); ``False`` when
+    """Write the alarm's marker row (the notice: on the log channel, written delivered); ``False`` when
     another sweeper's claim, running at the same time, wrote it first. Its primary key is the arbiter: the
     second insert waits for the first transaction and then meets its row (a savepoint keeps this
     transaction usable)."""
     marker = [(never_consumed_marker(queue), group)]
     try:
         with conn.begin_nested():
-            conn.execute(insert(notif), told_rows(marker, [reason], [], now))
+            conn.execute(insert(notif), told_rows(marker, [reason], now))
     except IntegrityError:
         log.info("never-consumed alarm of %s on %s already raised by another sweeper", group, queue)
         return False

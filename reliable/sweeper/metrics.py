@@ -1,12 +1,13 @@
 """Prometheus metrics of the sweeper (process-wide: one set however many Sweeper objects a process has).
 
 Exposed with ``--metrics-port`` (``prometheus_client.start_http_server`` on 127.0.0.1) or by whatever
-exporter the host process already runs on the default registry.
+exporter the host process already runs on the default registry; a ``--once`` sweeper run by cron is gone
+before any scrape, so ``--metrics-textfile PATH`` writes them for node_exporter's textfile collector.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, start_http_server, write_to_textfile
 
 ROUNDS = Counter("reliable_sweeper_rounds", "Sweep rounds completed")
 ROUND_ERRORS = Counter("reliable_sweeper_round_errors", "Sweep rounds that ended with an error")
@@ -44,13 +45,27 @@ LEASE_HELD = Counter("reliable_sweeper_lease_held", "Stuck stubs left alone beca
 LEASE_UNKNOWN = Counter(
     "reliable_sweeper_lease_unknown", "Stuck stubs postponed because Redis did not answer"
 )
-DEAD = Counter("reliable_sweeper_dead", "Stubs given up (status DEAD)")
+#: every (message, group) row gone DEAD: given up by the sweeper, or dead-lettered by the guard (its handler
+#: failed max_attempts times) and told by the sweeper — the page of docs/operations.md
+DEAD = Counter("reliable_sweeper_dead", "Rows gone DEAD (given up, or dead-lettered by the guard) and told")
+#: the guard's share of DEAD: rows its handler dead-lettered
+DEAD_LETTERED = Counter(
+    "reliable_sweeper_dead_lettered", "Rows the guard dead-lettered (handler failed max_attempts), told"
+)
 CLAIM_RELEASED = Counter(
     "reliable_sweeper_claim_released", "Claimed rows left unsent because the claim window ran out first"
 )
 PURGED = Counter("reliable_sweeper_log_purged", "message_log rows deleted by retention")
 NOTIFIED = Counter("reliable_sweeper_notified", "Dead-stub notices accepted by a channel", ["channel"])
 NOTIFY_FAILURES = Counter("reliable_sweeper_notify_failures", "Channel deliveries that failed", ["channel"])
+#: notices owed per channel (every channel with owed rows, one no sweeper has any more included), and how
+#: long the oldest has waited: a channel down, or dropped from the configuration, shows here
+NOTICES_OWED = Gauge("reliable_sweeper_notices_owed", "Notices a channel still owes a person", ["channel"])
+NOTICES_OWED_OLDEST_SECONDS = Gauge(
+    "reliable_sweeper_notices_owed_oldest_seconds",
+    "Seconds since the oldest notice a channel still owes was raised (0: none owed)",
+    ["channel"],
+)
 LAST_ROUND_SECONDS = Gauge("reliable_sweeper_last_round_seconds", "Duration of the last round")
 LAST_ROUND_TIMESTAMP = Gauge("reliable_sweeper_last_round_timestamp", "Unix time the last round ended")
 
@@ -58,3 +73,8 @@ LAST_ROUND_TIMESTAMP = Gauge("reliable_sweeper_last_round_timestamp", "Unix time
 def serve(port: int) -> None:
     """Serve /metrics on 127.0.0.1:``port`` from a daemon thread."""
     start_http_server(port, addr="127.0.0.1")
+
+
+def write_textfile(path: str) -> None:
+    """Write every metric to ``path`` in the text format (atomically: a temporary file renamed)."""
+    write_to_textfile(path, REGISTRY)

@@ -92,9 +92,9 @@ def stall_key(queue: QueueRef) -> str:
 
 
 def never_consumed_marker(queue: QueueRef) -> str:
-    """The ``message_id`` of a never-consumed alarm's marker row (``~never:`` + the queue's digest): its
-    primary key is what lets only one of two sweepers raise the alarm (the notice itself is kept on a waiting
-    message's rows, see :mod:`.giveup`)."""
+    """The ``message_id`` of a never-consumed alarm's rows (``~never:`` + the queue's digest): its primary
+    key is what lets only one of two sweepers raise the alarm, and the alarm's own key (a waiting message's,
+    as before migration 0010, went with that message's give-up)."""
     return (C.NEVER_CONSUMED_KEY_PREFIX + _digest(queue))[: C.MESSAGE_ID_MAX]
 
 
@@ -107,8 +107,8 @@ def _digest(queue: QueueRef) -> str:
 class DeadNotice:
     """What a person needs to find and fix one cause (the name is historical: every kind uses it).
 
-    For a queue-level kind ``message_id`` is the notice's key (a stall) or an example message
-    (never consumed), ``send_count`` is 0, ``queue_offset`` is the group's watermark (a stall), and
+    For a queue-level kind ``message_id`` is the notice's key (``~stall:…``, ``~never:…``; the reason names an
+    example message), ``send_count`` is 0, ``queue_offset`` is the group's watermark (a stall), and
     ``dead_at`` is when the notice was raised.
     """
 
@@ -153,7 +153,8 @@ def subject(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
 
 _HEADS = {
     NoticeKind.DEAD: [
-        "{n} message stub(s) went DEAD: the resend sweeper gave up on them.",
+        "{n} message stub(s) went DEAD: each reason below says why (the resend sweeper gave up on it, or",
+        "its group's handler failed at every attempt and the guard dead-lettered it).",
         "Fix the cause, then put them back with: reliable stubs revive ID ...",
     ],
     NoticeKind.NEVER_CONSUMED: [

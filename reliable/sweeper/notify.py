@@ -1,220 +1,45 @@
-"""Telling a person: log (always), e-mail over SMTP, webhook (HTTP POST JSON).
+"""Telling a person: log (always), e-mail over SMTP, webhook (HTTP POST JSON) — the delivery round.
 
 What is told — a stub gone DEAD, a queue never consumed, a group that stopped consuming — and its text per
-kind are in :mod:`.notices`; this module owes and delivers. The log line is written in the round that
-raises the notice, unconditionally. E-mail and webhook are *owed*: the
-give-up transaction inserts one ``stub_notification`` row per configured channel, and every round delivers
-what is owed, oldest first, one message per channel per batch (a burst of 200 dead stubs is one e-mail
-listing them, not 200). A channel that fails (SMTP refused, webhook 5xx, timeout) leaves its rows owed,
-records the error, stops that channel for this round and lets the sweep go on; the next round retries.
+kind are in :mod:`.notices`; the channels in :mod:`.channels`; the owed rows in :mod:`.owed`. The log line
+is written in the round that raises the notice, unconditionally, with the notice's ``log`` row. Every round
+then, per configured channel (:func:`deliver_owed`):
 
-Delivery is at-least-once per channel: the rows are marked after the channel accepted, in the transaction
-that locked them, so a crash between the two repeats that one notice. Rows are claimed with
-``FOR UPDATE SKIP LOCKED`` so two sweepers do not both send them.
+1. **owe** — every told notice without a row for the channel gets one (whichever sweeper told it);
+2. **deliver**, batch by batch: claim owed rows (short transaction), deliver them with no transaction open,
+   one message per kind (a burst of 200 dead stubs is one e-mail listing them, not 200), record the outcome
+   (short transaction). A channel that fails (SMTP refused, webhook 5xx, timeout) leaves its rows owed,
+   records the error, stops that channel for this round and lets the sweep go on; the next round retries.
+   A kind that fails does not hold back the others. Once a notice has failed ``NOTIFY_ESCALATE_ATTEMPTS``
+   times, or is owed ``NOTIFY_ESCALATE_AGE_S`` after it was raised, the failure is an ERROR, not a WARNING;
+3. **watch** — what every channel still owes goes to the gauges ``reliable_sweeper_notices_owed`` and
+   ``reliable_sweeper_notices_owed_oldest_seconds``, this sweeper's channels included at 0; a channel that
+   this sweeper does not have, owed longer than ``NOTIFY_ESCALATE_AGE_S``, is an ERROR (a channel dropped
+   from the configuration: nobody delivers its rows).
+
+Delivery is at-least-once per channel: a sweeper killed between the channel's acceptance and the record
+repeats those notices once its claim ends; two sweepers never claim the same rows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import http.client
-import json
 import logging
-import os
-import smtplib
-import ssl
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from email.message import EmailMessage
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, Connection, Engine, and_, case, func, or_, select, update
+from sqlalchemy import Engine
 
 from reliable import constants as C
-from reliable.sweeper.claim import LockMode, lock_mode
-from reliable.sweeper.errors import NotifyError, SweeperConfigError
-from reliable.sweeper.notices import DeadNotice, NoticeKind, body, dead_line, event_name, parse_tag, subject
-from reliable.sweeper.selection import inbox, notif, stub
+from reliable.sweeper import metrics
+from reliable.sweeper.channels import Channel
+from reliable.sweeper.errors import NotifyError
+from reliable.sweeper.notices import DeadNotice, NoticeKind, dead_line
+from reliable.sweeper.owed import Claimed, Owed, claim, owe, owed_by_channel, settle
 
 log = logging.getLogger("reliable.sweeper")
 
-
-class Channel(Protocol):
-    """A way to reach a person. ``deliver`` raises :class:`NotifyError` when the notices were not accepted."""
-
-    name: str
-
-    def deliver(self, notices: Sequence[DeadNotice]) -> None: ...
-
-
-@dataclass(frozen=True)
-class SmtpConfig:
-    """SMTP settings; ``from_env`` reads ``RELIABLE_SMTP_*`` (see reliable/constants.py)."""
-
-    host: str
-    sender: str
-    recipients: tuple[str, ...]
-    port: int = 25
-    starttls: bool = False
-    use_ssl: bool = False
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    timeout_s: float = C.DEFAULT_NOTIFY_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        if not self.host:
-            raise SweeperConfigError("smtp: no host")
-        if not self.sender or not self.recipients:
-            raise SweeperConfigError("smtp: need a from address and at least one to address")
-        if self.starttls and self.use_ssl:
-            raise SweeperConfigError("smtp: choose STARTTLS or SSL, not both")
-        if not 0 < self.port < 65536:
-            raise SweeperConfigError(f"smtp: bad port {self.port}")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> SmtpConfig | None:
-        """``None`` when ``RELIABLE_SMTP_HOST`` is unset (e-mail not configured)."""
-        env = os.environ if environ is None else environ
-        host = env.get(C.ENV_SMTP_HOST, "")
-        if not host:
-            return None
-        use_ssl = env_flag(env.get(C.ENV_SMTP_SSL, ""), C.ENV_SMTP_SSL)
-        try:
-            port = int(env.get(C.ENV_SMTP_PORT) or (465 if use_ssl else 25))
-        except ValueError:
-            raise SweeperConfigError(f"{C.ENV_SMTP_PORT} is not a port number") from None
-        return cls(
-            host=host,
-            port=port,
-            sender=env.get(C.ENV_SMTP_FROM, ""),
-            recipients=tuple(a.strip() for a in env.get(C.ENV_SMTP_TO, "").split(",") if a.strip()),
-            starttls=env_flag(env.get(C.ENV_SMTP_STARTTLS, ""), C.ENV_SMTP_STARTTLS),
-            use_ssl=use_ssl,
-            user=env.get(C.ENV_SMTP_USER) or None,
-            password=env.get(C.ENV_SMTP_PASSWORD) or None,
-        )
-
-
-def env_flag(text: str | None, name: str = "") -> bool:
-    """A yes/no environment variable: ``1``, ``true``, ``yes``, ``on`` / ``0``, ``false``, ``no``, ``off``;
-    unset or empty is no. Anything else is refused: ``RELIABLE_SMTP_STARTTLS=required`` was read as "no",
-    and the login went out in clear text."""
-    word = (text or "").strip().lower()
-    if word in {"1", "true", "yes", "on"}:
-        return True
-    if word in {"", "0", "false", "no", "off"}:
-        return False
-    raise SweeperConfigError(f"{name or 'a yes/no variable'}: cannot read {text!r} as yes/no (use yes or no)")
-
-
-class EmailChannel:
-    name = C.NOTIFY_CHANNEL_EMAIL
-
-    def __init__(self, config: SmtpConfig) -> None:
-        self.config = config
-
-    def deliver(self, notices: Sequence[DeadNotice]) -> None:
-        for kind, same in by_kind(notices):
-            self._send(subject(kind, same), body(kind, same))
-
-    def _send(self, title: str, text: str) -> None:
-        cfg = self.config
-        msg = EmailMessage()
-        msg["Subject"] = title
-        msg["From"] = cfg.sender
-        msg["To"] = ", ".join(cfg.recipients)
-        msg.set_content(text)
-        try:
-            client: smtplib.SMTP
-            if cfg.use_ssl:
-                client = smtplib.SMTP_SSL(
-                    cfg.host, cfg.port, timeout=cfg.timeout_s, context=ssl.create_default_context()
-                )
-            else:
-                client = smtplib.SMTP(cfg.host, cfg.port, timeout=cfg.timeout_s)
-            with client:
-                if cfg.starttls:
-                    client.starttls(context=ssl.create_default_context())
-                if cfg.user:
-                    client.login(cfg.user, cfg.password or "")
-                client.send_message(msg)
-        except (OSError, smtplib.SMTPException) as exc:
-            raise NotifyError(f"email via {cfg.host}:{cfg.port}: {exc}") from exc
-
-
-class WebhookChannel:
-    """POSTs ``{"event": …, "count": N, "notices": [...]}`` per kind (``reliable.stub.dead``,
-    ``reliable.queue.never_consumed``, ``reliable.group.stalled``); any non-2xx is a failure."""
-
-    name = C.NOTIFY_CHANNEL_WEBHOOK
-
-    def __init__(
-        self,
-        url: str,
-        timeout_s: float = C.DEFAULT_NOTIFY_TIMEOUT_S,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise SweeperConfigError(f"webhook URL must be http(s)://…, got {url!r}")
-        try:
-            parts = urllib.parse.urlsplit(url)
-            parts.port  # noqa: B018 — raises ValueError for a port that is not a number
-        except ValueError as exc:
-            raise SweeperConfigError(f"webhook URL {url!r}: {exc}") from None
-        if not parts.hostname:
-            raise SweeperConfigError(f"webhook URL {url!r} names no host")
-        self.url, self.timeout_s, self.headers = url, timeout_s, dict(headers or {})
-
-    def deliver(self, notices: Sequence[DeadNotice]) -> None:
-        for kind, same in by_kind(notices):
-            self._post(
-                {
-                    "event": event_name(kind),
-                    "count": len(same),
-                    "notices": [asdict(n) | {"kind": n.kind.value} for n in same],
-                }
-            )
-
-    def _post(self, payload: dict[str, Any]) -> None:
-        request = urllib.request.Request(
-            self.url,
-            data=json.dumps(payload).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json", **self.headers},
-        )
-        try:
-            with _NO_REDIRECTS.open(request, timeout=self.timeout_s) as response:
-                status = int(response.status)
-        except urllib.error.HTTPError as exc:
-            raise NotifyError(f"webhook {self.url}: HTTP {exc.code}") from exc
-        except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as exc:
-            # a reply that is not HTTP, a URL the client cannot use: this channel failed, the round goes on
-            raise NotifyError(f"webhook {self.url}: {type(exc).__name__}: {exc}") from exc
-        if not 200 <= status < 300:
-            raise NotifyError(f"webhook {self.url}: HTTP {status}")
-
-
-class _Refuse3xx(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer, not a delivery: urllib would follow a 301/302/303 with a GET without the
-    body, and a 200 to that GET looked like the notice was delivered."""
-
-    def redirect_request(
-        self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any, newurl: str
-    ) -> None:
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed", headers, fp)
-
-
-_NO_REDIRECTS = urllib.request.build_opener(_Refuse3xx)
-
-
-def by_kind(notices: Sequence[DeadNotice]) -> list[tuple[NoticeKind, list[DeadNotice]]]:
-    """``notices`` split by kind, kinds in order of first appearance (one message per kind)."""
-    out: dict[NoticeKind, list[DeadNotice]] = {}
-    for n in notices:
-        out.setdefault(n.kind, []).append(n)
-    return list(out.items())
+_ESCALATE_AGE = dt.timedelta(seconds=C.NOTIFY_ESCALATE_AGE_S)
 
 
 def log_dead(notice: DeadNotice) -> None:
@@ -228,159 +53,112 @@ class NotifyResult:
     delivered: dict[str, int] = field(default_factory=dict)
     #: channels whose delivery failed this round (their notices are retried next round)
     failed_channels: list[str] = field(default_factory=list)
+    #: what is still owed after the round, per channel with owed rows (configured here or not)
+    owed: list[Owed] = field(default_factory=list)
 
 
 def deliver_owed(
-    engine: Engine, channels: Sequence[Channel], *, now: dt.datetime, batch: int
+    engine: Engine,
+    channels: Sequence[Channel],
+    *,
+    clock: Callable[[], dt.datetime],
+    batch: int,
+    claim_ttl: dt.timedelta = dt.timedelta(seconds=C.NOTIFY_CLAIM_TTL_S),
 ) -> NotifyResult:
-    """Deliver every owed notice of the configured ``channels``; never raises for a channel failure."""
+    """Owe, deliver and watch (see the module doc); never raises for a channel failure."""
     result = NotifyResult()
     for channel in channels:
+        owe(engine, channel.name, batch=batch)
+        result.delivered[channel.name] = 0
         while True:
-            delivered, failed = _deliver_batch(engine, channel, now=now, batch=batch)
-            result.delivered[channel.name] = result.delivered.get(channel.name, 0) + delivered
+            delivered, failed = _deliver_batch(engine, channel, clock=clock, batch=batch, claim_ttl=claim_ttl)
+            result.delivered[channel.name] += delivered
             if failed:
                 result.failed_channels.append(channel.name)
                 break
             if delivered < batch:
                 break
+    result.owed = owed_by_channel(engine)
+    _watch(result.owed, [c.name for c in channels], clock())
     return result
 
 
-def _deliver_batch(engine: Engine, channel: Channel, *, now: dt.datetime, batch: int) -> tuple[int, bool]:
-    """One batch of ``channel``'s owed rows, the least-tried first, then the oldest: one delivery per kind;
-    returns (rows delivered, whether a delivery failed).
+def _deliver_batch(
+    engine: Engine,
+    channel: Channel,
+    *,
+    clock: Callable[[], dt.datetime],
+    batch: int,
+    claim_ttl: dt.timedelta,
+) -> tuple[int, bool]:
+    """One claimed batch of ``channel``'s owed rows, one delivery per kind; returns (rows delivered, whether
+    a delivery failed)."""
+    now = clock()
+    until = now + claim_ttl
+    claimed = claim(engine, channel.name, now=now, until=until, batch=batch)
+    kinds: dict[NoticeKind, list[Claimed]] = {}
+    for c in claimed:
+        kinds.setdefault(c.notice.kind, []).append(c)
+    delivered, failed = 0, False
+    for kind, rows in kinds.items():
+        keys = [c.key for c in rows]
+        try:
+            channel.deliver([c.notice for c in rows])
+        except NotifyError as exc:
+            settle(engine, channel.name, keys, until=until, now=clock(), error=str(exc))
+            _failed(channel.name, kind, rows, exc, clock())
+            failed = True
+            continue
+        settle(engine, channel.name, keys, until=until, now=clock(), error=None)
+        delivered += len(keys)
+    return delivered, failed
 
-    A kind that fails does not hold back the others (a receiver refusing ``never_consumed`` events kept
-    every later DEAD notice from being posted, for ever), and a row that keeps failing sorts behind fresh
-    ones. Only the ``stub_notification`` rows are locked while the channel works: the message's position is
-    read without a lock — MariaDB has no ``FOR UPDATE OF``, and held the message's stub and inbox rows for
-    the length of the HTTP or SMTP call, so its groups' guards waited on them."""
-    owed = (
-        select(notif.c.message_id, notif.c.consumer_group, notif.c.reason, notif.c.created_at)
-        .where(notif.c.channel == channel.name, notif.c.notified_at.is_(None))
-        .order_by(notif.c.attempts, notif.c.created_at)
-        .limit(batch)
-    )
-    with engine.begin() as conn:
-        mode = lock_mode(conn)
-        if mode is LockMode.SKIP_LOCKED:
-            owed = owed.with_for_update(skip_locked=True)
-        elif mode is LockMode.BLOCKING:
-            owed = owed.with_for_update()
-        rows = conn.execute(owed).all()
-        if not rows:
-            return 0, False
-        where_are = _positions(conn, channel.name, [(r.message_id, r.consumer_group) for r in rows])
-        delivered, failed = 0, False
-        for kind, notices in by_kind(
-            [_notice(r, where_are.get((r.message_id, r.consumer_group))) for r in rows]
-        ):
-            keys = [(n.message_id, n.consumer_group) for n in notices]
-            where = and_(notif.c.channel == channel.name, keys_in(keys))
-            try:
-                channel.deliver(notices)
-            except NotifyError as exc:
-                log.warning(
-                    "notify via %s failed for %d %s notice(s), retried next round: %s",
-                    channel.name,
-                    len(keys),
-                    kind.value,
-                    exc,
-                )
-                conn.execute(
-                    update(notif)
-                    .where(where)
-                    .values(attempts=notif.c.attempts + 1, last_error=str(exc)[:2000])
-                )
-                failed = True
-                continue
-            conn.execute(
-                update(notif)
-                .where(where)
-                .values(attempts=notif.c.attempts + 1, notified_at=now, last_error=None)
+
+def _failed(
+    channel: str, kind: NoticeKind, rows: Sequence[Claimed], exc: NotifyError, now: dt.datetime
+) -> None:
+    """A WARNING for a channel that failed; an ERROR once its notices failed often, or are owed long."""
+    attempts = 1 + max(c.attempts for c in rows)
+    since = min(c.owed_since for c in rows)
+    if attempts >= C.NOTIFY_ESCALATE_ATTEMPTS or now - since >= _ESCALATE_AGE:
+        log.error(
+            "notify via %s keeps failing: %d %s notice(s) not delivered after %d attempt(s), owed since %s "
+            "(gauge reliable_sweeper_notices_owed); fix the channel: %s",
+            channel,
+            len(rows),
+            kind.value,
+            attempts,
+            since.isoformat(),
+            exc,
+        )
+    else:
+        log.warning(
+            "notify via %s failed for %d %s notice(s), retried next round: %s",
+            channel,
+            len(rows),
+            kind.value,
+            exc,
+        )
+
+
+def _watch(owed: Sequence[Owed], configured: Sequence[str], now: dt.datetime) -> None:
+    """The owed gauges of every channel; an ERROR for old notices owed to a channel this sweeper lacks."""
+    metrics.NOTICES_OWED.clear()
+    metrics.NOTICES_OWED_OLDEST_SECONDS.clear()
+    for name in configured:
+        metrics.NOTICES_OWED.labels(channel=name).set(0)
+        metrics.NOTICES_OWED_OLDEST_SECONDS.labels(channel=name).set(0)
+    for o in owed:
+        age = now - o.oldest
+        metrics.NOTICES_OWED.labels(channel=o.channel).set(o.count)
+        metrics.NOTICES_OWED_OLDEST_SECONDS.labels(channel=o.channel).set(max(age.total_seconds(), 0.0))
+        if o.channel not in configured and age >= _ESCALATE_AGE:
+            log.error(
+                "%d notice(s) owed to channel %r since %s, which this sweeper does not have: each sweeper "
+                "delivers what its own channels owe; if no sweeper has it any more, configure it again, or "
+                "delete them (DELETE FROM stub_notification WHERE channel = '%s' AND notified_at IS NULL)",
+                o.count,
+                o.channel,
+                o.oldest.isoformat(),
+                o.channel,
             )
-            delivered += len(keys)
-        return delivered, failed
-
-
-def keys_in(keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
-    """The ``stub_notification`` rows of these ``(message_id, consumer_group)`` keys."""
-    return or_(*[and_(notif.c.message_id == m, notif.c.consumer_group == g) for m, g in keys])
-
-
-def _positions(conn: Connection, channel: str, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Any]:
-    """Where each owed notice's message is (its topic, the group's newest copy), read without a lock."""
-    group_row = and_(
-        inbox.c.message_id == notif.c.message_id, inbox.c.consumer_group == notif.c.consumer_group
-    )
-    stmt = (
-        select(
-            notif.c.message_id,
-            notif.c.consumer_group,
-            stub.c.topic,
-            inbox.c.resend_count,
-            func.coalesce(inbox.c.queue_id, stub.c.queue_id).label("queue_id"),
-            func.coalesce(inbox.c.queue_offset, stub.c.queue_offset).label("queue_offset"),
-            # the newest copy's broker group: a targeted resend's (on the inbox row), else the producer's
-            case((inbox.c.queue_offset.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name).label(
-                "broker_name"
-            ),
-        )
-        # outer joins: a stall's rows are keyed by their queue, not by a message (notices.stall_key)
-        .select_from(
-            notif.outerjoin(stub, stub.c.message_id == notif.c.message_id).outerjoin(inbox, group_row)
-        )
-        .where(notif.c.channel == channel, keys_in(keys))
-    )
-    return {(r.message_id, r.consumer_group): r for r in conn.execute(stmt)}
-
-
-def _notice(r: Any, at: Any) -> DeadNotice:
-    """A notice from an owed row (``at``: its message's position, :func:`_positions`): its kind from the
-    reason's tag, a queue-level row's topic and queue too."""
-    tag = parse_tag(r.reason)
-    return DeadNotice(
-        message_id=r.message_id,
-        topic=tag.queue.topic if tag is not None else ((at.topic if at is not None else None) or ""),
-        consumer_group=r.consumer_group,
-        send_count=0 if tag is not None else 1 + int((at.resend_count if at is not None else 0) or 0),
-        queue_id=tag.queue.queue_id if tag is not None else (at.queue_id if at is not None else None),
-        queue_offset=tag.watermark if tag is not None else (at.queue_offset if at is not None else None),
-        reason=r.reason,
-        dead_at=r.created_at.isoformat(),
-        kind=NoticeKind.DEAD if tag is None else tag.kind,
-        broker_name=tag.queue.broker_name
-        if tag is not None
-        else ((at.broker_name if at is not None else "") or ""),
-    )
-
-
-def notification_rows(
-    keys: Sequence[tuple[str, str]], reasons: Sequence[str], channels: Sequence[str], now: dt.datetime
-) -> list[dict[str, Any]]:
-    """The ``stub_notification`` rows owed: one per ``(message_id, consumer_group)`` and channel name."""
-    return [
-        {
-            "message_id": m,
-            "consumer_group": g,
-            "channel": ch,
-            "reason": r,
-            "created_at": now,
-            "notified_at": None,
-            "attempts": 0,
-        }
-        for (m, g), r in zip(keys, reasons, strict=True)
-        for ch in channels
-    ]
-
-
-def told_rows(
-    keys: Sequence[tuple[str, str]], reasons: Sequence[str], channels: Sequence[str], now: dt.datetime
-) -> list[dict[str, Any]]:
-    """:func:`notification_rows` owed on ``channels``, plus each key's ``log`` row written delivered: the log
-    line goes out at once, and that row is what tells later rounds that a person was told."""
-    logged = notification_rows(keys, reasons, [C.NOTIFY_CHANNEL_LOG], now)
-    for row in logged:
-        row["notified_at"] = now
-    return notification_rows(keys, reasons, channels, now) + logged

@@ -27,10 +27,13 @@ age of the oldest waiting row is the evidence: a live group would have taken it.
 
 A stall raises the ``reliable_sweeper_stalled_seconds`` gauge (how long the watermark has been still) and
 ONE notice per ``(group, topic, broker group, queue)`` per episode: an ERROR log line and a ``STALLED``
-notice (own text, :mod:`.notices`) owed to every configured channel. Its ``log`` channel row, written
-already delivered, is the episode: it remembers the watermark the stall was raised at. The episode ends —
-rows deleted, gauge 0, an INFO line — when the queue is no longer stalled (the watermark moved, or nothing
-is owed there any more); a later stall is a new episode with a new notice. Two sweepers raising the same
+notice (own text, :mod:`.notices`). Its ``log`` channel row, written already delivered, is the notice (each
+sweeper owes it on its channels, :mod:`.owed`) and the episode: it remembers the watermark the stall was
+raised at. The episode ends — gauge 0, an INFO line, its rows deleted but the ones a channel still owes —
+when the queue is no longer stalled (the watermark moved, or nothing is owed there any more). A notice
+still owed then is delivered anyway, saying when the stall cleared: deleting it (as before) meant a
+person reading only e-mail never heard of a stall that lasted as long as the webhook was down. A later
+stall is a new episode with a new notice, which replaces such a leftover. Two sweepers raising the same
 stall at once: the second sees the first's episode row, or its insert meets the first's primary key; either
 way it counts as raised.
 """
@@ -54,6 +57,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    update,
 )
 from sqlalchemy.exc import IntegrityError
 
@@ -61,7 +65,7 @@ from reliable import constants as C
 from reliable.models import status_literal
 from reliable.sweeper import metrics
 from reliable.sweeper.notices import STALLED_TAG, QueueRef, parse_tag, queue_tag, stall_key
-from reliable.sweeper.notify import told_rows
+from reliable.sweeper.owed import told_rows
 from reliable.sweeper.selection import inbox, notif, progress, stub
 from reliable.sweeper.selection import log as log_t
 from reliable.types import StubStatus
@@ -135,7 +139,6 @@ def check_stalls(
     now: dt.datetime,
     stall_after: dt.timedelta,
     broker_max: MaxOffset | None,
-    channels: Sequence[str],
     broker_min: MaxOffset | None = None,
 ) -> StallResult:
     """Find the stalled queues, raise the new ones once, clear the ended ones (see the module doc).
@@ -167,7 +170,7 @@ def check_stalls(
             result.open += 1
             continue
         with engine.begin() as conn:
-            _delete_episode(conn, key)
+            _clear_episode(conn, key, now)
         result.cleared += 1
         group, queue = key
         metrics.STALLED_SECONDS.labels(group, queue.topic, queue.broker_name, str(queue.queue_id)).set(0)
@@ -181,7 +184,7 @@ def check_stalls(
     for key, stall in sorted(found.items()):
         if episodes.get(key) == stall.watermark:
             continue
-        if _raise(engine, stall, now, stall_after, channels):
+        if _raise(engine, stall, now, stall_after):
             result.raised += 1
             metrics.STALL_ALARMS.inc()
         result.open += 1
@@ -339,18 +342,17 @@ def _owed(
     return None if row is None else (str(row[0]), row[1])
 
 
-def _raise(
-    engine: Engine, stall: Stall, now: dt.datetime, stall_after: dt.timedelta, channels: Sequence[str]
-) -> bool:
-    """Owe the notice and write the episode; ``False`` when another sweeper raised it first."""
+def _raise(engine: Engine, stall: Stall, now: dt.datetime, stall_after: dt.timedelta) -> bool:
+    """Tell the notice, which is the episode; ``False`` when another sweeper raised it first."""
     reason = stall.reason(stall_after)
     key = [(stall_key(stall.queue), stall.group)]
-    rows = told_rows(key, [reason], channels, now)  # the log row is the episode
+    rows = told_rows(key, [reason], now)  # the log row is the notice and the episode
     try:
         with engine.begin() as conn:
             if (stall.group, stall.queue) in open_episodes(conn):
                 return False  # another sweeper raised it since this one looked
-            # rows of the key without an episode row are leftovers (a person deleted the episode row)
+            # rows of the key without an episode row are leftovers: a cleared episode's notice still owed
+            # (this one tells the queue's news since) or one a person deleted the episode row of
             _delete_episode(conn, (stall.group, stall.queue))
             conn.execute(insert(notif), rows)
     except IntegrityError:  # both looked at once: the other insert won
@@ -363,6 +365,17 @@ def _raise(
 def _delete_episode(conn: Connection, key: GroupQueue) -> None:
     group, queue = key
     conn.execute(delete(notif).where(notif.c.message_id == stall_key(queue), notif.c.consumer_group == group))
+
+
+def _clear_episode(conn: Connection, key: GroupQueue, now: dt.datetime) -> None:
+    """End the episode: its rows go, but the ones a channel still owes, which say when it cleared."""
+    group, queue = key
+    mine = and_(notif.c.message_id == stall_key(queue), notif.c.consumer_group == group)
+    cleared = f" Cleared at {now.isoformat()}: the group's position moved, or it owes nothing there any more."
+    conn.execute(
+        update(notif).where(mine, notif.c.notified_at.is_(None)).values(reason=notif.c.reason + cleared)
+    )
+    conn.execute(delete(notif).where(mine, notif.c.notified_at.is_not(None)))
 
 
 def _gauge(stall: Stall, now: dt.datetime) -> None:

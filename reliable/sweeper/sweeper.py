@@ -9,7 +9,8 @@ A round, in order:
    :class:`~reliable.sender.Sender`; a second short transaction records it all (holds, give-ups with their
    notices, never-consumed alarms, send outcomes) on the rows still PENDING and still claimed. No inbox row
    is locked while the broker is called;
-2. **notify** — deliver owed notices per channel (a failing channel never stops the round);
+2. **notify** — owe the notices told (by any sweeper) on this sweeper's channels and deliver them (a
+   failing channel never stops the round), then show what every channel still owes (:mod:`.notify`);
 3. **retention** — purge old log rows of settled stubs, yielding to consumers (rests between batches, at
    most ``DEFAULT_PURGE_ROUND_BUDGET_S`` per round; the next round goes on).
 
@@ -39,11 +40,12 @@ from reliable.facade import Reliability
 from reliable.sender import BrokerProbe, RetentionProbe, Sender
 from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BackoffPolicy, default_backoff
+from reliable.sweeper.channels import Channel
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.giveup import tell_unreported
 from reliable.sweeper.leases import FREE, LeaseView, read_leases
-from reliable.sweeper.notify import Channel, deliver_owed
+from reliable.sweeper.notify import deliver_owed
 from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, send_batch
 from reliable.sweeper.retention import purge_logs
@@ -112,8 +114,8 @@ class Sweeper:
     the broker's own redelivery delay (default RocketMQ's). ``clock`` is the time source of every due-time
     decision: by default the database server's, read once a round (:mod:`reliable.sweeper.shared_clock`:
     sweepers on hosts whose clocks differ would re-claim each other's rows); tests pass a controllable one.
-    ``channels`` are the notification channels besides the log
-    (see :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches per round (``None``: until
+    ``channels`` are the notification channels besides the log (see :mod:`reliable.sweeper.channels`,
+    :mod:`reliable.sweeper.notify`). ``max_batches`` caps the batches per round (``None``: until
     nothing is due). ``claim_ttl_s`` is the claim window (:mod:`reliable.sweeper.claim`; default
     ``DEFAULT_CLAIM_TTL_S``): a batch is claimed by moving its rows' ``resend_at`` that far ahead and sent
     with no transaction open; the rows of a sweeper killed mid-batch are due again when it ends.
@@ -261,7 +263,6 @@ class Sweeper:
             max_unconfirmed_age=self.max_unconfirmed_age,
             retry_schedule=self.retry_schedule,
             lease_hold=self.lease_hold,
-            channels=[c.name for c in self.channels],
             monotonic=self.monotonic,
         )
 
@@ -305,7 +306,7 @@ class Sweeper:
             # PENDING and still carrying this claim (a confirmation that landed meanwhile stands)
             with self.engine.begin() as conn:
                 at = self.clock()
-                triaged = record(conn, plan, claimed_until=until, channels=t.channels, now=at)
+                triaged = record(conn, plan, claimed_until=until, now=at)
                 result = record_batch(
                     conn,
                     sent,
@@ -357,10 +358,9 @@ class Sweeper:
         return send_batch(self.sender, candidates, should_stop=should_stop, outage=outage, copies=copies)
 
     def _tell_dead_lettered(self, summary: RoundSummary) -> None:
-        names = [c.name for c in self.channels]
         for _ in self._batches():
             with self.engine.begin() as conn:
-                told = tell_unreported(conn, channels=names, now=self.clock(), limit=self.batch)
+                told = tell_unreported(conn, now=self.clock(), limit=self.batch)
             summary.dead_lettered += len(told)
             if len(told) < self.batch or self.stopping:
                 return
@@ -371,15 +371,12 @@ class Sweeper:
             now=self.clock(),
             stall_after=self.stall_after,
             broker_max=self.probe.max_offset if self.probe is not None else None,
-            channels=[c.name for c in self.channels],
             broker_min=self.probe.min_offset if isinstance(self.probe, RetentionProbe) else None,
         )
         summary.stalled, summary.stall_alarms = found.open, found.raised
 
     def _notify(self, summary: RoundSummary) -> None:
-        if not self.channels:
-            return
-        result = deliver_owed(self.engine, self.channels, now=self.clock(), batch=self.batch)
+        result = deliver_owed(self.engine, self.channels, clock=self.clock, batch=self.batch)
         summary.notified += sum(result.delivered.values())
         summary.notify_failures += len(result.failed_channels)
         for name, count in result.delivered.items():
@@ -396,7 +393,8 @@ class Sweeper:
         metrics.STUCK_RECOVERED.inc(s.stuck_recovered)
         metrics.LEASE_HELD.inc(s.lease_held)
         metrics.LEASE_UNKNOWN.inc(s.lease_unknown)
-        metrics.DEAD.inc(s.dead)
+        metrics.DEAD.inc(s.dead + s.dead_lettered)  # the guard's DEAD rows page as the sweeper's do
+        metrics.DEAD_LETTERED.inc(s.dead_lettered)
         metrics.PURGED.inc(s.purged)
         metrics.LAST_ROUND_SECONDS.set(s.duration_s)
         metrics.LAST_ROUND_TIMESTAMP.set(time.time())

@@ -98,7 +98,6 @@ class Triage:
     max_unconfirmed_age: dt.timedelta
     retry_schedule: RetrySchedule
     lease_hold: dt.timedelta
-    channels: Sequence[str]
     #: (end, topic, broker_name, queue_id) → the broker's max or min offset, asked once per round
     probed: dict[tuple[End, str, str, int], int | None] = field(default_factory=dict)
     #: broker groups whose probe hung this round: not asked again (no row lock is held while one is asked,
@@ -313,9 +312,7 @@ def sort(t: Triage, seen: Observed, facts: Sequence[Facts], now: dt.datetime) ->
     return plan
 
 
-def record(
-    conn: Connection, plan: Plan, *, claimed_until: dt.datetime, channels: Sequence[str], now: dt.datetime
-) -> BatchResult:
+def record(conn: Connection, plan: Plan, *, claimed_until: dt.datetime, now: dt.datetime) -> BatchResult:
     """Write the plan's holds, give-ups and alarms on the rows still carrying the claim (the batch's rows
     locked first, in the guard's order); the counts are of what was written.
 
@@ -336,7 +333,7 @@ def record(
     result.lease_held, result.lease_unknown = kinds[Hold.LEASE_HELD], kinds[Hold.LEASE_UNKNOWN]
     result.held = kinds[Hold.QUEUED]
     postpone(conn, [(c, until, why) for c, until, why, _ in holds], claimed_until)
-    result.dead = mark_dead(conn, [d for d in plan.dead if mine(d[0])], channels=channels, now=now)
+    result.dead = mark_dead(conn, [d for d in plan.dead if mine(d[0])], now=now)
     alarms = [a for a in plan.alarms if mine(a[0])]
-    result.never_consumed = raise_never_consumed(conn, alarms, channels=channels, now=now)
+    result.never_consumed = raise_never_consumed(conn, alarms, now=now)
     return result

@@ -19,6 +19,16 @@ def rel(db_url: str) -> Iterator[Reliability]:
 
 
 @pytest.fixture
+def sqlite_rel(sqlite_url: str) -> Reliability:
+    from tests.conftest import _ensure_clean_schema
+
+    _ensure_clean_schema(sqlite_url)
+    r = Reliability(sqlite_url, redis_url="")
+    clean(r.engine)
+    return r
+
+
+@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

@@ -105,9 +105,9 @@ def test_migration_0002_is_additive_and_reversible(db_url: str) -> None:
             "attempts",
             "last_error",
         }
-        upgrade(engine)  # 0003 adds the group: one notice per (message, group, channel)
+        upgrade(engine)  # 0003 adds the group: one notice per (message, group, channel); 0010 the claim
         cols_now = {c["name"] for c in inspect(engine).get_columns("stub_notification")}
-        assert cols_now == cols | {"consumer_group"}
+        assert cols_now == cols | {"consumer_group", "claimed_until"}
     finally:
         engine.dispose()
 

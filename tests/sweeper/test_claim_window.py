@@ -209,7 +209,7 @@ def test_a_consumer_confirms_while_the_stall_checks_probe_hangs(
     after = dt.timedelta(minutes=5)
     check = threading.Thread(
         target=lambda: found.append(
-            check_stalls(rel.engine, now=T0, stall_after=after, broker_max=probe.max_offset, channels=[])
+            check_stalls(rel.engine, now=T0, stall_after=after, broker_max=probe.max_offset)
         ),
         daemon=True,
     )

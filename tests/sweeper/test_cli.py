@@ -26,22 +26,12 @@ from reliable.models import utcnow
 from reliable.sweeper import SmtpConfig, metrics
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.types import StubStatus
-from tests.sweeper.helpers import add_inbox_without_stub, add_stub, clean, get_inbox, set_inbox
+from tests.sweeper.helpers import add_inbox_without_stub, add_stub, get_inbox, set_inbox
 from tests.sweeper.senders import MEMORY
 
 ROOT = Path(__file__).resolve().parents[2]
 #: these tests run the real command with the real clock
 PAST = utcnow() - dt.timedelta(minutes=1)
-
-
-@pytest.fixture
-def sqlite_rel(sqlite_url: str) -> Reliability:
-    from tests.conftest import _ensure_clean_schema
-
-    _ensure_clean_schema(sqlite_url)
-    r = Reliability(sqlite_url, redis_url="")
-    clean(r.engine)
-    return r
 
 
 def test_sweep_once_resends_and_prints_the_summary(
@@ -228,7 +218,7 @@ def test_smtp_flags_and_environment_combine_and_the_login_happens(
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert " dead=1 " in out.out and " notified=1 " in out.out and "notify_failures=0" in out.out
-    assert inbox.logins == ["alice"]
+    assert inbox.logins == ["alice", "alice"]  # the start-up check of the channel, then the e-mail
     assert inbox.messages == [("sweeper@example.org", ["ops@example.org"])]
 
 

@@ -19,9 +19,10 @@ from broker_sim.common.net import listen_port
 from reliable import Reliability
 from reliable.models import StubNotification
 from reliable.sweeper import EmailChannel, FixedBackoff, SmtpConfig, Sweeper, WebhookChannel, revive
+from reliable.sweeper.channels import Channel
 from reliable.sweeper.errors import NotifyError, SweeperConfigError
 from reliable.sweeper.notices import DeadNotice
-from reliable.sweeper.notify import Channel, deliver_owed
+from reliable.sweeper.notify import deliver_owed
 from reliable.types import StubStatus
 from tests.scripted_server import ScriptedServer
 from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, get_stub, set_progress
@@ -319,9 +320,8 @@ def test_a_kind_of_notice_the_receiver_refuses_does_not_hold_back_the_others(rel
         _owe(rel, "waiting-1", "billing", "NEVER_CONSUMED topic=orders queue=3: subscribe it", T0)
         _owe(rel, "dead-1", "billing", "DEAD: never received after 3 send(s)", T0 + dt.timedelta(seconds=1))
         for minutes in range(3):
-            deliver_owed(
-                rel.engine, [WebhookChannel(receiver.url)], now=T0 + dt.timedelta(minutes=minutes), batch=10
-            )
+            at = Clock(T0 + dt.timedelta(minutes=minutes))
+            deliver_owed(rel.engine, [WebhookChannel(receiver.url)], clock=at, batch=10)
         assert receiver.events.count("reliable.stub.dead") == 1
         with rel.engine.connect() as conn:
             owed = (
@@ -350,7 +350,7 @@ def test_a_slow_receiver_does_not_hold_the_messages_rows_on_mariadb(mariadb_url:
             _owe(rel, "m-slow", "audit", "DEAD: never received after 3 send(s)", T0)
             notifying = threading.Thread(
                 target=deliver_owed, args=(rel.engine, [WebhookChannel(receiver.url, timeout_s=30)]),
-                kwargs={"now": T0, "batch": 10},
+                kwargs={"clock": lambda: T0, "batch": 10},
             )  # fmt: skip
             notifying.start()
             assert receiver.arrived.wait(30)

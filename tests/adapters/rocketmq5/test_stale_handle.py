@@ -38,7 +38,7 @@ def told(db: str, key: str, group: str) -> int:
     """How many DEAD notices the sweeper's give-up step gives for ``key`` now (it tells a row once)."""
     engine = create_engine(db)
     with engine.begin() as conn:
-        notices = tell_unreported(conn, channels=[], now=utcnow(), limit=10_000)
+        notices = tell_unreported(conn, now=utcnow(), limit=10_000)
     engine.dispose()
     return sum(1 for n in notices if n.message_id == key and n.consumer_group == group)
 
