@@ -16,7 +16,7 @@ move them: they stay where they were, delivered as before.
 
 Revision ID: 0010
 Revises: 0009
-Create Date: 2026-11-30
+Create Date: 2026-11-29
 """
 
 from __future__ import annotations
