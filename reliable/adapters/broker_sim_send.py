@@ -93,17 +93,17 @@ class BrokerSimSender:
 
     def max_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         """The sweeper's :class:`~reliable.sender.BrokerProbe`, over the producer's own connection."""
-        transport = getattr(self.producer, "transport", None)
-        if transport is None:
-            return None
-        return BrokerSimProbe(transport).max_offset(topic, queue_id, broker_name)
+        probe = self._probe()
+        return None if probe is None else probe.max_offset(topic, queue_id, broker_name)
 
     def min_offset(self, topic: str, queue_id: int, broker_name: str = "") -> int | None:
         """The sweeper's :class:`~reliable.sender.RetentionProbe`, over the producer's own connection."""
+        probe = self._probe()
+        return None if probe is None else probe.min_offset(topic, queue_id, broker_name)
+
+    def _probe(self) -> BrokerSimProbe | None:
         transport = getattr(self.producer, "transport", None)
-        if transport is None:
-            return None
-        return BrokerSimProbe(transport).min_offset(topic, queue_id, broker_name)
+        return None if transport is None else BrokerSimProbe(transport)
 
 
 def sweeper_sender(rel: object) -> BrokerSimSender:

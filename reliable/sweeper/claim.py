@@ -139,8 +139,15 @@ def still_claimed(
 
 
 def pair_in(conn: Connection, keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
-    """``(consumer_group, message_id) IN (…)``; an OR of pairs on SQLite, where row values do not work
+    """``message_inbox``'s ``(consumer_group, message_id) IN (…)`` (:func:`columns_in`)."""
+    return columns_in(conn, inbox.c.consumer_group, inbox.c.message_id, keys)
+
+
+def columns_in(
+    conn: Connection, first: ColumnElement[Any], second: ColumnElement[Any], keys: Sequence[tuple[str, str]]
+) -> ColumnElement[bool]:
+    """``(first, second) IN (…)`` for ``keys``; an OR of pairs on SQLite, where row values do not work
     through every driver."""
     if conn.dialect.name == "sqlite":
-        return or_(*[and_(inbox.c.consumer_group == g, inbox.c.message_id == m) for g, m in keys])
-    return tuple_(inbox.c.consumer_group, inbox.c.message_id).in_(list(keys))
+        return or_(*[and_(first == a, second == b) for a, b in keys])
+    return tuple_(first, second).in_(list(keys))

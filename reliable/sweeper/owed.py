@@ -45,13 +45,12 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from reliable import constants as C
-from reliable.sweeper.claim import LockMode, lock_mode
+from reliable.sweeper.claim import LockMode, columns_in, lock_mode
 from reliable.sweeper.notices import QUEUE_TAGS, DeadNotice, NoticeKind, parse_tag
 from reliable.sweeper.selection import inbox, notif, stub
 
@@ -60,12 +59,10 @@ Key = tuple[str, str]
 
 
 def keys_in(conn: Connection, keys: Sequence[Key], table: FromClause = notif) -> ColumnElement[bool]:
-    """The ``table`` (``stub_notification``) rows of these ``(message_id, consumer_group)`` keys:
-    ``(…) IN (…)``; an OR of pairs on SQLite, as :func:`reliable.sweeper.claim.pair_in` (an OR of 500 pairs
-    took SQLAlchemy ~30 ms to build and compile, four times per batch)."""
-    if conn.dialect.name == "sqlite":
-        return or_(*[and_(table.c.message_id == m, table.c.consumer_group == g) for m, g in keys])
-    return tuple_(table.c.message_id, table.c.consumer_group).in_(list(keys))
+    """The ``table`` (``stub_notification``) rows of these ``(message_id, consumer_group)`` keys
+    (:func:`reliable.sweeper.claim.columns_in`: a row-value ``IN`` — an OR of 500 pairs took SQLAlchemy
+    ~30 ms to build and compile, four times per batch)."""
+    return columns_in(conn, table.c.message_id, table.c.consumer_group, keys)
 
 
 def told_rows(keys: Sequence[Key], reasons: Sequence[str], now: dt.datetime) -> list[dict[str, Any]]:
