@@ -43,7 +43,7 @@ def test_a_batch_of_no_key_matches_nothing(rel: Reliability) -> None:
 class _PgConn:
     """What ``columns_in`` looks at on a connection: its dialect (compiling needs no server)."""
 
-    dialect = postgresql.psycopg.dialect()
+    dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 
 
 def test_on_postgresql_the_statement_is_the_same_for_any_batch_size() -> None:
