@@ -19,6 +19,8 @@ API (every function runs inside the caller's transaction; none commits)::
     settle(conn, now) -> int                              PENDING stubs whose groups all confirmed → CONFIRMED
     settle_slice(conn, now, after, limit) -> cursor       the same for the next `limit` PENDING stubs
     mark_dead(conn, message_id, group, now, error)        one group gave up → inbox DEAD, stub derived
+    mark_dead_rows(conn, [(message_id, group, error), ...], now) -> set of (message_id, group) set DEAD
+        the same for a batch (the sweeper's give-ups), in three statements
     revive(conn, message_id, now, group=None) -> int      DEAD inbox rows → PENDING, attempts and resends 0
     void(conn, message_id, now) -> int                    stub and open inbox rows → VOIDED
     void_rows(conn, message_ids, group, now) -> int       one group's open rows → VOIDED, stubs derived
@@ -45,6 +47,7 @@ from reliable.outbox.status import (
     SettleCursor,
     derive_status,
     mark_dead,
+    mark_dead_rows,
     revive,
     settle,
     settle_slice,
@@ -61,6 +64,7 @@ __all__ = [
     "derive_status",
     "inbox",
     "mark_dead",
+    "mark_dead_rows",
     "payload_hash",
     "record_sends",
     "revive",

@@ -47,22 +47,9 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Select,
-    String,
-    and_,
-    bindparam,
-    case,
-    func,
-    or_,
-    select,
-    tuple_,
-    update,
-)
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import ColumnElement, Connection, Select, and_, case, select, update
 
+from reliable.outbox.keys import columns_in
 from reliable.sweeper.selection import Candidate, inbox
 from reliable.types import StubStatus
 
@@ -139,36 +126,5 @@ def still_claimed(
 
 
 def pair_in(conn: Connection, keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
-    """``message_inbox``'s ``(consumer_group, message_id) IN (…)`` (:func:`columns_in`)."""
+    """``message_inbox``'s ``(consumer_group, message_id) IN (…)`` (:mod:`reliable.outbox.keys`)."""
     return columns_in(conn, inbox.c.consumer_group, inbox.c.message_id, keys)
-
-
-def columns_in(
-    conn: Connection, first: ColumnElement[Any], second: ColumnElement[Any], keys: Sequence[tuple[str, str]]
-) -> ColumnElement[bool]:
-    """``(first, second) IN (…)`` for ``keys``, in the shape each backend handles best:
-
-    * PostgreSQL: ``IN (SELECT … FROM unnest(:a, :b))`` — two array parameters whatever the batch's size, so
-      the statement's text, and SQLAlchemy's compiled-statement cache entry, are the same for every batch (a
-      list of 1 000 pairs bound one by one built and sent a statement of 2 000 parameters, and cost the
-      claim a fifth of c1's rate; docs/benchmarks/sweeper.md);
-    * MariaDB / MySQL: a row-value ``IN`` list (no array type);
-    * SQLite: an OR of pairs, as row values do not work through every driver.
-    """
-    if conn.dialect.name == "postgresql":
-        pairs = (
-            func.unnest(
-                bindparam(None, [a for a, _ in keys], type_=_TEXT_ARRAY),
-                bindparam(None, [b for _, b in keys], type_=_TEXT_ARRAY),
-            )
-            .table_valued("a", "b")
-            .render_derived(name="k")
-        )
-        return tuple_(first, second).in_(select(pairs.c.a, pairs.c.b))
-    if conn.dialect.name == "sqlite":
-        return or_(*[and_(first == a, second == b) for a, b in keys])
-    return tuple_(first, second).in_(list(keys))
-
-
-#: the key arrays' type: ``varchar[]``, the key columns' own, so the index is used without a cast per row
-_TEXT_ARRAY = postgresql.ARRAY(String)

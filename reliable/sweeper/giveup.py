@@ -112,14 +112,14 @@ def mark_dead(
     *,
     now: dt.datetime,
 ) -> list[DeadNotice]:
-    """Set the rows DEAD with their reasons (:func:`reliable.outbox.mark_dead`: only a row still
+    """Set the rows DEAD with their reasons (:func:`reliable.outbox.mark_dead_rows`: only a row still
     ``PENDING``, so a confirmation that slipped in stands; the stub's status is derived) and record the
     notices owed for the rows it set DEAD (returned)."""
-    dead = [
-        (cand, reason)
-        for cand, reason in dead
-        if outbox.mark_dead(conn, cand.message_id, cand.consumer_group, now, "DEAD: " + reason)
-    ]  # a row no longer PENDING was not given up: no notice, not counted
+    changed = outbox.mark_dead_rows(
+        conn, [(c.message_id, c.consumer_group, "DEAD: " + reason) for c, reason in dead], now
+    )
+    # a row no longer PENDING was not given up: no notice, not counted
+    dead = [(cand, reason) for cand, reason in dead if (cand.message_id, cand.consumer_group) in changed]
     if not dead:
         return []
     keys = [(c.message_id, c.consumer_group) for c, _ in dead]

@@ -50,7 +50,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from reliable import constants as C
-from reliable.sweeper.claim import LockMode, columns_in, lock_mode
+from reliable.outbox.keys import columns_in
+from reliable.sweeper.claim import LockMode, lock_mode
 from reliable.sweeper.notices import QUEUE_TAGS, DeadNotice, NoticeKind, parse_tag
 from reliable.sweeper.selection import inbox, notif, stub
 
@@ -60,8 +61,8 @@ Key = tuple[str, str]
 
 def keys_in(conn: Connection, keys: Sequence[Key], table: FromClause = notif) -> ColumnElement[bool]:
     """The ``table`` (``stub_notification``) rows of these ``(message_id, consumer_group)`` keys
-    (:func:`reliable.sweeper.claim.columns_in`: a row-value ``IN`` — an OR of 500 pairs took SQLAlchemy
-    ~30 ms to build and compile, four times per batch)."""
+    (:func:`reliable.outbox.keys.columns_in`: an OR of 500 pairs took SQLAlchemy ~30 ms to build and
+    compile, four times per batch)."""
     return columns_in(conn, table.c.message_id, table.c.consumer_group, keys)
 
 
