@@ -22,7 +22,14 @@ from sqlalchemy.orm import Session
 from reliable import constants as C
 from reliable.cli.common import add_db_options, ready_engine, require_db
 from reliable.errors import ConfigurationError, StubNotFoundError
-from reliable.models import MessageInbox, MessageLog, MessageStub, StubNotification, utcnow
+from reliable.models import (
+    ConsumeProgress,
+    MessageInbox,
+    MessageLog,
+    MessageStub,
+    StubNotification,
+    utcnow,
+)
 from reliable.outbox.prune import prunable, prune_settled
 from reliable.settings import Settings
 from reliable.sweeper.backoff import parse_duration
@@ -96,7 +103,43 @@ def _clip(text: str | None, width: int) -> str:
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    return ready_engine(require_db(args))
+    """The checked engine; a ``--group`` (``retire GROUP``) that no inbox row has is refused here, before
+    anything is read or changed (:func:`check_group`)."""
+    engine = ready_engine(require_db(args))
+    group = getattr(args, "group", None)
+    if group is not None:
+        try:
+            check_group(engine, group)
+        except ConfigurationError:
+            engine.dispose()
+            raise
+    return engine
+
+
+def check_group(engine: Engine, group: str) -> None:
+    """Refuse a consumer group that no inbox row has: a typo. ``stubs retire bilingg --yes`` said "voided 0
+    open row(s)", ``list``/``revive``/``void --group`` said nothing matched, and the real group's rows went on
+    being re-sent and given up on. The groups named in the line are those with a position
+    (``consume_progress``, a small table: listing the inbox's groups would scan it)."""
+    with engine.connect() as conn:
+        if conn.execute(
+            select(MessageInbox.message_id).where(MessageInbox.consumer_group == group).limit(1)
+        ).first():
+            return
+        known = (
+            conn.execute(
+                select(ConsumeProgress.consumer_group)
+                .distinct()
+                .order_by(ConsumeProgress.consumer_group)
+                .limit(20)
+            )
+            .scalars()
+            .all()
+        )
+    where = (
+        f"groups with a position: {', '.join(known)}" if known else "`reliable stubs list` shows the groups"
+    )
+    raise ConfigurationError(f"no consumer group {group!r} has a row here (a typo? {where})")
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -13,7 +13,11 @@ the sweeper asked the broker) is not. That row is the notice: every sweeper owes
 dead-letter the delivery and set the group's row ``DEAD`` itself, in its settle transaction — the guard has
 no notification channels. Every round, the sweeper finds the DEAD rows with no notice row at all and tells
 a person about them exactly as about its own: the log line and the delivered ``log`` row. Several sweepers
-skip each other's locked rows.
+skip each other's locked rows. A DEAD row given up by a sweeper of before 2026-11-28 (a database upgraded
+from revision 0007 or older) has rows for the channels that sweeper had and no ``log`` row: it gets its
+``log`` row as of the time it was told — no log line, not counted as a new death — so the channels of today
+owe it (:mod:`.owed` owes a notice through its ``log`` row only), and the channels that told it keep their
+rows (nobody is told twice on one channel).
 
 **Never consumed**: a group has rows on a queue it has no watermark on, and the broker has the message
 there. Re-sending would put another copy on a queue nobody of that group reads, so the sweeper holds those
@@ -30,8 +34,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Connection, exists, insert, select
+from sqlalchemy import Connection, and_, delete, exists, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from reliable import constants as C
@@ -48,7 +53,7 @@ from reliable.sweeper.notices import (
     queue_tag,
 )
 from reliable.sweeper.notify import log_dead
-from reliable.sweeper.owed import forget, told_rows
+from reliable.sweeper.owed import Key, forget, keys_in, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
 from reliable.types import StubStatus
@@ -147,7 +152,7 @@ def tell_unreported(conn: Connection, *, now: dt.datetime, limit: int) -> list[D
     docstring); returns their notices. Locks the rows it reads (``SKIP LOCKED`` where the server has it)."""
     # a give-up's notice; a queue-level alarm on the same key (a never-consumed alarm raised before
     # migration 0010 lies on a waiting message's key) is not one: a person must hear of the give-up too
-    told = exists().where(
+    give_up = (
         notif.c.message_id == inbox.c.message_id,
         notif.c.consumer_group == inbox.c.consumer_group,
         *(~notif.c.reason.startswith(f"{tag} ", autoescape=True) for tag in QUEUE_TAGS),
@@ -162,12 +167,19 @@ def tell_unreported(conn: Connection, *, now: dt.datetime, limit: int) -> list[D
             inbox.c.broker_name,
             inbox.c.last_error,
             inbox.c.updated_at,
+            # told on some channel by a sweeper of before the log row (see the module doc)
+            exists().where(*give_up).label("told_then"),
         )
-        .where(inbox.c.status == status_literal(StubStatus.DEAD), ~told)
+        .where(
+            inbox.c.status == status_literal(StubStatus.DEAD),
+            ~exists().where(*give_up, notif.c.channel == C.NOTIFY_CHANNEL_LOG),
+        )
         .order_by(inbox.c.consumer_group, inbox.c.message_id)
         .limit(limit)
     )
-    rows = conn.execute(locking(stmt, lock_mode(conn))).all()
+    found = conn.execute(locking(stmt, lock_mode(conn))).all()
+    _log_row_of_told(conn, [(r.message_id, r.consumer_group) for r in found if r.told_then], now)
+    rows = [r for r in found if not r.told_then]
     if not rows:
         return []
     stubs = {
@@ -200,6 +212,43 @@ def tell_unreported(conn: Connection, *, now: dt.datetime, limit: int) -> list[D
     forget(conn, [(n.message_id, n.consumer_group) for n in notices])
     _tell(conn, notices, now)
     return notices
+
+
+def _log_row_of_told(conn: Connection, keys: Sequence[Key], now: dt.datetime) -> None:
+    """The delivered ``log`` row of give-ups a sweeper of before 2026-11-28 told on its channels only: the
+    reason and time of the key's oldest such row; its channels' rows stay as they are. A ``log`` row on the
+    key can only be an alarm's of before migration 0010 (it would collide): deleted, by primary key after a
+    plain read, as :func:`~reliable.sweeper.owed.forget` does."""
+    if not keys:
+        return
+    found = conn.execute(
+        select(notif.c.message_id, notif.c.consumer_group, notif.c.channel, notif.c.reason)
+        .add_columns(notif.c.created_at)
+        .where(keys_in(conn, keys))
+        .order_by(notif.c.created_at, notif.c.channel)
+    ).all()
+    alarms = [r for r in found if r.channel == C.NOTIFY_CHANNEL_LOG]
+    if alarms:
+        conn.execute(
+            delete(notif).where(
+                or_(
+                    *(
+                        and_(notif.c.message_id == m, notif.c.consumer_group == g, notif.c.channel == ch)
+                        for m, g, ch, *_ in alarms
+                    )
+                )
+            )
+        )
+    alarm = tuple(f"{tag} " for tag in QUEUE_TAGS)
+    told: dict[Key, Any] = {}
+    for r in found:
+        if r.channel != C.NOTIFY_CHANNEL_LOG and not r.reason.startswith(alarm):
+            told.setdefault((r.message_id, r.consumer_group), r)
+    rows = told_rows(list(told), [r.reason for r in told.values()], now)
+    for row, first in zip(rows, told.values(), strict=True):
+        row["created_at"] = row["notified_at"] = first.created_at  # told back then
+    if rows:
+        conn.execute(insert(notif), rows)
 
 
 def _tell(conn: Connection, notices: Sequence[DeadNotice], now: dt.datetime) -> None:
