@@ -169,6 +169,10 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
             done = await self._run(tp, [to_record(m) for m in sorted(msgs, key=lambda m: m.offset)])
             if done is not None:
                 positions[part] = done
+        # a partition the group took away while its records were answered is the new owner's now: it starts
+        # from the committed offset, and committing ours there too would fail the commit of every partition
+        owned = self._consumer.assignment()
+        positions = {part: at for part, at in positions.items() if part in owned}
         if positions:
             try:
                 await self._consumer.commit(positions)
@@ -180,6 +184,8 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
         """Answer one partition's records in order; the next offset to commit (``None``: none final)."""
         done: int | None = None
         for rec in records:
+            if not self._owns(tp):  # revoked while earlier records were answered: the new owner has them
+                return done
             try:
                 headers, wait, env = self._read(rec)
             except UndecodableRecord as exc:
@@ -243,8 +249,19 @@ class AioKafkaGuardedConsumer(GuardedLoop[AsyncGuardedHandler]):
             return False
         return True
 
+    def _owns(self, tp: TP) -> bool:
+        return TopicPartition(*tp) in self._consumer.assignment()
+
     def _hold(self, tp: TP, offset: int, delay_s: float) -> None:
+        """Pause ``tp`` and seek back to ``offset``. A partition revoked while its record was answered
+        (aiokafka rebalances in the background, during an awaited handler) is not ours to pause: its new
+        owner starts from the committed offset, which never moved past ``offset``. Until 2026-11-29 the
+        pause raised ``IllegalStateError`` there and the member's ``run`` died with it."""
         self.counts["held"] += 1
+        if not self._owns(tp):
+            log.info("%s-%d revoked while %d was answered: left to its new owner", *tp, offset)
+            self._forget([tp])
+            return
         part = TopicPartition(*tp)
         self._consumer.pause(part)
         self._consumer.seek(part, offset)
