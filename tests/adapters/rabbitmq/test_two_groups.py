@@ -6,8 +6,15 @@ that lacks a message, a person told when one group gives up, one alarm for a gro
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +22,12 @@ from typing import Any
 import pika
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reliability, StubProducer, StubStatus, idempotent_consumer
 from reliable.adapters.rabbitmq import HEADER_DEAD_REASON, RabbitMQConsumer, RabbitMQSender, Topology
+from reliable.adapters.rabbitmq_aio import AioRabbitMQConsumer
 from reliable.models import MessageInbox, MessageStub, utcnow
 from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.notices import NoticeKind
@@ -215,3 +224,99 @@ def test_a_group_whose_queue_is_never_consumed_raises_one_alarm_not_a_resend_sto
     assert effect_counts(rel) == {(g, f"m-{i}"): 1 for g in GROUPS for i in range(3)}
     with rel.session() as s:
         assert set(s.scalars(select(MessageStub.status))) == {StubStatus.CONFIRMED}
+
+
+AIO_WORKER = """
+import asyncio
+import sys
+from reliable import Reliability, idempotent_consumer
+from reliable.adapters.rabbitmq_aio import AioRabbitMQConsumer
+from reliable.adapters.amqp import Topology
+from tests.adapters.rabbitmq.test_two_groups import effects
+db, rd, prefix, url, queue, exchange, topic, group = sys.argv[1:9]
+rel = Reliability(db, rd, key_prefix=prefix, lease_ms=3000, journal_write_behind=False)
+
+@idempotent_consumer(rel, group=group)
+async def handle(env, session):
+    await session.execute(effects.insert().values(consumer_group=group, message_id=env.message_id))
+    await asyncio.sleep(0.3)
+
+async def main():
+    topo = Topology(queue=queue, exchange=exchange, binding_key=topic)
+    async with AioRabbitMQConsumer(url, topo, handle, prefetch=8, retry_delay_s=0.05):
+        await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def test_an_asyncio_worker_killed_with_deliveries_in_flight_leaves_each_effect_once_for_two_survivors(
+    rel: Reliability,
+    fanout: Fanout,
+    rabbitmq_url: str,
+    admin: Any,
+    postgres_url: str,
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """(1) + (2): an aio-pika worker (prefetch 8, eight handlers at once) is SIGKILLed mid-batch; its unacked
+    deliveries go back to the queue, two asyncio consumers (prefetch 4 each) share the rest. Each message's
+    effect once, every billing row CONFIRMED, nothing dead-lettered."""
+    n = 30
+    topo = fanout.topologies["billing"]
+    with RabbitMQSender(rabbitmq_url, exchange=fanout.exchange, group_queue=fanout.group_queue) as sender:
+        producer = StubProducer(rel, sender)
+        for i in range(n):
+            producer.publish(f"m-{i}", TOPIC, b"x", groups=GROUPS)
+        argv = [
+            postgres_url,
+            redis_url,
+            key_prefix,
+            rabbitmq_url,
+            topo.queue,
+            fanout.exchange,
+            TOPIC,
+            "billing",
+        ]
+        proc = subprocess.Popen([sys.executable, "-c", AIO_WORKER, *argv])
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while sum(effect_counts(rel).values()) < 10:
+                assert time.monotonic() < deadline and proc.poll() is None, "the worker made no progress"
+                time.sleep(0.02)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    @idempotent_consumer(rel, group="billing")
+    async def handle(env: Envelope, session: AsyncSession) -> None:
+        await session.execute(effects.insert().values(consumer_group="billing", message_id=env.message_id))
+
+    def billing_pending() -> int:
+        with rel.session() as s:
+            return int(
+                s.scalar(
+                    select(func.count())
+                    .select_from(MessageInbox)
+                    .where(
+                        MessageInbox.consumer_group == "billing", MessageInbox.status != StubStatus.CONFIRMED
+                    )
+                )
+                or 0
+            )
+
+    async def survivors() -> list[Counter[str]]:
+        async with (
+            AioRabbitMQConsumer(rabbitmq_url, topo, handle, prefetch=4, retry_delay_s=0.05) as a,
+            AioRabbitMQConsumer(rabbitmq_url, topo, handle, prefetch=4, retry_delay_s=0.05) as b,
+        ):
+            deadline = time.monotonic() + TIMEOUT_S
+            while billing_pending() or queue_depth(admin, topo.queue):
+                assert time.monotonic() < deadline, (a.counts, b.counts)
+                await asyncio.sleep(0.05)
+            return [a.counts, b.counts]
+
+    counts = asyncio.run(survivors())
+    assert sum(c["dead_letter"] + c["dead_letter_fallback"] + c["handler_error"] for c in counts) == 0
+    assert effect_counts(rel) == {("billing", f"m-{i}"): 1 for i in range(n)}
+    assert queue_depth(admin, topo.dead_letter_queue) == 0
