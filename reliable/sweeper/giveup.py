@@ -285,9 +285,14 @@ def raise_never_consumed(
         if _raised_before(conn, group, prefix):
             continue
         first, facts = rows[0]
+        held = (
+            f"the broker holds messages there (max offset {facts.broker_max})"
+            if facts.broker_max is not None
+            else "messages were sent there (no broker probe answer: RabbitMQ has none)"
+        )
         reason = (
-            f"{prefix} group {group} has never consumed this queue (no consume_progress row) but the broker "
-            f"holds messages there (max offset {facts.broker_max}) that the group owes — {len(rows)} seen "
+            f"{prefix} group {group} has never consumed this queue (no consume_progress row) but {held} "
+            f"that the group owes — {len(rows)} seen "
             f"in this round, e.g. {first.message_id}. Either the group is not subscribed to {topic} (or its "
             "consumers never started): subscribe it; or it started after them from the queue's end "
             "(CONSUME_FROM_LAST_OFFSET, an offset reset) and the broker will not deliver them. They are "

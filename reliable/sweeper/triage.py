@@ -141,8 +141,14 @@ class Triage:
             if broker_max is not None and cand.queue_offset is not None and broker_max > cand.queue_offset:
                 broker_min = self.broker_min(row.topic, cand.queue_id, cand.broker_name)  # has it, or expired
         legacy = pos is not None and pos.consumed and pos.progress is None
+        # a 5.x send's queue is unknown (-1): no consumer ever has a position there
+        unconsumed = pos is not None and not pos.consumed and cand.queue_id != C.UNKNOWN_QUEUE_ID
         return Facts(
-            watermark=row.watermark, broker_max=broker_max, broker_min=broker_min, legacy_position=legacy
+            watermark=row.watermark,
+            broker_max=broker_max,
+            broker_min=broker_min,
+            legacy_position=legacy,
+            unconsumed=unconsumed,
         )
 
     def _ask(self, end: End, topic: str, queue_id: int, broker_name: str) -> int | None:

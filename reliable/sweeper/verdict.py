@@ -24,8 +24,9 @@ the broker's own retry schedule. DESIGN.md §3 in order, with one rule of ours (
                     longer than ``max_unconfirmed_age`` ago: the last resort                   → resend
 ``STUCK``           delivered, still pending, newest delivery older than ``stuck_after`` and past the
                     broker's own retry of it (the lease is checked by the sweeper)             → resend
-``NEVER_CONSUMED``  the broker has it, the group has no watermark on that queue of the topic at all, and
-                    the copy is older than ``stuck_after``: the group never consumed there (not
+``NEVER_CONSUMED``  the broker has it (or no probe answers: RabbitMQ), the group has no watermark on
+                    that queue of the topic at all, and the copy is older than ``stuck_after``: the
+                    group never consumed there (not
                     subscribed, wrong topic, consumer never started — or it started after the message
                     from the queue's end and the broker will never deliver it). Alarm (metric + one
                     notice), no resend until the copy is older than ``max_unconfirmed_age``: then
@@ -114,6 +115,9 @@ class Facts:
     #: the group has a watermark row that may be this queue's though it is not keyed by its broker group (a
     #: row written before migration 0006): not an alarm (see reliable/sweeper/queues.py)
     legacy_position: bool = False
+    #: the group has no position at all on the copy's queue, which is a real one (not a 5.x send's unknown
+    #: queue, nor an unnamed queue on a cluster): it never consumed there, probe or not
+    unconsumed: bool = False
 
 
 def judge(
@@ -162,7 +166,14 @@ def judge(
         if old and resend_to_group_only:
             return Verdict.TOO_OLD
         return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
-    return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
+    old = now - sent >= max_unconfirmed_age
+    if facts.unconsumed and not cand.targeted and not (old and resend_to_group_only):
+        # no probe answer (RabbitMQ has none; a broker that does not answer) — but the group has no position
+        # on the queue at all, which needs no broker to know: the same alarm as above. Until 2026-11-29 a
+        # RabbitMQ group whose consumers were never deployed raised none: a day later every message was
+        # re-sent into the queue nobody reads, until each went DEAD — one notice per message, no cause named
+        return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
+    return Verdict.TOO_OLD if old else Verdict.QUEUED
 
 
 def _judge_stuck(

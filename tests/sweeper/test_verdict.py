@@ -126,3 +126,34 @@ def test_rocketmq_schedule_is_level_three_plus_reconsume_times() -> None:
     assert SCHEDULE(1) == dt.timedelta(seconds=30)
     assert SCHEDULE(15) == dt.timedelta(hours=2)  # level 18, the last
     assert SCHEDULE(16) is None
+
+
+@pytest.mark.parametrize(
+    ("row", "to_group_only", "expected"),
+    [
+        # no probe answer (RabbitMQ has no probe), and the group has no position on that queue at all: the
+        # alarm, once the copy is older than stuck_after — without a probe as with one
+        (ROW, True, Verdict.NEVER_CONSUMED),
+        (replace(ROW, stub_last_sent_at=T0 - STUCK + dt.timedelta(seconds=1)), True, Verdict.QUEUED),
+        # past max_unconfirmed_age it is re-sent where the resend reaches that group alone; held on a shared
+        # topic, as with a probe
+        (replace(ROW, stub_last_sent_at=T0 - MAX_AGE), True, Verdict.TOO_OLD),
+        (replace(ROW, stub_last_sent_at=T0 - MAX_AGE), False, Verdict.NEVER_CONSUMED),
+        # a targeted copy's queue (RocketMQ: %RETRY%{group}) is judged by age alone
+        (TARGETED, True, Verdict.QUEUED),
+    ],
+)
+def test_a_group_without_any_position_is_an_alarm_without_a_probe(
+    row: Candidate, to_group_only: bool, expected: Verdict
+) -> None:
+    facts = Facts(watermark=None, broker_max=None, unconsumed=True)
+    got = judge(
+        row,
+        facts,
+        now=T0,
+        stuck_after=STUCK,
+        max_unconfirmed_age=MAX_AGE,
+        retry_schedule=SCHEDULE,
+        resend_to_group_only=to_group_only,
+    )
+    assert got is expected
