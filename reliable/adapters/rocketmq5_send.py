@@ -13,7 +13,7 @@ from typing import Any
 from reliable import constants as C
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
-from reliable.staged import DELAY_PROPERTY, held_back_s
+from reliable.staged import DELAY_PROPERTY, MESSAGE_GROUP_PROPERTY, held_back_s
 
 log = logging.getLogger("reliable.adapters.rocketmq5")
 
@@ -78,6 +78,11 @@ class RocketMQ5Sender:
         if message.tags:
             msg.tag = message.tags
         properties = dict(message.properties)
+        group = properties.pop(MESSAGE_GROUP_PROPERTY, None)
+        if (
+            group
+        ):  # the message's own FIFO message group (a system field): a FIFO consumer group keeps its order
+            msg.message_group = group
         if DELAY_PROPERTY in properties:  # a system property over 5.x: the delivery time says it instead
             delay_s = held_back_s(properties)
             del properties[DELAY_PROPERTY]

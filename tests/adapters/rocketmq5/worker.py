@@ -1,14 +1,14 @@
 """Runs in the 5.x venv: a ``reliable`` consumer (or stub producer) over the official 5.x client.
 
 ``worker.py '<json spec>'``. Modes: ``simple`` (``run_simple_consumer``), ``push`` (``GuardedListener``)
-until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ5Sender`` and exits;
-``send`` uses the Sender and the probe alone and prints their answers as JSON. The
-business handler records each application in ``applied5`` (one row per group and message, in the guard's
-transaction) and leaves a ``started-<id>-<pid>`` file in the control directory before its work; a message
-whose body is ``slow`` waits until the control file ``release`` exists (a handler that runs for a while);
-the first attempt at a message whose body is ``flaky`` raises, every attempt at one whose body is ``poison``;
-one whose body is ``slow-poison`` waits for ``release`` and then raises. ``guard_max_attempts`` sets the
-guard's ``max_attempts``.
+until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ5Sender`` and exits
+(``bodies`` and ``properties``: per message id, optional); ``send`` uses the Sender and the probe alone
+and prints their answers as JSON. The business handler records each application in ``applied5`` (one
+row per group and message, in the guard's transaction) and leaves a ``started-<id>-<pid>`` file in the
+control directory before its work; a message whose body is ``slow`` waits until the control file
+``release`` exists (a handler that runs for a while); the first attempt at a message whose body is
+``flaky`` raises, every attempt at one whose body is ``poison``; one whose body is ``slow-poison`` waits
+for ``release`` and then raises. ``guard_max_attempts`` sets the guard's ``max_attempts``.
 """
 
 from __future__ import annotations
@@ -58,8 +58,10 @@ def main() -> None:
     if spec["mode"] == "produce":
         sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
         producer = StubProducer(rel, sender)
+        bodies, props = spec.get("bodies", {}), spec.get("properties", {})
         for mid in spec["ids"]:
-            producer.publish(mid, spec["topic"], f"body-{mid}".encode(), groups=spec["groups"])
+            body = bodies.get(mid, f"body-{mid}").encode()
+            producer.publish(mid, spec["topic"], body, groups=spec["groups"], properties=props.get(mid))
         sender.close()
         print("done", flush=True)
         return

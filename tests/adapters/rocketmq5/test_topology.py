@@ -1,0 +1,97 @@
+"""A production topology on the 5.x adapter: one topic of 4 queues, a stub-first producer with inbox rows for
+two consumer groups — a NORMAL one and a FIFO one whose messages come in message groups — and ``reliable``
+consumers through the 5.x adapter, against broker_sim's gRPC front end on a manual clock.
+
+What a user needs: each group applies each message once, and the FIFO group applies each message group's
+messages in the order they were staged, a retried message included (no later one of its message group
+overtakes it). A stub-first producer had no way to give a 5.x message its message group (the sender sent
+every stub as a NORMAL message), so a FIFO group saw each message as a message group of its own and applied
+a retried message after the ones staged behind it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from broker_sim.grpc.policy import GroupPolicy
+from reliable.adapters.rocketmq5 import retry_delay_s
+from reliable.staged import MESSAGE_GROUP_PROPERTY
+from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory
+from tests.adapters.rocketmq5.test_adapter import Worker, applied, inbox_status, journal, start
+from tests.adapters.rocketmq5.test_adapter import db as db  # the fixture
+from tests.adapters.rocketmq5.test_adapter import workers as workers  # the fixture
+from tests.adapters.rocketmq5.test_fifo_adapter import applied_in_order
+from tests.adapters.rocketmq5.test_fifo_adapter import ordered_db as ordered_db  # the fixture
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    yield uuid.uuid4().hex[:6]
+
+
+def stub_status(db: str, key: str) -> str | None:
+    engine = create_engine(db)
+    with engine.connect() as conn:
+        status = conn.execute(
+            text("SELECT status FROM message_stub WHERE message_id = :m"), {"m": key}
+        ).scalar()
+    engine.dispose()
+    return None if status is None else str(status)
+
+
+def produce(
+    broker: GrpcBroker, db: str, workers: list[Worker], control: Path, groups: list[str],
+    messages: list[tuple[str, str, str]],
+) -> None:  # fmt: skip
+    """Stage and send ``(message group, key, body)`` in order (``StubProducer`` + ``RocketMQ5Sender``)."""
+    start(broker, db, workers, control, mode="produce", groups=groups,
+          ids=[k for _, k, _ in messages], bodies={k: b for _, k, b in messages},
+          properties={k: {MESSAGE_GROUP_PROPERTY: g} for g, k, _ in messages})  # fmt: skip
+
+
+def test_a_stub_first_fifo_message_group_keeps_its_order_through_a_retry_and_each_group_applies_once(
+    make_broker: GrpcBrokerFactory, ordered_db: str, workers: list[Worker], tmp_path: Path, tag: str
+) -> None:
+    """G1: A1 (fails once), A2, A3; G2: B1, B2 — staged in that order for a NORMAL and a FIFO group. The FIFO
+    group applies A1, A2, A3 and B1, B2 in order (A1's retry holds G1 back, not G2); the NORMAL group applies
+    every message once; every stub ends CONFIRMED."""
+    normal, fifo = f"norm{tag}", f"fifo{tag}"
+    broker = make_broker(groups={fifo: GroupPolicy(fifo=True)})
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+    a = [f"A{i}-{tag}" for i in (1, 2, 3)]
+    b = [f"B{i}-{tag}" for i in (1, 2)]
+    messages = [("G1", a[0], "flaky"), ("G2", b[0], "b1"), ("G1", a[1], "a2"), ("G2", b[1], "b2"),
+                ("G1", a[2], "a3")]  # fmt: skip
+    produce(broker, ordered_db, workers, tmp_path / "p", [normal, fifo], messages)
+    for group in (normal, fifo):
+        start(broker, ordered_db, workers, tmp_path / group, group=group, invisible_s=30, extend_every_s=0.2)
+    wait_until(lambda: journal(ordered_db, a[0], fifo), what="the FIFO group's first attempt at A1")
+    wait_until(lambda: journal(ordered_db, a[0], normal), what="the NORMAL group's first attempt at A1")
+    wait_until(lambda: set(applied_in_order(ordered_db, fifo)) >= set(b), what="G2 applied meanwhile")
+    backoff_ms = retry_delay_s(1) * 1000
+
+    def fifo_waits_for_a1() -> bool:
+        handles = pop.inflight(fifo, TOPIC).values()
+        return bool(handles) and all(h.invisible_ms == backoff_ms for h in handles)
+
+    wait_until(fifo_waits_for_a1, what="G1 waiting for A1's retry")
+    assert applied_in_order(ordered_db, fifo) == b  # nothing of G1 overtook A1
+    broker.advance(backoff_ms / 1000 + 1)
+    wait_until(lambda: len(applied_in_order(ordered_db, fifo)) == 5, what="the FIFO group applies all five")
+    wait_until(lambda: len(applied_in_order(ordered_db, normal)) == 5, what="the NORMAL group applies all")
+    order = applied_in_order(ordered_db, fifo)
+    assert [k for k in order if k in a] == a and [k for k in order if k in b] == b
+    assert sorted(applied_in_order(ordered_db, normal)) == sorted(a + b)
+    for key in a + b:
+        assert len(applied(ordered_db, key)) == 2
+        assert inbox_status(ordered_db, key, fifo) == inbox_status(ordered_db, key, normal) == "CONFIRMED"
+        assert stub_status(ordered_db, key) == "CONFIRMED"
