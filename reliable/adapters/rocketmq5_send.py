@@ -6,6 +6,7 @@ lazy import of the official client that the consumer side (:mod:`reliable.adapte
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -87,7 +88,10 @@ class RocketMQ5Sender:
             delay_s = held_back_s(properties)
             del properties[DELAY_PROPERTY]
             if delay_s > 0:
-                msg.delivery_timestamp = int((time.time() + delay_s) * 1000)
+                # whole seconds since the epoch: the 5.1.2 client copies the value into the protocol
+                # Timestamp's ``seconds`` (its docstring says ms; a ms value held the message ~1000x too
+                # long, never delivered); rounded up, so the message is not visible before its delay
+                msg.delivery_timestamp = math.ceil(time.time() + delay_s)
         for key, value in properties.items():
             msg.add_property(key, value)
         try:

@@ -11,6 +11,7 @@ a retried message after the ones staged behind it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from sqlalchemy import create_engine, text
 
 from broker_sim.grpc.policy import GroupPolicy
 from reliable.adapters.rocketmq5 import retry_delay_s
-from reliable.staged import MESSAGE_GROUP_PROPERTY
+from reliable.staged import DELAY_PROPERTY, MESSAGE_GROUP_PROPERTY
 from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory
 from tests.adapters.rocketmq5.test_adapter import Worker, applied, inbox_status, journal, start
 from tests.adapters.rocketmq5.test_adapter import db as db  # the fixture
@@ -95,3 +96,27 @@ def test_a_stub_first_fifo_message_group_keeps_its_order_through_a_retry_and_eac
         assert len(applied(ordered_db, key)) == 2
         assert inbox_status(ordered_db, key, fifo) == inbox_status(ordered_db, key, normal) == "CONFIRMED"
         assert stub_status(ordered_db, key) == "CONFIRMED"
+
+
+def test_a_delayed_stub_is_delivered_after_its_delay_and_applied_once_per_group(
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path, tag: str
+) -> None:
+    """A stub staged with ``DELAY`` level 3 (10 s) for two groups: held back for its delay, then applied by
+    each group once. The 5.x sender stamped the delivery time in milliseconds where the 5.1.2 client sends
+    seconds, so the broker held the message a thousand times too long (until the year ~58000): never
+    delivered, re-sent with the same stamp by the sweeper until it gave up."""
+    normal, other = f"dnorm{tag}", f"doth{tag}"
+    broker = make_broker(clock_start_ms=int(time.time() * 1000))  # the sender stamps wall-clock times
+    key = f"D-{tag}"
+    start(broker, db, workers, tmp_path / "p", mode="produce", groups=[normal, other], ids=[key],
+          properties={key: {DELAY_PROPERTY: "3"}})  # fmt: skip
+    for group in (normal, other):
+        start(broker, db, workers, tmp_path / group, group=group)
+    b = broker.server.broker
+    assert b is not None
+    assert sum(b.get_max_offset(TOPIC, q) for q in range(4)) == 0  # held back: nothing delivered yet
+    assert applied(db, key) == []
+    broker.advance(120)  # past the delay (10 s after a send made since the clock started)
+    wait_until(lambda: len(applied(db, key)) == 2, what="both groups to apply the delayed stub")
+    assert sorted(g for g, _ in applied(db, key)) == sorted([normal, other])
+    assert stub_status(db, key) == "CONFIRMED"
