@@ -37,7 +37,8 @@ the broker's own retry schedule. DESIGN.md §3 in order, with one rule of ours (
                     cluster, is ``QUEUED`` until
                     ``max_unconfirmed_age``, then ``TOO_OLD``: no position to judge it by; so is
                     a targeted copy behind the group's position there, which no stall alarm
-                    watches.)                                                                 → hold
+                    watches.) A copy whose queue the send did not tell (RocketMQ 5.x) and whose
+                    group has no watermark on any queue of its topic: the same alarm.          → hold
 ``QUEUED``          the broker has it above the group's watermark: it is waiting in the backlog  → hold
 ``BROKER_RETRY``    the newest delivery asked for a retry and the broker's delay for it has not
                     passed: the broker will redeliver; re-sending now would race it            → hold
@@ -114,6 +115,8 @@ class Facts:
     #: the group has a watermark row that may be this queue's though it is not keyed by its broker group (a
     #: row written before migration 0006): not an alarm (see reliable/sweeper/queues.py)
     legacy_position: bool = False
+    #: the copy's queue is unknown (a RocketMQ 5.x send) and the group has no watermark on its topic at all
+    topic_unconsumed: bool = False
 
 
 def judge(
@@ -162,7 +165,13 @@ def judge(
         if old and resend_to_group_only:
             return Verdict.TOO_OLD
         return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
-    return Verdict.TOO_OLD if now - sent >= max_unconfirmed_age else Verdict.QUEUED
+    old = now - sent >= max_unconfirmed_age
+    if facts.topic_unconsumed and not (old and resend_to_group_only):
+        # no queue to judge (a 5.x send) and the group has never consumed the topic: the same alarm, not
+        # resends — each would give every other group of the shared topic a copy, for days (until
+        # 2026-11-29 they were TOO_OLD: a group never deployed cost the others a copy per resend, no alarm)
+        return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
+    return Verdict.TOO_OLD if old else Verdict.QUEUED
 
 
 def _judge_stuck(

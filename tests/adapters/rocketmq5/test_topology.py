@@ -11,15 +11,18 @@ a retried message after the ones staged behind it.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from broker_sim.grpc.policy import GroupPolicy
+from broker_sim.remoting.serve import BrokerSimServer
 from reliable.adapters.rocketmq5 import retry_delay_s
 from reliable.staged import DELAY_PROPERTY, MESSAGE_GROUP_PROPERTY
 from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory
@@ -31,6 +34,11 @@ from tests.adapters.rocketmq5.test_fifo_adapter import ordered_db as ordered_db 
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(240)]
+#: fixed ports (name server, 4.x broker, gRPC) for a broker that restarts: its clients reconnect to them
+PORTS = (16601, 16602, 16603)
+#: the sweepers' max_unconfirmed_age (s): a 5.x-sent stub has no queue, so no probe proves it lost before
+MAX_AGE_S = 600
+AN_HOUR = 3600.0
 
 
 @pytest.fixture
@@ -120,3 +128,82 @@ def test_a_delayed_stub_is_delivered_after_its_delay_and_applied_once_per_group(
     wait_until(lambda: len(applied(db, key)) == 2, what="both groups to apply the delayed stub")
     assert sorted(g for g, _ in applied(db, key)) == sorted([normal, other])
     assert stub_status(db, key) == "CONFIRMED"
+
+
+def restart(broker: GrpcBroker) -> None:
+    """Stop the broker (its gRPC front end, 4.x remoting and name server) and start it again on the same store
+    directory, ports and clock, as an operator's stop/start of the process does."""
+    config = broker.server.config
+    broker.server.shutdown()
+    broker.server = BrokerSimServer(config)
+    broker.server.start()
+
+
+def test_a_broker_restart_with_deliveries_in_flight_loses_nothing_and_keeps_fifo_order(
+    make_broker: GrpcBrokerFactory, ordered_db: str, workers: list[Worker], tmp_path: Path, tag: str
+) -> None:
+    """Both groups are inside A1's handler (their receipt handles outstanding, B1 waiting in the same batch)
+    when the broker stops and starts again on its directory: its in-flight state is gone, the consumers'
+    handles with it. Each group still applies each message once, the FIFO group in each message group's
+    order, every stub ends CONFIRMED and nothing is left for a fresh receive."""
+    normal, fifo = f"rnorm{tag}", f"rfifo{tag}"
+    broker = make_broker(groups={fifo: GroupPolicy(fifo=True)}, ports=PORTS)
+    a = [f"RA{i}-{tag}" for i in (1, 2, 3)]
+    b = [f"RB{i}-{tag}" for i in (1, 2)]
+    messages = [("G1", a[0], "slow"), ("G2", b[0], "b1"), ("G1", a[1], "a2"), ("G2", b[1], "b2"),
+                ("G1", a[2], "a3")]  # fmt: skip
+    produce(broker, ordered_db, workers, tmp_path / "p", [normal, fifo], messages)
+    for group in (normal, fifo):
+        control = tmp_path / group
+        start(broker, ordered_db, workers, control, group=group, invisible_s=30, extend_every_s=0.2)
+        wait_until(lambda c=control: list(c.glob(f"started-{a[0]}-*")), what=f"{group} inside A1")  # type: ignore[misc]
+    restart(broker)
+    for group in (normal, fifo):
+        (tmp_path / group / "release").touch()
+    broker.advance(31)  # past any invisible time given before the restart
+    for group in (normal, fifo):
+        wait_until(lambda g=group: len(applied_in_order(ordered_db, g)) >= 5, what=f"{group} applies all")  # type: ignore[misc]
+    order = applied_in_order(ordered_db, fifo)
+    assert [k for k in order if k in a] == a and [k for k in order if k in b] == b
+    for w in workers:
+        w.stop()
+    for group in (normal, fifo):
+        assert sorted(applied_in_order(ordered_db, group)) == sorted(a + b)
+        broker.advance(600)
+        probe = broker.client()
+        probe.call("simple", group=group, topic=TOPIC, await_s=1)
+        assert probe.call("receive", max=16, invisible_s=30)["messages"] == []
+    for key in a + b:
+        assert stub_status(ordered_db, key) == "CONFIRMED"
+
+
+def sweep(
+    broker: GrpcBroker, db: str, workers: list[Worker], control: Path, ahead_s: float
+) -> dict[str, Any]:
+    """One sweeper round over ``RocketMQ5Sender``, its clock ``ahead_s`` ahead; the round's summary."""
+    w = start(broker, db, workers, control, mode="sweep", ahead_s=ahead_s, max_unconfirmed_age_s=MAX_AGE_S)
+    w.stop()
+    [summary] = json.loads(w.first_line)
+    return dict(summary)
+
+
+def test_a_group_that_never_consumes_raises_the_alarm_instead_of_resends_to_every_group(
+    make_broker: GrpcBrokerFactory, db: str, workers: list[Worker], tmp_path: Path, tag: str
+) -> None:
+    """Stubs staged for a NORMAL group and a group that was never deployed. Past ``max_unconfirmed_age``
+    the sweeper must not re-send them: over 5.x a resend lands on the shared topic, so the NORMAL group
+    would take a copy of every message at every resend (DESIGN.md §3: a group that never consumed raises an
+    alarm, not a resend storm) — the never-consumed alarm tells a person, and the NORMAL group's journal
+    shows each message once."""
+    normal, ghost = f"gnorm{tag}", f"ghost{tag}"
+    broker = make_broker()
+    keys = [f"N{i}-{tag}" for i in range(3)]
+    start(broker, db, workers, tmp_path / "p", mode="produce", groups=[normal, ghost], ids=keys)
+    start(broker, db, workers, tmp_path / normal, group=normal)
+    wait_until(lambda: all(applied(db, k) for k in keys), what="the NORMAL group applies all")
+    summary = sweep(broker, db, workers, tmp_path / "s", ahead_s=AN_HOUR)  # past stuck_after and the max age
+    assert summary["resent"] == 0, summary
+    assert summary["never_consumed"] >= 1, summary
+    for key in keys:
+        assert inbox_status(db, key, ghost) == "PENDING"
+        assert [o for _, o in journal(db, key, normal)] == ["SUCCESS"]

@@ -8,11 +8,14 @@ row per group and message, in the guard's transaction) and leaves a ``started-<i
 control directory before its work; a message whose body is ``slow`` waits until the control file
 ``release`` exists (a handler that runs for a while); the first attempt at a message whose body is
 ``flaky`` raises, every attempt at one whose body is ``poison``; one whose body is ``slow-poison`` waits
-for ``release`` and then raises. ``guard_max_attempts`` sets the guard's ``max_attempts``.
+for ``release`` and then raises. ``guard_max_attempts`` sets the guard's ``max_attempts``. ``sweep`` runs
+sweeper rounds over ``RocketMQ5Sender`` (its clock ``ahead_s`` ahead) and prints their summaries as JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import os
 import signal
@@ -32,8 +35,10 @@ from reliable.adapters.rocketmq5 import (
     run_simple_consumer,
 )
 from reliable.decorator import idempotent_consumer
+from reliable.models import utcnow
 from reliable.producer import StubProducer
 from reliable.sender import BrokerProbe, OutgoingMessage, RetentionProbe
+from reliable.sweeper.sweeper import Sweeper
 from reliable.types import Envelope
 
 
@@ -64,6 +69,15 @@ def main() -> None:
             producer.publish(mid, spec["topic"], body, groups=spec["groups"], properties=props.get(mid))
         sender.close()
         print("done", flush=True)
+        return
+    if spec["mode"] == "sweep":  # sweeper rounds over the 5.x sender, its clock ``ahead_s`` ahead of now
+        sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
+        ahead = dt.timedelta(seconds=spec["ahead_s"])
+        sweeper = Sweeper(rel, sender, clock=lambda: utcnow() + ahead,
+                          max_unconfirmed_age_s=spec["max_unconfirmed_age_s"])  # fmt: skip
+        rounds = [dataclasses.asdict(sweeper.run_once()) for _ in range(spec.get("rounds", 1))]
+        sender.close()
+        print(json.dumps(rounds), flush=True)
         return
     control = Path(spec["control"])
     group = spec["group"]
