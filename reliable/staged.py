@@ -172,6 +172,10 @@ def check_broker_limits(
 
 #: RocketMQ's delay-level property (4.x clients and broker_sim): the broker holds the message back
 DELAY_PROPERTY = "DELAY"
+#: the FIFO message group of a message (RocketMQ 5.x): the 5.x sender sends it as the message's own message
+#: group (a system field, so a FIFO consumer group applies the group's messages in order), the stub keeps it
+#: so a resend lands in the same message group; to other brokers it is an ordinary property
+MESSAGE_GROUP_PROPERTY = "MESSAGE_GROUP"
 
 
 def checked_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
@@ -196,6 +200,11 @@ def checked_properties(properties: Mapping[str, str] | None) -> dict[str, str]:
                 f"property {key!r} is reserved (a broker's own, or under a prefix reliable's adapters write:"
                 f" {', '.join(C.RESERVED_PROPERTY_PREFIXES)})"
             )
+    if MESSAGE_GROUP_PROPERTY in properties and DELAY_PROPERTY in properties:
+        # a 5.x message is FIFO or delayed, never both: the client refuses every send of such a stub
+        raise InvalidMessageError(
+            f"properties {MESSAGE_GROUP_PROPERTY} and {DELAY_PROPERTY}: a FIFO message cannot be delayed"
+        )
     return dict(properties)
 
 

@@ -6,6 +6,7 @@ lazy import of the official client that the consumer side (:mod:`reliable.adapte
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from reliable import constants as C
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
-from reliable.staged import DELAY_PROPERTY, held_back_s
+from reliable.staged import DELAY_PROPERTY, MESSAGE_GROUP_PROPERTY, held_back_s
 
 log = logging.getLogger("reliable.adapters.rocketmq5")
 
@@ -78,11 +79,19 @@ class RocketMQ5Sender:
         if message.tags:
             msg.tag = message.tags
         properties = dict(message.properties)
+        group = properties.pop(MESSAGE_GROUP_PROPERTY, None)
+        if (
+            group
+        ):  # the message's own FIFO message group (a system field): a FIFO consumer group keeps its order
+            msg.message_group = group
         if DELAY_PROPERTY in properties:  # a system property over 5.x: the delivery time says it instead
             delay_s = held_back_s(properties)
             del properties[DELAY_PROPERTY]
             if delay_s > 0:
-                msg.delivery_timestamp = int((time.time() + delay_s) * 1000)
+                # whole seconds since the epoch: the 5.1.2 client copies the value into the protocol
+                # Timestamp's ``seconds`` (its docstring says ms; a ms value held the message ~1000x too
+                # long, never delivered); rounded up, so the message is not visible before its delay
+                msg.delivery_timestamp = math.ceil(time.time() + delay_s)
         for key, value in properties.items():
             msg.add_property(key, value)
         try:

@@ -285,25 +285,40 @@ def raise_never_consumed(
         if _raised_before(conn, group, prefix):
             continue
         first, facts = rows[0]
-        held = (
-            f"the broker holds messages there (max offset {facts.broker_max})"
-            if facts.broker_max is not None
-            else "messages were sent there (no broker probe answer: RabbitMQ has none)"
-        )
-        reason = (
-            f"{prefix} group {group} has never consumed this queue (no consume_progress row) but {held} "
-            f"that the group owes — {len(rows)} seen "
-            f"in this round, e.g. {first.message_id}. Either the group is not subscribed to {topic} (or its "
-            "consumers never started): subscribe it; or it started after them from the queue's end "
-            "(CONSUME_FROM_LAST_OFFSET, an offset reset) and the broker will not deliver them. They are "
-            "held, not re-sent, until max_unconfirmed_age after their send; then each is re-sent to the "
-            "group where a resend reaches it alone (not on a shared Kafka or RocketMQ 5.x topic)."
-        )
+        reason = _never_consumed_reason(prefix, group, topic, queue_id, facts, len(rows), first.message_id)
         if not _claim_alarm(conn, QueueRef(topic, queue_id, broker_name), group, reason, now):
             continue
         log.error("never-consumed alarm: %s", reason)
         raised += 1
     return raised
+
+
+def _never_consumed_reason(
+    prefix: str, group: str, topic: str, queue_id: int | None, facts: Facts, seen: int, example: str
+) -> str:
+    """What the never-consumed alarm tells a person (``prefix``: the alarm's key)."""
+    if queue_id == C.UNKNOWN_QUEUE_ID:
+        return (
+            f"{prefix} group {group} has never consumed {topic} (no consume_progress row on any of its "
+            f"queues) and owes messages sent there through a broker that does not say which queue "
+            f"(RocketMQ 5.x) — {seen} seen in this round, e.g. {example}. The group is not subscribed to "
+            f"{topic}, or its consumers never started: subscribe or start it. They are held, not re-sent "
+            "(a resend to the shared topic reaches every group), until the group has consumed the topic."
+        )
+    held = (
+        f"the broker holds messages there (max offset {facts.broker_max})"
+        if facts.broker_max is not None
+        else "messages were sent there (no broker probe answer: RabbitMQ has none)"
+    )
+    return (
+        f"{prefix} group {group} has never consumed this queue (no consume_progress row) but {held} "
+        f"that the group owes — {seen} seen "
+        f"in this round, e.g. {example}. Either the group is not subscribed to {topic} (or its "
+        "consumers never started): subscribe it; or it started after them from the queue's end "
+        "(CONSUME_FROM_LAST_OFFSET, an offset reset) and the broker will not deliver them. They are "
+        "held, not re-sent, until max_unconfirmed_age after their send; then each is re-sent to the "
+        "group where a resend reaches it alone (not on a shared Kafka or RocketMQ 5.x topic)."
+    )
 
 
 def _raised_before(conn: Connection, group: str, prefix: str) -> bool:

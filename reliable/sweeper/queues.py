@@ -19,6 +19,11 @@ place). A copy without a broker name is matched like this (:func:`resolve`):
 
 A copy *with* a broker name is compared with that group's row only; for the never-consumed alarm a ``''``
 row of the same queue id counts as "the group has consumed here" (it may predate the upgrade).
+
+A copy whose queue the send could not tell (``UNKNOWN_QUEUE_ID``: a RocketMQ 5.x send, where the proxy picks
+the queue and does not say which) has no watermark to compare with; what the sweeper can still tell is
+whether the group has consumed the topic at all (:func:`consumed_topics`): a group that never has raises
+the never-consumed alarm instead of re-sends that every other group of the shared topic would take.
 """
 
 from __future__ import annotations
@@ -98,3 +103,13 @@ def resolve(
     if named:
         return Position(None, known=False, consumed=True)
     return Position(exact, consumed=exact is not None)
+
+
+def consumed_topics(conn: Connection, pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which ``(consumer_group, topic)`` of ``pairs`` have a ``consume_progress`` row on any queue (one
+    statement)."""
+    if not pairs:
+        return set()
+    clause = or_(*[and_(progress.c.consumer_group == g, progress.c.topic == t) for g, t in sorted(pairs)])
+    rows = conn.execute(select(progress.c.consumer_group, progress.c.topic).where(clause).distinct()).all()
+    return {(r[0], r[1]) for r in rows}

@@ -62,7 +62,7 @@ from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.claim import still_claimed
 from reliable.sweeper.giveup import NO_STUB, give_up_reason, mark_dead, no_stub_reason, raise_never_consumed
 from reliable.sweeper.leases import LeaseView
-from reliable.sweeper.queues import Position, QueueIdKey, Watermarks, resolve
+from reliable.sweeper.queues import Position, QueueIdKey, Watermarks, consumed_topics, resolve
 from reliable.sweeper.resend import BatchResult, copy_topic, postpone, targets_groups
 from reliable.sweeper.selection import Candidate, load_stubs
 from reliable.sweeper.verdict import Facts, RetrySchedule, Verdict, judge, retry_window_end
@@ -148,7 +148,7 @@ class Triage:
             broker_max=broker_max,
             broker_min=broker_min,
             legacy_position=legacy,
-            unconsumed=unconsumed,
+            unconsumed=unconsumed or row.topic_unconsumed,
         )
 
     def _ask(self, end: End, topic: str, queue_id: int, broker_name: str) -> int | None:
@@ -206,6 +206,8 @@ class Seen:
     topic: str
     #: what the group's watermarks say about that copy's queue; ``None``: the copy has no queue
     pos: Position | None
+    #: the copy's queue is unknown (a RocketMQ 5.x send) and the group has no watermark on its topic at all
+    topic_unconsumed: bool = False
 
     @property
     def watermark(self) -> int | None:
@@ -240,6 +242,8 @@ def observe(
         if c.queue_id is not None and not c.stuck
     }
     queues = marks.load(conn, keys)
+    unknown = {(g, topic) for g, topic, q in keys if q == C.UNKNOWN_QUEUE_ID}
+    consumed = consumed_topics(conn, unknown)
     positions: dict[tuple[str, str, str, int], Position] = {}  # a batch has a few queues, many rows
     seen = []
     for cand, topic, lease in zip(rows, topics, read(rows), strict=True):
@@ -249,7 +253,8 @@ def observe(
             pos = positions.get(where)
             if pos is None:
                 pos = positions[where] = resolve(queues, *where)
-        seen.append(Seen(cand, lease, topic, pos))
+        unconsumed = (cand.consumer_group, topic) in unknown - consumed and not cand.stuck
+        seen.append(Seen(cand, lease, topic, pos, unconsumed))
     return Observed(seen, orphans)
 
 
@@ -306,7 +311,10 @@ def sort(t: Triage, seen: Observed, facts: Sequence[Facts], now: dt.datetime) ->
             plan.alarms.append((cand, topic, fact))
             group, queue_id, broker = cand.consumer_group, cand.queue_id, cand.broker_name
             on = f" of {broker}" if broker else ""
-            why = f"never consumed: group {group} has no position on {topic} queue {queue_id}{on}"
+            where = (
+                f"{topic} queue {queue_id}{on}" if queue_id != C.UNKNOWN_QUEUE_ID else f"any queue of {topic}"
+            )
+            why = f"never consumed: group {group} has no position on {where}"
             plan.holds.append((cand, now + t.stuck_after, why, Hold.QUEUED))
         elif cand.sends >= t.max_sends:
             reason = give_up_reason(cand, verdict, fact, topic, t.max_sends, t.max_unconfirmed_age)

@@ -38,7 +38,8 @@ the broker's own retry schedule. DESIGN.md §3 in order, with one rule of ours (
                     cluster, is ``QUEUED`` until
                     ``max_unconfirmed_age``, then ``TOO_OLD``: no position to judge it by; so is
                     a targeted copy behind the group's position there, which no stall alarm
-                    watches.)                                                                 → hold
+                    watches.) A copy whose queue the send did not tell (RocketMQ 5.x) and whose
+                    group has no watermark on any queue of its topic: the same alarm.          → hold
 ``QUEUED``          the broker has it above the group's watermark: it is waiting in the backlog  → hold
 ``BROKER_RETRY``    the newest delivery asked for a retry and the broker's delay for it has not
                     passed: the broker will redeliver; re-sending now would race it            → hold
@@ -115,8 +116,9 @@ class Facts:
     #: the group has a watermark row that may be this queue's though it is not keyed by its broker group (a
     #: row written before migration 0006): not an alarm (see reliable/sweeper/queues.py)
     legacy_position: bool = False
-    #: the group has no position at all on the copy's queue, which is a real one (not a 5.x send's unknown
-    #: queue, nor an unnamed queue on a cluster): it never consumed there, probe or not
+    #: the group never consumed where this copy is: no position at all on its queue (a real one, not an
+    #: unnamed queue on a cluster), or — the send did not tell the queue (RocketMQ 5.x) — on any queue of its
+    #: topic. Known from the group's watermarks alone, probe or not
     unconsumed: bool = False
 
 
@@ -168,10 +170,11 @@ def judge(
         return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
     old = now - sent >= max_unconfirmed_age
     if facts.unconsumed and not cand.targeted and not (old and resend_to_group_only):
-        # no probe answer (RabbitMQ has none; a broker that does not answer) — but the group has no position
-        # on the queue at all, which needs no broker to know: the same alarm as above. Until 2026-11-29 a
-        # RabbitMQ group whose consumers were never deployed raised none: a day later every message was
-        # re-sent into the queue nobody reads, until each went DEAD — one notice per message, no cause named
+        # no probe answer (RabbitMQ has none; a broker that does not answer; a 5.x send names no queue) — but
+        # the group has never consumed there, which needs no broker to know: the same alarm as above. Until
+        # 2026-11-29 a RabbitMQ group whose consumers were never deployed raised none (a day later every
+        # message was re-sent into the queue nobody reads, until each went DEAD, no cause named), and on a
+        # shared 5.x topic each such resend gave every other group a copy
         return Verdict.NEVER_CONSUMED if now - sent >= stuck_after else Verdict.QUEUED
     return Verdict.TOO_OLD if old else Verdict.QUEUED
 

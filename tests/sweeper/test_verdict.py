@@ -157,3 +157,32 @@ def test_a_group_without_any_position_is_an_alarm_without_a_probe(
         resend_to_group_only=to_group_only,
     )
     assert got is expected
+
+
+@pytest.mark.parametrize(
+    ("sent_ago", "group_only", "expected"),
+    [
+        (STUCK, False, Verdict.NEVER_CONSUMED),
+        (MAX_AGE, False, Verdict.NEVER_CONSUMED),  # a resend reaches every group: held, however old
+        (MAX_AGE, True, Verdict.TOO_OLD),  # a resend reaches that group alone
+        (STUCK, True, Verdict.NEVER_CONSUMED),
+        (STUCK - dt.timedelta(seconds=1), False, Verdict.QUEUED),  # the group may be starting up
+    ],
+)
+def test_a_copy_of_unknown_queue_for_a_group_that_never_consumed_its_topic_raises_the_alarm(
+    sent_ago: dt.timedelta, group_only: bool, expected: Verdict
+) -> None:
+    """A RocketMQ 5.x send does not say its queue, so neither a watermark nor the probe can judge the copy.
+    When its group has no watermark on any queue of the topic, it has never consumed there: the alarm, not
+    re-sends that every other group of the shared topic would take (they were TOO_OLD at max age)."""
+    row = replace(ROW, stub_queue_id=-1, stub_last_sent_at=T0 - sent_ago)
+    facts = Facts(watermark=None, broker_max=None, unconsumed=True)
+    got = judge(row, facts, now=T0, stuck_after=STUCK, max_unconfirmed_age=MAX_AGE, retry_schedule=SCHEDULE,
+                resend_to_group_only=group_only)  # fmt: skip
+    assert got is expected
+    # a group that has consumed the topic: the age rule, as before
+    plain = judge(
+        row, Facts(watermark=None, broker_max=None), now=T0, stuck_after=STUCK, max_unconfirmed_age=MAX_AGE,
+        retry_schedule=SCHEDULE, resend_to_group_only=group_only,
+    )  # fmt: skip
+    assert plain is (Verdict.TOO_OLD if sent_ago >= MAX_AGE else Verdict.QUEUED)

@@ -108,11 +108,17 @@ def make_broker(rmq5_python: Path, tmp_path: Path) -> Iterator[GrpcBrokerFactory
     made: list[GrpcBroker] = []
 
     def make(
-        groups: dict[str, GroupPolicy] | None = None, topics: dict[str, int] | None = None
-    ) -> GrpcBroker:
-        clock = ManualClock()
+        groups: dict[str, GroupPolicy] | None = None, topics: dict[str, int] | None = None,
+        clock_start_ms: int | None = None, ports: tuple[int, int, int] = (0, 0, 0),
+    ) -> GrpcBroker:  # fmt: skip
+        """``clock_start_ms``: where the manual clock starts (a sender that stamps wall-clock times needs
+        the broker's clock near the wall clock); default ManualClock's own start. ``ports``: name server,
+        4.x broker and gRPC ports (0: any free one; fixed ones for a broker a test restarts)."""
+        clock = ManualClock() if clock_start_ms is None else ManualClock(clock_start_ms)
+        namesrv_port, broker_port, grpc_port = ports
         config = ServeConfig(
-            store_dir=tmp_path / f"store{len(made)}", namesrv_port=0, broker_port=0, grpc_port=0,
+            store_dir=tmp_path / f"store{len(made)}", namesrv_port=namesrv_port, broker_port=broker_port,
+            grpc_port=grpc_port,
             broker_config={"topics": topics or {TOPIC: 4}, "clock": clock}, grpc_groups=groups or {},
         )  # fmt: skip
         server = BrokerSimServer(config)

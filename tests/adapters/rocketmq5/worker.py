@@ -1,18 +1,21 @@
 """Runs in the 5.x venv: a ``reliable`` consumer (or stub producer) over the official 5.x client.
 
 ``worker.py '<json spec>'``. Modes: ``simple`` (``run_simple_consumer``), ``push`` (``GuardedListener``)
-until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ5Sender`` and exits;
-``send`` uses the Sender and the probe alone and prints their answers as JSON. The
-business handler records each application in ``applied5`` (one row per group and message, in the guard's
-transaction) and leaves a ``started-<id>-<pid>`` file in the control directory before its work; a message
-whose body is ``slow`` waits until the control file ``release`` exists (a handler that runs for a while);
-the first attempt at a message whose body is ``flaky`` raises, every attempt at one whose body is ``poison``;
-one whose body is ``slow-poison`` waits for ``release`` and then raises. ``guard_max_attempts`` sets the
-guard's ``max_attempts``.
+until SIGTERM; ``produce`` stages messages through ``StubProducer`` + ``RocketMQ5Sender`` and exits
+(``bodies`` and ``properties``: per message id, optional); ``send`` uses the Sender and the probe alone
+and prints their answers as JSON. The business handler records each application in ``applied5`` (one
+row per group and message, in the guard's transaction) and leaves a ``started-<id>-<pid>`` file in the
+control directory before its work; a message whose body is ``slow`` waits until the control file
+``release`` exists (a handler that runs for a while); the first attempt at a message whose body is
+``flaky`` raises, every attempt at one whose body is ``poison``; one whose body is ``slow-poison`` waits
+for ``release`` and then raises. ``guard_max_attempts`` sets the guard's ``max_attempts``. ``sweep`` runs
+sweeper rounds over ``RocketMQ5Sender`` (its clock ``ahead_s`` ahead) and prints their summaries as JSON.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import json
 import os
 import signal
@@ -32,8 +35,10 @@ from reliable.adapters.rocketmq5 import (
     run_simple_consumer,
 )
 from reliable.decorator import idempotent_consumer
+from reliable.models import utcnow
 from reliable.producer import StubProducer
 from reliable.sender import BrokerProbe, OutgoingMessage, RetentionProbe
+from reliable.sweeper.sweeper import Sweeper
 from reliable.types import Envelope
 
 
@@ -58,10 +63,21 @@ def main() -> None:
     if spec["mode"] == "produce":
         sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
         producer = StubProducer(rel, sender)
+        bodies, props = spec.get("bodies", {}), spec.get("properties", {})
         for mid in spec["ids"]:
-            producer.publish(mid, spec["topic"], f"body-{mid}".encode(), groups=spec["groups"])
+            body = bodies.get(mid, f"body-{mid}").encode()
+            producer.publish(mid, spec["topic"], body, groups=spec["groups"], properties=props.get(mid))
         sender.close()
         print("done", flush=True)
+        return
+    if spec["mode"] == "sweep":  # sweeper rounds over the 5.x sender, its clock ``ahead_s`` ahead of now
+        sender = RocketMQ5Sender.connect(spec["endpoint"], (spec["topic"],))
+        ahead = dt.timedelta(seconds=spec["ahead_s"])
+        sweeper = Sweeper(rel, sender, clock=lambda: utcnow() + ahead,
+                          max_unconfirmed_age_s=spec["max_unconfirmed_age_s"])  # fmt: skip
+        rounds = [dataclasses.asdict(sweeper.run_once()) for _ in range(spec.get("rounds", 1))]
+        sender.close()
+        print(json.dumps(rounds), flush=True)
         return
     control = Path(spec["control"])
     group = spec["group"]

@@ -338,6 +338,19 @@ def test_a_property_name_a_broker_or_an_adapter_reserves_is_refused(
         producer.stage(s, "p-3", "orders", b"x", properties={"origin": "a\x01KEYS"})
 
 
+def test_a_fifo_message_that_is_also_delayed_fails_the_stage_not_every_send(
+    rel: Reliability, sender: RecordingSender
+) -> None:
+    """A RocketMQ 5.x message is FIFO (its ``MESSAGE_GROUP``) or delayed, never both: the client refuses every
+    send of such a stub, which the sweeper would re-send until a person was told. The stage refuses it."""
+    producer = StubProducer(rel, sender, default_group="g")
+    with pytest.raises(InvalidMessageError, match="FIFO message cannot be delayed"), rel.session() as s:
+        producer.stage(s, "f-1", "orders", b"x", properties={"MESSAGE_GROUP": "G1", "DELAY": "3"})
+    with rel.session() as s:
+        producer.stage(s, "f-2", "orders", b"x", properties={"MESSAGE_GROUP": "G1"})
+    assert [(m.message_id, dict(m.properties)) for m in sender.sent] == [("f-2", {"MESSAGE_GROUP": "G1"})]
+
+
 class _Limited(RecordingSender):
     max_body_bytes = 10
     short_string_bytes = 8
