@@ -51,7 +51,7 @@ effects = Table(
 
 @dataclass
 class Fanout:
-    """One exchange and a queue per group, all named ``h_rabbit_…``."""
+    """One exchange and a queue per group, all named ``two_groups_…``."""
 
     exchange: str
     topologies: dict[str, Topology]
@@ -83,7 +83,7 @@ def rel(postgres_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliabil
 
 @pytest.fixture
 def fanout(rabbitmq_url: str) -> Iterator[Fanout]:
-    name = f"h_rabbit_{uuid.uuid4().hex[:10]}"
+    name = f"two_groups_{uuid.uuid4().hex[:10]}"
     exchange = f"{name}.x"
     topos = {g: Topology(queue=f"{name}.{g}", exchange=exchange, binding_key=TOPIC) for g in GROUPS}
     conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
