@@ -43,17 +43,11 @@ def _sql_views(
     now = as_of.strftime("%Y-%m-%d %H:%M:%S.%f+00")
     # the sweeper's retry schedule (its own object, not a copy of its table): delay by reconsume_times
     delays = "[" + ", ".join(str(float(d)) for d in retry_delays_s(RocketMQRetrySchedule())) + "]"
-    # d: every delivery, numbered per pair and per (pair, delivered position), with its cause
+    # d: every delivery, numbered per pair and per (pair, delivered position)
     con.execute(
         """
         CREATE TEMP TABLE d AS
-        SELECT *,
-               CASE WHEN delivery_no = 1 THEN NULL
-                    WHEN reconsume_times > 0 THEN 'retry'
-                    WHEN position_no > 1 THEN 'redelivery'
-                    WHEN topic = '%RETRY%' || consumer_group OR after_targeted = 1 THEN 'targeted_resend'
-                    ELSE 'producer_double_send' END AS cause
-        FROM (SELECT id, message_id, consumer_group, topic, broker_name, queue_id, queue_offset,
+        SELECT id, message_id, consumer_group, topic, broker_name, queue_id, queue_offset,
                      coalesce(reconsume_times, 0) AS reconsume_times, received_at,
                      row_number() OVER (PARTITION BY message_id, consumer_group ORDER BY received_at, id)
                        AS delivery_no,
@@ -65,12 +59,8 @@ def _sql_views(
                        OVER (PARTITION BY message_id, consumer_group ORDER BY received_at, id
                              ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) AS last_retry_level,
                      row_number() OVER (PARTITION BY message_id, consumer_group, topic, broker_name, queue_id,
-                                                     queue_offset ORDER BY received_at, id) AS position_no,
-                     coalesce(max(CASE WHEN topic = '%RETRY%' || consumer_group
-                                        AND coalesce(reconsume_times, 0) = 0 THEN 1 ELSE 0 END)
-                              OVER (PARTITION BY message_id, consumer_group ORDER BY received_at, id
-                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS after_targeted
-              FROM message_log)
+                                                     queue_offset ORDER BY received_at, id) AS position_no
+        FROM message_log
         """
     )
     # e: the (group, message) pairs with their last send, watermarks, flags and latencies
@@ -131,10 +121,41 @@ def _sql_views(
           ON q.consumer_group = x.consumer_group AND q.topic = x.topic AND q.queue_id = x.queue_id
         """
     )
-    # dup: the extra deliveries of the pairs (a message without a stub is an orphan, not a duplicate)
+    # dup: the extra deliveries of the pairs (a message without a stub is an orphan, not a duplicate), each
+    # with its cause; a *targeted copy* is one in the group's %RETRY% topic, or on the message's topic at a
+    # position some group's inbox row records as its last targeted send
     con.execute(
-        "CREATE TEMP TABLE dup AS SELECT * FROM d SEMI JOIN e USING (message_id, consumer_group) "
-        "WHERE delivery_no > 1"
+        """
+        CREATE TEMP TABLE dup AS
+        WITH resent AS (
+          SELECT message_id,
+                 bool_or(resend_count >= 2 OR queue_offset IS NULL) AS unrecorded_resends
+          FROM message_inbox WHERE resend_count > 0 GROUP BY message_id
+        ), k AS (
+          SELECT d.*, s.send_count, coalesce(r.unrecorded_resends, false) AS unrecorded_resends,
+                 d.reconsume_times = 0 AND (
+                   d.topic = '%RETRY%' || d.consumer_group
+                   OR (d.topic = s.topic AND EXISTS (
+                         SELECT 1 FROM message_inbox i
+                         WHERE i.message_id = d.message_id AND i.resend_count > 0
+                           AND coalesce(i.broker_name, '') = coalesce(d.broker_name, '')
+                           AND i.queue_id = d.queue_id AND i.queue_offset = d.queue_offset))) AS targeted_copy
+          FROM d JOIN message_stub s USING (message_id) LEFT JOIN resent r USING (message_id)
+          SEMI JOIN e USING (message_id, consumer_group)
+        ), w AS (
+          SELECT *, coalesce(bool_or(targeted_copy) OVER (PARTITION BY message_id, consumer_group
+                                                         ORDER BY received_at, id ROWS BETWEEN UNBOUNDED
+                                                         PRECEDING AND 1 PRECEDING), false) AS after_targeted
+          FROM k
+        )
+        SELECT * EXCLUDE (send_count, unrecorded_resends, targeted_copy, after_targeted),
+               CASE WHEN reconsume_times > 0 THEN 'retry'
+                    WHEN position_no > 1 THEN 'redelivery'
+                    WHEN targeted_copy OR after_targeted THEN 'targeted_resend'
+                    WHEN unrecorded_resends AND coalesce(send_count, 1) <= 1 THEN 'targeted_resend'
+                    ELSE 'producer_double_send' END AS cause
+        FROM w WHERE delivery_no > 1
+        """
     )
 
 

@@ -34,6 +34,7 @@ import datetime as dt
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
+from reliable.reconcile.causes import RESEND_COLUMNS, message_resends, name_new_copies
 from reliable.reconcile.config import RETRY_TOPIC_PREFIX, DuplicateCause, ReconcileConfig
 from reliable.reconcile.inputs import LOG_COLUMNS, ts
 from reliable.reconcile.retry import redelivery_due_at
@@ -79,7 +80,8 @@ def pairs(stubs: DataFrame, inbox: DataFrame) -> DataFrame:
     """One row per (group, message) of the window: the group's inbox row with its message's stub.
 
     Inbox rows whose message has no stub (the guard's inbox pattern: nobody staged it) are not pairs; their
-    deliveries are reported as orphan logs.
+    deliveries are reported as orphan logs. Each pair carries its message's targeted sends
+    (:func:`reliable.reconcile.causes.message_resends`), which name the causes of its duplicates.
     """
     message = stubs.select(
         "message_id",
@@ -91,7 +93,7 @@ def pairs(stubs: DataFrame, inbox: DataFrame) -> DataFrame:
         "queue_offset",
         "created_at",
         "last_sent_at",
-    )
+    ).join(message_resends(inbox), on="message_id", how="left")
     group = inbox.select(
         "consumer_group",
         "message_id",
@@ -103,7 +105,8 @@ def pairs(stubs: DataFrame, inbox: DataFrame) -> DataFrame:
         "confirmed_at",
     )
     # a hash join (the stubs are the smaller side): no sort of either side on the message id
-    return group.join(message.hint("shuffle_hash"), on="message_id", how="inner").select(*PAIR_COLUMNS)
+    joined = group.join(message.hint("shuffle_hash"), on="message_id", how="inner")
+    return joined.select(*PAIR_COLUMNS, *RESEND_COLUMNS)
 
 
 # --- deliveries --------------------------------------------------------------------------------------------
@@ -115,24 +118,18 @@ def _by_pair() -> WindowSpec:
 
 
 def classify_deliveries(logs: DataFrame) -> DataFrame:
-    """Number every delivery of a (message, group) and name the likely cause of each extra one.
+    """Number every delivery of a (message, group) and tell retries and redeliveries from new copies.
 
     Adds ``delivery_no`` (1 = the first, by received_at then log id), ``deliveries`` (how many the pair
     had), ``first_received_at``, ``last_received_at``, ``last_retry_level`` (the newest delivery's
-    ``retry_level``: its ``reconsume_times`` if it asked for a retry) and ``cause`` (null for the first
-    delivery). A
-    *position* is the delivered ``(topic, broker_name, queue_id, queue_offset)``:
+    ``retry_level``: its ``reconsume_times`` if it asked for a retry) and ``cause``. A *position* is the
+    delivered ``(topic, broker_name, queue_id, queue_offset)``:
 
     * ``reconsume_times > 0`` → ``retry`` (the broker re-delivered it because the consumer asked);
     * else a position this pair was delivered from before → ``redelivery`` (the same stored copy again:
       a rebalance or a lost offset commit);
-    * else a new position in the group's ``%RETRY%{group}`` topic → ``targeted_resend`` (the sweeper re-sent
-      it to this group alone);
-    * else, after such a targeted copy of the pair → ``targeted_resend`` too: the original, overtaken by its
-      resend (the sweeper judged it lost while it was merely late) — a duplicate the resend made, not the
-      producer (until 2026-11-29 it was counted as a producer double send);
-    * else → ``producer_double_send`` (a second copy in the topic: a producer retry after a lost ACK, or a
-      resend to the whole topic).
+    * else null: the first delivery, or a *new copy*, whose cause (a targeted resend or a producer
+      double-send) takes the pair's sends: :func:`reliable.reconcile.causes.name_new_copies` names it.
 
     One window, so one sort: "delivered from this position before" is a lookup in the positions of the
     pair's earlier deliveries (a running ``collect_list``; a pair has a handful of deliveries), not a second
@@ -142,8 +139,6 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
     whole = by_pair.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     earlier = by_pair.rowsBetween(Window.unboundedPreceding, -1)
     position = F.struct("topic", "broker_name", "queue_id", "queue_offset")
-    in_retry_topic = F.col("topic") == retry_topic(F.col("consumer_group"))
-    targeted = in_retry_topic & (F.col("reconsume_times") == 0)  # the sweeper's copy, not a broker retry
     numbered = logs.select(
         "*",
         F.row_number().over(by_pair).alias("delivery_no"),
@@ -154,32 +149,29 @@ def classify_deliveries(logs: DataFrame) -> DataFrame:
         F.coalesce(F.array_contains(F.collect_list(position).over(earlier), position), F.lit(False)).alias(
             "position_seen"
         ),
-        F.coalesce(F.max(targeted.cast("int")).over(earlier), F.lit(0)).alias("after_targeted"),
     )
     cause = (
         F.when(F.col("delivery_no") == 1, F.lit(None).cast("string"))
         .when(F.col("reconsume_times") > 0, F.lit(DuplicateCause.RETRY.value))
         .when(F.col("position_seen"), F.lit(DuplicateCause.REDELIVERY.value))
-        .when(in_retry_topic | (F.col("after_targeted") == 1), F.lit(DuplicateCause.TARGETED_RESEND.value))
-        .otherwise(F.lit(DuplicateCause.PRODUCER_DOUBLE_SEND.value))
     )
-    return numbered.withColumn("cause", cause).drop("position_seen", "after_targeted")
+    return numbered.withColumn("cause", cause).drop("position_seen")
 
 
 def delivery_stats(classified: DataFrame) -> DataFrame:
     """One row per (message_id, consumer_group) that was delivered at least once.
 
-    ``extras``: the pair's extra deliveries (every one but the first, as the duplicates detail table shows
-    them), null for a pair delivered once. Gathered by a second pass over the same window — the rows are
-    already in order, so no second sort — which lets the duplicates travel with their pair instead of
-    keeping every classified delivery around for them.
+    ``deliveries_all``: every delivery of a pair delivered more than once, in order, as the duplicates detail
+    table shows them (null for a pair delivered once); the join turns it into the pair's ``extras``, the
+    deliveries after the first with their causes (:func:`join_pairs_deliveries`). Gathered by a second pass
+    over the same window — the rows are already in order, so no second sort — which lets the duplicates
+    travel with their pair instead of keeping every classified delivery around for them.
     """
     whole = _by_pair().rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     detail: list[Column | str] = [*DELIVERY_DETAIL, F.col("id").alias("log_id"), "delivery_no", "deliveries"]
     detail.append("cause")
-    extra = F.when(F.col("delivery_no") > 1, F.struct(*detail))
     return (
-        classified.withColumn("extras", F.collect_list(extra).over(whole))
+        classified.withColumn("deliveries_all", F.collect_list(F.struct(*detail)).over(whole))
         .where(F.col("delivery_no") == 1)
         .select(
             *MESSAGE_KEY,
@@ -187,7 +179,7 @@ def delivery_stats(classified: DataFrame) -> DataFrame:
             "first_received_at",
             "last_received_at",
             "last_retry_level",
-            F.when(F.col("deliveries") > 1, F.col("extras")).alias("extras"),
+            F.when(F.col("deliveries") > 1, F.col("deliveries_all")).alias("deliveries_all"),
         )
     )
 
@@ -213,12 +205,14 @@ def join_pairs_deliveries(rows: DataFrame, stats: DataFrame) -> DataFrame:
     """Full outer join on (message_id, consumer_group); ``has_pair`` tells the two kinds of row apart.
 
     One join serves both directions: pairs get their delivery statistics, deliveries without a pair in the
-    window become orphan candidates.
+    window become orphan candidates. A pair's new copies are named here, where its deliveries meet its
+    sends (:func:`reliable.reconcile.causes.name_new_copies`).
     """
     marked = rows.withColumn("has_pair", F.lit(True))
-    return marked.join(stats.hint("shuffle_hash"), on=MESSAGE_KEY, how="full_outer").withColumn(
+    joined = marked.join(stats.hint("shuffle_hash"), on=MESSAGE_KEY, how="full_outer").withColumn(
         "has_pair", F.coalesce(F.col("has_pair"), F.lit(False))
     )
+    return name_new_copies(joined)
 
 
 def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -> DataFrame:
