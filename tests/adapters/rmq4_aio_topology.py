@@ -171,3 +171,34 @@ def deliveries(rel: Reliability, group: str, message_id: str) -> list[tuple[str,
             .order_by(MessageLog.id)
         )
         return [(r.topic, r.reconsume_times, None if r.outcome is None else str(r.outcome)) for r in rows]
+
+
+def kill_sessions(rel: Reliability) -> int:
+    """End every other session of the test's own database (``pg_terminate_backend`` / ``KILL``), as a DBA or a
+    failover does; the shared server itself keeps running. Returns how many were ended."""
+    from sqlalchemy import text
+
+    with rel.engine.connect() as admin:
+        if rel.engine.dialect.name == "postgresql":
+            return int(
+                admin.execute(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                ).scalar_one()
+            )
+        me = admin.execute(text("SELECT CONNECTION_ID()")).scalar_one()
+        ids = admin.execute(
+            text("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> :me"),
+            {"me": me},
+        ).scalars()
+        ended = 0
+        for pid in list(ids):
+            try:
+                admin.execute(text(f"KILL {int(pid)}"))
+                ended += 1
+            except Exception as exc:  # the session ended on its own meanwhile
+                if "Unknown thread id" not in str(exc):
+                    raise
+        return ended

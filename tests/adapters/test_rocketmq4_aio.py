@@ -32,6 +32,7 @@ from tests.adapters.rmq4_aio_topology import (
     deliveries,
     effect_counts,
     inbox_row,
+    kill_sessions,
     make_rel,
     stage,
     statuses,
@@ -169,3 +170,35 @@ def test_two_groups_of_async_handlers_apply_each_message_once_through_a_rebalanc
     assert marks[(retry, 0)] == admin.get_max_offset(retry, 0) - 1
     assert set(marks) == {(TOPIC, q) for q in range(4)} | {(retry, 0)}
     assert watermarks(rel, "audit") == {(TOPIC, q): admin.get_max_offset(TOPIC, q) - 1 for q in range(4)}
+
+
+@pytest.mark.slow
+def test_database_sessions_killed_mid_stream_lose_nothing_and_apply_nothing_twice(
+    rel: Reliability, server: BrokerServer, instances: Instances
+) -> None:
+    """Every session of the database ended, again and again, while the async guard works: deliveries in
+    flight are answered RECONSUME_LATER (journal and effect rolled back together), none reaches the DLQ, and
+    each message is applied once per group."""
+    ids = [f"k-{i:02d}" for i in range(40)]
+
+    async def work(env: Envelope) -> None:
+        await asyncio.sleep(0.01)
+
+    billing = async_handler(rel, "billing", work)
+    audit = async_handler(rel, "audit", work)
+    stage(rel, server.address, ids)
+    instances.start(server.address, billing)
+    instances.start(server.address, audit)
+    wait_until(lambda: len(effect_counts(rel, "billing")) >= 5, what="billing under way")
+    kills = 0
+    for _ in range(6):  # each round waits for the consumers to have reconnected, then ends their sessions
+        wait_until(lambda: kill_sessions(rel) > 0, what="a consumer session to end")
+        kills += 1
+    wait_until(lambda: set(effect_counts(rel, "billing")) == set(ids), what="billing applied", timeout=120)
+    wait_until(lambda: set(effect_counts(rel, "audit")) == set(ids), what="audit applied", timeout=120)
+    assert kills == 6
+    for group in ("billing", "audit"):
+        assert effect_counts(rel, group) == dict.fromkeys(ids, 1), group
+        assert statuses(rel, group) == dict.fromkeys(ids, StubStatus.CONFIRMED), group
+    admin = instances.started[0].consumer.transport
+    assert not admin.get_max_offset("%DLQ%billing", 0) and not admin.get_max_offset("%DLQ%audit", 0)
