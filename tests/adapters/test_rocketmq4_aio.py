@@ -202,3 +202,40 @@ def test_database_sessions_killed_mid_stream_lose_nothing_and_apply_nothing_twic
         assert statuses(rel, group) == dict.fromkeys(ids, StubStatus.CONFIRMED), group
     admin = instances.started[0].consumer.transport
     assert not admin.get_max_offset("%DLQ%billing", 0) and not admin.get_max_offset("%DLQ%audit", 0)
+
+
+@pytest.mark.slow
+def test_the_rocketmq_client_callback_awaits_an_async_handler_and_retries_through_its_retry_topic(
+    rel: Reliability, server: BrokerServer
+) -> None:
+    """The PyPI ``rocketmq`` 0.4.4 C++ client calls back on its own threads: the async guarded handler runs
+    on the bridge's loop; a failure comes back from %RETRY%billing (reconsume_times 1); effects once."""
+    from reliable.adapters.rocketmq import push_consumer, subscribe_guarded
+
+    ids = [f"c-{i:02d}" for i in range(16)]
+    failed: set[str] = set()
+
+    async def once_failing(env: Envelope) -> None:
+        if env.message_id == "c-05" and "c-05" not in failed:
+            failed.add("c-05")
+            raise RuntimeError("first delivery of c-05 fails")
+
+    billing = async_handler(rel, "billing", once_failing)
+    stage(rel, server.address, ids)
+    consumer = push_consumer(server.address, "billing", thread_count=4)
+    bridge = subscribe_guarded(consumer, TOPIC, billing)
+    assert bridge is not None
+    consumer.start()
+    try:
+        wait_until(lambda: set(effect_counts(rel, "billing")) == set(ids), what="billing applied")
+        wait_until(
+            lambda: statuses(rel, "billing") == dict.fromkeys(ids, StubStatus.CONFIRMED), what="confirmed"
+        )
+    finally:
+        consumer.shutdown()
+        bridge.close()
+    assert effect_counts(rel, "billing") == dict.fromkeys(ids, 1)
+    assert [(t, n) for t, n, _ in deliveries(rel, "billing", "c-05")][:2] == [
+        (TOPIC, 0),
+        ("%RETRY%billing", 1),
+    ]
