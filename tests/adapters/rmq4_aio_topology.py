@@ -75,13 +75,18 @@ def stage(rel: Reliability, address: str, ids: list[str]) -> None:
 Before = Callable[[Envelope], Awaitable[None]]
 
 
-def async_handler(rel: Reliability, group: str, before: Before | None = None, **options: Any) -> Any:
-    """The team's ``async def`` handler: one effect row per message in the guard's ``AsyncSession``."""
+def async_handler(
+    rel: Reliability, group: str, before: Before | None = None, after: Before | None = None, **options: Any
+) -> Any:
+    """The team's ``async def`` handler: one effect row per message in the guard's ``AsyncSession``
+    (``before``/``after`` the write, inside the guard's transaction)."""
 
     async def handle(env: Envelope, session: AsyncSession) -> None:
         if before is not None:
             await before(env)
         await session.execute(insert(effects).values(message_id=env.message_id, grp=group))
+        if after is not None:
+            await after(env)
 
     return idempotent_consumer(rel, group=group, **options)(handle)
 

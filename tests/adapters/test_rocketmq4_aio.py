@@ -154,13 +154,14 @@ def test_two_groups_of_async_handlers_apply_each_message_once_through_a_rebalanc
     poison = inbox_row(rel, "billing", "o-13")
     assert poison.last_error is not None and "o-13 can never be handled" in poison.last_error
     retry = "%RETRY%billing"
-    # a rebalance may hand a message out twice from the topic (its offset not yet committed); each chain of
-    # retries still comes from %RETRY%billing with reconsume_times rising
-    for mid, last in (("o-07", 2), ("o-13", 3)):
+    # a rebalance may hand a message out twice from the topic (its offset not yet committed), each copy
+    # starting a chain of its own; every retry comes from %RETRY%billing, reconsume_times rising from 1
+    for mid, last in (("o-07", 1), ("o-13", 3)):
         journal = deliveries(rel, "billing", mid)
         assert {t for t, n, _ in journal if n == 0} == {TOPIC}, journal
-        assert [n for t, n, _ in journal if n > 0 and t == retry][:last] == list(range(1, last + 1)), journal
         assert all(t == retry for t, n, _ in journal if n > 0), journal
+        assert set(range(1, last + 1)) <= {n for _, n, _ in journal}, journal
+    assert deliveries(rel, "billing", "o-07")[-1][2] == "SUCCESS"
     admin = instances.started[0].consumer.transport
     wait_until(lambda: (admin.get_max_offset("%DLQ%billing", 0) or 0) >= 1, what="o-13 in billing's DLQ")
     # watermarks: each topic queue's at its last offset, the retries' on %RETRY%billing only
