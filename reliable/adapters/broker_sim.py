@@ -42,6 +42,8 @@ went to the DLQ again at its next delivery.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ from broker_sim.broker.api import ConsumerSendMsgBackRequest
 from broker_sim.client.message import ConsumeStatus, MessageExt, Prop
 from broker_sim.client.transport import BrokerTransport
 from reliable import constants as C
+from reliable.adapters.aio_bridge import LoopBridge, is_async_handler
 from reliable.adapters.broker_sim_send import (
     PROBE_WARNINGS,
     RETRY_PREFIX,
@@ -139,6 +142,17 @@ def to_envelope(
 DeadLetterFn = Callable[[MessageExt], None]
 
 
+def _checked(results: list[Any]) -> list[ConsumeResult]:
+    """The handler's answers, each a :class:`ConsumeResult`; anything else (a coroutine nobody awaited) is a
+    listener error — the broker retries the batch — rather than a silent ``RECONSUME_LATER`` for ever."""
+    for result in results:
+        if not isinstance(result, ConsumeResult):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError(f"the guarded handler answered {result!r}, not a ConsumeResult")
+    return results
+
+
 class SendBack:
     """CONSUMER_SEND_MSG_BACK for one group, to the broker group that stored the message. Called, it is the
     dead-letter action (delay level -1: the broker moves the message to ``%DLQ%{group}``); :meth:`retry`
@@ -199,18 +213,27 @@ class GuardedListener:
     delivery at that limit is the broker's last (``Envelope.last_attempt``), so a handler failure there
     ends the group's row ``DEAD`` with the guard's reason even below the guard's ``max_attempts``. Keep the
     two equal; ``None`` marks nothing.
+
+    An ``async def`` guarded handler runs on ``loop`` (a loop the caller runs on another thread), or on a
+    loop thread of the listener's own (:class:`~reliable.adapters.aio_bridge.LoopBridge`), each consume
+    thread waiting for the guard's answer; :meth:`close` stops that loop after the consumer's shutdown.
     """
 
     def __init__(
         self,
-        handler: Callable[[Envelope], ConsumeResult],
+        handler: Callable[[Envelope], Any],
         dead_letter: DeadLetterFn | None = None,
         *,
         batch: bool = True,
         group: str | None = None,
         max_reconsume_times: int | None = C.ROCKETMQ_MAX_RECONSUME_TIMES,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        self.handler = handler
+        self.bridge: LoopBridge | None = None
+        if is_async_handler(handler):
+            self.bridge = LoopBridge(handler, loop)
+            handler = self.bridge
+        self.handler: Callable[[Envelope], ConsumeResult] = handler
         self.max_reconsume_times = max_reconsume_times
         self.dead_letter = dead_letter
         handler_group = getattr(handler, "group", None)
@@ -227,8 +250,13 @@ class GuardedListener:
             results = list(self.batch_handler(envs))
             if len(results) != len(envs):
                 raise ValueError(f"batch handler returned {len(results)} results for {len(envs)} messages")
-            return results
-        return [self.handler(env) for env in envs]
+            return _checked(results)
+        return _checked([self.handler(env) for env in envs])
+
+    def close(self) -> None:
+        """Stop the loop thread of an ``async def`` handler's bridge (after the consumer's shutdown)."""
+        if self.bridge is not None:
+            self.bridge.close()
 
     def __call__(self, msgs: Sequence[MessageExt], *context: Any) -> ConsumeStatus:
         later: list[MessageExt] = []

@@ -40,6 +40,8 @@ broker_sim's wire client (``broker_sim.remoting``), which resolves the broker th
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
 import logging
 import os
@@ -49,6 +51,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reliable import constants as C
+from reliable.adapters.aio_bridge import LoopBridge, is_async_handler
 from reliable.adapters.broker_sim import BrokerSimProbe
 from reliable.errors import ConfigurationError, SendError
 from reliable.sender import OutgoingMessage, SendReceipt
@@ -321,13 +324,20 @@ DeadLetterFn = Callable[[Envelope], None]
 
 
 def consume_status(
-    handler: Callable[[Envelope], ConsumeResult], env: Envelope, dead_letter: DeadLetterFn | None = None
+    handler: Callable[[Envelope], Any], env: Envelope, dead_letter: DeadLetterFn | None = None
 ) -> int:
     """The C status (0 = CONSUME_SUCCESS, 1 = RECONSUME_LATER) for one delivery; never raises."""
     try:
         result = handler(env)
     except Exception:
         log.exception("handler raised on message %s; reconsume later", env.message_id)
+        return 1
+    if not isinstance(result, ConsumeResult):  # e.g. the coroutine of an async handler nobody awaits
+        if inspect.iscoroutine(result):
+            result.close()
+        log.error(
+            "handler answered %r on message %s, not a ConsumeResult; reconsume later", result, env.message_id
+        )
         return 1
     if result is ConsumeResult.SUCCESS:
         return 0
@@ -343,13 +353,14 @@ def consume_status(
 def subscribe_guarded(
     consumer: Any,
     topic: str,
-    handler: Callable[[Envelope], ConsumeResult],
+    handler: Callable[[Envelope], Any],
     expression: str = "*",
     dead_letter: DeadLetterFn | None = None,
     group: str | None = None,
     queues: QueueBook | None = None,
     max_reconsume_times: int | None = C.ROCKETMQ_MAX_RECONSUME_TIMES,
-) -> None:
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> LoopBridge | None:
     """Subscribe ``consumer`` (a ``rocketmq.client.PushConsumer``, not started) to ``topic`` with ``handler``.
 
     ``handler`` is what ``@idempotent_consumer`` returns; ``group`` is the consumer's group (default:
@@ -359,10 +370,17 @@ def subscribe_guarded(
     0.4.4 sends no limit of its own with a failed delivery, so the group's decides): a delivery at that
     limit is the broker's last (``last_attempt``), so a handler failure there ends the group's row ``DEAD``
     with the guard's reason even below ``max_attempts``. Pass the group's value if it was changed.
+
+    An ``async def`` guarded handler runs on ``loop`` (one the caller runs on another thread) or on a loop
+    thread of its own (:class:`~reliable.adapters.aio_bridge.LoopBridge`), the client's consume thread
+    waiting for the guard's answer; the bridge is returned (``None`` for a sync handler): close it after
+    ``consumer.shutdown()``.
     """
     client = _client()
     handler_group = getattr(handler, "group", None)
     group = group or (handler_group if isinstance(handler_group, str) else None)
+    bridge = LoopBridge(handler, loop) if is_async_handler(handler) else None
+    sync_handler: Callable[[Envelope], Any] = handler if bridge is None else bridge
     from rocketmq.exceptions import ffi_check
     from rocketmq.ffi import dll
 
@@ -372,10 +390,11 @@ def subscribe_guarded(
         except Exception:
             log.exception("undecodable RocketMQ delivery; reconsume later")
             return 1
-        return consume_status(handler, env, dead_letter)
+        return consume_status(sync_handler, env, dead_letter)
 
     ffi_check(dll.Subscribe(consumer._handle, topic.encode(), expression.encode()))
     consumer._register_callback(on_message)
+    return bridge
 
 
 def push_consumer(namesrv: str, group: str, thread_count: int | None = None) -> Any:

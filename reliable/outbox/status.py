@@ -71,12 +71,30 @@ def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit:
         )
     rows = conn.execute(q.order_by(stub.c.resend_at, stub.c.message_id).limit(limit)).all()
     if rows:
-        _settle_where(
-            conn, now, and_(stub.c.status == StubStatus.PENDING, stub.c.message_id.in_([r[1] for r in rows]))
-        )
+        ids = sorted(r[1] for r in rows)
+        if conn.dialect.name in ("mysql", "mariadb"):
+            _share_inbox_first(conn, ids)
+        _settle_where(conn, now, and_(stub.c.status == StubStatus.PENDING, stub.c.message_id.in_(ids)))
     if len(rows) < limit:
         return None
     return rows[-1][0], rows[-1][1]
+
+
+def _share_inbox_first(conn: Connection, ids: Sequence[str]) -> None:
+    """MariaDB/MySQL: share-lock the stubs' inbox rows *before* the stub ``UPDATE`` locks a stub.
+
+    InnoDB reads the ``EXISTS`` subqueries of that ``UPDATE`` with shared locks, one stub at a time after
+    locking it: stub → inbox. A guard confirming a group's row locks the other way, inbox → stub (its inbox
+    rows, then the stubs it settles), so a settle running beside consumers deadlocked: the sweep round failed
+    after its resends, before its notices (telling a person of a DEAD row, a stall) — every round while the
+    consumers were busy. Locking the inbox rows first puts the sweeper in the guard's order: whoever comes
+    second waits for the first to commit. PostgreSQL's subqueries read a snapshot and lock nothing."""
+    conn.execute(
+        select(inbox.c.message_id)
+        .where(inbox.c.message_id.in_(list(ids)))
+        .order_by(inbox.c.message_id)  # the (message_id, status) index's order: a guard locks in id order too
+        .with_for_update(read=True)
+    ).all()
 
 
 def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]) -> int:
