@@ -1,5 +1,5 @@
 """A production topology for ``async def`` handlers behind RocketMQ 4.x push consumers, for the tests of
-``test_rocketmq4_aio.py``: ``broker-sim serve`` (remoting) on ports 16800–16899, one topic of 4 queues, the
+``test_rocketmq4_aio.py``: ``broker-sim serve`` (remoting) on free loopback ports, one topic of 4 queues, the
 groups ``billing`` (two consumer instances), ``audit`` (one) and ``archive`` (expected, never consuming), a
 stub-first producer with inbox rows for all three, and evidence read back with the sync engine."""
 
@@ -25,8 +25,9 @@ from reliable.types import Envelope, StubStatus
 
 TOPIC = "AioOrders"
 GROUPS = ("billing", "audit", "archive")
-#: this helper's port range (16800–16899): name server and broker of each test's own broker
-PORT_BASE = int(os.environ.get("AIO4_PORT_BASE", "16800"))
+#: free loopback ports by default (``BrokerServer``'s own); ``AIO4_PORT_BASE=N`` pins each test's pair to
+#: ``N + 2 × slot`` instead (a machine whose tools need known ports)
+PORT_BASE = int(os.environ["AIO4_PORT_BASE"]) if os.environ.get("AIO4_PORT_BASE") else None
 
 effects_md = MetaData()
 effects = Table(  # no unique constraint: the guard, not the schema, must keep an effect from repeating
@@ -39,12 +40,14 @@ effects = Table(  # no unique constraint: the guard, not the schema, must keep a
 
 
 def broker_server(tmp_path: Path, slot: int, **extra: str) -> BrokerServer:
-    """``broker-sim serve`` with ``TOPIC`` on 4 queues and retries due after 1 s, on two ports of slot
-    ``slot`` (each test takes a slot of its own, so a port is never reused while in TIME_WAIT)."""
+    """``broker-sim serve`` with ``TOPIC`` on 4 queues and retries due after 1 s, on free ports
+    (or, pinned, on two ports of slot ``slot``: each test takes a slot of its own)."""
     config = {"topics": json.dumps({TOPIC: 4}), "message_delay_level": "1s 1s 1s 1s 1s", **extra}
     args = ["--log-level", "WARNING"]
     for key, value in config.items():
         args += ["--set", f"{key}={value}"]
+    if PORT_BASE is None:
+        return BrokerServer(tmp_path / "store", tmp_path / "logs", args)
     port = PORT_BASE + 2 * slot
     return BrokerServer(tmp_path / "store", tmp_path / "logs", args, namesrv_port=port, broker_port=port + 1)
 
