@@ -168,8 +168,22 @@ def mark_dead_rows(
         ),
         [{"b_message_id": m, "b_group": g, "b_error": errors[(m, g)]} for m, g in dead],
     )
-    derive_status(conn, sorted({m for m, _ in dead}), now)
+    _stubs_dead(conn, sorted({m for m, _ in dead}), now)
     return set(dead)
+
+
+def _stubs_dead(conn: Connection, message_ids: Sequence[str], now: dt.datetime) -> None:
+    """The stubs of rows this transaction has just set DEAD: ``DEAD`` (what :func:`derive_status` would
+    derive — a DEAD row outranks every other — without reading the other groups' rows). On InnoDB that read
+    is a locking one: the stub locked, then every other group's inbox row of the message share-locked — the
+    reverse of the guard's order (its group's row, then the stub), so a consumer of another group confirming
+    the message, or a second sweeper giving up another group of it, deadlocked with the give-up. Locks the
+    stubs by primary key in id order, as the guard's settle does; a voided stub stays as it is."""
+    conn.execute(
+        update(stub)
+        .where(stub.c.message_id.in_(list(message_ids)), stub.c.status != StubStatus.VOIDED)
+        .values(status=StubStatus.DEAD.value, confirmed_at=None, updated_at=now)
+    )
 
 
 def revive(conn: Connection, message_id: str, now: dt.datetime, group: str | None = None) -> int:
