@@ -27,7 +27,10 @@ def columns_in(
     * PostgreSQL: ``IN (SELECT … FROM unnest(:a, :b))`` — two array parameters whatever the batch's size, so
       the statement's text, and SQLAlchemy's compiled-statement cache entry, are the same for every batch
       (bound one by one, the claim's pairs cost it a fifth of c1's rate; docs/benchmarks/sweeper.md);
-    * MariaDB / MySQL: a row-value ``IN`` list (no array type);
+    * MariaDB / MySQL: a row-value ``IN`` list (no array type) — for one key two equalities: MariaDB
+      plans ``(a, b) IN ((x, y))`` as a scan of the whole index (it makes a range of two pairs or more, not
+      of one), so a one-row claim or lock read at REPEATABLE READ locked every inbox row of the table: it
+      waited for any consumer holding one and held up every consumer and producer until it committed;
     * SQLite: an OR of pairs, as row values do not work through every driver.
     """
     if conn.dialect.name == "postgresql":
@@ -42,4 +45,6 @@ def columns_in(
         return tuple_(first, second).in_(select(pairs.c.a, pairs.c.b))
     if conn.dialect.name == "sqlite":
         return or_(*[and_(first == a, second == b) for a, b in keys])
+    if len(keys) == 1:
+        return and_(first == keys[0][0], second == keys[0][1])
     return tuple_(first, second).in_(list(keys))
