@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, bindparam, case, exists, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 
 from reliable.models import status_literal
 from reliable.outbox.keys import columns_in
@@ -77,6 +90,29 @@ def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit:
     if len(rows) < limit:
         return None
     return rows[-1][0], rows[-1][1]
+
+
+@contextlib.contextmanager
+def read_committed(engine: Engine) -> Iterator[Connection]:
+    """A transaction (committed on a clean exit) that runs at READ COMMITTED on MariaDB/MySQL too, as the
+    guard's and the purge's do, and as every transaction does on PostgreSQL, where the sweeper's locking was
+    designed and tested. The sweeper's claim, record, settle and tell transactions use it. At InnoDB's
+    default REPEATABLE READ, on a busy two-group topic (2026-11-29), they deadlocked with consumers and with
+    each other — a round in two failed before it told, notified and purged:
+
+    * a subquery of an ``UPDATE`` (the settle's ``NOT EXISTS (SELECT … FROM message_inbox …)``) is a locking
+      read there: the stub locked, then its inbox rows share-locked — the reverse of the guard's order (its
+      group's inbox row, then the stub);
+    * the claim's and the record's lock reads take next-key locks, and moving a claimed row's ``resend_at``
+      inserts into the ``(status, resend_at)`` index, into a gap another sweeper's claim or a consumer's
+      confirmation had locked.
+
+    At READ COMMITTED the subqueries read committed rows without locking them and locks are on rows, not
+    gaps; a row locked ``FOR UPDATE`` is still read in its newest committed version."""
+    with engine.begin() as conn:
+        if conn.dialect.name in ("mysql", "mariadb"):  # before the transaction's first statement
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        yield conn
 
 
 def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]) -> int:

@@ -189,3 +189,59 @@ def test_a_give_up_while_the_other_group_confirms_the_message_neither_fails_nor_
     assert get_inbox(consumers, "m", "audit").status is StubStatus.CONFIRMED
     assert get_stub(consumers, "m").status is StubStatus.DEAD  # some group gave up (DESIGN.md §1)
     assert _notices(consumers.engine, "m", "billing") == 1  # a person is told, once
+
+
+def test_a_sweep_round_settling_stubs_while_a_consumer_confirms_the_last_group_neither_fails(
+    rels: tuple[Reliability, Reliability],
+) -> None:
+    """The round's settle walk (stubs whose last groups confirmed at one instant) read the inbox rows under
+    the stub's lock on MariaDB: a consumer confirming the message's last open group at that moment
+    deadlocked with it (a round in two failed on a busy topic)."""
+    consumers, sweeping = rels
+    add_stub(consumers, "m", groups=["billing", "audit"], queue_offset=None)
+    set_inbox(consumers, "m", "billing", status=StubStatus.CONFIRMED)
+    set_inbox(consumers, "m", "audit", resend_at=T0 + dt.timedelta(hours=1))  # not due: nothing to send
+    registry = CollectorRegistry()
+    audit = idempotent_consumer(consumers, group="audit", registry=registry)(
+        lambda e, session: apply(e, session, note="audit")
+    )
+    sweeper = Sweeper(sweeping, QueueSender(), backoff=FixedBackoff((60.0,)), clock=Clock())
+    sessions = ThreadSessions(sweeping.engine, SWEEPER_THREAD)
+    errors: list[BaseException] = []
+    decisions: list[Reason] = []
+
+    def sweep() -> None:
+        try:
+            sweeper.run_once()
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    with paused_at_stub_write(CONSUMER_THREAD) as (at_settle, settle):
+        consumer = threading.Thread(
+            target=lambda: decisions.append(audit.decide(env("m", b"body-m")).reason),
+            name=CONSUMER_THREAD,
+            daemon=True,
+        )
+        consumer.start()
+        assert at_settle.wait(30), "the consumer never settled its stub"
+        round_ = threading.Thread(target=sweep, name=SWEEPER_THREAD, daemon=True)
+        round_.start()
+        try:
+            wait_until(
+                lambda: not round_.is_alive() or _waits(sweeping.engine, sessions.snapshot()),
+                what="the sweeper's round to end or wait for the consumer",
+            )
+        finally:
+            settle.set()
+            sessions.close()
+        consumer.join(30)
+        round_.join(30)
+    assert not consumer.is_alive() and not round_.is_alive()
+    assert not errors, errors
+    assert decisions == [Reason.PROCESSED]
+    deadlocks = registry.get_sample_value(
+        "reliable_database_errors_total", {"group": "audit", "step": "deadlock_retried"}
+    )
+    assert not deadlocks, "the consumer's transaction was rolled back to break a deadlock"
+    assert per_group(consumers) == {("audit", "m"): 1}
+    assert get_stub(consumers, "m").status is StubStatus.CONFIRMED
