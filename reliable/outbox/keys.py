@@ -30,7 +30,8 @@ def columns_in(
     * MariaDB / MySQL: ``(first = :a AND second IN (…)) OR …``, one term per distinct value of whichever
       column has fewer (a batch has a few groups): MariaDB 10.11's range optimizer spends ~0.3 s on a
       row-value ``IN`` of 500 pairs before it reads a row (``EXPLAIN`` alone takes as long), against 3 ms
-      for a scalar ``IN`` of 500 under one equality;
+      for a scalar ``IN`` of 500 under one equality; and a row-value ``IN`` of one pair it plans as a scan of
+      the whole index, so a one-row lock read at REPEATABLE READ locked every inbox row of the table;
     * SQLite: an OR of pairs, as row values do not work through every driver.
     """
     if not keys:

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, bindparam, case, exists, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 
 from reliable.models import status_literal
 from reliable.outbox.keys import columns_in
@@ -95,6 +108,29 @@ def _share_inbox_first(conn: Connection, ids: Sequence[str]) -> None:
         .order_by(inbox.c.message_id)  # the (message_id, status) index's order: a guard locks in id order too
         .with_for_update(read=True)
     ).all()
+
+
+@contextlib.contextmanager
+def read_committed(engine: Engine) -> Iterator[Connection]:
+    """A transaction (committed on a clean exit) that runs at READ COMMITTED on MariaDB/MySQL too, as the
+    guard's and the purge's do, and as every transaction does on PostgreSQL, where the sweeper's locking was
+    designed and tested. The sweeper's claim, record, settle and tell transactions use it. At InnoDB's
+    default REPEATABLE READ, on a busy two-group topic (2026-11-29), they deadlocked with consumers and with
+    each other — a round in two failed before it told, notified and purged:
+
+    * a subquery of an ``UPDATE`` (the settle's ``NOT EXISTS (SELECT … FROM message_inbox …)``) is a locking
+      read there: the stub locked, then its inbox rows share-locked — the reverse of the guard's order (its
+      group's inbox row, then the stub);
+    * the claim's and the record's lock reads take next-key locks, and moving a claimed row's ``resend_at``
+      inserts into the ``(status, resend_at)`` index, into a gap another sweeper's claim or a consumer's
+      confirmation had locked.
+
+    At READ COMMITTED the subqueries read committed rows without locking them and locks are on rows, not
+    gaps; a row locked ``FOR UPDATE`` is still read in its newest committed version."""
+    with engine.begin() as conn:
+        if conn.dialect.name in ("mysql", "mariadb"):  # before the transaction's first statement
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        yield conn
 
 
 def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]) -> int:
@@ -186,8 +222,22 @@ def mark_dead_rows(
         ),
         [{"b_message_id": m, "b_group": g, "b_error": errors[(m, g)]} for m, g in dead],
     )
-    derive_status(conn, sorted({m for m, _ in dead}), now)
+    _stubs_dead(conn, sorted({m for m, _ in dead}), now)
     return set(dead)
+
+
+def _stubs_dead(conn: Connection, message_ids: Sequence[str], now: dt.datetime) -> None:
+    """The stubs of rows this transaction has just set DEAD: ``DEAD`` (what :func:`derive_status` would
+    derive — a DEAD row outranks every other — without reading the other groups' rows). On InnoDB that read
+    is a locking one: the stub locked, then every other group's inbox row of the message share-locked — the
+    reverse of the guard's order (its group's row, then the stub), so a consumer of another group confirming
+    the message, or a second sweeper giving up another group of it, deadlocked with the give-up. Locks the
+    stubs by primary key in id order, as the guard's settle does; a voided stub stays as it is."""
+    conn.execute(
+        update(stub)
+        .where(stub.c.message_id.in_(list(message_ids)), stub.c.status != StubStatus.VOIDED)
+        .values(status=StubStatus.DEAD.value, confirmed_at=None, updated_at=now)
+    )
 
 
 def revive(conn: Connection, message_id: str, now: dt.datetime, group: str | None = None) -> int:

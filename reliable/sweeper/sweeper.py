@@ -217,7 +217,7 @@ class Sweeper:
             if isinstance(self.clock, DatabaseClock):
                 self.clock.sync()
             self._sweep(self.clock(), summary)
-            with self.engine.begin() as conn:  # stubs whose last groups confirmed at the same instant
+            with outbox.read_committed(self.engine) as conn:  # last groups confirmed at one instant
                 self._settle_at = outbox.settle_slice(
                     conn, self.clock(), self._settle_at, C.DEFAULT_SETTLE_BATCH
                 )
@@ -287,7 +287,7 @@ class Sweeper:
             # 1. claim: a short transaction moves the rows' resend_at to the claim's end, reads what the
             # verdicts need from the database (stubs, watermarks, leases) and commits
             until = self.clock() + self.claim_ttl
-            with self.engine.begin() as conn:
+            with outbox.read_committed(self.engine) as conn:
                 claimed = claim(conn, stmt, until=until)
                 if not claimed:
                     return
@@ -304,7 +304,7 @@ class Sweeper:
             t.ask_landed(sent.landed())  # the landed queues' ends, for the backlog estimate
             # 5. record: a short transaction writes the verdicts and the send outcomes on the rows still
             # PENDING and still carrying this claim (a confirmation that landed meanwhile stands)
-            with self.engine.begin() as conn:
+            with outbox.read_committed(self.engine) as conn:
                 at = self.clock()
                 triaged = record(conn, plan, claimed_until=until, now=at)
                 result = record_batch(
@@ -359,7 +359,7 @@ class Sweeper:
 
     def _tell_dead_lettered(self, summary: RoundSummary) -> None:
         for _ in self._batches():
-            with self.engine.begin() as conn:
+            with outbox.read_committed(self.engine) as conn:
                 told = tell_unreported(conn, now=self.clock(), limit=self.batch)
             summary.dead_lettered += len(told)
             if len(told) < self.batch or self.stopping:

@@ -18,6 +18,7 @@ from reliable.sweeper.claim import pair_in
 from reliable.sweeper.selection import inbox
 from reliable.types import StubStatus
 from tests.sweeper.helpers import add_stub, get_inbox
+from tests.sweeper.test_race import short_lock_wait
 
 
 @pytest.mark.parametrize(
@@ -65,3 +66,28 @@ def test_on_postgresql_the_statement_is_the_same_for_any_batch_size() -> None:
     small, large = compiled(2), compiled(1000)
     assert small == large
     assert small[1] == 2  # two arrays, whatever the batch
+
+
+def test_a_lock_read_of_one_key_locks_that_row_only(rel: Reliability) -> None:
+    """A sweeper batch of one row (a claim, the record's lock read, a give-up) must not hold up consumers
+    and producers working on other rows. MariaDB planned a one-pair row-value ``IN`` as a scan of the whole
+    primary key: at REPEATABLE READ it locked every inbox row and the gaps between them, so a consumer
+    locking another message's row, or a producer staging a new one, waited for the sweeper's transaction
+    (and the sweeper waited for any consumer holding a row)."""
+    for n in range(3):
+        add_stub(rel, f"m{n}")
+    with rel.engine.connect() as sweeper, rel.engine.connect() as other:
+        if sweeper.dialect.name == "sqlite":
+            return  # one writer at a time: the database lock, no row locks
+        tx = sweeper.begin()
+        key = pair_in(sweeper, [("billing", "m1")])
+        assert sweeper.execute(select(inbox.c.message_id).where(key).with_for_update()).scalars().all() == [
+            "m1"
+        ]
+        assert sweeper.execute(update(inbox).where(key).values(attempts=0)).rowcount == 1
+        with other.begin():
+            short_lock_wait(other)  # a wait fails in 2 s instead of hanging
+            locked = select(inbox.c.message_id).where(inbox.c.message_id.in_(["m0", "m2"])).with_for_update()
+            assert other.execute(locked).scalars().all() == ["m0", "m2"]  # a consumer's rows
+        add_stub(rel, "m3")  # a producer staging a new message
+        tx.rollback()
