@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +63,35 @@ def rel(postgres_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliabil
     reset_effects(r.engine)
     yield r
     r.close()
+
+
+#: ``workers(name, **options)`` starts a ``tests.adapters.kafka.worker`` process; its process and status file
+Workers = Callable[..., tuple[subprocess.Popen[bytes], Path]]
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    """Consumer worker processes (SIGTERM at the end of the test, SIGKILL if one does not stop)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, **args: Any) -> tuple[subprocess.Popen[bytes], Path]:
+        path = tmp_path / f"{name}.json"
+        argv = [sys.executable, "-m", "tests.adapters.kafka.worker", "--status", str(path)]
+        for k, v in args.items():
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
+        procs.append(subprocess.Popen(argv, cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT))
+        return procs[-1], path
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(5)
+
+
+_ROOT = Path(__file__).resolve().parents[3]

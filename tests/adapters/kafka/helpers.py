@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -189,3 +191,12 @@ def assert_bad_records_journaled(engine: Engine, group: str, topic: str) -> None
     assert (bad.message_id, bad.topic, bad.queue_id) == (f"undecodable:{topic}-0-0", topic, 0)
     assert bad.reason.startswith("bad_message: undecodable: ") and "'message-id' is not UTF-8" in bad.reason
     assert rows[1].reason.startswith("missing_message_id")
+
+
+def worker_status(path: Path) -> dict[str, Any]:
+    """What a ``tests.adapters.kafka.worker`` process last wrote about itself (before its first write: no
+    partition, nothing processed)."""
+    try:
+        return dict(json.loads(path.read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"assigned": [], "processed": 0}

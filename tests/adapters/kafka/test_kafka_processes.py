@@ -3,14 +3,9 @@ over, or a restarted one resumes from the offsets kept in the database; nothing 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,44 +13,14 @@ from reliable import Reliability
 from reliable.adapters.kafka import RetryPolicy, ensure_topics
 from reliable.adapters.kafka_offsets import load
 from reliable.demo.tansu import Tansu
-from tests.adapters.kafka.helpers import TIMEOUT_S, committed, effect_counts, produce, with_ids
+from tests.adapters.kafka.conftest import Workers
+from tests.adapters.kafka.helpers import TIMEOUT_S, committed, effect_counts, produce, with_ids, worker_status
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
 PARTITIONS = 4
-
-
-def status(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text()))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {"assigned": [], "processed": 0}
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen[bytes], Path]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, **args: Any) -> tuple[subprocess.Popen[bytes], Path]:
-        path = tmp_path / f"{name}.json"
-        argv = [sys.executable, "-m", "tests.adapters.kafka.worker", "--status", str(path)]
-        for k, v in args.items():
-            argv += [f"--{k.replace('_', '-')}", str(v)]
-        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
-        procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
-        return procs[-1], path
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGTERM)
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(5)
 
 
 @pytest.mark.parametrize("batch", [1, 0], ids=["batch", "per-record"])
@@ -68,7 +33,7 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     key_prefix: str,
     topic: str,
     group: str,
-    workers: Callable[..., tuple[subprocess.Popen[bytes], Path]],
+    workers: Workers,
 ) -> None:
     ensure_topics(tansu.bootstrap, RetryPolicy(delays_s=(0.3,)).all_topics(topic), partitions=PARTITIONS)
     common = dict(
@@ -85,8 +50,8 @@ def test_a_member_killed_mid_batch_loses_nothing_and_applies_nothing_twice(
     # both members hold a share of the partitions before any record exists
     wait_until(
         lambda: (
-            len(status(victim_status)["assigned"])
-            == len(status(survivor_status)["assigned"])
+            len(worker_status(victim_status)["assigned"])
+            == len(worker_status(survivor_status)["assigned"])
             == PARTITIONS // 2
         ),
         TIMEOUT_S,
@@ -127,7 +92,7 @@ def test_a_failed_record_is_retried_after_a_crash_with_database_offsets(
     key_prefix: str,
     topic: str,
     group: str,
-    workers: Callable[..., tuple[subprocess.Popen[bytes], Path]],
+    workers: Workers,
 ) -> None:
     """``db_offsets`` with ``offsets_in_db``: m002 fails, m003 succeeds, and the member is killed before
     m002's retry copy has landed. A later record's transaction must not have stored the position past m002:

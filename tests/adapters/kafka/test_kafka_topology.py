@@ -17,9 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -32,6 +30,7 @@ from reliable.demo.tansu import Tansu
 from reliable.models import MessageInbox
 from reliable.sweeper import Sweeper
 from reliable.sweeper.notices import NoticeKind
+from tests.adapters.kafka.conftest import Workers
 from tests.adapters.kafka.helpers import (
     TIMEOUT_S,
     apply_effect,
@@ -40,6 +39,7 @@ from tests.adapters.kafka.helpers import (
     log_rows,
     make_consumer,
     read_all,
+    worker_status,
 )
 from tests.sweeper.helpers import MemoryChannel
 from tests.waiting import wait_until
@@ -51,37 +51,6 @@ PARTITIONS = 3
 POLICY = RetryPolicy(delays_s=(0.3,))  # what the worker processes use too (unscoped: shared retry topics)
 TRANSIENT = {"m007", "m021", "m044"}  # fail once in group b, then succeed
 POISON = "m013"  # fails every time in group b
-
-
-def _status(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text()))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {"assigned": [], "processed": 0}
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen[bytes], Path]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(name: str, **args: Any) -> tuple[subprocess.Popen[bytes], Path]:
-        path = tmp_path / f"{name}.json"
-        argv = [sys.executable, "-m", "tests.adapters.kafka.worker", "--status", str(path)]
-        for k, v in args.items():
-            argv += [f"--{k.replace('_', '-')}", str(v)]
-        log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - the process owns it
-        procs.append(subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
-        return procs[-1], path
-
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGTERM)
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(5)
 
 
 def _inbox(rel: Reliability, group: str) -> dict[str, str]:
@@ -118,7 +87,7 @@ def test_three_groups_one_killed_one_rebalanced_one_absent_sweeper_and_report_ag
     key_prefix: str,
     topic: str,
     tmp_path: Path,
-    workers: Callable[..., tuple[subprocess.Popen[bytes], Path]],
+    workers: Workers,
 ) -> None:
     suffix = topic.split("-")[1]
     a, b, c = (f"{n}-{suffix}" for n in ("a", "b", "c"))
@@ -147,7 +116,9 @@ def test_three_groups_one_killed_one_rebalanced_one_absent_sweeper_and_report_ag
     threads[-1].start()
     try:
         wait_until(
-            lambda: len(b1.assigned) > 0 and len(_status(victim_status)["assigned"]) > 0, TIMEOUT_S, "a, b"
+            lambda: len(b1.assigned) > 0 and len(worker_status(victim_status)["assigned"]) > 0,
+            TIMEOUT_S,
+            "a, b",
         )
         publish(ids[:20])
         assert victim.wait(TIMEOUT_S) == -signal.SIGKILL  # a dies mid-stream, offsets uncommitted

@@ -32,7 +32,6 @@ from reliable.models import MessageInbox, MessageStub, utcnow
 from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.notices import NoticeKind
 from tests.adapters.rabbitmq.conftest import TIMEOUT_S, TOPIC, queue_depth
-from tests.conftest import _ensure_clean_schema
 from tests.sweeper.helpers import MemoryChannel
 
 pytestmark = pytest.mark.rabbitmq
@@ -64,21 +63,13 @@ class Fanout:
 
 
 @pytest.fixture
-def rel(postgres_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
-    _ensure_clean_schema(postgres_url)
-    r = Reliability(
-        postgres_url,
-        redis_url,
-        key_prefix=key_prefix,
-        max_attempts=3,
-        lease_ms=5000,
-        journal_write_behind=False,
-    )
-    md.create_all(r.engine)
-    with r.engine.begin() as conn:
+def rel(rel: Reliability) -> Reliability:
+    """The adapter tests' ``Reliability`` (tests/adapters/rabbitmq/conftest.py), with this file's effect
+    table — one row per group's effect — created and empty."""
+    md.create_all(rel.engine)
+    with rel.engine.begin() as conn:
         conn.execute(delete(effects))
-    yield r
-    r.close()
+    return rel
 
 
 @pytest.fixture
