@@ -80,9 +80,8 @@ class RocketMQ5Sender:
             msg.tag = message.tags
         properties = dict(message.properties)
         group = properties.pop(MESSAGE_GROUP_PROPERTY, None)
-        if (
-            group
-        ):  # the message's own FIFO message group (a system field): a FIFO consumer group keeps its order
+        if group:
+            # the message's own FIFO message group (a system field): a FIFO consumer group keeps its order
             msg.message_group = group
         if DELAY_PROPERTY in properties:  # a system property over 5.x: the delivery time says it instead
             delay_s = held_back_s(properties)

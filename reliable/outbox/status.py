@@ -71,6 +71,9 @@ def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit:
     ``after``: an ordered range scan of ``ix_message_stub_status_resend_at`` that stops at ``limit``, so a
     sweep round's cost does not grow with the table. Returns where to go on (``None``: the walk reached
     the end and starts over). A PENDING stub without ``resend_at`` (not staged by the producer) is left out.
+
+    On MariaDB/MySQL run it in :func:`read_committed`, as the sweeper does: at REPEATABLE READ the
+    ``UPDATE``'s subqueries share-lock the inbox rows after the stub, against a guard's order.
     """
     q = select(stub.c.resend_at, stub.c.message_id).where(
         stub.c.status == status_literal(StubStatus.PENDING), stub.c.resend_at.is_not(None)
@@ -85,29 +88,10 @@ def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit:
     rows = conn.execute(q.order_by(stub.c.resend_at, stub.c.message_id).limit(limit)).all()
     if rows:
         ids = sorted(r[1] for r in rows)
-        if conn.dialect.name in ("mysql", "mariadb"):
-            _share_inbox_first(conn, ids)
         _settle_where(conn, now, and_(stub.c.status == StubStatus.PENDING, stub.c.message_id.in_(ids)))
     if len(rows) < limit:
         return None
     return rows[-1][0], rows[-1][1]
-
-
-def _share_inbox_first(conn: Connection, ids: Sequence[str]) -> None:
-    """MariaDB/MySQL: share-lock the stubs' inbox rows *before* the stub ``UPDATE`` locks a stub.
-
-    InnoDB reads the ``EXISTS`` subqueries of that ``UPDATE`` with shared locks, one stub at a time after
-    locking it: stub → inbox. A guard confirming a group's row locks the other way, inbox → stub (its inbox
-    rows, then the stubs it settles), so a settle running beside consumers deadlocked: the sweep round failed
-    after its resends, before its notices (telling a person of a DEAD row, a stall) — every round while the
-    consumers were busy. Locking the inbox rows first puts the sweeper in the guard's order: whoever comes
-    second waits for the first to commit. PostgreSQL's subqueries read a snapshot and lock nothing."""
-    conn.execute(
-        select(inbox.c.message_id)
-        .where(inbox.c.message_id.in_(list(ids)))
-        .order_by(inbox.c.message_id)  # the (message_id, status) index's order: a guard locks in id order too
-        .with_for_update(read=True)
-    ).all()
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, exists, insert, or_, select
+from sqlalchemy import Connection, exists, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from reliable import constants as C
@@ -53,7 +53,7 @@ from reliable.sweeper.notices import (
     queue_tag,
 )
 from reliable.sweeper.notify import log_dead
-from reliable.sweeper.owed import Key, forget, keys_in, told_rows
+from reliable.sweeper.owed import Key, delete_rows, forget, keys_in, told_rows
 from reliable.sweeper.selection import Candidate, inbox, notif, stub
 from reliable.sweeper.verdict import Facts, Verdict
 from reliable.types import StubStatus
@@ -227,18 +227,10 @@ def _log_row_of_told(conn: Connection, keys: Sequence[Key], now: dt.datetime) ->
         .where(keys_in(conn, keys))
         .order_by(notif.c.created_at, notif.c.channel)
     ).all()
-    alarms = [r for r in found if r.channel == C.NOTIFY_CHANNEL_LOG]
-    if alarms:
-        conn.execute(
-            delete(notif).where(
-                or_(
-                    *(
-                        and_(notif.c.message_id == m, notif.c.consumer_group == g, notif.c.channel == ch)
-                        for m, g, ch, *_ in alarms
-                    )
-                )
-            )
-        )
+    delete_rows(
+        conn,
+        [(r.message_id, r.consumer_group, r.channel) for r in found if r.channel == C.NOTIFY_CHANNEL_LOG],
+    )
     alarm = tuple(f"{tag} " for tag in QUEUE_TAGS)
     told: dict[Key, Any] = {}
     for r in found:

@@ -89,11 +89,23 @@ def forget(conn: Connection, keys: Sequence[Key]) -> None:
     found = conn.execute(
         select(notif.c.message_id, notif.c.consumer_group, notif.c.channel).where(keys_in(conn, keys))
     )
-    rows = [
-        and_(notif.c.message_id == m, notif.c.consumer_group == g, notif.c.channel == c) for m, g, c in found
-    ]
+    delete_rows(conn, [(m, g, c) for m, g, c in found])
+
+
+def delete_rows(conn: Connection, rows: Sequence[tuple[str, str, str]]) -> None:
+    """Delete these ``(message_id, consumer_group, channel)`` rows by primary key (rows a plain read found:
+    see :func:`forget`)."""
     if rows:
-        conn.execute(delete(notif).where(or_(*rows)))
+        conn.execute(
+            delete(notif).where(
+                or_(
+                    *(
+                        and_(notif.c.message_id == m, notif.c.consumer_group == g, notif.c.channel == c)
+                        for m, g, c in rows
+                    )
+                )
+            )
+        )
 
 
 @contextmanager

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, and_, or_, select
+from sqlalchemy import Connection, select
 
+from reliable.outbox.keys import columns_in
 from reliable.sweeper.backoff import QueueProgress
 from reliable.sweeper.selection import progress
 
@@ -45,18 +46,18 @@ def load_progress(conn: Connection, keys: set[QueueIdKey]) -> dict[ProgressKey, 
     """The ``consume_progress`` rows of ``keys``, every broker group's (one statement)."""
     if not keys:
         return {}
-    clause = or_(
-        *[
-            and_(progress.c.consumer_group == g, progress.c.topic == t, progress.c.queue_id == q)
-            for g, t, q in sorted(keys)
-        ]
-    )
-    rows = conn.execute(select(progress).where(clause)).all()
+    # (group, topic) pairs and queue ids apart: a batch has few of each, and the rows read beyond ``keys``
+    # (another asked pair's queue id) are dropped here
+    pairs = sorted({(g, t) for g, t, _ in keys})
+    queue_ids = sorted({q for _, _, q in keys})
+    clause = columns_in(conn, progress.c.consumer_group, progress.c.topic, pairs)
+    rows = conn.execute(select(progress).where(clause, progress.c.queue_id.in_(queue_ids))).all()
     return {
         (r.consumer_group, r.topic, r.broker_name, r.queue_id): QueueProgress(
             r.max_offset, r.min_offset, r.created_at, r.updated_at, r.received_count
         )
         for r in rows
+        if (r.consumer_group, r.topic, r.queue_id) in keys
     }
 
 
@@ -110,6 +111,6 @@ def consumed_topics(conn: Connection, pairs: set[tuple[str, str]]) -> set[tuple[
     statement)."""
     if not pairs:
         return set()
-    clause = or_(*[and_(progress.c.consumer_group == g, progress.c.topic == t) for g, t in sorted(pairs)])
+    clause = columns_in(conn, progress.c.consumer_group, progress.c.topic, sorted(pairs))
     rows = conn.execute(select(progress.c.consumer_group, progress.c.topic).where(clause).distinct()).all()
     return {(r[0], r[1]) for r in rows}
