@@ -57,6 +57,7 @@ from broker_sim.common.requests import (
     TopicRouteData,
 )
 from broker_sim.common.scheduler import Scheduler
+from broker_sim.common.service_state import ServiceState
 from broker_sim.common.transport import BrokerTransport
 from broker_sim.faults import FaultInjector
 from broker_sim.store.message_store import MessageStore
@@ -138,7 +139,7 @@ class Broker:
         self.reset_offset_by_time = c.reset_offset_by_time
         self.consumer_running_info = c.consumer_running_info
         self.consume_message_directly = c.consume_message_directly
-        self._state = "CREATED"
+        self._state: ServiceState = ServiceState.CREATED
         self._state_lock = threading.Lock()
 
     def client_transport(self) -> BrokerTransport:
@@ -162,12 +163,10 @@ class Broker:
     def start(self) -> Broker:
         """Recover the store, load config tables, start timers. Returns self."""
         with self._state_lock:
-            if self._state == "RUNNING":
+            if self._state == ServiceState.RUNNING:
                 return self
-            if self._state != "CREATED":
-                raise ServiceNotAvailableError(
-                    f"broker is {self._state.lower()}; create a new Broker to restart"
-                )
+            if self._state != ServiceState.CREATED:
+                raise ServiceNotAvailableError(f"broker is {self._state}; create a new Broker to restart")
             self.store.start()
             self.topics.load()
             self.groups.load()
@@ -191,17 +190,17 @@ class Broker:
             if not self.store.replication.is_slave:  # a slave neither delivers delayed messages nor checks
                 self.schedule_service.start()  # transactions: its master does (BrokerController)
                 self.transactions.start()
-            self._state = "RUNNING"
+            self._state = ServiceState.RUNNING
         log.info("broker %s started on %s (store %s)", cfg.broker_name, cfg.broker_addr, self.store_dir)
         return self
 
     def shutdown(self) -> None:
         """Clean stop: answer held pulls, persist offsets/delay progress/config, flush and close the store."""
         with self._state_lock:
-            if self._state != "RUNNING":
-                self._state = "SHUTDOWN"
+            if self._state != ServiceState.RUNNING:
+                self._state = ServiceState.SHUTDOWN
                 return
-            self._state = "SHUTDOWN"
+            self._state = ServiceState.SHUTDOWN
         assert self.schedule_service is not None
         self.scheduler.shutdown()
         self.pull_processor.shutdown()
@@ -216,20 +215,20 @@ class Broker:
         """Power-cut: nothing persisted, unflushed commit-log data lost (ASYNC_FLUSH). Use via the
         injector."""
         with self._state_lock:
-            if self._state != "RUNNING":
+            if self._state != ServiceState.RUNNING:
                 return
-            self._state = "CRASHED"
+            self._state = ServiceState.CRASHED
         self.scheduler.shutdown(wait=False)
         self.store.crash()
         self.pull_processor.shutdown()
 
     @property
     def running(self) -> bool:
-        return self._state == "RUNNING"
+        return self._state == ServiceState.RUNNING
 
     def check_running(self) -> None:
-        if self._state != "RUNNING":
-            raise ServiceNotAvailableError(f"broker {self.config.broker_name} is {self._state.lower()}")
+        if self._state != ServiceState.RUNNING:
+            raise ServiceNotAvailableError(f"broker {self.config.broker_name} is {self._state}")
 
     def _on_dispatch(self, req: DispatchRequest) -> None:
         self.pull_processor.on_dispatch(req)

@@ -53,6 +53,7 @@ from broker_sim.common.requests import (
     SendMessageResponse,
 )
 from broker_sim.common.scheduler import Scheduler
+from broker_sim.common.service_state import ServiceState
 from broker_sim.common.transport import AsyncSendTransport
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class Producer(ClientBase):
         self._executor: ThreadPoolExecutor | None = None
         self._window: SendWindow | None = None
         self._scheduler: Scheduler | None = None
-        self._state = "CREATED"
+        self._state: ServiceState = ServiceState.CREATED
         self.start()
 
     def __repr__(self) -> str:
@@ -125,9 +126,9 @@ class Producer(ClientBase):
 
     def start(self) -> None:
         with self._lock:
-            if self._state == "RUNNING":
+            if self._state == ServiceState.RUNNING:
                 return
-            if self._state == "SHUTDOWN":
+            if self._state == ServiceState.SHUTDOWN:
                 raise ClientStateError("a producer cannot be restarted after shutdown")
             self._executor = ThreadPoolExecutor(self._async_threads, thread_name_prefix=f"send-{self.group}")
             if isinstance(self.transport, AsyncSendTransport):
@@ -139,7 +140,7 @@ class Producer(ClientBase):
                     self._executor,
                 )
             self._scheduler = Scheduler(self.clock, f"producer-{self.group}")
-            self._state = "RUNNING"
+            self._state = ServiceState.RUNNING
         self.send_heartbeat()
         self._scheduler.schedule_periodic(
             self.heartbeat_interval_ms, self.heartbeat_interval_ms, self.send_heartbeat, name="heartbeat"
@@ -147,10 +148,10 @@ class Producer(ClientBase):
 
     def shutdown(self) -> None:
         with self._lock:
-            if self._state != "RUNNING":
-                self._state = "SHUTDOWN"
+            if self._state != ServiceState.RUNNING:
+                self._state = ServiceState.SHUTDOWN
                 return
-            self._state = "SHUTDOWN"
+            self._state = ServiceState.SHUTDOWN
         assert self._scheduler is not None and self._executor is not None
         self._scheduler.shutdown()
         self._executor.shutdown(wait=True)
@@ -167,8 +168,8 @@ class Producer(ClientBase):
             log.warning("producer %s: heartbeat failed: %s", self.client_id, exc)
 
     def _check_running(self) -> None:
-        if self._state != "RUNNING":
-            raise ClientStateError(f"producer {self.group} is {self._state.lower()}")
+        if self._state != ServiceState.RUNNING:
+            raise ClientStateError(f"producer {self.group} is {self._state}")
 
     # -- routes ---------------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from broker_sim.common.requests import (
     SubscriptionData,
 )
 from broker_sim.common.scheduler import Scheduler
+from broker_sim.common.service_state import ServiceState
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +69,12 @@ class PullConsumer(ClientBase):
         self.persist_consumer_offset_interval_ms = persist_consumer_offset_interval_ms
         self._topics: set[str] = set()
         self._scheduler: Scheduler | None = None
-        self._state = "CREATED"
+        self._state: ServiceState = ServiceState.CREATED
 
     def start(self) -> PullConsumer:
-        if self._state != "CREATED":
-            raise ClientStateError(f"pull consumer {self.group} is {self._state.lower()}")
-        self._state = "RUNNING"
+        if self._state != ServiceState.CREATED:
+            raise ClientStateError(f"pull consumer {self.group} is {self._state}")
+        self._state = ServiceState.RUNNING
         self._scheduler = Scheduler(self.clock, f"pull-consumer-{self.group}")
         self._heartbeat()
         self._scheduler.schedule_periodic(30_000, 30_000, self._heartbeat, name="heartbeat")
@@ -86,10 +87,10 @@ class PullConsumer(ClientBase):
         return self
 
     def shutdown(self) -> None:
-        if self._state != "RUNNING":
-            self._state = "SHUTDOWN"
+        if self._state != ServiceState.RUNNING:
+            self._state = ServiceState.SHUTDOWN
             return
-        self._state = "SHUTDOWN"
+        self._state = ServiceState.SHUTDOWN
         assert self._scheduler is not None
         self._scheduler.shutdown()
         self.persist_offsets()
@@ -101,7 +102,7 @@ class PullConsumer(ClientBase):
         self.transport.close()
 
     def _check(self) -> None:
-        if self._state != "RUNNING":
+        if self._state != ServiceState.RUNNING:
             raise ClientStateError(f"pull consumer {self.group} is not running (call start())")
 
     def _heartbeat(self) -> None:

@@ -50,6 +50,7 @@ from broker_sim.common.requests import (
     SubscriptionData,
 )
 from broker_sim.common.scheduler import Scheduler
+from broker_sim.common.service_state import ServiceState
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class PushConsumer(ClientBase):
         self.consume_service: ConcurrentConsumeService | OrderlyConsumeService | None = None
         self.scheduler: Scheduler = Scheduler(self.clock, f"consumer-{group}")
         self.stopped = False
-        self._state = "CREATED"
+        self._state: ServiceState = ServiceState.CREATED
         self.flow_control_times = 0
         self.pulls = PullService(self)
         self.rebalancer = Rebalancer(self)
@@ -145,7 +146,7 @@ class PushConsumer(ClientBase):
 
     @property
     def is_running(self) -> bool:
-        return self._state == "RUNNING"
+        return self._state == ServiceState.RUNNING
 
     def listener_for_direct_consume(self) -> Callable[[list[MessageExt]], object]:
         listener = self._orderly_listener or self._listener
@@ -173,7 +174,7 @@ class PushConsumer(ClientBase):
         """Subscribe to ``topic`` with a tag expression (``"*"``, ``"A || B"``) or a
         ``MessageSelector.by_sql("a > 5")``; optionally set the listener. SQL92 subscriptions are checked with
         the broker at ``start()`` (CHECK_CLIENT_CONFIG), which raises if the broker cannot serve them."""
-        if self._state != "CREATED":
+        if self._state != ServiceState.CREATED:
             raise ClientStateError("subscribe before start()")
         selector = MessageSelector.of(expression)
         sql = selector.expression_type is ExpressionType.SQL92
@@ -196,8 +197,8 @@ class PushConsumer(ClientBase):
     # -- life cycle -----------------------------------------------------------------------------------------
 
     def start(self) -> PushConsumer:
-        if self._state != "CREATED":
-            raise ClientStateError(f"consumer {self.group} is {self._state.lower()}")
+        if self._state != ServiceState.CREATED:
+            raise ClientStateError(f"consumer {self.group} is {self._state}")
         if self._listener is None and self._orderly_listener is None:
             raise ClientStateError("register a message listener before start()")
         if not self.subscriptions:
@@ -214,7 +215,7 @@ class PushConsumer(ClientBase):
         else:
             assert self._listener is not None
             self.consume_service = ConcurrentConsumeService(self, self._listener, self.consume_threads)
-        self._state = "RUNNING"
+        self._state = ServiceState.RUNNING
         self._pull_thread = threading.Thread(target=self.pulls.run, name=f"pull-{self.group}", daemon=True)
         self._pull_thread.start()
         self.send_heartbeat()
@@ -246,10 +247,10 @@ class PushConsumer(ClientBase):
     def shutdown(self) -> None:
         """Graceful stop: no new listener calls; the running ones finish and their results move the offsets;
         then persist offsets, unlock queues, unregister (the group rebalances at once)."""
-        if self._state != "RUNNING":
-            self._state = "SHUTDOWN"
+        if self._state != ServiceState.RUNNING:
+            self._state = ServiceState.SHUTDOWN
             return
-        self._state = "SHUTDOWN"
+        self._state = ServiceState.SHUTDOWN
         self.stopped = True
         self.scheduler.shutdown()
         self.pull_queue.put(None)
@@ -275,7 +276,7 @@ class PushConsumer(ClientBase):
     def kill(self) -> None:
         """Die like SIGKILL: no offset persist, no unregister, listener results ignored; the connection
         drops."""
-        self._state = "KILLED"
+        self._state = ServiceState.KILLED
         self.stopped = True
         self.scheduler.shutdown(wait=False)
         self.pull_queue.put(None)

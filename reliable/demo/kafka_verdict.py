@@ -12,6 +12,7 @@ from reliable.demo import ledger
 from reliable.demo.kafka_consumers import PARTITIONS, TOPIC
 from reliable.facade import Reliability
 from reliable.models import MessageLog
+from reliable.types import LogOutcome
 
 N_ACCOUNTS = 50
 
@@ -67,5 +68,5 @@ def verdict(rel: Reliability, groups: list[str], orders: list[ledger.Order], res
         result.ledger_ok = result.ledger_ok and c.ok
     with rel.engine.connect() as conn:
         result.duplicates_suppressed = int(
-            conn.execute(select(func.count()).where(MessageLog.outcome == "DUPLICATE")).scalar_one()
+            conn.execute(select(func.count()).where(MessageLog.outcome == LogOutcome.DUPLICATE)).scalar_one()
         )
