@@ -23,7 +23,11 @@ pre-0006 row, superseded; a copy without a broker name has no known position the
 
 Without a probe (RabbitMQ), or when the probe cannot tell, the second condition alone decides, on any
 ``PENDING`` row of the group on that queue that it never received and that is ``stall_after`` old — the
-age of the oldest waiting row is the evidence: a live group would have taken it.
+age of the oldest waiting row is the evidence: a live group would have taken it. A row is on its newest
+copy's queue where targeted resends land on the topic (RabbitMQ), else (``%RETRY%{group}``: broker_sim,
+RocketMQ 4.x) on its producer's copy's, as with a probe: the inbox row keeps a resend's queue id, not its
+topic — matched with the topic's queue of that number, it called a fine queue stalled and cleared the one
+the group stopped on (until 2026-11-29).
 
 A stall raises the ``reliable_sweeper_stalled_seconds`` gauge (how long the watermark has been still) and
 ONE notice per ``(group, topic, broker group, queue)`` per episode: an ERROR log line and a ``STALLED``
@@ -77,6 +81,9 @@ log = logging.getLogger("reliable.sweeper")
 MaxOffset = Callable[[str, int, str], "int | None"]
 #: a group's queue: the key of a stall episode
 GroupQueue = tuple[str, QueueRef]
+#: where a resend targeted at a group lands: ``(topic, group)`` → topic (:func:`.resend.resend_topic` of the
+#: sweeper's sender)
+ResendTopic = Callable[[str, str], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +147,11 @@ def check_stalls(
     stall_after: dt.timedelta,
     broker_max: MaxOffset | None,
     broker_min: MaxOffset | None = None,
+    resend_topic: ResendTopic | None = None,
 ) -> StallResult:
     """Find the stalled queues, raise the new ones once, clear the ended ones (see the module doc).
-    ``broker_min``: the probe's min offset, where it tells it (:class:`reliable.sender.RetentionProbe`)."""
+    ``broker_min``: the probe's min offset, where it tells it (:class:`reliable.sender.RetentionProbe`);
+    ``resend_topic``: where the sender puts a targeted resend (``None``: on the topic)."""
     cutoff = now - stall_after
     with engine.begin() as conn:
         episodes = open_episodes(conn)
@@ -151,7 +160,7 @@ def check_stalls(
     # consumer's confirmation waited for the probe (a timeout while a broker group hangs)
     ends = ask_ends(still, broker_max, broker_min)
     with engine.begin() as conn:
-        found = {(s.group, s.queue): s for s in find_stalls(conn, still, ends, cutoff)}
+        found = {(s.group, s.queue): s for s in find_stalls(conn, still, ends, cutoff, resend_topic)}
     # a queue the probe could not answer for (its broker group down): no evidence either way this round —
     # an open stall whose watermark stayed stays open (clearing it re-raised it, a second notice, once the
     # broker answered again)
@@ -252,9 +261,16 @@ def ask_ends(still: Sequence[Still], broker_max: MaxOffset | None, broker_min: M
     return ends
 
 
-def find_stalls(conn: Connection, still: Sequence[Still], ends: Ends, cutoff: dt.datetime) -> list[Stall]:
+def find_stalls(
+    conn: Connection,
+    still: Sequence[Still],
+    ends: Ends,
+    cutoff: dt.datetime,
+    resend_topic: ResendTopic | None = None,
+) -> list[Stall]:
     """Every stalled ``(group, topic, broker group, queue)`` among the ``still`` watermarks, by the broker's
-    ``ends`` (:func:`ask_ends`): at most one bounded lookup per still one."""
+    ``ends`` (:func:`ask_ends`) and where targeted resends land (``resend_topic``; ``None``: on the topic):
+    at most one bounded lookup per still one."""
     stalls = []
     for group, topic, broker_name, queue_id, watermark, since in still:
         queue = QueueRef(topic, queue_id, broker_name)
@@ -264,7 +280,8 @@ def find_stalls(conn: Connection, still: Sequence[Still], ends: Ends, cutoff: dt
         readable_from = watermark + 1
         if top is not None and bottom is not None and bottom > readable_from:
             readable_from = bottom  # the retention deleted the rest: those are the resend rules' now
-        owed = _owed(conn, group, queue, watermark, readable_from, cutoff, probed=top is not None)
+        probed, here = top is not None, resend_topic is None or resend_topic(topic, group) == topic
+        owed = _owed(conn, group, queue, watermark, readable_from, cutoff, probed=probed, resends_here=here)
         if owed is not None:
             stalls.append(Stall(group, queue, watermark, since, top, readable_from, owed[0], owed[1]))
     return stalls
@@ -291,6 +308,7 @@ def _owed(
     cutoff: dt.datetime,
     *,
     probed: bool,
+    resends_here: bool = True,
 ) -> tuple[str, dt.datetime] | None:
     """The first message ``group`` owes on ``queue`` that proves the stall, and since when; ``None``: none.
 
@@ -299,7 +317,10 @@ def _owed(
     (``readable_from`` above ``watermark + 1``), one of those that the sweeper re-sent to the group
     (``EXPIRED``) ``stall_after`` ago and the group has not taken either. A group that came back reads its
     resends at once and owes nothing; one still stopped keeps its stall open (the resends' retry topic has no
-    stall watch of its own)."""
+    stall watch of its own).
+
+    Without one: a row never received, ``stall_after`` old, on ``queue`` — its newest copy's where the group's
+    resends land on the topic (``resends_here``), else its producer's copy's (see the module doc)."""
     mine = and_(
         inbox.c.message_id == stub.c.message_id,
         inbox.c.consumer_group == group,
@@ -329,11 +350,15 @@ def _owed(
         received = exists().where(
             log_t.c.message_id == inbox.c.message_id, log_t.c.consumer_group == inbox.c.consumer_group
         )
-        # the newest copy's queue: the targeted resend's (on the inbox row) if any, else the producer's
-        broker = case((inbox.c.queue_id.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name)
+        queue_id: ColumnElement[int | None] = stub.c.queue_id
+        broker: ColumnElement[str] = stub.c.broker_name
+        if resends_here:  # the newest copy's queue: the targeted resend's (on the inbox row) if any
+            queue_id = func.coalesce(inbox.c.queue_id, stub.c.queue_id)
+            broker = case((inbox.c.queue_id.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name)
+        # else the producer's: the resend's queue id (on the inbox row) is of the group's retry topic
         q = select(inbox.c.message_id, inbox.c.created_at).where(
             mine,
-            func.coalesce(inbox.c.queue_id, stub.c.queue_id) == queue.queue_id,
+            queue_id == queue.queue_id,
             broker == queue.broker_name,
             inbox.c.created_at <= cutoff,
             ~received,

@@ -47,7 +47,7 @@ from reliable.sweeper.giveup import tell_unreported
 from reliable.sweeper.leases import FREE, LeaseView, read_leases
 from reliable.sweeper.notify import deliver_owed
 from reliable.sweeper.queues import Watermarks
-from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, send_batch
+from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, resend_topic, send_batch
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
 from reliable.sweeper.shared_clock import DatabaseClock
@@ -372,6 +372,7 @@ class Sweeper:
             stall_after=self.stall_after,
             broker_max=self.probe.max_offset if self.probe is not None else None,
             broker_min=self.probe.min_offset if isinstance(self.probe, RetentionProbe) else None,
+            resend_topic=lambda topic, group: resend_topic(self.sender, topic, group),
         )
         summary.stalled, summary.stall_alarms = found.open, found.raised
 
