@@ -20,6 +20,7 @@ the key is the one of before, so an alarm raised before the broker group joined 
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import hashlib
 import re
@@ -206,3 +207,50 @@ def body(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
                 f"  raised_at={x.dead_at}\n  {x.reason}"
             )
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """One stalled ``(group, topic, broker group, queue)`` and its evidence."""
+
+    group: str
+    queue: QueueRef
+    watermark: int
+    #: when the watermark last moved (``consume_progress.updated_at``)
+    still_since: dt.datetime
+    #: the broker's max offset there; ``None``: no probe answer (the age of the waiting row decided)
+    broker_max: int | None
+    #: the first offset the group can still read there: the watermark's next, or the broker's min offset
+    #: when its retention deleted beyond the watermark
+    readable_from: int
+    #: the oldest message the group owes there, and since when
+    waiting: str
+    waiting_since: dt.datetime
+
+    def reason(self, stall_after: dt.timedelta) -> str:
+        q = self.queue
+        on = f" of {q.broker_name}" if q.broker_name else ""
+        head = (
+            f"{queue_tag(STALLED_TAG, q, self.watermark)} group {self.group} has consumed nothing on "
+            f"{q.topic} queue {q.queue_id}{on} since {self.still_since.isoformat()} "
+            f"(stall_after {stall_after}); its position stays at offset {self.watermark}"
+        )
+        if self.broker_max is not None and self.broker_max > self.readable_from:
+            beyond = self.broker_max - self.readable_from
+            evidence = (
+                f" while the broker holds {beyond} message(s) beyond it (max offset {self.broker_max}); the "
+                f"first it owes is {self.waiting}, sent {self.waiting_since.isoformat()}."
+            )
+        elif self.broker_max is not None:  # all it owed there was deleted by retention, and re-sent
+            evidence = (
+                f" while the broker's retention deleted what it owed there (min offset "
+                f"{self.readable_from}) and the copies re-sent to it are not taken either; the first is "
+                f"{self.waiting}, re-sent {self.waiting_since.isoformat()}."
+            )
+        else:  # without a probe the age rules go on re-sending: a stopped group and a lost copy look alike
+            return head + (
+                f" while it still owes {self.waiting} (PENDING since {self.waiting_since.isoformat()}; no "
+                "broker probe: stopped consumers, or messages lost on the way). Rows older than "
+                "max_unconfirmed_age are re-sent meanwhile: check the group's consumers."
+            )
+        return head + evidence + " No resend is made meanwhile: check the group's consumers."

@@ -68,7 +68,7 @@ from sqlalchemy.exc import IntegrityError
 from reliable import constants as C
 from reliable.models import status_literal
 from reliable.sweeper import metrics
-from reliable.sweeper.notices import STALLED_TAG, QueueRef, parse_tag, queue_tag, stall_key
+from reliable.sweeper.notices import QueueRef, Stall, parse_tag, stall_key
 from reliable.sweeper.owed import told_rows
 from reliable.sweeper.selection import inbox, notif, progress, stub
 from reliable.sweeper.selection import log as log_t
@@ -84,52 +84,6 @@ GroupQueue = tuple[str, QueueRef]
 #: where a resend targeted at a group lands: ``(topic, group)`` → topic (:func:`.resend.resend_topic` of the
 #: sweeper's sender)
 ResendTopic = Callable[[str, str], str]
-
-
-@dataclass(frozen=True, slots=True)
-class Stall:
-    """One stalled ``(group, topic, broker group, queue)`` and its evidence."""
-
-    group: str
-    queue: QueueRef
-    watermark: int
-    #: when the watermark last moved (``consume_progress.updated_at``)
-    still_since: dt.datetime
-    #: the broker's max offset there; ``None``: no probe answer (the age of the waiting row decided)
-    broker_max: int | None
-    #: the first offset the group can still read there: the watermark's next, or the broker's min offset
-    #: when its retention deleted beyond the watermark
-    readable_from: int
-    #: the oldest message the group owes there, and since when
-    waiting: str
-    waiting_since: dt.datetime
-
-    def reason(self, stall_after: dt.timedelta) -> str:
-        q = self.queue
-        on = f" of {q.broker_name}" if q.broker_name else ""
-        head = (
-            f"{queue_tag(STALLED_TAG, q, self.watermark)} group {self.group} has consumed nothing on "
-            f"{q.topic} queue {q.queue_id}{on} since {self.still_since.isoformat()} "
-            f"(stall_after {stall_after}); its position stays at offset {self.watermark}"
-        )
-        if self.broker_max is not None and self.broker_max > self.readable_from:
-            beyond = self.broker_max - self.readable_from
-            evidence = (
-                f" while the broker holds {beyond} message(s) beyond it (max offset {self.broker_max}); the "
-                f"first it owes is {self.waiting}, sent {self.waiting_since.isoformat()}."
-            )
-        elif self.broker_max is not None:  # all it owed there was deleted by retention, and re-sent
-            evidence = (
-                f" while the broker's retention deleted what it owed there (min offset "
-                f"{self.readable_from}) and the copies re-sent to it are not taken either; the first is "
-                f"{self.waiting}, re-sent {self.waiting_since.isoformat()}."
-            )
-        else:
-            evidence = (
-                f" while it still owes {self.waiting} (PENDING since {self.waiting_since.isoformat()}; no "
-                "broker probe: stopped consumers, or messages lost on the way)."
-            )
-        return head + evidence + " No resend is made meanwhile: check the group's consumers."
 
 
 @dataclass

@@ -374,6 +374,8 @@ def test_without_a_probe_the_age_of_the_oldest_owed_row_decides(rel: Reliability
     assert sweeper.run_once().stall_alarms == 1
     (notice,) = channel.notices
     assert notice.kind is NoticeKind.STALLED and "no broker probe" in notice.reason
+    # the age rules go on re-sending without a probe: the notice must not promise otherwise
+    assert "re-sent meanwhile" in notice.reason and "No resend is made" not in notice.reason
 
 
 @pytest.fixture
