@@ -199,6 +199,10 @@ GUARD_DEADLOCK_RETRIES: Final = 2
 #: connections of one event loop's ``redis.asyncio`` pool; a task beyond it waits (up to the socket timeout,
 #: then the guard continues on the database alone) instead of failing at once.
 DEFAULT_ASYNC_REDIS_CONNECTIONS: Final = 64
+#: how long closing a loop bridge (reliable.adapters.aio_bridge) waits for the guard calls still running
+#: before it cancels them (each cancel costs its message an attempt); a guard call's own database and Redis
+#: waits are bounded well below it.
+BRIDGE_CLOSE_GRACE_S: Final = 30.0
 
 # --- broker adapters (reliable.adapters.broker_sim / .rocketmq) --------------------------------------------
 #: name server of broker-sim serve / RocketMQ for the adapters' ``sweeper_sender(rel)`` factories.

@@ -13,6 +13,11 @@ guard's answer is there, so the broker is acknowledged only after the guard's co
 the caller runs (``loop=``: e.g. the service's main loop) or one the bridge starts on a thread of its own and
 stops at :meth:`LoopBridge.close` (the loop's database and Redis connections are closed on it as it ends).
 A call that cannot reach a running loop, and one the loop cancels, is ``RECONSUME_LATER``: never an ack.
+
+Closing drains: no new call is taken, the calls already running finish (up to ``grace_s``), and only then
+is the loop stopped. A call cancelled at the stop is a handler failure to the guard — one attempt of the
+message's budget — so a deploy that closed the bridge while consumers were busy (a client whose shutdown
+does not wait for its listeners, or a close before the shutdown) spent every in-flight message an attempt.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
+from reliable import constants as C
 from reliable.errors import ConfigurationError
 from reliable.types import ConsumeResult, Envelope
 
@@ -70,6 +76,8 @@ class LoopBridge:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closing = False
+        #: the calls submitted and not yet answered (what a close waits for)
+        self._running: set[concurrent.futures.Future[Any]] = set()
         if loop is None:
             loop = asyncio.new_event_loop()
             started = threading.Event()
@@ -103,6 +111,8 @@ class LoopBridge:
                 coro.close()
                 raise RuntimeError("the event loop of the async handler is not running")
             future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._running.add(future)
+        future.add_done_callback(self._running.discard)
         try:
             return future.result(self.timeout_s)
         except concurrent.futures.TimeoutError:
@@ -130,12 +140,27 @@ class LoopBridge:
 
         return run
 
-    def close(self) -> None:
-        """Stop the bridge's own loop (its connections are closed on it); a caller's loop is left alone."""
+    @property
+    def closing(self) -> bool:
+        """``True`` once :meth:`close` began: no new call is taken."""
+        return self._closing
+
+    def close(self, grace_s: float | None = C.BRIDGE_CLOSE_GRACE_S) -> None:
+        """Take no new call, wait up to ``grace_s`` (``None``: as long as they take) for the running ones to
+        answer, then stop the bridge's own loop (its connections are closed on it; what still runs is
+        cancelled). A caller's loop is left alone, and its calls run on."""
         with self._lock:
             self._closing = True
+            running = set(self._running)
         if self._thread is None:
             return
+        _, late = concurrent.futures.wait(running, timeout=grace_s)
+        if late:
+            log.warning(
+                "closing the loop bridge: %d guard call(s) still running after %ss are cancelled",
+                len(late),
+                grace_s,
+            )
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()

@@ -253,10 +253,11 @@ class GuardedListener:
             return _checked(results)
         return _checked([self.handler(env) for env in envs])
 
-    def close(self) -> None:
-        """Stop the loop thread of an ``async def`` handler's bridge (after the consumer's shutdown)."""
+    def close(self, grace_s: float | None = C.BRIDGE_CLOSE_GRACE_S) -> None:
+        """Stop the loop thread of an ``async def`` handler's bridge (after the consumer's shutdown), once the
+        guard calls still running have answered (up to ``grace_s``: :meth:`LoopBridge.close`)."""
         if self.bridge is not None:
-            self.bridge.close()
+            self.bridge.close(grace_s)
 
     def __call__(self, msgs: Sequence[MessageExt], *context: Any) -> ConsumeStatus:
         later: list[MessageExt] = []

@@ -23,7 +23,7 @@ from reliable import Reliability
 from reliable.adapters.broker_sim import GuardedListener
 from reliable.adapters.rocketmq import consume_status
 from reliable.demo.services import BrokerServer
-from reliable.types import ConsumeResult, Envelope, StubStatus
+from reliable.types import ConsumeResult, Envelope, LogOutcome, StubStatus
 from tests.adapters.rmq4_aio_topology import (
     TOPIC,
     Instances,
@@ -112,6 +112,65 @@ def test_a_listener_runs_an_async_guarded_handler_on_its_own_loop_and_on_a_calle
 
 
 @pytest.mark.slow
+def _close_while_handling(rel: Reliability, mid: str, grace_s: float | None) -> str:
+    """Close a listener while its consume thread waits for the guard on ``mid``; returns what the consume
+    thread got (a ConsumeStatus name, or the exception's type: broker_sim reconsumes a raising listener)."""
+    go = threading.Event()
+    entered: list[str] = []
+
+    async def hold(env: Envelope) -> None:
+        entered.append(env.message_id or "")
+        await asyncio.get_running_loop().run_in_executor(None, go.wait, 60)
+
+    listener = GuardedListener(async_handler(rel, "billing", before=hold))
+    bridge = listener.bridge
+    assert bridge is not None
+    answers: list[str] = []
+
+    def consume() -> None:
+        try:
+            answers.append(listener([_msg(mid)]).name)
+        except BaseException as exc:  # what broker_sim would reconsume: reported to the test
+            answers.append(type(exc).__name__)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    try:
+        wait_until(lambda: mid in entered, what=f"{mid} in the handler")
+        closer = threading.Thread(target=listener.close, args=(grace_s,))
+        closer.start()
+        wait_until(lambda: bridge.closing, what="the close begun")
+        if grace_s is None:
+            assert closer.is_alive()  # it waits for the running call
+            with pytest.raises(RuntimeError):  # and takes no new one (reconsumed, never an ack)
+                listener([_msg(f"{mid}-late")])
+            go.set()
+        closer.join(30)
+        assert not closer.is_alive()
+    finally:
+        go.set()
+        consumer.join(30)
+    assert f"{mid}-late" not in entered
+    return answers[0]
+
+
+def test_closing_a_listener_lets_the_running_handlers_finish_instead_of_spending_attempts(
+    server_url: str,
+) -> None:
+    """A deploy closes the listener while a consume thread waits for the guard: the handler finishes and is
+    acknowledged; only past the grace is a call cancelled (an attempt of the message's budget, never an
+    ack). Until 2026-11-29 the close cancelled every running call at once."""
+    rel = make_rel(server_url, None, "aio4c")
+    try:
+        assert _close_while_handling(rel, "c-1", None) == "CONSUME_SUCCESS"
+        assert effect_counts(rel, "billing").get("c-1") == 1
+        assert [d[2] for d in deliveries(rel, "billing", "c-1")] == [LogOutcome.SUCCESS]
+        assert _close_while_handling(rel, "c-2", 0.5) != "CONSUME_SUCCESS"
+        assert effect_counts(rel, "billing").get("c-2") is None
+    finally:
+        rel.close()
+
+
 def test_two_groups_of_async_handlers_apply_each_message_once_through_a_rebalance_and_retries(
     rel: Reliability, server: BrokerServer, instances: Instances
 ) -> None:
