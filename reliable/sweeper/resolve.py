@@ -14,7 +14,10 @@ then decides, per message:
 Both are all or nothing over the ids given: an unknown id, or one without a row in the state the action needs,
 raises a typed error and nothing changes. Either way the stub's status is derived again and the notification
 rows of those (message, group) pairs are deleted, so a later death is reported again and no owed notice is
-sent for a row a person already closed.
+sent for a row a person already closed. Both run at READ COMMITTED (:func:`reliable.outbox.read_committed`)
+and lock the messages in the guard's order before reading them (:func:`reliable.outbox.lock_messages`): a
+guard confirming another group's row of the message at that moment is waited for, not deadlocked with or
+missed when the stub's status is derived.
 
 **Retiring a group** (:func:`retire_group`): a consumer group taken out of service leaves its open rows
 behind, which the sweeper would re-send and then give up on, telling a person about each. Every open row of
@@ -33,22 +36,17 @@ from reliable import constants as C
 from reliable import outbox
 from reliable.errors import InvalidStubStateError, StubNotFoundError
 from reliable.outbox.tables import OPEN
-from reliable.sweeper.selection import inbox, notif, stub
+from reliable.sweeper.selection import inbox, notif
 from reliable.types import StubStatus
 
 
-def _rows(
-    conn: Connection, ids: Sequence[str], statuses: Sequence[StubStatus], group: str | None
-) -> dict[str, list[str]]:
-    """message id → the groups whose row of it is in one of ``statuses`` (``group``'s only, when given)."""
-    q = select(inbox.c.message_id, inbox.c.consumer_group).where(
-        inbox.c.message_id.in_(ids), inbox.c.status.in_(statuses)
-    )
-    if group is not None:
-        q = q.where(inbox.c.consumer_group == group)
+def _groups(locked: outbox.Locked, statuses: Sequence[StubStatus], group: str | None) -> dict[str, list[str]]:
+    """message id → the groups whose locked row of it is in one of ``statuses`` (``group``'s only, when
+    given)."""
     found: dict[str, list[str]] = {}
-    for message_id, consumer_group in conn.execute(q.order_by(inbox.c.message_id, inbox.c.consumer_group)):
-        found.setdefault(message_id, []).append(consumer_group)
+    for message_id, consumer_group, status in locked.rows:
+        if status in statuses and (group is None or consumer_group == group):
+            found.setdefault(message_id, []).append(consumer_group)
     return found
 
 
@@ -62,21 +60,19 @@ def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, grou
     ids = list(dict.fromkeys(message_ids))
     if not ids:
         return 0
-    with engine.begin() as conn:
-        known = set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(ids))).scalars())
-        missing = [i for i in ids if i not in known]
+    with outbox.read_committed(engine) as conn:
+        locked = outbox.lock_messages(conn, ids)
+        missing = [i for i in ids if i not in locked.stubs]
         if missing:
-            orphans = set(
-                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(missing))).scalars()
-            )
+            orphans = {m for m, _, _ in locked.rows}
             hint = (
                 f" ({', '.join(i for i in missing if i in orphans)}: group rows without a stub have "
                 "nothing to re-send; stage the message again, or void the row)"
-                if orphans
+                if orphans & set(missing)
                 else ""
             )
             raise StubNotFoundError(f"no such stub: {', '.join(missing)}{hint}")
-        dead = _rows(conn, ids, [StubStatus.DEAD], group)
+        dead = _groups(locked, [StubStatus.DEAD], group)
         wrong = [i for i in ids if i not in dead]
         if wrong:
             whose = f"of group {group} " if group is not None else ""
@@ -84,7 +80,7 @@ def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, grou
                 f"only DEAD rows can be revived; no DEAD row {whose}for: {', '.join(wrong)}"
             )
         revived = 0
-        for message_id in ids:
+        for message_id in sorted(ids):
             revived += outbox.revive(conn, message_id, now, group)
             _forget_notices(conn, message_id, dead[message_id])
     return revived
@@ -98,13 +94,12 @@ def void(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group:
     ids = list(dict.fromkeys(message_ids))
     if not ids:
         return 0
-    with engine.begin() as conn:
-        open_rows = _rows(conn, ids, OPEN, group)
+    with outbox.read_committed(engine) as conn:
+        locked = outbox.lock_messages(conn, ids)
+        open_rows = _groups(locked, OPEN, group)
         wrong = [i for i in ids if i not in open_rows]
         if wrong:
-            known = set(
-                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(wrong))).scalars()
-            ) | set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(wrong))).scalars())
+            known = {m for m, _, _ in locked.rows} | locked.stubs
             unknown = [i for i in wrong if i not in known]
             if unknown:
                 raise StubNotFoundError(f"no such message: {', '.join(unknown)}")
@@ -112,7 +107,7 @@ def void(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group:
             raise InvalidStubStateError(
                 f"only PENDING or DEAD rows can be voided; no such row {whose}for: {', '.join(wrong)}"
             )
-        for message_id in ids:
+        for message_id in sorted(ids):
             if group is None:
                 outbox.void(conn, message_id, now)
             else:
