@@ -28,7 +28,8 @@ walk reads each row once and holds row locks only briefly).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, delete, func, select
 
@@ -123,31 +124,87 @@ def count_open(engine: Engine, group: str) -> int:
         return int(conn.execute(q).scalar_one())
 
 
-def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_RETIRE_BATCH) -> int:
-    """Void every open row of ``group`` (a group taken out of service), ``batch`` rows per transaction;
-    returns the number of rows voided."""
+def _walk_group(
+    engine: Engine,
+    group: str,
+    statuses: Sequence[StubStatus],
+    batch: int,
+    step: Callable[[Connection, outbox.Locked], None],
+) -> None:
+    """``step`` for every message whose row of ``group`` is in one of ``statuses``, ``batch`` messages per
+    transaction: keyset order on the primary key (each row read once, row locks held only briefly), each
+    batch's messages locked in the guard's order (:func:`reliable.outbox.lock_messages`) at READ COMMITTED
+    before ``step`` reads and changes them."""
     if batch <= 0:
         raise ValueError("batch must be > 0")
-    voided, after = 0, ""
+    after = ""
     while True:
-        with engine.begin() as conn:
+        with outbox.read_committed(engine) as conn:
             ids = list(
                 conn.execute(
                     select(inbox.c.message_id)
                     .where(
                         inbox.c.consumer_group == group,
                         inbox.c.message_id > after,
-                        inbox.c.status.in_(OPEN),
+                        inbox.c.status.in_(statuses),
                     )
                     .order_by(inbox.c.message_id)
                     .limit(batch)
                 ).scalars()
             )
             if ids:
-                voided += outbox.void_rows(conn, ids, group, now)
-                conn.execute(
-                    delete(notif).where(notif.c.consumer_group == group, notif.c.message_id.in_(ids))
-                )
+                step(conn, outbox.lock_messages(conn, ids))
         if len(ids) < batch:
-            return voided
+            return
         after = ids[-1]
+
+
+def _forget_group_notices(conn: Connection, group: str, message_ids: Sequence[str]) -> None:
+    conn.execute(delete(notif).where(notif.c.consumer_group == group, notif.c.message_id.in_(message_ids)))
+
+
+def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_RETIRE_BATCH) -> int:
+    """Void every open row of ``group`` (a group taken out of service), ``batch`` rows per transaction;
+    returns the number of rows voided."""
+    voided = 0
+
+    def step(conn: Connection, locked: outbox.Locked) -> None:
+        nonlocal voided
+        mine = sorted(m for m, g, status in locked.rows if g == group and status in OPEN)
+        if mine:
+            voided += outbox.void_rows(conn, mine, group, now)
+            _forget_group_notices(conn, group, mine)
+
+    _walk_group(engine, group, OPEN, batch, step)
+    return voided
+
+
+@dataclass(frozen=True)
+class GroupRevival:
+    """What :func:`revive_group` did: ``revived`` rows back to PENDING; ``without_stub`` DEAD rows left as
+    they are, their stub gone (nothing to re-send: stage the message again, or void the row)."""
+
+    revived: int
+    without_stub: int
+
+
+def revive_group(
+    engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_REVIVE_BATCH
+) -> GroupRevival:
+    """Every DEAD row of ``group`` back to PENDING as :func:`revive` does by id (a full new budget, due now,
+    the stub's status derived, the notices of those rows forgotten), ``batch`` rows per transaction in a few
+    statements each. After an outage a group can have thousands of DEAD rows; naming each was the only way.
+    A DEAD row whose stub is gone is left DEAD and counted (revive by id refuses it)."""
+    revived = without_stub = 0
+
+    def step(conn: Connection, locked: outbox.Locked) -> None:
+        nonlocal revived, without_stub
+        dead = [m for m, g, status in locked.rows if g == group and status is StubStatus.DEAD]
+        alive = sorted(m for m in dead if m in locked.stubs)
+        without_stub += len(dead) - len(alive)
+        if alive:
+            revived += outbox.revive_rows(conn, alive, group, now)
+            _forget_group_notices(conn, group, alive)
+
+    _walk_group(engine, group, [StubStatus.DEAD], batch, step)
+    return GroupRevival(revived, without_stub)

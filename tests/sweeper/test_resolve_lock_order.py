@@ -1,4 +1,4 @@
-"""``stubs revive|void`` beside a guard confirming the same message for another group.
+"""``stubs revive|void|retire`` beside a guard confirming the same message for another group.
 
 A person revives (or voids) group billing's row of a message while a consumer of group audit confirms the
 same message. The guard locks audit's inbox row, confirms it, then settles the stub (it locks the stub and
@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, exists, select, update
 
 from reliable import Reliability
 from reliable.models import MessageInbox, MessageStub, utcnow
-from reliable.sweeper import revive, void
+from reliable.sweeper import retire_group, revive, revive_group, void
 from reliable.types import StubStatus
 from tests.lock_waits import ThreadSessions, mysql_waiting, pg_waiting
 from tests.sweeper.helpers import add_stub, clean, get_inbox, get_stub
@@ -120,15 +120,21 @@ def _beside_a_confirm(
 
 
 @pytest.mark.parametrize("settled_first", [False, True], ids=["settle-after", "settle-before"])
+@pytest.mark.parametrize("how", ["by-id", "all-dead"])
 def test_reviving_a_group_while_another_confirms_the_message_derives_pending(
-    srv: Reliability, settled_first: bool
+    srv: Reliability, settled_first: bool, how: str
 ) -> None:
+    """``stubs revive ID --group billing``, or ``stubs revive --group billing --all-dead``."""
     # both groups gave up on a copy that never arrived; audit's copy arrives now (the guard confirms a DEAD
     # row without failed attempts), billing's is revived by hand
     add_stub(srv, "m", groups=["billing", "audit"], status=StubStatus.DEAD, resend_at=None)
-    errors = _beside_a_confirm(
-        srv, lambda: revive(srv.engine, ["m"], now=utcnow(), group="billing"), settled_first=settled_first
-    )
+
+    def revive_billing() -> int:
+        if how == "all-dead":
+            return revive_group(srv.engine, "billing", now=utcnow()).revived
+        return revive(srv.engine, ["m"], now=utcnow(), group="billing")
+
+    errors = _beside_a_confirm(srv, revive_billing, settled_first=settled_first)
     assert errors == []
     assert get_inbox(srv, "m", "billing").status is StubStatus.PENDING
     assert get_inbox(srv, "m", "audit").status is StubStatus.CONFIRMED
@@ -136,13 +142,19 @@ def test_reviving_a_group_while_another_confirms_the_message_derives_pending(
 
 
 @pytest.mark.parametrize("settled_first", [False, True], ids=["settle-after", "settle-before"])
+@pytest.mark.parametrize("how", ["void", "retire"])
 def test_voiding_a_group_while_the_other_confirms_the_message_settles_it(
-    srv: Reliability, settled_first: bool
+    srv: Reliability, settled_first: bool, how: str
 ) -> None:
+    """``stubs void ID --group billing``, or ``stubs retire billing`` (the same rows, walked in batches)."""
     add_stub(srv, "m", groups=["billing", "audit"], resend_at=utcnow() + dt.timedelta(hours=1))
-    errors = _beside_a_confirm(
-        srv, lambda: void(srv.engine, ["m"], now=utcnow(), group="billing"), settled_first=settled_first
-    )
+
+    def close() -> int:
+        if how == "retire":
+            return retire_group(srv.engine, "billing", now=utcnow())
+        return void(srv.engine, ["m"], now=utcnow(), group="billing")
+
+    errors = _beside_a_confirm(srv, close, settled_first=settled_first)
     assert errors == []
     assert get_inbox(srv, "m", "billing").status is StubStatus.VOIDED
     assert get_inbox(srv, "m", "audit").status is StubStatus.CONFIRMED
