@@ -66,7 +66,9 @@ def register(sub: Any) -> None:
     rv = ssub.add_parser("revive", help="put DEAD rows back to PENDING (new send budget, due now)")
     rv.add_argument("message_ids", nargs="*", metavar="ID")
     rv.add_argument(
-        "--group", help="only this group's row (default: every DEAD row of the message); --all-dead: whose"
+        "--group",
+        help="only this group's row (default: every DEAD row of the message); with --all-dead: the group "
+        "whose DEAD rows to revive",
     )
     rv.add_argument(
         "--all-dead",
