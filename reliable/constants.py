@@ -74,6 +74,8 @@ DEFAULT_SWEEP_BATCH: Final = 500
 DEFAULT_PURGE_BATCH: Final = 2000
 #: open rows voided per transaction when a consumer group is retired (reliable.sweeper.resolve)
 DEFAULT_RETIRE_BATCH: Final = 500
+#: DEAD rows revived per transaction by ``reliable stubs revive --group G --all-dead``
+DEFAULT_REVIVE_BATCH: Final = 500
 #: … and the share of wall time it may spend working: after a batch of t seconds it rests
 #: t·(1 − duty)/duty (×up to PURGE_MAX_BACKOFF while batches get slower than its fastest one).
 DEFAULT_PURGE_DUTY_CYCLE: Final = 0.5

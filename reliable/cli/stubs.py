@@ -3,10 +3,10 @@ sweeper gave up on, and delete what every group settled long ago (:mod:`reliable
 
 A message has one stub (the producer's record) and one inbox row per consumer group that must process it;
 ``list`` shows one line per (message, group), ``show`` the stub, every group's row, their deliveries and the
-notices owed, ``revive`` puts DEAD rows (all groups', or ``--group``'s) back to PENDING, ``void`` closes open
-rows without a delivery, ``retire`` voids every open row of a group taken out of service
-(:mod:`reliable.sweeper.resolve`). The database is checked first: missing or un-migrated → one line with the
-hint to run ``reliable db upgrade``.
+notices owed, ``revive`` puts DEAD rows (all groups', or ``--group``'s; with ``--group G --all-dead`` every
+DEAD row of the group, in batches) back to PENDING, ``void`` closes open rows without a delivery, ``retire``
+voids every open row of a group taken out of service (:mod:`reliable.sweeper.resolve`). The database is
+checked first: missing or un-migrated → one line with the hint to run ``reliable db upgrade``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, case, func, select
 from sqlalchemy.orm import Session
@@ -33,8 +33,10 @@ from reliable.models import (
 from reliable.outbox.prune import prunable, prune_settled
 from reliable.settings import Settings
 from reliable.sweeper.backoff import parse_duration
-from reliable.sweeper.resolve import count_open, retire_group, revive, void
+from reliable.sweeper.resolve import count_open, retire_group, revive, revive_group, void
 from reliable.types import StubStatus
+
+T = TypeVar("T")
 
 
 def register(sub: Any) -> None:
@@ -62,8 +64,18 @@ def register(sub: Any) -> None:
     add_db_options(show)
     show.set_defaults(func=_show)
     rv = ssub.add_parser("revive", help="put DEAD rows back to PENDING (new send budget, due now)")
-    rv.add_argument("message_ids", nargs="+", metavar="ID")
-    rv.add_argument("--group", help="only this group's row (default: every DEAD row of the message)")
+    rv.add_argument("message_ids", nargs="*", metavar="ID")
+    rv.add_argument(
+        "--group",
+        help="only this group's row (default: every DEAD row of the message); with --all-dead: the group "
+        "whose DEAD rows to revive",
+    )
+    rv.add_argument(
+        "--all-dead",
+        action="store_true",
+        help="every DEAD row of --group instead of IDs "
+        f"({C.DEFAULT_REVIVE_BATCH} rows per transaction; --group is required)",
+    )
     add_db_options(rv)
     rv.set_defaults(func=_revive)
     vd = ssub.add_parser(
@@ -251,7 +263,7 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _on_db(args: argparse.Namespace, action: Callable[[Engine], int]) -> int:
+def _on_db(args: argparse.Namespace, action: Callable[[Engine], T]) -> T:
     """``action`` on the command's database; the engine is disposed of whatever happens."""
     engine = _engine(args)
     try:
@@ -261,8 +273,40 @@ def _on_db(args: argparse.Namespace, action: Callable[[Engine], int]) -> int:
 
 
 def _revive(args: argparse.Namespace) -> int:
+    if args.all_dead:
+        return _revive_all_dead(args)
+    if not args.message_ids:
+        raise ConfigurationError(
+            "name the message ids to revive (or every DEAD row of one group: --group GROUP --all-dead)"
+        )
     count = _on_db(args, lambda e: revive(e, args.message_ids, now=utcnow(), group=args.group))
     print(f"revived {count} row(s): PENDING, send budget reset, due at the next sweep round")
+    return 0
+
+
+def _revive_all_dead(args: argparse.Namespace) -> int:
+    """``revive --group G --all-dead``: one group's DEAD rows, never every group's (after an outage that
+    would re-send what groups nobody has fixed yet gave up on)."""
+    if args.group is None:
+        raise ConfigurationError(
+            "--all-dead needs --group GROUP: it revives one group's DEAD rows "
+            "(`reliable stubs list --status DEAD` shows whose they are)"
+        )
+    if args.message_ids:
+        raise ConfigurationError(
+            f"--all-dead revives every DEAD row of group {args.group}: give it no message ids "
+            "(or drop --all-dead to revive those ids only)"
+        )
+    done = _on_db(args, lambda e: revive_group(e, args.group, now=utcnow()))
+    print(
+        f"revived {done.revived} DEAD row(s) of group {args.group}: PENDING, send budget reset, "
+        "due at the next sweep round"
+    )
+    if done.without_stub:
+        print(
+            f"left {done.without_stub} DEAD row(s) of group {args.group} as they are: their stub is gone, "
+            f"nothing to re-send (stage the message again, or `reliable stubs void ID --group {args.group}`)"
+        )
     return 0
 
 

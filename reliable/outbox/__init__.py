@@ -22,6 +22,9 @@ API (every function runs inside the caller's transaction; none commits)::
     mark_dead_rows(conn, [(message_id, group, error), ...], now) -> set of (message_id, group) set DEAD
         the same for a batch (the sweeper's give-ups), in three statements
     revive(conn, message_id, now, group=None) -> int      DEAD inbox rows → PENDING, attempts and resends 0
+    revive_rows(conn, message_ids, group, now) -> int     one group's DEAD rows → PENDING, stubs derived
+    lock_messages(conn, message_ids) -> Locked            every group's inbox rows, then the stubs, locked
+        in the guard's order before a person's revive or void reads and derives them
     void(conn, message_id, now) -> int                    stub and open inbox rows → VOIDED
     void_rows(conn, message_ids, group, now) -> int       one group's open rows → VOIDED, stubs derived
     prune_settled(engine, before) -> int                  messages every group settled before ``before``:
@@ -44,12 +47,15 @@ from __future__ import annotations
 from reliable.outbox.sends import SendAttempt, attempt_send, record_sends
 from reliable.outbox.staging import payload_hash, stage
 from reliable.outbox.status import (
+    Locked,
     SettleCursor,
     derive_status,
+    lock_messages,
     mark_dead,
     mark_dead_rows,
     read_committed,
     revive,
+    revive_rows,
     settle,
     settle_slice,
     stub_status,
@@ -59,17 +65,20 @@ from reliable.outbox.status import (
 from reliable.outbox.tables import inbox, stub
 
 __all__ = [
+    "Locked",
     "SendAttempt",
     "SettleCursor",
     "attempt_send",
     "derive_status",
     "inbox",
+    "lock_messages",
     "mark_dead",
     "mark_dead_rows",
     "payload_hash",
     "read_committed",
     "record_sends",
     "revive",
+    "revive_rows",
     "settle",
     "settle_slice",
     "stage",

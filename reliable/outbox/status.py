@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
@@ -243,6 +243,65 @@ def revive(conn: Connection, message_id: str, now: dt.datetime, group: str | Non
     )
     derive_status(conn, [message_id], now)
     return int(result.rowcount)
+
+
+def revive_rows(conn: Connection, message_ids: Sequence[str], group: str, now: dt.datetime) -> int:
+    """:func:`revive` of one group's DEAD rows of ``message_ids`` in two statements (the rows, then the stubs'
+    status derived), not two per message; returns the rows changed."""
+    if not message_ids:
+        return 0
+    result = conn.execute(
+        update(inbox)
+        .where(
+            inbox.c.consumer_group == group,
+            inbox.c.message_id.in_(list(message_ids)),
+            inbox.c.status == StubStatus.DEAD,
+        )
+        .values(
+            status=StubStatus.PENDING.value,
+            attempts=0,
+            resend_count=0,
+            resend_at=now,
+            last_error=None,
+            updated_at=now,
+        )
+    )
+    derive_status(conn, message_ids, now)
+    return int(result.rowcount)
+
+
+class Locked(NamedTuple):
+    """What :func:`lock_messages` locked: every group's inbox row ``(message_id, group, status)`` in lock
+    order, and the ids that have a stub."""
+
+    rows: list[tuple[str, str, StubStatus]]
+    stubs: set[str]
+
+
+def lock_messages(conn: Connection, message_ids: Sequence[str]) -> Locked:
+    """Lock the messages a person revives or voids, in the guard's order: every group's inbox row of them by
+    message id, then group, then their stubs by id — before their status is read or derived.
+
+    Reviving or voiding one group's row derives the stub's status from *every* group's row. Unlocked, a
+    guard confirming another group's row of the message at that moment was missed: on PostgreSQL the
+    derivation read that row as last committed (a revive left the stub ``DEAD`` with no group dead, a void
+    left it ``PENDING`` with every group closed); on MariaDB's REPEATABLE READ the derivation's subqueries
+    locked the stub, then that row — the guard's order reversed — and the two deadlocked. Locked first, the
+    one that comes second waits for the other's commit and reads what it wrote. Run it at READ COMMITTED
+    (:func:`read_committed`), so the rows read after the wait are the committed ones."""
+    ids = sorted(set(message_ids))
+    if not ids:
+        return Locked([], set())
+    rows = (
+        select(inbox.c.message_id, inbox.c.consumer_group, inbox.c.status)
+        .where(inbox.c.message_id.in_(ids))
+        .order_by(inbox.c.message_id, inbox.c.consumer_group)
+    )
+    stubs = select(stub.c.message_id).where(stub.c.message_id.in_(ids)).order_by(stub.c.message_id)
+    if conn.dialect.name != "sqlite":  # SQLite: the transaction's write lock
+        rows, stubs = rows.with_for_update(), stubs.with_for_update()
+    found = [(r.message_id, r.consumer_group, StubStatus(r.status)) for r in conn.execute(rows)]
+    return Locked(found, set(conn.execute(stubs).scalars()))
 
 
 def void(conn: Connection, message_id: str, now: dt.datetime) -> int:

@@ -21,7 +21,7 @@ from reliable.sweeper.backoff import (
 from reliable.sweeper.channels import Channel, EmailChannel, SmtpConfig, WebhookChannel
 from reliable.sweeper.errors import NotifyError, SenderLoadError, SweeperConfigError, SweeperError
 from reliable.sweeper.notices import DeadNotice, Notice, NoticeKind
-from reliable.sweeper.resolve import retire_group, revive, void
+from reliable.sweeper.resolve import GroupRevival, retire_group, revive, revive_group, void
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.sweeper import RoundSummary, Sweeper
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule, Verdict
@@ -34,6 +34,7 @@ __all__ = [
     "EmailChannel",
     "ExponentialBackoff",
     "FixedBackoff",
+    "GroupRevival",
     "Notice",
     "NoticeKind",
     "NotifyError",
@@ -52,5 +53,6 @@ __all__ = [
     "purge_logs",
     "retire_group",
     "revive",
+    "revive_group",
     "void",
 ]

@@ -14,7 +14,10 @@ then decides, per message:
 Both are all or nothing over the ids given: an unknown id, or one without a row in the state the action needs,
 raises a typed error and nothing changes. Either way the stub's status is derived again and the notification
 rows of those (message, group) pairs are deleted, so a later death is reported again and no owed notice is
-sent for a row a person already closed.
+sent for a row a person already closed. Both run at READ COMMITTED (:func:`reliable.outbox.read_committed`)
+and lock the messages in the guard's order before reading them (:func:`reliable.outbox.lock_messages`): a
+guard confirming another group's row of the message at that moment is waited for, not deadlocked with or
+missed when the stub's status is derived.
 
 **Retiring a group** (:func:`retire_group`): a consumer group taken out of service leaves its open rows
 behind, which the sweeper would re-send and then give up on, telling a person about each. Every open row of
@@ -25,7 +28,8 @@ walk reads each row once and holds row locks only briefly).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, delete, func, select
 
@@ -33,22 +37,17 @@ from reliable import constants as C
 from reliable import outbox
 from reliable.errors import InvalidStubStateError, StubNotFoundError
 from reliable.outbox.tables import OPEN
-from reliable.sweeper.selection import inbox, notif, stub
+from reliable.sweeper.selection import inbox, notif
 from reliable.types import StubStatus
 
 
-def _rows(
-    conn: Connection, ids: Sequence[str], statuses: Sequence[StubStatus], group: str | None
-) -> dict[str, list[str]]:
-    """message id → the groups whose row of it is in one of ``statuses`` (``group``'s only, when given)."""
-    q = select(inbox.c.message_id, inbox.c.consumer_group).where(
-        inbox.c.message_id.in_(ids), inbox.c.status.in_(statuses)
-    )
-    if group is not None:
-        q = q.where(inbox.c.consumer_group == group)
+def _groups(locked: outbox.Locked, statuses: Sequence[StubStatus], group: str | None) -> dict[str, list[str]]:
+    """message id → the groups whose locked row of it is in one of ``statuses`` (``group``'s only, when
+    given)."""
     found: dict[str, list[str]] = {}
-    for message_id, consumer_group in conn.execute(q.order_by(inbox.c.message_id, inbox.c.consumer_group)):
-        found.setdefault(message_id, []).append(consumer_group)
+    for message_id, consumer_group, status in locked.rows:
+        if status in statuses and (group is None or consumer_group == group):
+            found.setdefault(message_id, []).append(consumer_group)
     return found
 
 
@@ -62,21 +61,19 @@ def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, grou
     ids = list(dict.fromkeys(message_ids))
     if not ids:
         return 0
-    with engine.begin() as conn:
-        known = set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(ids))).scalars())
-        missing = [i for i in ids if i not in known]
+    with outbox.read_committed(engine) as conn:
+        locked = outbox.lock_messages(conn, ids)
+        missing = [i for i in ids if i not in locked.stubs]
         if missing:
-            orphans = set(
-                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(missing))).scalars()
-            )
+            orphans = {m for m, _, _ in locked.rows}
             hint = (
                 f" ({', '.join(i for i in missing if i in orphans)}: group rows without a stub have "
                 "nothing to re-send; stage the message again, or void the row)"
-                if orphans
+                if orphans & set(missing)
                 else ""
             )
             raise StubNotFoundError(f"no such stub: {', '.join(missing)}{hint}")
-        dead = _rows(conn, ids, [StubStatus.DEAD], group)
+        dead = _groups(locked, [StubStatus.DEAD], group)
         wrong = [i for i in ids if i not in dead]
         if wrong:
             whose = f"of group {group} " if group is not None else ""
@@ -84,7 +81,7 @@ def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, grou
                 f"only DEAD rows can be revived; no DEAD row {whose}for: {', '.join(wrong)}"
             )
         revived = 0
-        for message_id in ids:
+        for message_id in sorted(ids):
             revived += outbox.revive(conn, message_id, now, group)
             _forget_notices(conn, message_id, dead[message_id])
     return revived
@@ -98,13 +95,12 @@ def void(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group:
     ids = list(dict.fromkeys(message_ids))
     if not ids:
         return 0
-    with engine.begin() as conn:
-        open_rows = _rows(conn, ids, OPEN, group)
+    with outbox.read_committed(engine) as conn:
+        locked = outbox.lock_messages(conn, ids)
+        open_rows = _groups(locked, OPEN, group)
         wrong = [i for i in ids if i not in open_rows]
         if wrong:
-            known = set(
-                conn.execute(select(inbox.c.message_id).where(inbox.c.message_id.in_(wrong))).scalars()
-            ) | set(conn.execute(select(stub.c.message_id).where(stub.c.message_id.in_(wrong))).scalars())
+            known = {m for m, _, _ in locked.rows} | locked.stubs
             unknown = [i for i in wrong if i not in known]
             if unknown:
                 raise StubNotFoundError(f"no such message: {', '.join(unknown)}")
@@ -112,7 +108,7 @@ def void(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group:
             raise InvalidStubStateError(
                 f"only PENDING or DEAD rows can be voided; no such row {whose}for: {', '.join(wrong)}"
             )
-        for message_id in ids:
+        for message_id in sorted(ids):
             if group is None:
                 outbox.void(conn, message_id, now)
             else:
@@ -128,31 +124,87 @@ def count_open(engine: Engine, group: str) -> int:
         return int(conn.execute(q).scalar_one())
 
 
-def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_RETIRE_BATCH) -> int:
-    """Void every open row of ``group`` (a group taken out of service), ``batch`` rows per transaction;
-    returns the number of rows voided."""
+def _walk_group(
+    engine: Engine,
+    group: str,
+    statuses: Sequence[StubStatus],
+    batch: int,
+    step: Callable[[Connection, outbox.Locked], None],
+) -> None:
+    """``step`` for every message whose row of ``group`` is in one of ``statuses``, ``batch`` messages per
+    transaction: keyset order on the primary key (each row read once, row locks held only briefly), each
+    batch's messages locked in the guard's order (:func:`reliable.outbox.lock_messages`) at READ COMMITTED
+    before ``step`` reads and changes them."""
     if batch <= 0:
         raise ValueError("batch must be > 0")
-    voided, after = 0, ""
+    after = ""
     while True:
-        with engine.begin() as conn:
+        with outbox.read_committed(engine) as conn:
             ids = list(
                 conn.execute(
                     select(inbox.c.message_id)
                     .where(
                         inbox.c.consumer_group == group,
                         inbox.c.message_id > after,
-                        inbox.c.status.in_(OPEN),
+                        inbox.c.status.in_(statuses),
                     )
                     .order_by(inbox.c.message_id)
                     .limit(batch)
                 ).scalars()
             )
             if ids:
-                voided += outbox.void_rows(conn, ids, group, now)
-                conn.execute(
-                    delete(notif).where(notif.c.consumer_group == group, notif.c.message_id.in_(ids))
-                )
+                step(conn, outbox.lock_messages(conn, ids))
         if len(ids) < batch:
-            return voided
+            return
         after = ids[-1]
+
+
+def _forget_group_notices(conn: Connection, group: str, message_ids: Sequence[str]) -> None:
+    conn.execute(delete(notif).where(notif.c.consumer_group == group, notif.c.message_id.in_(message_ids)))
+
+
+def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_RETIRE_BATCH) -> int:
+    """Void every open row of ``group`` (a group taken out of service), ``batch`` rows per transaction;
+    returns the number of rows voided."""
+    voided = 0
+
+    def step(conn: Connection, locked: outbox.Locked) -> None:
+        nonlocal voided
+        mine = sorted(m for m, g, status in locked.rows if g == group and status in OPEN)
+        if mine:
+            voided += outbox.void_rows(conn, mine, group, now)
+            _forget_group_notices(conn, group, mine)
+
+    _walk_group(engine, group, OPEN, batch, step)
+    return voided
+
+
+@dataclass(frozen=True)
+class GroupRevival:
+    """What :func:`revive_group` did: ``revived`` rows back to PENDING; ``without_stub`` DEAD rows left as
+    they are, their stub gone (nothing to re-send: stage the message again, or void the row)."""
+
+    revived: int
+    without_stub: int
+
+
+def revive_group(
+    engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_REVIVE_BATCH
+) -> GroupRevival:
+    """Every DEAD row of ``group`` back to PENDING as :func:`revive` does by id (a full new budget, due now,
+    the stub's status derived, the notices of those rows forgotten), ``batch`` rows per transaction in a few
+    statements each. After an outage a group can have thousands of DEAD rows; naming each was the only way.
+    A DEAD row whose stub is gone is left DEAD and counted (revive by id refuses it)."""
+    revived = without_stub = 0
+
+    def step(conn: Connection, locked: outbox.Locked) -> None:
+        nonlocal revived, without_stub
+        dead = [m for m, g, status in locked.rows if g == group and status is StubStatus.DEAD]
+        alive = sorted(m for m in dead if m in locked.stubs)
+        without_stub += len(dead) - len(alive)
+        if alive:
+            revived += outbox.revive_rows(conn, alive, group, now)
+            _forget_group_notices(conn, group, alive)
+
+    _walk_group(engine, group, [StubStatus.DEAD], batch, step)
+    return GroupRevival(revived, without_stub)
