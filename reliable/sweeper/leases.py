@@ -10,6 +10,13 @@ commit. The sweeper only reads, and speaks the guard's vocabulary (:class:`relia
   out); no key at all reads the same way (``state=None``: nobody holds it);
 * ``UNAVAILABLE`` — Redis did not answer: do not guess, postpone;
 * ``DISABLED`` — no Redis configured (a database-only guard): nobody can hold a lease.
+
+Every row the sweeper is about to re-send is looked at, received or not (:func:`defers_resend`). A worker
+killed mid-handler journaled nothing (its work transaction died with it), so to the sweeper the group never
+received the message; its copy is back on the broker (RabbitMQ requeues an unacknowledged delivery) or
+re-read by the next owner of its queue, and its lease says so for ``lease_ms``. Until 2026-11-29 only stuck
+rows were looked at: such a row was re-sent as ``TOO_OLD`` or ``OVERTAKEN`` (a later message consumed)
+beside the copy in flight — one needless copy per killed delivery, a send of the group's budget each.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from reliable import constants as C
 from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseState
 from reliable.stores.lease import lease_key
+from reliable.sweeper.selection import Candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +45,25 @@ class LeaseView:
         return self.state in (LeaseState.HELD, LeaseState.UNAVAILABLE)
 
 
-#: the view of a row nobody can be processing (never delivered, or no Redis)
+#: the view of a row nobody can be processing (no key, or no Redis)
 FREE = LeaseView(None)
+
+
+def defers_resend(view: LeaseView, cand: Candidate, *, now: dt.datetime, patience: dt.timedelta) -> bool:
+    """Whether ``cand``, judged for a resend, waits for its lease instead (held until the lease's end).
+
+    A received row (stuck): while a worker holds it, or Redis cannot tell — as ever. A row never received:
+    only while a lease is held (Redis down: sent as before, the guard absorbs a duplicate — an outage of Redis
+    must not stop every resend), and only while its newest copy is younger than ``patience``
+    (``max_unconfirmed_age + stuck_after``): no lease of ours lives that long (a worker holds one for
+    ``lease_ms``, and a redelivery taken meanwhile is journaled: the row is then received), so a key still
+    held by then — written without a TTL, or re-taken by workers that die in the handler before journaling
+    — gets the verdict's resend, or at the budget the give-up and its notice: it never keeps a row pending
+    unseen."""
+    if cand.stuck:
+        return view.blocks_resend
+    sent = cand.last_sent_at or cand.created_at
+    return view.state is LeaseState.HELD and now - sent < patience
 
 
 def read_leases(

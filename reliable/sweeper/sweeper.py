@@ -4,8 +4,8 @@ A round, in order:
 
 1. **sweep**, batch by batch: a short claim transaction takes the due stubs (see :mod:`.claim`: their
    ``resend_at`` moves a claim window ahead) and reads what their verdicts need from the database (stubs,
-   watermarks, the Redis leases of the stuck ones) and commits; with no transaction open the broker is
-   probed (:mod:`.triage`), the rows judged, and the ones to re-send sent through the
+   watermarks) and commits; with no transaction open the broker is probed and the rows' Redis leases read
+   (:mod:`.triage`), the rows judged, and the ones to re-send sent through the
    :class:`~reliable.sender.Sender`; a second short transaction records it all (holds, give-ups with their
    notices, never-consumed alarms, send outcomes) on the rows still PENDING and still claimed. No inbox row
    is locked while the broker is called;
@@ -44,7 +44,7 @@ from reliable.sweeper.channels import Channel
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.giveup import tell_unreported
-from reliable.sweeper.leases import FREE, LeaseView, read_leases
+from reliable.sweeper.leases import LeaseView, read_leases
 from reliable.sweeper.notify import deliver_owed
 from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, resend_topic, send_batch
@@ -246,9 +246,10 @@ class Sweeper:
         return summary
 
     def _leases(self, candidates: Sequence[Candidate]) -> list[LeaseView]:
-        stuck = [(c.consumer_group, c.message_id) for c in candidates if c.stuck]
-        views = iter(read_leases(self.rel.redis, self.rel.settings.key_prefix, stuck, self.stuck_after))
-        return [next(views) if c.stuck else FREE for c in candidates]
+        """Every row's lease, received or not (one round trip): a worker killed in the handler journaled
+        nothing, and its lease is what says its copy is still in flight (:mod:`.leases`)."""
+        keys = [(c.consumer_group, c.message_id) for c in candidates]
+        return read_leases(self.rel.redis, self.rel.settings.key_prefix, keys, self.stuck_after)
 
     def _batches(self) -> range:
         return range(self.max_batches) if self.max_batches is not None else range(2**62)
@@ -285,16 +286,18 @@ class Sweeper:
                 return
             marks = Watermarks()  # this batch's watermark reads, shared by triage and the record
             # 1. claim: a short transaction moves the rows' resend_at to the claim's end, reads what the
-            # verdicts need from the database (stubs, watermarks, leases) and commits
+            # verdicts need from the database (stubs, watermarks) and commits
             until = self.clock() + self.claim_ttl
             with outbox.read_committed(self.engine) as conn:
                 claimed = claim(conn, stmt, until=until)
                 if not claimed:
                     return
-                seen = observe(t, conn, claimed, self._leases, marks)
-            # 2. the broker's view of the rows' queues, with no transaction open (a consumer confirming one
-            # of the rows does not wait for it); 3. the verdicts: send, hold, give up, alarm
-            plan = sort(t, seen, t.facts(seen), self.clock())
+                seen = observe(t, conn, claimed, marks)
+            # 2. the broker's view of the rows' queues and the rows' Redis leases, with no transaction open
+            # (a consumer confirming one of the rows does not wait for them); 3. the verdicts: send, hold
+            # (a lease held), give up, alarm
+            facts = t.facts(seen)
+            plan = sort(t, seen, facts, self._leases([row.cand for row in seen.rows]), self.clock())
             # 4. the sends, still with no transaction open; none starts in the claim's last fifth: past its
             # end another sweeper may take the rows and send them too (the budget spent twice as fast)
             last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING

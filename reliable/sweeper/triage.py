@@ -11,11 +11,14 @@ each where it belongs (:meth:`reliable.sweeper.Sweeper._sweep` runs them in orde
 1. :func:`observe` — **in the claim transaction**: the rows' stubs (topic, body, first send; a row whose stub
    is gone waits ``stuck_after`` at a time and goes DEAD once unconfirmed for ``max_unconfirmed_age``), the
    group's watermark on each copy's queue — ``(topic, broker_name, queue_id)``, :mod:`.queues`, one
-   ``consume_progress`` statement — and the Redis leases of the stuck rows;
+   ``consume_progress`` statement;
 2. :meth:`Triage.facts` — **after it commits, no transaction open**: the broker's max offset of each queue
    the watermark does not already decide (once per queue and round) and, where the broker still has offsets
-   above the copy's, its min offset (did its retention delete the copy?);
-3. :func:`sort` judges each row (:func:`reliable.sweeper.verdict.judge`, no I/O), and :func:`record` writes
+   above the copy's, its min offset (did its retention delete the copy?); then the Redis leases of every row
+   (:func:`reliable.sweeper.leases.read_leases`, one round trip a batch; until 2026-11-29 only the stuck
+   rows', read in the claim transaction);
+3. :func:`sort` judges each row (:func:`reliable.sweeper.verdict.judge`, no I/O) and holds a resend a
+   worker's lease says is being handled (:func:`reliable.sweeper.leases.defers_resend`); :func:`record` writes
    the holds (:func:`.resend.postpone`), the give-ups (:func:`.giveup.mark_dead`) and the never-consumed
    alarms **in the record transaction**, on the rows still ours only — exactly as the sends' record: a row
    confirmed (or given up, or claimed again after this claim ended) while the probe or the sends were out
@@ -61,7 +64,7 @@ from reliable.sweeper import metrics
 from reliable.sweeper.backoff import BacklogEstimator, BackoffPolicy
 from reliable.sweeper.claim import still_claimed
 from reliable.sweeper.giveup import NO_STUB, give_up_reason, mark_dead, no_stub_reason, raise_never_consumed
-from reliable.sweeper.leases import LeaseView
+from reliable.sweeper.leases import LeaseView, defers_resend
 from reliable.sweeper.queues import Position, QueueIdKey, Watermarks, consumed_topics, resolve
 from reliable.sweeper.resend import BatchResult, copy_topic, postpone, targets_groups
 from reliable.sweeper.selection import Candidate, load_stubs
@@ -201,7 +204,6 @@ class Seen:
     """One claimed row with its stub, as the claim transaction read it."""
 
     cand: Candidate
-    lease: LeaseView
     #: the topic of the group's newest copy (:func:`.resend.copy_topic`)
     topic: str
     #: what the group's watermarks say about that copy's queue; ``None``: the copy has no queue
@@ -227,11 +229,10 @@ def observe(
     t: Triage,
     conn: Connection,
     claimed: Sequence[Candidate],
-    read: Callable[[Sequence[Candidate]], list[LeaseView]],
     marks: Watermarks,
 ) -> Observed:
-    """Read, inside the claim transaction, what the verdicts need besides the broker: stubs, watermarks (into
-    ``marks``, the batch's, also for the sends' backlog estimate) and leases."""
+    """Read, inside the claim transaction, what the verdicts need from the database: stubs and watermarks
+    (into ``marks``, the batch's, also for the sends' backlog estimate)."""
     rows = load_stubs(conn, claimed)
     have = {(c.consumer_group, c.message_id) for c in rows}
     orphans = [c for c in claimed if (c.consumer_group, c.message_id) not in have]
@@ -246,7 +247,7 @@ def observe(
     consumed = consumed_topics(conn, unknown)
     positions: dict[tuple[str, str, str, int], Position] = {}  # a batch has a few queues, many rows
     seen = []
-    for cand, topic, lease in zip(rows, topics, read(rows), strict=True):
+    for cand, topic in zip(rows, topics, strict=True):
         pos = None
         if cand.queue_id is not None:
             where = (cand.consumer_group, topic, cand.broker_name, cand.queue_id)
@@ -254,7 +255,7 @@ def observe(
             if pos is None:
                 pos = positions[where] = resolve(queues, *where)
         unconsumed = (cand.consumer_group, topic) in unknown - consumed and not cand.stuck
-        seen.append(Seen(cand, lease, topic, pos, unconsumed))
+        seen.append(Seen(cand, topic, pos, unconsumed))
     return Observed(seen, orphans)
 
 
@@ -272,8 +273,10 @@ class Plan:
         return [*self.send, *(h[0] for h in self.holds), *(d[0] for d in self.dead)]
 
 
-def sort(t: Triage, seen: Observed, facts: Sequence[Facts], now: dt.datetime) -> Plan:
-    """Judge each row (no I/O): send, hold, give up or alarm."""
+def sort(
+    t: Triage, seen: Observed, facts: Sequence[Facts], leases: Sequence[LeaseView], now: dt.datetime
+) -> Plan:
+    """Judge each row (no I/O): send, hold, give up or alarm. ``leases``: one per row of ``seen``."""
     plan = Plan()
     for c in seen.orphans:  # no body to re-send: wait for a copy already out, then tell a person
         if now - c.created_at >= t.max_unconfirmed_age:
@@ -282,8 +285,9 @@ def sort(t: Triage, seen: Observed, facts: Sequence[Facts], now: dt.datetime) ->
             plan.holds.append((c, now + t.stuck_after, NO_STUB, Hold.NO_STUB))
     waiting = BacklogEstimator(None)  # time for the group to reach *our* offset (not the broker's end)
     verdicts: Counter[Verdict] = Counter()
-    for row, fact in zip(seen.rows, facts, strict=True):
-        cand, lease, topic = row.cand, row.lease, row.topic
+    patience = t.max_unconfirmed_age + t.stuck_after  # how long a lease may hold a never-received row
+    for row, fact, lease in zip(seen.rows, facts, leases, strict=True):
+        cand, topic = row.cand, row.topic
         verdict = judge(
             cand,
             fact,
@@ -294,7 +298,7 @@ def sort(t: Triage, seen: Observed, facts: Sequence[Facts], now: dt.datetime) ->
             resend_to_group_only=targets_groups(t.sender),
         )
         verdicts[verdict] += 1
-        if verdict.resend and lease.blocks_resend:
+        if verdict.resend and defers_resend(lease, cand, now=now, patience=patience):
             kind = Hold.LEASE_HELD if lease.state is LeaseState.HELD else Hold.LEASE_UNKNOWN
             plan.holds.append((cand, now + (lease.remaining or t.lease_hold), None, kind))
         elif verdict is Verdict.QUEUED:

@@ -23,7 +23,7 @@ the broker's own retry schedule. DESIGN.md §3 in order, with one rule of ours (
 ``TOO_OLD``         no probe answer (RabbitMQ has none, a broker that is down) and the copy was sent
                     longer than ``max_unconfirmed_age`` ago: the last resort                   → resend
 ``STUCK``           delivered, still pending, newest delivery older than ``stuck_after`` and past the
-                    broker's own retry of it (the lease is checked by the sweeper)             → resend
+                    broker's own retry of it                                                   → resend
 ``NEVER_CONSUMED``  the broker has it (or no probe answers: RabbitMQ), the group has no watermark on
                     that queue of the topic at all, and the copy is older than ``stuck_after``: the
                     group never consumed there (not
@@ -44,6 +44,13 @@ the broker's own retry schedule. DESIGN.md §3 in order, with one rule of ours (
 ``BROKER_RETRY``    the newest delivery asked for a retry and the broker's delay for it has not
                     passed: the broker will redeliver; re-sending now would race it            → hold
 =================  =====================================================================================
+
+Every ``→ resend`` waits for the message's held Redis lease, read by the sweeper
+(:func:`reliable.sweeper.leases.defers_resend`): a worker is in the handler, or one killed in it left its
+lease and its copy is back on the broker — it journaled nothing, so the row looks never received, and until
+2026-11-29 was re-sent as ``TOO_OLD`` or ``OVERTAKEN`` beside that copy. A never-received row waits only
+until its copy is ``max_unconfirmed_age + stuck_after`` old: a lease that never ends cannot keep it pending
+unseen.
 
 The broker's retry schedule is RocketMQ's: a delivery answered ``RECONSUME_LATER`` with
 ``reconsume_times = r`` comes back after delay level ``3 + r`` (``1s 5s 10s 30s 1m 2m … 2h``), and after

@@ -15,10 +15,12 @@ from reliable.stores.lease import lease_key
 from reliable.sweeper import BacklogEstimator, FixedBackoff, Sweeper
 from reliable.sweeper.backoff import QueueProgress
 from reliable.sweeper.leases import read_leases
+from reliable.sweeper.notices import NoticeKind
 from reliable.types import LogOutcome, StubStatus
 from tests.sweeper.helpers import (
     T0,
     Clock,
+    MemoryChannel,
     QueueSender,
     add_log,
     add_stub,
@@ -29,6 +31,8 @@ from tests.sweeper.helpers import (
 )
 
 BACKOFF = FixedBackoff((10.0,))
+#: the lease the tests' killed worker left: 45 s
+LEASE_END = dt.timedelta(seconds=45)
 
 
 class StaticBacklog:
@@ -190,6 +194,42 @@ def test_stuck_at_budget_with_live_lease_is_not_given_up(
     summary = Sweeper(redis_rel, sender, backoff=BACKOFF, clock=clock).run_once()
     assert (summary.dead, summary.lease_held) == (0, 1)
     assert get_inbox(redis_rel, "busy").status is StubStatus.PENDING
+
+
+def test_a_never_received_row_waits_for_a_held_lease_but_not_past_the_last_resort_age(
+    redis_rel: Reliability, sender: QueueSender, clock: Clock, key_prefix: str
+) -> None:
+    """A worker killed in the handler journals nothing: its row looks never received, and was re-sent (here
+    ``OVERTAKEN``: the group consumed past it) beside the copy its lease says is still in flight. Now held
+    until the lease ends. A lease that never ends (a key without a TTL) holds it only until the copy is
+    ``max_unconfirmed_age + stuck_after`` old: then it is re-sent, or at the budget given up and told."""
+    add_stub(redis_rel, "in-flight", queue_offset=4)  # sent an hour before T0
+    add_stub(redis_rel, "spent", queue_offset=5, send_count=3)
+    set_progress(redis_rel, 9)
+    assert redis_rel.redis is not None
+    keys = [lease_key(key_prefix, "billing", mid) for mid in ("in-flight", "spent")]
+    for key in keys:
+        redis_rel.redis.set(key, C.LEASE_PROCESSING_PREFIX + "killed-worker", px=45_000)
+    channel = MemoryChannel()
+    sweeper = Sweeper(
+        redis_rel, sender, backoff=BACKOFF, clock=clock, max_unconfirmed_age_s=7200, channels=[channel]
+    )
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.dead, summary.lease_held) == (0, 0, 2), summary.line()
+    row = get_inbox(redis_rel, "in-flight")
+    assert row.resend_at is not None and T0 + dt.timedelta(seconds=40) < row.resend_at <= T0 + LEASE_END
+    for key in keys:  # held for ever from now on
+        redis_rel.redis.persist(key)
+    clock.advance(LEASE_END.total_seconds())
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.dead, summary.lease_held) == (0, 0, 2), summary.line()
+    assert get_inbox(redis_rel, "in-flight").resend_at == clock.now + dt.timedelta(seconds=600)
+    clock.now = T0 + dt.timedelta(hours=1, seconds=600)  # sent 2 h (max_unconfirmed_age) + stuck_after ago
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.dead, summary.lease_held) == (1, 1, 0), summary.line()
+    assert sender.ids() == ["in-flight"]
+    assert get_inbox(redis_rel, "spent").status is StubStatus.DEAD
+    assert [n.message_id for n in channel.notices if n.kind is NoticeKind.DEAD] == ["spent"]
 
 
 def test_unreachable_redis_postpones_stuck_stubs(
