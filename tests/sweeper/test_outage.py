@@ -122,7 +122,8 @@ def test_a_hung_brokers_queues_are_probed_once_a_round(rel: Reliability, clock: 
             add_stub(rel, f"{broker}-{q}", queue_id=q, queue_offset=50, broker_name=broker)
             set_progress(rel, 9, queue_id=q, broker_name=broker)  # the group is behind every copy
     sweeper(rel, QueueSender(), clock, mono, probe=probe).run_once()
-    assert [q for b, q in probe.asked if b == "broker-a"] == [0]  # then left alone for this round
+    # one of its queues (rows due at one instant come in no fixed order), then left alone for this round
+    assert len([q for b, q in probe.asked if b == "broker-a"]) == 1
     assert sorted(q for b, q in probe.asked if b == "broker-b") == [0, 1, 2, 3]
 
 
