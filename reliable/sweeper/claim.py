@@ -109,22 +109,23 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
 def still_claimed(
     conn: Connection, rows: Sequence[Candidate], claimed_until: dt.datetime
 ) -> set[tuple[str, str]]:
-    """Lock ``rows`` in the guard's order (message id, then group: a record locking them in another order
-    could deadlock with a guard's batch) and return the ``(group, message_id)`` of those still ``PENDING``
-    and still carrying the claim (``resend_at = claimed_until``): the rows the record may write its
-    verdicts on. The others were confirmed, voided or given up meanwhile, or claimed again by another
-    sweeper once this claim ended. On SQLite the transaction's write lock does the locking.
+    """Lock ``rows`` in the guard's order (each group's rows in message id order: a record locking them in
+    another order could deadlock with a guard's batch) and return the ``(group, message_id)`` of those
+    still ``PENDING`` and still carrying the claim (``resend_at = claimed_until``): the rows the record may
+    write its verdicts on. The others were confirmed, voided or given up meanwhile, or claimed again by
+    another sweeper once this claim ended. On SQLite the transaction's write lock does the locking.
 
-    On MariaDB/MySQL the rows are read through the primary key (:func:`by_primary_key`), which locks the
-    rows alone, one group's rows after another's, each group's in message id order as a guard locks them
-    (a guard locks one group's rows). InnoDB locks in the order of the index it reads, not the ``ORDER BY``;
-    left to itself it read the key list through the ``(message_id, status)`` index (always for a batch of
-    one message in two groups: ``message_id = m AND consumer_group IN (…)``), locking each row's entry in
-    that index and then the row. A guard confirming a row locks the row (``SELECT … FOR UPDATE``) and then,
-    its ``UPDATE`` of ``status`` moving the row in that index, the entry: the record held the entry and
-    waited for the row, the guard the reverse — a deadlock that failed the sweep round before it told
-    anyone of DEAD rows or stalls (2026-11-29; tests/sweeper/test_record_lock_order.py). The settle walk's
-    share locks on that index's entries (:func:`reliable.outbox.settle_slice`) made a third party of it.
+    PostgreSQL locks them in the ``ORDER BY``'s order (message id, then group). InnoDB locks in the order
+    of the index it reads, whatever the ``ORDER BY``: MariaDB/MySQL read them through the primary key
+    (:func:`by_primary_key`), which locks the rows alone, one group's after another's, each group's in
+    message id order (a guard locks one group's rows). Left to itself InnoDB read the key list through the
+    ``(message_id, status)`` index (always for a batch of one message in two groups, ``message_id = m AND
+    consumer_group IN (…)``), locking each row's entry in that index, then the row. A guard confirming a
+    row locks the row (``SELECT … FOR UPDATE``) and then, its ``UPDATE`` of ``status`` moving the row in
+    that index, the entry: the record held the entry and waited for the row, the guard the reverse — a
+    deadlock that failed the sweep round before it told anyone of DEAD rows or stalls (2026-11-29;
+    tests/sweeper/test_record_lock_order.py). The settle walk's share locks on that index's entries
+    (:func:`reliable.outbox.settle_slice`) made a third party of it on a busy topic.
     """
     if not rows:
         return set()
