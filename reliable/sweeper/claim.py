@@ -124,8 +124,8 @@ def still_claimed(
     row locks the row (``SELECT … FOR UPDATE``) and then, its ``UPDATE`` of ``status`` moving the row in
     that index, the entry: the record held the entry and waited for the row, the guard the reverse — a
     deadlock that failed the sweep round before it told anyone of DEAD rows or stalls (2026-11-29;
-    tests/sweeper/test_record_lock_order.py). The settle walk's share locks on that index's entries
-    (:func:`reliable.outbox.settle_slice`) made a third party of it on a busy topic.
+    tests/sweeper/test_record_lock_order.py). The settle walk's share locks on that index's entries (gone
+    since: :func:`reliable.outbox.settle_slice` runs at READ COMMITTED) made a third party of it.
     """
     if not rows:
         return set()
