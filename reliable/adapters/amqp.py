@@ -15,9 +15,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from reliable import constants as C
+from reliable.errors import ConfigurationError
 from reliable.sender import OutgoingMessage
 from reliable.types import ConsumeResult, Envelope
 
@@ -119,6 +120,44 @@ def dead_reason(answer: object, env: Envelope) -> str:
     else:
         text = "handler answered DEAD_LETTER"
     return text[:REASON_MAX]
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """How to answer the broker for one guarded delivery (:func:`settlement`); answering is the adapter's."""
+
+    action: Action
+    #: ``REQUEUE``: how long the delivery is held unacked before ``nack(requeue=True)``
+    delay_s: float = 0.0
+    #: ``DEAD_LETTER``: what the copy's ``x-reliable-dead-reason`` header says
+    reason: str = ""
+
+
+def settlement(answer: ConsumeResult | HasResult, env: Envelope, retry_delay_s: float) -> Settlement:
+    """The guard's ``answer`` for ``env`` as an AMQP answer (:func:`action_for`, :func:`requeue_delay_s`,
+    :func:`dead_reason`)."""
+    action = action_for(result_of(answer))
+    if action is Action.REQUEUE:
+        return Settlement(action, delay_s=requeue_delay_s(answer, retry_delay_s, env.reconsume_times))
+    if action is Action.DEAD_LETTER:
+        return Settlement(action, reason=dead_reason(answer, env))
+    return Settlement(action)
+
+
+def check_consumer_options(prefetch: int, retry_delay_s: float) -> None:
+    """Raise :class:`ConfigurationError` for options no consumer can run with."""
+    if prefetch <= 0 or retry_delay_s < 0:
+        raise ConfigurationError("prefetch must be > 0 and retry_delay_s >= 0")
+
+
+_Handler = TypeVar("_Handler")
+
+
+def decider(handler: _Handler) -> _Handler:
+    """What a consumer calls per delivery: ``handler.decide`` where offered (``@idempotent_consumer``
+    handlers: the same call, plus the reason a dead letter's header should carry), else ``handler``."""
+    decide = getattr(handler, "decide", None)
+    return cast(_Handler, decide) if callable(decide) else handler
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,6 @@ from reliable.adapters.amqp import (  # re-exported: the header names are part o
     Action,
 )
 from reliable.adapters.rabbitmq_send import RabbitMQSender, connect, sweeper_sender
-from reliable.errors import ConfigurationError
 from reliable.types import ConsumeResult, Envelope
 
 log = logging.getLogger("reliable.adapters.rabbitmq")
@@ -151,18 +150,14 @@ class RabbitMQConsumer:
         declare: bool = True,
         connection_name: str | None = None,
     ) -> None:
-        if prefetch <= 0 or retry_delay_s < 0:
-            raise ConfigurationError("prefetch must be > 0 and retry_delay_s >= 0")
+        amqp.check_consumer_options(prefetch, retry_delay_s)
         self.topology = Topology(topology) if isinstance(topology, str) else topology
         self.handler = handler
         self.topic = topic
         self.retry_delay_s = retry_delay_s
         # a queue this consumer did not declare may have no dead-letter exchange: rejecting would drop
         self._reject_fallback = declare
-        # ``@idempotent_consumer`` handlers also offer ``decide(env)``: the same call, plus the reason the
-        # dead-letter header should carry
-        decide = getattr(handler, "decide", None)
-        self._decide: GuardedHandler = decide if callable(decide) else handler
+        self._decide: GuardedHandler = amqp.decider(handler)
         #: what happened to deliveries so far: ack, requeue, dead_letter, dead_letter_fallback, handler_error
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
@@ -218,15 +213,14 @@ class RabbitMQConsumer:
             log.exception("handler raised for message %s; requeued", env.message_id)
             self._requeue(ch, method.delivery_tag, f"handler raised {type(exc).__name__}")
             return
-        action = amqp.action_for(amqp.result_of(answer))
-        if action is Action.ACK:
+        plan = amqp.settlement(answer, env, self.retry_delay_s)
+        if plan.action is Action.ACK:
             ch.basic_ack(method.delivery_tag)
             self.counts["ack"] += 1
-        elif action is Action.REQUEUE:
-            delay_s = amqp.requeue_delay_s(answer, self.retry_delay_s, env.reconsume_times)
-            self._requeue(ch, method.delivery_tag, "RECONSUME_LATER", delay_s)
+        elif plan.action is Action.REQUEUE:
+            self._requeue(ch, method.delivery_tag, "RECONSUME_LATER", plan.delay_s)
         else:
-            self._dead_letter(ch, method, props, body, amqp.dead_reason(answer, env))
+            self._dead_letter(ch, method, props, body, plan.reason)
 
     def _requeue(self, ch: BlockingChannel, tag: int, why: str, delay_s: float | None = None) -> None:
         """nack+requeue after ``delay_s`` (default ``retry_delay_s``), the delivery held unacked meanwhile."""

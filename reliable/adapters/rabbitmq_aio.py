@@ -37,7 +37,7 @@ from aio_pika.abc import (
 from reliable import constants as C
 from reliable.adapters import amqp
 from reliable.adapters.amqp import Action, Topology
-from reliable.errors import ConfigurationError, SendError
+from reliable.errors import SendError
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import ConsumeResult, Envelope
 
@@ -158,14 +158,14 @@ async def settle(
     dead-letter exchange (only safe when the queue was declared with one, as :func:`declare` does);
     otherwise it is requeued — never dropped.
     """
-    action = amqp.action_for(amqp.result_of(answer))
-    if action is Action.ACK:
+    plan = amqp.settlement(answer, env, retry_delay_s)
+    if plan.action is Action.ACK:
         await delivery.ack()
         counts["ack"] += 1
-    elif action is Action.REQUEUE:
-        await requeue(delivery, counts, amqp.requeue_delay_s(answer, retry_delay_s, env.reconsume_times))
+    elif plan.action is Action.REQUEUE:
+        await requeue(delivery, counts, plan.delay_s)
     else:
-        reason = amqp.dead_reason(answer, env)
+        reason = plan.reason
         try:
             await dead_letters.publish(message, reason)
         except _AMQP_ERRORS as exc:
@@ -178,7 +178,7 @@ async def settle(
                 await delivery.reject(requeue=False)
             else:
                 await requeue(delivery, counts, retry_delay_s)
-            return action
+            return plan.action
         await delivery.ack()
         counts["dead_letter"] += 1
         log.warning(
@@ -187,7 +187,7 @@ async def settle(
             dead_letters.topology.dead_letter_queue,
             reason,
         )
-    return action
+    return plan.action
 
 
 async def judge_and_settle(
@@ -246,16 +246,14 @@ class AioRabbitMQConsumer:
         retry_delay_s: float = 1.0,
         declare: bool = True,
     ) -> None:
-        if prefetch <= 0 or retry_delay_s < 0:
-            raise ConfigurationError("prefetch must be > 0 and retry_delay_s >= 0")
+        amqp.check_consumer_options(prefetch, retry_delay_s)
         self.url = url
         self.topology = Topology(topology) if isinstance(topology, str) else topology
         self.topic = topic
         self.prefetch = prefetch
         self.retry_delay_s = retry_delay_s
         self.declare = declare
-        decide = getattr(handler, "decide", None)
-        self._decide: AsyncGuardedHandler = decide if callable(decide) else handler
+        self._decide: AsyncGuardedHandler = amqp.decider(handler)
         #: what happened to deliveries so far: ack, requeue, dead_letter, dead_letter_fallback, handler_error
         self.counts: Counter[str] = Counter()
         self.connection: AbstractRobustConnection | None = None

@@ -1,12 +1,15 @@
 """The Redis fast path on ``redis.asyncio``: the same keys, values, Lua script and answers as the sync store.
 
-Only the I/O differs from :class:`reliable.stores.lease.RedisLeaseStore`: key names (:func:`lease_key`),
-value formats (:func:`processing_value`, :func:`done_value`), how a previous value is read (:func:`classify`)
-and the compare-and-delete script are imported from there, so a sync and an async worker of one group share
-leases and done markers on one Redis. Redis stays an optimisation: any error makes the answer
-``UNAVAILABLE`` and the guard continues on the database alone, with the same circuit breaker (one timeout per
-``retry_after_s`` while Redis is down, not one per message), and the same clean-up of leases a failed call
-may have set anyway (:mod:`reliable.stores.orphans`).
+Only the I/O differs from :class:`reliable.stores.lease.RedisLeaseStore`: how a previous value is read
+(:func:`~reliable.stores.lease_plan.classify`), the compare-and-delete script, the pipelined commands and
+what each outcome of a call leaves behind (:class:`~reliable.stores.lease_plan.LeaseBook`) are the ones of
+:mod:`reliable.stores.lease_plan`, as are the keys and values the guard passes in, so a sync and an async
+worker of one group share leases and done markers on one Redis. Redis stays an optimisation: any error makes
+the answer ``UNAVAILABLE`` and the guard continues on the database alone, with the same circuit breaker (one
+timeout per ``retry_after_s`` while Redis is down, not one per message), and the same clean-up of leases a
+failed call may have set anyway (:mod:`reliable.stores.orphans`). What stays here and differs on purpose:
+every Redis call is awaited, any ``Exception`` of the client counts as Redis being away (below), and queued
+done markers are sent by a task on the loop (no lock: one loop's tasks only) instead of a timer thread.
 """
 
 from __future__ import annotations
@@ -21,18 +24,15 @@ import redis as redis_lib
 from sqlalchemy.util import await_only
 
 from reliable import constants as C
-from reliable.stores import LeaseAnswer, LeaseState
-from reliable.stores.breaker import FallbackHook, RedisBreaker
-from reliable.stores.lease import COMPARE_AND_DELETE, classify
-from reliable.stores.orphans import Orphans
+from reliable.stores import LeaseAnswer
+from reliable.stores import lease_plan as plan
+from reliable.stores.breaker import FallbackHook
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
 
 log = logging.getLogger(C.GUARD_LOGGER)
 
-#: what a pre-7.0 server's ``SET … NX GET`` error says; the store then uses SET NX + GET.
-_NO_SET_GET = "syntax"
 #: what the client may raise that is the server's absence, not a bug: redis.asyncio's cluster client raises
 #: ``AttributeError`` ("'NoneType' object has no attribute 'writelines'") on a connection another task tore
 #: down when a node died, which escaped the guard instead of leaving it on the database. Every
@@ -56,12 +56,11 @@ class AsyncRedisLeaseStore:
         done_flush_ms: int = C.DONE_MARKER_FLUSH_MS,
     ) -> None:
         self.client = client
-        self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
-        self._orphans = Orphans(retry_after_s, clock)  # leases of failed calls that may have landed anyway
-        self._lease_ms = C.DEFAULT_LEASE_MS  # the last acquire's: how long a lease to free may still live
-        self._cad = client.register_script(COMPARE_AND_DELETE)
+        self._book = plan.LeaseBook(retry_after_s, on_fallback, clock)
+        self.breaker = self._book.breaker
+        self._cad = client.register_script(plan.COMPARE_AND_DELETE)
         self._set_get = True
-        self._marks: list[tuple[str, str, int]] = []  # done markers not yet sent (this loop's tasks only)
+        self._marks: list[plan.Mark] = []  # done markers not yet sent (this loop's tasks only)
         self._flush_s = done_flush_ms / 1000.0
         self._flusher: asyncio.Task[None] | None = None  # sends queued markers no acquire took along
 
@@ -70,36 +69,29 @@ class AsyncRedisLeaseStore:
         self, keys: Sequence[str], values: Sequence[str], lease_ms: int
     ) -> list[LeaseAnswer]:
         """``SET key processing:{owner} NX PX lease GET`` per key, pipelined into one round trip."""
-        if self.breaker.open():
-            self.breaker.skipped("acquire")
-            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
-        self._lease_ms = lease_ms
+        skipped = self._book.acquire_skipped(len(keys), lease_ms)
+        if skipped is not None:
+            return skipped
         try:
             await self._delete_orphans()
             previous = await self._set_many(keys, values, lease_ms)
         except _CLIENT_ERRORS as exc:
-            self._orphans.keep(zip(keys, values, strict=True), lease_ms)
-            self.breaker.failed("acquire", exc)
-            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
-        self.breaker.succeeded()
-        # our own value back is our lease: a retried write whose first attempt had reached the server
-        return [classify(p, v) for p, v in zip(previous, values, strict=True)]
+            return self._book.acquire_failed(keys, values, lease_ms, exc)
+        return self._book.acquired(previous, values)
 
     async def _delete_orphans(self) -> None:
         """Compare-and-delete the leases of earlier failed calls (one pipeline; nothing to do as a rule)."""
-        orphans = self._orphans.take()
+        orphans = self._book.orphans.take()
         if not orphans:
             return
         try:
             # one call each, not a pipeline: a cluster pipeline takes no scripts (orphans are rare)
             for key, value, _ in orphans:
                 await self._cad(keys=[key], args=[value])
-        except _CLIENT_ERRORS as exc:  # not this call's failure: its own commands still go out
-            self._orphans.give_back(orphans)
-            # debug: the call carrying them goes to the same Redis and reports an outage itself
-            log.debug("redis: %d stray lease(s) not deleted yet, trying again later: %r", len(orphans), exc)
+        except _CLIENT_ERRORS as exc:
+            self._book.orphans_not_deleted(orphans, exc)
             return
-        log.debug("compare-and-deleted %d lease(s) of failed redis calls", len(orphans))
+        self._book.orphans_deleted(len(orphans))
 
     async def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
         marks, self._marks = self._marks, []
@@ -108,24 +100,18 @@ class AsyncRedisLeaseStore:
                 if len(keys) == 1 and not marks:
                     return [await self.client.set(keys[0], values[0], nx=True, px=lease_ms, get=True)]
                 pipe = self.client.pipeline(transaction=False)
-                for key, value, ttl_s in marks:  # queued done markers ride along, ahead of our keys
-                    pipe.set(key, value, ex=ttl_s)
-                for k, v in zip(keys, values, strict=True):
-                    pipe.set(k, v, nx=True, px=lease_ms, get=True)
+                plan.queue_acquire(pipe, marks, keys, values, lease_ms)
                 return list(await pipe.execute())[len(marks) :]
             except redis_lib.ResponseError as exc:
-                if _NO_SET_GET not in str(exc).lower():
+                if not plan.predates_set_get(exc):
                     raise
                 log.info("redis server predates SET NX GET; using SET NX + GET")
                 self._set_get = False
         await self._send_marks(marks)
         out: list[Any] = []
         for k, v in zip(keys, values, strict=True):
-            if await self.client.set(k, v, nx=True, px=lease_ms):
-                out.append(None)
-            else:
-                current = await self.client.get(k)
-                out.append(current if current is not None else b"processing:?")
+            taken = await self.client.set(k, v, nx=True, px=lease_ms)
+            out.append(plan.previous_after_set_nx(taken, None if taken else await self.client.get(k)))
         return out
 
     def queue_done(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
@@ -167,13 +153,12 @@ class AsyncRedisLeaseStore:
         """Write ``done`` markers now and wait for Redis (what :meth:`flush` does for queued ones)."""
         await self._send_marks([(key, value, ttl_s) for key, value in items])
 
-    async def _send_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+    async def _send_marks(self, marks: Sequence[plan.Mark]) -> None:
         if not marks or self.breaker.open():
             return
         try:
             pipe = self.client.pipeline(transaction=False)
-            for key, value, ttl_s in marks:
-                pipe.set(key, value, ex=ttl_s)
+            plan.queue_marks(pipe, marks)
             await pipe.execute()
         except _CLIENT_ERRORS as exc:
             self.breaker.failed("mark_done", exc)
@@ -184,25 +169,21 @@ class AsyncRedisLeaseStore:
             return [None] * len(keys)
         try:
             pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.pttl(key)
+            plan.queue_pttl(pipe, keys)
             replies = await pipe.execute()
         except _CLIENT_ERRORS as exc:
-            self.breaker.failed("pttl", exc)
-            return [None] * len(keys)
+            return self._book.pttl_failed(len(keys), exc)
         return [int(r) for r in replies]
 
     async def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key only if it still holds our own lease value."""
-        if self.breaker.open():
-            self._orphans.keep([(key, value)], self._lease_ms)
+        if self._book.release_skipped(key, value):
             return
         try:
             await self._delete_orphans()
             await self._cad(keys=[key], args=[value])
         except _CLIENT_ERRORS as exc:
-            self._orphans.keep([(key, value)], self._lease_ms)
-            self.breaker.failed("release", exc)
+            self._book.release_failed(key, value, exc)
 
 
 class GreenletLeaseStore:

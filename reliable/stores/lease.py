@@ -42,27 +42,24 @@ import redis as redis_lib
 from reliable import constants as C
 from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseAnswer, LeaseState, call_at_exit, resp
-from reliable.stores.breaker import FallbackHook, RedisBreaker
-from reliable.stores.orphans import Orphans
+from reliable.stores.breaker import FallbackHook
+from reliable.stores.lease_plan import COMPARE_AND_DELETE as COMPARE_AND_DELETE  # re-exported: public
+from reliable.stores.lease_plan import (
+    LeaseBook,
+    Mark,
+    predates_set_get,
+    previous_after_set_nx,
+    queue_acquire,
+    queue_marks,
+    queue_pttl,
+)
+from reliable.stores.lease_plan import classify as classify
 
 log = logging.getLogger("reliable.guard")
-
-#: KEYS[1] = lease key, ARGV[1] = the exact value we set; deletes only if it is still ours.
-_COMPARE_AND_DELETE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-#: public name for the asyncio store (:mod:`reliable.stores.aio_lease`), which runs the very same script
-COMPARE_AND_DELETE = _COMPARE_AND_DELETE
 
 #: what sending queued markers may raise: Redis errors, and ValueError when the client was closed under the
 #: timer thread at shutdown (its socket buffer is gone)
 _MARK_ERRORS: tuple[type[Exception], ...] = (*REDIS_ERRORS, ValueError)
-
-_DONE = C.LEASE_DONE_VALUE.encode()
-_DONE_PREFIX = _DONE + b":"
 
 
 def lease_key(prefix: str, group: str, message_id: str) -> str:
@@ -77,22 +74,7 @@ def done_value(payload_hash: str | None) -> str:
     return C.LEASE_DONE_VALUE if not payload_hash else f"{C.LEASE_DONE_VALUE}:{payload_hash[:16]}"
 
 
-def classify(previous: bytes | str | None, ours: str | None = None) -> LeaseAnswer:
-    """Interpret the value ``SET NX GET`` returned: ``None`` means we took the key — and so does our own
-    value ``ours`` (a retried write whose first attempt had reached the server)."""
-    if previous is None:
-        return LeaseAnswer(LeaseState.ACQUIRED)
-    raw = previous.encode() if isinstance(previous, str) else previous
-    if ours is not None and raw == ours.encode():
-        return LeaseAnswer(LeaseState.ACQUIRED)
-    if raw == _DONE:
-        return LeaseAnswer(LeaseState.DONE)
-    if raw.startswith(_DONE_PREFIX):
-        return LeaseAnswer(LeaseState.DONE, raw[len(_DONE_PREFIX) :].decode("ascii", "replace"))
-    return LeaseAnswer(LeaseState.HELD)
-
-
-def _mark_commands(marks: Sequence[tuple[str, str, int]]) -> list[resp.Command]:
+def _mark_commands(marks: Sequence[Mark]) -> list[resp.Command]:
     """``SET key done… EX ttl`` per queued marker, for :mod:`reliable.stores.resp`."""
     return [("SET", key, value, "EX", str(ttl_s)) for key, value, ttl_s in marks]
 
@@ -136,14 +118,13 @@ class RedisLeaseStore:
         done_flush_ms: int = C.DONE_MARKER_FLUSH_MS,
     ) -> None:
         self.client = client
-        self.breaker = RedisBreaker(retry_after_s, on_fallback, clock)
-        self._orphans = Orphans(retry_after_s, clock)  # leases of failed calls that may have landed anyway
-        self._lease_ms = C.DEFAULT_LEASE_MS  # the last acquire's: how long a lease to free may still live
-        self._cad = client.register_script(_COMPARE_AND_DELETE)
+        self._book = LeaseBook(retry_after_s, on_fallback, clock)
+        self.breaker = self._book.breaker
+        self._cad = client.register_script(COMPARE_AND_DELETE)
         #: packed commands on the pool's connections (standalone, Sentinel); None: a cluster client
         self._raw = resp.for_client(client)
         self._set_get = True  # SET … NX GET needs Redis 7; flipped off once on an older server
-        self._marks: list[tuple[str, str, int]] = []  # done markers not yet sent: (key, value, ttl_s)
+        self._marks: list[Mark] = []  # done markers not yet sent
         self._marks_lock = threading.Lock()
         self._flush_s = done_flush_ms / 1000.0
         self._timer: threading.Thread | None = None
@@ -154,35 +135,29 @@ class RedisLeaseStore:
     # --- primitives ---------------------------------------------------------------------------------
     def acquire_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[LeaseAnswer]:
         """``SET key processing:{owner} NX PX lease`` for each key, pipelined into one round trip."""
-        if self.breaker.open():
-            self.breaker.skipped("acquire")
-            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
-        self._lease_ms = lease_ms
+        skipped = self._book.acquire_skipped(len(keys), lease_ms)
+        if skipped is not None:
+            return skipped
         try:
             self._delete_orphans()
             previous = self._set_many(keys, values, lease_ms)
         except REDIS_ERRORS as exc:
-            self._orphans.keep(zip(keys, values, strict=True), lease_ms)
-            self.breaker.failed("acquire", exc)
-            return [LeaseAnswer(LeaseState.UNAVAILABLE)] * len(keys)
-        self.breaker.succeeded()
-        return [classify(p, v) for p, v in zip(previous, values, strict=True)]
+            return self._book.acquire_failed(keys, values, lease_ms, exc)
+        return self._book.acquired(previous, values)
 
     def _delete_orphans(self) -> None:
         """Compare-and-delete the leases of earlier failed calls (one pipeline; nothing to do as a rule)."""
-        orphans = self._orphans.take()
+        orphans = self._book.orphans.take()
         if not orphans:
             return
         try:
             # one call each, not a pipeline: a cluster pipeline takes no scripts (orphans are rare)
             for key, value, _ in orphans:
                 self._cad(keys=[key], args=[value])
-        except REDIS_ERRORS as exc:  # not this call's failure: its own commands still go out
-            self._orphans.give_back(orphans)
-            # debug: the call carrying them goes to the same Redis and reports an outage itself
-            log.debug("redis: %d stray lease(s) not deleted yet, trying again later: %r", len(orphans), exc)
+        except REDIS_ERRORS as exc:
+            self._book.orphans_not_deleted(orphans, exc)
             return
-        log.debug("compare-and-deleted %d lease(s) of failed redis calls", len(orphans))
+        self._book.orphans_deleted(len(orphans))
 
     def _set_many(self, keys: Sequence[str], values: Sequence[str], lease_ms: int) -> list[Any]:
         marks = self._take_marks()
@@ -198,13 +173,10 @@ class RedisLeaseStore:
                 if len(keys) == 1 and not marks:
                     return [self.client.set(keys[0], values[0], nx=True, px=lease_ms, get=True)]
                 pipe = self.client.pipeline(transaction=False)
-                for key, value, ttl_s in marks:  # queued done markers ride along, ahead of our keys
-                    pipe.set(key, value, ex=ttl_s)
-                for k, v in zip(keys, values, strict=True):
-                    pipe.set(k, v, nx=True, px=lease_ms, get=True)
+                queue_acquire(pipe, marks, keys, values, lease_ms)
                 return list(pipe.execute())[len(marks) :]
             except redis_lib.ResponseError as exc:
-                if "syntax" not in str(exc).lower():
+                if not predates_set_get(exc):
                     raise
                 log.info("redis server predates SET NX GET; using SET NX + GET")
                 self._set_get = False
@@ -212,11 +184,8 @@ class RedisLeaseStore:
         self._send_marks(marks)
         out: list[Any] = []
         for k, v in zip(keys, values, strict=True):
-            if self.client.set(k, v, nx=True, px=lease_ms):
-                out.append(None)
-            else:
-                current = self.client.get(k)
-                out.append(current if current is not None else b"processing:?")
+            taken = self.client.set(k, v, nx=True, px=lease_ms)
+            out.append(previous_after_set_nx(taken, None if taken else self.client.get(k)))
         return out
 
     def mark_done_many(self, items: Sequence[tuple[str, str]], ttl_s: int) -> None:
@@ -245,12 +214,12 @@ class RedisLeaseStore:
             timer.join(timeout=5.0)
         self.flush()
 
-    def _take_marks(self) -> list[tuple[str, str, int]]:
+    def _take_marks(self) -> list[Mark]:
         with self._marks_lock:
             marks, self._marks = self._marks, []
         return marks
 
-    def _send_marks(self, marks: Sequence[tuple[str, str, int]]) -> None:
+    def _send_marks(self, marks: Sequence[Mark]) -> None:
         if not marks or self.breaker.open():
             return
         try:
@@ -258,8 +227,7 @@ class RedisLeaseStore:
                 self._raw.execute(_mark_commands(marks))
                 return
             pipe = self.client.pipeline(transaction=False)
-            for key, value, ttl_s in marks:
-                pipe.set(key, value, ex=ttl_s)
+            queue_marks(pipe, marks)
             pipe.execute()
         except _MARK_ERRORS as exc:
             self.breaker.failed("mark_done", exc)
@@ -285,22 +253,18 @@ class RedisLeaseStore:
             return [None] * len(keys)
         try:
             pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.pttl(key)
+            queue_pttl(pipe, keys)
             replies = pipe.execute()
         except REDIS_ERRORS as exc:
-            self.breaker.failed("pttl", exc)
-            return [None] * len(keys)
+            return self._book.pttl_failed(len(keys), exc)
         return [int(r) for r in replies]
 
     def release(self, key: str, value: str) -> None:
         """Compare-and-delete: free the key for a redelivery only if it still holds our own lease value."""
-        if self.breaker.open():
-            self._orphans.keep([(key, value)], self._lease_ms)
+        if self._book.release_skipped(key, value):
             return
         try:
             self._delete_orphans()
             self._cad(keys=[key], args=[value])
         except REDIS_ERRORS as exc:
-            self._orphans.keep([(key, value)], self._lease_ms)
-            self.breaker.failed("release", exc)
+            self._book.release_failed(key, value, exc)
