@@ -38,6 +38,8 @@ class LeaseView:
     state: LeaseState | None
     #: time left on a held lease (the row is postponed by this much); ``None`` otherwise.
     remaining: dt.timedelta | None = None
+    #: a ``processing:`` key without a TTL: nothing will end it (the guard always sets one)
+    endless: bool = False
 
     @property
     def blocks_resend(self) -> bool:
@@ -52,16 +54,23 @@ FREE = LeaseView(None)
 def defers_resend(view: LeaseView, cand: Candidate, *, now: dt.datetime, patience: dt.timedelta) -> bool:
     """Whether ``cand``, judged for a resend, waits for its lease instead (held until the lease's end).
 
-    A received row (stuck): while a worker holds it, or Redis cannot tell — as ever. A row never received:
-    only while a lease is held (Redis down: sent as before, the guard absorbs a duplicate — an outage of Redis
-    must not stop every resend), and only while its newest copy is younger than ``patience``
-    (``max_unconfirmed_age + stuck_after``): no lease of ours lives that long (a worker holds one for
-    ``lease_ms``, and a redelivery taken meanwhile is journaled: the row is then received), so a key still
-    held by then — written without a TTL, or re-taken by workers that die in the handler before journaling
-    — gets the verdict's resend, or at the budget the give-up and its notice: it never keeps a row pending
-    unseen."""
+    A received row (stuck): while a worker holds it, or Redis cannot tell — as ever. But a key without a TTL
+    (a Redis restored from a snapshot, a ``PERSIST``, a bug: the guard always sets one) holds it only until
+    the message is ``patience`` old, counted from its stage (``created_at``): every copy re-sent meanwhile
+    meets the key, is answered ``LEASE_CONFLICT`` and journaled, so a count from the newest delivery or copy
+    would start again at each resend (the give-up ``max_sends`` times ``patience`` away). Past it the stuck
+    verdict stands: a resend (the key still keeps it from being processed twice), or at the budget the
+    give-up and its notice. Until 2026-11-29 such a row stayed PENDING for ever, seen only as ``lease_held``.
+
+    A row never received: only while a lease is held (Redis down: sent as before, the guard absorbs a
+    duplicate — an outage of Redis must not stop every resend), and only while its newest copy is younger
+    than ``patience`` (``max_unconfirmed_age + stuck_after``): no lease of ours lives that long (a worker
+    holds one for ``lease_ms``, and a redelivery taken meanwhile is journaled: the row is then received), so
+    a key still held by then — written without a TTL, or re-taken by workers that die in the handler before
+    journaling — gets the verdict's resend, or at the budget the give-up and its notice: it never keeps a row
+    pending unseen."""
     if cand.stuck:
-        return view.blocks_resend
+        return view.blocks_resend and not (view.endless and now - cand.created_at >= patience)
     sent = cand.last_sent_at or cand.created_at
     return view.state is LeaseState.HELD and now - sent < patience
 
@@ -102,5 +111,5 @@ def read_leases(
         elif pttl is not None and int(pttl) == -2:  # expired between GET and PTTL
             views.append(FREE)
         else:
-            views.append(LeaseView(LeaseState.HELD, no_ttl_hold))
+            views.append(LeaseView(LeaseState.HELD, no_ttl_hold, endless=int(pttl) == -1))
     return views

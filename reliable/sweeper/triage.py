@@ -321,7 +321,9 @@ def sort(
             why = f"never consumed: group {group} has no position on {where}"
             plan.holds.append((cand, now + t.stuck_after, why, Hold.QUEUED))
         elif cand.sends >= t.max_sends:
-            reason = give_up_reason(cand, verdict, fact, topic, t.max_sends, t.max_unconfirmed_age)
+            reason = give_up_reason(
+                cand, verdict, fact, topic, t.max_sends, t.max_unconfirmed_age, endless_lease=lease.endless
+            )
             plan.dead.append((cand, reason))
         else:
             plan.send.append(cand)
