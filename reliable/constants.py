@@ -63,6 +63,10 @@ PRODUCER_RECORD_BACKOFF_S: Final = 0.02  # × try number, between those tries
 SLOW_BROKER_CALL_S: Final = 1.0
 #: how long the after-commit sends are left to the sweeper after one such failure
 PRODUCER_SEND_RETRY_AFTER_S: Final = 10.0
+#: after a failed read of the Redis leases (refused, or a socket timeout: Redis hung) a sweeper round treats
+#: the leases as unknown for this long, then asks again (reliable.sweeper.leases.RoundLeases): a hung Redis
+#: costs a round one timeout an interval, not one a batch, and Redis back mid-round is used again
+SWEEP_LEASE_RETRY_AFTER_S: Final = 10.0
 #: a sweeper round stops sending after this many failed resends in a row that were each slow (see above) …
 SWEEP_PAUSE_AFTER_SLOW_FAILURES: Final = 2
 #: … and stops sending to one route after this many failed there in a row; the rest wait for the next round

@@ -76,17 +76,41 @@ __all__ = [
 NO_STUB = "no message_stub row: nothing to re-send"
 
 
+#: what a person must do about a lease key without a TTL before a revive can help
+ENDLESS_LEASE = (
+    "its Redis lease key holds a 'processing:' value without a TTL (not the guard's: it always sets one), "
+    "and every delivery is refused (lease_conflict) while it is there: delete the key, then revive"
+)
+
+
 def give_up_reason(
-    cand: Candidate, verdict: Verdict, facts: Facts, topic: str, max_sends: int, max_age: dt.timedelta
+    cand: Candidate,
+    verdict: Verdict,
+    facts: Facts,
+    topic: str,
+    max_sends: int,
+    max_age: dt.timedelta,
+    *,
+    endless_lease: bool = False,
 ) -> str:
-    """What a person reads about a row that went DEAD."""
+    """What a person reads about a row that went DEAD. ``endless_lease``: its lease key has no TTL (the row
+    was held for it until the last resort, :func:`reliable.sweeper.leases.defers_resend`)."""
     spent = f"after {cand.sends} send(s) (budget {max_sends})"
     if verdict is Verdict.STUCK:
         assert cand.last_received_at is not None
+        lease = ENDLESS_LEASE if endless_lease else "no live worker lease"
         return (
             f"received but never confirmed {spent}; newest delivery {cand.last_received_at.isoformat()} "
-            "and no live worker lease"
+            f"and {lease}"
         )
+    return _never_received_reason(cand, verdict, facts, topic, spent, max_age) + (
+        f"; {ENDLESS_LEASE}" if endless_lease else ""
+    )
+
+
+def _never_received_reason(
+    cand: Candidate, verdict: Verdict, facts: Facts, topic: str, spent: str, max_age: dt.timedelta
+) -> str:
     if verdict is Verdict.NEVER_SENT:
         return f"no send reached the broker {spent}"
     on = f" of {cand.broker_name}" if cand.broker_name else ""

@@ -44,7 +44,7 @@ from reliable.sweeper.channels import Channel
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.giveup import tell_unreported
-from reliable.sweeper.leases import LeaseView, read_leases
+from reliable.sweeper.leases import RoundLeases
 from reliable.sweeper.notify import deliver_owed
 from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, resend_topic, send_batch
@@ -245,11 +245,11 @@ class Sweeper:
         log.info("%s", summary.line())
         return summary
 
-    def _leases(self, candidates: Sequence[Candidate]) -> list[LeaseView]:
-        """Every row's lease, received or not (one round trip): a worker killed in the handler journaled
-        nothing, and its lease is what says its copy is still in flight (:mod:`.leases`)."""
-        keys = [(c.consumer_group, c.message_id) for c in candidates]
-        return read_leases(self.rel.redis, self.rel.settings.key_prefix, keys, self.stuck_after)
+    def _round_leases(self) -> RoundLeases:
+        """The round's reader of the rows' leases, received or not (one round trip a batch): a worker killed
+        in the handler journaled nothing, and its lease is what says its copy is still in flight; a read that
+        fails leaves Redis alone for a while (:mod:`.leases`)."""
+        return RoundLeases(self.rel.redis, self.rel.settings.key_prefix, self.stuck_after, self.monotonic)
 
     def _batches(self) -> range:
         return range(self.max_batches) if self.max_batches is not None else range(2**62)
@@ -279,6 +279,7 @@ class Sweeper:
             dialect=self.engine.dialect.name,
         )
         t = self._triage()
+        leases = self._round_leases()
         outage = OutagePause(self.monotonic)  # counted over the round's batches
         copies: dict[str, outbox.SendAttempt] = {}  # one copy per message per round, however it is batched
         for _ in self._batches():
@@ -297,7 +298,8 @@ class Sweeper:
             # (a consumer confirming one of the rows does not wait for them); 3. the verdicts: send, hold
             # (a lease held), give up, alarm
             facts = t.facts(seen)
-            plan = sort(t, seen, facts, self._leases([row.cand for row in seen.rows]), self.clock())
+            views = leases.read([(row.cand.consumer_group, row.cand.message_id) for row in seen.rows])
+            plan = sort(t, seen, facts, views, self.clock())
             # 4. the sends, still with no transaction open; none starts in the claim's last fifth: past its
             # end another sweeper may take the rows and send them too (the budget spent twice as fast)
             last_start = until - self.claim_ttl * C.CLAIM_SEND_SHARE_REMAINING

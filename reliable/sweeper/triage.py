@@ -15,8 +15,8 @@ each where it belongs (:meth:`reliable.sweeper.Sweeper._sweep` runs them in orde
 2. :meth:`Triage.facts` — **after it commits, no transaction open**: the broker's max offset of each queue
    the watermark does not already decide (once per queue and round) and, where the broker still has offsets
    above the copy's, its min offset (did its retention delete the copy?); then the Redis leases of every row
-   (:func:`reliable.sweeper.leases.read_leases`, one round trip a batch; until 2026-11-29 only the stuck
-   rows', read in the claim transaction);
+   (:class:`reliable.sweeper.leases.RoundLeases`, one round trip a batch — none for a while after one
+   failed; until 2026-11-29 only the stuck rows', read in the claim transaction);
 3. :func:`sort` judges each row (:func:`reliable.sweeper.verdict.judge`, no I/O) and holds a resend a
    worker's lease says is being handled (:func:`reliable.sweeper.leases.defers_resend`); :func:`record` writes
    the holds (:func:`.resend.postpone`), the give-ups (:func:`.giveup.mark_dead`) and the never-consumed
@@ -321,7 +321,9 @@ def sort(
             why = f"never consumed: group {group} has no position on {where}"
             plan.holds.append((cand, now + t.stuck_after, why, Hold.QUEUED))
         elif cand.sends >= t.max_sends:
-            reason = give_up_reason(cand, verdict, fact, topic, t.max_sends, t.max_unconfirmed_age)
+            reason = give_up_reason(
+                cand, verdict, fact, topic, t.max_sends, t.max_unconfirmed_age, endless_lease=lease.endless
+            )
             plan.dead.append((cand, reason))
         else:
             plan.send.append(cand)

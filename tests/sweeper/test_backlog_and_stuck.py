@@ -232,6 +232,43 @@ def test_a_never_received_row_waits_for_a_held_lease_but_not_past_the_last_resor
     assert [n.message_id for n in channel.notices if n.kind is NoticeKind.DEAD] == ["spent"]
 
 
+def test_a_stuck_row_held_by_a_lease_without_expiry_is_resent_or_given_up_past_the_last_resort_age(
+    redis_rel: Reliability, sender: QueueSender, clock: Clock, key_prefix: str
+) -> None:
+    """A received row whose ``processing:`` key has no TTL (a Redis restored from a snapshot, a PERSIST) was
+    held ``stuck_after`` at a time for ever: PENDING, seen only in the ``lease_held`` count, nobody told.
+    Now held only until the message is ``max_unconfirmed_age + stuck_after`` old, then re-sent, or at the
+    budget given up and told. A stuck row whose lease expires normally is held as before, however old."""
+    for name, sends in (("endless", 1), ("spent", 3), ("live", 1)):
+        add_stub(redis_rel, name, queue_offset=4, send_count=sends)  # staged an hour before T0
+        add_log(redis_rel, name, T0 - dt.timedelta(hours=1), queue_offset=4)
+    set_progress(redis_rel, 4)
+    assert redis_rel.redis is not None
+    for name in ("endless", "spent"):
+        redis_rel.redis.set(lease_key(key_prefix, "billing", name), C.LEASE_PROCESSING_PREFIX + "restored")
+    live = lease_key(key_prefix, "billing", "live")
+    channel = MemoryChannel()
+    sweeper = Sweeper(
+        redis_rel, sender, backoff=BACKOFF, clock=clock, max_unconfirmed_age_s=7200, channels=[channel]
+    )
+    for now in (T0, T0 + dt.timedelta(hours=1)):  # the message 1 h, then 2 h old: below 2 h + stuck_after
+        clock.now = now
+        redis_rel.redis.set(live, C.LEASE_PROCESSING_PREFIX + "worker-7", px=45_000)
+        summary = sweeper.run_once()
+        assert (summary.resent, summary.dead, summary.lease_held) == (0, 0, 3), summary.line()
+        assert get_inbox(redis_rel, "endless").resend_at == now + dt.timedelta(seconds=600)
+    clock.now = T0 + dt.timedelta(hours=1, seconds=600)  # staged 2 h (max_unconfirmed_age) + stuck_after ago
+    redis_rel.redis.set(live, C.LEASE_PROCESSING_PREFIX + "worker-8", px=45_000)  # a worker on it, as ever
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.dead, summary.lease_held) == (1, 1, 1), summary.line()
+    assert sender.ids() == ["endless"]
+    assert get_inbox(redis_rel, "spent").status is StubStatus.DEAD
+    (notice,) = [n for n in channel.notices if n.kind is NoticeKind.DEAD]
+    assert notice.message_id == "spent" and "without a TTL" in notice.reason, notice.reason
+    assert "delete the key, then revive" in notice.reason
+    assert get_inbox(redis_rel, "live").status is StubStatus.PENDING
+
+
 def test_unreachable_redis_postpones_stuck_stubs(
     rel: Reliability, sender: QueueSender, clock: Clock, private_redis: object
 ) -> None:
