@@ -83,6 +83,12 @@ ENDLESS_LEASE = (
 )
 
 
+UNKNOWN_LEASE = (
+    "Redis could not be read, so whether a worker holds its lease is unknown (the guard decides on the "
+    "database alone meanwhile): see why it was not confirmed, then revive"
+)
+
+
 def give_up_reason(
     cand: Candidate,
     verdict: Verdict,
@@ -92,13 +98,15 @@ def give_up_reason(
     max_age: dt.timedelta,
     *,
     endless_lease: bool = False,
+    lease_unknown: bool = False,
 ) -> str:
     """What a person reads about a row that went DEAD. ``endless_lease``: its lease key has no TTL (the row
-    was held for it until the last resort, :func:`reliable.sweeper.leases.defers_resend`)."""
+    was held for it until the last resort, :func:`reliable.sweeper.leases.defers_resend`);
+    ``lease_unknown``: Redis could not be read (a stuck row held for that until the last resort, too)."""
     spent = f"after {cand.sends} send(s) (budget {max_sends})"
     if verdict is Verdict.STUCK:
         assert cand.last_received_at is not None
-        lease = ENDLESS_LEASE if endless_lease else "no live worker lease"
+        lease = ENDLESS_LEASE if endless_lease else UNKNOWN_LEASE if lease_unknown else "no live worker lease"
         return (
             f"received but never confirmed {spent}; newest delivery {cand.last_received_at.isoformat()} "
             f"and {lease}"

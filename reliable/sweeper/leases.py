@@ -8,7 +8,8 @@ commit. The sweeper only reads, and speaks the guard's vocabulary (:class:`relia
   looked at again when that lease runs out;
 * ``DONE`` — the worker finished (if the row is still pending its confirmation was lost: a resend is the way
   out); no key at all reads the same way (``state=None``: nobody holds it);
-* ``UNAVAILABLE`` — Redis did not answer: do not guess, postpone;
+* ``UNAVAILABLE`` — Redis did not answer: do not guess, postpone (a stuck row: until the message is
+  ``max_unconfirmed_age + stuck_after`` old, then re-sent on the guard's database check);
 * ``DISABLED`` — no Redis configured (a database-only guard): nobody can hold a lease.
 
 Every row the sweeper is about to re-send is looked at, received or not (:func:`defers_resend`). A worker
@@ -34,6 +35,7 @@ from reliable import constants as C
 from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseState
 from reliable.stores.lease import lease_key
+from reliable.sweeper import metrics
 from reliable.sweeper.selection import Candidate
 
 log = logging.getLogger("reliable.sweeper")
@@ -61,13 +63,17 @@ FREE = LeaseView(None)
 def defers_resend(view: LeaseView, cand: Candidate, *, now: dt.datetime, patience: dt.timedelta) -> bool:
     """Whether ``cand``, judged for a resend, waits for its lease instead (held until the lease's end).
 
-    A received row (stuck): while a worker holds it, or Redis cannot tell — as ever. But a key without a TTL
-    (a Redis restored from a snapshot, a ``PERSIST``, a bug: the guard always sets one) holds it only until
-    the message is ``patience`` old, counted from its stage (``created_at``): every copy re-sent meanwhile
-    meets the key, is answered ``LEASE_CONFLICT`` and journaled, so a count from the newest delivery or copy
-    would start again at each resend (the give-up ``max_sends`` times ``patience`` away). Past it the stuck
-    verdict stands: a resend (the key still keeps it from being processed twice), or at the budget the
-    give-up and its notice. Until 2026-11-29 such a row stayed PENDING for ever, seen only as ``lease_held``.
+    A received row (stuck): while a worker holds it, or Redis cannot tell. But a key without a TTL (a Redis
+    restored from a snapshot, a ``PERSIST``, a bug: the guard always sets one), or a Redis that cannot be
+    read, holds it only until the message is ``patience`` old, counted from its stage (``created_at``):
+    every copy re-sent meanwhile meets the key, is answered ``LEASE_CONFLICT`` and journaled, so a count from
+    the newest delivery or copy would start again at each resend (the give-up ``max_sends`` times
+    ``patience`` away). Past it the stuck verdict stands: a resend, or at the budget the give-up and its
+    notice. The resend is safe either way: the key keeps the copy from being processed twice, and with Redis
+    down the guard decides on the database alone — the group's inbox row, locked by the work transaction,
+    admits one delivery and answers the other ``DUPLICATE_CONFIRMED`` (tests/core/test_guard_faults.py,
+    test_guard_concurrency.py). Until 2026-11-29 such a row stayed PENDING for ever, seen only as
+    ``lease_held`` — and, through a Redis outage of any length, as ``lease_unknown``.
 
     A row never received: only while a lease is held (Redis down: sent as before, the guard absorbs a
     duplicate — an outage of Redis must not stop every resend), and only while its newest copy is younger
@@ -77,7 +83,8 @@ def defers_resend(view: LeaseView, cand: Candidate, *, now: dt.datetime, patienc
     journaling — gets the verdict's resend, or at the budget the give-up and its notice: it never keeps a row
     pending unseen."""
     if cand.stuck:
-        return view.blocks_resend and not (view.endless and now - cand.created_at >= patience)
+        unbounded = view.endless or view.state is LeaseState.UNAVAILABLE  # nothing tells when it ends
+        return view.blocks_resend and not (unbounded and now - cand.created_at >= patience)
     sent = cand.last_sent_at or cand.created_at
     return view.state is LeaseState.HELD and now - sent < patience
 
@@ -124,6 +131,9 @@ class RoundLeases:
     quiet_until: float | None = None
     #: failed reads this round
     failures: int = 0
+    #: whether the round's newest read answered (``False`` too while Redis is left alone); ``None``: Redis was
+    #: not asked (nothing due, or no Redis)
+    answered: bool | None = None
 
     def read(self, keys: Sequence[tuple[str, str]]) -> list[LeaseView]:
         """:func:`read_leases` of ``keys``, unless a read failed less than the interval ago."""
@@ -134,6 +144,7 @@ class RoundLeases:
         try:
             views = _read(self.client, self.prefix, keys, self.no_ttl_hold)
         except REDIS_ERRORS as exc:
+            self.answered = False
             self.failures += 1
             self.quiet_until = self.monotonic() + C.SWEEP_LEASE_RETRY_AFTER_S
             if self.failures == 1:
@@ -146,7 +157,53 @@ class RoundLeases:
                 )
             return unknown(keys)
         self.quiet_until = None
+        self.answered = True
         return views
+
+
+@dataclass
+class UnreadableRedis:
+    """How long the sweeper's lease reads have been failing, across rounds — said loudly past ``threshold``
+    (``stuck_after``).
+
+    While Redis cannot be read every stuck row is held (``lease_unknown``) until the message is
+    ``max_unconfirmed_age + stuck_after`` old (:func:`defers_resend`), and the guard runs on the database
+    alone: an outage of a day is a day of stuck messages recovered late. Until 2026-11-29 it showed only as a
+    WARNING a round and the ``lease_unknown`` counter, read the same whether Redis had failed once or for a
+    day. Now the gauge ``reliable_sweeper_redis_unreadable_seconds`` says for how long (0 once a read
+    answers), and past ``stuck_after`` every round logs one ERROR. Not a notice: the outage concerns no row
+    (a row it keeps from being recovered reaches a person through its own ``DEAD`` notice, at the budget),
+    and the guard's ``reliable_redis_fallbacks_total`` and Redis's own monitoring see it too. Counted in the
+    round's clock from the first round whose read failed; a round that did not ask Redis (nothing due)
+    changes nothing."""
+
+    threshold: dt.timedelta
+    #: the round (its ``now``) whose lease read failed first, Redis unread since; ``None``: the last answered
+    since: dt.datetime | None = None
+
+    def after_round(self, leases: RoundLeases, now: dt.datetime, held: int) -> None:
+        """Take a round's outcome (``held``: its rows counted ``lease_unknown``)."""
+        if leases.answered is None:
+            return
+        if leases.answered:
+            self.since = None
+            metrics.REDIS_UNREADABLE_SECONDS.set(0)
+            return
+        if self.since is None:
+            self.since = now
+        down = now - self.since
+        metrics.REDIS_UNREADABLE_SECONDS.set(down.total_seconds())
+        if down >= self.threshold:
+            log.error(
+                "Redis lease reads have failed for %s (since %s), longer than stuck_after (%s): %d stuck "
+                "row(s) held as lease_unknown this round, each until its message is max_unconfirmed_age + "
+                "stuck_after old (then re-sent, the guard's database check absorbing a duplicate); the "
+                "guard runs on the database alone meanwhile — restore Redis",
+                down,
+                self.since.isoformat(),
+                self.threshold,
+                held,
+            )
 
 
 def _read(

@@ -45,6 +45,12 @@ LEASE_HELD = Counter("reliable_sweeper_lease_held", "Stuck stubs left alone beca
 LEASE_UNKNOWN = Counter(
     "reliable_sweeper_lease_unknown", "Stuck stubs postponed because Redis did not answer"
 )
+#: how long the sweeper's Redis lease reads have been failing (0: the last one answered); past stuck_after
+#: every round logs an ERROR (reliable/sweeper/leases.py, UnreadableRedis)
+REDIS_UNREADABLE_SECONDS = Gauge(
+    "reliable_sweeper_redis_unreadable_seconds",
+    "Seconds the sweeper's Redis lease reads have been failing (0: the last one answered)",
+)
 #: every (message, group) row gone DEAD: given up by the sweeper, or dead-lettered by the guard (its handler
 #: failed max_attempts times) and told by the sweeper — the page of docs/operations.md
 DEAD = Counter("reliable_sweeper_dead", "Rows gone DEAD (given up, or dead-lettered by the guard) and told")

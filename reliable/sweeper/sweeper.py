@@ -44,7 +44,7 @@ from reliable.sweeper.channels import Channel
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.giveup import tell_unreported
-from reliable.sweeper.leases import RoundLeases
+from reliable.sweeper.leases import RoundLeases, UnreadableRedis
 from reliable.sweeper.notify import deliver_owed
 from reliable.sweeper.queues import Watermarks
 from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, resend_topic, send_batch
@@ -198,6 +198,8 @@ class Sweeper:
         if max_unconfirmed_age_s <= 0:
             raise SweeperConfigError("max_unconfirmed_age must be > 0")
         self._stop = threading.Event()
+        #: how long Redis has been unreadable, across rounds: an ERROR a round past stuck_after
+        self.redis_watch = UnreadableRedis(self.stuck_after)
 
     def stop(self) -> None:
         """Ask a running round to stop after the current send (claimed leftovers are due after the claim
@@ -216,7 +218,9 @@ class Sweeper:
         try:
             if isinstance(self.clock, DatabaseClock):
                 self.clock.sync()
-            self._sweep(self.clock(), summary)
+            leases, now = self._round_leases(), self.clock()
+            self._sweep(now, summary, leases)
+            self.redis_watch.after_round(leases, now, summary.lease_unknown)
             with outbox.read_committed(self.engine) as conn:  # last groups confirmed at one instant
                 self._settle_at = outbox.settle_slice(
                     conn, self.clock(), self._settle_at, C.DEFAULT_SETTLE_BATCH
@@ -267,7 +271,7 @@ class Sweeper:
             monotonic=self.monotonic,
         )
 
-    def _sweep(self, now: dt.datetime, summary: RoundSummary) -> None:
+    def _sweep(self, now: dt.datetime, summary: RoundSummary, leases: RoundLeases) -> None:
         """Batches of (claim → probe → judge → send → record) until nothing is due; no inbox row is locked
         while the broker is called (the probe or the sends)."""
         stmt = due_statement(
@@ -279,7 +283,6 @@ class Sweeper:
             dialect=self.engine.dialect.name,
         )
         t = self._triage()
-        leases = self._round_leases()
         outage = OutagePause(self.monotonic)  # counted over the round's batches
         copies: dict[str, outbox.SendAttempt] = {}  # one copy per message per round, however it is batched
         for _ in self._batches():

@@ -322,7 +322,14 @@ def sort(
             plan.holds.append((cand, now + t.stuck_after, why, Hold.QUEUED))
         elif cand.sends >= t.max_sends:
             reason = give_up_reason(
-                cand, verdict, fact, topic, t.max_sends, t.max_unconfirmed_age, endless_lease=lease.endless
+                cand,
+                verdict,
+                fact,
+                topic,
+                t.max_sends,
+                t.max_unconfirmed_age,
+                endless_lease=lease.endless,
+                lease_unknown=lease.state is LeaseState.UNAVAILABLE,
             )
             plan.dead.append((cand, reason))
         else:

@@ -24,8 +24,9 @@ the broker's own retry schedule. DESIGN.md §3 in order, with one rule of ours (
                     longer than ``max_unconfirmed_age`` ago: the last resort                   → resend
 ``STUCK``           delivered, still pending, newest delivery older than ``stuck_after`` and past the
                     broker's own retry of it. Waits for a held lease (below) — one without a TTL,
-                    which nothing ends, only until the message is ``max_unconfirmed_age +
-                    stuck_after`` old: until 2026-11-29 held for ever, PENDING, nobody told    → resend
+                    which nothing ends, or one Redis cannot tell (down), only until the message is
+                    ``max_unconfirmed_age + stuck_after`` old: until 2026-11-29 held for ever (for
+                    the whole outage), PENDING, nobody told                                   → resend
 ``NEVER_CONSUMED``  the broker has it (or no probe answers: RabbitMQ), the group has no watermark on
                     that queue of the topic at all, and the copy is older than ``stuck_after``: the
                     group never consumed there (not
@@ -51,11 +52,15 @@ Every ``→ resend`` waits for the message's held Redis lease, read by the sweep
 (:func:`reliable.sweeper.leases.defers_resend`): a worker is in the handler, or one killed in it left its
 lease and its copy is back on the broker — it journaled nothing, so the row looks never received, and until
 2026-11-29 was re-sent as ``TOO_OLD`` or ``OVERTAKEN`` beside that copy. A never-received row waits only
-until its copy is ``max_unconfirmed_age + stuck_after`` old, a ``STUCK`` row held by a key without a TTL
-only until the message is (counted from its stage: each resend meets the key and is journaled, which would
-restart a count from the newest delivery): a lease that never ends cannot keep a row pending unseen — past
-it the resend is made (the key keeps it from being processed twice), or at the budget the give-up and its
-notice. A stuck row whose lease expires waits for it however old it is: a worker is on it.
+until its copy is ``max_unconfirmed_age + stuck_after`` old, a ``STUCK`` row held by a key without a TTL,
+or while Redis cannot be read (``lease_unknown``), only until the message is (counted from its stage: each
+resend meets the key and is journaled, which would restart a count from the newest delivery): a lease that
+never ends, or an outage of Redis however long, cannot keep a row pending unseen — past it the resend is
+made, or at the budget the give-up and its notice. The resend cannot be applied twice: the key refuses the
+copy, and with Redis down the guard decides on the database alone (the group's inbox row, locked by the
+work transaction, admits one delivery). A stuck row whose lease expires waits for it however old it is: a
+worker is on it. Reads failing for longer than ``stuck_after`` are said every round (an ERROR, and the
+gauge ``reliable_sweeper_redis_unreadable_seconds``: :class:`reliable.sweeper.leases.UnreadableRedis`).
 
 The broker's retry schedule is RocketMQ's: a delivery answered ``RECONSUME_LATER`` with
 ``reconsume_times = r`` comes back after delay level ``3 + r`` (``1s 5s 10s 30s 1m 2m … 2h``), and after

@@ -5,7 +5,9 @@ every batch of a round paid a socket timeout for its read — a round of 10 000 
 13.6 s, now 3.6 s. Now a failed read makes the leases unknown for
 ``SWEEP_LEASE_RETRY_AFTER_S`` of the round (the sweeper's monotonic clock: a test moves it): the rows are
 judged by the rules for "Redis cannot tell" (stuck rows held, rows never received re-sent as before), it is
-logged once a round, and Redis is asked again after that interval and at the next round.
+logged once a round, and Redis is asked again after that interval and at the next round. A stuck row is held
+through an outage only until its message is ``max_unconfirmed_age + stuck_after`` old; reads failing longer
+than ``stuck_after`` are said in an ERROR a round and a gauge.
 
 How many times Redis was asked is read from the server itself: each failed read leaves its connection
 (redis-py drops a connection that timed out and opens another for the next call), and once the server runs
@@ -23,14 +25,27 @@ from contextlib import contextmanager
 
 import pytest
 import redis as redis_lib
+from prometheus_client import REGISTRY
+from sqlalchemy.orm import Session
 
-from reliable import Reliability
+from reliable import Envelope, Reason, Reliability, idempotent_consumer
 from reliable import constants as C
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.stores.lease import lease_key
-from reliable.sweeper import FixedBackoff, Sweeper
+from reliable.sweeper import FixedBackoff, NoticeKind, Sweeper
+from reliable.types import StubStatus
 from tests.services import PrivateRedis
-from tests.sweeper.helpers import T0, Clock, QueueSender, add_log, add_stub, clean, get_inbox, set_progress
+from tests.sweeper.helpers import (
+    T0,
+    Clock,
+    MemoryChannel,
+    QueueSender,
+    add_log,
+    add_stub,
+    clean,
+    get_inbox,
+    set_progress,
+)
 from tests.waiting import wait_until
 
 BACKOFF = FixedBackoff((10.0,))
@@ -155,3 +170,79 @@ def test_a_long_round_asks_a_hung_redis_again_after_the_interval(
     assert summary.resent == 8, summary.line()
     assert reads_while_hung(admin, before) == 2
     assert len(lease_warnings(caplog)) == 1, lease_warnings(caplog)
+
+
+def outage_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and "Redis lease reads have failed" in r.getMessage()
+    ]
+
+
+def unreadable_seconds() -> float | None:
+    return REGISTRY.get_sample_value("reliable_sweeper_redis_unreadable_seconds")
+
+
+def test_a_redis_outage_holds_a_stuck_row_only_until_the_last_resort_age_and_says_so(
+    lease_rel: Reliability,
+    private_redis: PrivateRedis,
+    sender: QueueSender,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis down: nobody can tell whether a worker holds a stuck row's lease, and until 2026-11-29 the row
+    was held for as long as the outage lasted — PENDING, counted ``lease_unknown``, nobody told. Now held
+    only until the message is ``max_unconfirmed_age + stuck_after`` old, then re-sent, or at the budget
+    given up with a notice; the guard, Redis still down, applies the copy once on the database alone. Reads
+    failing for longer than ``stuck_after`` are said each round (an ERROR) and in a gauge."""
+    for name, sends in (("stuck", 1), ("spent", 3)):
+        add_stub(lease_rel, name, queue_offset=4, send_count=sends)  # staged an hour before T0
+        add_log(lease_rel, name, T0 - dt.timedelta(hours=1), queue_offset=4)
+    add_stub(lease_rel, "young", queue_offset=5, created_at=T0, last_sent_at=T0)
+    add_log(lease_rel, "young", T0, queue_offset=5)  # stuck from T0 + stuck_after
+    set_progress(lease_rel, 5)
+    channel = MemoryChannel()
+    sweeper = Sweeper(
+        lease_rel, sender, backoff=BACKOFF, clock=clock, max_unconfirmed_age_s=7200, channels=[channel]
+    )
+    caplog.set_level(logging.WARNING, logger="reliable.sweeper")
+    private_redis.stop()
+    # the first two messages 1 h, then 2 h old: below max_unconfirmed_age (2 h) + stuck_after (600 s)
+    for now, held, errors in ((T0, 2, 0), (T0 + dt.timedelta(hours=1), 3, 1)):
+        clock.now = now
+        summary = sweeper.run_once()
+        assert (summary.resent, summary.dead, summary.lease_unknown) == (0, 0, held), summary.line()
+        assert len(outage_errors(caplog)) == errors, outage_errors(caplog)
+        assert unreadable_seconds() == (now - T0).total_seconds()
+    assert "3 stuck row(s) held" in outage_errors(caplog)[0]
+    clock.now = T0 + dt.timedelta(hours=1, seconds=600)  # staged max_unconfirmed_age + stuck_after ago
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.dead, summary.lease_unknown) == (1, 1, 1), summary.line()
+    assert sender.ids() == ["stuck"]
+    assert get_inbox(lease_rel, "spent").status is StubStatus.DEAD
+    (notice,) = [n for n in channel.notices if n.kind is NoticeKind.DEAD]
+    assert notice.message_id == "spent" and "Redis could not be read" in notice.reason, notice.reason
+    assert len(outage_errors(caplog)) == 2
+    # the guard, Redis still down: the copy is applied once; the original, redelivered late, is a duplicate
+    applied: list[str | None] = []
+
+    def handler(env: Envelope, session: Session) -> None:
+        applied.append(env.message_id)
+
+    handle = idempotent_consumer(lease_rel, group="billing", redis_retry_after_s=0.0)(handler)
+    (copy,), (receipt,) = sender.sent, sender.receipts
+    resent = Envelope("stuck", copy.topic, receipt.queue_id, receipt.queue_offset, copy.body)
+    assert handle.decide(resent).reason is Reason.PROCESSED
+    original = Envelope("stuck", "orders", 0, 4, copy.body)
+    assert handle.decide(original).reason is Reason.DUPLICATE_CONFIRMED
+    assert applied == ["stuck"]
+    assert get_inbox(lease_rel, "stuck").status is StubStatus.CONFIRMED
+    # Redis back: the young row's lease is read (nobody holds it) and it is re-sent; the gauge falls to 0
+    private_redis.start()
+    clock.now += dt.timedelta(seconds=60)
+    summary = sweeper.run_once()
+    assert (summary.resent, summary.lease_unknown) == (1, 0), summary.line()
+    assert sender.ids() == ["stuck", "young"]
+    assert unreadable_seconds() == 0
+    assert len(outage_errors(caplog)) == 2
