@@ -23,7 +23,8 @@ from reliable.sweeper.errors import NotifyError, SenderLoadError, SweeperConfigE
 from reliable.sweeper.notices import DeadNotice, Notice, NoticeKind
 from reliable.sweeper.resolve import GroupRevival, retire_group, revive, revive_group, void
 from reliable.sweeper.retention import purge_logs
-from reliable.sweeper.sweeper import RoundSummary, Sweeper
+from reliable.sweeper.summary import RoundSummary
+from reliable.sweeper.sweeper import Sweeper
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule, Verdict
 
 __all__ = [

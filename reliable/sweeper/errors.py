@@ -1,7 +1,7 @@
 """Faults of the resend sweeper.
 
 Expected outcomes of a round (a stub re-sent, skipped because a worker holds its lease, given up) are counted
-in :class:`reliable.sweeper.sweeper.RoundSummary`, not raised. Exceptions are for bad configuration and for
+in :class:`reliable.sweeper.summary.RoundSummary`, not raised. Exceptions are for bad configuration and for
 faults a caller must see (a channel that cannot deliver, a sender factory that cannot be loaded).
 """
 

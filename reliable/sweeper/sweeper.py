@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
@@ -47,60 +46,16 @@ from reliable.sweeper.giveup import tell_unreported
 from reliable.sweeper.leases import RoundLeases, UnreadableRedis
 from reliable.sweeper.notify import deliver_owed
 from reliable.sweeper.queues import Watermarks
-from reliable.sweeper.resend import BatchResult, OutagePause, Sent, record_batch, resend_topic, send_batch
+from reliable.sweeper.resend import OutagePause, Sent, record_batch, resend_topic, send_batch
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
 from reliable.sweeper.shared_clock import DatabaseClock
 from reliable.sweeper.stall import check_stalls
+from reliable.sweeper.summary import RoundSummary
 from reliable.sweeper.triage import Triage, observe, record, sort
 from reliable.sweeper.verdict import RetrySchedule, RocketMQRetrySchedule
 
 log = logging.getLogger("reliable.sweeper")
-
-
-@dataclass
-class RoundSummary:
-    selected: int = 0
-    resent: int = 0
-    send_failures: int = 0
-    dead: int = 0
-    #: rows the guard set DEAD (its handler failed ``max_attempts`` times) told about this round
-    dead_lettered: int = 0
-    stuck_recovered: int = 0
-    lease_held: int = 0
-    lease_unknown: int = 0
-    held: int = 0
-    never_consumed: int = 0
-    #: queues a group has stopped consuming (open stalls after the round), and how many were raised now
-    stalled: int = 0
-    stall_alarms: int = 0
-    purged: int = 0
-    notified: int = 0
-    notify_failures: int = 0
-    #: claimed rows left unsent because the claim window ran out first (due again next round)
-    released: int = 0
-    duration_s: float = 0.0
-
-    def line(self) -> str:
-        return (
-            f"sweep round: selected={self.selected} resent={self.resent} send_failures={self.send_failures} "
-            f"dead={self.dead} dead_lettered={self.dead_lettered} stuck_recovered={self.stuck_recovered} "
-            f"lease_held={self.lease_held} "
-            f"lease_unknown={self.lease_unknown} held={self.held} never_consumed={self.never_consumed} "
-            f"stalled={self.stalled} stall_alarms={self.stall_alarms} purged={self.purged} "
-            f"notified={self.notified} notify_failures={self.notify_failures} released={self.released} "
-            f"duration={self.duration_s:.3f}s"
-        )
-
-    def add(self, result: BatchResult) -> None:
-        self.resent += result.resent
-        self.send_failures += result.send_failures
-        self.stuck_recovered += result.stuck_recovered
-        self.lease_held += result.lease_held
-        self.lease_unknown += result.lease_unknown
-        self.held += result.held + result.route_paused
-        self.never_consumed += result.never_consumed
-        self.dead += len(result.dead)
 
 
 class Sweeper:
