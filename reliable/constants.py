@@ -253,6 +253,8 @@ KAFKA_HEADER_NOT_BEFORE: Final = "reliable-not-before-ms"
 KAFKA_HEADER_TAGS: Final = "reliable-tags"
 KAFKA_HEADER_SEND_COUNT: Final = "reliable-send-count"
 KAFKA_HEADER_TARGET_GROUP: Final = "reliable-target-group"
+#: the user property a RocketMQ 5.x resend names the group it is meant for by (the copy goes to the topic)
+ROCKETMQ5_TARGET_GROUP_PROPERTY: Final = "RELIABLE_TARGET_GROUP"
 #: on a retry or dead-letter copy: the consumer group that forwarded it (another group on an unscoped retry
 #: topic leaves it alone)
 KAFKA_HEADER_RETRY_GROUP: Final = "reliable-retry-group"

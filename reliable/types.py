@@ -85,6 +85,12 @@ class Envelope:
     #: journals it as ``bad_message`` with this reason and dead-letters it without running the handler, so
     #: the reconciliation report counts it. The adapter's own value, never taken from the wire.
     bad_input: str | None = None
+    #: the consumer group a sweeper's resend is meant for, from the copy's label (Kafka's
+    #: ``reliable-target-group`` header, RocketMQ 5.x's ``RELIABLE_TARGET_GROUP`` property): a sender that
+    #: cannot address one group puts the copy on the topic, where every group gets it. ``None``: a copy for
+    #: every group (the producer's), or the broker cannot tell. A group that gave up on the message answers a
+    #: copy meant for another group as a settled duplicate instead of dead-lettering it again
+    target_group: str | None = None
 
     @property
     def source_topic(self) -> str:

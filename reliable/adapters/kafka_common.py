@@ -180,6 +180,7 @@ def to_envelope(
         reconsume_times=origin.attempt,
         properties=properties,
         delivered_topic=None if record.topic == origin.topic else record.topic,
+        target_group=headers.get(C.KAFKA_HEADER_TARGET_GROUP) or None,
     )
 
 

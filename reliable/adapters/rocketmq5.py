@@ -112,6 +112,7 @@ def to_envelope(
         message_id = None
     else:
         message_id = keys[0] if keys else (message.message_id or None)
+    properties = dict(message.properties or {})
     return Envelope(
         message_id=message_id,
         topic=message.topic,
@@ -121,9 +122,10 @@ def to_envelope(
         keys=" ".join(keys) or None,
         tags=message.tag or None,
         reconsume_times=max(0, attempt - 1),
-        properties=dict(message.properties or {}),
+        properties=properties,
         broker_name=broker[: C.BROKER_NAME_MAX],
         last_attempt=attempt >= max_attempts,
+        target_group=properties.get(C.ROCKETMQ5_TARGET_GROUP_PROPERTY) or None,
     )
 
 

@@ -91,6 +91,8 @@ class RocketMQ5Sender:
                 # Timestamp's ``seconds`` (its docstring says ms; a ms value held the message ~1000x too
                 # long, never delivered); rounded up, so the message is not visible before its delay
                 msg.delivery_timestamp = math.ceil(time.time() + delay_s)
+        if message.target_group:  # the topic's other groups tell a copy meant for this one by it
+            properties[C.ROCKETMQ5_TARGET_GROUP_PROPERTY] = message.target_group
         for key, value in properties.items():
             msg.add_property(key, value)
         try:

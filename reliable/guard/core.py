@@ -236,7 +236,7 @@ class Guard:
             self._database_down(items, "journal", exc)
             return False
         for it in held:
-            plan.decide_held(it, states.get(it.mid), self.settings.max_attempts)
+            plan.decide_held(it, states.get(it.mid), self.settings.max_attempts, self.group)
         return True
 
     # --- step 5: journal what the work transaction did not commit ----------------------------------------

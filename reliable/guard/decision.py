@@ -27,6 +27,7 @@ class Reason(enum.StrEnum):
     DUPLICATE_DONE_MARKER = "duplicate_done_marker"
     DUPLICATE_CONFIRMED = "duplicate_confirmed"
     DUPLICATE_IN_BATCH = "duplicate_in_batch"
+    DUPLICATE_OF_DEAD = "duplicate_of_dead"
     VOIDED = "voided"
     LEASE_CONFLICT = "lease_conflict"
     HANDLER_FAILED = "handler_failed"
@@ -46,6 +47,7 @@ OUTCOMES: dict[Reason, tuple[ConsumeResult, LogOutcome, bool]] = {
     Reason.DUPLICATE_DONE_MARKER: (_S, LogOutcome.DUPLICATE, True),
     Reason.DUPLICATE_CONFIRMED: (_S, LogOutcome.DUPLICATE, True),
     Reason.DUPLICATE_IN_BATCH: (_S, LogOutcome.DUPLICATE, True),
+    Reason.DUPLICATE_OF_DEAD: (_S, LogOutcome.DUPLICATE, True),
     Reason.VOIDED: (_S, LogOutcome.SUCCESS, False),
     Reason.LEASE_CONFLICT: (_R, LogOutcome.RETRY, False),
     Reason.HANDLER_FAILED: (_R, LogOutcome.RETRY, False),
@@ -69,6 +71,8 @@ TEXTS: dict[str, str] = {
     "confirmed_meanwhile": "another worker applied it while this handler ran (its lease ran out) and failed",
     "gave_up": "the group gave up on this message (its handler failed max_attempts times; a person was "
     "told): not run again until it is revived",
+    "dead_copy": "a resend meant for another group; this group gave up on the message and dead-lettered it "
+    "already: not run, not dead-lettered again until it is revived",
 }
 
 
@@ -98,6 +102,9 @@ class Verdict(enum.Enum):
     VANISHED = "vanished"  # a concurrent insert we waited on was rolled back, then the row was gone
     #: DEAD because its handler failed ``max_attempts`` times: a person decides (revive resets attempts)
     GAVE_UP = "gave_up"
+    #: GAVE_UP, and this copy is a resend the sweeper meant for another group (a sender that cannot address
+    #: one group put it on the topic): the dead letter was sent already, this copy is a settled duplicate
+    DEAD_COPY = "dead_copy"
 
 
 def judge(
@@ -107,13 +114,18 @@ def judge(
     payload_hash: str | None,
     attempts: int = 0,
     max_attempts: int | None = None,
+    for_other_group: bool = False,
 ) -> Verdict:
     """Step 3's transition table over one group's inbox row (``status`` ``None``: no row).
 
     A DEAD row whose ``attempts`` reached ``max_attempts`` is one the guard gave up on: another copy of the
-    message (a resend meant for another group, a producer's retry) does not run the failing handler again —
-    it is dead-lettered with that reason — until a person revives the row. Any other DEAD row (the sweeper
-    gave up on a copy that never arrived) runs: a late copy is welcome."""
+    message does not run the failing handler again until a person revives the row. A copy labelled for
+    another group (``for_other_group``: :attr:`Envelope.target_group` names another group) is a settled
+    duplicate — each resend for another group went to the topic and dead-lettered a copy here again, one DLT
+    record per resend. Any other copy (the producer's, a producer's retry, a broker redelivery, a resend for
+    this group) is dead-lettered with the reason: a redelivery may be of the very record whose dead letter
+    a crash kept from the broker. Any other DEAD row (the sweeper gave up on a copy that never arrived) runs:
+    a late copy is welcome."""
     if claimed:
         return Verdict.RUN_INBOX
     if status is None:
@@ -125,7 +137,7 @@ def judge(
     if status is StubStatus.VOIDED:
         return Verdict.VOIDED
     if status is StubStatus.DEAD and max_attempts is not None and attempts >= max_attempts:
-        return Verdict.GAVE_UP
+        return Verdict.DEAD_COPY if for_other_group else Verdict.GAVE_UP
     return Verdict.RUN
 
 
@@ -139,6 +151,8 @@ def verdict_reason(
         return Reason.VOIDED, TEXTS["voided"], None
     if v is Verdict.GAVE_UP:
         return Reason.GAVE_UP, TEXTS["gave_up"], None
+    if v is Verdict.DEAD_COPY:
+        return Reason.DUPLICATE_OF_DEAD, TEXTS["dead_copy"], None
     if v is Verdict.MISMATCH:
         err = PayloadMismatchError(
             f"message {message_id!r}: body sha256 {payload_hash} differs from the recorded {stored_hash}"
@@ -149,7 +163,8 @@ def verdict_reason(
 
 def held_verdict(v: Verdict) -> Verdict | None:
     """A live lease of another worker: only a settled row answers now; anything else waits (None)."""
-    return v if v in (Verdict.DUPLICATE, Verdict.VOIDED, Verdict.MISMATCH, Verdict.GAVE_UP) else None
+    settled = (Verdict.DUPLICATE, Verdict.VOIDED, Verdict.MISMATCH, Verdict.GAVE_UP, Verdict.DEAD_COPY)
+    return v if v in settled else None
 
 
 def lease_wait_ms(pttl: int | None, lease_ms: int) -> int | None:

@@ -145,16 +145,25 @@ def apply_leases(todo: Sequence[Item], answers: Sequence[LeaseAnswer]) -> None:
             it.held = True
 
 
-def judge_row(it: Item, state: InboxState | None, max_attempts: int) -> Verdict:
-    """:func:`~reliable.guard.decision.judge` of ``it`` over its group's inbox row (``None``: no row)."""
+def judge_row(it: Item, state: InboxState | None, max_attempts: int, group: str) -> Verdict:
+    """:func:`~reliable.guard.decision.judge` of ``it`` over ``group``'s inbox row (``None``: no row)."""
     if state is None:
         return judge(None, None, it.claimed, it.payload_hash)
-    return judge(state.status, state.payload_hash, it.claimed, it.payload_hash, state.attempts, max_attempts)
+    target = it.env.target_group
+    return judge(
+        state.status,
+        state.payload_hash,
+        it.claimed,
+        it.payload_hash,
+        state.attempts,
+        max_attempts,
+        for_other_group=bool(target) and target != group,
+    )
 
 
-def decide_held(it: Item, state: InboxState | None, max_attempts: int) -> None:
+def decide_held(it: Item, state: InboxState | None, max_attempts: int, group: str) -> None:
     """Another worker holds the lease: a settled inbox row answers now, anything else is a lease conflict."""
-    v = judge_row(it, state, max_attempts)
+    v = judge_row(it, state, max_attempts, group)
     if held_verdict(v) is None:
         decide(it, Reason.LEASE_CONFLICT, TEXTS["held"])
     else:

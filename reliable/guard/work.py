@@ -196,7 +196,7 @@ class WorkTransaction:
             states = self._lock_then_claim(conn, run, now)
         for it in run:
             if not recorded:
-                it.verdict = judge_row(it, states.get(it.mid), self.max_attempts)
+                it.verdict = judge_row(it, states.get(it.mid), self.max_attempts, self.group)
             if it.verdict is Verdict.RUN or it.verdict is Verdict.RUN_INBOX:
                 self._run_handler(conn, it, savepoint=savepoints)
             elif it.verdict is not None:

@@ -115,6 +115,13 @@ def test_a_handler_that_keeps_failing_ends_dead_a_person_is_told_once_and_revive
     assert (copy_for_others.reason, copy_for_others.result) == (Reason.GAVE_UP, ConsumeResult.DEAD_LETTER)
     assert ran == [] and get_inbox(rel, "m", "audit").status is StubStatus.DEAD
     assert get_inbox(rel, "m", "audit").attempts == 2
+    # a resend labelled for billing (a Kafka or RocketMQ 5.x sender puts it on the topic): settled, acked as
+    # a duplicate — it was dead-lettered again, one more dead letter per resend for another group
+    for_billing = audit.decide(replace(env("m", b"body-m"), target_group="billing"))
+    assert (for_billing.reason, for_billing.result) == (Reason.DUPLICATE_OF_DEAD, ConsumeResult.SUCCESS)
+    for_audit = audit.decide(replace(env("m", b"body-m"), target_group="audit"))
+    assert (for_audit.reason, for_audit.result) == (Reason.GAVE_UP, ConsumeResult.DEAD_LETTER)
+    assert ran == [] and get_inbox(rel, "m", "audit").attempts == 2
 
     failing["audit"] = False  # the handler is fixed; a person revives the message for that group
     assert revive(rel.engine, ["m"], now=clock.now, group="audit") == 1

@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 
 from broker_sim.grpc.policy import GroupPolicy
 from reliable import Reliability
+from reliable import constants as C
 from tests.adapters.rocketmq5 import venv5
 from tests.adapters.rocketmq5.conftest import TOPIC, GrpcBroker, GrpcBrokerFactory
 from tests.waiting import wait_until
@@ -279,6 +280,24 @@ def test_sender_receipts_and_the_query_offset_probe(make_broker: GrpcBrokerFacto
     assert sum(out["max_offsets"][1:]) == len(ids)
     # QueryOffset(BEGINNING): nothing deleted yet, so every queue starts at 0
     assert out["min_offsets"] == [None, 0, 0, 0, 0]
+
+
+def test_a_resend_for_one_group_is_labelled_with_it_for_the_topics_other_groups(
+    make_broker: GrpcBrokerFactory, tmp_path: Path
+) -> None:
+    """5.x cannot address one group: the sweeper's resend for ``billing`` goes to the topic, every group gets
+    it. It carries ``RELIABLE_TARGET_GROUP``, so a group that gave up on the message tells it from a copy of
+    its own (:class:`~reliable.types.Envelope` ``target_group``) and does not dead-letter it again."""
+    broker = make_broker()
+    spec = {"endpoint": broker.endpoint, "topic": TOPIC, "mode": "send", "ids": ["again-1"],
+            "target_group": "billing"}  # fmt: skip
+    Worker(venv5.python(), spec, tmp_path / "send.log").stop()
+    b = broker.server.broker
+    assert b is not None
+    stored = [
+        m.ext.properties for q in range(4) for m in b.store.get_message("reader", TOPIC, q, 0, 8).messages
+    ]
+    assert [p.get(C.ROCKETMQ5_TARGET_GROUP_PROPERTY) for p in stored] == ["billing"]
 
 
 def test_a_delayed_stub_is_sent_with_a_delivery_time_not_a_system_property(

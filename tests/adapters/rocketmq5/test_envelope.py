@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from broker_sim.grpc.receipt import ReceiptHandle
+from reliable import constants as C
 from reliable.adapters.rocketmq5 import InvisibilityExtender, check_timing, retry_delay_s, to_envelope
 from reliable.errors import ConfigurationError
 from tests.waiting import wait_until
@@ -30,6 +31,11 @@ def test_envelope_of_a_5x_delivery() -> None:
         2,
         {"trace": "x"},
     )
+
+
+def test_a_resend_labelled_for_a_group_names_it_in_the_envelope() -> None:
+    labelled = to_envelope(received(properties={C.ROCKETMQ5_TARGET_GROUP_PROPERTY: "billing"}))
+    assert (labelled.target_group, to_envelope(received()).target_group) == ("billing", None)
 
 
 def test_envelope_falls_back_to_the_message_id_and_an_unknown_position() -> None:

@@ -49,7 +49,9 @@ def main() -> None:
         receipts = []
         for mid in spec["ids"]:
             props = spec.get("properties", {})
-            r = sender.send(OutgoingMessage(mid, spec["topic"], mid.encode(), properties=props))
+            target = spec.get("target_group")  # a sweeper's resend for that group
+            out = OutgoingMessage(mid, spec["topic"], mid.encode(), properties=props, target_group=target)
+            r = sender.send(out)
             receipts.append([r.queue_id, r.queue_offset, r.broker_message_id])
         assert isinstance(sender, BrokerProbe)  # the sweeper gets sender and probe in one object
         assert isinstance(sender, RetentionProbe)  # and the other end of each queue
