@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, case, text, update
 
+from reliable.outbox.keys import by_primary_key
 from reliable.outbox.tables import inbox, stub
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.types import StubStatus
@@ -125,6 +126,8 @@ def record_sends(
         _record_group_sends_pg(conn, sorted(group_ok + group_failed, key=_lock_order), now, claimed_until)
         return
     mine = and_(inbox.c.message_id == bindparam("b_mid"), inbox.c.consumer_group == bindparam("b_group"))
+    # by primary key on MariaDB, as the guard locks its row (reliable.outbox.keys.by_primary_key)
+    one_row = by_primary_key(update(inbox).where(mine), inbox)
     if claimed_until is None:
         resent = {
             "resend_count": inbox.c.resend_count + 1,
@@ -132,11 +135,9 @@ def record_sends(
             "updated_at": now,
         }
         if group_ok:
-            conn.execute(update(inbox).where(mine).values(**landed, attempts=0, **resent), group_ok)
+            conn.execute(one_row.values(**landed, attempts=0, **resent), group_ok)
         if group_failed:
-            conn.execute(
-                update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed
-            )
+            conn.execute(one_row.values(last_error=bindparam("b_err"), **resent), group_failed)
         return
     # still ours: PENDING and carrying the claim (else the send is history only, see the docstring)
     ours = and_(inbox.c.status == StubStatus.PENDING, inbox.c.resend_at == claimed_until)
@@ -151,9 +152,7 @@ def record_sends(
     if group_ok:
         position = [(inbox.c[name], value) for name, value in landed.items() if name != "last_error"]
         conn.execute(
-            update(inbox)
-            .where(mine)
-            .ordered_values(
+            one_row.ordered_values(
                 count,
                 (inbox.c.updated_at, now),
                 *position,
@@ -166,9 +165,7 @@ def record_sends(
     if group_failed:
         error = if_ours(bindparam("b_err", type_=inbox.c.last_error.type), inbox.c.last_error)
         conn.execute(
-            update(inbox)
-            .where(mine)
-            .ordered_values(count, (inbox.c.updated_at, now), (inbox.c.last_error, error), due_at),
+            one_row.ordered_values(count, (inbox.c.updated_at, now), (inbox.c.last_error, error), due_at),
             group_failed,
         )
 
