@@ -295,7 +295,7 @@ def lock_messages(conn: Connection, message_ids: Sequence[str]) -> Locked:
     The rows are found by message id alone, which only the ``(message_id, status)`` index answers; a lock
     read through it locked each row's entry there, then the row — on MariaDB the reverse of a guard
     confirming the row (the row, then the entry its status change moves), and the two deadlocked
-    (tests/sweeper/test_lock_messages_order.py). So the keys are read first without a lock, then the rows
+    (tests/sweeper/test_inbox_pk_lock_order.py). So the keys are read first without a lock, then the rows
     locked by primary key (:func:`reliable.outbox.keys.by_primary_key`), their status read under the lock.
     Nothing is lost by the split: at READ COMMITTED the one-step read took no gap locks either, so a row
     inserted after it was never locked; a row deleted in between is just not found."""

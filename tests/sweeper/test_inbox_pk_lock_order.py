@@ -12,7 +12,7 @@ connection of the test's, so the interleaving is exact; the resolver's side must
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -27,9 +27,14 @@ from tests.waiting import wait_until
 GROUPS = ("audit", "billing", "crm")
 
 
-def _beside_a_guard(rel: Reliability, sweeper_step: Callable[[Connection], None], statement: str) -> None:
-    """The guard locks billing's row of ``m``; ``sweeper_step`` runs in a transaction of its own at READ
-    COMMITTED; once it has finished or waits, the guard confirms the row and commits."""
+def _beside_a_guard(
+    rel: Reliability,
+    sweeper_step: Callable[[Connection], None],
+    statement: str,
+    ids: Sequence[str] = ("m",),
+) -> None:
+    """The guard locks billing's rows of ``ids``; ``sweeper_step`` runs in a transaction of its own at READ
+    COMMITTED; once it has finished or waits, the guard confirms the rows and commits."""
     store = SqlStore(rel.engine)
     errors: list[BaseException] = []
     session: list[int] = []
@@ -54,17 +59,17 @@ def _beside_a_guard(rel: Reliability, sweeper_step: Callable[[Connection], None]
     with rel.engine.connect() as guard:
         with guard.begin():
             store.no_gap_locks(guard)
-            assert set(store.lock_inbox(guard, "billing", ["m"])) == {"m"}
+            assert set(store.lock_inbox(guard, "billing", list(ids))) == set(ids)
             thread.start()
             wait_until(
                 lambda: done.is_set() or (bool(session) and waits()), what="the sweeper done or waiting"
             )
             try:
-                confirmed, _ = store.confirm(guard, "billing", ["m"], T0)
+                confirmed, _ = store.confirm(guard, "billing", list(ids), T0)
             except DBAPIError as exc:
                 assert not is_deadlock(exc), f"the guard was rolled back to break a deadlock: {exc!r}"
                 raise
-            assert confirmed == 1
+            assert confirmed == len(ids)
         thread.join(60)
     assert not thread.is_alive()
     assert errors == []
