@@ -11,20 +11,31 @@ connection of the test's, so the interleaving is exact; the resolver's side must
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable, Sequence
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import DBAPIError
 
 from reliable import Reliability, outbox
 from reliable.guard.db_errors import is_deadlock
+from reliable.outbox.tables import inbox
+from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.stores.sql import SqlStore
+from reliable.types import StubStatus
 from tests.lock_waits import mysql_waiting, pg_waiting, session_id
 from tests.sweeper.helpers import T0, add_stub
 from tests.waiting import wait_until
 
 GROUPS = ("audit", "billing", "crm")
+
+
+def _other_messages(rel: Reliability) -> None:
+    """A hundred settled messages of the same groups: on a few rows alone InnoDB scans the table rather
+    than read an index, and the lock order under test never arises."""
+    for i in range(100):
+        add_stub(rel, f"f{i:03d}", groups=GROUPS, status=StubStatus.CONFIRMED)
 
 
 def _beside_a_guard(
@@ -94,3 +105,31 @@ def test_lock_messages_beside_a_guard_confirming_one_group_waits_instead_of_dead
         ("crm", "PENDING"),
     ]
     assert locked[0].stubs == {"m"}
+
+
+def test_a_topic_send_recorded_beside_a_guard_confirming_one_group_waits_instead_of_deadlocking(
+    rel: Reliability,
+) -> None:
+    if rel.engine.dialect.name == "sqlite":
+        return
+    _other_messages(rel)
+    add_stub(rel, "m", groups=GROUPS)
+    due = T0 + dt.timedelta(minutes=1)
+    resend = OutgoingMessage(message_id="m", topic="orders", body=b"body-m", send_count=1)
+
+    def record_step(conn: Connection) -> None:
+        outbox.record_sends(conn, [(outbox.SendAttempt(resend, SendReceipt(0, 9)), due)], T0)
+
+    _beside_a_guard(rel, record_step, "UPDATE message_inbox%")
+    with rel.engine.connect() as conn:
+        of_m = select(inbox.c.consumer_group, inbox.c.status, inbox.c.resend_at).where(
+            inbox.c.message_id == "m"
+        )
+        rows = conn.execute(of_m).all()
+    # the open rows take the send's due time; billing's, confirmed meanwhile, was no longer PENDING
+    assert {(g, StubStatus(s)) for g, s, _ in rows} == {
+        ("audit", StubStatus.PENDING),
+        ("billing", StubStatus.CONFIRMED),
+        ("crm", StubStatus.PENDING),
+    }
+    assert {g for g, _, at in rows if at == due} == {"audit", "crm"}
