@@ -97,10 +97,9 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
         keys = [(c.consumer_group, c.message_id) for c in candidates]
         # updated_at dates the group's last send (verdict.py): the claim is not one (the column's onupdate
         # stamped the claim's wall-clock time on it, and a queued copy was never found too old). Through the
-        # primary key: the rows are locked already, but read through the (message_id, status) index the
-        # UPDATE locked those entries after the rows, a guard its row's entry after the row — a guard whose
-        # lock read went through that index held the entry and waited for the row, and the two deadlocked
-        # (tests/sweeper/test_claim_lock_order.py)
+        # primary key: read through the (message_id, status) index, the UPDATE reached every group's row of
+        # its ids, locking each before it checked the group — another group's row a guard held among them —
+        # and deadlocked with that guard (a busy two-group topic: a round in a few hundred, 2026-11-29)
         moved = (
             update(inbox).where(pair_in(conn, keys)).values(resend_at=until, updated_at=inbox.c.updated_at)
         )
