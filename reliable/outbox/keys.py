@@ -10,13 +10,53 @@ build and compile for 500. One helper, so every caller gets the same shape.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, String, and_, bindparam, false, func, or_, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    String,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    false,
+    func,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.dialects import postgresql
 
 #: the key arrays' type: ``varchar[]``, the key columns' own, so the primary key's index is used as is
 _TEXT_ARRAY = postgresql.ARRAY(String)
+
+#: MariaDB/MySQL's hint: read the table through its primary key (:func:`by_primary_key`); the guard's own
+#: SQL text carries the same words (:data:`reliable.stores.sql_text.PK_ORDER`)
+PRIMARY_KEY_HINT: Final = "FORCE INDEX (PRIMARY)"
+
+_Stmt = TypeVar("_Stmt", Select[Any], Update)
+
+
+def by_primary_key(stmt: _Stmt, table: Table) -> _Stmt:
+    """``stmt`` told to read ``table`` through its primary key on MariaDB/MySQL (SQLAlchemy renders the hint
+    for the dialect name it was given, and a pymysql engine on MariaDB is named ``mariadb``: both).
+
+    Why: InnoDB locks rows in the order of the index it reads. ``message_inbox``'s key is ``(consumer_group,
+    message_id)``; read through its ``(message_id, status)`` index a locking statement locks each row's
+    entry there, then the row. A guard locks its group's rows by primary key (``SELECT … FOR UPDATE``) and
+    then, its ``UPDATE`` of ``status`` moving each row in that index, the entry: the reverse order, a
+    deadlock. Every locking statement of the guard and the sweeper on inbox rows it can address by key
+    goes through here (or through ``PK_ORDER``), so all of them lock rows only, in key order. Only for a
+    statement with the key's both columns in its ``WHERE`` (:func:`columns_in`, or a group and its ids):
+    forced onto the primary key, one with ids alone would scan the table."""
+    for dialect in ("mysql", "mariadb"):
+        if isinstance(stmt, Select):
+            stmt = stmt.with_hint(table, PRIMARY_KEY_HINT, dialect_name=dialect)
+        else:
+            stmt = stmt.with_hint(PRIMARY_KEY_HINT, dialect_name=dialect)
+    return stmt
 
 
 def columns_in(

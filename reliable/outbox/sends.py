@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, text, update
+from sqlalchemy import Connection, and_, bindparam, case, select, text, update
 
+from reliable.outbox.keys import by_primary_key
 from reliable.outbox.tables import inbox, stub
 from reliable.sender import OutgoingMessage, Sender, SendReceipt
 from reliable.types import StubStatus
@@ -97,12 +98,7 @@ def record_sends(
     for rows in (topic_ok, topic_failed, group_ok, group_failed):
         rows.sort(key=_lock_order)
     if topic_ok or topic_failed:
-        conn.execute(
-            update(inbox)
-            .where(inbox.c.message_id == bindparam("b_mid"), inbox.c.status == StubStatus.PENDING)
-            .values(resend_at=bindparam("b_due"), updated_at=now),
-            sorted(topic_ok + topic_failed, key=_lock_order),
-        )
+        _topic_sends_due(conn, sorted(topic_ok + topic_failed, key=_lock_order), now)
     # where a landed copy is: the same columns on the stub (a topic send) and on the inbox row (targeted)
     landed: dict[str, Any] = {
         "queue_id": bindparam("b_qid"),
@@ -125,6 +121,8 @@ def record_sends(
         _record_group_sends_pg(conn, sorted(group_ok + group_failed, key=_lock_order), now, claimed_until)
         return
     mine = and_(inbox.c.message_id == bindparam("b_mid"), inbox.c.consumer_group == bindparam("b_group"))
+    # by primary key on MariaDB, as the guard locks its row (reliable.outbox.keys.by_primary_key)
+    one_row = by_primary_key(update(inbox).where(mine), inbox)
     if claimed_until is None:
         resent = {
             "resend_count": inbox.c.resend_count + 1,
@@ -132,11 +130,9 @@ def record_sends(
             "updated_at": now,
         }
         if group_ok:
-            conn.execute(update(inbox).where(mine).values(**landed, attempts=0, **resent), group_ok)
+            conn.execute(one_row.values(**landed, attempts=0, **resent), group_ok)
         if group_failed:
-            conn.execute(
-                update(inbox).where(mine).values(last_error=bindparam("b_err"), **resent), group_failed
-            )
+            conn.execute(one_row.values(last_error=bindparam("b_err"), **resent), group_failed)
         return
     # still ours: PENDING and carrying the claim (else the send is history only, see the docstring)
     ours = and_(inbox.c.status == StubStatus.PENDING, inbox.c.resend_at == claimed_until)
@@ -151,9 +147,7 @@ def record_sends(
     if group_ok:
         position = [(inbox.c[name], value) for name, value in landed.items() if name != "last_error"]
         conn.execute(
-            update(inbox)
-            .where(mine)
-            .ordered_values(
+            one_row.ordered_values(
                 count,
                 (inbox.c.updated_at, now),
                 *position,
@@ -166,9 +160,7 @@ def record_sends(
     if group_failed:
         error = if_ours(bindparam("b_err", type_=inbox.c.last_error.type), inbox.c.last_error)
         conn.execute(
-            update(inbox)
-            .where(mine)
-            .ordered_values(count, (inbox.c.updated_at, now), (inbox.c.last_error, error), due_at),
+            one_row.ordered_values(count, (inbox.c.updated_at, now), (inbox.c.last_error, error), due_at),
             group_failed,
         )
 
@@ -223,6 +215,45 @@ def _record_group_sends_pg(
         for r in rows
     ]
     conn.execute(_GROUP_SENDS_PG, {"rows": json.dumps(doc), "now": now, "claimed_until": claimed_until})
+
+
+def _topic_sends_due(conn: Connection, rows: Sequence[Mapping[str, Any]], now: dt.datetime) -> None:
+    """Every PENDING inbox row of the topic sends' messages takes its send's due time.
+
+    The rows are found by message id alone, which only the ``(message_id, status)`` index answers. On
+    MariaDB/MySQL an ``UPDATE`` reading through it locked each row's entry there, then the row: the reverse
+    of a guard confirming one of the rows (the row by primary key, then the entry its status change moves),
+    and the two deadlocked (tests/sweeper/test_inbox_pk_lock_order.py). There the keys are read first
+    without a lock, then the rows updated by primary key (:func:`reliable.outbox.keys.by_primary_key`),
+    still only while PENDING. At READ COMMITTED the one-statement form did not lock a row that turned
+    PENDING after it either; one that does between the read and the update keeps its own due time.
+    """
+    by_mid = update(inbox).where(
+        inbox.c.message_id == bindparam("b_mid"), inbox.c.status == StubStatus.PENDING
+    )
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        conn.execute(by_mid.values(resend_at=bindparam("b_due"), updated_at=now), list(rows))
+        return
+    due = {r["b_mid"]: r["b_due"] for r in rows}
+    found = conn.execute(
+        select(inbox.c.message_id, inbox.c.consumer_group).where(
+            inbox.c.message_id.in_(sorted(due)), inbox.c.status == StubStatus.PENDING
+        )
+    )
+    keys = sorted((m, g) for m, g in found)
+    if not keys:
+        return
+    one_row = and_(
+        inbox.c.message_id == bindparam("b_mid"),
+        inbox.c.consumer_group == bindparam("b_group"),
+        inbox.c.status == StubStatus.PENDING,
+    )
+    conn.execute(
+        by_primary_key(update(inbox).where(one_row), inbox).values(
+            resend_at=bindparam("b_due"), updated_at=now
+        ),
+        [{"b_mid": m, "b_group": g, "b_due": due[m]} for m, g in keys],
+    )
 
 
 def _lock_order(row: Mapping[str, Any]) -> tuple[str, str]:

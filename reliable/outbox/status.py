@@ -11,6 +11,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Select,
     and_,
     bindparam,
     case,
@@ -22,7 +23,7 @@ from sqlalchemy import (
 )
 
 from reliable.models import status_literal
-from reliable.outbox.keys import columns_in
+from reliable.outbox.keys import by_primary_key, columns_in
 from reliable.outbox.tables import OPEN, inbox, stub
 from reliable.types import StubStatus
 
@@ -190,20 +191,21 @@ def mark_dead_rows(
         .order_by(inbox.c.message_id, inbox.c.consumer_group)
     )
     if conn.dialect.name != "sqlite":  # SQLite: the transaction's write lock
-        pending = pending.with_for_update()
+        pending = by_primary_key(pending.with_for_update(), inbox)  # the guard's order (keys.py)
     dead = [(r.message_id, r.consumer_group) for r in conn.execute(pending)]
     if not dead:
         return set()
-    conn.execute(
+    dead_rows = (
         update(inbox)
         .where(
             inbox.c.message_id == bindparam("b_message_id"),
             inbox.c.consumer_group == bindparam("b_group"),
             inbox.c.status == StubStatus.PENDING,
         )
-        .values(
-            status=StubStatus.DEAD.value, resend_at=None, updated_at=now, last_error=bindparam("b_error")
-        ),
+        .values(status=StubStatus.DEAD.value, resend_at=None, updated_at=now, last_error=bindparam("b_error"))
+    )
+    conn.execute(
+        by_primary_key(dead_rows, inbox),
         [{"b_message_id": m, "b_group": g, "b_error": errors[(m, g)]} for m, g in dead],
     )
     _stubs_dead(conn, sorted({m for m, _ in dead}), now)
@@ -288,18 +290,30 @@ def lock_messages(conn: Connection, message_ids: Sequence[str]) -> Locked:
     left it ``PENDING`` with every group closed); on MariaDB's REPEATABLE READ the derivation's subqueries
     locked the stub, then that row — the guard's order reversed — and the two deadlocked. Locked first, the
     one that comes second waits for the other's commit and reads what it wrote. Run it at READ COMMITTED
-    (:func:`read_committed`), so the rows read after the wait are the committed ones."""
+    (:func:`read_committed`), so the rows read after the wait are the committed ones.
+
+    The rows are found by message id alone, which only the ``(message_id, status)`` index answers; a lock
+    read through it locked each row's entry there, then the row — on MariaDB the reverse of a guard
+    confirming the row (the row, then the entry its status change moves), and the two deadlocked
+    (tests/sweeper/test_inbox_pk_lock_order.py). So the keys are read first without a lock, then the rows
+    locked by primary key (:func:`reliable.outbox.keys.by_primary_key`), their status read under the lock.
+    Nothing is lost by the split: at READ COMMITTED the one-step read took no gap locks either, so a row
+    inserted after it was never locked; a row deleted in between is just not found."""
     ids = sorted(set(message_ids))
     if not ids:
         return Locked([], set())
-    rows = (
-        select(inbox.c.message_id, inbox.c.consumer_group, inbox.c.status)
-        .where(inbox.c.message_id.in_(ids))
-        .order_by(inbox.c.message_id, inbox.c.consumer_group)
-    )
     stubs = select(stub.c.message_id).where(stub.c.message_id.in_(ids)).order_by(stub.c.message_id)
-    if conn.dialect.name != "sqlite":  # SQLite: the transaction's write lock
-        rows, stubs = rows.with_for_update(), stubs.with_for_update()
+    rows: Select[Any] = select(inbox.c.message_id, inbox.c.consumer_group, inbox.c.status).order_by(
+        inbox.c.message_id, inbox.c.consumer_group
+    )
+    if conn.dialect.name == "sqlite":  # SQLite: the transaction's write lock
+        rows = rows.where(inbox.c.message_id.in_(ids))
+    else:
+        found_keys = select(inbox.c.message_id, inbox.c.consumer_group).where(inbox.c.message_id.in_(ids))
+        pairs = sorted((m, g) for m, g in conn.execute(found_keys))
+        where = columns_in(conn, inbox.c.message_id, inbox.c.consumer_group, pairs)  # false() for none
+        rows = by_primary_key(rows.where(where).with_for_update(), inbox)
+        stubs = stubs.with_for_update()
     found = [(r.message_id, r.consumer_group, StubStatus(r.status)) for r in conn.execute(rows)]
     return Locked(found, set(conn.execute(stubs).scalars()))
 

@@ -150,7 +150,9 @@ class SqlStore:
         else:
             changed = (
                 self.db.run(
-                    conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg)), head
+                    conn,
+                    self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg, self._pk)),
+                    head,
                 )
                 == 1
             )
@@ -189,7 +191,7 @@ class SqlStore:
         """The group's rows of ``ids``; ``suffix``: the locking clause ("" for none)."""
         if not ids:
             return {}
-        sql = self.db.cached("inbox" + suffix, len(ids), lambda k: T.select_inbox(k, suffix))
+        sql = self.db.cached("inbox" + suffix, len(ids), lambda k: T.select_inbox(k, suffix, self._pk))
         rows = self.db.all(conn, sql, (group, *ids))
         return {r[0]: InboxState(StubStatus(r[1]), r[2], int(r[3])) for r in rows}
 
@@ -232,7 +234,9 @@ class SqlStore:
         ts = self._ts(now)
         ids = sorted(message_ids)  # id order, as every other step locks rows
         changed = self.db.run(
-            conn, self.db.cached("confirm", len(ids), T.confirm_inbox), (ts, ts, group, *ids)
+            conn,
+            self.db.cached("confirm", len(ids), lambda k: T.confirm_inbox(k, self._pk)),
+            (ts, ts, group, *ids),
         )
         if self.settles_exactly:
             return changed, self.settle_exact(conn, group, ids, now)
@@ -274,7 +278,11 @@ class SqlStore:
         ts = self._ts(now)
         params = (ts, ts, group, message_id, payload_hash, payload_hash)
         if (
-            self.db.run(conn, self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg)), params)
+            self.db.run(
+                conn,
+                self.db.cached("confirm_first", 1, lambda _: T.confirm_first(self._pg, self._pk)),
+                params,
+            )
             != 1
         ):
             return False, False
@@ -316,14 +324,7 @@ class SqlStore:
         """Delete inbox rows this transaction inserted for messages whose handler then failed (batch mode)."""
         if not message_ids:
             return
-        sql = self.db.cached(
-            "unclaim",
-            len(message_ids),
-            lambda k: (
-                f"DELETE FROM message_inbox WHERE consumer_group = ? AND message_id IN ({T.marks(k)}) "
-                "AND status = 'CONFIRMED'"
-            ),
-        )
+        sql = self.db.cached("unclaim", len(message_ids), lambda k: T.unclaim_inbox(k, self._my))
         self.db.run(conn, sql, (group, *message_ids))
 
     # --- step 5: a handler failure ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from reliable.outbox.keys import PRIMARY_KEY_HINT
 from reliable.stores import JournalEntry
 
 LOG_COLS = (
@@ -104,27 +105,40 @@ def pg_first(claim: bool) -> str:
     )
 
 
-def select_inbox(n: int, lock: str) -> str:
-    """One group's inbox rows of ``n`` ids, in id order (a fixed lock order: two batches cannot deadlock)."""
+#: MariaDB: stubs are locked through the primary key, in id order, as every settle locks them. Left to
+#: itself the optimizer may take the (status, resend_at) index on a small table: rows then lock in that
+#: order — and every open stub is visited — so two groups settling one batch at once deadlocked. Inbox
+#: rows likewise (each statement of the guard's on them names one group and its ids): through the
+#: (message_id, status) index a lock read locked a row's entry there before the row, the reverse of a
+#: confirm's order (the row, then the entry its status change moves), and a guard deadlocked with a guard
+#: or a sweeper (reliable.outbox.keys.by_primary_key).
+PK_ORDER: Final = " " + PRIMARY_KEY_HINT
+
+
+def select_inbox(n: int, lock: str, hint: str = "") -> str:
+    """One group's inbox rows of ``n`` ids, in id order (a fixed lock order: two batches cannot deadlock).
+    ``hint``: :data:`PK_ORDER` on MariaDB, where the rows lock in the order of the index read."""
     return (
-        "SELECT message_id, status, payload_hash, attempts FROM message_inbox "
+        f"SELECT message_id, status, payload_hash, attempts FROM message_inbox{hint} "
         f"WHERE consumer_group = ? AND message_id IN ({marks(n)}) ORDER BY message_id{lock}"
     )
 
 
-def confirm_inbox(n: int) -> str:
+def confirm_inbox(n: int, hint: str = "") -> str:
     """Conditional confirm of one group's PENDING/DEAD rows; params: now, now, group, *ids. An earlier
-    attempt's error goes (the journal keeps it): a CONFIRMED row showing an error read as a failure."""
+    attempt's error goes (the journal keeps it): a CONFIRMED row showing an error read as a failure.
+    ``hint``: :data:`PK_ORDER` on MariaDB."""
     return (
-        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ?, last_error = NULL "
-        f"WHERE consumer_group = ? AND message_id IN ({marks(n)}) AND status IN {_OPEN}"
+        f"UPDATE message_inbox{hint} SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ?, "
+        f"last_error = NULL WHERE consumer_group = ? AND message_id IN ({marks(n)}) AND status IN {_OPEN}"
     )
 
 
-#: MariaDB: stubs are locked through the primary key, in id order, as every settle locks them. Left to
-#: itself the optimizer may take the (status, resend_at) index on a small table: rows then lock in that
-#: order — and every open stub is visited — so two groups settling one batch at once deadlocked.
-PK_ORDER: Final = " FORCE INDEX (PRIMARY)"
+def unclaim_inbox(n: int, mariadb: bool) -> str:
+    """Delete one group's CONFIRMED rows of ``n`` ids (MariaDB's single-table ``DELETE`` takes no index
+    hint: the multi-table form, through the primary key); params: group, *ids."""
+    head = f"DELETE message_inbox FROM message_inbox{PK_ORDER}" if mariadb else "DELETE FROM message_inbox"
+    return f"{head} WHERE consumer_group = ? AND message_id IN ({marks(n)}) AND status = 'CONFIRMED'"
 
 
 def settle_stubs(n: int, hint: str = "") -> str:
@@ -148,13 +162,14 @@ def claim_inbox(n: int, mariadb: bool, returning: str = " RETURNING message_id")
     return f"{head} message_inbox ({INBOX_COLS}) VALUES {rows_sql(n, INBOX_WIDTH)}{tail}{returning}"
 
 
-def confirm_first(pg: bool) -> str:
+def confirm_first(pg: bool, hint: str = "") -> str:
     """Single-message happy case: confirm one group's row if PENDING (or DEAD with no failed attempt: the
     sweeper gave up on a copy that never arrived) and the body matches. A DEAD row with failures takes the
-    general path, which knows ``max_attempts`` (:func:`reliable.guard.decision.judge`)."""
+    general path, which knows ``max_attempts`` (:func:`reliable.guard.decision.judge`). ``hint``:
+    :data:`PK_ORDER` on MariaDB."""
     return (
-        "UPDATE message_inbox SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ?, last_error = NULL "
-        "WHERE consumer_group = ? AND message_id = ? "
+        f"UPDATE message_inbox{hint} SET status = 'CONFIRMED', confirmed_at = ?, updated_at = ?, "
+        "last_error = NULL WHERE consumer_group = ? AND message_id = ? "
         "AND (status = 'PENDING' OR (status = 'DEAD' AND attempts = 0)) "
         f"AND (payload_hash IS NULL OR {'?::varchar' if pg else '?'} IS NULL OR payload_hash = ?)"
     )

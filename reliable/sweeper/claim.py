@@ -45,16 +45,13 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Select, and_, case, select, update
 
-from reliable.outbox.keys import columns_in
+from reliable.outbox.keys import by_primary_key, columns_in
 from reliable.sweeper.selection import Candidate, inbox
 from reliable.types import StubStatus
-
-#: MariaDB/MySQL's hint: read ``message_inbox`` through its primary key (:func:`by_primary_key`)
-_PK: Final = "FORCE INDEX (PRIMARY)"
 
 
 class LockMode(enum.Enum):
@@ -99,10 +96,14 @@ def claim(conn: Connection, stmt: Select[Any], *, until: dt.datetime | None) -> 
     if candidates and until is not None:
         keys = [(c.consumer_group, c.message_id) for c in candidates]
         # updated_at dates the group's last send (verdict.py): the claim is not one (the column's onupdate
-        # stamped the claim's wall-clock time on it, and a queued copy was never found too old)
-        conn.execute(
+        # stamped the claim's wall-clock time on it, and a queued copy was never found too old). Through the
+        # primary key: read through the (message_id, status) index, the UPDATE reached every group's row of
+        # its ids, locking each before it checked the group — another group's row a guard held among them —
+        # and deadlocked with that guard (a busy two-group topic: a round in a few hundred, 2026-11-29)
+        moved = (
             update(inbox).where(pair_in(conn, keys)).values(resend_at=until, updated_at=inbox.c.updated_at)
         )
+        conn.execute(by_primary_key(moved, inbox))
     return candidates
 
 
@@ -115,13 +116,13 @@ def still_claimed(
     write its verdicts on. The others were confirmed, voided or given up meanwhile, or claimed again by
     another sweeper once this claim ended. On SQLite the transaction's write lock does the locking.
 
-    PostgreSQL locks them in the ``ORDER BY``'s order (message id, then group). InnoDB locks in the order
-    of the index it reads, whatever the ``ORDER BY``: MariaDB/MySQL read them through the primary key
-    (:func:`by_primary_key`), which locks the rows alone, one group's after another's, each group's in
-    message id order (a guard locks one group's rows). Left to itself InnoDB read the key list through the
-    ``(message_id, status)`` index (always for a batch of one message in two groups, ``message_id = m AND
-    consumer_group IN (…)``), locking each row's entry in that index, then the row. A guard confirming a
-    row locks the row (``SELECT … FOR UPDATE``) and then, its ``UPDATE`` of ``status`` moving the row in
+    PostgreSQL locks them in the ``ORDER BY``'s order (message id, then group). InnoDB locks in the order of
+    the index it reads, whatever the ``ORDER BY``: MariaDB/MySQL read them through the primary key
+    (:func:`reliable.outbox.keys.by_primary_key`), which locks the rows alone, one group's after another's,
+    each group's in message id order (a guard locks one group's rows). Left to itself InnoDB read the key list
+    through the ``(message_id, status)`` index (always for a batch of one message in two groups, ``message_id
+    = m AND consumer_group IN (…)``), locking each row's entry in that index, then the row. A guard confirming
+    a row locks the row (``SELECT … FOR UPDATE``) and then, its ``UPDATE`` of ``status`` moving the row in
     that index, the entry: the record held the entry and waited for the row, the guard the reverse — a
     deadlock that failed the sweep round before it told anyone of DEAD rows or stalls (2026-11-29;
     tests/sweeper/test_record_lock_order.py). The settle walk's share locks on that index's entries (gone
@@ -137,17 +138,8 @@ def still_claimed(
         .order_by(inbox.c.message_id, inbox.c.consumer_group)
     )
     if conn.dialect.name != "sqlite":
-        stmt = by_primary_key(stmt.with_for_update())
+        stmt = by_primary_key(stmt.with_for_update(), inbox)
     return {(r.consumer_group, r.message_id) for r in conn.execute(stmt) if r.ours}
-
-
-def by_primary_key(stmt: Select[Any]) -> Select[Any]:
-    """``stmt`` (reading inbox rows by :func:`pair_in`) told to read ``message_inbox`` through its primary key
-    on MariaDB/MySQL, so that it locks the rows only, never an entry of the ``(message_id, status)`` index,
-    which a guard locks after the row (:func:`still_claimed`)."""
-    for dialect in ("mysql", "mariadb"):
-        stmt = stmt.with_hint(inbox, _PK, dialect_name=dialect)
-    return stmt
 
 
 def pair_in(conn: Connection, keys: Sequence[tuple[str, str]]) -> ColumnElement[bool]:
