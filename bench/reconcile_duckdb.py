@@ -133,8 +133,8 @@ def _sql_views(
         """
     )
     # dup: the extra deliveries of the pairs (a message without a stub is an orphan, not a duplicate), each
-    # with its cause; a *targeted copy* is one in the group's %RETRY% topic, or on the message's topic at a
-    # position some group's inbox row records as its last targeted send
+    # with its cause; a *targeted copy* is one in the group's %RETRY% topic, or at a position some group's
+    # inbox row records as its last targeted send, on the topic it records (none: the message's topic)
     con.execute(
         """
         CREATE TEMP TABLE dup AS
@@ -146,11 +146,13 @@ def _sql_views(
           SELECT d.*, s.send_count, coalesce(r.unrecorded_resends, false) AS unrecorded_resends,
                  d.reconsume_times = 0 AND (
                    d.topic = '%RETRY%' || d.consumer_group
-                   OR (d.topic = s.topic AND EXISTS (
+                   -- on the topic the row records; recorded before migration 0011: the message's
+                   OR EXISTS (
                          SELECT 1 FROM message_inbox i
                          WHERE i.message_id = d.message_id AND i.resend_count > 0
+                           AND coalesce(i.resend_topic, s.topic) = d.topic
                            AND coalesce(i.broker_name, '') = coalesce(d.broker_name, '')
-                           AND i.queue_id = d.queue_id AND i.queue_offset = d.queue_offset))) AS targeted_copy
+                           AND i.queue_id = d.queue_id AND i.queue_offset = d.queue_offset)) AS targeted_copy
           FROM d JOIN message_stub s USING (message_id) LEFT JOIN resent r USING (message_id)
           SEMI JOIN e USING (message_id, consumer_group)
         ), w AS (
