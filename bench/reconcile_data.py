@@ -117,6 +117,7 @@ def generate(directory: Path, messages: int, threads: int = 2) -> dict[str, int]
                      CASE WHEN {targeted} THEN 1 ELSE 0 END::INTEGER AS resend_count,
                      CASE WHEN {targeted} THEN 0 END::INTEGER AS queue_id,
                      CASE WHEN {targeted} THEN i // 20 END::BIGINT AS queue_offset,
+                     CASE WHEN {targeted} THEN '%RETRY%' || grp END AS resend_topic,
                      CASE WHEN kind = 'ok' THEN created_at + to_milliseconds(50 + i % 2000 + g) END
                        AS confirmed_at, '' AS broker_name
               FROM p ORDER BY i, g)

@@ -40,6 +40,13 @@ def _sql_views(
 ) -> None:
     for t in TABLES:
         con.execute(f"CREATE VIEW {t} AS SELECT * FROM read_parquet('{directory / t}.parquet')")
+    inbox_columns = {r[0] for r in con.execute("DESCRIBE message_inbox").fetchall()}
+    if "resend_topic" not in inbox_columns:  # exported before migration 0011: no resend's topic is known
+        con.execute("DROP VIEW message_inbox")
+        con.execute(
+            "CREATE VIEW message_inbox AS SELECT *, CAST(NULL AS VARCHAR) AS resend_topic"
+            f" FROM read_parquet('{directory / 'message_inbox'}.parquet')"
+        )
     now = as_of.strftime("%Y-%m-%d %H:%M:%S.%f+00")
     # the sweeper's retry schedule (its own object, not a copy of its table): delay by reconsume_times
     delays = "[" + ", ".join(str(float(d)) for d in retry_delays_s(RocketMQRetrySchedule())) + "]"
@@ -71,11 +78,15 @@ def _sql_views(
           SELECT i.consumer_group, i.message_id, upper(i.status) AS status, s.topic, s.broker_name,
                  s.queue_id, s.queue_offset, s.created_at, s.last_sent_at, i.confirmed_at,
                  coalesce(i.resend_count, 0) > 0 AND i.queue_offset IS NOT NULL AS targeted,
-                 i.broker_name AS r_broker_name, i.queue_id AS r_queue_id, i.queue_offset AS r_queue_offset
+                 i.broker_name AS r_broker_name, i.queue_id AS r_queue_id, i.queue_offset AS r_queue_offset,
+                 i.resend_topic AS r_topic
           FROM message_inbox i JOIN message_stub s USING (message_id)
         ), sent AS (
           SELECT *,
-                 CASE WHEN targeted THEN '%RETRY%' || consumer_group ELSE topic END AS send_topic,
+                 -- a targeted resend is where its row says it landed; recorded before migration 0011:
+                 -- in the group's %RETRY% topic (what the report assumed then)
+                 CASE WHEN targeted THEN coalesce(r_topic, '%RETRY%' || consumer_group) ELSE topic END
+                   AS send_topic,
                  CASE WHEN targeted THEN r_broker_name ELSE broker_name END AS send_broker_name,
                  CASE WHEN targeted THEN r_queue_id ELSE queue_id END AS send_queue_id,
                  CASE WHEN targeted THEN r_queue_offset ELSE queue_offset END AS send_offset
@@ -122,8 +133,8 @@ def _sql_views(
         """
     )
     # dup: the extra deliveries of the pairs (a message without a stub is an orphan, not a duplicate), each
-    # with its cause; a *targeted copy* is one in the group's %RETRY% topic, or on the message's topic at a
-    # position some group's inbox row records as its last targeted send
+    # with its cause; a *targeted copy* is one in the group's %RETRY% topic, or at a position some group's
+    # inbox row records as its last targeted send, on the topic it records (none: the message's topic)
     con.execute(
         """
         CREATE TEMP TABLE dup AS
@@ -135,11 +146,13 @@ def _sql_views(
           SELECT d.*, s.send_count, coalesce(r.unrecorded_resends, false) AS unrecorded_resends,
                  d.reconsume_times = 0 AND (
                    d.topic = '%RETRY%' || d.consumer_group
-                   OR (d.topic = s.topic AND EXISTS (
+                   -- on the topic the row records; recorded before migration 0011: the message's
+                   OR EXISTS (
                          SELECT 1 FROM message_inbox i
                          WHERE i.message_id = d.message_id AND i.resend_count > 0
+                           AND coalesce(i.resend_topic, s.topic) = d.topic
                            AND coalesce(i.broker_name, '') = coalesce(d.broker_name, '')
-                           AND i.queue_id = d.queue_id AND i.queue_offset = d.queue_offset))) AS targeted_copy
+                           AND i.queue_id = d.queue_id AND i.queue_offset = d.queue_offset)) AS targeted_copy
           FROM d JOIN message_stub s USING (message_id) LEFT JOIN resent r USING (message_id)
           SEMI JOIN e USING (message_id, consumer_group)
         ), w AS (

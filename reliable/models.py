@@ -202,6 +202,10 @@ class MessageInbox(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     #: the broker group of the last targeted resend's queue (migration 0006)
     broker_name: Mapped[str] = _broker_name()
+    #: the topic the last targeted resend landed on: ``%RETRY%{group}`` (RocketMQ 4.x, broker_sim) or the
+    #: message's own (RabbitMQ, Kafka, RocketMQ 5.x); ``NULL``: no resend landed, or it was recorded before
+    #: migration 0011 (readers then assume what they assumed before)
+    resend_topic: Mapped[str | None] = mapped_column(String(C.TOPIC_MAX))
 
     __table_args__ = (
         # the sweeper's selection: PENDING rows of any group that are due (open rows only on PostgreSQL)

@@ -1,4 +1,5 @@
-"""Migrations that move data: what 0003 (one row per group) and 0006 (broker names) carry forward and back.
+"""Migrations that move data: what 0003 (one row per group), 0006 (broker names), 0010 and 0011 carry forward
+and back.
 
 Each test seeds a database at the revision before, upgrades, checks every row, downgrades and checks again
 (``tests.migration_support`` gives each test databases of its own).
@@ -280,3 +281,45 @@ def test_0010_moves_never_consumed_alarms_onto_their_queue_key(
         }
         downgrade(engine, "0009")
         assert len(_rows(engine, "stub_notification")) == 5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_0011_resend_topic_is_added_empty_and_dropped_with_the_rows_kept(
+    kind: str, fresh: Callable[[str], AbstractContextManager[str]]
+) -> None:
+    """0011 records where a targeted resend landed: existing rows get no topic (which sender wrote them is
+    not known — readers keep their old assumption), a topic written after survives until the downgrade, which
+    drops only the column."""
+    inbox = (
+        "INSERT INTO message_inbox (consumer_group, message_id, status, attempts, resend_count, queue_id,"
+        " queue_offset, broker_name, created_at, updated_at)"
+        " VALUES (:g, :m, 'PENDING', 0, :n, :q, :o, :b, :t, :t)"
+    )
+    with fresh(kind) as url, engine_for(url) as engine:
+        upgrade(engine, "0010")
+        schema_0010 = _unordered(snapshot(engine))
+        with engine.begin() as conn:
+            conn.execute(
+                text(inbox),
+                [
+                    dict(g="billing", m="a", n=2, q=0, o=17, b="broker-a", t=T0),  # resent, position kept
+                    dict(g="audit", m="a", n=0, q=None, o=None, b="", t=T0),  # the producer's copy only
+                ],
+            )
+        before = _rows(engine, "message_inbox")
+
+        upgrade(engine, "0011")
+        assert _rows(engine, "message_inbox") == [{**r, "resend_topic": None} for r in before]
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE message_inbox SET resend_topic = :t WHERE consumer_group = 'billing'"),
+                dict(t="%RETRY%billing"),
+            )
+        assert {r["consumer_group"]: r["resend_topic"] for r in _rows(engine, "message_inbox")} == {
+            "billing": "%RETRY%billing",
+            "audit": None,
+        }
+
+        downgrade(engine, "0010")
+        assert _unordered(snapshot(engine)) == schema_0010
+        assert _rows(engine, "message_inbox") == before

@@ -29,21 +29,25 @@ class SendAttempt:
     message: OutgoingMessage
     receipt: SendReceipt | None = None
     error: str | None = None
+    #: the topic a targeted copy went to (the sender's route: ``%RETRY%{group}``, or the message's own);
+    #: recorded on the group's inbox row as ``resend_topic``. ``None``: not known (recorded as unknown)
+    topic: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.receipt is not None
 
 
-def attempt_send(sender: Sender, message: OutgoingMessage) -> SendAttempt:
-    """``sender.send(message)``; any exception means "not accepted" and is returned, logged, not raised."""
+def attempt_send(sender: Sender, message: OutgoingMessage, topic: str | None = None) -> SendAttempt:
+    """``sender.send(message)``; any exception means "not accepted" and is returned, logged, not raised.
+    ``topic``: where a targeted copy goes (:attr:`SendAttempt.topic`)."""
     try:
-        return SendAttempt(message, receipt=sender.send(message))
+        return SendAttempt(message, receipt=sender.send(message), topic=topic)
     except Exception as exc:  # the Sender contract: any failure = not accepted; recorded on the row
         error = f"{type(exc).__name__}: {exc}"[:_ERROR_MAX]
         target = f" for group {message.target_group}" if message.target_group else ""
         log.warning("send of %s%s failed: %s", message.message_id, target, error)
-        return SendAttempt(message, error=error)
+        return SendAttempt(message, error=error, topic=topic)
 
 
 def record_sends(
@@ -59,9 +63,10 @@ def record_sends(
     A topic send: stub ``send_count + 1``, ``last_sent_at``, ``resend_at``; landed → its broker group, queue
     and offset and ``last_error`` cleared, failed → ``last_error``; the message's PENDING inbox rows take the
     same due time. A targeted send: that group's inbox row ``resend_count + 1`` and ``resend_at``; landed →
-    its broker group, queue and offset (the retry topic's), ``last_error`` cleared and ``attempts`` reset to
-    0; failed → ``last_error``. No status filter: a consumer may have confirmed meanwhile; the send history
-    still belongs to the row.
+    its topic (``resend_topic``, the attempt's ``topic``: ``%RETRY%{group}`` or the message's own; ``NULL``
+    when the attempt does not know it), broker group, queue and offset, ``last_error`` cleared and
+    ``attempts`` reset to 0; failed → ``last_error``, the last landed copy's position and topic kept. No
+    status filter: a consumer may have confirmed meanwhile; the send history still belongs to the row.
 
     ``claimed_until``: the targeted sends were claimed by moving their rows' ``resend_at`` there (the
     sweeper's claim, :mod:`reliable.sweeper.claim`) and sent with no row lock held. Only a row still
@@ -88,6 +93,8 @@ def record_sends(
             row.update(
                 b_qid=a.receipt.queue_id, b_qoff=a.receipt.queue_offset, b_broker=a.receipt.broker_name
             )
+            if m.target_group is not None:
+                row["b_topic"] = a.topic
         if m.target_group is None:
             (topic_ok if a.ok else topic_failed).append(row)
         else:
@@ -123,6 +130,8 @@ def record_sends(
     mine = and_(inbox.c.message_id == bindparam("b_mid"), inbox.c.consumer_group == bindparam("b_group"))
     # by primary key on MariaDB, as the guard locks its row (reliable.outbox.keys.by_primary_key)
     one_row = by_primary_key(update(inbox).where(mine), inbox)
+    # a landed targeted copy: its topic too (a copy of unknown topic overwrites the old one with NULL)
+    copy_topic = (inbox.c.resend_topic, bindparam("b_topic", type_=inbox.c.resend_topic.type))
     if claimed_until is None:
         resent = {
             "resend_count": inbox.c.resend_count + 1,
@@ -130,7 +139,7 @@ def record_sends(
             "updated_at": now,
         }
         if group_ok:
-            conn.execute(one_row.values(**landed, attempts=0, **resent), group_ok)
+            conn.execute(one_row.values(**landed, resend_topic=copy_topic[1], attempts=0, **resent), group_ok)
         if group_failed:
             conn.execute(one_row.values(last_error=bindparam("b_err"), **resent), group_failed)
         return
@@ -151,6 +160,7 @@ def record_sends(
                 count,
                 (inbox.c.updated_at, now),
                 *position,
+                copy_topic,
                 (inbox.c.last_error, if_ours(None, inbox.c.last_error)),
                 (inbox.c.attempts, if_ours(0, inbox.c.attempts)),
                 due_at,
@@ -180,7 +190,7 @@ WITH v AS (
         OR (i.status = 'PENDING' AND i.resend_at = CAST(:claimed_until AS timestamptz))) AS own
     FROM json_to_recordset(CAST(:rows AS json)) AS v(
         consumer_group varchar, message_id varchar, ok boolean, due timestamptz, qid integer, qoff bigint,
-        broker varchar, err text)
+        broker varchar, topic varchar, err text)
     JOIN message_inbox AS i USING (consumer_group, message_id)
     ORDER BY i.message_id, i.consumer_group FOR UPDATE OF i
 )
@@ -191,6 +201,7 @@ UPDATE message_inbox AS i SET
     queue_id = CASE WHEN v.ok THEN v.qid ELSE i.queue_id END,
     queue_offset = CASE WHEN v.ok THEN v.qoff ELSE i.queue_offset END,
     broker_name = CASE WHEN v.ok THEN v.broker ELSE i.broker_name END,
+    resend_topic = CASE WHEN v.ok THEN v.topic ELSE i.resend_topic END,
     attempts = CASE WHEN v.ok AND v.own THEN 0 ELSE i.attempts END
 FROM v WHERE i.consumer_group = v.consumer_group AND i.message_id = v.message_id
 """
@@ -210,6 +221,7 @@ def _record_group_sends_pg(
             "qid": r.get("b_qid"),
             "qoff": r.get("b_qoff"),
             "broker": r.get("b_broker"),
+            "topic": r.get("b_topic"),
             "err": r["b_err"],
         }
         for r in rows

@@ -12,8 +12,10 @@ further pass over the log).
 What the tables record: the stub, the producer's *last* topic-wide send (and ``send_count``); each inbox
 row, the position of its group's *last* targeted send (and ``resend_count``). So:
 
-* a copy in ``%RETRY%{group}``, or on the message's topic at a position some group's inbox row records, *is*
-  a targeted resend (provable: the copy at a shared-topic resend's position reaches every group);
+* a copy in ``%RETRY%{group}``, or at a position some group's inbox row records, on the topic it records
+  (``resend_topic``, migration 0011; a row recorded before: the message's topic), *is* a targeted resend
+  (provable: the copy at a shared-topic resend's position reaches every group); a copy on the message's topic
+  at the numbers of a ``%RETRY%`` resend's position is not one (until 2026-11-29 it was taken for one);
 * a copy after such a targeted copy is the resend's duplicate too (the original, late rather than lost,
   overtaken by its resend);
 * any other new copy is at a position no row records: an earlier send whose position was overwritten. It is
@@ -34,8 +36,9 @@ from reliable.reconcile.config import RETRY_TOPIC_PREFIX, DuplicateCause
 RESEND_COLUMNS = ("resend_positions", "unrecorded_resends")
 
 
-def _position(broker: Column, queue_id: Column, offset: Column) -> Column:
+def _position(topic: Column, broker: Column, queue_id: Column, offset: Column) -> Column:
     return F.struct(
+        F.coalesce(topic, F.lit("")).alias("topic"),
         F.coalesce(broker, F.lit("")).alias("broker_name"),
         queue_id.cast("long").alias("queue_id"),
         offset.cast("long").alias("queue_offset"),
@@ -54,7 +57,12 @@ def message_resends(inbox: DataFrame) -> DataFrame:
     unrecorded = (F.col("resend_count") >= 2) | ~recorded
     return resent.groupBy("message_id").agg(
         F.collect_list(
-            F.when(recorded, _position(F.col("broker_name"), F.col("queue_id"), F.col("queue_offset")))
+            F.when(
+                recorded,
+                _position(
+                    F.col("resend_topic"), F.col("broker_name"), F.col("queue_id"), F.col("queue_offset")
+                ),
+            )
         ).alias("resend_positions"),
         F.max(unrecorded).alias("unrecorded_resends"),
     )
@@ -63,9 +71,14 @@ def message_resends(inbox: DataFrame) -> DataFrame:
 def _targeted_copy(copy: Column) -> Column:
     """Whether ``copy`` (a delivery of the pair, not a broker retry) is a targeted resend's copy."""
     own_retry_topic = copy["topic"] == F.concat(F.lit(RETRY_TOPIC_PREFIX), F.col("consumer_group"))
-    recorded = (copy["topic"] == F.col("topic")) & F.array_contains(
-        F.coalesce(F.col("resend_positions"), F.array()),
-        _position(copy["broker_name"], copy["queue_id"], copy["queue_offset"]),
+    positions = F.coalesce(F.col("resend_positions"), F.array())
+
+    def at(topic: Column) -> Column:
+        return _position(topic, copy["broker_name"], copy["queue_id"], copy["queue_offset"])
+
+    # on the topic a row records (migration 0011); a row without one (``''``): on the message's topic
+    recorded = F.array_contains(positions, at(copy["topic"])) | (
+        (copy["topic"] == F.col("topic")) & F.array_contains(positions, at(F.lit("")))
     )
     return F.coalesce((copy["reconsume_times"] == 0) & (own_retry_topic | recorded), F.lit(False))
 

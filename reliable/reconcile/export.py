@@ -61,6 +61,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("created_at", TS),
             ("updated_at", TS),
             ("broker_name", pa.string()),
+            ("resend_topic", pa.string()),
         ]
     ),
     "message_log": pa.schema(

@@ -35,6 +35,7 @@ INBOX_COLUMNS = (
     "queue_offset",
     "confirmed_at",
     "broker_name",
+    "resend_topic",
 )
 LOG_COLUMNS = (
     "id",
@@ -94,7 +95,16 @@ def normalize_inbox(inbox: DataFrame) -> DataFrame:
         F.col("queue_offset").cast("long"),
         F.col("confirmed_at").cast("timestamp"),
         _broker(inbox),
+        _resend_topic(inbox),
     )
+
+
+def _resend_topic(inbox: DataFrame) -> Column:
+    """Where the group's last targeted resend landed (migration 0011); null where not recorded — an export
+    made before the column existed has none at all: its resends are read as before (``%RETRY%{group}``)."""
+    if "resend_topic" not in inbox.columns:
+        return F.lit(None).cast("string").alias("resend_topic")
+    return F.col("resend_topic").cast("string").alias("resend_topic")
 
 
 def _retry_level(logs: DataFrame, reconsume_times: Column) -> Column:

@@ -12,8 +12,8 @@ Shapes (column names are the contract tables' names, DESIGN.md §1):
 * ``stubs``    — message_id, topic, status, send_count, queue_id, queue_offset, created_at, last_sent_at,
   broker_name (one row per *message*: the producer's record and its topic-wide send history)
 * ``inbox``    — consumer_group, message_id, status, attempts, resend_count, queue_id, queue_offset,
-  confirmed_at, broker_name (one row per *(group, message)*: that group's state and its own targeted
-  resends)
+  confirmed_at, broker_name, resend_topic (one row per *(group, message)*: that group's state and its own
+  targeted resends)
 * ``logs``     — id, message_id, consumer_group, topic (the *delivered* topic), original_topic, queue_id,
   queue_offset, reconsume_times, received_at, broker_name, retry_level (``reconsume_times`` where the
   delivery was answered with a retry, :func:`reliable.reconcile.inputs.normalize_logs`)
@@ -55,6 +55,7 @@ PAIR_COLUMNS = (
     "message_status",
     "send_count",
     "resend_count",
+    "resend_topic",
     "resend_broker_name",
     "resend_queue_id",
     "resend_queue_offset",
@@ -99,6 +100,7 @@ def pairs(stubs: DataFrame, inbox: DataFrame) -> DataFrame:
         "message_id",
         "status",
         "resend_count",
+        "resend_topic",
         F.col("broker_name").alias("resend_broker_name"),
         F.col("queue_id").alias("resend_queue_id"),
         F.col("queue_offset").alias("resend_queue_offset"),
@@ -218,8 +220,9 @@ def join_pairs_deliveries(rows: DataFrame, stats: DataFrame) -> DataFrame:
 def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -> DataFrame:
     """Every row of the join with the watermarks its pair is judged against, its flags and latencies.
 
-    The *last send* of a pair is the group's targeted resend when it had one that returned a position (in
-    ``%RETRY%{group}``), else the message's last topic-wide send. ``watermark`` is the group's position on
+    The *last send* of a pair is the group's targeted resend when it had one that returned a position (on
+    the topic its inbox row records, ``resend_topic``; ``%RETRY%{group}`` when it records none: written
+    before migration 0011), else the message's last topic-wide send. ``watermark`` is the group's position on
     the message's queue, ``send_watermark`` on the queue of the last send.
 
     * ``is_lost``: PENDING, never delivered to its group, the last send has an offset at or below the
@@ -266,7 +269,10 @@ def enrich_pairs(joined: DataFrame, progress: DataFrame, cfg: ReconcileConfig) -
     targeted = (F.col("resend_count") > 0) & F.col("resend_queue_offset").isNotNull()
     rows = (
         joined.withColumn(
-            "send_topic", F.when(targeted, retry_topic(F.col("consumer_group"))).otherwise(F.col("topic"))
+            "send_topic",
+            F.when(
+                targeted, F.coalesce(F.col("resend_topic"), retry_topic(F.col("consumer_group")))
+            ).otherwise(F.col("topic")),
         )
         .withColumn(
             "send_broker_name", F.when(targeted, F.col("resend_broker_name")).otherwise(F.col("broker_name"))

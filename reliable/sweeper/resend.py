@@ -10,6 +10,7 @@ Where the copy landed is the group's own history, recorded on its inbox row (the
 send)::
 
     resend_count  += 1
+    resend_topic                                where the sender put it (:func:`resend_topic`; migration 0011)
     broker_name, queue_id, queue_offset         the receipt's (the next round compares the offset with the
                                                  group's watermark on that queue of :func:`copy_topic`, and
                                                  the broker's)
@@ -117,9 +118,12 @@ class BatchResult:
 
 
 def copy_topic(sender: object, cand: Candidate) -> str:
-    """The topic of the group's newest copy: the stub's topic, or where a targeted resend goes."""
+    """The topic of the group's newest copy: the stub's topic, or where its targeted resend went — as the
+    inbox row recorded it, else (recorded before migration 0011) where ``sender`` puts one."""
     if not cand.targeted:
         return cand.topic
+    if cand.inbox_topic is not None:
+        return cand.inbox_topic
     return resend_topic(sender, cand.topic, cand.consumer_group)
 
 
@@ -216,11 +220,11 @@ def send_batch(
         )
         shared = copies.get(cand.message_id) if one_copy else None
         if shared is not None:  # the copy sent for another group of this message: this group's too
-            copy = outbox.SendAttempt(message, receipt=shared.receipt, error=shared.error)
+            copy = outbox.SendAttempt(message, receipt=shared.receipt, error=shared.error, topic=shared.topic)
             done.attempts.append((cand, copy))
             continue
         started = monotonic()
-        attempt = copies[cand.message_id] = outbox.attempt_send(sender, message)
+        attempt = copies[cand.message_id] = outbox.attempt_send(sender, message, topic=route)
         outage.record(route, started, attempt.ok)
         if outage.route_failures.get(route) == C.SWEEP_PAUSE_AFTER_FAILURES:
             log.warning(

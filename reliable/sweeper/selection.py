@@ -99,6 +99,9 @@ class Candidate:
     #: the broker groups of the two positions (RocketMQ clusters; ``""``: none, or sent before 0006)
     inbox_broker_name: str = ""
     stub_broker_name: str = ""
+    #: the topic the group's last targeted resend landed on (``message_inbox.resend_topic``); ``None``: no
+    #: resend, or recorded before migration 0011 (the sender then says: :func:`.resend.copy_topic`)
+    inbox_topic: str | None = None
     #: the message's stored trace context (JSON), put back into the resend's properties (reliable.otel)
     trace_context: str | None = None
     #: the producer's message properties (JSON text), put back into the resend's
@@ -152,8 +155,8 @@ class Candidate:
             raise RuntimeError(f"selection columns changed: {tuple(keys)}")
         out: list[Candidate] = []
         for row in rows:
-            (group, message_id, resend_count, queue_id, queue_offset, broker_name, created_at, updated_at,
-             last_received_at, last_reconsume_times, last_outcome) = row[:_SELECTED]  # fmt: skip
+            (group, message_id, resend_count, queue_id, queue_offset, broker_name, resend_topic, created_at,
+             updated_at, last_received_at, last_reconsume_times, last_outcome) = row[:_SELECTED]  # fmt: skip
             (stub_id, topic, tags, content, stub_queue_id, stub_queue_offset, stub_last_sent_at,
              trace_context, stub_broker_name, properties) = (
                 row[_SELECTED:] if joined else _NO_STUB
@@ -166,6 +169,7 @@ class Candidate:
                     inbox_queue_id=queue_id,
                     inbox_queue_offset=queue_offset,
                     inbox_broker_name=broker_name or "",
+                    inbox_topic=resend_topic,
                     created_at=created_at,
                     inbox_updated_at=updated_at,
                     last_received_at=last_received_at,
@@ -225,6 +229,7 @@ def due_statement(
         inbox.c.queue_id,
         inbox.c.queue_offset,
         inbox.c.broker_name,
+        inbox.c.resend_topic,
         inbox.c.created_at,
         inbox.c.updated_at,
     )
@@ -309,6 +314,7 @@ SELECTED_KEYS = (
     "queue_id",
     "queue_offset",
     "broker_name",
+    "resend_topic",
     "created_at",
     "updated_at",
     "last_received_at",

@@ -24,10 +24,12 @@ pre-0006 row, superseded; a copy without a broker name has no known position the
 Without a probe (RabbitMQ), or when the probe cannot tell, the second condition alone decides, on any
 ``PENDING`` row of the group on that queue that it never received and that is ``stall_after`` old — the
 age of the oldest waiting row is the evidence: a live group would have taken it. A row is on its newest
-copy's queue where targeted resends land on the topic (RabbitMQ), else (``%RETRY%{group}``: broker_sim,
-RocketMQ 4.x) on its producer's copy's, as with a probe: the inbox row keeps a resend's queue id, not its
-topic — matched with the topic's queue of that number, it called a fine queue stalled and cleared the one
-the group stopped on (until 2026-11-29).
+copy's queue when its targeted resend landed on the topic (RabbitMQ), else (``%RETRY%{group}``: broker_sim,
+RocketMQ 4.x) on its producer's copy's, as with a probe. Where the resend landed is the inbox row's
+``resend_topic`` (migration 0011); a row recorded before it has none, and the sender says where its resends
+land (``resend_topic`` of :func:`check_stalls`) — a sweeper restarted with another sender misreads such
+rows, never the ones recorded since. Matched with the topic's queue of a ``%RETRY%`` queue's number, a
+resend called a fine queue stalled and cleared the one the group stopped on (until 2026-11-29).
 
 A stall raises the ``reliable_sweeper_stalled_seconds`` gauge (how long the watermark has been still) and
 ONE notice per ``(group, topic, broker group, queue)`` per episode: an ERROR log line and a ``STALLED``
@@ -306,10 +308,14 @@ def _owed(
         )
         queue_id: ColumnElement[int | None] = stub.c.queue_id
         broker: ColumnElement[str] = stub.c.broker_name
-        if resends_here:  # the newest copy's queue: the targeted resend's (on the inbox row) if any
-            queue_id = func.coalesce(inbox.c.queue_id, stub.c.queue_id)
-            broker = case((inbox.c.queue_id.is_not(None), inbox.c.broker_name), else_=stub.c.broker_name)
-        # else the producer's: the resend's queue id (on the inbox row) is of the group's retry topic
+        # the newest copy's queue: the targeted resend's (on the inbox row) where it landed on the topic —
+        # as recorded, or, recorded before migration 0011, as the sender says (``resends_here``); else the
+        # producer's (the resend's queue id is of the group's retry topic)
+        recorded_here = inbox.c.resend_topic == stub.c.topic
+        here = or_(recorded_here, inbox.c.resend_topic.is_(None)) if resends_here else recorded_here
+        resent_here = and_(inbox.c.queue_id.is_not(None), here)
+        queue_id = case((resent_here, inbox.c.queue_id), else_=stub.c.queue_id)
+        broker = case((resent_here, inbox.c.broker_name), else_=stub.c.broker_name)
         q = select(inbox.c.message_id, inbox.c.created_at).where(
             mine,
             queue_id == queue.queue_id,

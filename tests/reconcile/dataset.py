@@ -87,8 +87,10 @@ class Dataset:
         *,
         resend_count: int = 0,
         resend_at: tuple[int, int] | None = None,
+        resend_topic: str | None = None,
     ) -> None:
-        """One group's inbox row (confirmed 250 ms after the message was created)."""
+        """One group's inbox row (confirmed 250 ms after the message was created); ``resend_at``: where its
+        last targeted resend landed (queue, offset), ``resend_topic``: on which topic (None: unrecorded)."""
         self.inbox.append(
             {
                 "consumer_group": group,
@@ -102,6 +104,7 @@ class Dataset:
                 "resend_at": None,
                 "queue_id": None if resend_at is None else resend_at[0],
                 "queue_offset": None if resend_at is None else resend_at[1],
+                "resend_topic": resend_topic,
                 "last_error": None,
                 "created_at": created,
                 "updated_at": created,

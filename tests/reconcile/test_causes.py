@@ -66,6 +66,13 @@ def _dataset() -> tuple[D.Dataset, list[tuple[str, str, str]]]:
     ds.log(D.A, "SHARED-1", 1, 20, D.ago(100))
     ds.log(D.B, "SHARED-1", 1, 20, D.ago(100))
     want.append((D.A, "SHARED-1", TR))
+    # the same, recorded with its topic (migration 0011)
+    created = confirmed("SHARED-2", 1, 5, (D.A,))
+    ds.row(D.B, "SHARED-2", "CONFIRMED", created, resend_count=1, resend_at=(1, 21), resend_topic=D.T1)
+    ds.log(D.A, "SHARED-2", 1, 5, D.ago(119))
+    ds.log(D.A, "SHARED-2", 1, 21, D.ago(100))
+    ds.log(D.B, "SHARED-2", 1, 21, D.ago(100))
+    want.append((D.A, "SHARED-2", TR))
     # RocketMQ 4.x: the resend came through %RETRY%search
     created = confirmed("RETRY-TOPIC-1", 1, 6, ())
     ds.row(D.C, "RETRY-TOPIC-1", "CONFIRMED", created, resend_count=1, resend_at=(0, 0))
@@ -85,6 +92,21 @@ def _dataset() -> tuple[D.Dataset, list[tuple[str, str, str]]]:
     ds.log(D.A, "DOUBLE-2", 1, 9, D.ago(119))
     ds.log(D.A, "DOUBLE-2", 1, 10, D.ago(118))
     want.append((D.A, "DOUBLE-2", TP))
+    # a producer double-send whose second copy has the very numbers (queue 1, offset 12) of search's resend in
+    # %RETRY%search: the row records that topic, so the copy on orders is no resend (until 2026-11-29 it was)
+    created = confirmed("SAME-NUMBERS", 1, 12, (D.A,), send_count=2)
+    ds.row(
+        D.C,
+        "SAME-NUMBERS",
+        "CONFIRMED",
+        created,
+        resend_count=1,
+        resend_at=(1, 12),
+        resend_topic=D.retry(D.C),
+    )
+    ds.log(D.A, "SAME-NUMBERS", 1, 11, D.ago(119))
+    ds.log(D.A, "SAME-NUMBERS", 1, 12, D.ago(118))
+    want.append((D.A, "SAME-NUMBERS", TP))
     ds.finish_progress()
     return ds, sorted(want)
 
