@@ -55,7 +55,9 @@ PAYLOAD_HASH = hashlib.sha256(b"{}").hexdigest()
 class WireFloor:
     """The guard's wire work for one new message per delivery, from a bare loop (see the module docstring)."""
 
-    def __init__(self, db_url: str, group: str, prefix: str, *, claim: bool) -> None:
+    def __init__(
+        self, db_url: str, group: str, prefix: str, *, claim: bool, redis_url: str = REDIS_URL
+    ) -> None:
         self.group, self.prefix, self.claim = group, prefix, claim
         self.conn = psycopg.connect(db_url.replace("postgresql+psycopg", "postgresql", 1), autocommit=True)
         self.prepared: set[bytes] = set()
@@ -63,7 +65,7 @@ class WireFloor:
         self.opener = names.get(T.pg_first(claim).replace("?", "%s"))
         self.insert = names.get("INSERT INTO bench_ledger (message_id) VALUES (%s)")
         self.progress = names.get(T.pg_progress(1).replace("?", "%s"))
-        where = urlsplit(REDIS_URL)
+        where = urlsplit(redis_url)
         self.redis = socket.create_connection((where.hostname or "127.0.0.1", where.port or 6379))
         self.redis.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         db = where.path.strip("/")

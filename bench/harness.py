@@ -58,8 +58,8 @@ def database(kind: str, server_url: str | None = None) -> Iterator[str]:
         admin.dispose()
 
 
-def make_rel(url: str, prefix: str) -> Reliability:
-    rel = Reliability(url, REDIS_URL, key_prefix=prefix)
+def make_rel(url: str, prefix: str, redis_url: str = REDIS_URL) -> Reliability:
+    rel = Reliability(url, redis_url, key_prefix=prefix)
     rel.create_schema()
     _md.create_all(rel.engine)
     return rel

@@ -30,8 +30,8 @@ PROGRESS = "topic, broker_name, queue_id, max_offset, min_offset, received_count
 
 
 @pytest.fixture
-def rel(postgres_url: str, key_prefix: str) -> Iterator[Reliability]:
-    r = make_rel(postgres_url, key_prefix)
+def rel(postgres_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
+    r = make_rel(postgres_url, key_prefix, redis_url)  # the test's Redis, as the floor's below
     yield r
     r.close()
 
@@ -67,7 +67,7 @@ def test_the_floor_writes_what_the_guard_writes(
         add_stubs(rel, [mine], ours)
         add_stubs(rel, [theirs], floors)
     handle = guarded(rel, ours)
-    floor = WireFloor(postgres_url, floors, key_prefix, claim=not stub)
+    floor = WireFloor(postgres_url, floors, key_prefix, claim=not stub, redis_url=redis_url)
     try:
         handle.batch_each([Envelope(mine, "bench", 3, 41, b"{}")])
         floor([Envelope(theirs, "bench", 3, 41, b"{}")])
