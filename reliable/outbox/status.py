@@ -231,20 +231,21 @@ def revive(conn: Connection, message_id: str, now: dt.datetime, group: str | Non
     cond = [inbox.c.message_id == message_id, inbox.c.status == StubStatus.DEAD]
     if group is not None:
         cond.append(inbox.c.consumer_group == group)
-    result = conn.execute(
-        update(inbox)
-        .where(*cond)
-        .values(
-            status=StubStatus.PENDING.value,
-            attempts=0,
-            resend_count=0,
-            resend_at=now,
-            last_error=None,
-            updated_at=now,
-        )
-    )
+    result = conn.execute(update(inbox).where(*cond).values(_revived(now)))
     derive_status(conn, [message_id], now)
     return int(result.rowcount)
+
+
+def _revived(now: dt.datetime) -> dict[str, Any]:
+    """A revived row's columns: PENDING, due now, a new send and attempt budget, no error."""
+    return {
+        "status": StubStatus.PENDING.value,
+        "attempts": 0,
+        "resend_count": 0,
+        "resend_at": now,
+        "last_error": None,
+        "updated_at": now,
+    }
 
 
 def revive_rows(conn: Connection, message_ids: Sequence[str], group: str, now: dt.datetime) -> int:
@@ -259,14 +260,7 @@ def revive_rows(conn: Connection, message_ids: Sequence[str], group: str, now: d
             inbox.c.message_id.in_(list(message_ids)),
             inbox.c.status == StubStatus.DEAD,
         )
-        .values(
-            status=StubStatus.PENDING.value,
-            attempts=0,
-            resend_count=0,
-            resend_at=now,
-            last_error=None,
-            updated_at=now,
-        )
+        .values(_revived(now))
     )
     derive_status(conn, message_ids, now)
     return int(result.rowcount)
