@@ -69,6 +69,16 @@ def mysql_waiting(engine: Engine, waiters: Collection[int], statement: str) -> b
         return bool(conn.execute(query, {"w": list(waiters), "q": statement}).scalar_one())
 
 
+def waiting(engine: Engine, waiters: Collection[int], statement: str = "%") -> bool:
+    """Whether one of the sessions ``waiters`` waits for a lock, on either server: :func:`pg_waiting` on
+    PostgreSQL (whatever it runs), :func:`mysql_waiting` on MariaDB (a statement ``LIKE statement``)."""
+    if not waiters:
+        return False
+    if engine.dialect.name == "postgresql":
+        return pg_waiting(engine, waiters)
+    return mysql_waiting(engine, waiters, statement)
+
+
 class ThreadSessions:
     """The server session ids of the connections that threads of the given names check out of ``engine``
     (the guard's own connections, which a test cannot reach). Read without a round trip where the driver

@@ -34,7 +34,7 @@ from reliable.sweeper import FixedBackoff, Sweeper
 from reliable.sweeper.selection import notif
 from reliable.types import StubStatus
 from tests.core.guard_helpers import apply, env, ledger, ledger_md, per_group
-from tests.lock_waits import ThreadSessions, mysql_waiting, pg_waiting
+from tests.lock_waits import ThreadSessions, waiting
 from tests.sweeper.helpers import T0, Clock, QueueSender, add_stub, clean, get_inbox, get_stub, set_inbox
 from tests.waiting import wait_until
 
@@ -54,15 +54,6 @@ def rels(server_url: str) -> Iterator[tuple[Reliability, Reliability]]:
     yield consumers, sweeping
     consumers.close()
     sweeping.close()
-
-
-def _waits(engine: Engine, sessions: set[int]) -> bool:
-    """Whether one of the sweeper's sessions waits for a row lock."""
-    if not sessions:
-        return False
-    if engine.dialect.name == "postgresql":
-        return pg_waiting(engine, sessions)
-    return mysql_waiting(engine, sessions, "%")
 
 
 def _notices(engine: Engine, message_id: str, group: str) -> int:
@@ -166,7 +157,7 @@ def test_a_give_up_while_the_other_group_confirms_the_message_neither_fails_nor_
         try:
             # the give-up has run as far as it can while audit's confirmation of "m" is uncommitted
             wait_until(
-                lambda: not round_.is_alive() or _waits(sweeping.engine, sessions.snapshot()),
+                lambda: not round_.is_alive() or waiting(sweeping.engine, sessions.snapshot()),
                 what="the sweeper's round to end or wait for the consumer",
             )
         finally:
@@ -228,7 +219,7 @@ def test_a_sweep_round_settling_stubs_while_a_consumer_confirms_the_last_group_n
         round_.start()
         try:
             wait_until(
-                lambda: not round_.is_alive() or _waits(sweeping.engine, sessions.snapshot()),
+                lambda: not round_.is_alive() or waiting(sweeping.engine, sessions.snapshot()),
                 what="the sweeper's round to end or wait for the consumer",
             )
         finally:

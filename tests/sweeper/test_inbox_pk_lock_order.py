@@ -24,7 +24,7 @@ from reliable.outbox.tables import inbox
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.stores.sql import SqlStore
 from reliable.types import StubStatus
-from tests.lock_waits import mysql_waiting, pg_waiting, session_id
+from tests.lock_waits import session_id, waiting
 from tests.sweeper.helpers import T0, add_stub
 from tests.waiting import wait_until
 
@@ -62,9 +62,7 @@ def _beside_a_guard(
             done.set()
 
     def waits() -> bool:
-        if rel.engine.dialect.name == "postgresql":
-            return pg_waiting(rel.engine, session)
-        return mysql_waiting(rel.engine, session, statement)
+        return waiting(rel.engine, session, statement)
 
     thread = threading.Thread(target=sweeper, name="sweeper", daemon=True)
     with rel.engine.connect() as guard:

@@ -23,7 +23,7 @@ from reliable import Reliability, outbox
 from reliable.guard.db_errors import is_deadlock
 from reliable.stores.sql import SqlStore
 from reliable.sweeper.claim import still_claimed
-from tests.lock_waits import mysql_waiting, pg_waiting, session_id
+from tests.lock_waits import session_id, waiting
 from tests.sweeper.helpers import T0, add_stub, candidate
 from tests.waiting import wait_until
 
@@ -52,9 +52,7 @@ def test_a_record_beside_a_guard_confirming_one_group_of_its_message_waits_inste
             errors.append(exc)
 
     def sweeper_waits() -> bool:
-        if rel.engine.dialect.name == "postgresql":
-            return pg_waiting(rel.engine, sweeper_session)
-        return mysql_waiting(rel.engine, sweeper_session, "%message_inbox%")
+        return waiting(rel.engine, sweeper_session, "%message_inbox%")
 
     sweeper = threading.Thread(target=record, name="record", daemon=True)
     with rel.engine.connect() as guard:

@@ -25,13 +25,13 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from sqlalchemy import Connection, Engine, exists, select, update
+from sqlalchemy import Connection, exists, select, update
 
 from reliable import Reliability
 from reliable.models import MessageInbox, MessageStub, utcnow
 from reliable.sweeper import retire_group, revive, revive_group, void
 from reliable.types import StubStatus
-from tests.lock_waits import ThreadSessions, mysql_waiting, pg_waiting
+from tests.lock_waits import ThreadSessions, waiting
 from tests.sweeper.helpers import add_stub, clean, get_inbox, get_stub
 from tests.waiting import wait_until
 
@@ -73,14 +73,6 @@ def _guard_settles(conn: Connection, group: str, message_id: str) -> None:
     )
 
 
-def _waits(engine: Engine, sessions: set[int]) -> bool:
-    if not sessions:
-        return False
-    if engine.dialect.name == "postgresql":
-        return pg_waiting(engine, sessions)
-    return mysql_waiting(engine, sessions, "%")
-
-
 def _beside_a_confirm(
     srv: Reliability, action: Callable[[], int], *, settled_first: bool
 ) -> list[BaseException]:
@@ -105,7 +97,7 @@ def _beside_a_confirm(
                         _guard_settles(guard, "audit", "m")
                     operator.start()
                     wait_until(
-                        lambda: not operator.is_alive() or _waits(srv.engine, sessions.snapshot()),
+                        lambda: not operator.is_alive() or waiting(srv.engine, sessions.snapshot()),
                         what="the operator's command to end or wait for the guard",
                     )
                     if not settled_first:

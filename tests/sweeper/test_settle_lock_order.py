@@ -19,7 +19,7 @@ from sqlalchemy import insert, select, text, update
 from reliable import Reliability, outbox
 from reliable.models import MessageInbox, MessageStub, utcnow
 from reliable.types import StubStatus
-from tests.lock_waits import mysql_waiting, pg_waiting, session_id
+from tests.lock_waits import session_id, waiting
 from tests.waiting import wait_until
 
 
@@ -82,9 +82,7 @@ def test_a_settle_slice_beside_a_guards_confirm_never_deadlocks(rel: Reliability
             def sweeper_settled_or_waits() -> bool:
                 if not sweeper.is_alive():
                     return True
-                if rel.engine.dialect.name == "postgresql":
-                    return pg_waiting(rel.engine, sweeper_session)
-                return mysql_waiting(rel.engine, sweeper_session, "%message_inbox%") or mysql_waiting(
+                return waiting(rel.engine, sweeper_session, "%message_inbox%") or waiting(
                     rel.engine, sweeper_session, "%message_stub%"
                 )
 
