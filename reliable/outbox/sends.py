@@ -131,7 +131,7 @@ def record_sends(
     # by primary key on MariaDB, as the guard locks its row (reliable.outbox.keys.by_primary_key)
     one_row = by_primary_key(update(inbox).where(mine), inbox)
     # a landed targeted copy: its topic too (a copy of unknown topic overwrites the old one with NULL)
-    copy_topic = (inbox.c.resend_topic, bindparam("b_topic", type_=inbox.c.resend_topic.type))
+    landed_topic = bindparam("b_topic", type_=inbox.c.resend_topic.type)
     if claimed_until is None:
         resent = {
             "resend_count": inbox.c.resend_count + 1,
@@ -139,7 +139,7 @@ def record_sends(
             "updated_at": now,
         }
         if group_ok:
-            conn.execute(one_row.values(**landed, resend_topic=copy_topic[1], attempts=0, **resent), group_ok)
+            conn.execute(one_row.values(**landed, resend_topic=landed_topic, attempts=0, **resent), group_ok)
         if group_failed:
             conn.execute(one_row.values(last_error=bindparam("b_err"), **resent), group_failed)
         return
@@ -160,7 +160,7 @@ def record_sends(
                 count,
                 (inbox.c.updated_at, now),
                 *position,
-                copy_topic,
+                (inbox.c.resend_topic, landed_topic),
                 (inbox.c.last_error, if_ours(None, inbox.c.last_error)),
                 (inbox.c.attempts, if_ours(0, inbox.c.attempts)),
                 due_at,

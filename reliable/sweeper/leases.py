@@ -89,21 +89,6 @@ def defers_resend(view: LeaseView, cand: Candidate, *, now: dt.datetime, patienc
     return view.state is LeaseState.HELD and now - sent < patience
 
 
-def read_leases(
-    client: RedisClient | None, prefix: str, keys: Sequence[tuple[str, str]], no_ttl_hold: dt.timedelta
-) -> list[LeaseView]:
-    """One view per ``(group, message_id)``, in order, from one pipelined round trip.
-
-    ``client=None``: every view is ``DISABLED``. A Redis error makes every view ``UNAVAILABLE``; the caller
-    postpones those rows rather than risk re-sending what a live worker holds. A ``processing`` key without
-    a TTL (should not happen) is treated as held for ``no_ttl_hold``.
-    """
-    try:
-        return _read(client, prefix, keys, no_ttl_hold)
-    except REDIS_ERRORS:
-        return unknown(keys)
-
-
 def unknown(keys: Sequence[object]) -> list[LeaseView]:
     """Redis could not tell: one ``UNAVAILABLE`` view per key."""
     return [LeaseView(LeaseState.UNAVAILABLE) for _ in keys]
@@ -136,7 +121,10 @@ class RoundLeases:
     answered: bool | None = None
 
     def read(self, keys: Sequence[tuple[str, str]]) -> list[LeaseView]:
-        """:func:`read_leases` of ``keys``, unless a read failed less than the interval ago."""
+        """One view per ``(group, message_id)`` of ``keys``, in order, from one pipelined round trip —
+        unless a read failed less than the interval ago. No client: every view ``DISABLED``; a Redis
+        error: every view ``UNAVAILABLE`` (the caller postpones those rows rather than risk re-sending what
+        a live worker holds); a ``processing`` key without a TTL is held for ``no_ttl_hold``."""
         if not keys or self.client is None:
             return _read(self.client, self.prefix, keys, self.no_ttl_hold)
         if self.quiet_until is not None and self.monotonic() < self.quiet_until:
@@ -209,7 +197,7 @@ class UnreadableRedis:
 def _read(
     client: RedisClient | None, prefix: str, keys: Sequence[tuple[str, str]], no_ttl_hold: dt.timedelta
 ) -> list[LeaseView]:
-    """The views of :func:`read_leases`; a Redis error is raised."""
+    """The views of :meth:`RoundLeases.read`; a Redis error is raised."""
     if not keys:
         return []
     if client is None:

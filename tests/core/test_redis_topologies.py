@@ -142,12 +142,12 @@ def test_guard_on_a_three_master_cluster(cluster: Cluster, clean_sqlite: str, ke
         assert applied(rel) == len(ids)
         # the sweeper's lease read pipelines GET + PTTL over keys of every slot: a live lease is seen as
         # live (with its time left), the done markers as not live, and Redis answered for every key
-        from reliable.sweeper.leases import read_leases
+        from reliable.sweeper.leases import RoundLeases
 
         held = f"held-{uuid.uuid4().hex[:6]}"
         rel.redis.set(f"{key_prefix}:billing:{held}", "processing:other-worker", px=60_000)
         keys = [("billing", m) for m in (held, *ids)]
-        views = read_leases(rel.redis, key_prefix, keys, dt.timedelta(seconds=1))
+        views = RoundLeases(rel.redis, key_prefix, dt.timedelta(seconds=1)).read(keys)
         assert views[0].remaining is not None and views[0].remaining.total_seconds() > 0
         assert all(v.remaining is None for v in views[1:]), "done markers are not live leases"
         assert not {getattr(v.state, "name", None) for v in views} & {"UNKNOWN", "UNAVAILABLE"}

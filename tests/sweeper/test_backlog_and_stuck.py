@@ -14,7 +14,7 @@ from reliable.stores import LeaseState
 from reliable.stores.lease import lease_key
 from reliable.sweeper import BacklogEstimator, FixedBackoff, Sweeper
 from reliable.sweeper.backoff import QueueProgress
-from reliable.sweeper.leases import read_leases
+from reliable.sweeper.leases import RoundLeases
 from reliable.sweeper.notices import NoticeKind
 from reliable.types import LogOutcome, StubStatus
 from tests.sweeper.helpers import (
@@ -277,7 +277,7 @@ def test_unreachable_redis_postpones_stuck_stubs(
     assert isinstance(private_redis, PrivateRedis)
     client = redis_lib.Redis.from_url(private_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
     private_redis.stop()
-    views = read_leases(client, "p", [("g", "m")], dt.timedelta(seconds=1))
+    views = RoundLeases(client, "p", dt.timedelta(seconds=1)).read([("g", "m")])
     assert [v.state for v in views] == [LeaseState.UNAVAILABLE]
     rel.redis = client
     stuck_stub(rel, "unknown")
