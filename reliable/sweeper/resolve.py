@@ -31,13 +31,14 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, delete, func, select
+from sqlalchemy import Connection, Engine, func, select
 
 from reliable import constants as C
 from reliable import outbox
 from reliable.errors import InvalidStubStateError, StubNotFoundError
 from reliable.outbox.tables import OPEN
-from reliable.sweeper.selection import inbox, notif
+from reliable.sweeper.owed import forget
+from reliable.sweeper.selection import inbox
 from reliable.types import StubStatus
 
 
@@ -49,10 +50,6 @@ def _groups(locked: outbox.Locked, statuses: Sequence[StubStatus], group: str | 
         if status in statuses and (group is None or consumer_group == group):
             found.setdefault(message_id, []).append(consumer_group)
     return found
-
-
-def _forget_notices(conn: Connection, message_id: str, groups: Sequence[str]) -> None:
-    conn.execute(delete(notif).where(notif.c.message_id == message_id, notif.c.consumer_group.in_(groups)))
 
 
 def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group: str | None = None) -> int:
@@ -83,7 +80,7 @@ def revive(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, grou
         revived = 0
         for message_id in sorted(ids):
             revived += outbox.revive(conn, message_id, now, group)
-            _forget_notices(conn, message_id, dead[message_id])
+            forget(conn, [(message_id, g) for g in dead[message_id]])
     return revived
 
 
@@ -113,7 +110,7 @@ def void(engine: Engine, message_ids: Sequence[str], *, now: dt.datetime, group:
                 outbox.void(conn, message_id, now)
             else:
                 outbox.void_rows(conn, [message_id], group, now)
-            _forget_notices(conn, message_id, open_rows[message_id])
+            forget(conn, [(message_id, g) for g in open_rows[message_id]])
     return sum(len(groups) for groups in open_rows.values())
 
 
@@ -159,10 +156,6 @@ def _walk_group(
         after = ids[-1]
 
 
-def _forget_group_notices(conn: Connection, group: str, message_ids: Sequence[str]) -> None:
-    conn.execute(delete(notif).where(notif.c.consumer_group == group, notif.c.message_id.in_(message_ids)))
-
-
 def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = C.DEFAULT_RETIRE_BATCH) -> int:
     """Void every open row of ``group`` (a group taken out of service), ``batch`` rows per transaction;
     returns the number of rows voided."""
@@ -173,7 +166,7 @@ def retire_group(engine: Engine, group: str, *, now: dt.datetime, batch: int = C
         mine = sorted(m for m, g, status in locked.rows if g == group and status in OPEN)
         if mine:
             voided += outbox.void_rows(conn, mine, group, now)
-            _forget_group_notices(conn, group, mine)
+            forget(conn, [(m, group) for m in mine])
 
     _walk_group(engine, group, OPEN, batch, step)
     return voided
@@ -204,7 +197,7 @@ def revive_group(
         without_stub += len(dead) - len(alive)
         if alive:
             revived += outbox.revive_rows(conn, alive, group, now)
-            _forget_group_notices(conn, group, alive)
+            forget(conn, [(m, group) for m in alive])
 
     _walk_group(engine, group, [StubStatus.DEAD], batch, step)
     return GroupRevival(revived, without_stub)
