@@ -42,8 +42,10 @@ from sqlalchemy.exc import IntegrityError
 from reliable import constants as C
 from reliable import outbox
 from reliable.models import status_literal
+from reliable.stores import LeaseState
 from reliable.sweeper import metrics
 from reliable.sweeper.claim import lock_mode, locking
+from reliable.sweeper.leases import FREE, LeaseView
 from reliable.sweeper.notices import (
     NEVER_CONSUMED_TAG,
     QUEUE_TAGS,
@@ -96,23 +98,22 @@ def give_up_reason(
     topic: str,
     max_sends: int,
     max_age: dt.timedelta,
-    *,
-    endless_lease: bool = False,
-    lease_unknown: bool = False,
+    lease: LeaseView = FREE,
 ) -> str:
-    """What a person reads about a row that went DEAD. ``endless_lease``: its lease key has no TTL (the row
-    was held for it until the last resort, :func:`reliable.sweeper.leases.defers_resend`);
-    ``lease_unknown``: Redis could not be read (a stuck row held for that until the last resort, too)."""
+    """What a person reads about a row that went DEAD. ``lease``: what Redis said of its lease — a key
+    without a TTL, or Redis unreadable, held the row until the last resort
+    (:func:`reliable.sweeper.leases.defers_resend`), and the person must know which."""
     spent = f"after {cand.sends} send(s) (budget {max_sends})"
     if verdict is Verdict.STUCK:
         assert cand.last_received_at is not None
-        lease = ENDLESS_LEASE if endless_lease else UNKNOWN_LEASE if lease_unknown else "no live worker lease"
+        unknown = lease.state is LeaseState.UNAVAILABLE
+        why = ENDLESS_LEASE if lease.endless else UNKNOWN_LEASE if unknown else "no live worker lease"
         return (
             f"received but never confirmed {spent}; newest delivery {cand.last_received_at.isoformat()} "
-            f"and {lease}"
+            f"and {why}"
         )
     return _never_received_reason(cand, verdict, facts, topic, spent, max_age) + (
-        f"; {ENDLESS_LEASE}" if endless_lease else ""
+        f"; {ENDLESS_LEASE}" if lease.endless else ""
     )
 
 

@@ -328,8 +328,7 @@ def sort(
                 topic,
                 t.max_sends,
                 t.max_unconfirmed_age,
-                endless_lease=lease.endless,
-                lease_unknown=lease.state is LeaseState.UNAVAILABLE,
+                lease,
             )
             plan.dead.append((cand, reason))
         else:
