@@ -331,8 +331,16 @@ def test_the_brokers_last_delivery_is_the_guards_last_attempt(
     broker = make_broker(groups={group: GroupPolicy(max_attempts=3)})
     start(broker, db, workers, control, group=group, max_attempts=3)
     send(broker, "poison", key)
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+
+    def put_back_for(seconds: int) -> Callable[[], bool]:
+        """The worker answered the delivery (the journal row is written before): hidden for the backoff."""
+        return lambda: [h.invisible_ms for h in pop.inflight(group, TOPIC).values()] == [seconds * 1000]
+
     for attempt in (1, 2):
         wait_until(lambda n=attempt: len(journal(db, key)) >= n, what=f"delivery {attempt}")  # type: ignore[misc]
+        wait_until(put_back_for(retry_delay_s(attempt)), what=f"delivery {attempt} put back")
         broker.advance(retry_delay_s(attempt) + 1)
     wait_until(lambda: len(journal(db, key)) >= 3, what="the third delivery")
     assert [o for _, o in journal(db, key)] == ["RETRY", "RETRY", "DEAD_LETTER"]
@@ -362,8 +370,18 @@ def test_a_push_consumer_follows_its_groups_retry_policy_without_being_told(
     def dead(group: str) -> Callable[[], bool]:
         return lambda: inbox_status(db, key, group) == "DEAD"
 
+    assert broker.server.grpc is not None
+    pop = broker.server.grpc.pop
+
+    def answered() -> bool:
+        """Every group's client has answered its delivery: put it back for the policy's 1 s (a handle no
+        longer held for the push client's 60 s) or forwarded it to the DLQ. The journal row is written before
+        the listener returns, so moving the clock on before that answer would start the 1 s after the move."""
+        return all(h.invisible_ms == 1000 for g in limits for h in pop.inflight(g, TOPIC).values())
+
     for round_ in range(1, 4):
         wait_until(delivered(round_), what=f"delivery {round_}")
+        wait_until(answered, what=f"the clients' answers to delivery {round_}")
         broker.advance(2)
     for group, limit in limits.items():
         assert [o for _, o in journal(db, key, group)] == ["RETRY"] * (limit - 1) + ["DEAD_LETTER"]
