@@ -51,6 +51,7 @@ function of :mod:`reliable.guard.plan` / :mod:`reliable.guard.decision`, so an a
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import logging
 import os
@@ -229,14 +230,17 @@ class Guard:
         held = [it for it in items if it.held]
         if not held:
             return True
+        fatal_here = functools.partial(self.sql.log.dead_lettered_at, conn)
         try:
             with self.sql.transaction(conn):
                 states = self.sql.peek_inbox(conn, self.group, [it.mid for it in held])
+                for it in held:  # a copy for another group of a dead row asks the journal here (rare)
+                    plan.decide_held(
+                        it, states.get(it.mid), self.settings.max_attempts, self.group, fatal_here
+                    )
         except SQLAlchemyError as exc:
             self._database_down(items, "journal", exc)
             return False
-        for it in held:
-            plan.decide_held(it, states.get(it.mid), self.settings.max_attempts, self.group)
         return True
 
     # --- step 5: journal what the work transaction did not commit ----------------------------------------

@@ -103,7 +103,8 @@ class Verdict(enum.Enum):
     #: DEAD because its handler failed ``max_attempts`` times: a person decides (revive resets attempts)
     GAVE_UP = "gave_up"
     #: GAVE_UP, and this copy is a resend the sweeper meant for another group (a sender that cannot address
-    #: one group put it on the topic): the dead letter was sent already, this copy is a settled duplicate
+    #: one group put it on the topic): the dead letter was sent already, this copy is a settled duplicate —
+    #: unless it is the record whose failure made the group give up, redelivered (then GAVE_UP)
     DEAD_COPY = "dead_copy"
 
 
@@ -115,6 +116,7 @@ def judge(
     attempts: int = 0,
     max_attempts: int | None = None,
     for_other_group: bool = False,
+    fatal_record: bool = False,
 ) -> Verdict:
     """Step 3's transition table over one group's inbox row (``status`` ``None``: no row).
 
@@ -122,10 +124,13 @@ def judge(
     message does not run the failing handler again until a person revives the row. A copy labelled for
     another group (``for_other_group``: :attr:`Envelope.target_group` names another group) is a settled
     duplicate — each resend for another group went to the topic and dead-lettered a copy here again, one DLT
-    record per resend. Any other copy (the producer's, a producer's retry, a broker redelivery, a resend for
-    this group) is dead-lettered with the reason: a redelivery may be of the very record whose dead letter
-    a crash kept from the broker. Any other DEAD row (the sweeper gave up on a copy that never arrived) runs:
-    a late copy is welcome."""
+    record per resend — unless it is the very record whose failure made the group give up (``fatal_record``:
+    the group's ``DEAD_LETTER`` journal row is at this delivery's position): a process that died between the
+    give-up's commit and the copy to the dead-letter path gets that record again, and acknowledging it as a
+    duplicate lost the dead letter. Any other copy (the producer's, a producer's retry, a broker
+    redelivery, a resend for this group) is dead-lettered with the reason: a redelivery may be of the very
+    record whose dead letter a crash kept from the broker. Any other DEAD row (the sweeper gave up on a copy
+    that never arrived) runs: a late copy is welcome."""
     if claimed:
         return Verdict.RUN_INBOX
     if status is None:
@@ -137,7 +142,7 @@ def judge(
     if status is StubStatus.VOIDED:
         return Verdict.VOIDED
     if status is StubStatus.DEAD and max_attempts is not None and attempts >= max_attempts:
-        return Verdict.DEAD_COPY if for_other_group else Verdict.GAVE_UP
+        return Verdict.DEAD_COPY if for_other_group and not fatal_record else Verdict.GAVE_UP
     return Verdict.RUN
 
 

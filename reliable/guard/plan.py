@@ -145,25 +145,44 @@ def apply_leases(todo: Sequence[Item], answers: Sequence[LeaseAnswer]) -> None:
             it.held = True
 
 
-def judge_row(it: Item, state: InboxState | None, max_attempts: int, group: str) -> Verdict:
-    """:func:`~reliable.guard.decision.judge` of ``it`` over ``group``'s inbox row (``None``: no row)."""
+#: whether the group's journal holds a ``DEAD_LETTER`` row at a delivery's position (the guard asks the
+#: database; :meth:`reliable.stores.sql_journal.JournalSql.dead_lettered_at`)
+DeadLetteredAt = Callable[[JournalEntry], bool]
+
+
+def judge_row(
+    it: Item,
+    state: InboxState | None,
+    max_attempts: int,
+    group: str,
+    dead_lettered_at: DeadLetteredAt | None = None,
+) -> Verdict:
+    """:func:`~reliable.guard.decision.judge` of ``it`` over ``group``'s inbox row (``None``: no row).
+
+    Only a copy that would be answered a duplicate of a dead row (:attr:`Verdict.DEAD_COPY`) asks
+    ``dead_lettered_at`` whether the group dead-lettered this very record before (a redelivery after a crash
+    that kept its dead letter from the broker): a rare row, so the question costs the hot path nothing."""
     if state is None:
         return judge(None, None, it.claimed, it.payload_hash)
     target = it.env.target_group
-    return judge(
-        state.status,
-        state.payload_hash,
-        it.claimed,
-        it.payload_hash,
-        state.attempts,
-        max_attempts,
-        for_other_group=bool(target) and target != group,
-    )
+    facts = (state.status, state.payload_hash, it.claimed, it.payload_hash, state.attempts, max_attempts)
+    other = bool(target) and target != group
+    v = judge(*facts, for_other_group=other)
+    if v is Verdict.DEAD_COPY and dead_lettered_at is not None:
+        here = journal_entry(it, group, None)  # the delivered position, as the journal holds it
+        v = judge(*facts, for_other_group=other, fatal_record=dead_lettered_at(here))
+    return v
 
 
-def decide_held(it: Item, state: InboxState | None, max_attempts: int, group: str) -> None:
+def decide_held(
+    it: Item,
+    state: InboxState | None,
+    max_attempts: int,
+    group: str,
+    dead_lettered_at: DeadLetteredAt | None = None,
+) -> None:
     """Another worker holds the lease: a settled inbox row answers now, anything else is a lease conflict."""
-    v = judge_row(it, state, max_attempts, group)
+    v = judge_row(it, state, max_attempts, group, dead_lettered_at)
     if held_verdict(v) is None:
         decide(it, Reason.LEASE_CONFLICT, TEXTS["held"])
     else:

@@ -14,6 +14,7 @@ deliveries usually come without a producer row (then it inserts first, saving th
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -194,9 +195,10 @@ class WorkTransaction:
             states = self._claim_then_lock(conn, run, now)
         else:
             states = self._lock_then_claim(conn, run, now)
+        fatal_here = functools.partial(self.sql.log.dead_lettered_at, conn)
         for it in run:
             if not recorded:
-                it.verdict = judge_row(it, states.get(it.mid), self.max_attempts, self.group)
+                it.verdict = judge_row(it, states.get(it.mid), self.max_attempts, self.group, fatal_here)
             if it.verdict is Verdict.RUN or it.verdict is Verdict.RUN_INBOX:
                 self._run_handler(conn, it, savepoint=savepoints)
             elif it.verdict is not None:

@@ -23,7 +23,13 @@ from sqlalchemy import Connection
 from reliable.stores import JournalEntry, OutcomeUpdate
 from reliable.stores import sql_text as T
 from reliable.stores.sql_runner import DbapiRunner
-from reliable.stores.sql_text import OUTCOME_SQL, aggregate_progress, my_progress, sqlite_progress
+from reliable.stores.sql_text import (
+    DEAD_LETTER_AT_SQL,
+    OUTCOME_SQL,
+    aggregate_progress,
+    my_progress,
+    sqlite_progress,
+)
 
 
 class JournalSql:
@@ -141,6 +147,15 @@ class JournalSql:
         self.db.run(conn, self.db.cached("journal_bulk", 1, T.log_insert_bare), rows, many=True)
         build = T.pg_progress if self._pg else my_progress if self._my else sqlite_progress
         self.db.run(conn, self.db.cached("progress_bulk", 1, build), self.progress_rows(entries), many=True)
+
+    def dead_lettered_at(self, conn: Connection, e: JournalEntry) -> bool:
+        """Whether ``e``'s group journaled a ``DEAD_LETTER`` for its message at ``e``'s delivered position:
+        ``e`` is then a redelivery of a record the group dead-lettered (asked only of a copy the guard would
+        otherwise answer as a duplicate of a dead row, never on the way of a live message)."""
+        params = (e.message_id, e.consumer_group, e.topic, e.broker_name, e.queue_id, e.queue_offset)
+        return bool(
+            self.db.all(conn, self.db.cached("dead_letter_at", 1, lambda _: DEAD_LETTER_AT_SQL), params)
+        )
 
     def set_outcomes(self, conn: Connection, updates: Sequence[OutcomeUpdate]) -> None:
         """Fill ``message_log.outcome``/``reason``: one statement (several rows: ``CASE id WHEN …``, because

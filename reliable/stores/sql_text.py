@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from reliable.outbox.keys import PRIMARY_KEY_HINT
 from reliable.stores import JournalEntry
+from reliable.types import LogOutcome
 
 LOG_COLS = (
     "message_id, consumer_group, topic, queue_id, queue_offset, reconsume_times, received_at, outcome, "
@@ -36,6 +37,13 @@ _OPEN = "('PENDING', 'DEAD')"
 
 
 OUTCOME_SQL = "UPDATE message_log SET outcome = ?, reason = ? WHERE id = ?"
+#: whether the group dead-lettered this message at this delivered position before (the index on message id
+#: and group finds the message's few rows); params: message id, group, topic, broker name, queue id, offset
+DEAD_LETTER_AT_SQL = (
+    "SELECT 1 FROM message_log WHERE message_id = ? AND consumer_group = ? AND topic = ? "
+    "AND broker_name = ? AND queue_id = ? AND queue_offset = ? "
+    f"AND outcome = '{LogOutcome.DEAD_LETTER.value}' LIMIT 1"
+)
 
 
 def outcomes_case(n: int) -> str:
