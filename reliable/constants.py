@@ -110,6 +110,10 @@ AMQP_SEQ_MAX_AHEAD_S: Final = 300
 STALL_KEY_PREFIX: Final = "~stall:"
 #: the ``message_id`` of a never-consumed alarm's marker row: this prefix + the same digest of the queue
 NEVER_CONSUMED_KEY_PREFIX: Final = "~never:"
+#: the ``(message_id, consumer_group)`` of the Redis outage episode's notice rows (reliable/sweeper/
+#: redis_outage.py): one outage of the guard's Redis as the sweepers' lease reads see it, no group's
+REDIS_OUTAGE_KEY: Final = "~redis:leases"
+REDIS_OUTAGE_GROUP: Final = ""
 
 #: message property names a producer may not set: the brokers' own (RocketMQ's system properties but
 #: ``DELAY``, which is the delay level on purpose; the id headers and delivery count of Kafka and RabbitMQ),

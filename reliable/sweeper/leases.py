@@ -35,7 +35,6 @@ from reliable import constants as C
 from reliable.redis_connect import REDIS_ERRORS, RedisClient
 from reliable.stores import LeaseState
 from reliable.stores.lease import lease_key
-from reliable.sweeper import metrics
 from reliable.sweeper.selection import Candidate
 
 log = logging.getLogger("reliable.sweeper")
@@ -147,51 +146,6 @@ class RoundLeases:
         self.quiet_until = None
         self.answered = True
         return views
-
-
-@dataclass
-class UnreadableRedis:
-    """How long the sweeper's lease reads have been failing, across rounds — said loudly past ``threshold``
-    (``stuck_after``).
-
-    While Redis cannot be read every stuck row is held (``lease_unknown``) until the message is
-    ``max_unconfirmed_age + stuck_after`` old (:func:`defers_resend`), and the guard runs on the database
-    alone: an outage of a day is a day of stuck messages recovered late. Until 2026-11-29 it showed only as a
-    WARNING a round and the ``lease_unknown`` counter, read the same whether Redis had failed once or for a
-    day. Now the gauge ``reliable_sweeper_redis_unreadable_seconds`` says for how long (0 once a read
-    answers), and past ``stuck_after`` every round logs one ERROR. Not a notice: the outage concerns no row
-    (a row it keeps from being recovered reaches a person through its own ``DEAD`` notice, at the budget),
-    and the guard's ``reliable_redis_fallbacks_total`` and Redis's own monitoring see it too. Counted in the
-    round's clock from the first round whose read failed; a round that did not ask Redis (nothing due)
-    changes nothing."""
-
-    threshold: dt.timedelta
-    #: the round (its ``now``) whose lease read failed first, Redis unread since; ``None``: the last answered
-    since: dt.datetime | None = None
-
-    def after_round(self, leases: RoundLeases, now: dt.datetime, held: int) -> None:
-        """Take a round's outcome (``held``: its rows counted ``lease_unknown``)."""
-        if leases.answered is None:
-            return
-        if leases.answered:
-            self.since = None
-            metrics.REDIS_UNREADABLE_SECONDS.set(0)
-            return
-        if self.since is None:
-            self.since = now
-        down = now - self.since
-        metrics.REDIS_UNREADABLE_SECONDS.set(down.total_seconds())
-        if down >= self.threshold:
-            log.error(
-                "Redis lease reads have failed for %s (since %s), longer than stuck_after (%s): %d stuck "
-                "row(s) held as lease_unknown this round, each until its message is max_unconfirmed_age + "
-                "stuck_after old (then re-sent, the guard's database check absorbing a duplicate); the "
-                "guard runs on the database alone meanwhile — restore Redis",
-                down,
-                self.since.isoformat(),
-                self.threshold,
-                held,
-            )
 
 
 def _read(

@@ -46,7 +46,8 @@ LEASE_UNKNOWN = Counter(
     "reliable_sweeper_lease_unknown", "Stuck stubs postponed because Redis did not answer"
 )
 #: how long the sweeper's Redis lease reads have been failing (0: the last one answered); past stuck_after
-#: every round logs an ERROR (reliable/sweeper/leases.py, UnreadableRedis)
+#: every round logs an ERROR and one notice goes out an outage (reliable/sweeper/redis_outage.py: kept in the
+#: database, so a sweeper run once by cron counts it too)
 REDIS_UNREADABLE_SECONDS = Gauge(
     "reliable_sweeper_redis_unreadable_seconds",
     "Seconds the sweeper's Redis lease reads have been failing (0: the last one answered)",

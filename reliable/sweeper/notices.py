@@ -1,12 +1,14 @@
 """What a notice to a person says: one kind per cause, each with its own text, subject and webhook event.
 
-Three causes reach a person through the same owed-notice table (``stub_notification``) and channels:
+Four causes reach a person through the same owed-notice table (``stub_notification``) and channels:
 
 * ``DEAD`` — the sweeper gave up on a group's row (budget spent): fix, then ``reliable stubs revive``;
 * ``NEVER_CONSUMED`` — a group has messages on a queue it has never consumed (wrong subscription, consumer
   never started, or started from the queue's end after them): no resend until ``max_unconfirmed_age``;
 * ``STALLED`` — a group consumed a queue and stopped (consumers crashed, undeployed): its position has not
-  moved for ``stall_after`` while the broker holds messages beyond it that the group owes.
+  moved for ``stall_after`` while the broker holds messages beyond it that the group owes;
+* ``REDIS_UNREADABLE`` — the sweepers' reads of the guard's Redis leases have failed for longer than
+  ``stuck_after`` (:mod:`.redis_outage`): stuck rows wait, the guard runs on the database alone.
 
 The two queue-level kinds name their queue in a tag at the start of the reason (``STALLED topic=orders
 broker=broker-b queue=3 watermark=41: …``) — how a person, the dedupe and the delivery recognise them; one
@@ -16,6 +18,8 @@ message; a stall notice is about a queue, so its rows use a key of their own in 
 broker group being part of it on a RocketMQ cluster (reliable/sweeper/queues.py). Without a broker group
 (``''``: Kafka, RabbitMQ, one broker, or written before migration 0006) the tag has no ``broker=`` part and
 the key is the one of before, so an alarm raised before the broker group joined is still recognised.
+A Redis outage concerns no queue and no group: its rows have a key of their own (``C.REDIS_OUTAGE_KEY``,
+group ``''``) and its reason starts with the outage's start (:func:`redis_reason`, :func:`parse_redis`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class NoticeKind(enum.Enum):
     DEAD = "dead"
     NEVER_CONSUMED = "never_consumed"
     STALLED = "stalled"
+    REDIS_UNREADABLE = "redis_unreadable"
 
 
 #: first word of a queue-level notice's reason, per kind
@@ -45,6 +50,34 @@ QUEUE_TAGS = tuple(_TAGS)
 _TAG_RE = re.compile(
     r"^(NEVER_CONSUMED|STALLED) topic=(\S+)(?: broker=(\S+))? queue=(-?\d+|None)(?: watermark=(-?\d+))?[:\s]"
 )
+
+
+class RedisPhase(enum.Enum):
+    """A Redis outage episode's row: ``WATCHING`` (reads failing, not yet for ``stuck_after``: kept, told to
+    nobody) or ``TOLD`` (the notice, owed on every channel)."""
+
+    WATCHING = "REDIS_WATCH"
+    TOLD = "REDIS_UNREADABLE"
+
+
+_REDIS_RE = re.compile(r"^(REDIS_WATCH|REDIS_UNREADABLE) since=(\S+): ")
+
+
+def redis_reason(phase: RedisPhase, since: dt.datetime, text: str) -> str:
+    """``REDIS_UNREADABLE since=2026-11-21T12:00:00+00:00: …`` — an outage row's reason, its start first."""
+    return f"{phase.value} since={since.astimezone(dt.UTC).isoformat()}: {text}"
+
+
+def parse_redis(reason: str) -> tuple[RedisPhase, dt.datetime | None] | None:
+    """The phase and start an outage row's reason says (start ``None``: unreadable); ``None``: not one."""
+    m = _REDIS_RE.match(reason)
+    if m is None:
+        return None
+    try:
+        since = dt.datetime.fromisoformat(m.group(2))
+    except ValueError:
+        return RedisPhase(m.group(1)), None
+    return RedisPhase(m.group(1)), since if since.tzinfo is not None else since.replace(tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -110,7 +143,8 @@ class DeadNotice:
 
     For a queue-level kind ``message_id`` is the notice's key (``~stall:…``, ``~never:…``; the reason names an
     example message), ``send_count`` is 0, ``queue_offset`` is the group's watermark (a stall), and
-    ``dead_at`` is when the notice was raised.
+    ``dead_at`` is when the notice was raised. A Redis outage's has no topic, group or queue (``''``,
+    ``None``): its reason says since when.
     """
 
     message_id: str
@@ -134,6 +168,7 @@ _EVENTS = {
     NoticeKind.DEAD: "reliable.stub.dead",
     NoticeKind.NEVER_CONSUMED: "reliable.queue.never_consumed",
     NoticeKind.STALLED: "reliable.group.stalled",
+    NoticeKind.REDIS_UNREADABLE: "reliable.redis.unreadable",
 }
 
 
@@ -149,6 +184,8 @@ def subject(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
     groups = ", ".join(sorted({x.consumer_group for x in notices}))
     if kind is NoticeKind.NEVER_CONSUMED:
         return f"[reliable] {n} queue(s) never consumed by group(s) {groups}"
+    if kind is NoticeKind.REDIS_UNREADABLE:
+        return "[reliable] the sweeper cannot read Redis (the consumer guard's leases)"
     return f"[reliable] group(s) {groups} stopped consuming {n} queue(s)"
 
 
@@ -172,6 +209,13 @@ _HEADS = {
         "Check the group's consumers (crashed, undeployed, a handler hanging, a lost subscription).",
         "The messages wait on the broker and are delivered when the group resumes; the alarm clears",
         "by itself once its position moves, and a later stall is reported again.",
+    ],
+    NoticeKind.REDIS_UNREADABLE: [
+        "The resend sweeper has not been able to read the consumer guard's Redis for longer than",
+        "stuck_after. Meanwhile stuck messages wait (until max_unconfirmed_age + stuck_after old) and the",
+        "consumers' guard decides on the database alone: still exactly once, slower. Restore Redis (the",
+        "server, the network, the --redis URL or its password); the outage ends by itself at the first",
+        "read that answers, and a later outage is reported again.",
     ],
 }
 
@@ -201,6 +245,8 @@ def body(kind: NoticeKind, notices: Sequence[DeadNotice]) -> str:
                 f"- {x.message_id}  topic={x.topic}{_broker(x)} group={x.consumer_group} sends={x.send_count}"
                 f" {where}  dead_at={x.dead_at}\n  reason: {x.reason}"
             )
+        elif kind is NoticeKind.REDIS_UNREADABLE:
+            lines.append(f"- raised_at={x.dead_at}\n  {x.reason}")
         else:
             lines.append(
                 f"- group={x.consumer_group} topic={x.topic}{_broker(x)} queue={x.queue_id}"

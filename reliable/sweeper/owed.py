@@ -10,7 +10,8 @@ depends on which sweeper gave the row up: one started without its e-mail setting
 used to write rows for no channel, and nobody was ever e-mailed. A channel added later is owed every
 notice still told (rows still DEAD, alarms still open). Queue-level notices count only on their own keys
 (``~stall:``, ``~never:``; notices.py): never-consumed alarms of before migration 0010 lie on a message's
-key too.
+key too. A Redis outage (``~redis:leases``, :mod:`.redis_outage`) counts only once told: while it is only
+watched (``REDIS_WATCH``, shorter than ``stuck_after``) its row keeps its start and is owed nowhere.
 
 **Claimed.** Delivery (:mod:`.notify`) claims a batch of owed rows in a short transaction
 (:func:`claim`: ``claimed_until`` moves ahead, ``SKIP LOCKED`` where the server has it, so sweepers take
@@ -52,7 +53,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from reliable import constants as C
 from reliable.outbox.keys import columns_in
 from reliable.sweeper.claim import LockMode, lock_mode
-from reliable.sweeper.notices import QUEUE_TAGS, DeadNotice, NoticeKind, parse_tag
+from reliable.sweeper.notices import QUEUE_TAGS, DeadNotice, NoticeKind, RedisPhase, parse_tag
 from reliable.sweeper.selection import inbox, notif, stub
 
 #: a ``stub_notification`` key: (message_id, consumer_group)
@@ -119,13 +120,16 @@ def _short(engine: Engine) -> Iterator[Connection]:
 
 
 def _told_notices(told: FromClause) -> ColumnElement[bool]:
-    """``told``'s rows that are notices: the ``log`` row of a give-up, or of an alarm on its own key."""
+    """``told``'s rows that are notices: the ``log`` row of a give-up, or of an alarm on its own key — not
+    a Redis outage still watched (:mod:`.redis_outage`: told to nobody until it lasts ``stuck_after``)."""
     own_key = or_(
         told.c.message_id.startswith(C.STALL_KEY_PREFIX, autoescape=True),
         told.c.message_id.startswith(C.NEVER_CONSUMED_KEY_PREFIX, autoescape=True),
+        told.c.message_id == C.REDIS_OUTAGE_KEY,
     )
     give_up = and_(*(~told.c.reason.startswith(f"{tag} ", autoescape=True) for tag in QUEUE_TAGS))
-    return and_(told.c.channel == C.NOTIFY_CHANNEL_LOG, or_(own_key, give_up))
+    watched = told.c.reason.startswith(f"{RedisPhase.WATCHING.value} ", autoescape=True)
+    return and_(told.c.channel == C.NOTIFY_CHANNEL_LOG, ~watched, or_(own_key, give_up))
 
 
 def owe(engine: Engine, channel: str, *, batch: int) -> int:
@@ -292,6 +296,18 @@ def _positions(conn: Connection, channel: str, keys: Sequence[Key]) -> dict[Key,
 def _notice(r: Any, at: Any) -> DeadNotice:
     """A notice from an owed row (``at``: its message's position, :func:`_positions`): its kind from the
     reason's tag, a queue-level row's topic and queue too."""
+    if r.message_id == C.REDIS_OUTAGE_KEY:  # about no message, queue or group
+        return DeadNotice(
+            message_id=r.message_id,
+            topic="",
+            consumer_group=r.consumer_group,
+            send_count=0,
+            queue_id=None,
+            queue_offset=None,
+            reason=r.reason,
+            dead_at=r.created_at.isoformat(),
+            kind=NoticeKind.REDIS_UNREADABLE,
+        )
     tag = parse_tag(r.reason)
     return DeadNotice(
         message_id=r.message_id,

@@ -43,9 +43,10 @@ from reliable.sweeper.channels import Channel
 from reliable.sweeper.claim import claim
 from reliable.sweeper.errors import SweeperConfigError
 from reliable.sweeper.giveup import tell_unreported
-from reliable.sweeper.leases import RoundLeases, UnreadableRedis
+from reliable.sweeper.leases import RoundLeases
 from reliable.sweeper.notify import deliver_owed
 from reliable.sweeper.queues import Watermarks
+from reliable.sweeper.redis_outage import UnreadableRedis
 from reliable.sweeper.resend import OutagePause, Sent, record_batch, resend_topic, send_batch
 from reliable.sweeper.retention import purge_logs
 from reliable.sweeper.selection import Budget, Candidate, due_statement
@@ -153,8 +154,9 @@ class Sweeper:
         if max_unconfirmed_age_s <= 0:
             raise SweeperConfigError("max_unconfirmed_age must be > 0")
         self._stop = threading.Event()
-        #: how long Redis has been unreadable, across rounds: an ERROR a round past stuck_after
-        self.redis_watch = UnreadableRedis(self.stuck_after)
+        #: how long Redis has been unreadable, across rounds and runs (an episode in the database): an ERROR
+        #: a round and one notice an outage past stuck_after
+        self.redis_watch = UnreadableRedis(self.engine, self.stuck_after)
 
     def stop(self) -> None:
         """Ask a running round to stop after the current send (claimed leftovers are due after the claim

@@ -60,7 +60,8 @@ made, or at the budget the give-up and its notice. The resend cannot be applied 
 copy, and with Redis down the guard decides on the database alone (the group's inbox row, locked by the
 work transaction, admits one delivery). A stuck row whose lease expires waits for it however old it is: a
 worker is on it. Reads failing for longer than ``stuck_after`` are said every round (an ERROR, and the
-gauge ``reliable_sweeper_redis_unreadable_seconds``: :class:`reliable.sweeper.leases.UnreadableRedis`).
+gauge ``reliable_sweeper_redis_unreadable_seconds``) and told to a person once an outage
+(:mod:`reliable.sweeper.redis_outage`: kept in the database, so a sweeper run once by cron says it too).
 
 The broker's retry schedule is RocketMQ's: a delivery answered ``RECONSUME_LATER`` with
 ``reconsume_times = r`` comes back after delay level ``3 + r`` (``1s 5s 10s 30s 1m 2m … 2h``), and after
