@@ -9,7 +9,9 @@ fails over sooner so tests and the demo need not wait that long.
 
 A failed address is also remembered for :data:`SUSPECT_S` seconds (:meth:`BrokerDirectory.healthy_first`):
 a hung master (SIGSTOP, a black-holed host) keeps being listed by the name server until its 120 s expiry, and
-a request that may go to any of several brokers (consumer list, client config check) tries it last meanwhile.
+a request that may go to any of several brokers (consumer list, client config check) tries it last meanwhile,
+and a read goes to its slave. A failed address the name server dropped (the broker's connection closed) and
+lists again is a restarted broker: it is not suspect any more.
 """
 
 from __future__ import annotations
@@ -30,19 +32,32 @@ class BrokerDirectory:
         self._monotonic = monotonic
         #: address -> when a request to it last failed
         self._failed_at: dict[str, float] = {}
+        #: failed addresses the name server's whole view has not listed since (a broker that went away)
+        self._gone: set[str] = set()
 
     def replace(self, groups: Mapping[str, Mapping[int, str]]) -> None:
         """The name server's whole view (cluster info): a group or address it no longer lists is gone."""
+        listed = {a for addrs in groups.values() for a in addrs.values()}
         with self._lock:
             self._groups = {n: dict(a) for n, a in groups.items() if a}
+            self._gone |= self._failed_at.keys() - listed
+            self._back(listed)
 
     def update(self, name: str, addrs: Mapping[int, str]) -> None:
         """One group as a topic route lists it."""
         with self._lock:
+            self._back(set(addrs.values()))
             if addrs:
                 self._groups[name] = dict(addrs)
             else:
                 self._groups.pop(name, None)
+
+    def _back(self, listed: set[str]) -> None:
+        """A failed address the name server had dropped and lists again registered anew (a restarted
+        broker): no longer suspect. One it listed all along (a hung broker) stays suspect. Lock held."""
+        for addr in self._gone & listed:
+            self._gone.discard(addr)
+            self._failed_at.pop(addr, None)
 
     def forget(self, addr: str) -> None:
         """``addr`` failed a request: drop it until the name server lists it again, and try it last for
@@ -79,10 +94,14 @@ class BrokerDirectory:
             return None
 
     def reader(self, name: str) -> str | None:
-        """The master of ``name`` if listed, else its lowest-id slave."""
+        """The master of ``name`` if listed, else its lowest-id slave; a node that failed a request within
+        :data:`SUSPECT_S` s after the others (a hung master the name server still lists is not read every
+        time while its slave answers)."""
         with self._lock:
             group = self._groups.get(name, {})
-            return group[min(group)] if group else None
+            nodes = [group[i] for i in sorted(group)]
+        ordered = self.healthy_first(nodes)
+        return ordered[0] if ordered else None
 
     def in_subscribe(self, name: str, broker_id: int) -> tuple[str, bool] | None:
         """``findBrokerAddressInSubscribe(name, broker_id, onlyThisBroker=false)``: the node ``broker_id``

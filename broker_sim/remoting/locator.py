@@ -2,7 +2,8 @@
 next one after a connection failure — NettyRemotingClient rotates the same way), and through them each
 broker group's master and slaves (:class:`~broker_sim.remoting.broker_directory.BrokerDirectory`).
 
-Writes go to a group's master; reads (``read=True``: pulls, offsets) to its slave while no master is listed,
+Writes go to a group's master; reads (``read=True``: pulls, offsets) to its slave while no master is listed
+(the name server asked again on each such read, so a master that is back is read at once),
 and a pull to the node the group's last pull reply suggested (``suggestWhichBrokerId``, :meth:`pull_target`).
 Without a group name (single-broker callers) the first group that serves the topic is used.
 
@@ -86,19 +87,38 @@ class BrokerLocator:
 
     def broker(self, broker_name: str | None = None, *, read: bool = False) -> str:
         """The master of ``broker_name`` (of any group for ``None``; with ``read``, its slave when the
-        master is not listed), asking the name server when it is not known."""
+        master is not listed), asking the name server when it is not known.
 
-        def find() -> str | None:
-            if read and broker_name:
-                return self.directory.reader(broker_name)
-            return self.directory.master(broker_name)
-
-        addr = find()
+        A read that finds no master listed asks the name server again before it settles for a slave, every
+        time (``RemoteBrokerOffsetStore``: ``findBrokerAddressInSubscribe(name, MASTER_ID, true)``, and on a
+        miss ``updateTopicRouteInfoFromNameServer`` before the call that may pick a slave): a master that is
+        back is read again at once. Without that, a client that sends and consumes nothing (the sweeper's
+        probe) read the slave for good after a failover — a slave a power cut left ahead of its master stops
+        copying, and its max offset made every message the master stored past it look lost. A master that
+        failed a request lately is read after the slaves (:meth:`BrokerDirectory.reader`)."""
+        if read and broker_name:
+            return self._reader(broker_name)
+        addr = self.directory.master(broker_name)
         if addr is None:
             self.refresh()
-            addr = find()
+            addr = self.directory.master(broker_name)
         if addr is None:
             raise TransportError(f"no broker address known for {broker_name or 'any broker'}")
+        return addr
+
+    def _reader(self, broker_name: str) -> str:
+        """Where a read of ``broker_name`` goes (:meth:`broker` with ``read``)."""
+        if self.directory.master(broker_name) is None:
+            try:
+                self.refresh()
+            except (TransportError, BrokerResponseError) as exc:
+                # the name server cannot say (Java's route update logs it and goes on): read what is known
+                if self.directory.reader(broker_name) is None:
+                    raise
+                log.info("name server not reachable (%s); reading %s from what is known", exc, broker_name)
+        addr = self.directory.reader(broker_name)
+        if addr is None:
+            raise TransportError(f"no broker address known for {broker_name}")
         return addr
 
     def refresh(self) -> None:
