@@ -93,6 +93,7 @@ class Producer(ClientBase):
         max_message_size: int = 4 * 1024 * 1024,
         default_topic_queue_nums: int = 4,
         heartbeat_interval_ms: int = 30_000,
+        poll_name_server_interval_ms: int = 30_000,
         async_threads: int = 4,
         async_send_window: int = 65535,
         retry_times_when_send_async_failed: int = 2,
@@ -107,6 +108,7 @@ class Producer(ClientBase):
         self.max_message_size = max_message_size
         self.default_topic_queue_nums = default_topic_queue_nums
         self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.poll_name_server_interval_ms = poll_name_server_interval_ms
         self.fault_tolerance = LatencyFaultTolerance(self.clock.now_ms)
         self._publish: dict[str, TopicPublishInfo] = {}
         self._lock = threading.Lock()
@@ -145,6 +147,8 @@ class Producer(ClientBase):
         self._scheduler.schedule_periodic(
             self.heartbeat_interval_ms, self.heartbeat_interval_ms, self.send_heartbeat, name="heartbeat"
         )
+        poll = self.poll_name_server_interval_ms
+        self._scheduler.schedule_periodic(poll, poll, self.refresh_routes, name="route-poll")
 
     def shutdown(self) -> None:
         with self._lock:
@@ -187,6 +191,17 @@ class Producer(ClientBase):
             with self._lock:
                 self._publish[topic] = info
         return info
+
+    def refresh_routes(self) -> None:
+        """Re-read every publish topic's route (every ``poll_name_server_interval_ms``, as 4.9.8's
+        ``MQClientInstance``): queues an operator added are written to; a failed read keeps the known ones."""
+        with self._lock:
+            topics = list(self._publish)
+        for topic in topics:
+            try:
+                self.publish_info(topic, refresh=True)
+            except (TransportError, BrokerResponseError) as exc:
+                log.warning("route of %s not re-read (the known queues stay in use): %s", topic, exc)
 
     def _route(self, topic: str) -> TopicPublishInfo:
         try:
