@@ -75,6 +75,13 @@ def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit:
 
     On MariaDB/MySQL run it in :func:`read_committed`, as the sweeper does: at REPEATABLE READ the
     ``UPDATE``'s subqueries share-lock the inbox rows after the stub, against a guard's order.
+
+    The ids are read without a lock, then the stubs updated through the primary key, in id order, as a
+    guard's settle locks them (:func:`reliable.outbox.keys.by_primary_key`). By the update most of the
+    slice's stubs have often been settled by their guards, and MariaDB then answered ``status = 'PENDING'
+    AND message_id IN (…)`` through ``ix_message_stub_status_resend_at``: each stub's entry there locked,
+    then the stub — the reverse of a guard settling it (the stub by key, then the entry its status change
+    moves) — and the two deadlocked (tests/sweeper/test_settle_index_lock_order.py).
     """
     q = select(stub.c.resend_at, stub.c.message_id).where(
         stub.c.status == status_literal(StubStatus.PENDING), stub.c.resend_at.is_not(None)
@@ -89,7 +96,8 @@ def settle_slice(conn: Connection, now: dt.datetime, after: SettleCursor, limit:
     rows = conn.execute(q.order_by(stub.c.resend_at, stub.c.message_id).limit(limit)).all()
     if rows:
         ids = sorted(r[1] for r in rows)
-        _settle_where(conn, now, and_(stub.c.status == StubStatus.PENDING, stub.c.message_id.in_(ids)))
+        which = and_(stub.c.status == StubStatus.PENDING, stub.c.message_id.in_(ids))
+        _settle_where(conn, now, which, by_key=True)
     if len(rows) < limit:
         return None
     return rows[-1][0], rows[-1][1]
@@ -118,9 +126,12 @@ def read_committed(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]) -> int:
+def _settle_where(
+    conn: Connection, now: dt.datetime, which: ColumnElement[bool], *, by_key: bool = False
+) -> int:
+    """Settle the stubs ``which`` selects; ``by_key``: it names them by id, read them by primary key."""
     of_stub = inbox.c.message_id == stub.c.message_id
-    result = conn.execute(
+    settled = (
         update(stub)
         .where(
             which,
@@ -129,6 +140,7 @@ def _settle_where(conn: Connection, now: dt.datetime, which: ColumnElement[bool]
         )
         .values(status=StubStatus.CONFIRMED.value, confirmed_at=now, updated_at=now, last_error=None)
     )
+    result = conn.execute(by_primary_key(settled, stub) if by_key else settled)
     return int(result.rowcount)
 
 
