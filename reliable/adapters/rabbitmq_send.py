@@ -73,6 +73,12 @@ class RabbitMQSender:
         self._conn: BlockingConnection | None = None
         self._ch: BlockingChannel | None = None
 
+    def resend_route(self, topic: str, group: str) -> str:
+        """Where the sweeper's resend targeted at ``group`` goes: that group's own queue. A full queue
+        refusing publishes (``x-overflow reject-publish``) refuses only its group's copies, so the sweeper
+        counts refusals per queue (:func:`reliable.sweeper.resend.pause_route`), not per topic."""
+        return self.group_queue(topic, group)
+
     def _channel(self) -> BlockingChannel:
         if self._ch is None or not self._ch.is_open:
             if self._conn is None or not self._conn.is_open:

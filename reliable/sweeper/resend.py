@@ -69,10 +69,11 @@ class OutagePause:
 
     * after ``SWEEP_PAUSE_AFTER_SLOW_FAILURES`` failures in a row that each took
       ``SLOW_BROKER_CALL_S`` or longer (a hung broker) the round sends nothing more (``paused``);
-    * after ``SWEEP_PAUSE_AFTER_FAILURES`` failures in a row on one route — the topic the copy goes to — the
-      round sends nothing more there (``route_paused``): a name server down refuses every route, each then
-      spends three rows' budget a round, not every row's; a deleted topic or a misrouted queue stops only its
-      own rows, and the healthy routes behind it are sent in the same round.
+    * after ``SWEEP_PAUSE_AFTER_FAILURES`` failures in a row on one route — the topic the copy goes to, or the
+      group's own queue where each group's copy goes to one (RabbitMQ, :func:`pause_route`) — the round
+      sends nothing more there (``route_paused``): a name server down refuses every route, each then spends
+      three rows' budget a round, not every row's; a deleted topic, a misrouted queue or a full queue
+      refusing publishes stops only its own rows, and the healthy routes behind it are sent in the same round.
 
     Rows not sent stay due, budget untouched (the next round, or later rounds, try them). A landed send resets
     its route's count (and the slow count): a broken route of one message among healthy ones still spends
@@ -125,6 +126,19 @@ def copy_topic(sender: object, cand: Candidate) -> str:
     if cand.inbox_topic is not None:
         return cand.inbox_topic
     return resend_topic(sender, cand.topic, cand.consumer_group)
+
+
+def pause_route(sender: object, topic: str, group: str) -> str:
+    """What :class:`OutagePause` counts refusals by for a resend targeted at ``group``: the sender's
+    ``resend_route(topic, group)`` where it sends each group's copy somewhere of its own (RabbitMQ: the
+    group's queue), else the topic the copy goes to (:func:`resend_topic`).
+
+    Why not always the topic: a RabbitMQ resend lands in the group's own queue, and a queue that refuses it
+    (full, ``x-overflow reject-publish``) refuses only its group's copies. Counted by topic, three refusals
+    from one slow group's full queue paused the topic for the round, and the other groups' resends of it
+    (a fast group's lost message) waited behind every due row of the slow group, three a round."""
+    route = getattr(sender, "resend_route", None)
+    return str(route(topic, group)) if callable(route) else resend_topic(sender, topic, group)
 
 
 def resend_topic(sender: object, topic: str, group: str) -> str:
@@ -201,7 +215,7 @@ def send_batch(
             done.result.paused = True
             done.unsent = candidates[at:]
             break
-        route = routes[(cand.consumer_group, cand.message_id)]
+        route = pause_route(sender, cand.topic, cand.consumer_group)
         if outage.route_paused(route):
             done.skipped.append(cand)
             continue
@@ -224,7 +238,8 @@ def send_batch(
             done.attempts.append((cand, copy))
             continue
         started = monotonic()
-        attempt = copies[cand.message_id] = outbox.attempt_send(sender, message, topic=route)
+        topic = routes[(cand.consumer_group, cand.message_id)]
+        attempt = copies[cand.message_id] = outbox.attempt_send(sender, message, topic=topic)
         outage.record(route, started, attempt.ok)
         if outage.route_failures.get(route) == C.SWEEP_PAUSE_AFTER_FAILURES:
             log.warning(
