@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 
+from reliable.constants import AMQP_CLOCK_POSITION_MIN as CLOCK
 from reliable.reconcile.retry import retry_delays_s
 from reliable.reconcile.summary import COUNTERS
 from reliable.sweeper.verdict import RocketMQRetrySchedule
@@ -189,7 +190,9 @@ def _detail_tables(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
                queue_offset - 1 AS gap_end, queue_offset - prev - 1 AS missing
         FROM (SELECT *, lag(queue_offset) OVER (PARTITION BY consumer_group, topic, broker_name, queue_id
                                                 ORDER BY queue_offset) AS prev
-              FROM (SELECT DISTINCT consumer_group, topic, broker_name, queue_id, queue_offset FROM d))
+              -- a RabbitMQ sender's clock (µs) is no offset: RabbitMQ queues have no gaps
+              FROM (SELECT DISTINCT consumer_group, topic, broker_name, queue_id, queue_offset FROM d
+                    WHERE queue_offset < {CLOCK}))
         WHERE queue_offset - prev > 1;
         COPY gp TO '{out_dir / "gaps"}.parquet' (FORMAT parquet);
         """
@@ -226,9 +229,11 @@ def _groups(con: duckdb.DuckDBPyConnection) -> dict[str, dict[str, Any]]:
     put("SELECT consumer_group, count(*) AS orphan_logs FROM o GROUP BY 1")
     put("SELECT consumer_group, count(*) AS gaps, sum(missing) AS missing_offsets FROM gp GROUP BY 1")
     put(
-        """
-        SELECT consumer_group, sum(CASE WHEN owed THEN greatest(0, top - coalesce(watermark, -1)) ELSE 0 END)
-                 AS lag,
+        f"""
+        SELECT consumer_group,
+               -- a queue whose positions are its RabbitMQ senders' clock (µs) has no lag
+               sum(CASE WHEN owed AND top < {CLOCK} AND coalesce(watermark, -1) < {CLOCK}
+                        THEN greatest(0, top - coalesce(watermark, -1)) ELSE 0 END) AS lag,
                count(*) FILTER (WHERE never) AS never_consumed_queues
         FROM (SELECT consumer_group, topic, broker_name, queue_id, max(queue_offset) AS top,
                      max(lag_watermark) AS watermark, bool_or(status <> 'VOIDED') AS owed,

@@ -106,6 +106,12 @@ DEFAULT_STALL_AFTER_S: Final = 30 * 60
 #: RabbitMQ: an ``x-reliable-seq`` (the sender's clock, µs) further ahead of the consumer's clock than this is
 #: not taken as the delivery's position (one far-future number raised the group's watermark for good)
 AMQP_SEQ_MAX_AHEAD_S: Final = 300
+#: RabbitMQ queues have no offsets: the RabbitMQ senders' position (``x-reliable-seq``, journaled as
+#: ``queue_offset``) is the sender's clock in µs since the epoch, never below this (2001-09-09). No broker
+#: offset comes near it (10^15 messages in one queue), so a position at or above it is a *clock position*:
+#: it orders sends, but the distance between two of them is time, not messages — the reconciliation report
+#: computes no offset gaps and no lag from it (docs/reconcile.md)
+AMQP_CLOCK_POSITION_MIN: Final = 10**15
 #: ``stub_notification.message_id`` of a stall's notice rows: this prefix + a digest of the queue
 STALL_KEY_PREFIX: Final = "~stall:"
 #: the ``message_id`` of a never-consumed alarm's marker row: this prefix + the same digest of the queue

@@ -54,10 +54,13 @@ def next_seq() -> int:
     missing. Clock numbers never repeat in a process and compare across processes as far as their clocks
     agree (a few milliseconds under NTP); a resend gets a new, later number, so it is never "passed" before
     the group has really moved past it.
+
+    Never below ``AMQP_CLOCK_POSITION_MIN`` (a host clock at 1970 included): that is how the reconciliation
+    report tells a RabbitMQ queue's clock positions from a broker's offsets (no gaps, no lag from them).
     """
     global _last_seq
     with _seq_lock:
-        _last_seq = max(_last_seq + 1, time.time_ns() // 1000)
+        _last_seq = max(_last_seq + 1, time.time_ns() // 1000, C.AMQP_CLOCK_POSITION_MIN)
         return _last_seq
 
 

@@ -32,8 +32,9 @@ sender's clock (``x-reliable-seq``: microseconds since the epoch, strictly incre
 :func:`reliable.adapters.amqp.next_seq`). "Stub position at or below the group's watermark" then means "sent
 before a message the group has received", in any producer process whose clock agrees — a copy queued
 behind a paused group is held, not re-sent. There is no loss probe: a copy the group has not passed is
-re-sent once it is ``max_unconfirmed_age`` old. The reconciliation report's offset-gap view is meaningless
-for RabbitMQ topics.
+re-sent once it is ``max_unconfirmed_age`` old. The reconciliation report tells these clock positions from
+offsets by their scale (never below ``AMQP_CLOCK_POSITION_MIN``) and computes no offset gaps and no lag
+from them; *lost* (the group's position passed a message it never received) still holds.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ lowest and highest offset. A dense queue yields one row per 64 offsets, and only
 with integer bit arithmetic; only a block with several runs (a hole inside it, rare) lists them, with a
 built-in higher-order function. ``tests/reconcile/test_gaps.py`` checks the result against the plain
 definition written in Python. Only built-in Spark SQL expressions.
+
+A RabbitMQ delivery's ``queue_offset`` is its sender's clock in microseconds (at or above
+``AMQP_CLOCK_POSITION_MIN``): consecutive messages are thousands apart, so every RabbitMQ queue was all
+"gaps" and ``--max-gaps`` fired on every RabbitMQ topic. Such positions are not offsets and are left out
+here with one filter, like null offsets (which also spares the aggregation one block row per RabbitMQ
+delivery).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from reliable.constants import AMQP_CLOCK_POSITION_MIN
 from reliable.reconcile.config import ReconcileConfig
 from reliable.reconcile.inputs import in_log_window, ts
 from reliable.reconcile.transforms import QUEUE_KEY
@@ -47,7 +54,8 @@ def offset_gaps(logs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
     killed consumer (:mod:`reliable.stores.behind`). The log alone cannot tell these from a loss. Offsets
     before the first or after the last journaled one are not holes (they are lag or history); null offsets
     are not positions. With ``cfg.log_retention_s``, only deliveries received within it count: older rows
-    are the ones the log purge kept, and the offsets purged around them are no holes.
+    are the ones the log purge kept, and the offsets purged around them are no holes. A RabbitMQ sender's
+    clock position (``>= AMQP_CLOCK_POSITION_MIN``) is no offset either: RabbitMQ queues have no gaps.
     """
     offset = F.col("queue_offset").cast("long")
     base = f"shiftleft(block, {BLOCK_SHIFT})"
@@ -65,7 +73,7 @@ def offset_gaps(logs: DataFrame, cfg: ReconcileConfig) -> DataFrame:
     if cfg.complete_log_since is not None:  # older rows: what the purge kept, with its holes around them
         kept = F.col("received_at") >= ts(cfg.complete_log_since)
     return (
-        logs.where(in_log_window(cfg) & offset.isNotNull() & kept)
+        logs.where(in_log_window(cfg) & (offset < AMQP_CLOCK_POSITION_MIN) & kept)
         .groupBy(*QUEUE_KEY, F.shiftright(offset, BLOCK_SHIFT).alias("block"))
         .agg(
             F.expr("bit_or(shiftleft(1L, cast(queue_offset & 63 as int)))").alias("mask"),

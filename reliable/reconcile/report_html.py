@@ -19,6 +19,7 @@ from typing import Any
 
 from reliable.reconcile.report_svg import Layer, bar_chart, fmt, timeline_chart
 from reliable.reconcile.report_view import (
+    OFFSET_FIGURES,
     AttentionView,
     GroupView,
     ReportView,
@@ -72,7 +73,7 @@ def _tiles(tiles: Sequence[Tile], ident: str = "") -> str:
     attr = f' id="{escape(ident)}"' if ident else ""
     cells = "".join(
         f'<div class="tile{" bad" if t.bad else ""}" '
-        f'data-key="{escape(t.key)}"><div class="v">{fmt(t.value)}</div>'
+        f'data-key="{escape(t.key)}"><div class="v">{"n/a" if t.na else fmt(t.value)}</div>'
         f'<div class="k">{escape(t.key)}</div></div>'
         for t in tiles
     )
@@ -99,6 +100,13 @@ _QUEUE_COLS = (
 _BAD_COLS = {"dead", "lost", "stuck", "unsent", "orphan_logs", "gaps", "never_consumed_queues"}
 
 
+def _cell(q: Mapping[str, Any], key: str) -> str:
+    """A queue's figure; ``n/a`` for lag and gaps on a RabbitMQ queue (its positions are no offsets)."""
+    if key in OFFSET_FIGURES and q.get("offsets", True) is False and not q[key]:
+        return "n/a"
+    return fmt(q[key])
+
+
 def _queue_table(queues: Sequence[Mapping[str, Any]], ident: str) -> str:
     cols = (unit(queues[0]) if queues else ("stubs", "stubs"), *_QUEUE_COLS)
     head = '<tr><th class="l">group</th><th class="l">topic</th><th>queue</th>' + "".join(
@@ -109,7 +117,7 @@ def _queue_table(queues: Sequence[Mapping[str, Any]], ident: str) -> str:
     for q in queues:
         lat = q["latency_ms"]["send_to_first_delivery"]
         cells = "".join(
-            f'<td class="{"bad" if k in _BAD_COLS and q[k] else ""}" data-col="{k}">{fmt(q[k])}</td>'
+            f'<td class="{"bad" if k in _BAD_COLS and q[k] else ""}" data-col="{k}">{_cell(q, k)}</td>'
             for _, k in cols
         )
         never = ' <span class="warn">never consumed</span>' if q.get("never_consumed") else ""
@@ -236,9 +244,10 @@ def _queue_name(q: Mapping[str, Any]) -> str:
 
 def _charts(v: ReportView) -> str:
     hist = v.latency_histogram
+    lagging = [q for q in v.queues if q.get("offsets", True) is not False]
     charts = [
-        bar_chart(
-            "Lag per queue (offsets)", [_queue_name(q) for q in v.queues], [q["lag"] for q in v.queues]
+        bar_chart(  # RabbitMQ queues have no offsets, hence no lag
+            "Lag per queue (offsets)", [_queue_name(q) for q in lagging], [q["lag"] for q in lagging]
         ),
         bar_chart(
             "Send → first delivery (per bucket)",

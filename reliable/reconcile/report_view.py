@@ -50,11 +50,17 @@ GROUP_TILES = (
 )
 
 
+#: figures measured in offsets: not computed on a RabbitMQ queue (summary ``queues[].offsets`` false)
+OFFSET_FIGURES = frozenset({"lag", "gaps", "missing_offsets", "offset gaps"})
+
+
 @dataclass(frozen=True)
 class Tile:
     key: str
     value: int
     bad: bool
+    #: not applicable: every queue of the tile's scope is a RabbitMQ queue, whose positions are no offsets
+    na: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,8 +118,16 @@ class ReportView:
     journal_note: str | None = None
 
 
-def _tiles(pairs: Sequence[tuple[str, int]]) -> list[Tile]:
-    return [Tile(k, int(v), k in BAD_WHEN_POSITIVE and bool(v)) for k, v in pairs]
+def without_offsets(queues: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether none of ``queues`` has offsets (all RabbitMQ queues; an older summary has no such key)."""
+    return bool(queues) and all(q.get("offsets", True) is False for q in queues)
+
+
+def _tiles(pairs: Sequence[tuple[str, int]], no_offsets: bool = False) -> list[Tile]:
+    return [
+        Tile(k, int(v), k in BAD_WHEN_POSITIVE and bool(v), na=no_offsets and k in OFFSET_FIGURES)
+        for k, v in pairs
+    ]
 
 
 def timeline_view(points: Sequence[Mapping[str, Any]]) -> TimelineView | None:
@@ -161,11 +175,12 @@ def _group_views(summary: Mapping[str, Any]) -> list[GroupView]:
     for name, g in sorted(_group_rows(summary).items()):
         label, key = unit(g)
         pairs = [(label, key), *((lb, k) for lb, k in GROUP_TILES if k in g)]
+        queues = [q for q in summary["queues"] if str(q["consumer_group"]) == name]
         out.append(
             GroupView(
                 name=name,
-                tiles=_tiles([(lb, int(g[k])) for lb, k in pairs]),
-                queues=[q for q in summary["queues"] if str(q["consumer_group"]) == name],
+                tiles=_tiles([(lb, int(g[k])) for lb, k in pairs], without_offsets(queues)),
+                queues=queues,
                 duplicates_by_cause=dict(g.get("duplicates_by_cause", {})),
                 timeline=timeline_view(timelines.get(name, [])),
             )
@@ -229,7 +244,7 @@ def report_view(summary: Mapping[str, Any]) -> ReportView:
         meta=_meta(summary),
         ok=ok,
         status=status,
-        tiles=_tiles(headline(summary)),
+        tiles=_tiles(headline(summary), without_offsets(summary["queues"])),
         timeline=timeline_view((summary.get("timeline") or {}).get("all", [])),
         groups=_group_views(summary),
         queues=list(summary["queues"]),

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from reliable.constants import AMQP_CLOCK_POSITION_MIN
 from reliable.reconcile.aggregates import LATENCY_LABELS, RESEND_CAP
 from reliable.reconcile.config import SCHEMA_VERSION, DuplicateCause, ReconcileConfig, Thresholds
 from reliable.reconcile.rollup import LATENCY_METRICS, LEVEL_GROUP, LEVEL_TOTAL, PERCENTILES
@@ -104,6 +105,13 @@ def _lag(max_stub_offset: int | None, watermark: int | None) -> int:
     return max(0, int(max_stub_offset) - (-1 if watermark is None else int(watermark)))
 
 
+def has_offsets(max_stub_offset: int | None, watermark: int | None) -> bool:
+    """Whether a queue's positions are offsets: not a RabbitMQ queue, whose positions are its senders' clock
+    (``AMQP_CLOCK_POSITION_MIN`` and above) — the distance between two is time, not messages, so the queue
+    has no lag and no offset gaps (a RabbitMQ topic's lag was about its age in microseconds)."""
+    return all(p is None or int(p) < AMQP_CLOCK_POSITION_MIN for p in (max_stub_offset, watermark))
+
+
 def _causes() -> dict[str, int]:
     return {c.value: 0 for c in DuplicateCause}
 
@@ -120,6 +128,7 @@ def _queue(table: dict[QueueKey, dict[str, Any]], key: QueueKey) -> dict[str, An
             "max_stub_offset": None,
             "watermark": None,
             "lag": 0,
+            "offsets": True,
             "never_consumed": False,
             "latency_ms": _latencies(None),
         }
@@ -164,7 +173,8 @@ def _queues(c: Collected) -> list[dict[str, Any]]:
         if watermark is None and broker:  # a client that cannot name the broker group keeps its position here
             watermark = unnamed.get((group, topic, queue_id))
         owed = q["inbox_rows"] > q["voided"]  # a queue of voided pairs only (a retired group) owes nothing
-        q["lag"] = _lag(q["max_stub_offset"], watermark) if owed else 0
+        q["offsets"] = has_offsets(q["max_stub_offset"], watermark)
+        q["lag"] = _lag(q["max_stub_offset"], watermark) if owed and q["offsets"] else 0
     return [queues[k] for k in sorted(queues, key=_sort_key)]
 
 
