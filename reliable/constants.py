@@ -263,6 +263,13 @@ KAFKA_HEADER_NOT_BEFORE: Final = "reliable-not-before-ms"
 KAFKA_HEADER_TAGS: Final = "reliable-tags"
 KAFKA_HEADER_SEND_COUNT: Final = "reliable-send-count"
 KAFKA_HEADER_TARGET_GROUP: Final = "reliable-target-group"
+#: RocketMQ's retry topics: ``%RETRY%{group}`` (4.x, broker_sim), and a 5.x group's pop retry topic
+#: ``%RETRY%{group}_{topic}`` (``+`` on a broker with ``enableRetryTopicV2``) that revived messages come from
+ROCKETMQ_RETRY_PREFIX: Final = "%RETRY%"
+POP_RETRY_SEPARATOR_V1: Final = "_"
+POP_RETRY_SEPARATOR_V2: Final = "+"
+#: hex digits of the digest that ends a pop retry topic name too long for a topic column
+POP_RETRY_DIGEST_CHARS: Final = 8
 #: the user property a RocketMQ 5.x resend names the group it is meant for by (the copy goes to the topic)
 ROCKETMQ5_TARGET_GROUP_PROPERTY: Final = "RELIABLE_TARGET_GROUP"
 #: on a retry or dead-letter copy: the consumer group that forwarded it (another group on an unscoped retry

@@ -91,6 +91,11 @@ class Envelope:
     #: every group (the producer's), or the broker cannot tell. A group that gave up on the message answers a
     #: copy meant for another group as a settled duplicate instead of dead-lettering it again
     target_group: str | None = None
+    #: the broker stored this copy anew to redeliver it (RocketMQ 5.x revives a message whose invisible time
+    #: ran out into the group's pop retry topic, ``delivered_topic``, at a new offset): a redelivery of a
+    #: record the group dead-lettered is then not at that record's position, and the guard's check whether a
+    #: copy labelled for another group is the group's fatal record matches the message on its topic instead
+    revived: bool = False
 
     @property
     def source_topic(self) -> str:

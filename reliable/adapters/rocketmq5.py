@@ -33,6 +33,9 @@ Envelope: ``message_id`` = the message's one *key* (several keys are no id: the 
 else the 5.x message id; ``broker_name``/``queue_id``/``queue_offset`` from the receipt handle (RocketMQ's
 handle layout names them — fields 5, 6, 7; the client drops the system properties that carry them), so a
 delivery's queue is (topic, broker group, queue id) as on 4.x; ``reconsume_times`` = delivery attempt − 1.
+A message the broker revived into the group's pop retry topic (handle field 4, see
+:mod:`reliable.adapters.rocketmq5_handle`) has ``delivered_topic`` = that topic (``%RETRY%{group}_{topic}``)
+and ``revived`` set: its queue and offset are the retry topic's, never the topic's.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 
 from reliable import constants as C
 from reliable.adapters.rocketmq5_fifo import LocalRuns, hold_back, message_group
+from reliable.adapters.rocketmq5_handle import parse_handle, pop_retry_topic
 from reliable.adapters.rocketmq5_send import RocketMQ5Probe, RocketMQ5Sender, sweeper_sender
 from reliable.adapters.rocketmq5_send import load_client as _client
 from reliable.adapters.rocketmq5_settle import ack, dead_letter, forward_to_dlq
@@ -70,8 +74,6 @@ __all__ = [
 ]
 
 Handler = Callable[[Envelope], ConsumeResult]
-#: receipt handle fields (space-separated): [5] broker name, [6] queue id, [7] queue offset
-_HANDLE_BROKER, _HANDLE_QUEUE, _HANDLE_OFFSET = 5, 6, 7
 _RETRY_BACKOFF_S = tuple(parse_duration(t) for t in C.ROCKETMQ5_RETRY_BACKOFF.split())
 
 
@@ -80,18 +82,12 @@ def retry_delay_s(attempt: int) -> int:
     return int(_RETRY_BACKOFF_S[min(max(attempt, 1), len(_RETRY_BACKOFF_S)) - 1])
 
 
-def _position(receipt_handle: str | None) -> tuple[str, int, int]:
-    """(broker name, queue id, queue offset) of a receipt handle."""
-    parts = (receipt_handle or "").split(" ")
-    try:
-        return parts[_HANDLE_BROKER], int(parts[_HANDLE_QUEUE]), int(parts[_HANDLE_OFFSET])
-    except (IndexError, ValueError):
-        log.warning("receipt handle without a queue position: %r", receipt_handle)
-        return "", C.UNKNOWN_QUEUE_ID, -1
-
-
 def to_envelope(
-    message: Any, max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS, attempt: int | None = None
+    message: Any,
+    max_attempts: int = C.ROCKETMQ5_MAX_DELIVERY_ATTEMPTS,
+    attempt: int | None = None,
+    *,
+    group: str | None = None,
 ) -> Envelope:
     """A 5.x ``rocketmq.Message`` as received, as an :class:`~reliable.types.Envelope`.
 
@@ -103,9 +99,18 @@ def to_envelope(
     (``last_attempt``), so a handler failure there ends the group's row ``DEAD`` with a person told — the
     broker dead-letters the message after it, and the row stayed ``PENDING`` for the sweeper to re-send.
     ``attempt`` overrides the message's delivery attempt (a FIFO push client's local runs: see
-    :class:`~reliable.adapters.rocketmq5_fifo.LocalRuns`)."""
+    :class:`~reliable.adapters.rocketmq5_fifo.LocalRuns`). ``group``: the consuming group, which names the
+    pop retry topic a revived message comes from (``ConfigurationError`` for such a message without it)."""
     keys = sorted(message.keys or ())
-    broker, queue_id, offset = _position(message.receipt_handle)
+    where = parse_handle(message.receipt_handle)
+    delivered = None
+    if where.revived:
+        if not group:
+            raise ConfigurationError(
+                f"message {message.message_id} comes from a pop retry topic: to_envelope(group=...) must "
+                "name the consumer group (else it is journaled at another message's position)"
+            )
+        delivered = pop_retry_topic(group, message.topic, where.topic_type)
     attempt = attempt if attempt is not None else message.delivery_attempt or 1
     if len(keys) > 1:
         log.error("message %s has %d keys %s: not one id, dead-lettered", message.message_id, len(keys), keys)
@@ -116,16 +121,18 @@ def to_envelope(
     return Envelope(
         message_id=message_id,
         topic=message.topic,
-        queue_id=queue_id,
-        queue_offset=offset,
+        queue_id=where.queue_id,
+        queue_offset=where.queue_offset,
         body=bytes(message.body),
         keys=" ".join(keys) or None,
         tags=message.tag or None,
         reconsume_times=max(0, attempt - 1),
         properties=properties,
-        broker_name=broker[: C.BROKER_NAME_MAX],
+        delivered_topic=delivered,
+        broker_name=where.broker_name[: C.BROKER_NAME_MAX],
         last_attempt=attempt >= max_attempts,
         target_group=properties.get(C.ROCKETMQ5_TARGET_GROUP_PROPERTY) or None,
+        revived=where.revived,
     )
 
 
@@ -217,7 +224,7 @@ def consume_one(
     """One SimpleConsumer message through ``handler`` with its invisible time extended meanwhile, then
     ack / retry later / dead-letter as the result says. Returns the result."""
     with InvisibilityExtender(consumer.change_invisible_duration, message, invisible_s, extend_every_s):
-        result = _decide(handler, to_envelope(message, max_attempts))
+        result = _decide(handler, to_envelope(message, max_attempts, group=consumer.consumer_group))
     settle(consumer, message, result, invisible_s)
     return result
 
@@ -269,7 +276,7 @@ def run_simple_consumer(
                     ext.settled(message)
                     hold_back(consumer, message, retrying[group])
                     continue
-                result = _decide(handler, to_envelope(message, max_attempts))
+                result = _decide(handler, to_envelope(message, max_attempts, group=consumer.consumer_group))
                 ext.settled(message)
                 if group is not None and result is ConsumeResult.RECONSUME_LATER:
                     retrying[group] = retry_delay_s(message.delivery_attempt or 1)
@@ -311,7 +318,8 @@ class GuardedListener:
             raise ConfigurationError("GuardedListener.consumer is not set (use guarded_push_consumer)")
         change = self.consumer._change_invisible_duration
         fifo = bool(getattr(self.consumer, "fifo", False))
-        env = self._fifo_envelope(message) if fifo else to_envelope(message, self._attempts())
+        group = self.consumer.consumer_group
+        env = self._fifo_envelope(message) if fifo else to_envelope(message, self._attempts(), group=group)
         with InvisibilityExtender(change, message, self.invisible_s, self.extend_every_s):
             result = _decide(self.handler, env)
         if fifo and (result is not ConsumeResult.RECONSUME_LATER or env.last_attempt):
@@ -341,7 +349,8 @@ class GuardedListener:
         told = policy_max_attempts(self.consumer)
         limit = min(self._attempts(), told) if told is not None else self._attempts()
         run = self._runs.start(message)
-        return to_envelope(message, limit, attempt=max(message.delivery_attempt or 1, run))
+        attempt = max(message.delivery_attempt or 1, run)
+        return to_envelope(message, limit, attempt=attempt, group=self.consumer.consumer_group)
 
     def _attempts(self) -> int:
         """The group's maximum deliveries: the broker's policy as the client received it, unless given."""

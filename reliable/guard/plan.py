@@ -145,9 +145,10 @@ def apply_leases(todo: Sequence[Item], answers: Sequence[LeaseAnswer]) -> None:
             it.held = True
 
 
-#: whether the group's journal holds a ``DEAD_LETTER`` row at a delivery's position (the guard asks the
-#: database; :meth:`reliable.stores.sql_journal.JournalSql.dead_lettered_at`)
-DeadLetteredAt = Callable[[JournalEntry], bool]
+#: whether the group's journal holds a ``DEAD_LETTER`` row at a delivery's position — or, with the flag, at
+#: any position of its topic (the guard asks the database;
+#: :meth:`reliable.stores.sql_journal.JournalSql.dead_lettered_at`)
+DeadLetteredAt = Callable[[JournalEntry, bool], bool]
 
 
 def judge_row(
@@ -161,7 +162,10 @@ def judge_row(
 
     Only a copy that would be answered a duplicate of a dead row (:attr:`Verdict.DEAD_COPY`) asks
     ``dead_lettered_at`` whether the group dead-lettered this very record before (a redelivery after a crash
-    that kept its dead letter from the broker): a rare row, so the question costs the hot path nothing."""
+    that kept its dead letter from the broker): a rare row, so the question costs the hot path nothing.
+    A revived delivery (:attr:`Envelope.revived`: RocketMQ 5.x's pop retry topic) is never at the fatal
+    record's position, so for it any ``DEAD_LETTER`` row of the message on its topic counts: wrong, that is
+    one more dead letter of a message already dead-lettered, never a lost one."""
     if state is None:
         return judge(None, None, it.claimed, it.payload_hash)
     target = it.env.target_group
@@ -170,7 +174,7 @@ def judge_row(
     v = judge(*facts, for_other_group=other)
     if v is Verdict.DEAD_COPY and dead_lettered_at is not None:
         here = journal_entry(it, group, None)  # the delivered position, as the journal holds it
-        v = judge(*facts, for_other_group=other, fatal_record=dead_lettered_at(here))
+        v = judge(*facts, for_other_group=other, fatal_record=dead_lettered_at(here, it.env.revived))
     return v
 
 

@@ -25,6 +25,7 @@ from reliable.stores import sql_text as T
 from reliable.stores.sql_runner import DbapiRunner
 from reliable.stores.sql_text import (
     DEAD_LETTER_AT_SQL,
+    DEAD_LETTER_ON_TOPIC_SQL,
     OUTCOME_SQL,
     aggregate_progress,
     my_progress,
@@ -148,10 +149,17 @@ class JournalSql:
         build = T.pg_progress if self._pg else my_progress if self._my else sqlite_progress
         self.db.run(conn, self.db.cached("progress_bulk", 1, build), self.progress_rows(entries), many=True)
 
-    def dead_lettered_at(self, conn: Connection, e: JournalEntry) -> bool:
+    def dead_lettered_at(self, conn: Connection, e: JournalEntry, anywhere: bool = False) -> bool:
         """Whether ``e``'s group journaled a ``DEAD_LETTER`` for its message at ``e``'s delivered position:
         ``e`` is then a redelivery of a record the group dead-lettered (asked only of a copy the guard would
-        otherwise answer as a duplicate of a dead row, never on the way of a live message)."""
+        otherwise answer as a duplicate of a dead row, never on the way of a live message). ``anywhere``:
+        at any position of its topic (``e.original_topic``) — ``e`` came at a new position the broker gave a
+        redelivery (RocketMQ 5.x's pop retry topic), so the record it may redeliver was journaled elsewhere.
+        """
+        if anywhere:
+            topic = e.original_topic if e.original_topic is not None else e.topic
+            sql = self.db.cached("dead_letter_on_topic", 1, lambda _: DEAD_LETTER_ON_TOPIC_SQL)
+            return bool(self.db.all(conn, sql, (e.message_id, e.consumer_group, topic)))
         params = (e.message_id, e.consumer_group, e.topic, e.broker_name, e.queue_id, e.queue_offset)
         return bool(
             self.db.all(conn, self.db.cached("dead_letter_at", 1, lambda _: DEAD_LETTER_AT_SQL), params)

@@ -44,6 +44,13 @@ DEAD_LETTER_AT_SQL = (
     "AND broker_name = ? AND queue_id = ? AND queue_offset = ? "
     f"AND outcome = '{LogOutcome.DEAD_LETTER.value}' LIMIT 1"
 )
+#: whether the group dead-lettered this message of this topic at any position (a delivery the broker revived
+#: at a new position: RocketMQ 5.x's pop retry topic); params: message id, group, the message's topic
+DEAD_LETTER_ON_TOPIC_SQL = (
+    "SELECT 1 FROM message_log WHERE message_id = ? AND consumer_group = ? "
+    "AND COALESCE(original_topic, topic) = ? "
+    f"AND outcome = '{LogOutcome.DEAD_LETTER.value}' LIMIT 1"
+)
 
 
 def outcomes_case(n: int) -> str:
