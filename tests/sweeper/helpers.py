@@ -243,13 +243,19 @@ def get_stub(rel: Reliability, message_id: str) -> MessageStub:
         return row
 
 
-def e2e_reliability(sqlite_url: str, effects: MetaData) -> Iterator[Reliability]:
-    """The end-to-end tests' ``Reliability``: a clean schema, no Redis, resends due at once, and the test's
-    own effect tables created fresh (a generator for a fixture to ``yield from``)."""
+def e2e_reliability(
+    url: str, effects: MetaData, redis_url: str = "", key_prefix: str | None = None, **options: Any
+) -> Iterator[Reliability]:
+    """The end-to-end tests' ``Reliability``: a clean schema, resends due at once, a 2 s lease unless
+    ``options`` say otherwise, no Redis unless given, and the test's own effect tables created fresh (a
+    generator for a fixture to ``yield from``)."""
     from tests.conftest import _ensure_clean_schema
 
-    _ensure_clean_schema(sqlite_url)
-    r = Reliability(sqlite_url, redis_url="", first_resend_delay_s=0, lease_ms=2000)
+    _ensure_clean_schema(url)
+    settings: dict[str, Any] = {"first_resend_delay_s": 0, "lease_ms": 2000, **options}
+    if key_prefix is not None:
+        settings["key_prefix"] = key_prefix
+    r = Reliability(url, redis_url=redis_url, **settings)
     clean(r.engine)
     effects.drop_all(r.engine)
     effects.create_all(r.engine)

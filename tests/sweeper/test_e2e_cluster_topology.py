@@ -27,9 +27,8 @@ from reliable import constants as C
 from reliable.models import MessageInbox, MessageLog, StubNotification
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.types import LogOutcome, StubStatus
-from tests.conftest import _ensure_clean_schema
-from tests.sweeper.helpers import clean
 from tests.sweeper.helpers import count_stubs as count
+from tests.sweeper.helpers import e2e_reliability
 from tests.waiting import wait_until
 
 pytest.importorskip("broker_sim.broker.broker")
@@ -67,15 +66,7 @@ applied = Table(
 
 @pytest.fixture
 def rel(postgres_url: str, redis_url: str, key_prefix: str) -> Iterator[Reliability]:
-    _ensure_clean_schema(postgres_url)
-    r = Reliability(
-        postgres_url, redis_url=redis_url, key_prefix=key_prefix, first_resend_delay_s=0, lease_ms=2000
-    )
-    clean(r.engine)
-    effects.drop_all(r.engine)
-    effects.create_all(r.engine)
-    yield r
-    r.close()
+    yield from e2e_reliability(postgres_url, effects, redis_url, key_prefix)
 
 
 class RecordingSender(BrokerSimSender):
