@@ -316,12 +316,19 @@ def _owed(
         resent_here = and_(inbox.c.queue_id.is_not(None), here)
         queue_id = case((resent_here, inbox.c.queue_id), else_=stub.c.queue_id)
         broker = case((resent_here, inbox.c.broker_name), else_=stub.c.broker_name)
-        q = select(inbox.c.message_id, inbox.c.created_at).where(
-            mine,
-            queue_id == queue.queue_id,
-            broker == queue.broker_name,
-            inbox.c.created_at <= cutoff,
-            ~received,
+        offset = case((resent_here, inbox.c.queue_offset), else_=stub.c.queue_offset)
+        q = (
+            select(inbox.c.message_id, inbox.c.created_at)
+            .where(
+                mine,
+                queue_id == queue.queue_id,
+                broker == queue.broker_name,
+                inbox.c.created_at <= cutoff,
+                ~received,
+            )
+            # the first owed on the queue, as with a probe (unordered, the notice named any of them, which
+            # one changing with the plan: "stays at 509 … owes m511" sent a person looking for 510)
+            .order_by(offset, inbox.c.message_id)
         )
     row = conn.execute(q.limit(1)).first()
     return None if row is None else (str(row[0]), row[1])

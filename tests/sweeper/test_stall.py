@@ -378,6 +378,23 @@ def test_without_a_probe_the_age_of_the_oldest_owed_row_decides(rel: Reliability
     assert "re-sent meanwhile" in notice.reason and "No resend is made" not in notice.reason
 
 
+def test_without_a_probe_the_notice_names_the_first_message_the_group_owes(
+    rel: Reliability, clock: Clock
+) -> None:
+    """The notice says where the group stopped and which message it owes first. Without a probe the lookup
+    had no order and named whichever row the database met first — here the last staged, m1014, while the
+    group stopped at 1009 owes m1010 first (seen in CI as a flaky ``m511`` for ``m510``)."""
+    channel = MemoryChannel()
+    sweeper = _sweeper(rel, clock, channel, None)
+    set_progress(rel, 1009, updated_at=T0)
+    for offset in range(1014, 1009, -1):  # staged last offset first: the table's physical order reversed
+        _stage(rel, offset, 1)
+    clock.advance(STALL_S + 1)
+    assert sweeper.run_once().stall_alarms == 1
+    (notice,) = channel.notices
+    assert "owes m1010 " in notice.reason, notice.reason
+
+
 @pytest.fixture
 def hook() -> Iterator[Webhook]:
     w = Webhook(fail_first=0)
