@@ -107,8 +107,16 @@ class BrokerLocator:
         return addr
 
     def _reader(self, broker_name: str) -> str:
-        """Where a read of ``broker_name`` goes (:meth:`broker` with ``read``)."""
-        if self.directory.master(broker_name) is None:
+        """Where a read of ``broker_name`` goes (:meth:`broker` with ``read``).
+
+        The name server is asked again whenever the read would not go to the master — none listed, *or*
+        one listed but failed lately: a power-cut master's connection closes on the name server a moment
+        after ours fails, and a refresh in that moment lists it still. Until 2026-11-29 such a listing was
+        kept (no refresh while a master was listed): the dropped master was never seen gone, so never seen
+        back, and its slave was read for :data:`~broker_sim.remoting.broker_directory.SUSPECT_S` after the
+        restart (its stale max offset: the sweeper's probe found the restarted master's messages lost)."""
+        master = self.directory.master(broker_name)
+        if master is None or self.directory.reader(broker_name) != master:
             try:
                 self.refresh()
             except (TransportError, BrokerResponseError) as exc:

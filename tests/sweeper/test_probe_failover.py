@@ -84,19 +84,27 @@ class RecordingSender(BrokerSimSender):
 
 
 class Rounds:
-    """Sweep rounds on a thread until stopped; counts them, keeps any error for the test."""
+    """Sweep rounds on a thread until stopped; counts them, keeps any error for the test.
+
+    No round runs while the test publishes (``between``): the fixture makes resends due at once
+    (``first_resend_delay_s=0``), so a round during a publish could claim a row whose first send is still
+    in flight (committed, no offset recorded yet) and send it again as never sent — a second copy of a
+    message the master holds. In production ``first_resend_delay_s`` (60 s) keeps the sweeper off a send
+    in flight; here the lock does, and every row is still judged by rounds the moment its send is recorded."""
 
     def __init__(self, sweeper: Sweeper) -> None:
         self.sweeper = sweeper
         self.done = 0
         self.errors: list[BaseException] = []
         self.stop = threading.Event()
+        self.between = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="probe-failover-sweeper", daemon=True)
 
     def _run(self) -> None:
         while not self.stop.is_set():
             try:
-                self.sweeper.run_once()
+                with self.between:
+                    self.sweeper.run_once()
             except Exception as exc:  # the test fails on it after the run
                 self.errors.append(exc)
             self.done += 1
@@ -111,9 +119,10 @@ class Rounds:
         self.thread.join(30)
 
 
-def publish(stubs: StubProducer, ids: list[str]) -> None:
+def publish(rounds: Rounds, stubs: StubProducer, ids: list[str]) -> None:
+    """Stage and send ``ids`` one by one, between sweep rounds (see :class:`Rounds`)."""
     for message_id in ids:
-        with stubs.transaction() as tx:
+        with rounds.between, stubs.transaction() as tx:
             tx.stage(message_id, TOPIC, message_id.encode(), groups=[GROUP])
 
 
@@ -212,20 +221,20 @@ def test_probe_reads_the_master_again_once_it_is_back_and_nothing_it_holds_is_re
         consumer = start_consumer(rel, cluster.namesrv)
         try:
             with Rounds(sweeper) as rounds:
-                publish(stubs, before)
+                publish(rounds, stubs, before)
                 assert wait_until(lambda: confirmed(rel, before), timeout=30, what="the first batch applied")
                 position = len(on_broker_a(rel, before))  # where the group stands on broker-a's queue
                 consumer.shutdown()  # the group stops reading for a while (a deploy)
-                publish(stubs, backlog)  # pending: the sweeper probes their queues every round
+                publish(rounds, stubs, backlog)  # pending: the sweeper probes their queues every round
                 cluster.power_cut("broker-a")
                 # the probe meets the dead master, then reads its slave
                 seen = rounds.done
                 assert wait_until(lambda: rounds.done >= seen + 3, timeout=30, what="rounds while down")
-                publish(stubs, during)  # to broker-b (the producer avoids the dead group)
+                publish(rounds, stubs, during)  # to broker-b (the producer avoids the dead group)
                 cluster.restart("broker-a")
                 assert wait_until(lambda: listed_master(cluster), timeout=30, what="broker-a's master listed")
                 resent_before = len(sender.resent)
-                publish(stubs, after)
+                publish(rounds, stubs, after)
                 seen = rounds.done
                 assert wait_until(lambda: rounds.done >= seen + 8, timeout=30, what="rounds after the return")
                 # each of these the master holds; those it stored at or past the group's position there
