@@ -18,6 +18,7 @@ from reliable import Reliability
 from reliable.models import ConsumeProgress, MessageInbox, MessageLog, MessageStub, StubNotification
 from reliable.sender import OutgoingMessage, SendReceipt
 from reliable.sweeper import DeadNotice
+from reliable.sweeper.notices import RedisPhase
 from reliable.sweeper.selection import Candidate, inbox, log, progress, stub
 from reliable.types import StubStatus
 
@@ -100,6 +101,12 @@ class QueueSender:
     def ids(self) -> list[str]:
         with self._lock:
             return [m.message_id for m in self.sent]
+
+
+#: the ``stub_notification`` rows that tell somebody — not a Redis outage only watched (``REDIS_WATCH …``,
+#: told to nobody until it lasts stuck_after): a sweeper's lease read that times out on a loaded machine (the
+#: 0.5 s socket timeout) opens one, and the next round that reads Redis closes it
+TOLD = ~StubNotification.reason.startswith(f"{RedisPhase.WATCHING.value} ", autoescape=True)
 
 
 def clean(engine: Engine) -> None:

@@ -26,7 +26,7 @@ from sqlalchemy import Column, MetaData, String, Table, func, select
 from reliable import Reliability
 from reliable.models import MessageInbox, MessageLog, MessageStub, StubNotification, utcnow
 from reliable.types import StubStatus
-from tests.sweeper.helpers import e2e_reliability
+from tests.sweeper.helpers import TOLD, e2e_reliability
 from tests.waiting import wait_until
 
 pytest.importorskip("broker_sim.broker.broker")
@@ -44,7 +44,7 @@ from reliable.decorator import GuardedHandler, idempotent_consumer
 from reliable.producer import StubProducer
 from reliable.reconcile.export import export_tables
 from reliable.sweeper import FixedBackoff, Sweeper
-from reliable.sweeper.notices import RedisPhase, parse_redis, parse_tag
+from reliable.sweeper.notices import parse_tag
 from reliable.sweeper.summary import RoundSummary
 
 TOPIC, OTHER = "Expanding", "ExpandingOther"
@@ -244,17 +244,11 @@ def expand_and_join(rig: Rig) -> tuple[list[str], list[str]]:
 
 
 def notices(rel: Reliability) -> list[tuple[str, str]]:
-    """The notices a person is told: (group, reason). Not the row of a Redis outage only watched
-    (``REDIS_WATCH``, group ``''``, told to nobody until it lasts stuck_after): a lease read that timed out
-    under load (the 0.5 s socket timeout) opens one, and the next round that reads Redis closes it."""
+    """The notices a person is told: (group, reason) — not a Redis outage only watched (:data:`TOLD`)."""
     with rel.engine.connect() as conn:
-        rows = conn.execute(select(StubNotification.consumer_group, StubNotification.reason)).all()
-    return [(g, r) for g, r in rows if not _watched(r)]
-
-
-def _watched(reason: str) -> bool:
-    parsed = parse_redis(reason)
-    return parsed is not None and parsed[0] is RedisPhase.WATCHING
+        told = select(StubNotification.consumer_group, StubNotification.reason).where(TOLD)
+        rows = conn.execute(told).all()
+    return [(g, r) for g, r in rows]
 
 
 def report(rel: Reliability, tmp_path: Path, ahead_s: float = 0) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from reliable.sweeper.notices import QueueRef, never_consumed_marker
 from reliable.types import StubStatus
 from tests.sweeper.helpers import (
     T0,
+    TOLD,
     Clock,
     MemoryChannel,
     add_log,
@@ -174,7 +175,9 @@ def test_a_group_that_never_consumed_the_queue_raises_one_alarm_not_a_resend_sto
         ]
         with rel.engine.connect() as conn:
             rows = conn.execute(
-                select(StubNotification.channel, StubNotification.consumer_group, StubNotification.message_id)
+                select(
+                    StubNotification.channel, StubNotification.consumer_group, StubNotification.message_id
+                ).where(TOLD)
             ).all()
         # per queue: the alarm on its own key (log, and memory: owed there, delivered), none on a message's
         markers = sorted(never_consumed_marker(QueueRef(TOPIC, q)) for q in (0, 1))
