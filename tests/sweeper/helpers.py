@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Engine, MetaData, delete, func, insert, select, update
 
 from reliable import Reliability
@@ -296,3 +299,17 @@ def candidate(**fields: Any) -> Candidate:
         "stub_last_sent_at": T0 - dt.timedelta(hours=1),
     }
     return Candidate(**(row | fields))
+
+
+def outage_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The sweeper's ERROR lines that Redis lease reads have failed for longer than stuck_after."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and "Redis lease reads have failed" in r.getMessage()
+    ]
+
+
+def unreadable_seconds() -> float | None:
+    """The gauge ``reliable_sweeper_redis_unreadable_seconds`` as the process's registry holds it."""
+    return REGISTRY.get_sample_value("reliable_sweeper_redis_unreadable_seconds")

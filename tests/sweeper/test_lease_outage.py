@@ -25,7 +25,6 @@ from contextlib import contextmanager
 
 import pytest
 import redis as redis_lib
-from prometheus_client import REGISTRY
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reason, Reliability, idempotent_consumer
@@ -44,7 +43,9 @@ from tests.sweeper.helpers import (
     add_stub,
     clean,
     get_inbox,
+    outage_errors,
     set_progress,
+    unreadable_seconds,
 )
 from tests.waiting import wait_until
 
@@ -170,18 +171,6 @@ def test_a_long_round_asks_a_hung_redis_again_after_the_interval(
     assert summary.resent == 8, summary.line()
     assert reads_while_hung(admin, before) == 2
     assert len(lease_warnings(caplog)) == 1, lease_warnings(caplog)
-
-
-def outage_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno == logging.ERROR and "Redis lease reads have failed" in r.getMessage()
-    ]
-
-
-def unreadable_seconds() -> float | None:
-    return REGISTRY.get_sample_value("reliable_sweeper_redis_unreadable_seconds")
 
 
 def test_a_redis_outage_holds_a_stuck_row_only_until_the_last_resort_age_and_says_so(

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import redis as redis_lib
-from prometheus_client import REGISTRY
 from sqlalchemy import func, select
 
 from reliable import Reliability
@@ -40,7 +39,9 @@ from tests.sweeper.helpers import (
     add_log,
     add_stub,
     clean,
+    outage_errors,
     set_progress,
+    unreadable_seconds,
 )
 
 BACKOFF = FixedBackoff((10.0,))
@@ -89,18 +90,6 @@ def cron_run(db_url: str, redis_url: str, now: dt.datetime, told: list[DeadNotic
         rel.close()
     told.extend(channel.notices)
     return summary
-
-
-def outage_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno == logging.ERROR and "Redis lease reads have failed" in r.getMessage()
-    ]
-
-
-def unreadable_seconds() -> float | None:
-    return REGISTRY.get_sample_value("reliable_sweeper_redis_unreadable_seconds")
 
 
 def redis_notices(told: list[DeadNotice]) -> list[DeadNotice]:

@@ -158,6 +158,18 @@ def headers_of(msg: Any) -> dict[str, str]:
     return {k: (v or b"").decode("utf-8", "replace") for k, v in msg.headers() or []}
 
 
+def dead_letters(
+    bootstrap: str, topic: str, group: str, message_id: str, expect: int
+) -> list[dict[str, str]]:
+    """The headers of ``group``'s dead letters of ``message_id`` in ``topic``'s DLT (``expect``: how many
+    records the DLT is read for, every group's)."""
+    return [
+        h
+        for h in map(headers_of, read_all(bootstrap, f"{topic}.dlt", expect=expect))
+        if h.get(C.KAFKA_HEADER_RETRY_GROUP) == group and h.get(C.KAFKA_ID_HEADER) == message_id
+    ]
+
+
 #: bad input for both consumer loops: an id header that is not UTF-8, a record with no id source, a good one
 BAD_RECORDS: list[tuple[bytes | None, bytes, Sequence[tuple[str, bytes]]]] = [
     (b"k-bad-header", b"v1", [("message-id", b"\xff\xfe not utf-8")]),

@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy.orm import Session
 
 from reliable import Envelope, Reliability, idempotent_consumer
-from reliable import constants as C
 from reliable.adapters.kafka import KafkaSender, RetryMode, RetryPolicy, ensure_topics
 from reliable.demo.tansu import Tansu
 from reliable.models import MessageInbox
@@ -23,11 +22,10 @@ from reliable.types import StubStatus
 from tests.adapters.kafka.helpers import (
     TIMEOUT_S,
     apply_effect,
+    dead_letters,
     effect_counts,
-    headers_of,
     make_consumer,
     produce,
-    read_all,
     with_ids,
 )
 
@@ -64,11 +62,7 @@ def test_a_resend_for_another_group_is_not_dead_lettered_again_by_a_group_that_g
         )
         assert (consumer.counts["dead_letter"], consumer.counts["duplicate"]) == (1, 1)
 
-    dead = [
-        h
-        for h in map(headers_of, read_all(tansu.bootstrap, f"{topic}.dlt", expect=1))
-        if h.get(C.KAFKA_HEADER_RETRY_GROUP) == audit and h.get(C.KAFKA_ID_HEADER) == "m"
-    ]
+    dead = dead_letters(tansu.bootstrap, topic, audit, "m", expect=1)
     assert len(dead) == 1  # one dead letter for (m, audit): the one the give-up sent
 
     # billing comes up: applies the message once, the resend is its duplicate

@@ -25,7 +25,7 @@ from reliable.models import MessageInbox, MessageLog
 from reliable.sender import OutgoingMessage
 from reliable.sweeper.resend import RESEND_PROPERTY
 from reliable.types import ConsumeResult, LogOutcome, StubStatus
-from tests.adapters.kafka.helpers import TIMEOUT_S, headers_of, make_consumer, read_all
+from tests.adapters.kafka.helpers import TIMEOUT_S, dead_letters, make_consumer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres, pytest.mark.redis]
 
@@ -88,10 +88,6 @@ def test_the_fatal_copy_for_another_group_is_dead_lettered_again_after_a_crash(
         )
         assert (consumer.counts["dead_letter"], consumer.counts["duplicate"]) == (1, 0)
 
-    dead = [
-        h
-        for h in map(headers_of, read_all(tansu.bootstrap, f"{topic}.dlt", expect=1))
-        if h.get(C.KAFKA_HEADER_RETRY_GROUP) == audit and h.get(C.KAFKA_ID_HEADER) == "m"
-    ]
+    dead = dead_letters(tansu.bootstrap, topic, audit, "m", expect=1)
     assert len(dead) == 1  # the dead letter the crash kept from the DLT, with its reason
     assert dead[0].get(C.KAFKA_HEADER_REASON, "").startswith("gave_up")

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pika
 import pytest
 from sqlalchemy import delete, select
 
@@ -32,7 +31,16 @@ from reliable.sweeper.notices import NoticeKind
 from reliable.sweeper.summary import RoundSummary
 from reliable.types import LogOutcome
 from tests.adapters.rabbitmq.conftest import TOPIC, queue_depth
-from tests.adapters.rabbitmq.test_two_groups import GROUPS, Fanout, drain, effect_counts, effects, inbox, md
+from tests.adapters.rabbitmq.test_two_groups import (
+    GROUPS,
+    Fanout,
+    declared,
+    drain,
+    effect_counts,
+    effects,
+    inbox,
+    md,
+)
 from tests.sweeper.helpers import MemoryChannel
 from tests.waiting import wait_until
 
@@ -67,14 +75,7 @@ def limited(request: pytest.FixtureRequest, rabbitmq_url: str) -> Iterator[Fanou
             queue=f"{name}.{SLOW}", exchange=exchange, binding_key=TOPIC, queue_arguments=slow_args
         ),
     }
-    conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
-    ch = conn.channel()
-    for t in topos.values():
-        t.declare(ch)
-    yield Fanout(exchange, topos)
-    for t in topos.values():
-        t.delete(ch)
-    conn.close()
+    yield from declared(rabbitmq_url, Fanout(exchange, topos))
 
 
 class Clock:

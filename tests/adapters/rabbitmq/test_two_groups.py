@@ -77,12 +77,17 @@ def fanout(rabbitmq_url: str) -> Iterator[Fanout]:
     name = f"two_groups_{uuid.uuid4().hex[:10]}"
     exchange = f"{name}.x"
     topos = {g: Topology(queue=f"{name}.{g}", exchange=exchange, binding_key=TOPIC) for g in GROUPS}
+    yield from declared(rabbitmq_url, Fanout(exchange, topos))
+
+
+def declared(rabbitmq_url: str, fanout: Fanout) -> Iterator[Fanout]:
+    """``fanout``'s exchange and queues declared for the test, deleted after it (a fixture yields from it)."""
     conn = pika.BlockingConnection(pika.URLParameters(rabbitmq_url))
     ch = conn.channel()
-    for t in topos.values():
+    for t in fanout.topologies.values():
         t.declare(ch)
-    yield Fanout(exchange, topos)
-    for t in topos.values():
+    yield fanout
+    for t in fanout.topologies.values():
         t.delete(ch)
     conn.close()
 
