@@ -128,17 +128,17 @@ def copy_topic(sender: object, cand: Candidate) -> str:
     return resend_topic(sender, cand.topic, cand.consumer_group)
 
 
-def pause_route(sender: object, topic: str, group: str) -> str:
+def pause_route(sender: object, topic: str, group: str, sent_to: str) -> str:
     """What :class:`OutagePause` counts refusals by for a resend targeted at ``group``: the sender's
     ``resend_route(topic, group)`` where it sends each group's copy somewhere of its own (RabbitMQ: the
-    group's queue), else the topic the copy goes to (:func:`resend_topic`).
+    group's queue), else ``sent_to``, the topic the copy goes to (:func:`resend_topic`).
 
     Why not always the topic: a RabbitMQ resend lands in the group's own queue, and a queue that refuses it
     (full, ``x-overflow reject-publish``) refuses only its group's copies. Counted by topic, three refusals
     from one slow group's full queue paused the topic for the round, and the other groups' resends of it
     (a fast group's lost message) waited behind every due row of the slow group, three a round."""
     route = getattr(sender, "resend_route", None)
-    return str(route(topic, group)) if callable(route) else resend_topic(sender, topic, group)
+    return str(route(topic, group)) if callable(route) else sent_to
 
 
 def resend_topic(sender: object, topic: str, group: str) -> str:
@@ -215,7 +215,8 @@ def send_batch(
             done.result.paused = True
             done.unsent = candidates[at:]
             break
-        route = pause_route(sender, cand.topic, cand.consumer_group)
+        topic = routes[(cand.consumer_group, cand.message_id)]
+        route = pause_route(sender, cand.topic, cand.consumer_group, topic)
         if outage.route_paused(route):
             done.skipped.append(cand)
             continue
@@ -238,7 +239,6 @@ def send_batch(
             done.attempts.append((cand, copy))
             continue
         started = monotonic()
-        topic = routes[(cand.consumer_group, cand.message_id)]
         attempt = copies[cand.message_id] = outbox.attempt_send(sender, message, topic=topic)
         outage.record(route, started, attempt.ok)
         if outage.route_failures.get(route) == C.SWEEP_PAUSE_AFTER_FAILURES:
